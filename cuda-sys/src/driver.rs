@@ -1,0 +1,236 @@
+//! Loading the CUDA driver (`libcuda.so.1`) and resolving [`DriverFns`] through
+//! `cuGetProcAddress`.
+
+use std::ffi::{CStr, c_void};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::dylib::{self, Candidate, OpenLibrary, Reason, Step};
+use crate::fns::{DriverFns, MINIMUM_DRIVER_VERSION, PINNED_API_VERSION};
+use crate::{CUresult, LoadError, PFN_cuDriverGetVersion, PFN_cuGetProcAddress_v2};
+
+/// Environment variable naming the driver library to load instead of searching.
+pub const DRIVER_PATH_ENV: &str = "CUDA_SYS_LIBRARY";
+
+const LIBRARY: &str = "CUDA driver";
+
+/// A CUDA API version as `cuDriverGetVersion` reports it (`12040` is 12.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DriverVersion(pub i32);
+
+impl DriverVersion {
+    /// Major version (12 for 12040).
+    pub fn major(self) -> i32 {
+        self.0 / 1000
+    }
+    /// Minor version (4 for 12040).
+    pub fn minor(self) -> i32 {
+        (self.0 % 1000) / 10
+    }
+}
+
+impl fmt::Display for DriverVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major(), self.minor())
+    }
+}
+
+/// The loaded driver: its function table, its version and the library that backs it.
+///
+/// Built by [`Driver::load`] (search), [`Driver::load_from`] (one path) or
+/// [`Driver::from_resolver`] (any resolver: this is how mock tables are made).
+pub struct Driver {
+    fns: DriverFns,
+    version: DriverVersion,
+    origin: String,
+    // Keeps the code behind `fns` mapped; dropped last.
+    _lib: Option<OpenLibrary>,
+}
+
+static_assertions::assert_impl_all!(Driver: Send, Sync);
+
+impl fmt::Debug for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("version", &self.version)
+            .field("origin", &self.origin)
+            .field("fns", &self.fns)
+            .finish()
+    }
+}
+
+impl Driver {
+    /// Searches for the driver: `$CUDA_SYS_LIBRARY` if set (then only that), else
+    /// `libcuda.so.1`/`libcuda.so` through the dynamic loader, else the usual system dirs.
+    pub fn load() -> Result<Driver, LoadError> {
+        if let Some(c) = dylib::env_path(DRIVER_PATH_ENV) {
+            return Self::load_candidate(&c).map_err(|reason| unusable(&c, reason));
+        }
+        dylib::first_usable(Self::search_list(), Self::load_candidate).map_err(|attempts| {
+            LoadError::NotFound {
+                library: LIBRARY,
+                attempts,
+            }
+        })
+    }
+
+    /// Loads the driver from exactly `path` (a file, or a soname for the dynamic loader).
+    pub fn load_from(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
+        let c = Candidate::new(path.as_ref(), Step::Explicit);
+        Self::load_candidate(&c).map_err(|reason| unusable(&c, reason))
+    }
+
+    /// The automatic search list (without the environment override), in order.
+    pub fn search_list() -> Vec<Candidate> {
+        let mut list = vec![
+            Candidate::new("libcuda.so.1", Step::DynamicLoader),
+            Candidate::new("libcuda.so", Step::DynamicLoader),
+        ];
+        let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+        for dir in [
+            multiarch.as_str(),
+            "/usr/lib64",
+            "/usr/local/nvidia/lib64",
+            "/usr/lib/wsl/lib",
+        ] {
+            list.push(Candidate::new(
+                PathBuf::from(dir).join("libcuda.so.1"),
+                Step::SystemDir,
+            ));
+        }
+        list
+    }
+
+    fn load_candidate(c: &Candidate) -> Result<Driver, Reason> {
+        let lib = OpenLibrary::open(&c.path)?;
+        let gpa = lib.symbol(c"cuGetProcAddress_v2");
+        if gpa.is_null() {
+            // Drivers before CUDA 12.0 export only the older cuGetProcAddress.
+            return Err(Reason::MissingSymbol("cuGetProcAddress_v2".into()));
+        }
+        // SAFETY: libcuda exports `cuGetProcAddress_v2` with exactly this signature (the
+        // CUDA 12 header's declaration, from which PFN_cuGetProcAddress_v2 is generated).
+        let gpa: PFN_cuGetProcAddress_v2 =
+            unsafe { std::mem::transmute::<*const c_void, PFN_cuGetProcAddress_v2>(gpa) };
+        let mut resolve = move |name: &CStr, version: i32| -> *const c_void {
+            let mut pfn: *mut c_void = std::ptr::null_mut();
+            let mut status = crate::CUdriverProcAddressQueryResult(0);
+            // SAFETY: `name` is NUL-terminated, both out-pointers are valid locals, and
+            // the legacy-stream flag is a documented value.
+            let rc = unsafe {
+                gpa(
+                    name.as_ptr(),
+                    &mut pfn,
+                    version,
+                    crate::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM.0 as u64,
+                    &mut status,
+                )
+            };
+            if rc == CUresult::CUDA_SUCCESS {
+                pfn
+            } else {
+                std::ptr::null()
+            }
+        };
+        let origin = format!("{} ({})", c.path.display(), c.step);
+        // SAFETY: cuGetProcAddress returns, for a name and a CUDA version, the function
+        // variant a program compiled against that version calls; the table's types are
+        // those variants' signatures (see `PINNED_API_VERSION`).
+        let mut driver = unsafe { Self::resolve_all(&mut resolve)? };
+        driver.origin = origin;
+        driver._lib = Some(lib);
+        Ok(driver)
+    }
+
+    /// Builds a driver from any resolver `(symbol, api_version) -> address`.
+    ///
+    /// `cuDriverGetVersion` is resolved and called first; the version gates the optional
+    /// entries and must be at least 12.0. `name` says where the functions come from in
+    /// messages (e.g. "mock driver").
+    ///
+    /// # Safety
+    /// Every non-null address the resolver returns must be a function with the signature
+    /// that [`DriverFns`] declares for that name, valid for the life of the `Driver`.
+    pub unsafe fn from_resolver(
+        name: &str,
+        mut resolve: impl FnMut(&CStr, i32) -> *const c_void,
+    ) -> Result<Driver, LoadError> {
+        // SAFETY: forwarded from the caller.
+        let mut driver =
+            unsafe { Self::resolve_all(&mut resolve) }.map_err(|reason| LoadError::Unusable {
+                library: LIBRARY,
+                origin: name.to_string(),
+                reason,
+            })?;
+        driver.origin = name.to_string();
+        Ok(driver)
+    }
+
+    /// # Safety
+    /// As for [`Driver::from_resolver`].
+    unsafe fn resolve_all(
+        resolve: &mut dyn FnMut(&CStr, i32) -> *const c_void,
+    ) -> Result<Driver, Reason> {
+        let p = resolve(c"cuDriverGetVersion", PINNED_API_VERSION);
+        if p.is_null() {
+            return Err(Reason::MissingSymbol("cuDriverGetVersion".into()));
+        }
+        // SAFETY: the caller promises non-null addresses have the declared signature.
+        let get_version =
+            unsafe { std::mem::transmute::<*const c_void, PFN_cuDriverGetVersion>(p) };
+        let mut v = 0;
+        // SAFETY: `v` is a valid out-pointer; the call needs no cuInit.
+        let rc = unsafe { get_version(&mut v) };
+        if rc != CUresult::CUDA_SUCCESS {
+            return Err(Reason::Version(format!(
+                "cuDriverGetVersion returned {}",
+                rc.0
+            )));
+        }
+        let version = DriverVersion(v);
+        if v < MINIMUM_DRIVER_VERSION {
+            return Err(Reason::TooOld {
+                found: version.to_string(),
+                minimum: DriverVersion(MINIMUM_DRIVER_VERSION).to_string(),
+            });
+        }
+        // SAFETY: forwarded from the caller.
+        let fns = unsafe { DriverFns::load_with(v, resolve) }
+            .map_err(|s| Reason::MissingSymbol(s.to_string()))?;
+        Ok(Driver {
+            fns,
+            version,
+            origin: String::new(),
+            _lib: None,
+        })
+    }
+
+    /// The function table. Calls through it cost what the C call costs.
+    #[inline]
+    pub fn fns(&self) -> &DriverFns {
+        &self.fns
+    }
+
+    /// The driver's CUDA API version (`cuDriverGetVersion`).
+    pub fn version(&self) -> DriverVersion {
+        self.version
+    }
+
+    /// Where the functions came from: a path and how it was found, or a resolver's name.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The opened library, when the functions came from one.
+    pub fn library(&self) -> Option<&OpenLibrary> {
+        self._lib.as_ref()
+    }
+}
+
+fn unusable(c: &Candidate, reason: Reason) -> LoadError {
+    LoadError::Unusable {
+        library: LIBRARY,
+        origin: format!("{} ({})", c.path.display(), c.step),
+        reason,
+    }
+}

@@ -1,0 +1,246 @@
+//! Finding and opening a shared library at run time, recording every attempt.
+//!
+//! Shared by this crate (libcuda) and `nccl-sys` (libnccl), so that both search the same
+//! way and fail the same way: an error that lists each path tried and why it failed.
+
+use std::ffi::{CStr, OsString, c_void};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+
+/// Where a candidate path came from, so an error can say why it was tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Step {
+    /// A path passed in code (`load_from`, a builder's `path`).
+    Explicit,
+    /// A path taken from the named environment variable.
+    EnvOverride(&'static str),
+    /// A bare soname resolved by the dynamic loader (`LD_LIBRARY_PATH`, ld.so.cache, ...).
+    DynamicLoader,
+    /// A library shipped inside a pip-installed wheel in a Python environment.
+    PythonPackage,
+    /// A conventional system directory.
+    SystemDir,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Explicit => f.write_str("explicit path"),
+            Step::EnvOverride(var) => write!(f, "${var}"),
+            Step::DynamicLoader => f.write_str("dynamic loader"),
+            Step::PythonPackage => f.write_str("pip package"),
+            Step::SystemDir => f.write_str("system dir"),
+        }
+    }
+}
+
+/// Why one candidate library was not used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The file does not exist (checked before asking the loader).
+    NoSuchFile,
+    /// `dlopen` failed; the loader's message.
+    Open(String),
+    /// The library lacks a symbol that every supported version has.
+    MissingSymbol(String),
+    /// The library reports a version older than the minimum this crate supports.
+    TooOld {
+        /// The version the library reported, as text (`2.15.5`, `11.8`).
+        found: String,
+        /// The oldest version this crate accepts.
+        minimum: String,
+    },
+    /// Asking the library for its version failed.
+    Version(String),
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::NoSuchFile => f.write_str("no such file"),
+            Reason::Open(msg) => write!(f, "dlopen failed: {msg}"),
+            Reason::MissingSymbol(s) => write!(f, "required symbol `{s}` is missing"),
+            Reason::TooOld { found, minimum } => {
+                write!(
+                    f,
+                    "version {found} is older than the minimum supported {minimum}"
+                )
+            }
+            Reason::Version(msg) => write!(f, "version query failed: {msg}"),
+        }
+    }
+}
+
+/// One candidate that was tried, and why it was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The path or soname handed to the loader.
+    pub path: PathBuf,
+    /// The search step that produced it.
+    pub step: Step,
+    /// Why it was not used.
+    pub reason: Reason,
+}
+
+impl fmt::Display for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.path.display(),
+            self.step,
+            self.reason
+        )
+    }
+}
+
+/// The attempts of a search, displayed one per line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attempts(pub Vec<Attempt>);
+
+impl fmt::Display for Attempts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("\n  (no candidate paths)");
+        }
+        for a in &self.0 {
+            write!(f, "\n  {a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A candidate library path with the step that produced it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Path (absolute) or bare soname (resolved by the dynamic loader).
+    pub path: PathBuf,
+    /// Where it came from.
+    pub step: Step,
+}
+
+impl Candidate {
+    /// A candidate from `step`.
+    pub fn new(path: impl Into<PathBuf>, step: Step) -> Self {
+        Candidate {
+            path: path.into(),
+            step,
+        }
+    }
+}
+
+/// An opened shared library. Closing happens on drop.
+#[derive(Debug)]
+pub struct OpenLibrary {
+    lib: Library,
+    path: PathBuf,
+}
+
+impl OpenLibrary {
+    /// Opens `path` with `RTLD_NOW | RTLD_LOCAL`; a bare name goes through the loader's search.
+    pub fn open(path: &Path) -> Result<Self, Reason> {
+        if path.components().count() > 1 && !path.exists() {
+            return Err(Reason::NoSuchFile);
+        }
+        // SAFETY: opening a library runs its initialisers. libcuda and libnccl are
+        // designed to be dlopen'ed (the CUDA runtime and NCCL itself do it), and the
+        // caller chose the path; RTLD_LOCAL keeps its symbols out of the global scope.
+        let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+            .map_err(|e| Reason::Open(e.to_string()))?;
+        Ok(OpenLibrary {
+            lib,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The path the library was opened from, as given to the loader.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The address of `symbol`, or null when the library does not export it.
+    pub fn symbol(&self, symbol: &CStr) -> *const c_void {
+        // SAFETY: we read the symbol's address as a plain pointer and never call it here;
+        // a `*const c_void` has no validity requirements.
+        match unsafe { self.lib.get::<*const c_void>(symbol.to_bytes_with_nul()) } {
+            Ok(sym) => *sym,
+            Err(_) => std::ptr::null(),
+        }
+    }
+}
+
+/// Reads an environment variable that names a library; empty counts as unset.
+pub fn env_path(var: &'static str) -> Option<Candidate> {
+    let value: OsString = std::env::var_os(var)?;
+    if value.is_empty() {
+        return None;
+    }
+    Some(Candidate::new(PathBuf::from(value), Step::EnvOverride(var)))
+}
+
+/// The `site-packages` folders of the active Python environments this process can see,
+/// without running Python: `$VIRTUAL_ENV`, `$CONDA_PREFIX`, the user site and the
+/// system's `dist-packages`.
+pub fn python_site_dirs() -> Vec<PathBuf> {
+    let mut prefixes: Vec<PathBuf> = Vec::new();
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+            prefixes.push(PathBuf::from(p));
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|p| !p.is_empty()) {
+        prefixes.push(Path::new(&home).join(".local"));
+    }
+    prefixes.push(PathBuf::from("/usr/local"));
+    prefixes.push(PathBuf::from("/usr"));
+    let mut sites = Vec::new();
+    for prefix in prefixes {
+        let lib = prefix.join("lib");
+        let Ok(entries) = std::fs::read_dir(&lib) else {
+            continue;
+        };
+        let mut pythons: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        pythons.sort();
+        for py in pythons.into_iter().rev() {
+            for sub in ["site-packages", "dist-packages"] {
+                let site = py.join(sub);
+                if site.is_dir() {
+                    sites.push(site);
+                }
+            }
+        }
+    }
+    sites.dedup();
+    sites
+}
+
+/// Tries `candidates` in order with `accept`, which opens and validates one; returns the
+/// first accepted value or every attempt with its reason.
+pub fn first_usable<T>(
+    candidates: impl IntoIterator<Item = Candidate>,
+    mut accept: impl FnMut(&Candidate) -> Result<T, Reason>,
+) -> Result<T, Attempts> {
+    let mut attempts = Vec::new();
+    for c in candidates {
+        if attempts.iter().any(|a: &Attempt| a.path == c.path) {
+            continue;
+        }
+        match accept(&c) {
+            Ok(v) => return Ok(v),
+            Err(reason) => attempts.push(Attempt {
+                path: c.path,
+                step: c.step,
+                reason,
+            }),
+        }
+    }
+    Err(Attempts(attempts))
+}

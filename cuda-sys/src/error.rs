@@ -1,0 +1,46 @@
+//! Loading errors: no panic and no process exit anywhere in loading; every failure ends here.
+
+use crate::dylib::{Attempt, Attempts, Reason};
+
+/// Why a library (libcuda, libnccl) or a resolver could not give a usable function table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The search found no usable library; every candidate with its reason.
+    #[error("no usable {library} library was found; tried:{attempts}")]
+    NotFound {
+        /// What was looked for ("CUDA driver", "NCCL").
+        library: &'static str,
+        /// Each path tried, in order, with why it was rejected.
+        attempts: Attempts,
+    },
+    /// One named source (an explicit path, an environment override, a resolver) was
+    /// rejected; no other source was tried, because the caller asked for this one.
+    #[error("{library} from {origin} cannot be used: {reason}")]
+    Unusable {
+        /// What was looked for.
+        library: &'static str,
+        /// The path and how it was chosen, or the resolver's name.
+        origin: String,
+        /// Why it was rejected.
+        reason: Reason,
+    },
+}
+
+impl LoadError {
+    /// The attempts of a failed search (one for a named source).
+    pub fn attempts(&self) -> Vec<Attempt> {
+        match self {
+            LoadError::NotFound { attempts, .. } => attempts.0.clone(),
+            LoadError::Unusable { .. } => Vec::new(),
+        }
+    }
+
+    /// The reason a named source was rejected.
+    pub fn reason(&self) -> Option<&Reason> {
+        match self {
+            LoadError::Unusable { reason, .. } => Some(reason),
+            LoadError::NotFound { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The driver function table: what `cuda-hal` needs, resolved through `cuGetProcAddress`.
+
+use crate::*;
+
+/// The CUDA version whose ABI every required entry is resolved at (12.0).
+///
+/// `cuGetProcAddress(name, PINNED_API_VERSION, ...)` returns the variant of `name` that a
+/// program compiled against CUDA 12.0 would call, e.g. `cuMemAlloc_v2`, never the 3.x-era
+/// `cuMemAlloc` that a plain `dlsym("cuMemAlloc")` returns. The signatures come from the
+/// CUDA 12.9 header, whose default names keep the 12.0 ABI for every function 12.0 had.
+pub const PINNED_API_VERSION: i32 = 12000;
+
+/// The oldest driver API version this crate loads (CUDA 12.0, driver 525).
+pub const MINIMUM_DRIVER_VERSION: i32 = 12000;
+
+crate::fn_table! {
+    /// The CUDA driver functions, resolved at run time.
+    ///
+    /// Field names are the API names; each field's type is the signature of the ABI
+    /// variant that `cuGetProcAddress` returns for it at [`PINNED_API_VERSION`]
+    /// (optional entries: at the version that introduced them).
+    pub struct DriverFns;
+    min = PINNED_API_VERSION;
+    required {
+        cuInit: PFN_cuInit,
+        cuDriverGetVersion: PFN_cuDriverGetVersion,
+        cuGetErrorName: PFN_cuGetErrorName,
+        cuGetErrorString: PFN_cuGetErrorString,
+        cuDeviceGetCount: PFN_cuDeviceGetCount,
+        cuDeviceGet: PFN_cuDeviceGet,
+        cuDeviceGetName: PFN_cuDeviceGetName,
+        cuDeviceGetUuid: PFN_cuDeviceGetUuid_v2,
+        cuDeviceGetPCIBusId: PFN_cuDeviceGetPCIBusId,
+        cuDeviceGetByPCIBusId: PFN_cuDeviceGetByPCIBusId,
+        cuDeviceGetAttribute: PFN_cuDeviceGetAttribute,
+        cuDeviceTotalMem: PFN_cuDeviceTotalMem_v2,
+        cuDeviceCanAccessPeer: PFN_cuDeviceCanAccessPeer,
+        cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain,
+        cuDevicePrimaryCtxRelease: PFN_cuDevicePrimaryCtxRelease_v2,
+        cuDevicePrimaryCtxGetState: PFN_cuDevicePrimaryCtxGetState,
+        cuCtxSetCurrent: PFN_cuCtxSetCurrent,
+        cuCtxGetCurrent: PFN_cuCtxGetCurrent,
+        cuCtxPushCurrent: PFN_cuCtxPushCurrent_v2,
+        cuCtxPopCurrent: PFN_cuCtxPopCurrent_v2,
+        cuCtxGetDevice: PFN_cuCtxGetDevice,
+        cuCtxSynchronize: PFN_cuCtxSynchronize,
+        cuCtxEnablePeerAccess: PFN_cuCtxEnablePeerAccess,
+        cuStreamCreate: PFN_cuStreamCreate,
+        cuStreamCreateWithPriority: PFN_cuStreamCreateWithPriority,
+        cuStreamDestroy: PFN_cuStreamDestroy_v2,
+        cuStreamSynchronize: PFN_cuStreamSynchronize,
+        cuStreamQuery: PFN_cuStreamQuery,
+        cuStreamWaitEvent: PFN_cuStreamWaitEvent,
+        cuStreamGetCtx: PFN_cuStreamGetCtx,
+        cuStreamBeginCapture: PFN_cuStreamBeginCapture_v2,
+        cuStreamEndCapture: PFN_cuStreamEndCapture,
+        cuStreamIsCapturing: PFN_cuStreamIsCapturing,
+        cuLaunchHostFunc: PFN_cuLaunchHostFunc,
+        cuEventCreate: PFN_cuEventCreate,
+        cuEventDestroy: PFN_cuEventDestroy_v2,
+        cuEventRecord: PFN_cuEventRecord,
+        cuEventSynchronize: PFN_cuEventSynchronize,
+        cuEventQuery: PFN_cuEventQuery,
+        cuEventElapsedTime: PFN_cuEventElapsedTime,
+        cuMemGetInfo: PFN_cuMemGetInfo_v2,
+        cuMemAlloc: PFN_cuMemAlloc_v2,
+        cuMemFree: PFN_cuMemFree_v2,
+        cuMemAllocAsync: PFN_cuMemAllocAsync,
+        cuMemFreeAsync: PFN_cuMemFreeAsync,
+        cuMemAllocHost: PFN_cuMemAllocHost_v2,
+        cuMemHostAlloc: PFN_cuMemHostAlloc,
+        cuMemFreeHost: PFN_cuMemFreeHost,
+        cuMemcpy: PFN_cuMemcpy,
+        cuMemcpyAsync: PFN_cuMemcpyAsync,
+        cuMemcpyHtoD: PFN_cuMemcpyHtoD_v2,
+        cuMemcpyDtoH: PFN_cuMemcpyDtoH_v2,
+        cuMemcpyDtoD: PFN_cuMemcpyDtoD_v2,
+        cuMemcpyHtoDAsync: PFN_cuMemcpyHtoDAsync_v2,
+        cuMemcpyDtoHAsync: PFN_cuMemcpyDtoHAsync_v2,
+        cuMemcpyDtoDAsync: PFN_cuMemcpyDtoDAsync_v2,
+        cuMemcpyPeer: PFN_cuMemcpyPeer,
+        cuMemcpyPeerAsync: PFN_cuMemcpyPeerAsync,
+        cuMemsetD8: PFN_cuMemsetD8_v2,
+        cuMemsetD16: PFN_cuMemsetD16_v2,
+        cuMemsetD32: PFN_cuMemsetD32_v2,
+        cuMemsetD8Async: PFN_cuMemsetD8Async,
+        cuMemsetD16Async: PFN_cuMemsetD16Async,
+        cuMemsetD32Async: PFN_cuMemsetD32Async,
+        cuPointerGetAttribute: PFN_cuPointerGetAttribute,
+        cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags,
+        cuGraphLaunch: PFN_cuGraphLaunch,
+        cuGraphExecDestroy: PFN_cuGraphExecDestroy,
+        cuGraphDestroy: PFN_cuGraphDestroy,
+    }
+    optional {
+        cuCtxRecordEvent: PFN_cuCtxRecordEvent = 12050,
+        cuCtxWaitEvent: PFN_cuCtxWaitEvent = 12050,
+        cuStreamGetDevice: PFN_cuStreamGetDevice = 12080,
+    }
+}

@@ -1,0 +1,127 @@
+//! The `fn_table!` macro that declares a function table and its resolver-driven loader.
+//!
+//! A table is a plain struct of `unsafe extern "C" fn` pointers (required entries) and
+//! `Option`s of them (entries newer than the minimum library version). It is filled by one
+//! resolver closure `(name, api_version) -> address`, which is how real libraries
+//! (`dlsym`, `cuGetProcAddress`) and mock tables are both plugged in. A call through the
+//! table is a plain indirect call: no lock, no lookup.
+
+use std::ffi::CStr;
+
+/// A resolver: given a symbol name and the API version it is wanted at, its address, or null.
+pub type Resolver<'a> = dyn FnMut(&CStr, i32) -> *const core::ffi::c_void + 'a;
+
+/// Turns a NUL-terminated literal into a `&CStr` at compile time (used by `fn_table!`).
+#[doc(hidden)]
+pub const fn cstr(s: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(s.as_bytes()) {
+        Ok(c) => c,
+        // Only reachable at compile time, from a malformed literal written in this crate.
+        #[allow(clippy::panic)]
+        Err(_) => panic!("symbol literal must end in one NUL"),
+    }
+}
+
+/// Declares a function table: `required` entries at `min`, `optional` entries at the
+/// version that introduced them. See [`crate::DriverFns`] for a generated example.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! fn_table {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident;
+        min = $min:expr;
+        required { $( $rf:ident : $rty:ty ),* $(,)? }
+        optional { $( $of:ident : $oty:ty = $ov:expr ),* $(,)? }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy)]
+        #[allow(non_snake_case)]
+        pub struct $name {
+            $(
+                #[doc = concat!("`", stringify!($rf), "` (required).")]
+                pub $rf: $rty,
+            )*
+            $(
+                #[doc = concat!("`", stringify!($of), "`: `Some` when the library is at \
+                    least version ", stringify!($ov), " and exports it.")]
+                pub $of: Option<$oty>,
+            )*
+        }
+
+        impl $name {
+            /// Names of the required entries.
+            pub const REQUIRED: &'static [&'static str] = &[$(stringify!($rf)),*];
+            /// Names of the optional entries with the version that introduced each.
+            pub const OPTIONAL: &'static [(&'static str, i32)] = &[$((stringify!($of), $ov)),*];
+            /// Every entry's name with the name of its signature type (`PFN_<symbol>`), which
+            /// names the exact ABI variant the entry must resolve to.
+            pub const SIGNATURES: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($rf), stringify!($rty)),)* $((stringify!($of), stringify!($oty))),*];
+
+            /// Fills the table through `resolve(name, api_version)`.
+            ///
+            /// Required entries are asked for at the minimum version; an optional entry is
+            /// asked for only when `version` is at least the one that introduced it, and is
+            /// `None` when the resolver returns null. Returns the name of the first required
+            /// entry the resolver could not find.
+            ///
+            /// # Safety
+            /// Every non-null address returned for a name must be a function with exactly
+            /// the signature that the table declares for it, and must stay valid as long as
+            /// the table is used.
+            pub unsafe fn load_with(
+                version: i32,
+                resolve: &mut $crate::table::Resolver<'_>,
+            ) -> ::core::result::Result<Self, &'static str> {
+                Ok(Self {
+                    $(
+                        $rf: {
+                            const NAME: &::std::ffi::CStr =
+                                $crate::table::cstr(concat!(stringify!($rf), "\0"));
+                            let p = resolve(NAME, $min);
+                            if p.is_null() {
+                                return Err(stringify!($rf));
+                            }
+                            // SAFETY: non-null, and the caller promises the address is a
+                            // function of this entry's signature.
+                            unsafe { ::core::mem::transmute::<*const ::core::ffi::c_void, $rty>(p) }
+                        },
+                    )*
+                    $(
+                        $of: {
+                            const NAME: &::std::ffi::CStr =
+                                $crate::table::cstr(concat!(stringify!($of), "\0"));
+                            let p = if version >= $ov { resolve(NAME, $ov) } else { ::core::ptr::null() };
+                            if p.is_null() {
+                                None
+                            } else {
+                                // SAFETY: as above.
+                                Some(unsafe { ::core::mem::transmute::<*const ::core::ffi::c_void, $oty>(p) })
+                            }
+                        },
+                    )*
+                })
+            }
+
+            /// Each optional entry's name with whether it was resolved.
+            pub fn optional_present(&self) -> ::std::vec::Vec<(&'static str, bool)> {
+                vec![$((stringify!($of), self.$of.is_some())),*]
+            }
+        }
+
+        impl ::core::fmt::Debug for $name {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                let present: ::std::vec::Vec<&str> = self
+                    .optional_present()
+                    .into_iter()
+                    .filter_map(|(n, p)| p.then_some(n))
+                    .collect();
+                f.debug_struct(stringify!($name))
+                    .field("required", &Self::REQUIRED.len())
+                    .field("optional_present", &present)
+                    .finish()
+            }
+        }
+    };
+}

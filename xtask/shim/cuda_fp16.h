@@ -1,0 +1,1 @@
+/* Stand-in: nccl.h includes it, but its API uses no half-precision type. */

@@ -1,0 +1,177 @@
+//! Maintenance tasks for the workspace.
+//!
+//! `cargo xtask bindgen` regenerates `cuda-sys/src/generated.rs` and
+//! `nccl-sys/src/generated.rs` from the headers of the wheels pinned (with sha256) in
+//! `scripts/wheels.lock`. It needs libclang (Debian: `libclang-dev`) and python3 with pip.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use bindgen::{EnumVariation, callbacks::ParseCallbacks};
+use quote::{format_ident, quote};
+
+/// The wheel whose `cuda.h` the driver bindings come from.
+const CUDA_WHEEL: (&str, &str) = ("nvidia-cuda-runtime-cu12", "12.9.79");
+/// The wheel whose `nccl.h` the NCCL bindings come from.
+const NCCL_WHEEL: (&str, &str) = ("nvidia-nccl-cu12", "2.32.3");
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("bindgen") => match bindgen_all() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("xtask bindgen: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        _ => {
+            eprintln!("usage: cargo xtask bindgen   (regenerate the committed bindings)");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Fetches (or finds cached) a pinned wheel through `scripts/wheel`; returns its folder.
+fn wheel(name: &str, version: &str) -> Result<PathBuf, String> {
+    let out = Command::new("bash")
+        .arg(root().join("scripts/wheel"))
+        .args([name, version])
+        .output()
+        .map_err(|e| format!("cannot run scripts/wheel: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "scripts/wheel {name} {version} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn bindgen_all() -> Result<(), String> {
+    let cuda = wheel(CUDA_WHEEL.0, CUDA_WHEEL.1)?.join("nvidia/cuda_runtime/include");
+    let nccl = wheel(NCCL_WHEEL.0, NCCL_WHEEL.1)?.join("nvidia/nccl/include");
+    let shim = root().join("xtask/shim");
+
+    let cuda_header = format!("cuda.h of {} {}", CUDA_WHEEL.0, CUDA_WHEEL.1);
+    let b = base()
+        .clang_arg("-DCUDA_SYS")
+        .clang_arg(format!("-I{}", cuda.display()))
+        .allowlist_file(".*/cuda\\.h");
+    write(b, &cuda_header, &root().join("cuda-sys/src/generated.rs"))?;
+
+    let nccl_header = format!("nccl.h of {} {}", NCCL_WHEEL.0, NCCL_WHEEL.1);
+    let b = base()
+        .clang_arg("-DNCCL_SYS")
+        .clang_arg(format!("-I{}", shim.display()))
+        .clang_arg(format!("-I{}", nccl.display()))
+        .allowlist_file(".*/nccl\\.h")
+        .blocklist_type("cudaStream_t|cudaEvent_t|CUstream_st|CUevent_st")
+        .raw_line("/// `cudaStream_t` is the driver's `CUstream` (the runtime declares it so).")
+        .raw_line("pub type cudaStream_t = cuda_sys::CUstream;")
+        .raw_line("/// `cudaEvent_t` is the driver's `CUevent` (the runtime declares it so).")
+        .raw_line("pub type cudaEvent_t = cuda_sys::CUevent;");
+    write(b, &nccl_header, &root().join("nccl-sys/src/generated.rs"))?;
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Callbacks;
+
+impl ParseCallbacks for Callbacks {
+    fn int_macro(&self, name: &str, _value: i64) -> Option<bindgen::callbacks::IntKind> {
+        // NCCL_CONFIG_UNDEF_INT and friends are C ints; keep them i32 so they fit the fields.
+        if name.starts_with("NCCL_CONFIG_UNDEF") || name == "NCCL_SPLIT_NOCOLOR" {
+            Some(bindgen::callbacks::IntKind::Int)
+        } else {
+            None
+        }
+    }
+}
+
+fn base() -> bindgen::Builder {
+    bindgen::Builder::default()
+        .header(root().join("wrapper.h").display().to_string())
+        .default_enum_style(EnumVariation::NewType {
+            is_bitfield: false,
+            is_global: false,
+        })
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .derive_eq(true)
+        .derive_hash(true)
+        .derive_partialeq(true)
+        .layout_tests(true)
+        .generate_comments(false)
+        .ctypes_prefix("::core::ffi")
+        .merge_extern_blocks(true)
+        .sort_semantically(false)
+        .parse_callbacks(Box::new(Callbacks))
+        .formatter(bindgen::Formatter::None)
+}
+
+/// Runs bindgen, turns every `extern "C"` function into a `PFN_<name>` fn-pointer type
+/// (the tables resolve functions at run time, so nothing may link against them), lists the
+/// declared functions in `FUNCTIONS`, and writes the result.
+fn write(b: bindgen::Builder, header: &str, out: &Path) -> Result<(), String> {
+    let code = b
+        .generate()
+        .map_err(|e| format!("bindgen failed: {e}"))?
+        .to_string();
+    let file: syn::File = syn::parse_str(&code).map_err(|e| format!("parse: {e}"))?;
+    let mut items = Vec::new();
+    let mut pfns = Vec::new();
+    let mut names = Vec::new();
+    for item in file.items {
+        match item {
+            syn::Item::ForeignMod(m) => {
+                for fi in m.items {
+                    match fi {
+                        syn::ForeignItem::Fn(f) => {
+                            let name = f.sig.ident.to_string();
+                            let pfn = format_ident!("PFN_{}", name);
+                            let inputs = &f.sig.inputs;
+                            let output = &f.sig.output;
+                            let doc = format!("Signature of `{name}` as the header declares it.");
+                            pfns.push(quote! {
+                                #[doc = #doc]
+                                pub type #pfn = unsafe extern "C" fn(#inputs) #output;
+                            });
+                            names.push(name);
+                        }
+                        other => {
+                            return Err(format!("unexpected foreign item: {}", quote!(#other)));
+                        }
+                    }
+                }
+            }
+            other => items.push(other),
+        }
+    }
+    let tokens = quote! {
+        #(#items)*
+        #(#pfns)*
+        /// Every function the header declares, in header order.
+        pub const FUNCTIONS: &[&str] = &[#(#names),*];
+    };
+    let pretty = prettyplease::unparse(&syn::parse2(tokens).map_err(|e| format!("{e}"))?);
+    let text = format!(
+        "// @generated by `cargo xtask bindgen` from {header}. Do not edit.\n\
+         // Regenerate with `cargo xtask bindgen`; CI fails when this file differs.\n\n{pretty}"
+    );
+    std::fs::write(out, text).map_err(|e| format!("write {}: {e}", out.display()))?;
+    eprintln!(
+        "wrote {} ({} functions)",
+        out.strip_prefix(root()).unwrap_or(out).display(),
+        names.len()
+    );
+    Ok(())
+}
