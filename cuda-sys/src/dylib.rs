@@ -62,7 +62,7 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reason::NoSuchFile => f.write_str("no such file"),
-            Reason::Open(msg) => write!(f, "dlopen failed: {msg}"),
+            Reason::Open(msg) => write!(f, "dlopen: {msg}"),
             Reason::MissingSymbol(s) => write!(f, "required symbol `{s}` is missing"),
             Reason::TooOld { found, minimum } => {
                 write!(
@@ -133,7 +133,15 @@ impl Candidate {
     }
 }
 
-/// An opened shared library. Closing happens on drop.
+/// `RTLD_NODELETE` (glibc, musl): `dlclose` never unmaps the library.
+const RTLD_NODELETE: i32 = 0x1000;
+
+/// An opened shared library.
+///
+/// Opened with `RTLD_NODELETE`: dropping it releases the handle but never unmaps the code.
+/// libcuda and libnccl start threads of their own (NCCL's bootstrap root thread runs after
+/// `ncclGetUniqueId` returns) and register exit handlers; unmapping them under those would
+/// crash the process. Loading the same path again returns the same mapped library.
 #[derive(Debug)]
 pub struct OpenLibrary {
     lib: Library,
@@ -141,7 +149,8 @@ pub struct OpenLibrary {
 }
 
 impl OpenLibrary {
-    /// Opens `path` with `RTLD_NOW | RTLD_LOCAL`; a bare name goes through the loader's search.
+    /// Opens `path` with `RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`; a bare name goes through
+    /// the loader's search.
     pub fn open(path: &Path) -> Result<Self, Reason> {
         if path.components().count() > 1 && !path.exists() {
             return Err(Reason::NoSuchFile);
@@ -149,8 +158,8 @@ impl OpenLibrary {
         // SAFETY: opening a library runs its initialisers. libcuda and libnccl are
         // designed to be dlopen'ed (the CUDA runtime and NCCL itself do it), and the
         // caller chose the path; RTLD_LOCAL keeps its symbols out of the global scope.
-        let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
-            .map_err(|e| Reason::Open(e.to_string()))?;
+        let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) }
+            .map_err(|e| Reason::Open(loader_message(&e)))?;
         Ok(OpenLibrary {
             lib,
             path: path.to_path_buf(),
@@ -170,6 +179,14 @@ impl OpenLibrary {
             Ok(sym) => *sym,
             Err(_) => std::ptr::null(),
         }
+    }
+}
+
+/// libloading's error says "dlopen failed" and keeps `dlerror()`'s text as its source.
+fn loader_message(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(src) => src.to_string(),
+        None => e.to_string(),
     }
 }
 

@@ -104,6 +104,22 @@ macro_rules! fn_table {
                 })
             }
 
+            /// The address an entry was resolved to, by entry name (`None`: no such entry,
+            /// or an optional entry that is absent). For checks and diagnostics.
+            pub fn address_of(&self, name: &str) -> Option<*const ::core::ffi::c_void> {
+                $(
+                    if name == stringify!($rf) {
+                        return Some(self.$rf as *const ::core::ffi::c_void);
+                    }
+                )*
+                $(
+                    if name == stringify!($of) {
+                        return self.$of.map(|f| f as *const ::core::ffi::c_void);
+                    }
+                )*
+                None
+            }
+
             /// Each optional entry's name with whether it was resolved.
             pub fn optional_present(&self) -> ::std::vec::Vec<(&'static str, bool)> {
                 vec![$((stringify!($of), self.$of.is_some())),*]

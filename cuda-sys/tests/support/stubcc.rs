@@ -1,0 +1,32 @@
+//! Test support: compiles a C source into a shared library with the `cc` crate, at test
+//! time, so the loaders can be tested against libraries that misbehave on purpose.
+//! Shared by cuda-sys's and nccl-sys's tests (nccl-sys includes it by path).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Compiles `source` into `lib<name>.so` in a fresh folder under the target dir and
+/// returns its path. Panics (failing the test) if the compiler fails.
+pub(crate) fn shared_library(name: &str, source: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "stub-{name}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(format!("lib{name}.so"));
+    let target = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    let compiler = cc::Build::new()
+        .target(&target)
+        .host(&target)
+        .opt_level(0)
+        .cargo_metadata(false)
+        .get_compiler();
+    let mut cmd: Command = compiler.to_command();
+    cmd.args(["-shared", "-fPIC", "-o"]).arg(&out).arg(&src);
+    let status = cmd.status().expect("C compiler runs");
+    assert!(status.success(), "compiling {} failed", src.display());
+    out
+}
