@@ -3,9 +3,8 @@
 //! optional functions gated on the reported version.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support {
-    pub mod stubcc;
-}
+#[path = "support/stubcc.rs"]
+mod stubcc;
 
 use cuda_sys::dylib::Reason;
 use cuda_sys::{Driver, DriverFns, LoadError};
@@ -44,7 +43,7 @@ fn stub_source(version: i32, omit: &[&str], no_gpa: bool) -> String {
 }
 
 fn stub(name: &str, version: i32, omit: &[&str], no_gpa: bool) -> std::path::PathBuf {
-    support::stubcc::shared_library(name, &stub_source(version, omit, no_gpa))
+    stubcc::shared_library(name, &stub_source(version, omit, no_gpa))
 }
 
 fn reason(e: LoadError) -> Reason {
