@@ -124,12 +124,17 @@ fn init_without_a_gpu_returns_an_error_instead_of_crashing() {
     let mut comm: nccl_sys::ncclComm_t = std::ptr::null_mut();
     // SAFETY: a one-rank world with a fresh id; `comm` is a valid out-pointer.
     let rc = unsafe { (n.fns().ncclCommInitRank)(&mut comm, 1, id, 0) };
-    println!("ncclCommInitRank, one rank: {} ({})", rc.name(), n.error_string(rc));
+    println!(
+        "ncclCommInitRank, one rank: {} ({})",
+        rc.name(),
+        n.error_string(rc)
+    );
     if gpu_present() {
         // On the GPU machine the same call must succeed; clean up.
         assert_eq!(rc, ncclResult_t::ncclSuccess);
         // SAFETY: `comm` was just created and is destroyed once.
-        assert_eq!(unsafe { (n.fns().ncclCommDestroy)(comm) }, ncclResult_t::ncclSuccess);
+        let rc = unsafe { (n.fns().ncclCommDestroy)(comm) };
+        assert_eq!(rc, ncclResult_t::ncclSuccess);
     } else {
         assert_ne!(rc, ncclResult_t::ncclSuccess, "no GPU here, init must fail");
     }
