@@ -560,6 +560,24 @@ pub struct ncclParamHandle {
     _unused: [u8; 0],
 }
 pub type ncclParamHandle_t = *mut ncclParamHandle;
+impl ncclResult_t {
+    ///The C name of this `ncclResult_t` value, or `None` for a value the header does not list.
+    pub const fn name(self) -> Option<&'static str> {
+        match self.0 {
+            0 => Some("ncclSuccess"),
+            1 => Some("ncclUnhandledCudaError"),
+            2 => Some("ncclSystemError"),
+            3 => Some("ncclInternalError"),
+            4 => Some("ncclInvalidArgument"),
+            5 => Some("ncclInvalidUsage"),
+            6 => Some("ncclRemoteError"),
+            7 => Some("ncclInProgress"),
+            8 => Some("ncclTimeout"),
+            9 => Some("ncclNumResults"),
+            _ => None,
+        }
+    }
+}
 ///Signature of `ncclMemAlloc` as the header declares it.
 pub type PFN_ncclMemAlloc = unsafe extern "C" fn(
     ptr: *mut *mut ::core::ffi::c_void,

@@ -39,7 +39,6 @@ pub use generated::*;
 mod config;
 mod fns;
 mod loader;
-mod result;
 mod version;
 
 pub use config::{

@@ -146,7 +146,7 @@ impl Nccl {
             return Err(Reason::Version(format!(
                 "ncclGetVersion returned {} ({})",
                 rc.0,
-                rc.name()
+                rc.name().unwrap_or("unknown")
             )));
         }
         let version = NcclVersion(code);

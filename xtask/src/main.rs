@@ -118,6 +118,49 @@ fn base() -> bindgen::Builder {
         .formatter(bindgen::Formatter::None)
 }
 
+/// Status enums that get a generated `name()` (the C name of each value).
+const NAMED_ENUMS: &[&str] = &["cudaError_enum", "ncclResult_t"];
+
+/// For an `impl E { pub const A: E = E(1); ... }` block of a [`NAMED_ENUMS`] newtype,
+/// an `impl E { pub const fn name(self) -> Option<&'static str> }` (first name per value).
+fn name_fn(imp: &syn::ItemImpl) -> Option<proc_macro2::TokenStream> {
+    let syn::Type::Path(tp) = &*imp.self_ty else {
+        return None;
+    };
+    let ty = tp.path.get_ident()?;
+    if !NAMED_ENUMS.contains(&ty.to_string().as_str()) {
+        return None;
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut arms = Vec::new();
+    for it in &imp.items {
+        let syn::ImplItem::Const(c) = it else { continue };
+        let syn::Expr::Call(call) = &c.expr else { continue };
+        let Some(syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(v), .. })) = call.args.first()
+        else {
+            continue;
+        };
+        let v: u64 = v.base10_parse().ok()?;
+        if seen.insert(v) {
+            let name = c.ident.to_string();
+            let lit = proc_macro2::Literal::u64_unsuffixed(v);
+            arms.push(quote! { #lit => Some(#name), });
+        }
+    }
+    let doc = format!("The C name of this `{ty}` value, or `None` for a value the header does not list.");
+    Some(quote! {
+        impl #ty {
+            #[doc = #doc]
+            pub const fn name(self) -> Option<&'static str> {
+                match self.0 {
+                    #(#arms)*
+                    _ => None,
+                }
+            }
+        }
+    })
+}
+
 /// Runs bindgen, turns every `extern "C"` function into a `PFN_<name>` fn-pointer type
 /// (the tables resolve functions at run time, so nothing may link against them), lists the
 /// declared functions in `FUNCTIONS`, and writes the result.
@@ -130,7 +173,13 @@ fn write(b: bindgen::Builder, header: &str, out: &Path) -> Result<(), String> {
     let mut items = Vec::new();
     let mut pfns = Vec::new();
     let mut names = Vec::new();
+    let mut namers = Vec::new();
     for item in file.items {
+        if let syn::Item::Impl(imp) = &item {
+            if let Some(f) = name_fn(imp) {
+                namers.push(f);
+            }
+        }
         match item {
             syn::Item::ForeignMod(m) => {
                 for fi in m.items {
@@ -158,6 +207,7 @@ fn write(b: bindgen::Builder, header: &str, out: &Path) -> Result<(), String> {
     }
     let tokens = quote! {
         #(#items)*
+        #(#namers)*
         #(#pfns)*
         /// Every function the header declares, in header order.
         pub const FUNCTIONS: &[&str] = &[#(#names),*];
