@@ -1,9 +1,11 @@
 //! Loading the CUDA driver (`libcuda.so.1`) and resolving [`DriverFns`] through
 //! `cuGetProcAddress`.
 
+use std::any::Any;
 use std::ffi::{CStr, c_void};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::dylib::{self, Candidate, OpenLibrary, Reason, Step};
 use crate::fns::{DriverFns, MINIMUM_DRIVER_VERSION, PINNED_API_VERSION};
@@ -43,8 +45,10 @@ pub struct Driver {
     fns: DriverFns,
     version: DriverVersion,
     origin: String,
-    // Keeps the code behind `fns` mapped; dropped last.
+    // Keeps the code behind `fns` mapped.
     _lib: Option<OpenLibrary>,
+    // Keeps whatever backs a resolver-made table alive (e.g. a mock driver's slot).
+    _owner: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 static_assertions::assert_impl_all!(Driver: Send, Sync);
@@ -166,6 +170,22 @@ impl Driver {
         Ok(driver)
     }
 
+    /// Like [`Driver::from_resolver`], keeping `owner` alive as long as the driver: for
+    /// tables whose functions depend on some state (a mock's simulated machine).
+    ///
+    /// # Safety
+    /// As for [`Driver::from_resolver`]; the addresses may depend on `owner` being alive.
+    pub unsafe fn from_resolver_owned(
+        name: &str,
+        owner: Arc<dyn Any + Send + Sync>,
+        resolve: impl FnMut(&CStr, i32) -> *const c_void,
+    ) -> Result<Driver, LoadError> {
+        // SAFETY: forwarded from the caller.
+        let mut driver = unsafe { Self::from_resolver(name, resolve) }?;
+        driver._owner = Some(owner);
+        Ok(driver)
+    }
+
     /// # Safety
     /// As for [`Driver::from_resolver`].
     unsafe fn resolve_all(
@@ -202,6 +222,7 @@ impl Driver {
             version,
             origin: String::new(),
             _lib: None,
+            _owner: None,
         })
     }
 

@@ -44,6 +44,8 @@ mod driver;
 pub mod dylib;
 mod error;
 mod fns;
+#[cfg(feature = "mock")]
+pub mod mock;
 #[doc(hidden)]
 pub mod table;
 

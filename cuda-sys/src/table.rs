@@ -126,6 +126,16 @@ macro_rules! fn_table {
             }
         }
 
+        /// Each entry's signature under the entry's name (for implementations of the table,
+        /// such as mocks, to be checked against it).
+        #[doc(hidden)]
+        #[allow(non_camel_case_types, unreachable_pub)]
+        pub mod signatures {
+            use super::*;
+            $( pub type $rf = $rty; )*
+            $( pub type $of = $oty; )*
+        }
+
         impl ::core::fmt::Debug for $name {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
                 let present: ::std::vec::Vec<&str> = self

@@ -134,9 +134,16 @@ fn name_fn(imp: &syn::ItemImpl) -> Option<proc_macro2::TokenStream> {
     let mut seen = std::collections::BTreeSet::new();
     let mut arms = Vec::new();
     for it in &imp.items {
-        let syn::ImplItem::Const(c) = it else { continue };
-        let syn::Expr::Call(call) = &c.expr else { continue };
-        let Some(syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(v), .. })) = call.args.first()
+        let syn::ImplItem::Const(c) = it else {
+            continue;
+        };
+        let syn::Expr::Call(call) = &c.expr else {
+            continue;
+        };
+        let Some(syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(v),
+            ..
+        })) = call.args.first()
         else {
             continue;
         };
@@ -147,7 +154,8 @@ fn name_fn(imp: &syn::ItemImpl) -> Option<proc_macro2::TokenStream> {
             arms.push(quote! { #lit => Some(#name), });
         }
     }
-    let doc = format!("The C name of this `{ty}` value, or `None` for a value the header does not list.");
+    let doc =
+        format!("The C name of this `{ty}` value, or `None` for a value the header does not list.");
     Some(quote! {
         impl #ty {
             #[doc = #doc]

@@ -1,0 +1,208 @@
+//! [`Cuda`]: the loaded, initialised driver, shared and cheap to clone.
+
+use std::ffi::CStr;
+use std::sync::{Arc, OnceLock};
+
+use cuda_sys::{CUresult, Driver, DriverFns, DriverVersion};
+
+use crate::device::Device;
+use crate::selector::DeviceSelector;
+use crate::{DeviceUuid, Error, Result};
+
+/// The CUDA driver, loaded once and initialised (`cuInit`). Clones share it.
+#[derive(Clone)]
+pub struct Cuda {
+    inner: Arc<Driver>,
+}
+
+static_assertions::assert_impl_all!(Cuda: Send, Sync, Clone);
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda")
+            .field("version", &self.inner.version())
+            .field("origin", &self.inner.origin())
+            .finish()
+    }
+}
+
+impl Cuda {
+    /// The process-wide driver: searched for and initialised on the first call (see
+    /// [`Driver::load`]); later calls return the same driver, or the same error.
+    #[doc(alias = "cuInit")]
+    pub fn load() -> Result<Cuda> {
+        static SHARED: OnceLock<Result<Cuda>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Cuda::from_driver(Driver::load()?))
+            .clone()
+    }
+
+    /// Initialises a driver loaded some other way (a path, a mock) with `cuInit(0)`.
+    pub fn from_driver(driver: Driver) -> Result<Cuda> {
+        let cuda = Cuda {
+            inner: Arc::new(driver),
+        };
+        // SAFETY: cuInit(0) has no preconditions.
+        let rc = unsafe { (cuda.fns().cuInit)(0) };
+        cuda.check(rc, "cuInit")?;
+        Ok(cuda)
+    }
+
+    /// A simulated driver (feature `mock`): the `Cuda` and the handle that steers it.
+    #[cfg(feature = "mock")]
+    pub fn mock(builder: cuda_sys::mock::MockDriver) -> Result<(Cuda, cuda_sys::mock::MockWorld)> {
+        let (driver, world) = builder.build()?;
+        Ok((Cuda::from_driver(driver)?, world))
+    }
+
+    /// The raw driver (function table, version, origin).
+    pub fn driver(&self) -> &Driver {
+        &self.inner
+    }
+
+    /// The raw function table.
+    #[inline]
+    pub fn fns(&self) -> &DriverFns {
+        self.inner.fns()
+    }
+
+    /// The driver's CUDA version.
+    #[doc(alias = "cuDriverGetVersion")]
+    pub fn version(&self) -> DriverVersion {
+        self.inner.version()
+    }
+
+    /// Turns a status into a `Result`, with the driver's name and message for failures.
+    #[inline]
+    pub fn check(&self, rc: CUresult, call: &'static str) -> Result<()> {
+        if rc == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.error(rc, call))
+        }
+    }
+
+    /// The [`Error::Driver`] for a failed status.
+    #[cold]
+    pub fn error(&self, code: CUresult, call: &'static str) -> Error {
+        let text = |f: cuda_sys::PFN_cuGetErrorName| {
+            let mut p: *const std::ffi::c_char = std::ptr::null();
+            // SAFETY: `p` is a valid out-pointer; the driver stores a static string or fails.
+            let ok = unsafe { f(code, &mut p) } == CUresult::CUDA_SUCCESS && !p.is_null();
+            // SAFETY: on success `p` points at a NUL-terminated static string.
+            ok.then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+        };
+        let name = text(self.fns().cuGetErrorName)
+            .or_else(|| code.name().map(str::to_string))
+            .unwrap_or_else(|| format!("CUresult({})", code.0));
+        let message =
+            text(self.fns().cuGetErrorString).unwrap_or_else(|| "unknown error".to_string());
+        Error::Driver {
+            call,
+            code,
+            name,
+            message,
+        }
+    }
+
+    /// An optional table entry, or [`Error::Unsupported`] naming the version it needs.
+    pub fn require<F: Copy>(&self, entry: Option<F>, function: &'static str) -> Result<F> {
+        entry.ok_or_else(|| {
+            let needed = DriverFns::OPTIONAL
+                .iter()
+                .find(|(n, _)| *n == function)
+                .map(|(_, v)| DriverVersion(*v).to_string())
+                .unwrap_or_else(|| "newer".into());
+            Error::Unsupported {
+                function,
+                needed,
+                found: self.version().to_string(),
+            }
+        })
+    }
+
+    /// Number of devices.
+    #[doc(alias = "cuDeviceGetCount")]
+    pub fn device_count(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { (self.fns().cuDeviceGetCount)(&mut n) };
+        self.check(rc, "cuDeviceGetCount")?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// The device with this ordinal.
+    #[doc(alias = "cuDeviceGet")]
+    pub fn device(&self, ordinal: usize) -> Result<Device> {
+        let count = self.device_count()?;
+        if ordinal >= count {
+            return Err(self.no_such_device(format!("ordinal {ordinal}")));
+        }
+        Device::get(self, ordinal as i32)
+    }
+
+    /// All devices, by ordinal.
+    pub fn devices(&self) -> Result<Vec<Device>> {
+        (0..self.device_count()?).map(|i| self.device(i)).collect()
+    }
+
+    /// The device whose UUID is `uuid` (all 16 bytes compared).
+    pub fn device_by_uuid(&self, uuid: &DeviceUuid) -> Result<Device> {
+        for d in self.devices()? {
+            if d.uuid()? == *uuid {
+                return Ok(d);
+            }
+        }
+        Err(self.no_such_device(uuid.to_string()))
+    }
+
+    /// The device a selector string names: `cuda://`, `cuda://<ordinal>`,
+    /// `cuda://GPU-<uuid>`, `cuda://MIG-<uuid>` or `cuda://<pci bus id>`.
+    pub fn select(&self, selector: &str) -> Result<Device> {
+        self.select_parsed(&selector.parse::<DeviceSelector>()?)
+    }
+
+    /// The device a parsed selector names.
+    pub fn select_parsed(&self, selector: &DeviceSelector) -> Result<Device> {
+        match selector {
+            DeviceSelector::Default => {
+                if self.device_count()? == 0 {
+                    return Err(self.no_such_device("cuda:// (default device)".into()));
+                }
+                self.device(0)
+            }
+            DeviceSelector::Ordinal(i) => self
+                .device(*i)
+                .map_err(|_| self.no_such_device(selector.to_string())),
+            DeviceSelector::Uuid(u) => self
+                .device_by_uuid(u)
+                .map_err(|_| self.no_such_device(selector.to_string())),
+            DeviceSelector::PciBusId(p) => {
+                for d in self.devices()? {
+                    if d.pci_bus_id()? == *p {
+                        return Ok(d);
+                    }
+                }
+                Err(self.no_such_device(selector.to_string()))
+            }
+        }
+    }
+
+    #[cold]
+    fn no_such_device(&self, selector: String) -> Error {
+        let available = match self.devices() {
+            Ok(ds) => ds
+                .iter()
+                .map(|d| {
+                    d.describe()
+                        .unwrap_or_else(|e| format!("{}: {e}", d.ordinal()))
+                })
+                .collect(),
+            Err(e) => vec![format!("(the devices could not be listed: {e})")],
+        };
+        Error::NoSuchDevice {
+            selector,
+            available,
+        }
+    }
+}

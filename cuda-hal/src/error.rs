@@ -1,0 +1,116 @@
+//! The error type: driver failures keep the `CUresult`, its name and the driver's message.
+
+use cuda_sys::{CUresult, LoadError};
+
+/// Everything that can go wrong in `cuda-hal`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A driver call failed.
+    #[error("{call} failed: {name} ({}): {message}", code.0)]
+    Driver {
+        /// The driver function that failed (`"cuMemAlloc"`).
+        call: &'static str,
+        /// The raw status.
+        code: CUresult,
+        /// `cuGetErrorName` of the status (`"CUDA_ERROR_OUT_OF_MEMORY"`).
+        name: String,
+        /// `cuGetErrorString` of the status.
+        message: String,
+    },
+    /// The driver library could not be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A device selector string is malformed.
+    #[error(
+        "invalid device selector {input:?}: {problem}; expected `cuda://` (default device), \
+         `cuda://<ordinal>`, `cuda://GPU-<uuid>`, `cuda://MIG-<uuid>` or \
+         `cuda://<pci bus id>` (e.g. `cuda://0000:18:00.0`)"
+    )]
+    InvalidSelector {
+        /// The selector as given.
+        input: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A UUID string is malformed.
+    #[error(
+        "invalid GPU UUID {input:?}: {problem}; expected 32 hex digits as \
+         `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (as `nvidia-smi -L` prints it)"
+    )]
+    InvalidUuid {
+        /// The UUID as given.
+        input: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A PCI bus id string is malformed.
+    #[error(
+        "invalid PCI bus id {input:?}: expected `[domain:]bus:device.function` in hex, e.g. `0000:18:00.0`"
+    )]
+    InvalidPciBusId {
+        /// The id as given.
+        input: String,
+    },
+    /// A selector is well formed but no device matches it.
+    #[error(
+        "no CUDA device matches {selector}; the devices are:{}",
+        list(available)
+    )]
+    NoSuchDevice {
+        /// The selector, as text.
+        selector: String,
+        /// One line per existing device.
+        available: Vec<String>,
+    },
+    /// The loaded driver is too old for a function.
+    #[error("{function} needs a CUDA {needed} driver; the loaded driver is CUDA {found}")]
+    Unsupported {
+        /// The driver function.
+        function: &'static str,
+        /// The CUDA version that introduced it.
+        needed: String,
+        /// The loaded driver's version.
+        found: String,
+    },
+    /// Host and device lengths differ.
+    #[error(
+        "length mismatch in {what}: the buffer holds {expected} elements, the other side {got}"
+    )]
+    LengthMismatch {
+        /// The operation.
+        what: &'static str,
+        /// The buffer's element count.
+        expected: usize,
+        /// The other side's element count.
+        got: usize,
+    },
+    /// Two objects that must share a device (or context) do not.
+    #[error("{what}: expected an object of device {expected}, got one of device {found}")]
+    WrongDevice {
+        /// The operation.
+        what: &'static str,
+        /// The device ordinal the operation needs.
+        expected: i32,
+        /// The device ordinal of the object passed.
+        found: i32,
+    },
+    /// A size in bytes does not fit in `usize`.
+    #[error("size overflow: {count} elements of {size} bytes each")]
+    SizeOverflow {
+        /// Element count.
+        count: usize,
+        /// Element size.
+        size: usize,
+    },
+}
+
+fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        return " (none)".into();
+    }
+    items.iter().map(|i| format!("\n  {i}")).collect()
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

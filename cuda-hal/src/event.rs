@@ -1,0 +1,108 @@
+//! Events: markers in a stream, for ordering across streams and for timing.
+
+use cuda_sys::{CUevent, CUevent_flags, CUresult};
+
+use crate::{Context, Result, Stream};
+
+/// A CUDA event of one context.
+pub struct Event {
+    ctx: Context,
+    raw: CUevent,
+}
+
+// SAFETY: event handles are usable from any thread; the driver serialises access.
+unsafe impl Send for Event {}
+// SAFETY: as above; no interior mutability.
+unsafe impl Sync for Event {}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("device", &self.ctx.device().ordinal())
+            .finish()
+    }
+}
+
+impl Event {
+    /// A timing event.
+    #[doc(alias = "cuEventCreate")]
+    pub fn new(ctx: &Context) -> Result<Event> {
+        Self::create(ctx, CUevent_flags::CU_EVENT_DEFAULT.0)
+    }
+
+    /// An event without timing (cheaper, for ordering only).
+    pub fn without_timing(ctx: &Context) -> Result<Event> {
+        Self::create(ctx, CUevent_flags::CU_EVENT_DISABLE_TIMING.0)
+    }
+
+    fn create(ctx: &Context, flags: u32) -> Result<Event> {
+        let _g = ctx.bind()?;
+        let mut raw: CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; a context is current.
+        let rc = unsafe { (ctx.cuda().fns().cuEventCreate)(&mut raw, flags) };
+        ctx.cuda().check(rc, "cuEventCreate")?;
+        Ok(Event {
+            ctx: ctx.clone(),
+            raw,
+        })
+    }
+
+    /// The raw handle.
+    pub fn as_raw(&self) -> CUevent {
+        self.raw
+    }
+
+    /// The event's context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Records the event at this point of `stream` (of the same context).
+    #[doc(alias = "cuEventRecord")]
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        stream.same_context(&self.ctx, "Event::record")?;
+        let _g = self.ctx.bind()?;
+        // SAFETY: event and stream of the same, current context.
+        let rc = unsafe { (self.ctx.cuda().fns().cuEventRecord)(self.raw, stream.as_raw()) };
+        self.ctx.cuda().check(rc, "cuEventRecord")
+    }
+
+    /// Blocks until the work before the recorded point is done.
+    #[doc(alias = "cuEventSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a valid event.
+        let rc = unsafe { (self.ctx.cuda().fns().cuEventSynchronize)(self.raw) };
+        self.ctx.cuda().check(rc, "cuEventSynchronize")
+    }
+
+    /// Whether the work before the recorded point is done, without blocking.
+    #[doc(alias = "cuEventQuery")]
+    pub fn is_complete(&self) -> Result<bool> {
+        // SAFETY: a valid event.
+        let rc = unsafe { (self.ctx.cuda().fns().cuEventQuery)(self.raw) };
+        if rc == CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        self.ctx.cuda().check(rc, "cuEventQuery")?;
+        Ok(true)
+    }
+
+    /// Milliseconds from `self` to `end` (both recorded, both timing events).
+    #[doc(alias = "cuEventElapsedTime")]
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: valid events and out-pointer.
+        let rc = unsafe { (self.ctx.cuda().fns().cuEventElapsedTime)(&mut ms, self.raw, end.raw) };
+        self.ctx.cuda().check(rc, "cuEventElapsedTime")?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.ctx.bind() {
+            // SAFETY: created by us, destroyed once.
+            let _ = unsafe { (self.ctx.cuda().fns().cuEventDestroy)(self.raw) };
+        }
+    }
+}

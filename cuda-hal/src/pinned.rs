@@ -1,0 +1,72 @@
+//! [`PinnedBuffer`]: page-locked host memory, for fast and truly asynchronous copies.
+
+use std::ops::{Deref, DerefMut};
+
+use crate::{Context, DeviceRepr, Error, Result};
+
+/// `len` elements of `T` in page-locked host memory, zero-initialised. Derefs to a slice.
+pub struct PinnedBuffer<T: DeviceRepr> {
+    ctx: Context,
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: it owns its memory like a Box<[T]>.
+unsafe impl<T: DeviceRepr> Send for PinnedBuffer<T> {}
+// SAFETY: shared access only reads.
+unsafe impl<T: DeviceRepr> Sync for PinnedBuffer<T> {}
+
+impl<T: DeviceRepr> PinnedBuffer<T> {
+    /// Allocates `len` zeroed elements.
+    #[doc(alias = "cuMemAllocHost")]
+    pub fn zeroed(ctx: &Context, len: usize) -> Result<Self> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::SizeOverflow {
+            count: len,
+            size: size_of::<T>(),
+        })?;
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        let _g = ctx.bind()?;
+        // SAFETY: valid out-pointer; a context is current. At least one byte so the
+        // pointer is never dangling.
+        let rc = unsafe { (ctx.cuda().fns().cuMemAllocHost)(&mut p, bytes.max(1)) };
+        ctx.cuda().check(rc, "cuMemAllocHost")?;
+        // SAFETY: `p` points at `bytes` writable bytes; zero is a valid T (DeviceRepr).
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
+        Ok(PinnedBuffer {
+            ctx: ctx.clone(),
+            ptr: p.cast(),
+            len,
+        })
+    }
+}
+
+impl<T: DeviceRepr> Deref for PinnedBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` is aligned (page-aligned), holds `len` initialised elements.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: DeviceRepr> DerefMut for PinnedBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as above, and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: DeviceRepr> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        // SAFETY: allocated by cuMemAllocHost and freed once.
+        let _ = unsafe { (self.ctx.cuda().fns().cuMemFreeHost)(self.ptr.cast()) };
+    }
+}
+
+impl<T: DeviceRepr> std::fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}

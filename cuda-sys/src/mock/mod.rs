@@ -1,0 +1,234 @@
+//! A simulated CUDA driver (feature `mock`): a full [`Driver`] with no hardware.
+//!
+//! [`MockDriver`] describes devices (names, UUIDs, memory, compute capability, PCI ids) and
+//! a driver version, and builds a [`Driver`] whose table points at Rust functions that
+//! simulate them. Device memory is host memory (so a device pointer can be read by other
+//! simulations, such as the NCCL mock); stream work runs in order at the time it is
+//! enqueued, or is recorded while a stream is being captured into a graph; events keep
+//! the host time they were recorded at. Tests steer it through the returned [`MockWorld`]:
+//! fault injection (`fail_next`), per-function call counts and live-handle counters.
+//!
+//! Each built driver gets its own set of functions (one of [`MAX_WORLDS`] slots), so many
+//! simulated machines can live in one process, e.g. one per test thread.
+//!
+//! ```
+//! use cuda_sys::mock::{MockDevice, MockDriver};
+//! let (driver, world) = MockDriver::new()
+//!     .device(MockDevice::new("Mock GPU A"))
+//!     .device(MockDevice::new("Mock GPU B"))
+//!     .build()?;
+//! let mut n = 0;
+//! // SAFETY: plain calls with a valid out-pointer.
+//! unsafe {
+//!     (driver.fns().cuInit)(0);
+//!     (driver.fns().cuDeviceGetCount)(&mut n);
+//! }
+//! assert_eq!(n, 2);
+//! assert!(world.live().is_empty());
+//! # Ok::<(), cuda_sys::LoadError>(())
+//! ```
+
+mod api;
+mod state;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use state::{LiveHandles, MockDevice};
+
+use crate::{CUresult, Driver, LoadError};
+use state::State;
+
+/// How many simulated drivers can exist at once in one process.
+pub const MAX_WORLDS: usize = 64;
+
+/// Builder of a simulated driver.
+#[derive(Debug, Clone)]
+pub struct MockDriver {
+    devices: Vec<MockDevice>,
+    version: i32,
+}
+
+impl Default for MockDriver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MockDriver {
+    /// A driver of CUDA 13.0 with no devices yet.
+    pub fn new() -> Self {
+        MockDriver {
+            devices: Vec::new(),
+            version: 13000,
+        }
+    }
+
+    /// A driver with `n` devices named `Mock GPU <i>`, with distinct UUIDs and PCI ids.
+    pub fn with_devices(n: usize) -> Self {
+        (0..n).fold(Self::new(), |d, i| {
+            d.device(MockDevice::new(&format!("Mock GPU {i}")))
+        })
+    }
+
+    /// Adds a device; it gets the next ordinal.
+    pub fn device(mut self, device: MockDevice) -> Self {
+        let ordinal = self.devices.len();
+        self.devices.push(device.fill_defaults(ordinal));
+        self
+    }
+
+    /// The CUDA version `cuDriverGetVersion` reports (e.g. 12040). Functions newer than it
+    /// are absent from the table, as they would be on a real driver of that version.
+    pub fn version(mut self, version: i32) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// Builds the driver. Fails when [`MAX_WORLDS`] simulated drivers already exist, or
+    /// when the version is older than [`crate::MINIMUM_DRIVER_VERSION`].
+    pub fn build(self) -> Result<(Driver, MockWorld), LoadError> {
+        let world = Arc::new(World {
+            id: api::next_world_id(),
+            version: self.version,
+            devices: self.devices,
+            state: Mutex::new(State::default()),
+        });
+        let slot = api::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
+            library: "CUDA driver",
+            origin: "mock driver".into(),
+            reason: crate::dylib::Reason::Open(format!(
+                "all {MAX_WORLDS} mock driver slots are in use"
+            )),
+        })?;
+        let handle = Arc::new(SlotGuard { slot });
+        let resolver = api::resolver(slot, self_version(&world));
+        // SAFETY: the resolver returns the slot's mock functions, each declared with the
+        // exact PFN type of its table entry (see api.rs), valid while the slot is held,
+        // which the driver guarantees by owning `handle`.
+        let driver = unsafe { Driver::from_resolver_owned("mock driver", handle, resolver) }?;
+        Ok((driver, MockWorld { world }))
+    }
+}
+
+fn self_version(w: &World) -> i32 {
+    w.version
+}
+
+/// Frees the world's slot when the last driver built on it is dropped.
+struct SlotGuard {
+    slot: usize,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        api::release_slot(self.slot);
+    }
+}
+
+/// The simulated machine behind a mock driver.
+pub(crate) struct World {
+    pub(crate) id: u64,
+    pub(crate) version: i32,
+    pub(crate) devices: Vec<MockDevice>,
+    pub(crate) state: Mutex<State>,
+}
+
+impl World {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the state half-updated in a way
+        // that matters for a simulation; keep going rather than poison every later call.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Test-side handle of a simulated machine: faults, call counts, live handles.
+#[derive(Clone)]
+pub struct MockWorld {
+    world: Arc<World>,
+}
+
+impl std::fmt::Debug for MockWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockWorld")
+            .field("id", &self.world.id)
+            .field("devices", &self.world.devices.len())
+            .field("live", &self.live())
+            .finish()
+    }
+}
+
+impl MockWorld {
+    /// The next call of `function` (a table name such as `"cuMemAlloc"`) returns `error`
+    /// without doing anything. Several faults queue up in order.
+    pub fn fail_next(&self, function: &str, error: CUresult) {
+        self.fail_after(function, 0, error);
+    }
+
+    /// The call of `function` after `skip` successful ones returns `error`.
+    pub fn fail_after(&self, function: &str, skip: u64, error: CUresult) {
+        self.world.lock().faults.push(state::Fault {
+            function: function.to_string(),
+            skip,
+            error,
+        });
+    }
+
+    /// Removes every pending fault.
+    pub fn clear_faults(&self) {
+        self.world.lock().faults.clear();
+    }
+
+    /// How many times `function` was called (faulted calls included).
+    pub fn calls(&self, function: &str) -> u64 {
+        self.world.lock().calls.get(function).copied().unwrap_or(0)
+    }
+
+    /// Handles alive now: retained primary contexts, streams, events, device and host
+    /// allocations, graphs.
+    pub fn live(&self) -> LiveHandles {
+        self.world.lock().live()
+    }
+
+    /// Device memory in use on `ordinal`, in bytes.
+    pub fn used_memory(&self, ordinal: usize) -> u64 {
+        self.world.lock().used.get(ordinal).copied().unwrap_or(0)
+    }
+
+    /// How many times a context was destroyed while memory, streams or events still
+    /// lived in it (a release in the wrong order).
+    pub fn order_violations(&self) -> u64 {
+        self.world.lock().order_violations
+    }
+
+    /// The devices of this machine.
+    pub fn devices(&self) -> &[MockDevice] {
+        &self.world.devices
+    }
+
+    /// The device ordinal of the context current on the calling thread, if any (for other
+    /// simulations, such as the NCCL mock, which act on the "current device").
+    pub fn current_device(&self) -> Option<i32> {
+        let ctx = api::current_context(self.world.id)?;
+        self.world.lock().contexts.get(&ctx).map(|c| c.device)
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one live device allocation and returns
+    /// that allocation's device ordinal (for other simulations that touch device memory).
+    pub fn device_range(&self, ptr: u64, len: usize) -> Option<i32> {
+        self.world
+            .lock()
+            .find_alloc(ptr as usize, len)
+            .map(|a| a.device)
+    }
+
+    /// Runs `op` on `stream` in stream order: now, or when the captured graph is launched
+    /// if the stream is being captured. `stream` 0 is the legacy default stream of the
+    /// calling thread's current context. For simulations layered on this one.
+    pub fn enqueue(
+        &self,
+        stream: crate::CUstream,
+        op: Arc<dyn Fn() -> CUresult + Send + Sync>,
+    ) -> CUresult {
+        api::enqueue_custom(&self.world, stream, op)
+    }
+}

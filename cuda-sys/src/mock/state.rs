@@ -1,0 +1,250 @@
+//! The simulated machine's state: devices, contexts, streams, events, memory.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::CUresult;
+
+/// One simulated device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MockDevice {
+    /// Name returned by `cuDeviceGetName`.
+    pub name: String,
+    /// UUID returned by `cuDeviceGetUuid` (`None`: derived from the ordinal).
+    pub uuid: Option<[u8; 16]>,
+    /// Bytes of device memory; allocations beyond it fail with out-of-memory.
+    pub total_memory: u64,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// PCI (domain, bus, device) (`None`: derived from the ordinal).
+    pub pci: Option<(u32, u32, u32)>,
+    /// Multiprocessor count.
+    pub multiprocessors: i32,
+}
+
+impl MockDevice {
+    /// A device with 16 GiB, compute capability 9.0 and 132 multiprocessors; UUID and PCI
+    /// id are derived from its ordinal unless set.
+    pub fn new(name: &str) -> Self {
+        MockDevice {
+            name: name.to_string(),
+            uuid: None,
+            total_memory: 16 << 30,
+            compute_capability: (9, 0),
+            pci: None,
+            multiprocessors: 132,
+        }
+    }
+
+    /// Sets the UUID.
+    pub fn uuid(mut self, uuid: [u8; 16]) -> Self {
+        self.uuid = Some(uuid);
+        self
+    }
+
+    /// Sets the memory size in bytes.
+    pub fn memory(mut self, bytes: u64) -> Self {
+        self.total_memory = bytes;
+        self
+    }
+
+    /// Sets the compute capability.
+    pub fn compute_capability(mut self, major: i32, minor: i32) -> Self {
+        self.compute_capability = (major, minor);
+        self
+    }
+
+    /// Sets the PCI domain, bus and device numbers.
+    pub fn pci(mut self, domain: u32, bus: u32, device: u32) -> Self {
+        self.pci = Some((domain, bus, device));
+        self
+    }
+
+    pub(crate) fn fill_defaults(mut self, ordinal: usize) -> Self {
+        let o = ordinal as u8;
+        self.uuid.get_or_insert([
+            0x5f, 0xdb, 0x05, 0x6c, 0x53, 0x7e, 0x3b, 0xd5, 0x1c, 0x80, 0xb2, 0x03, 0x94, 0x99,
+            0xe8, o,
+        ]);
+        self.pci.get_or_insert((0, 0x18 + ordinal as u32, 0));
+        self
+    }
+
+    pub(crate) fn uuid_bytes(&self) -> [u8; 16] {
+        self.uuid.unwrap_or_default()
+    }
+
+    pub(crate) fn pci_triple(&self) -> (u32, u32, u32) {
+        self.pci.unwrap_or_default()
+    }
+}
+
+/// Counts of live simulated handles; all zero when nothing leaked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveHandles {
+    /// Primary-context retains not yet released.
+    pub context_retains: u32,
+    /// Streams created and not destroyed.
+    pub streams: usize,
+    /// Events created and not destroyed.
+    pub events: usize,
+    /// Device allocations not freed.
+    pub device_allocations: usize,
+    /// Pinned host allocations not freed.
+    pub host_allocations: usize,
+    /// Graphs and executable graphs not destroyed.
+    pub graphs: usize,
+}
+
+impl LiveHandles {
+    /// Nothing alive.
+    pub fn is_empty(&self) -> bool {
+        *self == LiveHandles::default()
+    }
+}
+
+pub(crate) struct Fault {
+    pub(crate) function: String,
+    pub(crate) skip: u64,
+    pub(crate) error: CUresult,
+}
+
+pub(crate) struct Primary {
+    pub(crate) refcount: u32,
+    pub(crate) ctx: Option<usize>,
+}
+
+pub(crate) struct Ctx {
+    pub(crate) device: i32,
+}
+
+pub(crate) struct StreamInfo {
+    pub(crate) ctx: usize,
+    pub(crate) capture: Option<Vec<Op>>,
+}
+
+pub(crate) struct EventInfo {
+    pub(crate) ctx: usize,
+    pub(crate) timing: bool,
+    pub(crate) recorded: Option<Instant>,
+}
+
+/// Device memory: host memory aligned to 256 bytes, like the driver's allocations.
+pub(crate) struct Alloc {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) ctx: usize,
+    pub(crate) device: i32,
+}
+
+// SAFETY: the allocation is plain memory owned by the state; access is serialised by the
+// world's mutex or, for stream work, by the caller's stream order, as on a real device.
+unsafe impl Send for Alloc {}
+
+pub(crate) const ALIGN: usize = 256;
+
+impl Alloc {
+    pub(crate) fn layout(len: usize) -> Option<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(len, ALIGN).ok()
+    }
+}
+
+/// A unit of stream work: run now, or recorded into a graph during capture.
+#[derive(Clone)]
+pub(crate) enum Op {
+    Copy {
+        dst: usize,
+        src: usize,
+        len: usize,
+    },
+    Memset {
+        dst: usize,
+        value: u32,
+        size: usize,
+        n: usize,
+    },
+    HostFn {
+        f: unsafe extern "C" fn(*mut core::ffi::c_void),
+        data: usize,
+    },
+    Record {
+        event: usize,
+    },
+    Custom(Arc<dyn Fn() -> CUresult + Send + Sync>),
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub(crate) initialized: bool,
+    pub(crate) faults: Vec<Fault>,
+    pub(crate) calls: HashMap<&'static str, u64>,
+    pub(crate) primary: HashMap<i32, Primary>,
+    pub(crate) contexts: HashMap<usize, Ctx>,
+    pub(crate) streams: HashMap<usize, StreamInfo>,
+    pub(crate) events: HashMap<usize, EventInfo>,
+    pub(crate) allocs: BTreeMap<usize, Alloc>,
+    pub(crate) host: HashMap<usize, (usize, std::alloc::Layout)>,
+    pub(crate) graphs: HashMap<usize, Vec<Op>>,
+    pub(crate) execs: HashMap<usize, Vec<Op>>,
+    pub(crate) used: Vec<u64>,
+    pub(crate) peers: HashSet<(usize, usize)>,
+    pub(crate) next_handle: usize,
+    pub(crate) order_violations: u64,
+}
+
+impl State {
+    pub(crate) fn live(&self) -> LiveHandles {
+        LiveHandles {
+            context_retains: self.primary.values().map(|p| p.refcount).sum(),
+            streams: self.streams.len(),
+            events: self.events.len(),
+            device_allocations: self.allocs.len(),
+            host_allocations: self.host.len(),
+            graphs: self.graphs.len() + self.execs.len(),
+        }
+    }
+
+    /// Records a call of `function` and takes a pending fault for it, if one is due.
+    pub(crate) fn enter(&mut self, function: &'static str) -> Option<CUresult> {
+        *self.calls.entry(function).or_insert(0) += 1;
+        let i = self.faults.iter().position(|f| f.function == function)?;
+        if self.faults[i].skip > 0 {
+            self.faults[i].skip -= 1;
+            return None;
+        }
+        Some(self.faults.remove(i).error)
+    }
+
+    /// A fresh handle value, unique in this world and tagged with the world's id.
+    pub(crate) fn handle(&mut self, world_id: u64) -> usize {
+        self.next_handle += 1;
+        ((world_id as usize) << 24) | (self.next_handle << 4)
+    }
+
+    /// The live allocation containing `[ptr, ptr + len)`.
+    pub(crate) fn find_alloc(&self, ptr: usize, len: usize) -> Option<&Alloc> {
+        let (start, a) = self.allocs.range(..=ptr).next_back()?;
+        let end = ptr.checked_add(len)?;
+        (end <= start + a.len).then_some(a)
+    }
+
+    pub(crate) fn is_device(&self, ptr: usize) -> bool {
+        self.find_alloc(ptr, 1).is_some()
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        for (_, a) in std::mem::take(&mut self.allocs) {
+            if let Some(layout) = Alloc::layout(a.len) {
+                // SAFETY: allocated in cuMemAlloc with this layout and not freed since.
+                unsafe { std::alloc::dealloc(a.ptr, layout) };
+            }
+        }
+        for (_, (p, layout)) in std::mem::take(&mut self.host) {
+            // SAFETY: allocated in cuMemAllocHost with this layout and not freed since.
+            unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+        }
+    }
+}
