@@ -4,43 +4,18 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::state::{Alloc, Ctx, EventInfo, Op, Primary, State, StreamInfo};
 use super::{MAX_WORLDS, World};
 use crate::*;
 
-static SLOTS: [RwLock<Option<Arc<World>>>; MAX_WORLDS] = [const { RwLock::new(None) }; MAX_WORLDS];
+crate::__mock_slots!(World);
 static WORLD_IDS: AtomicU64 = AtomicU64::new(1);
 
 pub(super) fn next_world_id() -> u64 {
     WORLD_IDS.fetch_add(1, Ordering::Relaxed)
-}
-
-pub(super) fn claim_slot(world: Arc<World>) -> Option<usize> {
-    for (i, slot) in SLOTS.iter().enumerate() {
-        let mut g = slot.write().unwrap_or_else(|e| e.into_inner());
-        if g.is_none() {
-            *g = Some(world);
-            return Some(i);
-        }
-    }
-    None
-}
-
-pub(super) fn release_slot(slot: usize) {
-    if let Some(s) = SLOTS.get(slot) {
-        *s.write().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-}
-
-fn slot_world(slot: usize) -> Option<Arc<World>> {
-    SLOTS
-        .get(slot)?
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
 }
 
 thread_local! {
@@ -73,72 +48,7 @@ pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *
     }
 }
 
-static LOOKUPS: [fn(&[u8]) -> *const c_void; MAX_WORLDS] = [
-    lookup::<0>,
-    lookup::<1>,
-    lookup::<2>,
-    lookup::<3>,
-    lookup::<4>,
-    lookup::<5>,
-    lookup::<6>,
-    lookup::<7>,
-    lookup::<8>,
-    lookup::<9>,
-    lookup::<10>,
-    lookup::<11>,
-    lookup::<12>,
-    lookup::<13>,
-    lookup::<14>,
-    lookup::<15>,
-    lookup::<16>,
-    lookup::<17>,
-    lookup::<18>,
-    lookup::<19>,
-    lookup::<20>,
-    lookup::<21>,
-    lookup::<22>,
-    lookup::<23>,
-    lookup::<24>,
-    lookup::<25>,
-    lookup::<26>,
-    lookup::<27>,
-    lookup::<28>,
-    lookup::<29>,
-    lookup::<30>,
-    lookup::<31>,
-    lookup::<32>,
-    lookup::<33>,
-    lookup::<34>,
-    lookup::<35>,
-    lookup::<36>,
-    lookup::<37>,
-    lookup::<38>,
-    lookup::<39>,
-    lookup::<40>,
-    lookup::<41>,
-    lookup::<42>,
-    lookup::<43>,
-    lookup::<44>,
-    lookup::<45>,
-    lookup::<46>,
-    lookup::<47>,
-    lookup::<48>,
-    lookup::<49>,
-    lookup::<50>,
-    lookup::<51>,
-    lookup::<52>,
-    lookup::<53>,
-    lookup::<54>,
-    lookup::<55>,
-    lookup::<56>,
-    lookup::<57>,
-    lookup::<58>,
-    lookup::<59>,
-    lookup::<60>,
-    lookup::<61>,
-    lookup::<62>,
-    lookup::<63>,
-];
+static LOOKUPS: [fn(&[u8]) -> *const c_void; MAX_WORLDS] = crate::__mock_lookups!(lookup);
 
 fn h2p<T>(h: usize) -> *mut T {
     std::ptr::without_provenance_mut(h)

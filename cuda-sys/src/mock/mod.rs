@@ -29,6 +29,7 @@
 //! ```
 
 mod api;
+pub(crate) mod slots;
 mod state;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -100,7 +101,10 @@ impl MockDriver {
                 "all {MAX_WORLDS} mock driver slots are in use"
             )),
         })?;
-        let handle = Arc::new(SlotGuard { slot });
+        let handle = Arc::new(slots::SlotGuard {
+            slot,
+            release: api::release_slot,
+        });
         let resolver = api::resolver(slot, self_version(&world));
         // SAFETY: the resolver returns the slot's mock functions, each declared with the
         // exact PFN type of its table entry (see api.rs), valid while the slot is held,
@@ -112,17 +116,6 @@ impl MockDriver {
 
 fn self_version(w: &World) -> i32 {
     w.version
-}
-
-/// Frees the world's slot when the last driver built on it is dropped.
-struct SlotGuard {
-    slot: usize,
-}
-
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        api::release_slot(self.slot);
-    }
 }
 
 /// The simulated machine behind a mock driver.
