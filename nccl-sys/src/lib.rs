@@ -39,6 +39,8 @@ pub use generated::*;
 mod config;
 mod fns;
 mod loader;
+#[cfg(feature = "mock")]
+pub mod mock;
 mod version;
 
 pub use config::{

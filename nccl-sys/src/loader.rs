@@ -1,7 +1,9 @@
 //! Loading `libnccl.so.2` and resolving [`NcclFns`] with `dlsym`.
 
 use std::ffi::{CStr, c_void};
+use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 use std::path::{Path, PathBuf};
 
 use cuda_sys::LoadError;
@@ -23,6 +25,8 @@ pub struct Nccl {
     version: NcclVersion,
     origin: String,
     _lib: Option<OpenLibrary>,
+    // Keeps whatever backs a resolver-made table alive (e.g. a mock's slot).
+    _owner: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 static_assertions::assert_impl_all!(Nccl: Send, Sync);
@@ -128,6 +132,21 @@ impl Nccl {
         Ok(nccl)
     }
 
+    /// Like [`Nccl::from_resolver`], keeping `owner` alive as long as the `Nccl`.
+    ///
+    /// # Safety
+    /// As for [`Nccl::from_resolver`]; the addresses may depend on `owner` being alive.
+    pub unsafe fn from_resolver_owned(
+        name: &str,
+        owner: Arc<dyn Any + Send + Sync>,
+        resolve: impl FnMut(&CStr, i32) -> *const c_void,
+    ) -> Result<Nccl, LoadError> {
+        // SAFETY: forwarded from the caller.
+        let mut nccl = unsafe { Self::from_resolver(name, resolve) }?;
+        nccl._owner = Some(owner);
+        Ok(nccl)
+    }
+
     /// # Safety
     /// As for [`Nccl::from_resolver`].
     unsafe fn resolve_all(
@@ -164,6 +183,7 @@ impl Nccl {
             version,
             origin: String::new(),
             _lib: None,
+            _owner: None,
         })
     }
 

@@ -216,6 +216,12 @@ fn enqueue(w: &World, s: std::sync::MutexGuard<'_, State>, stream: CUstream, op:
     run(w, s, op)
 }
 
+pub(super) fn stream_device(w: &World, stream: CUstream) -> Option<i32> {
+    let s = w.lock();
+    let ctx = stream_ctx(w, &s, stream).ok()?;
+    s.contexts.get(&ctx).map(|c| c.device)
+}
+
 pub(super) fn enqueue_custom(
     w: &World,
     stream: CUstream,
@@ -301,8 +307,10 @@ fn alloc_device(w: &World, s: &mut State, ctx: usize, bytes: usize) -> Result<us
     // SAFETY: `ptr` is a fresh allocation of `bytes` bytes.
     unsafe { std::ptr::write_bytes(ptr, 0xA5, bytes) };
     s.used[d] += bytes as u64;
+    // Exposed: callers turn the address back into a pointer (as device addresses are).
+    let addr = ptr.expose_provenance();
     s.allocs.insert(
-        ptr.addr(),
+        addr,
         Alloc {
             ptr,
             len: bytes,
@@ -310,7 +318,7 @@ fn alloc_device(w: &World, s: &mut State, ctx: usize, bytes: usize) -> Result<us
             device,
         },
     );
-    Ok(ptr.addr())
+    Ok(addr)
 }
 
 fn write_str(dst: *mut c_char, len: c_int, text: &str) -> Result<(), CUresult> {
@@ -1043,7 +1051,8 @@ fn alloc_host(s: &mut State, pp: *mut *mut c_void, bytes: usize) -> Result<(), C
     if p.is_null() {
         return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
-    s.host.insert(p.addr(), (p.addr(), layout));
+    let addr = p.expose_provenance();
+    s.host.insert(addr, (addr, layout));
     // SAFETY: checked non-null out-pointer.
     unsafe { *pp = p.cast() };
     Ok(())

@@ -29,11 +29,13 @@
 //! ```
 
 mod api;
-pub(crate) mod slots;
+mod slots;
 mod state;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+#[doc(hidden)]
+pub use slots::SlotGuard;
 pub use state::{LiveHandles, MockDevice};
 
 use crate::{CUresult, Driver, LoadError};
@@ -101,7 +103,7 @@ impl MockDriver {
                 "all {MAX_WORLDS} mock driver slots are in use"
             )),
         })?;
-        let handle = Arc::new(slots::SlotGuard {
+        let handle = Arc::new(SlotGuard {
             slot,
             release: api::release_slot,
         });
@@ -212,6 +214,11 @@ impl MockWorld {
             .lock()
             .find_alloc(ptr as usize, len)
             .map(|a| a.device)
+    }
+
+    /// The device ordinal of a stream's context (0: the calling thread's current context).
+    pub fn stream_device(&self, stream: crate::CUstream) -> Option<i32> {
+        api::stream_device(&self.world, stream)
     }
 
     /// Runs `op` on `stream` in stream order: now, or when the captured graph is launched

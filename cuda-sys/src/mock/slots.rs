@@ -49,9 +49,12 @@ macro_rules! __mock_lookups {
 }
 
 /// Releases a slot when the last owner drops; held by the built library handle.
-pub(crate) struct SlotGuard {
-    pub(crate) slot: usize,
-    pub(crate) release: fn(usize),
+#[doc(hidden)]
+pub struct SlotGuard {
+    /// The slot.
+    pub slot: usize,
+    /// The function that frees it.
+    pub release: fn(usize),
 }
 
 impl Drop for SlotGuard {

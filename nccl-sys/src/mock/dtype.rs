@@ -1,0 +1,244 @@
+//! Element arithmetic for the simulated collectives: every `ncclDataType_t`, every op.
+//!
+//! Values are decoded to a wide type, combined, and encoded back in the element's own
+//! precision after each step, as NCCL's kernels do (integers wrap in their own width;
+//! half, bfloat16 and fp8 round after every operation).
+
+use crate::{ncclDataType_t as D, ncclRedOp_t};
+
+/// The size in bytes of one element, or `None` for a type this simulation does not know.
+pub(crate) fn size_of(t: D) -> Option<usize> {
+    Some(match t {
+        D::ncclInt8 | D::ncclUint8 | D::ncclFloat8e4m3 | D::ncclFloat8e5m2 => 1,
+        D::ncclFloat16 | D::ncclBfloat16 => 2,
+        D::ncclInt32 | D::ncclUint32 | D::ncclFloat32 => 4,
+        D::ncclInt64 | D::ncclUint64 | D::ncclFloat64 => 8,
+        _ => return None,
+    })
+}
+
+/// The NCCL release that introduced a type (`None`: in every supported release).
+pub(crate) fn introduced(t: D) -> Option<i32> {
+    match t {
+        D::ncclFloat8e4m3 | D::ncclFloat8e5m2 => Some(crate::NcclVersion::new(2, 24, 0).0),
+        _ => None,
+    }
+}
+
+/// A decoded element.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum V {
+    I(i128),
+    F(f64),
+}
+
+fn is_float(t: D) -> bool {
+    matches!(
+        t,
+        D::ncclFloat16 | D::ncclBfloat16 | D::ncclFloat32 | D::ncclFloat64 | D::ncclFloat8e4m3 | D::ncclFloat8e5m2
+    )
+}
+
+/// Reads element `i` of type `t` from `bytes`.
+pub(crate) fn get(t: D, bytes: &[u8], i: usize) -> V {
+    let n = size_of(t).unwrap_or(1);
+    let b = &bytes[i * n..(i + 1) * n];
+    match t {
+        D::ncclInt8 => V::I(i128::from(b[0] as i8)),
+        D::ncclUint8 => V::I(i128::from(b[0])),
+        D::ncclInt32 => V::I(i128::from(i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))),
+        D::ncclUint32 => V::I(i128::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))),
+        D::ncclInt64 => V::I(i128::from(i64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))),
+        D::ncclUint64 => V::I(i128::from(u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))),
+        D::ncclFloat32 => V::F(f64::from(f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))),
+        D::ncclFloat64 => V::F(f64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))),
+        D::ncclFloat16 => V::F(f64::from(minifloat_decode(u16::from_ne_bytes([b[0], b[1]]).into(), 5, 10, false))),
+        D::ncclBfloat16 => V::F(f64::from(f32::from_bits(u32::from(u16::from_ne_bytes([b[0], b[1]])) << 16))),
+        D::ncclFloat8e4m3 => V::F(f64::from(minifloat_decode(b[0].into(), 4, 3, true))),
+        D::ncclFloat8e5m2 => V::F(f64::from(minifloat_decode(b[0].into(), 5, 2, false))),
+        _ => V::I(0),
+    }
+}
+
+/// Writes `v` as element `i` of type `t` into `bytes`, rounding/wrapping to the type.
+pub(crate) fn put(t: D, bytes: &mut [u8], i: usize, v: V) {
+    let n = size_of(t).unwrap_or(1);
+    let out = &mut bytes[i * n..(i + 1) * n];
+    let as_int = |v: V| match v {
+        V::I(x) => x,
+        V::F(f) => f as i128,
+    };
+    let as_f = |v: V| match v {
+        V::I(x) => x as f64,
+        V::F(f) => f,
+    };
+    match t {
+        D::ncclInt8 | D::ncclUint8 => out[0] = as_int(v) as u8,
+        D::ncclInt32 | D::ncclUint32 => out.copy_from_slice(&(as_int(v) as u32).to_ne_bytes()),
+        D::ncclInt64 | D::ncclUint64 => out.copy_from_slice(&(as_int(v) as u64).to_ne_bytes()),
+        D::ncclFloat32 => out.copy_from_slice(&(as_f(v) as f32).to_ne_bytes()),
+        D::ncclFloat64 => out.copy_from_slice(&as_f(v).to_ne_bytes()),
+        D::ncclFloat16 => out.copy_from_slice(&(minifloat_encode(as_f(v) as f32, 5, 10, false) as u16).to_ne_bytes()),
+        D::ncclBfloat16 => out.copy_from_slice(&bf16_encode(as_f(v) as f32).to_ne_bytes()),
+        D::ncclFloat8e4m3 => out[0] = minifloat_encode(as_f(v) as f32, 4, 3, true) as u8,
+        D::ncclFloat8e5m2 => out[0] = minifloat_encode(as_f(v) as f32, 5, 2, false) as u8,
+        _ => {}
+    }
+}
+
+/// Rounds `v` to what type `t` can hold (so each step of a reduction rounds like NCCL).
+pub(crate) fn round(t: D, v: V) -> V {
+    let mut buf = [0u8; 8];
+    put(t, &mut buf, 0, v);
+    get(t, &buf, 0)
+}
+
+/// Combines two elements with a built-in op (sum, prod, max, min).
+pub(crate) fn combine(t: D, op: ncclRedOp_t, a: V, b: V) -> V {
+    let r = match (a, b) {
+        (V::I(x), V::I(y)) => V::I(match op {
+            ncclRedOp_t::ncclProd => x.wrapping_mul(y),
+            ncclRedOp_t::ncclMax => x.max(y),
+            ncclRedOp_t::ncclMin => x.min(y),
+            _ => x.wrapping_add(y),
+        }),
+        (V::F(x), V::F(y)) => V::F(match op {
+            ncclRedOp_t::ncclProd => x * y,
+            ncclRedOp_t::ncclMax => {
+                if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }
+            }
+            ncclRedOp_t::ncclMin => {
+                if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }
+            }
+            _ => x + y,
+        }),
+        _ => a,
+    };
+    round(t, r)
+}
+
+/// Multiplies by a scalar (pre-multiplied sums; `avg` for floats).
+pub(crate) fn scale(t: D, a: V, s: V) -> V {
+    if is_float(t) {
+        let (V::F(x), V::F(y)) = (to_f(a), to_f(s)) else { return a };
+        round(t, V::F(x * y))
+    } else {
+        combine(t, ncclRedOp_t::ncclProd, a, s)
+    }
+}
+
+/// Integer average: the wrapped sum divided by `n`, truncating toward zero.
+pub(crate) fn divide(t: D, a: V, n: i128) -> V {
+    match a {
+        V::I(x) => round(t, V::I(x / n.max(1))),
+        V::F(x) => round(t, V::F(x / n.max(1) as f64)),
+    }
+}
+
+pub(crate) fn is_float_type(t: D) -> bool {
+    is_float(t)
+}
+
+fn to_f(v: V) -> V {
+    match v {
+        V::I(x) => V::F(x as f64),
+        f => f,
+    }
+}
+
+/// Decodes an IEEE-style minifloat with `e` exponent and `m` mantissa bits. `fn_style`:
+/// no infinities, the all-ones pattern is NaN (fp8 e4m3fn).
+fn minifloat_decode(bits: u32, e: u32, m: u32, fn_style: bool) -> f32 {
+    let sign = if bits >> (e + m) & 1 == 1 { -1.0 } else { 1.0 };
+    let exp = (bits >> m) & ((1 << e) - 1);
+    let man = bits & ((1 << m) - 1);
+    let bias = (1i32 << (e - 1)) - 1;
+    let max_exp = (1 << e) - 1;
+    if exp == max_exp {
+        if fn_style {
+            if man == (1 << m) - 1 {
+                return f32::NAN;
+            }
+        } else if man == 0 {
+            return sign * f32::INFINITY;
+        } else {
+            return f32::NAN;
+        }
+    }
+    let frac = man as f32 / (1u32 << m) as f32;
+    if exp == 0 {
+        sign * frac * 2f32.powi(1 - bias)
+    } else {
+        sign * (1.0 + frac) * 2f32.powi(exp as i32 - bias)
+    }
+}
+
+/// Encodes with round-to-nearest-even; e4m3fn saturates to its largest finite value.
+fn minifloat_encode(x: f32, e: u32, m: u32, fn_style: bool) -> u32 {
+    let sign_bit = u32::from(x.is_sign_negative()) << (e + m);
+    let max_exp = (1u32 << e) - 1;
+    if x.is_nan() {
+        return sign_bit | (max_exp << m) | ((1 << m) - 1);
+    }
+    // Search the nearest representable value among all codes (at most 2^15 for half, so
+    // only done for the small formats; half uses the same loop, which is fine for a mock).
+    let a = x.abs();
+    let mut best = 0u32;
+    let mut best_err = f32::INFINITY;
+    let codes = 1u32 << (e + m);
+    for code in 0..codes {
+        let v = minifloat_decode(code, e, m, fn_style);
+        if v.is_nan() || (v.is_infinite() && a.is_finite()) {
+            continue;
+        }
+        let err = (v - a).abs();
+        if err < best_err || (err == best_err && code & 1 == 0) {
+            best = code;
+            best_err = err;
+        }
+    }
+    if !fn_style && a.is_finite() {
+        // IEEE formats overflow to infinity past the largest finite value + half an ulp.
+        let max_finite = minifloat_decode(((max_exp - 1) << m) | ((1 << m) - 1), e, m, false);
+        let ulp = 2f32.powi((max_exp as i32 - 1) - ((1 << (e - 1)) - 1) - m as i32);
+        if a >= max_finite + ulp / 2.0 {
+            best = max_exp << m;
+        }
+    }
+    sign_bit | best
+}
+
+fn bf16_encode(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0x7fc0;
+    }
+    let bits = x.to_bits();
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_floats_round_trip_exactly() {
+        for t in [D::ncclFloat16, D::ncclBfloat16, D::ncclFloat8e4m3, D::ncclFloat8e5m2] {
+            for x in [-3.0, -1.0, -0.5, 0.0, 0.25, 1.0, 2.0, 3.0, 6.0, 12.0] {
+                assert_eq!(round(t, V::F(x)), V::F(x), "{t:?} {x}");
+            }
+        }
+        assert_eq!(round(D::ncclFloat8e4m3, V::F(1000.0)), V::F(448.0));
+        assert_eq!(round(D::ncclFloat8e5m2, V::F(1e6)), V::F(f64::INFINITY));
+        assert_eq!(round(D::ncclFloat16, V::F(65504.0)), V::F(65504.0));
+    }
+
+    #[test]
+    fn integers_wrap_in_their_width() {
+        let t = D::ncclInt8;
+        assert_eq!(combine(t, ncclRedOp_t::ncclSum, V::I(127), V::I(1)), V::I(-128));
+        let u = D::ncclUint64;
+        assert_eq!(combine(u, ncclRedOp_t::ncclSum, V::I(u64::MAX as i128), V::I(2)), V::I(1));
+        assert_eq!(combine(u, ncclRedOp_t::ncclMax, V::I(u64::MAX as i128), V::I(2)), V::I(u64::MAX as i128));
+    }
+}

@@ -1,0 +1,142 @@
+//! A simulated NCCL (feature `mock`) on top of `cuda_sys`'s simulated driver.
+//!
+//! [`MockNccl`] builds an [`Nccl`] whose table points at Rust functions: ranks in one
+//! process (threads, or one thread with `ncclCommInitAll`/groups) meet per unique id and
+//! move real data through the simulated device memory, for every collective, every data
+//! type and every reduction op. A rank's call returns once its peers have made the
+//! matching call (NCCL's kernels would wait on the device instead), so one thread driving
+//! several ranks must use groups, as with real NCCL. [`MockNcclWorld`] injects faults,
+//! counts calls and live handles.
+//!
+//! ```
+//! use cuda_sys::mock::MockDriver;
+//! use nccl_sys::mock::MockNccl;
+//! let (_driver, gpus) = MockDriver::with_devices(2).build()?;
+//! let (nccl, world) = MockNccl::new(&gpus).build()?;
+//! assert_eq!(nccl.version(), nccl_sys::NcclVersion::new(2, 32, 3));
+//! assert!(world.live().is_empty());
+//! # Ok::<(), cuda_sys::LoadError>(())
+//! ```
+
+mod api;
+mod clique;
+mod dtype;
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use cuda_sys::mock::{MockWorld, SlotGuard};
+
+use crate::{LoadError, Nccl, NcclVersion, ncclResult_t};
+
+pub use api::LiveComms;
+
+/// Builder of a simulated NCCL.
+#[derive(Debug, Clone)]
+pub struct MockNccl {
+    cuda: MockWorld,
+    version: NcclVersion,
+    timeout: Duration,
+}
+
+impl MockNccl {
+    /// A simulated NCCL of this crate's header version over `cuda`'s simulated devices.
+    pub fn new(cuda: &MockWorld) -> Self {
+        MockNccl {
+            cuda: cuda.clone(),
+            version: NcclVersion(crate::NCCL_VERSION_CODE as i32),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// The version `ncclGetVersion` reports; functions newer than it are absent.
+    pub fn version(mut self, version: NcclVersion) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// How long a rank waits for its peers before its call fails with `ncclSystemError`
+    /// (a simulated hang that ends; real NCCL would wait forever). Default: 60 s.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Builds it. Fails when all simulation slots are in use or the version is too old.
+    pub fn build(self) -> Result<(Nccl, MockNcclWorld), LoadError> {
+        let world = Arc::new(NWorld {
+            id: api::next_world_id(),
+            version: self.version.0,
+            timeout: self.timeout,
+            cuda: self.cuda,
+            state: Mutex::new(api::State::default()),
+            cond: Condvar::new(),
+        });
+        let slot = api::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
+            library: "NCCL",
+            origin: "mock NCCL".into(),
+            reason: cuda_sys::dylib::Reason::Open("all mock slots are in use".into()),
+        })?;
+        let guard = Arc::new(SlotGuard {
+            slot,
+            release: api::release_slot,
+        });
+        let resolver = api::resolver(slot, world.version);
+        // SAFETY: the resolver returns the slot's mock functions, each declared with its
+        // table entry's exact type (checked in api.rs), valid while `guard` holds the slot.
+        let nccl = unsafe { Nccl::from_resolver_owned("mock NCCL", guard, resolver) }?;
+        Ok((nccl, MockNcclWorld { world }))
+    }
+}
+
+pub(crate) struct NWorld {
+    pub(crate) id: u64,
+    pub(crate) version: i32,
+    pub(crate) timeout: Duration,
+    pub(crate) cuda: MockWorld,
+    pub(crate) state: Mutex<api::State>,
+    pub(crate) cond: Condvar,
+}
+
+impl NWorld {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, api::State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Test-side handle of a simulated NCCL: faults, call counts, live handles.
+#[derive(Clone)]
+pub struct MockNcclWorld {
+    world: Arc<NWorld>,
+}
+
+impl std::fmt::Debug for MockNcclWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockNcclWorld")
+            .field("id", &self.world.id)
+            .field("live", &self.live())
+            .finish()
+    }
+}
+
+impl MockNcclWorld {
+    /// The next call of `function` (e.g. `"ncclAllReduce"`) returns `error` and does nothing.
+    pub fn fail_next(&self, function: &str, error: ncclResult_t) {
+        self.fail_after(function, 0, error);
+    }
+
+    /// The call of `function` after `skip` successful ones returns `error`.
+    pub fn fail_after(&self, function: &str, skip: u64, error: ncclResult_t) {
+        self.world.lock().faults.push((function.to_string(), skip, error));
+    }
+
+    /// How many times `function` was called.
+    pub fn calls(&self, function: &str) -> u64 {
+        self.world.lock().calls.get(function).copied().unwrap_or(0)
+    }
+
+    /// Live communicators, reduction ops, pending inits and unmatched operations.
+    pub fn live(&self) -> LiveComms {
+        api::live(&self.world)
+    }
+}
