@@ -1,1 +1,89 @@
-//! placeholder
+//! Safe NCCL for Rust: communicators and every collective, configured from code or from
+//! the launcher's environment, over [`nccl_sys`]'s run-time-loaded table.
+//!
+//! * [`World`]: size and rank from code or from `NCCL_CHANNEL_*`, IREE's
+//!   `IREE_CUDA_NCCL_*`, torchrun, Open MPI, PMI or Slurm variables ([`ENV_FAMILIES`]).
+//! * [`UniqueId`]: generated and shared as bytes or hex, derived from `NCCL_COMM_ID`, or
+//!   exchanged through a file.
+//! * [`Communicator`]: init by rank, all local devices at once, split; collectives typed
+//!   over [`NcclType`] with lengths, roots, peers, devices and types checked before any
+//!   FFI call; [`group`] / [`Group`] always end their group.
+//! * [`Channel`]: the default channel; NCCL is opened only when one is asked for with a
+//!   world size of at least 1.
+//!
+//! ```no_run
+//! use nccl_channel::{Channel, ReduceOp};
+//! use cuda_hal::DeviceBuffer;
+//! // NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 ...
+//! if let Some(ch) = Channel::from_env()? {
+//!     let ctx = ch.comm().context();
+//!     let send = DeviceBuffer::from_slice(ctx, &[101i32, 102])?;
+//!     let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2 * ch.comm().size())?;
+//!     ch.comm().all_gather(&send, &mut recv, ch.stream())?;
+//!     ch.stream().synchronize()?;
+//!     println!("{:?}", recv.to_vec()?);
+//! }
+//! # Ok::<(), nccl_channel::Error>(())
+//! ```
+
+mod channel;
+mod collective;
+mod comm;
+mod error;
+mod group;
+mod types;
+mod unique_id;
+mod world;
+
+pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
+pub use comm::Communicator;
+pub use error::{Error, Result};
+pub use group::{Group, group};
+pub use types::{Fp8E4M3, Fp8E5M2, NcclType, ReduceOp};
+pub use unique_id::UniqueId;
+pub use world::{ENV_FAMILIES, EnvFamily, World};
+
+pub use cuda_hal;
+pub use nccl_sys;
+
+use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
+
+/// Turns an NCCL status into a `Result`, with NCCL's message and last-error detail.
+pub(crate) fn check(
+    nccl: &Nccl,
+    rc: ncclResult_t,
+    call: &'static str,
+    comm: Option<ncclComm_t>,
+) -> Result<()> {
+    if rc == ncclResult_t::ncclSuccess {
+        return Ok(());
+    }
+    Err(nccl_error(nccl, rc, call, comm))
+}
+
+#[cold]
+fn nccl_error(
+    nccl: &Nccl,
+    code: ncclResult_t,
+    call: &'static str,
+    comm: Option<ncclComm_t>,
+) -> Error {
+    // SAFETY: ncclGetLastError accepts NULL or a live communicator and returns a string
+    // owned by NCCL (or NULL).
+    let p = unsafe { (nccl.fns().ncclGetLastError)(comm.unwrap_or(std::ptr::null_mut())) };
+    let detail = if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: non-null and NUL-terminated, valid until the next NCCL call.
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Error::Nccl {
+        call,
+        code,
+        name: code.name().unwrap_or("ncclUnknownResult").to_string(),
+        message: nccl.error_string(code),
+        detail,
+    }
+}

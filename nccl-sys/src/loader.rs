@@ -1,10 +1,10 @@
 //! Loading `libnccl.so.2` and resolving [`NcclFns`] with `dlsym`.
 
-use std::ffi::{CStr, c_void};
 use std::any::Any;
+use std::ffi::{CStr, c_void};
 use std::fmt;
-use std::sync::Arc;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use cuda_sys::LoadError;
 use cuda_sys::dylib::{self, Candidate, OpenLibrary, Reason, Step};

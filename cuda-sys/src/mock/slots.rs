@@ -34,7 +34,11 @@ macro_rules! __mock_slots {
 
         /// The world of a slot, while it is claimed.
         fn slot_world(slot: usize) -> Option<::std::sync::Arc<$world>> {
-            SLOTS.get(slot)?.read().unwrap_or_else(|e| e.into_inner()).clone()
+            SLOTS
+                .get(slot)?
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
         }
     };
 }
@@ -44,7 +48,72 @@ macro_rules! __mock_slots {
 #[macro_export]
 macro_rules! __mock_lookups {
     ($lookup:ident) => {
-        [$lookup::<0>, $lookup::<1>, $lookup::<2>, $lookup::<3>, $lookup::<4>, $lookup::<5>, $lookup::<6>, $lookup::<7>, $lookup::<8>, $lookup::<9>, $lookup::<10>, $lookup::<11>, $lookup::<12>, $lookup::<13>, $lookup::<14>, $lookup::<15>, $lookup::<16>, $lookup::<17>, $lookup::<18>, $lookup::<19>, $lookup::<20>, $lookup::<21>, $lookup::<22>, $lookup::<23>, $lookup::<24>, $lookup::<25>, $lookup::<26>, $lookup::<27>, $lookup::<28>, $lookup::<29>, $lookup::<30>, $lookup::<31>, $lookup::<32>, $lookup::<33>, $lookup::<34>, $lookup::<35>, $lookup::<36>, $lookup::<37>, $lookup::<38>, $lookup::<39>, $lookup::<40>, $lookup::<41>, $lookup::<42>, $lookup::<43>, $lookup::<44>, $lookup::<45>, $lookup::<46>, $lookup::<47>, $lookup::<48>, $lookup::<49>, $lookup::<50>, $lookup::<51>, $lookup::<52>, $lookup::<53>, $lookup::<54>, $lookup::<55>, $lookup::<56>, $lookup::<57>, $lookup::<58>, $lookup::<59>, $lookup::<60>, $lookup::<61>, $lookup::<62>, $lookup::<63>]
+        [
+            $lookup::<0>,
+            $lookup::<1>,
+            $lookup::<2>,
+            $lookup::<3>,
+            $lookup::<4>,
+            $lookup::<5>,
+            $lookup::<6>,
+            $lookup::<7>,
+            $lookup::<8>,
+            $lookup::<9>,
+            $lookup::<10>,
+            $lookup::<11>,
+            $lookup::<12>,
+            $lookup::<13>,
+            $lookup::<14>,
+            $lookup::<15>,
+            $lookup::<16>,
+            $lookup::<17>,
+            $lookup::<18>,
+            $lookup::<19>,
+            $lookup::<20>,
+            $lookup::<21>,
+            $lookup::<22>,
+            $lookup::<23>,
+            $lookup::<24>,
+            $lookup::<25>,
+            $lookup::<26>,
+            $lookup::<27>,
+            $lookup::<28>,
+            $lookup::<29>,
+            $lookup::<30>,
+            $lookup::<31>,
+            $lookup::<32>,
+            $lookup::<33>,
+            $lookup::<34>,
+            $lookup::<35>,
+            $lookup::<36>,
+            $lookup::<37>,
+            $lookup::<38>,
+            $lookup::<39>,
+            $lookup::<40>,
+            $lookup::<41>,
+            $lookup::<42>,
+            $lookup::<43>,
+            $lookup::<44>,
+            $lookup::<45>,
+            $lookup::<46>,
+            $lookup::<47>,
+            $lookup::<48>,
+            $lookup::<49>,
+            $lookup::<50>,
+            $lookup::<51>,
+            $lookup::<52>,
+            $lookup::<53>,
+            $lookup::<54>,
+            $lookup::<55>,
+            $lookup::<56>,
+            $lookup::<57>,
+            $lookup::<58>,
+            $lookup::<59>,
+            $lookup::<60>,
+            $lookup::<61>,
+            $lookup::<62>,
+            $lookup::<63>,
+        ]
     };
 }
 

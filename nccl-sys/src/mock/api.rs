@@ -106,16 +106,44 @@ pub(super) fn live(w: &NWorld) -> LiveComms {
     LiveComms {
         comms: s.comms.len(),
         reduction_ops: s.comms.values().map(|c| c.redops.len()).sum(),
-        pending_inits: s.inits.values().map(|i| i.devices.iter().flatten().count() - i.taken).sum(),
-        unmatched_operations: s.cliques.iter().filter_map(|c| c.upgrade()).map(|c| c.pending()).sum(),
+        pending_inits: s
+            .inits
+            .values()
+            .map(|i| i.devices.iter().flatten().count() - i.taken)
+            .sum(),
+        unmatched_operations: s
+            .cliques
+            .iter()
+            .filter_map(|c| c.upgrade())
+            .map(|c| c.pending())
+            .sum(),
     }
 }
 
 /// Work deferred by a group until `ncclGroupEnd`.
 enum Deferred {
-    Coll { clique: Arc<Clique>, seq: u64, rank: usize, c: Contrib },
-    P2p { clique: Arc<Clique>, is_send: bool, src: usize, dst: usize, ptr: usize, count: usize, dtype: ncclDataType_t },
-    Init { handle: usize, id: Vec<u8>, nranks: usize, rank: usize, device: i32 },
+    Coll {
+        clique: Arc<Clique>,
+        seq: u64,
+        rank: usize,
+        c: Contrib,
+    },
+    P2p {
+        clique: Arc<Clique>,
+        is_send: bool,
+        src: usize,
+        dst: usize,
+        ptr: usize,
+        count: usize,
+        dtype: ncclDataType_t,
+    },
+    Init {
+        handle: usize,
+        id: Vec<u8>,
+        nranks: usize,
+        rank: usize,
+        device: i32,
+    },
 }
 
 #[derive(Default)]
@@ -138,7 +166,10 @@ fn defer(world: u64, d: Deferred) {
 
 pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *const c_void {
     move |name: &CStr, _| {
-        if NcclFns::OPTIONAL.iter().any(|(n, v)| n.as_bytes() == name.to_bytes() && *v > version) {
+        if NcclFns::OPTIONAL
+            .iter()
+            .any(|(n, v)| n.as_bytes() == name.to_bytes() && *v > version)
+        {
             return std::ptr::null();
         }
         match LOOKUPS.get(slot) {
@@ -166,7 +197,13 @@ fn fail(s: &mut State, rc: ncclResult_t, msg: String) -> ncclResult_t {
 
 /// Registers a rank of an init and returns its clique once every rank has come, or an
 /// error at the deadline.
-fn join_init(w: &NWorld, id: &[u8], nranks: usize, rank: usize, device: i32) -> Result<Arc<Clique>, ncclResult_t> {
+fn join_init(
+    w: &NWorld,
+    id: &[u8],
+    nranks: usize,
+    rank: usize,
+    device: i32,
+) -> Result<Arc<Clique>, ncclResult_t> {
     let deadline = Instant::now() + w.timeout;
     let mut s = w.lock();
     {
@@ -177,11 +214,18 @@ fn join_init(w: &NWorld, id: &[u8], nranks: usize, rank: usize, device: i32) -> 
             taken: 0,
         });
         if init.nranks != nranks {
-            let msg = format!("rank {rank} asked for {nranks} ranks, another rank for {}", init.nranks);
+            let msg = format!(
+                "rank {rank} asked for {nranks} ranks, another rank for {}",
+                init.nranks
+            );
             return Err(fail(&mut s, ncclResult_t::ncclInvalidUsage, msg));
         }
         if init.devices[rank].is_some() {
-            return Err(fail(&mut s, ncclResult_t::ncclInvalidUsage, format!("rank {rank} joined twice")));
+            return Err(fail(
+                &mut s,
+                ncclResult_t::ncclInvalidUsage,
+                format!("rank {rank} joined twice"),
+            ));
         }
         init.devices[rank] = Some(device);
         if init.devices.iter().all(Option::is_some) {
@@ -214,26 +258,43 @@ fn join_init(w: &NWorld, id: &[u8], nranks: usize, rank: usize, device: i32) -> 
                     s.inits.remove(id);
                 }
             }
-            let msg = format!("rank {rank}: not every rank of {nranks} joined within {:?}", w.timeout);
+            let msg = format!(
+                "rank {rank}: not every rank of {nranks} joined within {:?}",
+                w.timeout
+            );
             return Err(fail(&mut s, ncclResult_t::ncclSystemError, msg));
         }
-        s = w.cond.wait_timeout(s, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        s = w
+            .cond
+            .wait_timeout(s, deadline - now)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
     }
 }
 
-fn new_comm(s: &mut State, w: &NWorld, clique: Option<Arc<Clique>>, rank: usize, size: usize, device: i32) -> usize {
+fn new_comm(
+    s: &mut State,
+    w: &NWorld,
+    clique: Option<Arc<Clique>>,
+    rank: usize,
+    size: usize,
+    device: i32,
+) -> usize {
     let h = s.handle(w.id);
-    s.comms.insert(h, Comm {
-        clique,
-        rank,
-        size,
-        device,
-        seq: 0,
-        split_seq: 0,
-        async_err: ncclResult_t::ncclSuccess,
-        redops: HashMap::new(),
-        next_op: 0,
-    });
+    s.comms.insert(
+        h,
+        Comm {
+            clique,
+            rank,
+            size,
+            device,
+            seq: 0,
+            split_seq: 0,
+            async_err: ncclResult_t::ncclSuccess,
+            redops: HashMap::new(),
+            next_op: 0,
+        },
+    );
     h
 }
 
@@ -241,9 +302,20 @@ fn current_device(w: &NWorld) -> i32 {
     w.cuda.current_device().unwrap_or(0)
 }
 
-fn init_rank(w: &NWorld, out: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, blocking: bool) -> ncclResult_t {
+fn init_rank(
+    w: &NWorld,
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    blocking: bool,
+) -> ncclResult_t {
     if out.is_null() {
-        return fail(&mut w.lock(), ncclResult_t::ncclInvalidArgument, "comm is NULL".into());
+        return fail(
+            &mut w.lock(),
+            ncclResult_t::ncclInvalidArgument,
+            "comm is NULL".into(),
+        );
     }
     if nranks < 1 || rank < 0 || rank >= nranks {
         let msg = format!("invalid rank {rank} or nranks {nranks}");
@@ -261,7 +333,16 @@ fn init_rank(w: &NWorld, out: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, 
             }
             h
         };
-        defer(w.id, Deferred::Init { handle: h, id: key, nranks: n, rank: r, device });
+        defer(
+            w.id,
+            Deferred::Init {
+                handle: h,
+                id: key,
+                nranks: n,
+                rank: r,
+                device,
+            },
+        );
         // SAFETY: checked non-null out-pointer.
         unsafe { *out = h2p(h) };
         return ncclResult_t::ncclSuccess;
@@ -277,7 +358,9 @@ fn init_rank(w: &NWorld, out: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, 
         };
         // SAFETY: checked non-null out-pointer.
         unsafe { *out = h2p(h) };
-        let Some(world) = slot_of(w) else { return ncclResult_t::ncclInternalError };
+        let Some(world) = slot_of(w) else {
+            return ncclResult_t::ncclInternalError;
+        };
         std::thread::spawn(move || finish_init(&world, h, &key, n, r, device));
         return ncclResult_t::ncclInProgress;
     }
@@ -313,18 +396,35 @@ fn finish_init(w: &NWorld, h: usize, key: &[u8], n: usize, r: usize, device: i32
 
 /// The world as an `Arc`, for work that outlives the call (non-blocking init).
 fn slot_of(w: &NWorld) -> Option<Arc<NWorld>> {
-    (0..cuda_sys::mock::MAX_WORLDS).filter_map(slot_world).find(|x| x.id == w.id)
+    (0..cuda_sys::mock::MAX_WORLDS)
+        .filter_map(slot_world)
+        .find(|x| x.id == w.id)
 }
 
 /// Checks that `[ptr, ptr + bytes)` is simulated device memory on `device`.
-fn check_buffer(w: &NWorld, s: &mut State, what: &str, ptr: usize, bytes: usize, device: i32) -> Result<(), ncclResult_t> {
+fn check_buffer(
+    w: &NWorld,
+    s: &mut State,
+    what: &str,
+    ptr: usize,
+    bytes: usize,
+    device: i32,
+) -> Result<(), ncclResult_t> {
     if bytes == 0 {
         return Ok(());
     }
     match w.cuda.device_range(ptr as u64, bytes) {
         Some(d) if d == device => Ok(()),
-        Some(d) => Err(fail(s, ncclResult_t::ncclInvalidArgument, format!("{what} lives on device {d}, the communicator on device {device}"))),
-        None => Err(fail(s, ncclResult_t::ncclInvalidArgument, format!("{what} {ptr:#x} ({bytes} bytes) is not device memory"))),
+        Some(d) => Err(fail(
+            s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("{what} lives on device {d}, the communicator on device {device}"),
+        )),
+        None => Err(fail(
+            s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("{what} {ptr:#x} ({bytes} bytes) is not device memory"),
+        )),
     }
 }
 
@@ -343,40 +443,78 @@ struct Call {
 
 fn collective(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, call: Call) -> ncclResult_t {
     let Some(esize) = dtype::size_of(call.dtype) else {
-        return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid datatype {}", call.dtype.0));
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("invalid datatype {}", call.dtype.0),
+        );
     };
     if dtype::introduced(call.dtype).is_some_and(|v| v > w.version) {
-        return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("datatype {} needs a newer NCCL", call.dtype.0));
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("datatype {} needs a newer NCCL", call.dtype.0),
+        );
     }
     let h = p2h(call.comm);
     let Some(comm) = s.comms.get(&h) else {
-        return fail(&mut s, ncclResult_t::ncclInvalidArgument, "invalid communicator".into());
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidArgument,
+            "invalid communicator".into(),
+        );
     };
     let Some(clique) = comm.clique.clone() else {
-        return fail(&mut s, ncclResult_t::ncclInvalidUsage, "communicator is not initialised yet".into());
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidUsage,
+            "communicator is not initialised yet".into(),
+        );
     };
     let (rank, size, device) = (comm.rank, comm.size, comm.device);
-    let needs_root = matches!(call.kind, Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter);
+    let needs_root = matches!(
+        call.kind,
+        Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter
+    );
     if needs_root && (call.root < 0 || call.root as usize >= size) {
-        return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid root {} for {size} ranks", call.root));
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("invalid root {} for {size} ranks", call.root),
+        );
     }
-    let op = if matches!(call.kind, Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter) {
+    let op = if matches!(
+        call.kind,
+        Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter
+    ) {
         match call.op.0 {
             0..=3 => Op::Builtin(call.op),
             4 => Op::Avg,
             id => match comm.redops.get(&id) {
                 Some(p) => {
                     if p.dtype != call.dtype {
-                        return fail(&mut s, ncclResult_t::ncclInvalidArgument, "op created for another datatype".into());
+                        return fail(
+                            &mut s,
+                            ncclResult_t::ncclInvalidArgument,
+                            "op created for another datatype".into(),
+                        );
                     }
                     let mut b = [0u8; 8];
                     // SAFETY: the scalar pointer was given at op creation: host memory of one
                     // element, or simulated device memory (checked there).
-                    unsafe { std::ptr::copy_nonoverlapping(p.scalar as *const u8, b.as_mut_ptr(), esize) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(p.scalar as *const u8, b.as_mut_ptr(), esize)
+                    };
                     let _ = p.device_resident;
                     Op::PreMul(dtype::get(call.dtype, &b, 0))
                 }
-                None => return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid reduction op {id}")),
+                None => {
+                    return fail(
+                        &mut s,
+                        ncclResult_t::ncclInvalidArgument,
+                        format!("invalid reduction op {id}"),
+                    );
+                }
             },
         }
     } else {
@@ -404,13 +542,31 @@ fn collective(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, call: Call) -
     if let Err(rc) = check_stream(w, &mut s, call.stream, device) {
         return rc;
     }
-    let Some(comm) = s.comms.get_mut(&h) else { return ncclResult_t::ncclInternalError };
+    let Some(comm) = s.comms.get_mut(&h) else {
+        return ncclResult_t::ncclInternalError;
+    };
     let seq = comm.seq;
     comm.seq += 1;
-    let c = Contrib { kind: call.kind, send: call.send, recv: call.recv, count: call.count, dtype: call.dtype, op, root: call.root };
+    let c = Contrib {
+        kind: call.kind,
+        send: call.send,
+        recv: call.recv,
+        count: call.count,
+        dtype: call.dtype,
+        op,
+        root: call.root,
+    };
     drop(s);
     if in_group(w.id) {
-        defer(w.id, Deferred::Coll { clique, seq, rank, c });
+        defer(
+            w.id,
+            Deferred::Coll {
+                clique,
+                seq,
+                rank,
+                c,
+            },
+        );
         return ncclResult_t::ncclSuccess;
     }
     let timeout = w.timeout;
@@ -420,16 +576,33 @@ fn collective(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, call: Call) -
     })
 }
 
-fn check_stream(w: &NWorld, s: &mut State, stream: cudaStream_t, device: i32) -> Result<(), ncclResult_t> {
+fn check_stream(
+    w: &NWorld,
+    s: &mut State,
+    stream: cudaStream_t,
+    device: i32,
+) -> Result<(), ncclResult_t> {
     match w.cuda.stream_device(stream) {
         Some(d) if d == device => Ok(()),
-        Some(d) => Err(fail(s, ncclResult_t::ncclInvalidArgument, format!("stream of device {d}, communicator of device {device}"))),
-        None => Err(fail(s, ncclResult_t::ncclUnhandledCudaError, "invalid stream (or no current context)".into())),
+        Some(d) => Err(fail(
+            s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("stream of device {d}, communicator of device {device}"),
+        )),
+        None => Err(fail(
+            s,
+            ncclResult_t::ncclUnhandledCudaError,
+            "invalid stream (or no current context)".into(),
+        )),
     }
 }
 
 /// Runs `f` in `stream`'s order through the simulated driver and returns its result.
-fn run_on_stream(w: &NWorld, stream: cudaStream_t, f: impl Fn() -> ncclResult_t + Send + Sync + 'static) -> ncclResult_t {
+fn run_on_stream(
+    w: &NWorld,
+    stream: cudaStream_t,
+    f: impl Fn() -> ncclResult_t + Send + Sync + 'static,
+) -> ncclResult_t {
     let result = Arc::new(Mutex::new(ncclResult_t::ncclSuccess));
     let r2 = result.clone();
     let rc = w.cuda.enqueue(
@@ -451,30 +624,79 @@ fn run_on_stream(w: &NWorld, stream: cudaStream_t, f: impl Fn() -> ncclResult_t 
     rc
 }
 
-fn p2p(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, is_send: bool, ptr: usize, count: usize, dt: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+#[allow(clippy::too_many_arguments)] // the C call's arguments, one for one
+fn p2p(
+    w: &NWorld,
+    mut s: std::sync::MutexGuard<'_, State>,
+    is_send: bool,
+    ptr: usize,
+    count: usize,
+    dt: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
     let Some(esize) = dtype::size_of(dt) else {
-        return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid datatype {}", dt.0));
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("invalid datatype {}", dt.0),
+        );
     };
     let Some(c) = s.comms.get(&p2h(comm)) else {
-        return fail(&mut s, ncclResult_t::ncclInvalidArgument, "invalid communicator".into());
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidArgument,
+            "invalid communicator".into(),
+        );
     };
     let Some(clique) = c.clique.clone() else {
-        return fail(&mut s, ncclResult_t::ncclInvalidUsage, "communicator is not initialised yet".into());
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidUsage,
+            "communicator is not initialised yet".into(),
+        );
     };
     let (rank, size, device) = (c.rank, c.size, c.device);
     if peer < 0 || peer as usize >= size {
-        return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid peer {peer} for {size} ranks"));
+        return fail(
+            &mut s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("invalid peer {peer} for {size} ranks"),
+        );
     }
-    if let Err(rc) = check_buffer(w, &mut s, if is_send { "sendbuff" } else { "recvbuff" }, ptr, count * esize, device) {
+    if let Err(rc) = check_buffer(
+        w,
+        &mut s,
+        if is_send { "sendbuff" } else { "recvbuff" },
+        ptr,
+        count * esize,
+        device,
+    ) {
         return rc;
     }
     if let Err(rc) = check_stream(w, &mut s, stream, device) {
         return rc;
     }
     drop(s);
-    let (src, dst) = if is_send { (rank, peer as usize) } else { (peer as usize, rank) };
+    let (src, dst) = if is_send {
+        (rank, peer as usize)
+    } else {
+        (peer as usize, rank)
+    };
     if in_group(w.id) {
-        defer(w.id, Deferred::P2p { clique, is_send, src, dst, ptr, count, dtype: dt });
+        defer(
+            w.id,
+            Deferred::P2p {
+                clique,
+                is_send,
+                src,
+                dst,
+                ptr,
+                count,
+                dtype: dt,
+            },
+        );
         return ncclResult_t::ncclSuccess;
     }
     let timeout = w.timeout;
@@ -492,31 +714,60 @@ fn group_end(w: &NWorld) -> ncclResult_t {
             return None;
         }
         grp.depth -= 1;
-        Some(if grp.depth == 0 { std::mem::take(&mut grp.deferred) } else { Vec::new() })
+        Some(if grp.depth == 0 {
+            std::mem::take(&mut grp.deferred)
+        } else {
+            Vec::new()
+        })
     });
     let Some(work) = work else {
-        return fail(&mut w.lock(), ncclResult_t::ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart".into());
+        return fail(
+            &mut w.lock(),
+            ncclResult_t::ncclInvalidUsage,
+            "ncclGroupEnd without ncclGroupStart".into(),
+        );
     };
     let deadline = Instant::now() + w.timeout;
     let mut waits: Vec<(Arc<Clique>, Done)> = Vec::new();
     let mut inits = Vec::new();
     for d in work {
         match d {
-            Deferred::Coll { clique, seq, rank, c } => {
+            Deferred::Coll {
+                clique,
+                seq,
+                rank,
+                c,
+            } => {
                 let done = clique.submit(seq, rank, c);
                 waits.push((clique, done));
             }
-            Deferred::P2p { clique, is_send, src, dst, ptr, count, dtype } => {
+            Deferred::P2p {
+                clique,
+                is_send,
+                src,
+                dst,
+                ptr,
+                count,
+                dtype,
+            } => {
                 let done = clique.post(is_send, src, dst, ptr, count, dtype);
                 waits.push((clique, done));
             }
-            Deferred::Init { handle, id, nranks, rank, device } => inits.push((handle, id, nranks, rank, device)),
+            Deferred::Init {
+                handle,
+                id,
+                nranks,
+                rank,
+                device,
+            } => inits.push((handle, id, nranks, rank, device)),
         }
     }
     let mut rc = ncclResult_t::ncclSuccess;
     // Inits of one thread's group join one by one; the rendezvous completes on the last.
     if !inits.is_empty() {
-        let Some(world) = slot_of(w) else { return ncclResult_t::ncclInternalError };
+        let Some(world) = slot_of(w) else {
+            return ncclResult_t::ncclInternalError;
+        };
         let threads: Vec<_> = inits
             .into_iter()
             .map(|(h, id, n, r, d)| {
@@ -588,7 +839,9 @@ unsafe extern "C" fn get_error_string(rc: ncclResult_t) -> *const c_char {
         ncclResult_t::ncclInternalError => c"internal error (simulated)".as_ptr(),
         ncclResult_t::ncclInvalidArgument => c"invalid argument (simulated)".as_ptr(),
         ncclResult_t::ncclInvalidUsage => c"invalid usage (simulated)".as_ptr(),
-        ncclResult_t::ncclRemoteError => c"remote process exited or there was a network error (simulated)".as_ptr(),
+        ncclResult_t::ncclRemoteError => {
+            c"remote process exited or there was a network error (simulated)".as_ptr()
+        }
         ncclResult_t::ncclInProgress => c"NCCL operation in progress".as_ptr(),
         ncclResult_t::ncclTimeout => c"timeout (simulated)".as_ptr(),
         _ => c"unknown result code".as_ptr(),
@@ -596,7 +849,9 @@ unsafe extern "C" fn get_error_string(rc: ncclResult_t) -> *const c_char {
 }
 
 unsafe extern "C" fn get_last_error<const W: usize>(_comm: ncclComm_t) -> *const c_char {
-    let Some(w) = slot_world(W) else { return c"".as_ptr() };
+    let Some(w) = slot_world(W) else {
+        return c"".as_ptr();
+    };
     let s = w.lock();
     // The string lives in the world until the next error, as NCCL's does until the next call.
     s.last_error.as_ref().map_or(c"".as_ptr(), |e| e.as_ptr())
@@ -862,4 +1117,3 @@ nccl_mock! {
         group_end(w)
     }
 }
-

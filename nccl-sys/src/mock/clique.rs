@@ -70,9 +70,15 @@ struct State {
     colls: HashMap<u64, Slot>,
     sends: HashMap<(usize, usize), VecDeque<P2p>>,
     recvs: HashMap<(usize, usize), VecDeque<P2p>>,
-    splits: HashMap<u64, Vec<Option<(i32, i32, Arc<Mutex<Option<SplitOut>>>)>>>,
+    splits: HashMap<u64, Vec<Option<SplitVote>>>,
     aborted: bool,
 }
+
+/// A rank's (color, key) in a split, and where its result goes.
+type SplitVote = (i32, i32, SplitSlot);
+
+/// Where a rank's split result is delivered.
+type SplitSlot = Arc<Mutex<Option<SplitOut>>>;
 
 /// Where a rank lands after a split.
 #[derive(Clone)]
@@ -188,7 +194,11 @@ impl Clique {
                 self.cond.notify_all();
             }
             None => {
-                let q = if is_send { &mut st.sends } else { &mut st.recvs };
+                let q = if is_send {
+                    &mut st.sends
+                } else {
+                    &mut st.recvs
+                };
                 q.entry((src, dst)).or_default().push_back(me);
             }
         }
@@ -204,7 +214,7 @@ impl Clique {
         key: i32,
         deadline: Instant,
     ) -> Result<SplitOut, ncclResult_t> {
-        let out: Arc<Mutex<Option<SplitOut>>> = Arc::new(Mutex::new(None));
+        let out: SplitSlot = Arc::new(Mutex::new(None));
         {
             let mut st = lock(&self.state);
             let size = self.size;
@@ -213,7 +223,7 @@ impl Clique {
                 *p = Some((color, key, out.clone()));
             }
             if v.iter().all(Option::is_some) {
-                let parts: Vec<(usize, i32, i32, Arc<Mutex<Option<SplitOut>>>)> = st
+                let parts: Vec<(usize, i32, i32, SplitSlot)> = st
                     .splits
                     .remove(&seq)
                     .unwrap_or_default()
@@ -228,8 +238,7 @@ impl Clique {
                     let mut members: Vec<&(usize, i32, i32, _)> =
                         parts.iter().filter(|p| p.1 == color).collect();
                     members.sort_by_key(|p| (p.2, p.0));
-                    let clique =
-                        Clique::new(members.iter().map(|p| self.devices[p.0]).collect());
+                    let clique = Clique::new(members.iter().map(|p| self.devices[p.0]).collect());
                     for (new_rank, m) in members.iter().enumerate() {
                         *lock(&m.3) = Some(SplitOut {
                             clique: Some(clique.clone()),
@@ -325,9 +334,7 @@ fn reduce(inputs: &[Vec<u8>], ops: &[Op], count: usize, t: ncclDataType_t) -> Ve
             let x = dtype::get(t, &inputs[r], i);
             match ops[r] {
                 Op::PreMul(s) => dtype::scale(t, x, s),
-                Op::Avg if dtype::is_float_type(t) => {
-                    dtype::scale(t, x, V::F(1.0 / n as f64))
-                }
+                Op::Avg if dtype::is_float_type(t) => dtype::scale(t, x, V::F(1.0 / n as f64)),
                 _ => x,
             }
         };
@@ -376,8 +383,7 @@ fn execute(parts: &[(Contrib, Done)]) -> ncclResult_t {
             }
         }
         Kind::ReduceScatter => {
-            let inputs: Vec<Vec<u8>> =
-                parts.iter().map(|p| read(p.0.send, count * n, t)).collect();
+            let inputs: Vec<Vec<u8>> = parts.iter().map(|p| read(p.0.send, count * n, t)).collect();
             for (r, (c, _)) in parts.iter().enumerate() {
                 let chunk: Vec<Vec<u8>> = inputs
                     .iter()
@@ -387,7 +393,10 @@ fn execute(parts: &[(Contrib, Done)]) -> ncclResult_t {
             }
         }
         Kind::AllGather | Kind::Gather => {
-            let all: Vec<u8> = parts.iter().flat_map(|p| read(p.0.send, count, t)).collect();
+            let all: Vec<u8> = parts
+                .iter()
+                .flat_map(|p| read(p.0.send, count, t))
+                .collect();
             for (r, (c, _)) in parts.iter().enumerate() {
                 if first.kind == Kind::AllGather || r == root {
                     write(c.recv, &all);
@@ -407,8 +416,7 @@ fn execute(parts: &[(Contrib, Done)]) -> ncclResult_t {
             }
         }
         Kind::AllToAll => {
-            let inputs: Vec<Vec<u8>> =
-                parts.iter().map(|p| read(p.0.send, count * n, t)).collect();
+            let inputs: Vec<Vec<u8>> = parts.iter().map(|p| read(p.0.send, count * n, t)).collect();
             for (r, (c, _)) in parts.iter().enumerate() {
                 let out: Vec<u8> = inputs
                     .iter()

@@ -35,7 +35,12 @@ pub(crate) enum V {
 fn is_float(t: D) -> bool {
     matches!(
         t,
-        D::ncclFloat16 | D::ncclBfloat16 | D::ncclFloat32 | D::ncclFloat64 | D::ncclFloat8e4m3 | D::ncclFloat8e5m2
+        D::ncclFloat16
+            | D::ncclBfloat16
+            | D::ncclFloat32
+            | D::ncclFloat64
+            | D::ncclFloat8e4m3
+            | D::ncclFloat8e5m2
     )
 }
 
@@ -48,12 +53,23 @@ pub(crate) fn get(t: D, bytes: &[u8], i: usize) -> V {
         D::ncclUint8 => V::I(i128::from(b[0])),
         D::ncclInt32 => V::I(i128::from(i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))),
         D::ncclUint32 => V::I(i128::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))),
-        D::ncclInt64 => V::I(i128::from(i64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))),
-        D::ncclUint64 => V::I(i128::from(u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))),
+        D::ncclInt64 => V::I(i128::from(i64::from_ne_bytes(
+            b.try_into().unwrap_or([0; 8]),
+        ))),
+        D::ncclUint64 => V::I(i128::from(u64::from_ne_bytes(
+            b.try_into().unwrap_or([0; 8]),
+        ))),
         D::ncclFloat32 => V::F(f64::from(f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))),
         D::ncclFloat64 => V::F(f64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))),
-        D::ncclFloat16 => V::F(f64::from(minifloat_decode(u16::from_ne_bytes([b[0], b[1]]).into(), 5, 10, false))),
-        D::ncclBfloat16 => V::F(f64::from(f32::from_bits(u32::from(u16::from_ne_bytes([b[0], b[1]])) << 16))),
+        D::ncclFloat16 => V::F(f64::from(minifloat_decode(
+            u16::from_ne_bytes([b[0], b[1]]).into(),
+            5,
+            10,
+            false,
+        ))),
+        D::ncclBfloat16 => V::F(f64::from(f32::from_bits(
+            u32::from(u16::from_ne_bytes([b[0], b[1]])) << 16,
+        ))),
         D::ncclFloat8e4m3 => V::F(f64::from(minifloat_decode(b[0].into(), 4, 3, true))),
         D::ncclFloat8e5m2 => V::F(f64::from(minifloat_decode(b[0].into(), 5, 2, false))),
         _ => V::I(0),
@@ -78,7 +94,9 @@ pub(crate) fn put(t: D, bytes: &mut [u8], i: usize, v: V) {
         D::ncclInt64 | D::ncclUint64 => out.copy_from_slice(&(as_int(v) as u64).to_ne_bytes()),
         D::ncclFloat32 => out.copy_from_slice(&(as_f(v) as f32).to_ne_bytes()),
         D::ncclFloat64 => out.copy_from_slice(&as_f(v).to_ne_bytes()),
-        D::ncclFloat16 => out.copy_from_slice(&(minifloat_encode(as_f(v) as f32, 5, 10, false) as u16).to_ne_bytes()),
+        D::ncclFloat16 => out.copy_from_slice(
+            &(minifloat_encode(as_f(v) as f32, 5, 10, false) as u16).to_ne_bytes(),
+        ),
         D::ncclBfloat16 => out.copy_from_slice(&bf16_encode(as_f(v) as f32).to_ne_bytes()),
         D::ncclFloat8e4m3 => out[0] = minifloat_encode(as_f(v) as f32, 4, 3, true) as u8,
         D::ncclFloat8e5m2 => out[0] = minifloat_encode(as_f(v) as f32, 5, 2, false) as u8,
@@ -105,10 +123,18 @@ pub(crate) fn combine(t: D, op: ncclRedOp_t, a: V, b: V) -> V {
         (V::F(x), V::F(y)) => V::F(match op {
             ncclRedOp_t::ncclProd => x * y,
             ncclRedOp_t::ncclMax => {
-                if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }
+                if x.is_nan() || y.is_nan() {
+                    f64::NAN
+                } else {
+                    x.max(y)
+                }
             }
             ncclRedOp_t::ncclMin => {
-                if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }
+                if x.is_nan() || y.is_nan() {
+                    f64::NAN
+                } else {
+                    x.min(y)
+                }
             }
             _ => x + y,
         }),
@@ -120,7 +146,9 @@ pub(crate) fn combine(t: D, op: ncclRedOp_t, a: V, b: V) -> V {
 /// Multiplies by a scalar (pre-multiplied sums; `avg` for floats).
 pub(crate) fn scale(t: D, a: V, s: V) -> V {
     if is_float(t) {
-        let (V::F(x), V::F(y)) = (to_f(a), to_f(s)) else { return a };
+        let (V::F(x), V::F(y)) = (to_f(a), to_f(s)) else {
+            return a;
+        };
         round(t, V::F(x * y))
     } else {
         combine(t, ncclRedOp_t::ncclProd, a, s)
@@ -223,7 +251,12 @@ mod tests {
 
     #[test]
     fn small_floats_round_trip_exactly() {
-        for t in [D::ncclFloat16, D::ncclBfloat16, D::ncclFloat8e4m3, D::ncclFloat8e5m2] {
+        for t in [
+            D::ncclFloat16,
+            D::ncclBfloat16,
+            D::ncclFloat8e4m3,
+            D::ncclFloat8e5m2,
+        ] {
             for x in [-3.0, -1.0, -0.5, 0.0, 0.25, 1.0, 2.0, 3.0, 6.0, 12.0] {
                 assert_eq!(round(t, V::F(x)), V::F(x), "{t:?} {x}");
             }
@@ -236,9 +269,18 @@ mod tests {
     #[test]
     fn integers_wrap_in_their_width() {
         let t = D::ncclInt8;
-        assert_eq!(combine(t, ncclRedOp_t::ncclSum, V::I(127), V::I(1)), V::I(-128));
+        assert_eq!(
+            combine(t, ncclRedOp_t::ncclSum, V::I(127), V::I(1)),
+            V::I(-128)
+        );
         let u = D::ncclUint64;
-        assert_eq!(combine(u, ncclRedOp_t::ncclSum, V::I(u64::MAX as i128), V::I(2)), V::I(1));
-        assert_eq!(combine(u, ncclRedOp_t::ncclMax, V::I(u64::MAX as i128), V::I(2)), V::I(u64::MAX as i128));
+        assert_eq!(
+            combine(u, ncclRedOp_t::ncclSum, V::I(u64::MAX as i128), V::I(2)),
+            V::I(1)
+        );
+        assert_eq!(
+            combine(u, ncclRedOp_t::ncclMax, V::I(u64::MAX as i128), V::I(2)),
+            V::I(u64::MAX as i128)
+        );
     }
 }

@@ -127,7 +127,10 @@ impl MockNcclWorld {
 
     /// The call of `function` after `skip` successful ones returns `error`.
     pub fn fail_after(&self, function: &str, skip: u64, error: ncclResult_t) {
-        self.world.lock().faults.push((function.to_string(), skip, error));
+        self.world
+            .lock()
+            .faults
+            .push((function.to_string(), skip, error));
     }
 
     /// How many times `function` was called.

@@ -1,0 +1,181 @@
+//! [`Channel`]: the default channel of a process (world size, rank, device and unique id
+//! from the environment, as IREE's CUDA runtime does), opening NCCL only when needed.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use cuda_hal::{Cuda, Stream};
+use nccl_sys::Nccl;
+
+use crate::{Communicator, Error, Result, UniqueId, World};
+
+static NCCL: OnceLock<Result<Arc<Nccl>, nccl_sys::LoadError>> = OnceLock::new();
+
+/// The process-wide NCCL, searched for and loaded on the first call ([`Nccl::load`]).
+pub fn nccl() -> Result<Arc<Nccl>> {
+    Ok(NCCL.get_or_init(|| Nccl::load().map(Arc::new)).clone()?)
+}
+
+/// Whether [`nccl`] has been called (and so whether this crate has opened libnccl).
+pub fn nccl_opened() -> bool {
+    NCCL.get().is_some()
+}
+
+/// How the ranks agree on a unique id.
+#[derive(Debug, Clone, Default)]
+pub enum IdSource {
+    /// One rank: a fresh id. Several: [`IdSource::CommIdEnv`] if `NCCL_COMM_ID` is set,
+    /// else an error saying how to provide one.
+    #[default]
+    Auto,
+    /// Derived by every rank from `NCCL_COMM_ID=host:port` ([`UniqueId::from_comm_id`]).
+    CommIdEnv,
+    /// Given (rank 0 generated it and shared it some other way).
+    Given(UniqueId),
+    /// Exchanged through a file on a shared file system ([`UniqueId::exchange_via_file`]).
+    File {
+        /// The file.
+        path: PathBuf,
+        /// How long ranks other than 0 wait for it.
+        timeout: Duration,
+    },
+}
+
+/// Builds a [`Channel`]; every part defaults to the environment.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelBuilder {
+    world: Option<World>,
+    device: Option<String>,
+    id: IdSource,
+    nccl: Option<Arc<Nccl>>,
+    cuda: Option<Cuda>,
+}
+
+impl ChannelBuilder {
+    /// Everything from the environment.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The world (else [`World::from_env`]).
+    pub fn world(mut self, world: World) -> Self {
+        self.world = Some(world);
+        self
+    }
+
+    /// The device, as a selector (`cuda://1`, `cuda://GPU-<uuid>`); else the world's
+    /// local rank.
+    pub fn device(mut self, selector: impl Into<String>) -> Self {
+        self.device = Some(selector.into());
+        self
+    }
+
+    /// How the ranks agree on the unique id.
+    pub fn unique_id(mut self, source: IdSource) -> Self {
+        self.id = source;
+        self
+    }
+
+    /// The NCCL to use (else [`nccl`], loaded on demand).
+    pub fn nccl(mut self, nccl: Arc<Nccl>) -> Self {
+        self.nccl = Some(nccl);
+        self
+    }
+
+    /// The CUDA driver to use (else [`Cuda::load`]).
+    pub fn cuda(mut self, cuda: Cuda) -> Self {
+        self.cuda = Some(cuda);
+        self
+    }
+
+    /// Opens the channel: `Ok(None)` when no world is configured (NCCL is then not
+    /// opened), else joins the communicator on the chosen device.
+    pub fn build(self) -> Result<Option<Channel>> {
+        let world = match self.world {
+            Some(w) => w,
+            None => match World::from_env()? {
+                Some(w) => w,
+                None => return Ok(None),
+            },
+        };
+        let cuda = match self.cuda {
+            Some(c) => c,
+            None => Cuda::load()?,
+        };
+        let selector = self
+            .device
+            .unwrap_or_else(|| format!("cuda://{}", world.default_device()));
+        let device = cuda.select(&selector)?;
+        let ctx = device.primary_context()?;
+        let nccl = match self.nccl {
+            Some(n) => n,
+            None => nccl()?,
+        };
+        let id = match self.id {
+            IdSource::Given(id) => id,
+            IdSource::CommIdEnv => UniqueId::from_comm_id(&nccl)?,
+            IdSource::File { path, timeout } => {
+                UniqueId::exchange_via_file(&nccl, &path, world.rank, timeout)?
+            }
+            IdSource::Auto if world.size == 1 => UniqueId::generate(&nccl)?,
+            IdSource::Auto => {
+                if std::env::var("NCCL_COMM_ID").is_ok_and(|v| !v.trim().is_empty()) {
+                    UniqueId::from_comm_id(&nccl)?
+                } else {
+                    return Err(Error::InvalidArgument {
+                        what: "ChannelBuilder::build",
+                        problem: format!(
+                            "{} ranks need a shared unique id: set NCCL_COMM_ID=host:port \
+                             (rank 0's address), or pass one with IdSource::Given / IdSource::File",
+                            world.size
+                        ),
+                    });
+                }
+            }
+        };
+        let comm = Communicator::init_rank(&nccl, &ctx, &id, world.size, world.rank)?;
+        let stream = Stream::non_blocking(&ctx)?;
+        Ok(Some(Channel {
+            comm,
+            stream,
+            world,
+        }))
+    }
+}
+
+/// A process's communicator with a stream of its own: what IREE calls the default channel.
+#[derive(Debug)]
+pub struct Channel {
+    comm: Communicator,
+    stream: Stream,
+    world: World,
+}
+
+impl Channel {
+    /// The default channel from the environment (`Ok(None)` when no world is configured).
+    pub fn from_env() -> Result<Option<Channel>> {
+        ChannelBuilder::new().build()
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// The channel's stream (on the communicator's device).
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The world it was built for.
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    /// Closes the communicator, reporting errors.
+    pub fn close(self) -> Result<()> {
+        self.stream.synchronize()?;
+        self.comm.close()
+    }
+}

@@ -1,0 +1,694 @@
+//! Every NCCL collective and point-to-point call, typed and checked before the FFI call.
+
+use std::ffi::c_void;
+
+use cuda_hal::{DeviceBuffer, Stream};
+use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
+
+use crate::{Communicator, Error, NcclType, ReduceOp, Result, group};
+
+/// A device address as the pointer NCCL takes.
+fn dptr(addr: u64) -> *mut c_void {
+    std::ptr::with_exposed_provenance_mut(addr as usize)
+}
+
+fn offset<T>(buf: &DeviceBuffer<T>, elems: usize) -> *mut c_void
+where
+    T: NcclType,
+{
+    dptr(buf.as_raw() + (elems * size_of::<T>()) as u64)
+}
+
+/// A reduction op handle; a pre-multiplied sum is created for one call and destroyed after.
+struct Op<'a> {
+    comm: &'a Communicator,
+    raw: ncclRedOp_t,
+    created: bool,
+}
+
+impl Drop for Op<'_> {
+    fn drop(&mut self) {
+        if self.created {
+            // SAFETY: created on this communicator by ncclRedOpCreatePreMulSum; NCCL allows
+            // destroying it once the calls that use it have returned.
+            unsafe { (self.comm.nccl().fns().ncclRedOpDestroy)(self.raw, self.comm.as_raw()) };
+        }
+    }
+}
+
+impl Communicator {
+    fn check_type<T: NcclType>(&self, what: &'static str) -> Result<()> {
+        if let Some(since) = T::SINCE {
+            if self.nccl().version() < since {
+                return Err(Error::Unsupported {
+                    feature: T::NAME,
+                    needed: since.to_string(),
+                    found: self.nccl().version().to_string(),
+                });
+            }
+        }
+        let _ = what;
+        Ok(())
+    }
+
+    fn check_stream(&self, what: &'static str, stream: &Stream) -> Result<()> {
+        if stream.context() != self.context() {
+            return Err(Error::WrongDevice {
+                what,
+                object: "stream",
+                expected: self.device(),
+                found: stream.context().device().ordinal(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_buf<T: NcclType>(
+        &self,
+        what: &'static str,
+        buffer: &'static str,
+        buf: &DeviceBuffer<T>,
+        expected: usize,
+    ) -> Result<()> {
+        if buf.context() != self.context() {
+            return Err(Error::WrongDevice {
+                what,
+                object: buffer,
+                expected: self.device(),
+                found: buf.device().ordinal(),
+            });
+        }
+        if buf.len() != expected {
+            return Err(Error::LengthMismatch {
+                what,
+                buffer,
+                expected,
+                got: buf.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, what: &'static str, rank: usize) -> Result<i32> {
+        if rank >= self.size() {
+            return Err(Error::InvalidRank {
+                what,
+                rank,
+                size: self.size(),
+            });
+        }
+        Ok(rank as i32)
+    }
+
+    fn divisible(&self, what: &'static str, buffer: &'static str, len: usize) -> Result<usize> {
+        if len % self.size() != 0 {
+            return Err(Error::InvalidArgument {
+                what,
+                problem: format!(
+                    "the {buffer} buffer holds {len} elements, not a multiple of the {} ranks",
+                    self.size()
+                ),
+            });
+        }
+        Ok(len / self.size())
+    }
+
+    fn op<T: NcclType>(&self, op: ReduceOp<T>) -> Result<Op<'_>> {
+        let builtin = |raw| {
+            Ok(Op {
+                comm: self,
+                raw,
+                created: false,
+            })
+        };
+        match op {
+            ReduceOp::Sum => builtin(ncclRedOp_t::ncclSum),
+            ReduceOp::Prod => builtin(ncclRedOp_t::ncclProd),
+            ReduceOp::Max => builtin(ncclRedOp_t::ncclMax),
+            ReduceOp::Min => builtin(ncclRedOp_t::ncclMin),
+            ReduceOp::Avg => builtin(ncclRedOp_t::ncclAvg),
+            ReduceOp::PreMulSum(mut scalar) => {
+                let mut raw = ncclRedOp_t(0);
+                // SAFETY: a host scalar of type T, read during the call (host-immediate).
+                let rc = unsafe {
+                    (self.nccl().fns().ncclRedOpCreatePreMulSum)(
+                        &mut raw,
+                        (&raw mut scalar).cast(),
+                        T::DTYPE,
+                        ncclScalarResidence_t::ncclScalarHostImmediate,
+                        self.as_raw(),
+                    )
+                };
+                self.check(rc, "ncclRedOpCreatePreMulSum")?;
+                Ok(Op {
+                    comm: self,
+                    raw,
+                    created: true,
+                })
+            }
+        }
+    }
+
+    /// `recv = op(send of every rank)`; `send` and `recv` have the same length.
+    #[doc(alias = "ncclAllReduce")]
+    pub fn all_reduce<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "all_reduce";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        self.check_buf(W, "send", send, send.len())?;
+        self.check_buf(W, "recv", recv, send.len())?;
+        self.raw_all_reduce(
+            dptr(send.as_raw()),
+            dptr(recv.as_raw()),
+            send.len(),
+            op,
+            stream,
+        )
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce_in_place<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        op: ReduceOp<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "all_reduce_in_place";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        self.check_buf(W, "buffer", buf, buf.len())?;
+        let p = dptr(buf.as_raw());
+        self.raw_all_reduce(p, p, buf.len(), op, stream)
+    }
+
+    fn raw_all_reduce<T: NcclType>(
+        &self,
+        send: *mut c_void,
+        recv: *mut c_void,
+        count: usize,
+        op: ReduceOp<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let op = self.op(op)?;
+        // SAFETY: both ranges were checked: `count` elements of T in device memory of this
+        // communicator's context; the stream is of the same context.
+        let rc = unsafe {
+            (self.nccl().fns().ncclAllReduce)(
+                send,
+                recv,
+                count,
+                T::DTYPE,
+                op.raw,
+                self.as_raw(),
+                stream.as_raw(),
+            )
+        };
+        self.check(rc, "ncclAllReduce")
+    }
+
+    /// `recv = concat(send of rank 0, …, send of rank n-1)`; `recv.len() == n * send.len()`.
+    #[doc(alias = "ncclAllGather")]
+    pub fn all_gather<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "all_gather";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let count = send.len();
+        self.check_buf(W, "send", send, count)?;
+        self.check_buf(W, "recv", recv, count * self.size())?;
+        self.raw_all_gather::<T>(dptr(send.as_raw()), dptr(recv.as_raw()), count, stream)
+    }
+
+    /// All-gather in place: this rank's part is `buf[rank * n / size ..][.. n / size]`.
+    pub fn all_gather_in_place<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "all_gather_in_place";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        self.check_buf(W, "buffer", buf, buf.len())?;
+        let count = self.divisible(W, "buffer", buf.len())?;
+        self.raw_all_gather::<T>(
+            offset(buf, self.rank() * count),
+            dptr(buf.as_raw()),
+            count,
+            stream,
+        )
+    }
+
+    fn raw_all_gather<T: NcclType>(
+        &self,
+        send: *mut c_void,
+        recv: *mut c_void,
+        count: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        // SAFETY: ranges checked by the callers (count and size*count elements).
+        let rc = unsafe {
+            (self.nccl().fns().ncclAllGather)(
+                send,
+                recv,
+                count,
+                T::DTYPE,
+                self.as_raw(),
+                stream.as_raw(),
+            )
+        };
+        self.check(rc, "ncclAllGather")
+    }
+
+    /// Rank `r` gets `op` over every rank's `send[r * m ..][.. m]`, `m = recv.len()`;
+    /// `send.len() == n * recv.len()`.
+    #[doc(alias = "ncclReduceScatter")]
+    pub fn reduce_scatter<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "reduce_scatter";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let count = recv.len();
+        self.check_buf(W, "send", send, count * self.size())?;
+        self.check_buf(W, "recv", recv, count)?;
+        self.raw_reduce_scatter(dptr(send.as_raw()), dptr(recv.as_raw()), count, op, stream)
+    }
+
+    /// Reduce-scatter in place: the result is `buf[rank * n / size ..][.. n / size]`.
+    pub fn reduce_scatter_in_place<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        op: ReduceOp<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "reduce_scatter_in_place";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        self.check_buf(W, "buffer", buf, buf.len())?;
+        let count = self.divisible(W, "buffer", buf.len())?;
+        let recv = offset(buf, self.rank() * count);
+        self.raw_reduce_scatter(dptr(buf.as_raw()), recv, count, op, stream)
+    }
+
+    fn raw_reduce_scatter<T: NcclType>(
+        &self,
+        send: *mut c_void,
+        recv: *mut c_void,
+        count: usize,
+        op: ReduceOp<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let op = self.op(op)?;
+        // SAFETY: ranges checked by the callers.
+        let rc = unsafe {
+            (self.nccl().fns().ncclReduceScatter)(
+                send,
+                recv,
+                count,
+                T::DTYPE,
+                op.raw,
+                self.as_raw(),
+                stream.as_raw(),
+            )
+        };
+        self.check(rc, "ncclReduceScatter")
+    }
+
+    /// Copies `root`'s `send` into every rank's `recv`. Only the root passes `send`
+    /// (same length as `recv`).
+    #[doc(alias = "ncclBroadcast")]
+    pub fn broadcast<T: NcclType>(
+        &self,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &mut DeviceBuffer<T>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "broadcast";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let r = self.check_rank(W, root)?;
+        self.check_buf(W, "recv", recv, recv.len())?;
+        let sendp = self
+            .root_send(W, send, root, recv.len())?
+            .unwrap_or(dptr(recv.as_raw()));
+        self.raw_broadcast::<T>(sendp, dptr(recv.as_raw()), recv.len(), r, stream)
+    }
+
+    /// Broadcast in place (`ncclBcast`).
+    #[doc(alias = "ncclBcast")]
+    pub fn broadcast_in_place<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "broadcast_in_place";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let r = self.check_rank(W, root)?;
+        self.check_buf(W, "buffer", buf, buf.len())?;
+        let p = dptr(buf.as_raw());
+        self.raw_broadcast::<T>(p, p, buf.len(), r, stream)
+    }
+
+    /// The root's send pointer: required on the root (with `len` elements), ignored
+    /// elsewhere.
+    fn root_send<T: NcclType>(
+        &self,
+        what: &'static str,
+        send: Option<&DeviceBuffer<T>>,
+        root: usize,
+        len: usize,
+    ) -> Result<Option<*mut c_void>> {
+        if self.rank() != root {
+            return Ok(None);
+        }
+        let Some(s) = send else {
+            return Err(Error::InvalidArgument {
+                what,
+                problem: format!("rank {root} is the root and must pass the send buffer"),
+            });
+        };
+        self.check_buf(what, "send", s, len)?;
+        Ok(Some(dptr(s.as_raw())))
+    }
+
+    fn raw_broadcast<T: NcclType>(
+        &self,
+        send: *mut c_void,
+        recv: *mut c_void,
+        count: usize,
+        root: i32,
+        stream: &Stream,
+    ) -> Result<()> {
+        // SAFETY: ranges checked by the callers.
+        let rc = unsafe {
+            (self.nccl().fns().ncclBroadcast)(
+                send,
+                recv,
+                count,
+                T::DTYPE,
+                root,
+                self.as_raw(),
+                stream.as_raw(),
+            )
+        };
+        self.check(rc, "ncclBroadcast")
+    }
+
+    /// `root`'s `recv = op(send of every rank)`. Only the root passes `recv`.
+    #[doc(alias = "ncclReduce")]
+    pub fn reduce<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: Option<&mut DeviceBuffer<T>>,
+        op: ReduceOp<T>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "reduce";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let r = self.check_rank(W, root)?;
+        self.check_buf(W, "send", send, send.len())?;
+        let recvp = self
+            .root_recv(W, recv, root, send.len())?
+            .unwrap_or(dptr(send.as_raw()));
+        self.raw_reduce(dptr(send.as_raw()), recvp, send.len(), op, r, stream)
+    }
+
+    /// Reduce in place: the root's `buf` gets the result.
+    pub fn reduce_in_place<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        op: ReduceOp<T>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "reduce_in_place";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let r = self.check_rank(W, root)?;
+        self.check_buf(W, "buffer", buf, buf.len())?;
+        let p = dptr(buf.as_raw());
+        self.raw_reduce(p, p, buf.len(), op, r, stream)
+    }
+
+    fn root_recv<T: NcclType>(
+        &self,
+        what: &'static str,
+        recv: Option<&mut DeviceBuffer<T>>,
+        root: usize,
+        len: usize,
+    ) -> Result<Option<*mut c_void>> {
+        if self.rank() != root {
+            return Ok(None);
+        }
+        let Some(r) = recv else {
+            return Err(Error::InvalidArgument {
+                what,
+                problem: format!("rank {root} is the root and must pass the receive buffer"),
+            });
+        };
+        self.check_buf(what, "recv", r, len)?;
+        Ok(Some(dptr(r.as_raw())))
+    }
+
+    fn raw_reduce<T: NcclType>(
+        &self,
+        send: *mut c_void,
+        recv: *mut c_void,
+        count: usize,
+        op: ReduceOp<T>,
+        root: i32,
+        stream: &Stream,
+    ) -> Result<()> {
+        let op = self.op(op)?;
+        // SAFETY: ranges checked by the callers.
+        let rc = unsafe {
+            (self.nccl().fns().ncclReduce)(
+                send,
+                recv,
+                count,
+                T::DTYPE,
+                op.raw,
+                root,
+                self.as_raw(),
+                stream.as_raw(),
+            )
+        };
+        self.check(rc, "ncclReduce")
+    }
+
+    /// Sends `buf` to `peer` (which must call [`recv`](Self::recv) with the same length).
+    #[doc(alias = "ncclSend")]
+    pub fn send<T: NcclType>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "send";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let p = self.check_rank(W, peer)?;
+        self.check_buf(W, "send", buf, buf.len())?;
+        self.raw_send::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
+    }
+
+    /// Receives into `buf` from `peer`.
+    #[doc(alias = "ncclRecv")]
+    pub fn recv<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "recv";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let p = self.check_rank(W, peer)?;
+        self.check_buf(W, "recv", buf, buf.len())?;
+        self.raw_recv::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
+    }
+
+    fn raw_send<T: NcclType>(
+        &self,
+        p: *mut c_void,
+        count: usize,
+        peer: i32,
+        stream: &Stream,
+    ) -> Result<()> {
+        // SAFETY: range checked by the callers.
+        let rc = unsafe {
+            (self.nccl().fns().ncclSend)(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
+        };
+        self.check(rc, "ncclSend")
+    }
+
+    fn raw_recv<T: NcclType>(
+        &self,
+        p: *mut c_void,
+        count: usize,
+        peer: i32,
+        stream: &Stream,
+    ) -> Result<()> {
+        // SAFETY: range checked by the callers.
+        let rc = unsafe {
+            (self.nccl().fns().ncclRecv)(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
+        };
+        self.check(rc, "ncclRecv")
+    }
+
+    /// Rank `r` gets `send[r * m ..][.. m]` of every rank, in rank order; both buffers hold
+    /// `n * m` elements. Native `ncclAlltoAll` on NCCL ≥ 2.28.3, grouped send/recv before.
+    #[doc(alias = "ncclAlltoAll")]
+    pub fn all_to_all<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "all_to_all";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        self.check_buf(W, "send", send, send.len())?;
+        self.check_buf(W, "recv", recv, send.len())?;
+        let m = self.divisible(W, "send", send.len())?;
+        if let Some(f) = self.nccl().fns().ncclAlltoAll {
+            // SAFETY: both buffers hold n * m elements of T on our device.
+            let rc = unsafe {
+                f(
+                    dptr(send.as_raw()),
+                    dptr(recv.as_raw()),
+                    m,
+                    T::DTYPE,
+                    self.as_raw(),
+                    stream.as_raw(),
+                )
+            };
+            return self.check(rc, "ncclAlltoAll");
+        }
+        group(self.nccl(), || {
+            for p in 0..self.size() {
+                self.raw_send::<T>(offset(send, p * m), m, p as i32, stream)?;
+                self.raw_recv::<T>(offset(recv, p * m), m, p as i32, stream)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The root's `recv` gets every rank's `send` in rank order (`n * m` elements). Only the
+    /// root passes `recv`. Native `ncclGather` on NCCL ≥ 2.28.3, grouped send/recv before.
+    #[doc(alias = "ncclGather")]
+    pub fn gather<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: Option<&mut DeviceBuffer<T>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "gather";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let r = self.check_rank(W, root)?;
+        let m = send.len();
+        self.check_buf(W, "send", send, m)?;
+        let recvp = self.root_recv(W, recv, root, m * self.size())?;
+        if let Some(f) = self.nccl().fns().ncclGather {
+            let recvp = recvp.unwrap_or(std::ptr::null_mut());
+            // SAFETY: ranges checked; non-roots pass no receive buffer, which NCCL ignores.
+            let rc = unsafe {
+                f(
+                    dptr(send.as_raw()),
+                    recvp,
+                    m,
+                    T::DTYPE,
+                    r,
+                    self.as_raw(),
+                    stream.as_raw(),
+                )
+            };
+            return self.check(rc, "ncclGather");
+        }
+        group(self.nccl(), || {
+            self.raw_send::<T>(dptr(send.as_raw()), m, r, stream)?;
+            if let Some(base) = recvp {
+                for p in 0..self.size() {
+                    let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
+                    self.raw_recv::<T>(at, m, p as i32, stream)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Rank `r` gets the root's `send[r * m ..][.. m]`. Only the root passes `send`
+    /// (`n * m` elements). Native `ncclScatter` on NCCL ≥ 2.28.3, grouped send/recv before.
+    #[doc(alias = "ncclScatter")]
+    pub fn scatter<T: NcclType>(
+        &self,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &mut DeviceBuffer<T>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "scatter";
+        self.check_type::<T>(W)?;
+        self.check_stream(W, stream)?;
+        let r = self.check_rank(W, root)?;
+        let m = recv.len();
+        self.check_buf(W, "recv", recv, m)?;
+        let sendp = self.root_send(W, send, root, m * self.size())?;
+        if let Some(f) = self.nccl().fns().ncclScatter {
+            let sendp = sendp.unwrap_or(std::ptr::null_mut());
+            // SAFETY: ranges checked; non-roots pass no send buffer, which NCCL ignores.
+            let rc = unsafe {
+                f(
+                    sendp,
+                    dptr(recv.as_raw()),
+                    m,
+                    T::DTYPE,
+                    r,
+                    self.as_raw(),
+                    stream.as_raw(),
+                )
+            };
+            return self.check(rc, "ncclScatter");
+        }
+        group(self.nccl(), || {
+            if let Some(base) = sendp {
+                for p in 0..self.size() {
+                    let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
+                    self.raw_send::<T>(at, m, p as i32, stream)?;
+                }
+            }
+            self.raw_recv::<T>(dptr(recv.as_raw()), m, r, stream)
+        })
+    }
+
+    /// Waits until every rank has reached this point: an all-reduce of one element on
+    /// `stream`, then a stream synchronise.
+    pub fn barrier(&self, stream: &Stream) -> Result<()> {
+        self.check_stream("barrier", stream)?;
+        let p = dptr(self.scratch()?.as_raw());
+        self.raw_all_reduce::<i32>(p, p, 1, ReduceOp::Sum, stream)?;
+        stream.synchronize()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! The error type: NCCL failures keep the `ncclResult_t`, its name, NCCL's message and
+//! `ncclGetLastError`'s detail.
+
+use std::time::Duration;
+
+use nccl_sys::{LoadError, ncclResult_t};
+
+/// Everything that can go wrong in `nccl-channel`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An NCCL call failed.
+    #[error("{call} failed: {name} ({}): {message}{}", code.0, detail_suffix(detail))]
+    Nccl {
+        /// The NCCL function (`"ncclAllReduce"`).
+        call: &'static str,
+        /// The raw status.
+        code: ncclResult_t,
+        /// Its C name (`"ncclInvalidArgument"`).
+        name: String,
+        /// `ncclGetErrorString` of the status.
+        message: String,
+        /// `ncclGetLastError`: NCCL's detail about the last failure (may be empty).
+        detail: String,
+    },
+    /// A CUDA driver call failed, or a device could not be selected.
+    #[error(transparent)]
+    Cuda(#[from] cuda_hal::Error),
+    /// NCCL could not be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// An environment variable is malformed or contradicts another.
+    #[error("environment variable {variable}={value:?}: {problem}")]
+    Env {
+        /// The variable.
+        variable: String,
+        /// Its value.
+        value: String,
+        /// What is wrong and how to fix it.
+        problem: String,
+    },
+    /// A unique id string or file is malformed.
+    #[error("invalid NCCL unique id: {0}")]
+    UniqueId(String),
+    /// `NCCL_COMM_ID` cannot give every rank the same id with this NCCL.
+    #[error(
+        "NCCL {version} gives different unique ids for the same NCCL_COMM_ID={comm_id}, so \
+         ranks cannot derive a shared id from it; share an id from rank 0 instead \
+         (UniqueId::generate + bytes/hex, or a file)"
+    )]
+    CommIdNotDeterministic {
+        /// The loaded NCCL's version.
+        version: String,
+        /// The value of NCCL_COMM_ID.
+        comm_id: String,
+    },
+    /// A rank, root or peer is out of range.
+    #[error("{what}: rank {rank} is out of range for a communicator of {size} ranks")]
+    InvalidRank {
+        /// The operation and the argument.
+        what: &'static str,
+        /// The rank given.
+        rank: usize,
+        /// The communicator's size.
+        size: usize,
+    },
+    /// A buffer has the wrong number of elements.
+    #[error("{what}: the {buffer} buffer must hold {expected} elements, it holds {got}")]
+    LengthMismatch {
+        /// The operation.
+        what: &'static str,
+        /// Which buffer (`"send"`, `"recv"`).
+        buffer: &'static str,
+        /// The length needed.
+        expected: usize,
+        /// The length given.
+        got: usize,
+    },
+    /// A buffer or stream belongs to another device than the communicator.
+    #[error("{what}: the {object} is on device {found}, the communicator on device {expected}")]
+    WrongDevice {
+        /// The operation.
+        what: &'static str,
+        /// `"stream"`, `"send buffer"`, ...
+        object: &'static str,
+        /// The communicator's device.
+        expected: i32,
+        /// The object's device.
+        found: i32,
+    },
+    /// A required argument is missing or has no meaning here.
+    #[error("{what}: {problem}")]
+    InvalidArgument {
+        /// The operation.
+        what: &'static str,
+        /// What to fix.
+        problem: String,
+    },
+    /// The loaded NCCL is too old for a feature.
+    #[error("{feature} needs NCCL {needed} or newer; the loaded NCCL is {found}")]
+    Unsupported {
+        /// The feature (function or data type).
+        feature: &'static str,
+        /// The first NCCL release that has it.
+        needed: String,
+        /// The loaded NCCL's version.
+        found: String,
+    },
+    /// Waiting for something took longer than allowed.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The limit.
+        after: Duration,
+    },
+    /// A file-system operation of the unique-id exchange failed.
+    #[error("{what} {path}: {message}")]
+    Io {
+        /// The operation.
+        what: &'static str,
+        /// The file.
+        path: String,
+        /// The OS error.
+        message: String,
+    },
+    /// The communicator was aborted; it accepts no more work.
+    #[error("the communicator was aborted")]
+    Aborted,
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({detail})")
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,50 @@
+//! `NCCL_COMM_ID`-derived ids with the real libnccl of the pinned wheel (no GPU needed):
+//! every call gives the same id, so independent processes agree. Its own test process,
+//! because it sets NCCL_COMM_ID for the whole process.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+fn libnccl() -> PathBuf {
+    if let Some(p) = std::env::var_os("NCCL_SYS_TEST_LIBNCCL") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/wheel"))
+        .args(["nvidia-nccl-cu12", "2.32.3"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("nvidia/nccl/lib/libnccl.so.2")
+}
+
+#[test]
+fn comm_id_gives_identical_ids_and_bad_values_are_refused() {
+    let nccl = nccl_sys::Nccl::load_from(libnccl()).unwrap();
+    // SAFETY: this test process has no other thread reading the environment now.
+    unsafe { std::env::remove_var("NCCL_COMM_ID") };
+    let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
+    assert!(e.to_string().contains("NCCL_COMM_ID"), "{e}");
+    // SAFETY: as above.
+    unsafe { std::env::set_var("NCCL_COMM_ID", "127.0.0.1") };
+    let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
+    assert!(e.to_string().contains("host:port"), "{e}");
+    // SAFETY: as above.
+    unsafe { std::env::set_var("NCCL_COMM_ID", "127.0.0.1:8123") };
+    let a = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap();
+    let b = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap();
+    assert_eq!(a, b);
+    println!(
+        "NCCL {}: NCCL_COMM_ID ids identical; id starts {}",
+        nccl.version(),
+        &a.to_string()[..32]
+    );
+}
