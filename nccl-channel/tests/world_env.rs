@@ -1,6 +1,11 @@
 //! World size and rank from every supported launcher's variables, precedence, and every
 //! malformed or contradictory value.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::type_complexity)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::type_complexity
+)]
 
 use nccl_channel::{ENV_FAMILIES, Error, World};
 

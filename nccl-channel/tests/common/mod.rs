@@ -7,6 +7,7 @@
     clippy::panic
 )]
 
+pub mod demo;
 pub mod matrix;
 
 use std::sync::Arc;

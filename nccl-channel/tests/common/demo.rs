@@ -1,0 +1,68 @@
+//! Finds the `allgather` demo binary for tests: `$NCCL_CHANNEL_DEMO`, else beside this
+//! test binary (the GPU machine's staged layout), else cargo's `examples/` folder.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::path::PathBuf;
+
+pub fn demo_exe() -> PathBuf {
+    if let Some(p) = std::env::var_os("NCCL_CHANNEL_DEMO") {
+        return PathBuf::from(p);
+    }
+    let me = std::env::current_exe().unwrap();
+    let dir = me.parent().unwrap();
+    for candidate in [dir.join("allgather"), dir.join("../examples/allgather")] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    // Under `cargo test` with a target filter the example may not be built yet: build it.
+    if let (Some(cargo), Some(profile_dir)) = (std::env::var_os("CARGO"), dir.parent()) {
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "nccl-channel",
+            "--example",
+            "allgather",
+            "--features",
+            "mock",
+        ]);
+        if release {
+            cmd.arg("--release");
+        }
+        if cmd.status().is_ok_and(|s| s.success()) {
+            let built = profile_dir.join("examples/allgather");
+            if built.exists() {
+                return built;
+            }
+        }
+    }
+    panic!(
+        "the allgather demo was not found beside {} or in ../examples; build it \
+         (cargo build --examples --features mock) or set NCCL_CHANNEL_DEMO",
+        me.display()
+    );
+}
+
+/// Runs the demo with `args` and `env`; returns (success, stdout, stderr).
+pub fn run_demo(args: &[&str], env: &[(&str, String)]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(demo_exe());
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,128 @@
+//! The all-gather demo on a machine without a CUDA driver: the launcher runs its ranks on
+//! simulated devices and says so on its first line.
+#![cfg(feature = "mock")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::demo::run_demo;
+
+/// Hides any real driver, so the demo takes the simulated path on every machine.
+fn no_driver() -> Vec<(&'static str, String)> {
+    vec![("CUDA_SYS_LIBRARY", "/nonexistent/libcuda.so.1".into())]
+}
+
+#[test]
+fn the_seed_scenario_on_simulated_devices() {
+    let (ok, out, err) = run_demo(&["--nprocs", "2"], &no_driver());
+    assert!(ok, "{out}\n{err}");
+    let first = out.lines().next().unwrap();
+    assert!(
+        first.starts_with("no CUDA driver") && first.contains("simulated devices"),
+        "{first}"
+    );
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("[rank {r}] 2x2xi32=[101 102][101 102]")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn other_collectives_counts_and_dtypes() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &[
+                "--nprocs",
+                "3",
+                "--collective",
+                "all_reduce",
+                "--dtype",
+                "f32",
+                "--count",
+                "3",
+            ],
+            &["3xf32=[303 306 309]"],
+        ),
+        (
+            &[
+                "--nprocs",
+                "2",
+                "--collective",
+                "all_to_all",
+                "--count",
+                "4",
+            ],
+            &[
+                "[rank 0] 2x2xi32=[101 102][101 102]",
+                "[rank 1] 2x2xi32=[103 104][103 104]",
+            ],
+        ),
+        (
+            &[
+                "--nprocs",
+                "2",
+                "--collective",
+                "reduce_scatter",
+                "--dtype",
+                "i64",
+                "--count",
+                "2",
+            ],
+            &["[rank 0] 1xi64=[202]", "[rank 1] 1xi64=[204]"],
+        ),
+        (
+            &[
+                "--nprocs",
+                "4",
+                "--collective",
+                "broadcast",
+                "--dtype",
+                "ui8",
+            ],
+            &["[rank 3] 2xui8=[101 102]"],
+        ),
+    ];
+    for (args, wants) in cases {
+        let (ok, out, err) = run_demo(args, &no_driver());
+        assert!(ok, "{args:?}: {out}\n{err}");
+        for w in *wants {
+            assert!(out.contains(w), "{args:?}: want {w:?} in\n{out}");
+        }
+    }
+}
+
+#[test]
+fn bad_options_and_no_world_fail_with_a_message() {
+    for (args, needle) in [
+        (&["--nprocs", "0"][..], "--nprocs must be at least 1"),
+        (&["--nprocs", "x"][..], "--nprocs expects a number"),
+        (&["--bogus"][..], "unknown argument"),
+        (&["--nprocs", "2", "--dtype", "c64"][..], "unknown --dtype"),
+        (
+            &[
+                "--nprocs",
+                "2",
+                "--collective",
+                "all_to_all",
+                "--count",
+                "3",
+            ][..],
+            "multiple of the 2 ranks",
+        ),
+        (&[][..], "no world configured"),
+    ] {
+        let (ok, out, err) = run_demo(args, &no_driver());
+        assert!(!ok, "{args:?} succeeded: {out}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let (ok, _, err) = run_demo(
+        &[],
+        &[
+            ("IREE_CUDA_NCCL_NPROCS", "2".into()),
+            ("IREE_CUDA_NCCL_PROCID", "5".into()),
+        ],
+    );
+    assert!(!ok && err.contains("IREE_CUDA_NCCL_PROCID"), "{err}");
+}
