@@ -61,8 +61,8 @@ impl Event {
     #[doc(alias = "cuEventRecord")]
     pub fn record(&self, stream: &Stream) -> Result<()> {
         stream.same_context(&self.ctx, "Event::record")?;
-        let _g = self.ctx.bind()?;
-        // SAFETY: event and stream of the same, current context.
+        let _g = stream.bind_if_legacy()?;
+        // SAFETY: event and stream of the same context.
         let rc = unsafe { (self.ctx.cuda().fns().cuEventRecord)(self.raw, stream.as_raw()) };
         self.ctx.cuda().check(rc, "cuEventRecord")
     }

@@ -285,6 +285,18 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// Enqueues a device-to-device copy of `src` on `stream` (same context) and waits.
     pub fn copy_from_on(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        // SAFETY: we synchronise before either borrow ends.
+        unsafe { self.copy_from_async(src, stream) }?;
+        stream.synchronize()
+    }
+
+    /// Enqueues a device-to-device copy of `src` on `stream` and returns at once (also
+    /// inside a graph capture).
+    ///
+    /// # Safety
+    /// Neither buffer may be freed before the stream has done the copy.
+    #[doc(alias = "cuMemcpyDtoDAsync")]
+    pub unsafe fn copy_from_async(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
         self.check_len("copy_from_on", src.len)?;
         stream.same_context(&self.ctx, "copy_from_on")?;
         if self.len == 0 {
@@ -310,8 +322,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
                 (rc, "cuMemcpyPeerAsync")
             }
         };
-        self.ctx.cuda().check(rc, call)?;
-        stream.synchronize()
+        self.ctx.cuda().check(rc, call)
     }
 
     /// Sets every byte to `byte`.

@@ -115,8 +115,8 @@ impl Stream {
     /// Blocks until all work on the stream is done.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        let _g = self.inner.ctx.bind()?;
-        // SAFETY: a valid stream of the current context.
+        let _g = self.bind_if_legacy()?;
+        // SAFETY: a valid stream (the legacy one with its context current).
         let rc = unsafe { (self.inner.ctx.cuda().fns().cuStreamSynchronize)(self.inner.raw) };
         self.inner.ctx.cuda().check(rc, "cuStreamSynchronize")
     }
@@ -124,8 +124,8 @@ impl Stream {
     /// Whether all work on the stream is done, without blocking.
     #[doc(alias = "cuStreamQuery")]
     pub fn is_idle(&self) -> Result<bool> {
-        let _g = self.inner.ctx.bind()?;
-        // SAFETY: a valid stream of the current context.
+        let _g = self.bind_if_legacy()?;
+        // SAFETY: a valid stream (the legacy one with its context current).
         let rc = unsafe { (self.inner.ctx.cuda().fns().cuStreamQuery)(self.inner.raw) };
         if rc == CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
@@ -137,7 +137,7 @@ impl Stream {
     /// Makes later work on this stream wait for `event` (which may be of another device).
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        let _g = self.inner.ctx.bind()?;
+        let _g = self.bind_if_legacy()?;
         // SAFETY: valid stream and event handles.
         let rc = unsafe {
             (self.inner.ctx.cuda().fns().cuStreamWaitEvent)(self.inner.raw, event.as_raw(), 0)
@@ -162,6 +162,18 @@ impl Stream {
         let rc = unsafe { f(self.inner.raw, &mut dev) };
         cuda.check(rc, "cuStreamGetDevice")?;
         Ok(dev)
+    }
+
+    /// A created stream carries its context, so stream calls need no current context
+    /// (and pay no context switch); the legacy default stream means "the current
+    /// context's", so it binds.
+    #[inline]
+    pub(crate) fn bind_if_legacy(&self) -> Result<Option<crate::CurrentGuard<'_>>> {
+        if self.inner.raw.is_null() {
+            self.inner.ctx.bind().map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     pub(crate) fn same_context(&self, ctx: &Context, what: &'static str) -> Result<()> {

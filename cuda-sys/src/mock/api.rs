@@ -692,7 +692,17 @@ mock_fns! {
         }
     }
     fn cuStreamSynchronize = cu_stream_synchronize(w, s, stream: CUstream) [init] {
-        ok(stream_ctx(w, &s, stream).map(|_| ()))
+        if let Err(e) = stream_ctx(w, &s, stream) {
+            return e;
+        }
+        // As on a real device: synchronising a capturing stream fails and spoils the capture.
+        if let Some(st) = s.streams.get_mut(&p2h(stream)) {
+            if st.capture.is_some() {
+                st.capture_invalid = true;
+                return CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+            }
+        }
+        CUresult::CUDA_SUCCESS
     }
     fn cuStreamQuery = cu_stream_query(w, s, stream: CUstream) [init] {
         ok(stream_ctx(w, &s, stream).map(|_| ()))
@@ -729,6 +739,9 @@ mock_fns! {
         }
         let ops = match s.streams.get_mut(&p2h(stream)) {
             Some(st) => match st.capture.take() {
+                Some(_) if std::mem::take(&mut st.capture_invalid) => {
+                    return CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+                }
                 Some(ops) => ops,
                 None => return CUresult::CUDA_ERROR_ILLEGAL_STATE,
             },
@@ -1036,7 +1049,14 @@ fn create_stream(w: &World, s: &mut State, out: *mut CUstream, flags: c_uint) ->
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }
     let h = s.handle(w.id);
-    s.streams.insert(h, StreamInfo { ctx, capture: None });
+    s.streams.insert(
+        h,
+        StreamInfo {
+            ctx,
+            capture: None,
+            capture_invalid: false,
+        },
+    );
     // SAFETY: checked non-null out-pointer.
     unsafe { *out = h2p(h) };
     CUresult::CUDA_SUCCESS

@@ -122,6 +122,7 @@ pub(crate) struct Ctx {
 pub(crate) struct StreamInfo {
     pub(crate) ctx: usize,
     pub(crate) capture: Option<Vec<Op>>,
+    pub(crate) capture_invalid: bool,
 }
 
 pub(crate) struct EventInfo {

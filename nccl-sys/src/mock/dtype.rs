@@ -94,9 +94,7 @@ pub(crate) fn put(t: D, bytes: &mut [u8], i: usize, v: V) {
         D::ncclInt64 | D::ncclUint64 => out.copy_from_slice(&(as_int(v) as u64).to_ne_bytes()),
         D::ncclFloat32 => out.copy_from_slice(&(as_f(v) as f32).to_ne_bytes()),
         D::ncclFloat64 => out.copy_from_slice(&as_f(v).to_ne_bytes()),
-        D::ncclFloat16 => out.copy_from_slice(
-            &(minifloat_encode(as_f(v) as f32, 5, 10, false) as u16).to_ne_bytes(),
-        ),
+        D::ncclFloat16 => out.copy_from_slice(&f16_encode(as_f(v) as f32).to_ne_bytes()),
         D::ncclBfloat16 => out.copy_from_slice(&bf16_encode(as_f(v) as f32).to_ne_bytes()),
         D::ncclFloat8e4m3 => out[0] = minifloat_encode(as_f(v) as f32, 4, 3, true) as u8,
         D::ncclFloat8e5m2 => out[0] = minifloat_encode(as_f(v) as f32, 5, 2, false) as u8,
@@ -208,8 +206,7 @@ fn minifloat_encode(x: f32, e: u32, m: u32, fn_style: bool) -> u32 {
     if x.is_nan() {
         return sign_bit | (max_exp << m) | ((1 << m) - 1);
     }
-    // Search the nearest representable value among all codes (at most 2^15 for half, so
-    // only done for the small formats; half uses the same loop, which is fine for a mock).
+    // Search the nearest representable value among all 256 codes (fp8 only).
     let a = x.abs();
     let mut best = 0u32;
     let mut best_err = f32::INFINITY;
@@ -234,6 +231,40 @@ fn minifloat_encode(x: f32, e: u32, m: u32, fn_style: bool) -> u32 {
         }
     }
     sign_bit | best
+}
+
+/// IEEE half from f32, round to nearest even (bit arithmetic: fast enough for big buffers).
+fn f16_encode(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let man = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let rounded = m + (1 << (shift - 1)) - 1 + ((m >> shift) & 1);
+        return sign | (rounded >> shift) as u16;
+    }
+    let rounded = man + 0xfff + ((man >> 13) & 1);
+    let (mut e2, mut m2) = (e as u32, rounded);
+    if m2 & 0x80_0000 != 0 {
+        m2 = 0;
+        e2 += 1;
+        if e2 >= 0x1f {
+            return sign | 0x7c00;
+        }
+    }
+    sign | ((e2 << 10) as u16) | ((m2 >> 13) as u16)
 }
 
 fn bf16_encode(x: f32) -> u16 {
@@ -264,6 +295,18 @@ mod tests {
         assert_eq!(round(D::ncclFloat8e4m3, V::F(1000.0)), V::F(448.0));
         assert_eq!(round(D::ncclFloat8e5m2, V::F(1e6)), V::F(f64::INFINITY));
         assert_eq!(round(D::ncclFloat16, V::F(65504.0)), V::F(65504.0));
+        assert_eq!(round(D::ncclFloat16, V::F(1e6)), V::F(f64::INFINITY));
+        assert_eq!(
+            round(D::ncclFloat16, V::F(1.0 + 1.0 / 4096.0)),
+            V::F(1.0),
+            "ties to even"
+        );
+        assert_eq!(
+            round(D::ncclFloat16, V::F(2f64.powi(-24))),
+            V::F(2f64.powi(-24)),
+            "subnormal"
+        );
+        assert_eq!(round(D::ncclFloat16, V::F(0.1)), V::F(0.0999755859375));
     }
 
     #[test]

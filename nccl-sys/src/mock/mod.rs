@@ -37,6 +37,7 @@ pub struct MockNccl {
     cuda: MockWorld,
     version: NcclVersion,
     timeout: Duration,
+    null_ops: bool,
 }
 
 impl MockNccl {
@@ -46,7 +47,15 @@ impl MockNccl {
             cuda: cuda.clone(),
             version: NcclVersion(crate::NCCL_VERSION_CODE as i32),
             timeout: Duration::from_secs(60),
+            null_ops: false,
         }
+    }
+
+    /// Collectives and send/recv return success at once, doing nothing: a backend that
+    /// costs only the call itself, for measuring the overhead of the layers above it.
+    pub fn null_collectives(mut self, on: bool) -> Self {
+        self.null_ops = on;
+        self
     }
 
     /// The version `ncclGetVersion` reports; functions newer than it are absent.
@@ -68,6 +77,7 @@ impl MockNccl {
             id: api::next_world_id(),
             version: self.version.0,
             timeout: self.timeout,
+            null_ops: self.null_ops,
             cuda: self.cuda,
             state: Mutex::new(api::State::default()),
             cond: Condvar::new(),
@@ -93,6 +103,7 @@ pub(crate) struct NWorld {
     pub(crate) id: u64,
     pub(crate) version: i32,
     pub(crate) timeout: Duration,
+    pub(crate) null_ops: bool,
     pub(crate) cuda: MockWorld,
     pub(crate) state: Mutex<api::State>,
     pub(crate) cond: Condvar,

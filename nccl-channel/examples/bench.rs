@@ -1,0 +1,637 @@
+//! An nccl-tests-style benchmark of every collective through nccl-channel.
+//!
+//! ```text
+//! bench [-c all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all|sendrecv|all]
+//!       [-b 8] [-e 4G] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16|double|int32|int8|uint8]
+//!       [-o sum|prod|max|min|avg] [-r ROOT] [-G] [--check 0|1] [--threads N | --nprocs N]
+//! ```
+//! Sizes are bytes of the whole buffer as nccl-tests counts them (all_gather: the gathered
+//! buffer; reduce_scatter and all_to_all: a rank's send buffer). `--threads N` (default: every
+//! local GPU): one process drives the GPUs, one thread each. `--nprocs N`: one process per
+//! GPU (this program starts them). `-G` captures the `-n` iterations of each size into a CUDA
+//! graph and times its replay. Without a CUDA driver it runs on the simulated devices and
+//! says so: a smoke test, not a figure.
+
+use std::fmt::Write as _;
+use std::process::{Command, ExitCode};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, Event, Stream};
+use nccl_channel::{
+    ChannelBuilder, Communicator, NcclType, ReduceOp, Result, UniqueId, World, group,
+};
+
+#[derive(Clone, Debug)]
+struct Opts {
+    colls: Vec<String>,
+    min: usize,
+    max: usize,
+    factor: usize,
+    iters: usize,
+    warmup: usize,
+    dtype: String,
+    op: String,
+    root: usize,
+    graph: bool,
+    check: bool,
+    threads: Option<usize>,
+    nprocs: Option<usize>,
+}
+
+const ALL: [&str; 7] = [
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "sendrecv",
+];
+
+fn size_arg(s: &str) -> std::result::Result<usize, String> {
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .map(|n| n * mul)
+        .map_err(|_| format!("bad size {s:?}"))
+}
+
+fn parse() -> std::result::Result<Opts, String> {
+    let mut o = Opts {
+        colls: vec!["all_reduce".into()],
+        min: 8,
+        max: 64 << 20,
+        factor: 2,
+        iters: 20,
+        warmup: 5,
+        dtype: "float".into(),
+        op: "sum".into(),
+        root: 0,
+        graph: false,
+        check: true,
+        threads: None,
+        nprocs: None,
+    };
+    let mut a = std::env::args().skip(1);
+    while let Some(k) = a.next() {
+        let mut v = || a.next().ok_or(format!("{k} needs a value"));
+        match k.as_str() {
+            "-c" | "--collective" => {
+                let c = v()?;
+                o.colls = if c == "all" {
+                    ALL.iter().map(|s| s.to_string()).collect()
+                } else {
+                    c.split(',').map(str::to_string).collect()
+                };
+            }
+            "-b" => o.min = size_arg(&v()?)?,
+            "-e" => o.max = size_arg(&v()?)?,
+            "-f" => o.factor = v()?.parse().map_err(|_| "-f expects an integer")?,
+            "-n" => o.iters = v()?.parse().map_err(|_| "-n expects an integer")?,
+            "-w" => o.warmup = v()?.parse().map_err(|_| "-w expects an integer")?,
+            "-d" => o.dtype = v()?,
+            "-o" => o.op = v()?,
+            "-r" => o.root = v()?.parse().map_err(|_| "-r expects a rank")?,
+            "-G" | "--graph" => o.graph = true,
+            "--check" => o.check = v()? != "0",
+            "--threads" => {
+                o.threads = Some(v()?.parse().map_err(|_| "--threads expects a number")?)
+            }
+            "--nprocs" => o.nprocs = Some(v()?.parse().map_err(|_| "--nprocs expects a number")?),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    for c in &o.colls {
+        if !ALL.contains(&c.as_str()) {
+            return Err(format!("unknown collective {c:?}; one of {ALL:?} or all"));
+        }
+    }
+    if o.factor < 2 || o.iters == 0 || o.min == 0 || o.min > o.max {
+        return Err("need -f >= 2, -n >= 1 and 0 < -b <= -e".into());
+    }
+    Ok(o)
+}
+
+/// nccl-tests' bus-bandwidth factor.
+fn bus_factor(coll: &str, n: usize) -> f64 {
+    let n = n as f64;
+    match coll {
+        "all_reduce" => 2.0 * (n - 1.0) / n,
+        "all_gather" | "reduce_scatter" | "all_to_all" => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+trait BenchVal: NcclType + PartialEq + std::fmt::Debug {
+    fn from_f(v: f64) -> Self;
+}
+macro_rules! bv { ($($t:ty),*) => { $( impl BenchVal for $t { fn from_f(v: f64) -> Self { v as $t } } )* } }
+bv!(i8, u8, i32, f32, f64);
+impl BenchVal for half::f16 {
+    fn from_f(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+impl BenchVal for half::bf16 {
+    fn from_f(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
+fn op_of<T: BenchVal>(name: &str) -> ReduceOp<T> {
+    match name {
+        "prod" => ReduceOp::Prod,
+        "max" => ReduceOp::Max,
+        "min" => ReduceOp::Min,
+        "avg" => ReduceOp::Avg,
+        _ => ReduceOp::Sum,
+    }
+}
+
+/// What a rank's buffers hold for one (collective, size).
+struct Bufs<T: BenchVal> {
+    send: DeviceBuffer<T>,
+    recv: DeviceBuffer<T>,
+    count: usize,
+}
+
+/// One rank's view of the run: its communicator, stream and a way to agree on times.
+struct Rank<'a> {
+    comm: &'a Communicator,
+    stream: &'a Stream,
+    max_time: &'a dyn Fn(f64) -> Result<f64>,
+}
+
+fn counts(coll: &str, bytes: usize, tsize: usize, n: usize) -> (usize, usize, usize) {
+    // (send elements, recv elements, "count" column)
+    let total = (bytes / tsize).max(1);
+    match coll {
+        "all_gather" => {
+            let c = (total / n).max(1);
+            (c, c * n, c * n)
+        }
+        "reduce_scatter" | "all_to_all" => {
+            let c = (total / n).max(1);
+            (c * n, if coll == "all_to_all" { c * n } else { c }, c * n)
+        }
+        _ => (total, total, total),
+    }
+}
+
+fn launch_op<T: BenchVal>(
+    r: &Rank,
+    coll: &str,
+    b: &mut Bufs<T>,
+    in_place: bool,
+    op: &str,
+    root: usize,
+) -> Result<()> {
+    let (c, s) = (r.comm, r.stream);
+    let me = c.rank();
+    let n = c.size();
+    match (coll, in_place) {
+        ("all_reduce", false) => c.all_reduce(&b.send, &mut b.recv, op_of(op), s),
+        ("all_reduce", true) => c.all_reduce_in_place(&mut b.recv, op_of(op), s),
+        ("all_gather", false) => c.all_gather(&b.send, &mut b.recv, s),
+        ("all_gather", true) => c.all_gather_in_place(&mut b.recv, s),
+        ("reduce_scatter", false) => c.reduce_scatter(&b.send, &mut b.recv, op_of(op), s),
+        ("reduce_scatter", true) => c.reduce_scatter_in_place(&mut b.send, op_of(op), s),
+        ("broadcast", false) => c.broadcast((me == root).then_some(&b.send), &mut b.recv, root, s),
+        ("broadcast", true) => c.broadcast_in_place(&mut b.recv, root, s),
+        ("reduce", false) => c.reduce(
+            &b.send,
+            (me == root).then_some(&mut b.recv),
+            op_of(op),
+            root,
+            s,
+        ),
+        ("reduce", true) => c.reduce_in_place(&mut b.recv, op_of(op), root, s),
+        ("all_to_all", _) => c.all_to_all(&b.send, &mut b.recv, s),
+        ("sendrecv", _) => group(c.nccl(), || {
+            c.send(&b.send, (me + 1) % n, s)?;
+            c.recv(&mut b.recv, (me + n - 1) % n, s)
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Fills inputs (rank r holds r+1 everywhere), runs once, and counts wrong elements.
+fn check<T: BenchVal>(
+    r: &Rank,
+    coll: &str,
+    b: &mut Bufs<T>,
+    in_place: bool,
+    op: &str,
+    root: usize,
+) -> Result<usize> {
+    let (me, n) = (r.comm.rank(), r.comm.size());
+    let mine = T::from_f((me + 1) as f64);
+    b.send.fill(mine)?;
+    b.recv.fill(if in_place && coll != "all_gather" {
+        mine
+    } else {
+        T::from_f(0.0)
+    })?;
+    if in_place && coll == "all_gather" {
+        let c = b.recv.len() / n;
+        let mut host = vec![T::from_f(0.0); b.recv.len()];
+        host[me * c..(me + 1) * c].fill(mine);
+        b.recv.copy_from_host(&host)?;
+    }
+    launch_op(r, coll, b, in_place, op, root)?;
+    r.stream.synchronize()?;
+    let (out, offset) = if coll == "reduce_scatter" && in_place {
+        (b.send.to_vec()?, me * b.recv.len())
+    } else {
+        (b.recv.to_vec()?, 0)
+    };
+    let nn = n as f64;
+    let reduced = match op {
+        "prod" => (1..=n).map(|x| x as f64).product(),
+        "max" => nn,
+        "min" => 1.0,
+        "avg" => (nn + 1.0) / 2.0,
+        _ => nn * (nn + 1.0) / 2.0,
+    };
+    let len = if coll == "reduce_scatter" {
+        b.recv.len()
+    } else {
+        out.len()
+    };
+    let want = |i: usize| -> Option<f64> {
+        Some(match coll {
+            "all_reduce" | "reduce_scatter" => reduced,
+            "reduce" => {
+                if me != root {
+                    return None;
+                }
+                reduced
+            }
+            "broadcast" => (root + 1) as f64,
+            "all_gather" | "all_to_all" => (i / (out.len() / n) + 1) as f64,
+            "sendrecv" => ((me + n - 1) % n + 1) as f64,
+            _ => return None,
+        })
+    };
+    let mut wrong = 0;
+    for i in 0..len {
+        if let Some(w) = want(i) {
+            if out[offset + i] != T::from_f(w) {
+                wrong += 1;
+            }
+        }
+    }
+    Ok(wrong)
+}
+
+/// Times `iters` launches (or one replay of their graph); returns µs per operation,
+/// the largest over the ranks.
+fn time<T: BenchVal>(
+    r: &Rank,
+    coll: &str,
+    b: &mut Bufs<T>,
+    in_place: bool,
+    o: &Opts,
+) -> Result<f64> {
+    let ctx = r.comm.context();
+    let (start, end) = (Event::new(ctx)?, Event::new(ctx)?);
+    for _ in 0..o.warmup {
+        launch_op(r, coll, b, in_place, &o.op, o.root)?;
+    }
+    r.stream.synchronize()?;
+    let us = if o.graph {
+        r.stream.begin_capture(CaptureMode::ThreadLocal)?;
+        let captured: Result<()> =
+            (0..o.iters).try_for_each(|_| launch_op(r, coll, b, in_place, &o.op, o.root));
+        let graph = r.stream.end_capture()?;
+        captured?;
+        let exec = graph.instantiate()?;
+        exec.launch(r.stream)?;
+        r.stream.synchronize()?;
+        r.stream.record(&start)?;
+        exec.launch(r.stream)?;
+        r.stream.record(&end)?;
+        end.synchronize()?;
+        start.elapsed_ms(&end)? as f64 * 1000.0 / o.iters as f64
+    } else {
+        r.stream.record(&start)?;
+        for _ in 0..o.iters {
+            launch_op(r, coll, b, in_place, &o.op, o.root)?;
+        }
+        r.stream.record(&end)?;
+        end.synchronize()?;
+        start.elapsed_ms(&end)? as f64 * 1000.0 / o.iters as f64
+    };
+    (r.max_time)(us)
+}
+
+fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
+    let (me, n) = (r.comm.rank(), r.comm.size());
+    let tsize = size_of::<T>();
+    for coll in &o.colls {
+        let has_op = matches!(coll.as_str(), "all_reduce" | "reduce_scatter" | "reduce");
+        let has_root = matches!(coll.as_str(), "broadcast" | "reduce");
+        let in_place_ok = !matches!(coll.as_str(), "all_to_all" | "sendrecv");
+        if me == 0 {
+            let _ = writeln!(
+                out,
+                "#\n# {coll}: {} ranks, type {}, op {}, graphs {}",
+                n,
+                o.dtype,
+                if has_op { &o.op } else { "-" },
+                if o.graph { "yes" } else { "no" }
+            );
+            let _ = writeln!(
+                out,
+                "#{:>12} {:>12} {:>9} {:>7} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong"
+            );
+            let _ = writeln!(
+                out,
+                "#{:>12} {:>12} {:>9} {:>7} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+                "(B)",
+                "(elements)",
+                "",
+                "",
+                "",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "out",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "in"
+            );
+        }
+        let mut bus_sum = 0.0;
+        let mut rows = 0;
+        let mut bytes = o.min;
+        while bytes <= o.max {
+            let (sn, rn, count) = counts(coll, bytes, tsize, n);
+            let ctx = r.comm.context();
+            let mut b = Bufs {
+                send: DeviceBuffer::<T>::zeroed(ctx, sn)?,
+                recv: DeviceBuffer::<T>::zeroed(ctx, rn)?,
+                count,
+            };
+            let real_bytes = b.count * tsize;
+            let mut cols = String::new();
+            for in_place in [false, true] {
+                if in_place && !in_place_ok {
+                    let _ = write!(
+                        cols,
+                        "   {:>9} {:>7} {:>7} {:>6}",
+                        "N/A", "N/A", "N/A", "N/A"
+                    );
+                    continue;
+                }
+                let wrong = if o.check {
+                    check(r, coll, &mut b, in_place, &o.op, o.root)?
+                } else {
+                    0
+                };
+                let us = time(r, coll, &mut b, in_place, o)?;
+                let wrong_all = (r.max_time)(wrong as f64)? as usize;
+                let algbw = real_bytes as f64 / us / 1000.0;
+                let busbw = algbw * bus_factor(coll, n);
+                if !in_place {
+                    bus_sum += busbw;
+                    rows += 1;
+                }
+                let _ = write!(
+                    cols,
+                    "   {us:>9.2} {algbw:>7.2} {busbw:>7.2} {wrong_all:>6}"
+                );
+            }
+            if me == 0 {
+                let root = if has_root { o.root as i64 } else { -1 };
+                let _ = writeln!(
+                    out,
+                    " {real_bytes:>12} {count:>12} {:>9} {:>7} {root:>5}{cols}",
+                    o.dtype,
+                    if has_op { o.op.as_str() } else { "none" }
+                );
+                print!("{out}");
+                out.clear();
+            }
+            bytes *= o.factor;
+        }
+        if me == 0 {
+            let _ = writeln!(
+                out,
+                "# Avg bus bandwidth    : {:.3} (out of place, {coll})",
+                bus_sum / rows.max(1) as f64
+            );
+            print!("{out}");
+            out.clear();
+        }
+    }
+    Ok(())
+}
+
+fn run_rank(r: &Rank, o: &Opts) -> Result<()> {
+    let mut out = String::new();
+    match o.dtype.as_str() {
+        "float" => run_type::<f32>(r, o, &mut out),
+        "double" => run_type::<f64>(r, o, &mut out),
+        "half" => run_type::<half::f16>(r, o, &mut out),
+        "bfloat16" => run_type::<half::bf16>(r, o, &mut out),
+        "int32" => run_type::<i32>(r, o, &mut out),
+        "int8" => run_type::<i8>(r, o, &mut out),
+        "uint8" => run_type::<u8>(r, o, &mut out),
+        other => Err(nccl_channel::Error::InvalidArgument {
+            what: "bench",
+            problem: format!("unknown -d {other}"),
+        }),
+    }
+}
+
+/// Threads mode: one process, one thread per device; `max_time` through a shared vector.
+fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> Result<()> {
+    let id = UniqueId::generate(nccl)?;
+    let barrier = Barrier::new(n);
+    let slots = Mutex::new(vec![0f64; n]);
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let (barrier, slots) = (&barrier, &slots);
+                s.spawn(move || -> Result<()> {
+                    let ctx = cuda.device(rank)?.primary_context()?;
+                    let comm = Communicator::init_rank(nccl, &ctx, &id, n, rank)?;
+                    let stream = Stream::non_blocking(&ctx)?;
+                    let max_time = |v: f64| -> Result<f64> {
+                        slots.lock().unwrap_or_else(|e| e.into_inner())[rank] = v;
+                        barrier.wait();
+                        let m = slots
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .iter()
+                            .copied()
+                            .fold(f64::MIN, f64::max);
+                        barrier.wait();
+                        Ok(m)
+                    };
+                    run_rank(
+                        &Rank {
+                            comm: &comm,
+                            stream: &stream,
+                            max_time: &max_time,
+                        },
+                        o,
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or(Err(nccl_channel::Error::Aborted))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// A rank started by `--nprocs`: everything from the environment; `max_time` through NCCL.
+fn run_child(o: &Opts) -> Result<()> {
+    let ch = ChannelBuilder::new()
+        .build()?
+        .ok_or(nccl_channel::Error::Aborted)?;
+    let scratch = std::cell::RefCell::new(DeviceBuffer::<f64>::zeroed(ch.comm().context(), 1)?);
+    let max_time = |v: f64| -> Result<f64> {
+        let mut b = scratch.borrow_mut();
+        b.copy_from_host(&[v])?;
+        ch.comm()
+            .all_reduce_in_place(&mut b, ReduceOp::Max, ch.stream())?;
+        ch.stream().synchronize()?;
+        Ok(b.to_vec()?[0])
+    };
+    run_rank(
+        &Rank {
+            comm: ch.comm(),
+            stream: ch.stream(),
+            max_time: &max_time,
+        },
+        o,
+    )?;
+    drop(scratch);
+    ch.close()
+}
+
+fn main() -> ExitCode {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let r = if World::from_env().ok().flatten().is_some() {
+        run_child(&o)
+    } else {
+        run_top(&o)
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_top(o: &Opts) -> Result<()> {
+    let t = Instant::now();
+    let driver = Cuda::load();
+    let driver_ms = t.elapsed().as_secs_f64() * 1e3;
+    match driver {
+        Ok(cuda) => {
+            let t = Instant::now();
+            let nccl = nccl_channel::nccl()?;
+            let nccl_ms = t.elapsed().as_secs_f64() * 1e3;
+            let gpus = cuda.device_count()?;
+            println!(
+                "# nccl-channel bench: CUDA driver {} ({}), loaded in {driver_ms:.2} ms",
+                cuda.version(),
+                cuda.driver().origin()
+            );
+            println!(
+                "# NCCL {} ({}), loaded and resolved in {nccl_ms:.2} ms; {gpus} GPUs",
+                nccl.version(),
+                nccl.origin()
+            );
+            println!("# {}", std::env::args().collect::<Vec<_>>().join(" "));
+            if let Some(n) = o.nprocs {
+                return launch(n, o);
+            }
+            run_threads(&cuda, &nccl, o.threads.unwrap_or(gpus), o)
+        }
+        Err(e) => {
+            println!(
+                "# no CUDA driver ({}): running on simulated devices; a smoke test, not a figure",
+                e.to_string().lines().next().unwrap_or_default()
+            );
+            let n = o.threads.or(o.nprocs).unwrap_or(2);
+            let (cuda, gpus) = Cuda::mock(cuda_hal::mock::MockDriver::with_devices(n))?;
+            let (nccl, _w) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
+            run_threads(&cuda, &Arc::new(nccl), n, o)
+        }
+    }
+}
+
+fn launch(n: usize, _o: &Opts) -> Result<()> {
+    let io = |e: std::io::Error| nccl_channel::Error::InvalidArgument {
+        what: "bench launcher",
+        problem: e.to_string(),
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(io)?
+        .port();
+    let exe = std::env::current_exe().map_err(io)?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut children = Vec::new();
+    for r in 0..n {
+        let mut c = Command::new(&exe);
+        c.args(&args)
+            .env("NCCL_CHANNEL_NPROCS", n.to_string())
+            .env("NCCL_CHANNEL_PROCID", r.to_string())
+            .env("NCCL_CHANNEL_LOCAL_PROCID", r.to_string())
+            .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"));
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            c.env("NCCL_NVLS_ENABLE", "0");
+        }
+        children.push(c.spawn().map_err(io)?);
+    }
+    let mut ok = true;
+    for mut c in children {
+        ok &= c.wait().map_err(io)?.success();
+    }
+    let _ = Duration::ZERO;
+    if ok {
+        Ok(())
+    } else {
+        Err(nccl_channel::Error::InvalidArgument {
+            what: "bench launcher",
+            problem: "a rank failed".into(),
+        })
+    }
+}

@@ -1,0 +1,104 @@
+//! Host overhead of the safe layer: time per call through nccl-channel / cuda-hal against
+//! the same call through the raw function table, on the simulated backends (with NCCL's
+//! collectives as no-ops), so that only our own code differs between the two columns.
+//!
+//! ```text
+//! cargo run --release -p nccl-channel --features mock --example overhead [-- ITERS]
+//! ```
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cuda_hal::mock::MockDriver;
+use cuda_hal::{Cuda, DeviceBuffer, Event, Stream};
+use nccl_channel::{Communicator, ReduceOp, UniqueId};
+use nccl_sys::mock::MockNccl;
+use nccl_sys::{ncclDataType_t, ncclRedOp_t};
+
+fn ns_per_call(iters: u64, mut f: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let iters: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2_000_000);
+    let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    let (nccl, _w) = MockNccl::new(&gpus).null_collectives(true).build()?;
+    let nccl = Arc::new(nccl);
+    let ctx = cuda.device(0)?.primary_context()?;
+    let id = UniqueId::generate(&nccl)?;
+    let comm = Communicator::init_rank(&nccl, &ctx, &id, 1, 0)?;
+    let stream = Stream::non_blocking(&ctx)?;
+    let send = DeviceBuffer::<f32>::zeroed(&ctx, 1024)?;
+    let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, 1024)?;
+    let ev = Event::without_timing(&ctx)?;
+    let f = nccl.fns();
+    let d = cuda.fns();
+    let (sp, rp) = (
+        send.as_raw() as usize as *const _,
+        recv.as_raw() as usize as *mut _,
+    );
+    let (c, s) = (comm.as_raw(), stream.as_raw());
+    let rounds = 7;
+    let mut rows: Vec<(&str, Vec<f64>, Vec<f64>)> = vec![
+        ("all_reduce enqueue", vec![], vec![]),
+        ("event record + query", vec![], vec![]),
+    ];
+    for _ in 0..rounds {
+        rows[0].1.push(ns_per_call(iters, || {
+            // SAFETY: valid buffers of 1024 floats, communicator and stream.
+            let rc = unsafe {
+                (f.ncclAllReduce)(
+                    sp,
+                    rp,
+                    1024,
+                    ncclDataType_t::ncclFloat32,
+                    ncclRedOp_t::ncclSum,
+                    c,
+                    s,
+                )
+            };
+            black_box(rc);
+        }));
+        rows[0].2.push(ns_per_call(iters, || {
+            black_box(comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)).ok();
+        }));
+        rows[1].1.push(ns_per_call(iters, || {
+            // SAFETY: valid event and stream of the same context.
+            let rc = unsafe {
+                (
+                    (d.cuEventRecord)(ev.as_raw(), s),
+                    (d.cuEventQuery)(ev.as_raw()),
+                )
+            };
+            black_box(rc);
+        }));
+        rows[1].2.push(ns_per_call(iters, || {
+            black_box(stream.record(&ev).and_then(|_| ev.is_complete())).ok();
+        }));
+    }
+    println!(
+        "# host overhead per call, simulated backends, median of {rounds} rounds of {iters} calls"
+    );
+    println!(
+        "# {:<24} {:>10} {:>10} {:>12}",
+        "operation", "raw (ns)", "safe (ns)", "overhead (ns)"
+    );
+    for (name, raw, safe) in rows {
+        let (r, s) = (median(raw), median(safe));
+        println!("  {:<24} {:>10.1} {:>10.1} {:>12.1}", name, r, s, s - r);
+    }
+    Ok(())
+}
