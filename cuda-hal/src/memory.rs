@@ -9,7 +9,9 @@ use crate::{Context, Device, DeviceRepr, Error, Result, Stream};
 
 /// `len` elements of `T` in device memory of one context.
 ///
-/// Synchronous copies block until done. The `*_on` copies are ordered on a stream and wait
+/// Synchronous copies and fills are complete, for every stream, when they return (they
+/// wait for the context's legacy default stream). A download sees the work of other
+/// streams only once those are synchronised. The `*_on` copies are ordered on a stream and wait
 /// for that stream before returning, so the host memory they read or write is never used
 /// after the borrow ends; the `unsafe` `*_async` copies do not wait.
 pub struct DeviceBuffer<T: DeviceRepr> {
@@ -133,6 +135,16 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         self.ctx.device()
     }
 
+    /// Waits for the legacy default stream of the (current) context: the "synchronous"
+    /// copies and memsets run there and may still be in flight when the call returns
+    /// (memsets always, uploads from pageable memory in part), and work on other streams,
+    /// non-blocking ones above all, does not wait for them.
+    fn finish(&self) -> Result<()> {
+        // SAFETY: the null stream with our context current (callers hold the guard).
+        let rc = unsafe { (self.ctx.cuda().fns().cuStreamSynchronize)(std::ptr::null_mut()) };
+        self.ctx.cuda().check(rc, "cuStreamSynchronize")
+    }
+
     fn check_len(&self, what: &'static str, other: usize) -> Result<()> {
         if other == self.len {
             Ok(())
@@ -157,7 +169,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         let rc = unsafe {
             (self.ctx.cuda().fns().cuMemcpyHtoD)(self.ptr, src.as_ptr().cast(), self.size_bytes())
         };
-        self.ctx.cuda().check(rc, "cuMemcpyHtoD")
+        self.ctx.cuda().check(rc, "cuMemcpyHtoD")?;
+        self.finish()
     }
 
     /// Downloads into `dst` (same length).
@@ -217,7 +230,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
             };
             (rc, "cuMemcpyPeer")
         };
-        self.ctx.cuda().check(rc, call)
+        self.ctx.cuda().check(rc, call)?;
+        self.finish()
     }
 
     /// Uploads `src` on `stream`, in stream order, and waits for the stream.
@@ -334,7 +348,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         let _g = self.ctx.bind()?;
         // SAFETY: the range is ours.
         let rc = unsafe { (self.ctx.cuda().fns().cuMemsetD8)(self.ptr, byte, self.size_bytes()) };
-        self.ctx.cuda().check(rc, "cuMemsetD8")
+        self.ctx.cuda().check(rc, "cuMemsetD8")?;
+        self.finish()
     }
 
     /// Sets every element to `value` (a memset for 1-, 2- and 4-byte patterns, an upload
@@ -379,7 +394,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
             drop(_g);
             return self.copy_from_host(&vec![value; self.len]);
         };
-        self.ctx.cuda().check(rc, call)
+        self.ctx.cuda().check(rc, call)?;
+        self.finish()
     }
 }
 

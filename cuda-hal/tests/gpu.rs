@@ -136,3 +136,26 @@ fn two_devices_from_one_thread() {
     assert_eq!(b.device().ordinal(), 1);
     assert_eq!(s1.device_ordinal().unwrap(), 1);
 }
+
+#[test]
+#[ignore = "needs GPUs"]
+fn synchronous_fills_and_uploads_are_done_for_other_streams() {
+    // Regression: a memset runs on the legacy default stream and returned before it had
+    // finished; work on a non-blocking stream then read stale memory (seen in the bench's
+    // correctness check at >= 128 MiB).
+    let cuda = Cuda::load().unwrap();
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let n = GIB / 4;
+    for round in 0..3u32 {
+        let mut a = DeviceBuffer::<u32>::alloc(&ctx, n).unwrap();
+        a.fill(0x5a5a_0000 + round).unwrap();
+        let mut b = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
+        // SAFETY: both buffers outlive the stream synchronisation below.
+        unsafe { b.copy_from_async(&a, &s) }.unwrap();
+        s.synchronize().unwrap();
+        let v = b.to_vec().unwrap();
+        let wrong = v.iter().filter(|&&x| x != 0x5a5a_0000 + round).count();
+        assert_eq!(wrong, 0, "round {round}: {wrong} stale elements");
+    }
+}
