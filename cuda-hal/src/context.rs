@@ -103,6 +103,17 @@ impl Context {
         })
     }
 
+    /// Free and total device memory in bytes, as the driver sees them now.
+    #[doc(alias = "cuMemGetInfo")]
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        let _g = self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; the context is current.
+        let rc = unsafe { (self.cuda().fns().cuMemGetInfo)(&mut free, &mut total) };
+        self.cuda().check(rc, "cuMemGetInfo")?;
+        Ok((free, total))
+    }
+
     /// Waits for all work in the context.
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {

@@ -718,3 +718,16 @@ fn graphs_capture_and_replay_stream_work() {
         assert_eq!(dst.to_vec().unwrap(), [1, 2, 3]);
     });
 }
+
+#[test]
+fn memory_info_follows_allocations() {
+    leak_checked(|cuda, _| {
+        let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+        let (free0, total) = ctx.memory_info().unwrap();
+        assert_eq!(free0, total);
+        let b = DeviceBuffer::<u8>::alloc(&ctx, 1 << 20).unwrap();
+        assert_eq!(ctx.memory_info().unwrap().0, free0 - (1 << 20));
+        drop(b);
+        assert_eq!(ctx.memory_info().unwrap().0, free0);
+    });
+}

@@ -501,10 +501,7 @@ fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> R
             })
             .collect();
         hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or(Err(nccl_channel::Error::Aborted))
-            })
+            .map(|h| h.join().unwrap_or(Err(nccl_channel::Error::Aborted)))
             .collect()
     });
     results.into_iter().collect()

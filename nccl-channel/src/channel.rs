@@ -8,7 +8,7 @@ use std::time::Duration;
 use cuda_hal::{Cuda, Stream};
 use nccl_sys::Nccl;
 
-use crate::{Communicator, Error, Result, UniqueId, World};
+use crate::{CommConfig, Communicator, Error, Result, UniqueId, World};
 
 static NCCL: OnceLock<Result<Arc<Nccl>, nccl_sys::LoadError>> = OnceLock::new();
 
@@ -50,6 +50,7 @@ pub struct ChannelBuilder {
     id: IdSource,
     nccl: Option<Arc<Nccl>>,
     cuda: Option<Cuda>,
+    config: Option<CommConfig>,
 }
 
 impl ChannelBuilder {
@@ -80,6 +81,12 @@ impl ChannelBuilder {
     /// The NCCL to use (else [`nccl`], loaded on demand).
     pub fn nccl(mut self, nccl: Arc<Nccl>) -> Self {
         self.nccl = Some(nccl);
+        self
+    }
+
+    /// The communicator's configuration (e.g. non-blocking with a deadline).
+    pub fn config(mut self, config: CommConfig) -> Self {
+        self.config = Some(config);
         self
     }
 
@@ -134,7 +141,8 @@ impl ChannelBuilder {
                 }
             }
         };
-        let comm = Communicator::init_rank(&nccl, &ctx, &id, world.size, world.rank)?;
+        let config = self.config.unwrap_or_default();
+        let comm = Communicator::init_rank_with(&nccl, &ctx, &id, world.size, world.rank, &config)?;
         let stream = Stream::non_blocking(&ctx)?;
         Ok(Some(Channel {
             comm,

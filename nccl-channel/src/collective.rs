@@ -52,6 +52,7 @@ impl Communicator {
     }
 
     fn check_stream(&self, what: &'static str, stream: &Stream) -> Result<()> {
+        self.ensure_live()?;
         if stream.context() != self.context() {
             return Err(Error::WrongDevice {
                 what,

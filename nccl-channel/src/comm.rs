@@ -3,10 +3,12 @@
 use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cuda_hal::{Context, DeviceBuffer};
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm_t, ncclResult_t};
 
+use crate::reliability::{AbortHandle, CommConfig, poll};
 use crate::{Error, Result, UniqueId, check};
 
 /// One rank of an NCCL communicator.
@@ -15,8 +17,9 @@ use crate::{Error, Result, UniqueId, check};
 /// must be of the same context, which is checked before every call. A communicator must
 /// not be used by two threads at once (NCCL's rule), so it is `Send` but not `Sync`.
 ///
-/// Dropping it finalises and destroys it; after a failed operation or [`abort`](Self::abort)
-/// it is aborted instead, so a drop never waits on a dead peer.
+/// Dropping it finalises and destroys it. An operation that fails with a system, remote,
+/// internal, CUDA or timeout error aborts it at once (later calls return
+/// [`Error::Aborted`]), so neither a call nor a drop ever waits on a dead peer.
 pub struct Communicator {
     nccl: Arc<Nccl>,
     raw: ncclComm_t,
@@ -24,6 +27,9 @@ pub struct Communicator {
     rank: usize,
     size: usize,
     failed: Cell<bool>,
+    aborted: Cell<bool>,
+    config: CommConfig,
+    abort: AbortHandle,
     scratch: OnceCell<DeviceBuffer<i32>>,
 }
 
@@ -56,6 +62,73 @@ impl Communicator {
     /// every rank has joined).
     #[doc(alias = "ncclCommInitRank")]
     pub fn init_rank(
+        nccl: &Arc<Nccl>,
+        ctx: &Context,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+    ) -> Result<Communicator> {
+        Self::init_rank_plain(nccl, ctx, id, size, rank)
+    }
+
+    /// Joins with a [`CommConfig`] (`ncclCommInitRankConfig`). Non-blocking: waits for
+    /// the other ranks at most `config.timeout`, then aborts and returns
+    /// [`Error::Timeout`] (a peer that never joins is an error, not a hang).
+    #[doc(alias = "ncclCommInitRankConfig")]
+    pub fn init_rank_with(
+        nccl: &Arc<Nccl>,
+        ctx: &Context,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<Communicator> {
+        if config.blocking {
+            let mut c = Self::init_rank_plain(nccl, ctx, id, size, rank)?;
+            c.config = *config;
+            return Ok(c);
+        }
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidRank {
+                what: "Communicator::init_rank_with",
+                rank,
+                size,
+            });
+        }
+        let (n, r) = (to_c_int("size", size)?, to_c_int("rank", rank)?);
+        let mut cfg = nccl_sys::NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        // Fields newer than the loaded library are ignored by it; say which layout we mean.
+        cfg.version = cfg.version.min(nccl.version().0 as u32);
+        let _g = ctx.bind()?;
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and config; the device's context is current.
+        let rc =
+            unsafe { (nccl.fns().ncclCommInitRankConfig)(&mut raw, n, id.to_raw(), r, &mut cfg) };
+        if rc != ncclResult_t::ncclInProgress {
+            check(nccl, rc, "ncclCommInitRankConfig", None)?;
+        }
+        let abort = AbortHandle::default();
+        let deadline = Instant::now() + config.timeout;
+        if let Err(e) = poll(
+            nccl,
+            raw,
+            "ncclCommInitRankConfig",
+            deadline,
+            config.timeout,
+            &abort,
+        ) {
+            // SAFETY: NCCL made `raw`; aborting frees it, once.
+            unsafe { (nccl.fns().ncclCommAbort)(raw) };
+            return Err(e);
+        }
+        // SAFETY: initialised by NCCL for `ctx`'s device; owned here.
+        let mut c = unsafe { Self::from_raw(nccl, ctx, raw) }?;
+        c.config = *config;
+        Ok(c)
+    }
+
+    fn init_rank_plain(
         nccl: &Arc<Nccl>,
         ctx: &Context,
         id: &UniqueId,
@@ -131,6 +204,9 @@ impl Communicator {
             rank: 0,
             size: 0,
             failed: Cell::new(false),
+            aborted: Cell::new(false),
+            config: CommConfig::default(),
+            abort: AbortHandle::default(),
             scratch: OnceCell::new(),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
@@ -235,11 +311,72 @@ impl Communicator {
     }
 
     pub(crate) fn check(&self, rc: ncclResult_t, call: &'static str) -> Result<()> {
+        if rc == ncclResult_t::ncclInProgress && !self.config.blocking {
+            let deadline = Instant::now() + self.config.timeout;
+            let r = poll(
+                &self.nccl,
+                self.raw,
+                call,
+                deadline,
+                self.config.timeout,
+                &self.abort,
+            );
+            if r.is_err() {
+                self.abort_now();
+            }
+            return r;
+        }
         let r = check(&self.nccl, rc, call, Some(self.raw));
-        if r.is_err() && rc != ncclResult_t::ncclInvalidArgument {
-            self.failed.set(true);
+        match rc {
+            ncclResult_t::ncclSuccess
+            | ncclResult_t::ncclInvalidArgument
+            | ncclResult_t::ncclInvalidUsage => {}
+            // The communicator cannot be trusted after these: abort it now, so that later
+            // calls say so and nothing ever waits on a peer that may be gone.
+            _ => {
+                self.failed.set(true);
+                self.abort_now();
+            }
         }
         r
+    }
+
+    /// `Err(Aborted)` once aborted; performs an abort requested through a handle.
+    pub(crate) fn ensure_live(&self) -> Result<()> {
+        if !self.aborted.get() && self.abort.is_requested() {
+            self.abort_now();
+        }
+        if self.aborted.get() {
+            return Err(Error::Aborted);
+        }
+        Ok(())
+    }
+
+    /// Aborts in place (idempotent); the handle is freed and every later call fails.
+    pub(crate) fn abort_now(&self) {
+        if !self.aborted.replace(true) {
+            // SAFETY: a live communicator, aborted (and so freed) once.
+            unsafe { (self.nccl.fns().ncclCommAbort)(self.raw) };
+        }
+    }
+
+    /// Whether the communicator was aborted (by [`abort`](Self::abort), a handle, a
+    /// failed wait or a deadline).
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.get()
+    }
+
+    /// The configuration it was created with.
+    pub fn config(&self) -> &CommConfig {
+        &self.config
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
+    pub(crate) fn abort_flag(&self) -> &AbortHandle {
+        &self.abort
     }
 
     /// A one-element scratch buffer (for barriers).
@@ -257,27 +394,56 @@ impl Communicator {
     #[doc(alias = "ncclCommDestroy")]
     pub fn close(self) -> Result<()> {
         let this = std::mem::ManuallyDrop::new(self);
-        let _g = this.ctx.bind()?;
-        let f = this.nccl.fns();
-        // SAFETY: a live communicator, finalised then destroyed once (no Drop follows).
-        let r = unsafe {
-            let a = (f.ncclCommFinalize)(this.raw);
-            let b = (f.ncclCommDestroy)(this.raw);
-            check(&this.nccl, a, "ncclCommFinalize", None)
-                .and_then(|_| check(&this.nccl, b, "ncclCommDestroy", None))
-        };
+        let r = this.finalize_and_destroy();
         // SAFETY: drop the fields we still own, once.
         unsafe { this.drop_fields() };
         r
+    }
+
+    /// Finalize (waiting for a non-blocking one within the deadline), then destroy; an
+    /// aborted communicator has nothing left to release.
+    fn finalize_and_destroy(&self) -> Result<()> {
+        if self.aborted.get() {
+            return Err(Error::Aborted);
+        }
+        let _g = self.ctx.bind()?;
+        let f = self.nccl.fns();
+        // SAFETY: a live communicator.
+        let rc = unsafe { (f.ncclCommFinalize)(self.raw) };
+        let fin = if rc == ncclResult_t::ncclInProgress {
+            let deadline = Instant::now() + self.config.timeout;
+            poll(
+                &self.nccl,
+                self.raw,
+                "ncclCommFinalize",
+                deadline,
+                self.config.timeout,
+                &self.abort,
+            )
+        } else {
+            check(&self.nccl, rc, "ncclCommFinalize", None)
+        };
+        if let Err(e) = fin {
+            self.abort_now();
+            return Err(e);
+        }
+        // SAFETY: finalised; destroyed once.
+        let rc = unsafe { (f.ncclCommDestroy)(self.raw) };
+        self.aborted.set(true);
+        check(&self.nccl, rc, "ncclCommDestroy", None)
     }
 
     /// Aborts: stops pending work without waiting for peers, and frees the communicator.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
         let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: a live communicator, aborted once (no Drop follows).
-        let rc = unsafe { (this.nccl.fns().ncclCommAbort)(this.raw) };
-        let r = check(&this.nccl, rc, "ncclCommAbort", None);
+        let r = if this.aborted.replace(true) {
+            Ok(())
+        } else {
+            // SAFETY: a live communicator, aborted once (no Drop follows).
+            let rc = unsafe { (this.nccl.fns().ncclCommAbort)(this.raw) };
+            check(&this.nccl, rc, "ncclCommAbort", None)
+        };
         // SAFETY: drop the fields we still own, once.
         unsafe { this.drop_fields() };
         r
@@ -291,25 +457,23 @@ impl Communicator {
             drop(std::ptr::read(&self.scratch));
             drop(std::ptr::read(&self.ctx));
             drop(std::ptr::read(&self.nccl));
+            drop(std::ptr::read(&self.abort));
         }
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        let f = self.nccl.fns();
         // Device memory first (the scratch buffer), then the communicator.
         drop(self.scratch.take());
-        let _g = self.ctx.bind();
-        // SAFETY: a live communicator, released once; after a failure it is aborted, so
-        // the drop never waits for peers that may be gone.
-        unsafe {
-            if self.failed.get() {
-                (f.ncclCommAbort)(self.raw);
-            } else {
-                (f.ncclCommFinalize)(self.raw);
-                (f.ncclCommDestroy)(self.raw);
-            }
+        if self.aborted.get() {
+            return;
         }
+        if self.failed.get() {
+            // After a failure, never wait for peers that may be gone.
+            self.abort_now();
+            return;
+        }
+        let _ = self.finalize_and_destroy();
     }
 }

@@ -22,12 +22,17 @@ impl<'a> Group<'a> {
         Ok(Group { nccl, open: true })
     }
 
-    /// `ncclGroupEnd`: launches the group's operations.
+    /// `ncclGroupEnd`: launches the group's operations. With non-blocking
+    /// communicators NCCL may answer "in progress": that is success here, and
+    /// [`Communicator::wait`](crate::Communicator::wait) waits for the work.
     #[doc(alias = "ncclGroupEnd")]
     pub fn end(mut self) -> Result<()> {
         self.open = false;
         // SAFETY: ends the group this value started.
         let rc = unsafe { (self.nccl.fns().ncclGroupEnd)() };
+        if rc == nccl_sys::ncclResult_t::ncclInProgress {
+            return Ok(());
+        }
         check(self.nccl, rc, "ncclGroupEnd", None)
     }
 }

@@ -385,7 +385,7 @@ fn injected_nccl_faults_surface_typed() {
     let a = DeviceBuffer::from_slice(&ctx, &[1.0f32]).unwrap();
     let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 1).unwrap();
     for f in ["ncclAllReduce", "ncclRedOpCreatePreMulSum", "ncclGroupEnd"] {
-        rig.world.fail_next(f, ncclResult_t::ncclUnhandledCudaError);
+        rig.world.fail_next(f, ncclResult_t::ncclInvalidUsage);
         let r = match f {
             "ncclGroupEnd" => group(&rig.nccl, || comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s)),
             "ncclRedOpCreatePreMulSum" => comm.all_reduce(&a, &mut b, ReduceOp::PreMulSum(2.0), &s),
@@ -396,6 +396,20 @@ fn injected_nccl_faults_surface_typed() {
             other => panic!("{f}: {other}"),
         }
     }
+    assert!(
+        !comm.is_aborted(),
+        "usage errors leave the communicator usable"
+    );
+    // A CUDA (or system, remote, internal) error aborts it: later calls say so.
+    rig.world
+        .fail_next("ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);
+    let e = comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap_err();
+    assert!(matches!(e, Error::Nccl { code, .. } if code == ncclResult_t::ncclUnhandledCudaError));
+    assert!(comm.is_aborted());
+    assert_eq!(
+        comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap_err(),
+        Error::Aborted
+    );
     drop((comm, s, a, b, ctx));
     rig.assert_clean();
 }

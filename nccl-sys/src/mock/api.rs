@@ -57,6 +57,13 @@ pub(crate) struct Comm {
     async_err: ncclResult_t,
     redops: HashMap<u32, PreMul>,
     next_op: u32,
+    /// Non-blocking (config.blocking = 0): operations return ncclInProgress and complete
+    /// in the background; ncclCommGetAsyncError reports them.
+    blocking: bool,
+    /// Operations of a non-blocking communicator not yet known to be complete.
+    pending: Vec<Done>,
+    /// The init registration of a non-blocking communicator still joining.
+    init: Option<(Vec<u8>, usize)>,
 }
 
 struct Init {
@@ -236,6 +243,14 @@ fn join_init(
         }
     }
     loop {
+        let cancelled = s
+            .inits
+            .get(id)
+            .is_none_or(|i| i.clique.is_none() && i.devices.get(rank).is_some_and(Option::is_none));
+        if cancelled {
+            let msg = format!("rank {rank}: init aborted");
+            return Err(fail(&mut s, ncclResult_t::ncclInvalidUsage, msg));
+        }
         let ready = s.inits.get(id).and_then(|i| i.clique.clone());
         if let Some(c) = ready {
             let remove = match s.inits.get_mut(id) {
@@ -293,6 +308,9 @@ fn new_comm(
             async_err: ncclResult_t::ncclSuccess,
             redops: HashMap::new(),
             next_op: 0,
+            blocking: true,
+            pending: Vec::new(),
+            init: None,
         },
     );
     h
@@ -353,6 +371,8 @@ fn init_rank(
             let h = new_comm(&mut s, w, None, r, n, device);
             if let Some(c) = s.comms.get_mut(&h) {
                 c.async_err = ncclResult_t::ncclInProgress;
+                c.blocking = false;
+                c.init = Some((key.clone(), r));
             }
             h
         };
@@ -384,6 +404,7 @@ fn finish_init(w: &NWorld, h: usize, key: &[u8], n: usize, r: usize, device: i32
         (Ok(clique), Some(c)) => {
             c.clique = Some(clique);
             c.async_err = ncclResult_t::ncclSuccess;
+            c.init = None;
             ncclResult_t::ncclSuccess
         }
         (Err(rc), Some(c)) => {
@@ -474,7 +495,7 @@ fn collective(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, call: Call) -
             "communicator is not initialised yet".into(),
         );
     };
-    let (rank, size, device) = (comm.rank, comm.size, comm.device);
+    let (rank, size, device, blocking) = (comm.rank, comm.size, comm.device, comm.blocking);
     let needs_root = matches!(
         call.kind,
         Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter
@@ -572,11 +593,30 @@ fn collective(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, call: Call) -
         );
         return ncclResult_t::ncclSuccess;
     }
+    if !blocking {
+        let done = clique.submit(seq, rank, c);
+        return nonblocking(w, call.comm, done);
+    }
     let timeout = w.timeout;
     run_on_stream(w, call.stream, move || {
         let done = clique.submit(seq, rank, c);
         clique.wait(&done, Instant::now() + timeout)
     })
+}
+
+/// A non-blocking communicator's operation: its result if it already completed, else
+/// `ncclInProgress` (ncclCommGetAsyncError reports it later).
+fn nonblocking(w: &NWorld, comm: ncclComm_t, done: Done) -> ncclResult_t {
+    let now = *done.lock().unwrap_or_else(|e| e.into_inner());
+    match now {
+        Some(rc) => rc,
+        None => {
+            if let Some(c) = w.lock().comms.get_mut(&p2h(comm)) {
+                c.pending.push(done);
+            }
+            ncclResult_t::ncclInProgress
+        }
+    }
 }
 
 fn check_stream(
@@ -663,7 +703,7 @@ fn p2p(
             "communicator is not initialised yet".into(),
         );
     };
-    let (rank, size, device) = (c.rank, c.size, c.device);
+    let (rank, size, device, blocking) = (c.rank, c.size, c.device, c.blocking);
     if peer < 0 || peer as usize >= size {
         return fail(
             &mut s,
@@ -704,6 +744,10 @@ fn p2p(
             },
         );
         return ncclResult_t::ncclSuccess;
+    }
+    if !blocking {
+        let done = clique.post(is_send, src, dst, ptr, count, dt);
+        return nonblocking(w, comm, done);
     }
     let timeout = w.timeout;
     run_on_stream(w, stream, move || {
@@ -942,18 +986,35 @@ nccl_mock! {
     }
     fn ncclCommFinalize = comm_finalize(w, s, comm: ncclComm_t) {
         let _ = w;
-        if s.comms.contains_key(&p2h(comm)) { ncclResult_t::ncclSuccess } else { ncclResult_t::ncclInvalidArgument }
+        match s.comms.get(&p2h(comm)) {
+            Some(c) if !c.blocking && c.pending.iter().any(|d| d.lock().unwrap_or_else(|x| x.into_inner()).is_none()) => {
+                ncclResult_t::ncclInProgress
+            }
+            Some(_) => ncclResult_t::ncclSuccess,
+            None => ncclResult_t::ncclInvalidArgument,
+        }
     }
     fn ncclCommDestroy = comm_destroy(w, s, comm: ncclComm_t) {
         let _ = w;
         if s.comms.remove(&p2h(comm)).is_some() { ncclResult_t::ncclSuccess } else { ncclResult_t::ncclInvalidArgument }
     }
     fn ncclCommAbort = comm_abort(w, s, comm: ncclComm_t) {
-        let _ = w;
         match s.comms.remove(&p2h(comm)) {
             Some(c) => {
                 if let Some(cl) = c.clique {
                     cl.abort();
+                }
+                if let Some((key, rank)) = c.init {
+                    // A rank still joining leaves the rendezvous.
+                    if let Some(i) = s.inits.get_mut(&key) {
+                        if let Some(d) = i.devices.get_mut(rank) {
+                            *d = None;
+                        }
+                        if i.devices.iter().all(Option::is_none) {
+                            s.inits.remove(&key);
+                        }
+                    }
+                    w.cond.notify_all();
                 }
                 ncclResult_t::ncclSuccess
             }
@@ -998,11 +1059,28 @@ nccl_mock! {
         if err.is_null() {
             return ncclResult_t::ncclInvalidArgument;
         }
-        let Some(c) = s.comms.get(&p2h(comm)) else { return ncclResult_t::ncclInvalidArgument };
-        let e = match &c.clique {
+        let Some(c) = s.comms.get_mut(&p2h(comm)) else { return ncclResult_t::ncclInvalidArgument };
+        let mut e = match &c.clique {
             Some(cl) if cl.is_aborted() => ncclResult_t::ncclRemoteError,
             _ => c.async_err,
         };
+        if e == ncclResult_t::ncclSuccess {
+            // Completed operations leave the list; the first failure is reported.
+            let mut failed = None;
+            c.pending.retain(|d| match *d.lock().unwrap_or_else(|x| x.into_inner()) {
+                Some(ncclResult_t::ncclSuccess) => false,
+                Some(rc) => {
+                    failed.get_or_insert(rc);
+                    false
+                }
+                None => true,
+            });
+            e = match failed {
+                Some(rc) => rc,
+                None if !c.pending.is_empty() => ncclResult_t::ncclInProgress,
+                None => ncclResult_t::ncclSuccess,
+            };
+        }
         // SAFETY: checked non-null out-pointer.
         unsafe { *err = e };
         ncclResult_t::ncclSuccess

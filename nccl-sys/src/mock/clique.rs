@@ -109,9 +109,25 @@ impl Clique {
         })
     }
 
-    /// Marks the clique dead: every pending and later wait returns an error.
+    /// Marks the clique dead: every pending and later operation fails with a remote error
+    /// and nothing stays queued.
     pub(crate) fn abort(&self) {
-        lock(&self.state).aborted = true;
+        let mut st = lock(&self.state);
+        st.aborted = true;
+        let fail = |d: &Done| {
+            let mut g = lock(d);
+            if g.is_none() {
+                *g = Some(ncclResult_t::ncclRemoteError);
+            }
+        };
+        for (_, slot) in st.colls.drain() {
+            slot.contribs.iter().flatten().for_each(|(_, d)| fail(d));
+        }
+        let st = &mut *st;
+        let queued: Vec<_> = st.sends.drain().chain(st.recvs.drain()).collect();
+        for (_, q) in queued {
+            q.iter().for_each(|p| fail(&p.done));
+        }
         self.cond.notify_all();
     }
 

@@ -1,0 +1,227 @@
+//! Non-blocking communicators, deadlines and aborts: a dead peer gives an error, not a hang.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cuda_hal::Stream;
+use nccl_sys::{Nccl, NcclFns, NcclVersion, ncclComm_t, ncclResult_t};
+
+use crate::{Communicator, Error, Result, check};
+
+/// How a communicator is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommConfig {
+    /// `false`: NCCL's non-blocking mode (`ncclConfig_t.blocking = 0`). Init, operations,
+    /// group ends and finalize return at once; this crate then polls
+    /// `ncclCommGetAsyncError` until they are done, an error shows, the deadline passes
+    /// or an [`AbortHandle`] fires, and aborts the communicator in the last three cases.
+    pub blocking: bool,
+    /// How long any one wait may take (init, an operation's launch,
+    /// [`Communicator::wait`], finalize).
+    pub timeout: Duration,
+}
+
+impl Default for CommConfig {
+    /// Blocking, with a 5-minute deadline for waits.
+    fn default() -> Self {
+        CommConfig {
+            blocking: true,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl CommConfig {
+    /// Non-blocking with this deadline: the mode in which a dead peer becomes an error.
+    pub fn non_blocking(timeout: Duration) -> Self {
+        CommConfig {
+            blocking: false,
+            timeout,
+        }
+    }
+}
+
+/// Aborts a communicator from another thread: the owner's current or next wait stops,
+/// aborts the communicator and returns [`Error::Aborted`]. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct AbortHandle {
+    flag: Arc<AtomicBool>,
+}
+
+static_assertions::assert_impl_all!(AbortHandle: Send, Sync);
+
+impl AbortHandle {
+    /// Requests the abort.
+    pub fn abort(&self) {
+        self.flag.store(true, Ordering::Release);
+    }
+
+    /// Whether an abort was requested.
+    pub fn is_requested(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+}
+
+/// Polls `ncclCommGetAsyncError(raw)` until it leaves `ncclInProgress`.
+pub(crate) fn poll(
+    nccl: &Nccl,
+    raw: ncclComm_t,
+    what: &'static str,
+    deadline: Instant,
+    timeout: Duration,
+    abort: &AbortHandle,
+) -> Result<()> {
+    let mut pause = Duration::from_micros(20);
+    loop {
+        let mut e = ncclResult_t::ncclSuccess;
+        // SAFETY: a live communicator and a valid out-pointer.
+        let rc = unsafe { (nccl.fns().ncclCommGetAsyncError)(raw, &mut e) };
+        check(nccl, rc, "ncclCommGetAsyncError", Some(raw))?;
+        match e {
+            ncclResult_t::ncclSuccess => return Ok(()),
+            ncclResult_t::ncclInProgress => {}
+            other => return check(nccl, other, what, Some(raw)),
+        }
+        if abort.is_requested() {
+            return Err(Error::Aborted);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                after: timeout,
+            });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// The version NCCL needs for an optional function, for an [`Error::Unsupported`].
+pub(crate) fn unsupported(nccl: &Nccl, function: &'static str) -> Error {
+    let needed = NcclFns::OPTIONAL
+        .iter()
+        .find(|(n, _)| *n == function)
+        .map(|(_, v)| NcclVersion(*v).to_string())
+        .unwrap_or_else(|| "newer".into());
+    Error::Unsupported {
+        feature: function,
+        needed,
+        found: nccl.version().to_string(),
+    }
+}
+
+impl Communicator {
+    /// A handle that aborts this communicator from another thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort_flag().clone()
+    }
+
+    /// Waits until the work enqueued on `stream` is done, checking the communicator's
+    /// asynchronous error while it waits. A failure, the deadline
+    /// ([`CommConfig::timeout`]) or an [`AbortHandle`] aborts the communicator and returns
+    /// an error; a dead peer thus gives an error instead of a hang.
+    pub fn wait(&self, stream: &Stream) -> Result<()> {
+        self.ensure_live()?;
+        let deadline = Instant::now() + self.timeout();
+        let mut pause = Duration::from_micros(20);
+        loop {
+            let mut e = ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator and a valid out-pointer.
+            let rc = unsafe { (self.nccl().fns().ncclCommGetAsyncError)(self.as_raw(), &mut e) };
+            let r = check(
+                self.nccl(),
+                rc,
+                "ncclCommGetAsyncError",
+                Some(self.as_raw()),
+            )
+            .and_then(|_| match e {
+                ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
+                other => check(
+                    self.nccl(),
+                    other,
+                    "Communicator::wait",
+                    Some(self.as_raw()),
+                ),
+            });
+            if let Err(err) = r {
+                self.abort_now();
+                return Err(err);
+            }
+            if e == ncclResult_t::ncclSuccess && stream.is_idle()? {
+                return Ok(());
+            }
+            if self.abort_flag().is_requested() {
+                self.abort_now();
+                return Err(Error::Aborted);
+            }
+            if Instant::now() >= deadline {
+                self.abort_now();
+                return Err(Error::Timeout {
+                    what: format!(
+                        "the stream work of rank {} (communicator aborted)",
+                        self.rank()
+                    ),
+                    after: self.timeout(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Revokes the communicator (NCCL ≥ 2.28.7): pending and later operations fail, so
+    /// every rank can leave a collective that cannot finish and then shrink or destroy.
+    #[doc(alias = "ncclCommRevoke")]
+    pub fn revoke(&self) -> Result<()> {
+        self.ensure_live()?;
+        let f = self
+            .nccl()
+            .fns()
+            .ncclCommRevoke
+            .ok_or_else(|| unsupported(self.nccl(), "ncclCommRevoke"))?;
+        // SAFETY: a live communicator; flags 0 (NCCL_REVOKE_DEFAULT).
+        let rc = unsafe { f(self.as_raw(), 0) };
+        self.check(rc, "ncclCommRevoke")
+    }
+
+    /// A new communicator of the ranks not in `exclude` (NCCL ≥ 2.27), e.g. after a peer
+    /// died. Every remaining rank calls it with the same list.
+    #[doc(alias = "ncclCommShrink")]
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
+        self.ensure_live()?;
+        let f = self
+            .nccl()
+            .fns()
+            .ncclCommShrink
+            .ok_or_else(|| unsupported(self.nccl(), "ncclCommShrink"))?;
+        let mut list = Vec::with_capacity(exclude.len());
+        for &r in exclude {
+            if r >= self.size() {
+                return Err(Error::InvalidRank {
+                    what: "shrink",
+                    rank: r,
+                    size: self.size(),
+                });
+            }
+            list.push(r as i32);
+        }
+        let _g = self.context().bind()?;
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a live communicator, a list of valid ranks, a valid out-pointer, NULL
+        // config (inherit) and NCCL_SHRINK_DEFAULT.
+        let rc = unsafe {
+            f(
+                self.as_raw(),
+                list.as_mut_ptr(),
+                list.len() as i32,
+                &mut raw,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        self.check(rc, "ncclCommShrink")?;
+        // SAFETY: NCCL made `raw` on our device for us.
+        unsafe { Communicator::from_raw(self.nccl(), self.context(), raw) }
+    }
+}

@@ -1,0 +1,261 @@
+//! Deadlines, aborts and faults on the simulated NCCL: a rank that never arrives, a peer
+//! that stops, an abort from another thread, injected errors; nothing leaks.
+#![cfg(feature = "half")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Rig;
+use cuda_hal::{DeviceBuffer, Stream};
+use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId};
+use nccl_sys::{NcclVersion, ncclResult_t};
+
+const DEADLINE: Duration = Duration::from_millis(400);
+const MARGIN: Duration = Duration::from_millis(600);
+
+#[test]
+fn a_rank_that_never_arrives_times_out_within_the_deadline() {
+    let rig = Rig::new(2);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let t = Instant::now();
+    let e = Communicator::init_rank_with(
+        &rig.nccl,
+        &ctx,
+        &id,
+        2,
+        0,
+        &CommConfig::non_blocking(DEADLINE),
+    )
+    .unwrap_err();
+    let took = t.elapsed();
+    assert!(
+        matches!(&e, Error::Timeout { what, after } if what == "ncclCommInitRankConfig" && *after == DEADLINE),
+        "{e}"
+    );
+    assert!(took >= DEADLINE && took < DEADLINE + MARGIN, "{took:?}");
+    assert!(e.to_string().contains("timed out after 400ms"), "{e}");
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn non_blocking_communicators_work_and_wait_checks_the_stream() {
+    let rig = Rig::new(2);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let out = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let rig = &rig;
+                s.spawn(move || {
+                    let ctx = rig.cuda.device(r).unwrap().primary_context().unwrap();
+                    let cfg = CommConfig::non_blocking(Duration::from_secs(10));
+                    let comm =
+                        Communicator::init_rank_with(&rig.nccl, &ctx, &id, 2, r, &cfg).unwrap();
+                    assert!(!comm.config().blocking);
+                    let st = Stream::new(&ctx).unwrap();
+                    let a = DeviceBuffer::from_slice(&ctx, &[r as u64 + 1; 8]).unwrap();
+                    let mut b = DeviceBuffer::<u64>::zeroed(&ctx, 8).unwrap();
+                    for _ in 0..50 {
+                        comm.all_reduce(&a, &mut b, ReduceOp::Sum, &st).unwrap();
+                        comm.wait(&st).unwrap();
+                    }
+                    let v = b.to_vec().unwrap();
+                    drop((a, b));
+                    comm.close().unwrap();
+                    v
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(out, vec![vec![3u64; 8]; 2]);
+    rig.assert_clean();
+}
+
+/// Rank 1 joins, then stops taking part (a dead peer); rank 0 keeps calling collectives.
+#[test]
+fn a_peer_that_stops_gives_an_error_within_the_deadline_and_nothing_leaks() {
+    let rig = Rig::new(2);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let (took, e, after) = std::thread::scope(|s| {
+        let peer = s.spawn(|| {
+            let ctx = rig.cuda.device(1).unwrap().primary_context().unwrap();
+            let comm = Communicator::init_rank_with(
+                &rig.nccl,
+                &ctx,
+                &id,
+                2,
+                1,
+                &CommConfig::non_blocking(DEADLINE),
+            )
+            .unwrap();
+            // Dies: aborts without ever joining rank 0's all-reduce.
+            std::thread::sleep(Duration::from_millis(50));
+            comm.abort().unwrap();
+        });
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let comm = Communicator::init_rank_with(
+            &rig.nccl,
+            &ctx,
+            &id,
+            2,
+            0,
+            &CommConfig::non_blocking(DEADLINE),
+        )
+        .unwrap();
+        let st = Stream::new(&ctx).unwrap();
+        let a = DeviceBuffer::from_slice(&ctx, &[1.0f32; 4]).unwrap();
+        let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+        peer.join().unwrap();
+        let t = Instant::now();
+        let e = comm
+            .all_reduce(&a, &mut b, ReduceOp::Sum, &st)
+            .and_then(|_| comm.wait(&st))
+            .unwrap_err();
+        let took = t.elapsed();
+        assert!(comm.is_aborted());
+        let after = comm.all_reduce(&a, &mut b, ReduceOp::Sum, &st).unwrap_err();
+        (took, e, after)
+    });
+    assert!(took < DEADLINE + MARGIN, "{took:?}");
+    assert!(
+        matches!(e, Error::Nccl { code, .. } if code == ncclResult_t::ncclRemoteError)
+            || matches!(e, Error::Timeout { .. }),
+        "{e}"
+    );
+    assert_eq!(after, Error::Aborted);
+    rig.assert_clean();
+}
+
+#[test]
+fn an_abort_handle_stops_a_wait_from_another_thread() {
+    let rig = Rig::new(2);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    // Rank 1 exists but never calls the collective; the deadline is long.
+    let other = std::thread::scope(|s| {
+        let peer = s.spawn(|| {
+            let c1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
+            Communicator::init_rank_with(
+                &rig.nccl,
+                &c1,
+                &id,
+                2,
+                1,
+                &CommConfig::non_blocking(Duration::from_secs(30)),
+            )
+            .unwrap()
+        });
+        let comm = Communicator::init_rank_with(
+            &rig.nccl,
+            &ctx,
+            &id,
+            2,
+            0,
+            &CommConfig::non_blocking(Duration::from_secs(30)),
+        )
+        .unwrap();
+        let peer_comm = peer.join().unwrap();
+        let handle = comm.abort_handle();
+        let st = Stream::new(&ctx).unwrap();
+        let a = DeviceBuffer::from_slice(&ctx, &[1i32; 4]).unwrap();
+        let mut b = DeviceBuffer::<i32>::zeroed(&ctx, 4).unwrap();
+        let aborter = s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            handle.abort();
+        });
+        let t = Instant::now();
+        let e = comm.all_reduce(&a, &mut b, ReduceOp::Sum, &st).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(e, Error::Aborted);
+        aborter.join().unwrap();
+        drop(comm);
+        peer_comm
+    });
+    // The survivor's peer sees the abort as a remote error on its next wait.
+    drop(other);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn injected_errors_in_reliability_calls_surface_typed() {
+    let rig = Rig::new(1);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    for f in ["ncclCommInitRankConfig", "ncclCommGetAsyncError"] {
+        rig.world.fail_next(f, ncclResult_t::ncclSystemError);
+        let e = Communicator::init_rank_with(
+            &rig.nccl,
+            &ctx,
+            &id,
+            1,
+            0,
+            &CommConfig::non_blocking(DEADLINE),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, Error::Nccl { call, code, .. } if *call == f && *code == ncclResult_t::ncclSystemError),
+            "{f}: {e}"
+        );
+    }
+    let comm = Communicator::init_rank_with(
+        &rig.nccl,
+        &ctx,
+        &id,
+        1,
+        0,
+        &CommConfig::non_blocking(DEADLINE),
+    )
+    .unwrap();
+    rig.world
+        .fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
+    let e = comm.close().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Nccl {
+                call: "ncclCommFinalize",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn revoke_and_shrink_need_their_nccl_versions() {
+    let rig = Rig::with_version(1, NcclVersion::new(2, 26, 5));
+    let out = rig.run(1, |comm, _| {
+        (
+            comm.revoke().unwrap_err(),
+            comm.shrink(&[]).unwrap_err(),
+            comm.shrink(&[3]).unwrap_err(),
+        )
+    });
+    assert_eq!(
+        out[0].0,
+        Error::Unsupported {
+            feature: "ncclCommRevoke",
+            needed: "2.28.7".into(),
+            found: "2.26.5".into()
+        }
+    );
+    assert_eq!(
+        out[0].1,
+        Error::Unsupported {
+            feature: "ncclCommShrink",
+            needed: "2.27.0".into(),
+            found: "2.26.5".into()
+        }
+    );
+    assert!(out[0].2.to_string().contains("needs NCCL 2.27.0"));
+    rig.assert_clean();
+}
