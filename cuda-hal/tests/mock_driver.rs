@@ -731,3 +731,45 @@ fn memory_info_follows_allocations() {
         assert_eq!(ctx.memory_info().unwrap().0, free0);
     });
 }
+
+#[test]
+fn old_and_new_drivers_from_one_build() {
+    // 12.0 and 12.4 lack the 12.5/12.8 functions: absent from the table, Unsupported in
+    // the safe layer with the version needed; 13.0 has them; 11.8 is refused at load.
+    for (version, has_125, has_128) in [
+        (12000, false, false),
+        (12040, false, false),
+        (12050, true, false),
+        (13000, true, true),
+    ] {
+        let (driver, _w) = MockDriver::with_devices(1)
+            .version(version)
+            .build()
+            .unwrap();
+        assert_eq!(
+            driver.fns().cuCtxRecordEvent.is_some(),
+            has_125,
+            "{version}"
+        );
+        assert_eq!(
+            driver.fns().cuStreamGetDevice.is_some(),
+            has_128,
+            "{version}"
+        );
+        let cuda = Cuda::from_driver(driver).unwrap();
+        let s = Stream::new(&cuda.device(0).unwrap().primary_context().unwrap()).unwrap();
+        match s.device_ordinal() {
+            Ok(d) => assert!(has_128 && d == 0),
+            Err(Error::Unsupported { needed, .. }) => assert!(!has_128 && needed == "12.8"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let e = MockDriver::with_devices(1)
+        .version(11080)
+        .build()
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("11.8") && e.to_string().contains("12.0"),
+        "{e}"
+    );
+}

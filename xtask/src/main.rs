@@ -183,10 +183,10 @@ fn write(b: bindgen::Builder, header: &str, out: &Path) -> Result<(), String> {
     let mut names = Vec::new();
     let mut namers = Vec::new();
     for item in file.items {
-        if let syn::Item::Impl(imp) = &item {
-            if let Some(f) = name_fn(imp) {
-                namers.push(f);
-            }
+        if let syn::Item::Impl(imp) = &item
+            && let Some(f) = name_fn(imp)
+        {
+            namers.push(f);
         }
         match item {
             syn::Item::ForeignMod(m) => {
