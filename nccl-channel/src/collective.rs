@@ -226,7 +226,7 @@ impl Communicator {
         self.check_stream(W, stream)?;
         let count = send.len();
         self.check_buf(W, "send", send, count)?;
-        self.check_buf(W, "recv", recv, count * self.size())?;
+        self.check_buf(W, "recv", recv, count.saturating_mul(self.size()))?;
         self.raw_all_gather::<T>(dptr(send.as_raw()), dptr(recv.as_raw()), count, stream)
     }
 
@@ -284,7 +284,7 @@ impl Communicator {
         self.check_type::<T>(W)?;
         self.check_stream(W, stream)?;
         let count = recv.len();
-        self.check_buf(W, "send", send, count * self.size())?;
+        self.check_buf(W, "send", send, count.saturating_mul(self.size()))?;
         self.check_buf(W, "recv", recv, count)?;
         self.raw_reduce_scatter(dptr(send.as_raw()), dptr(recv.as_raw()), count, op, stream)
     }
@@ -610,7 +610,7 @@ impl Communicator {
         let r = self.check_rank(W, root)?;
         let m = send.len();
         self.check_buf(W, "send", send, m)?;
-        let recvp = self.root_recv(W, recv, root, m * self.size())?;
+        let recvp = self.root_recv(W, recv, root, m.saturating_mul(self.size()))?;
         if let Some(f) = self.nccl().fns().ncclGather {
             let recvp = recvp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no receive buffer, which NCCL ignores.
@@ -655,7 +655,7 @@ impl Communicator {
         let r = self.check_rank(W, root)?;
         let m = recv.len();
         self.check_buf(W, "recv", recv, m)?;
-        let sendp = self.root_send(W, send, root, m * self.size())?;
+        let sendp = self.root_send(W, send, root, m.saturating_mul(self.size()))?;
         if let Some(f) = self.nccl().fns().ncclScatter {
             let sendp = sendp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no send buffer, which NCCL ignores.
