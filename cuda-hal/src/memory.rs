@@ -373,8 +373,9 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         let pattern = &bytes[..size.min(16)];
         let _g = self.ctx.bind()?;
         let fns = self.ctx.cuda().fns();
-        let repeats =
-            |n: usize| size % n == 0 && size <= 16 && pattern.chunks(n).all(|c| c == &pattern[..n]);
+        let repeats = |n: usize| {
+            size.is_multiple_of(n) && size <= 16 && pattern.chunks(n).all(|c| c == &pattern[..n])
+        };
         let n = self.size_bytes();
         let (rc, call) = if repeats(1) {
             // SAFETY: the range is ours and `n` bytes long.

@@ -280,10 +280,10 @@ fn check<T: BenchVal>(
     };
     let mut wrong = 0;
     for i in 0..len {
-        if let Some(w) = want(i) {
-            if out[offset + i] != T::from_f(w) {
-                wrong += 1;
-            }
+        if let Some(w) = want(i)
+            && out[offset + i] != T::from_f(w)
+        {
+            wrong += 1;
         }
     }
     Ok(wrong)

@@ -38,14 +38,14 @@ impl Drop for Op<'_> {
 
 impl Communicator {
     fn check_type<T: NcclType>(&self, what: &'static str) -> Result<()> {
-        if let Some(since) = T::SINCE {
-            if self.nccl().version() < since {
-                return Err(Error::Unsupported {
-                    feature: T::NAME,
-                    needed: since.to_string(),
-                    found: self.nccl().version().to_string(),
-                });
-            }
+        if let Some(since) = T::SINCE
+            && self.nccl().version() < since
+        {
+            return Err(Error::Unsupported {
+                feature: T::NAME,
+                needed: since.to_string(),
+                found: self.nccl().version().to_string(),
+            });
         }
         let _ = what;
         Ok(())
@@ -102,7 +102,7 @@ impl Communicator {
     }
 
     fn divisible(&self, what: &'static str, buffer: &'static str, len: usize) -> Result<usize> {
-        if len % self.size() != 0 {
+        if !len.is_multiple_of(self.size()) {
             return Err(Error::InvalidArgument {
                 what,
                 problem: format!(

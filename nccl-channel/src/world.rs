@@ -117,14 +117,14 @@ impl World {
         for fam in ENV_FAMILIES {
             let Some(size_text) = get(fam.size) else {
                 // Our own and IREE's rank variables mean nothing without their size.
-                if fam.launcher == "nccl-channel" || fam.launcher == "IREE" {
-                    if let Some(r) = get(fam.rank) {
-                        return Err(Error::Env {
-                            variable: fam.rank.into(),
-                            value: r,
-                            problem: format!("it is set but {} is not; set both", fam.size),
-                        });
-                    }
+                if (fam.launcher == "nccl-channel" || fam.launcher == "IREE")
+                    && let Some(r) = get(fam.rank)
+                {
+                    return Err(Error::Env {
+                        variable: fam.rank.into(),
+                        value: r,
+                        problem: format!("it is set but {} is not; set both", fam.size),
+                    });
                 }
                 continue;
             };

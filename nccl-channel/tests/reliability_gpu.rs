@@ -42,7 +42,7 @@ fn worker_collectives() {
             Ok(()) => {
                 last_ok = Instant::now();
                 i += 1;
-                if i % 100 == 0 {
+                if i.is_multiple_of(100) {
                     println!("iter {i}");
                 }
             }

@@ -207,11 +207,11 @@ fn enqueue(w: &World, s: std::sync::MutexGuard<'_, State>, stream: CUstream, op:
     if let Err(e) = stream_ctx(w, &s, stream) {
         return e;
     }
-    if let Some(st) = s.streams.get_mut(&p2h(stream)) {
-        if let Some(cap) = st.capture.as_mut() {
-            cap.push(op);
-            return CUresult::CUDA_SUCCESS;
-        }
+    if let Some(st) = s.streams.get_mut(&p2h(stream))
+        && let Some(cap) = st.capture.as_mut()
+    {
+        cap.push(op);
+        return CUresult::CUDA_SUCCESS;
     }
     run(w, s, op)
 }
@@ -586,11 +586,10 @@ mock_fns! {
             return CUresult::CUDA_ERROR_INVALID_CONTEXT;
         }
         p.refcount -= 1;
-        if p.refcount == 0 {
-            if let Some(ctx) = p.ctx.take() {
+        if p.refcount == 0
+            && let Some(ctx) = p.ctx.take() {
                 destroy_context(&mut s, ctx);
             }
-        }
         CUresult::CUDA_SUCCESS
     }
     fn cuDevicePrimaryCtxGetState = cu_primary_ctx_get_state(w, s, dev: CUdevice, flags: *mut c_uint, active: *mut c_int) [init] {
@@ -696,12 +695,11 @@ mock_fns! {
             return e;
         }
         // As on a real device: synchronising a capturing stream fails and spoils the capture.
-        if let Some(st) = s.streams.get_mut(&p2h(stream)) {
-            if st.capture.is_some() {
+        if let Some(st) = s.streams.get_mut(&p2h(stream))
+            && st.capture.is_some() {
                 st.capture_invalid = true;
                 return CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
             }
-        }
         CUresult::CUDA_SUCCESS
     }
     fn cuStreamQuery = cu_stream_query(w, s, stream: CUstream) [init] {

@@ -553,15 +553,15 @@ fn collective(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, call: Call) -
     let root = call.root.max(0) as usize;
     let send_used = !matches!(call.kind, Kind::Broadcast | Kind::Scatter) || rank == root;
     let recv_used = !matches!(call.kind, Kind::Reduce | Kind::Gather) || rank == root;
-    if send_used {
-        if let Err(rc) = check_buffer(w, &mut s, "sendbuff", call.send, send_n * esize, device) {
-            return rc;
-        }
+    if send_used
+        && let Err(rc) = check_buffer(w, &mut s, "sendbuff", call.send, send_n * esize, device)
+    {
+        return rc;
     }
-    if recv_used {
-        if let Err(rc) = check_buffer(w, &mut s, "recvbuff", call.recv, recv_n * esize, device) {
-            return rc;
-        }
+    if recv_used
+        && let Err(rc) = check_buffer(w, &mut s, "recvbuff", call.recv, recv_n * esize, device)
+    {
+        return rc;
     }
     if let Err(rc) = check_stream(w, &mut s, call.stream, device) {
         return rc;

@@ -150,15 +150,15 @@ impl Clique {
         if let Some(place) = slot.contribs.get_mut(rank) {
             *place = Some((c, done.clone()));
         }
-        if slot.contribs.iter().all(Option::is_some) {
-            if let Some(slot) = st.colls.remove(&seq) {
-                let parts: Vec<(Contrib, Done)> = slot.contribs.into_iter().flatten().collect();
-                let rc = execute(&parts);
-                for (_, d) in &parts {
-                    *lock(d) = Some(rc);
-                }
-                self.cond.notify_all();
+        if slot.contribs.iter().all(Option::is_some)
+            && let Some(slot) = st.colls.remove(&seq)
+        {
+            let parts: Vec<(Contrib, Done)> = slot.contribs.into_iter().flatten().collect();
+            let rc = execute(&parts);
+            for (_, d) in &parts {
+                *lock(d) = Some(rc);
             }
+            self.cond.notify_all();
         }
         done
     }
