@@ -8,6 +8,7 @@
 )]
 
 pub mod demo;
+#[cfg(feature = "half")]
 pub mod matrix;
 
 use std::sync::Arc;
@@ -131,6 +132,7 @@ impl TestVal for f64 {
         self
     }
 }
+#[cfg(feature = "half")]
 impl TestVal for half::f16 {
     const IS_INT: bool = false;
     const TOL: f64 = 2e-3;
@@ -144,6 +146,7 @@ impl TestVal for half::f16 {
         self.to_f64()
     }
 }
+#[cfg(feature = "half")]
 impl TestVal for half::bf16 {
     const IS_INT: bool = false;
     const TOL: f64 = 2e-2;
