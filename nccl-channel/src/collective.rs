@@ -51,6 +51,12 @@ impl Communicator {
         Ok(())
     }
 
+    /// The checks every operation starts with: live, a type this NCCL has, our stream.
+    fn begin<T: NcclType>(&self, what: &'static str, stream: &Stream) -> Result<()> {
+        self.check_type::<T>(what)?;
+        self.check_stream(what, stream)
+    }
+
     fn check_stream(&self, what: &'static str, stream: &Stream) -> Result<()> {
         self.ensure_live()?;
         if stream.context() != self.context() {
@@ -160,8 +166,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         self.check_buf(W, "send", send, send.len())?;
         self.check_buf(W, "recv", recv, send.len())?;
         self.raw_all_reduce(
@@ -181,8 +186,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce_in_place";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len())?;
         let p = dptr(buf.as_raw());
         self.raw_all_reduce(p, p, buf.len(), op, stream)
@@ -222,8 +226,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let count = send.len();
         self.check_buf(W, "send", send, count)?;
         self.check_buf(W, "recv", recv, count.saturating_mul(self.size()))?;
@@ -237,8 +240,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather_in_place";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len())?;
         let count = self.divisible(W, "buffer", buf.len())?;
         self.raw_all_gather::<T>(
@@ -281,8 +283,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let count = recv.len();
         self.check_buf(W, "send", send, count.saturating_mul(self.size()))?;
         self.check_buf(W, "recv", recv, count)?;
@@ -297,8 +298,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter_in_place";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len())?;
         let count = self.divisible(W, "buffer", buf.len())?;
         let recv = offset(buf, self.rank() * count);
@@ -340,8 +340,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "recv", recv, recv.len())?;
         let sendp = self
@@ -359,8 +358,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast_in_place";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "buffer", buf, buf.len())?;
         let p = dptr(buf.as_raw());
@@ -423,8 +421,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "send", send, send.len())?;
         let recvp = self
@@ -442,8 +439,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_in_place";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "buffer", buf, buf.len())?;
         let p = dptr(buf.as_raw());
@@ -505,8 +501,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "send";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
         self.check_buf(W, "send", buf, buf.len())?;
         self.raw_send::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
@@ -521,8 +516,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "recv";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
         self.check_buf(W, "recv", buf, buf.len())?;
         self.raw_recv::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
@@ -566,8 +560,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_to_all";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         self.check_buf(W, "send", send, send.len())?;
         self.check_buf(W, "recv", recv, send.len())?;
         let m = self.divisible(W, "send", send.len())?;
@@ -605,8 +598,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "gather";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = send.len();
         self.check_buf(W, "send", send, m)?;
@@ -650,8 +642,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "scatter";
-        self.check_type::<T>(W)?;
-        self.check_stream(W, stream)?;
+        self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = recv.len();
         self.check_buf(W, "recv", recv, m)?;

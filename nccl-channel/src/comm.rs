@@ -57,6 +57,14 @@ fn to_c_int(what: &'static str, v: usize) -> Result<c_int> {
     })
 }
 
+/// Checks a size and rank for init and converts them to NCCL's ints.
+fn world_args(what: &'static str, size: usize, rank: usize) -> Result<(c_int, c_int)> {
+    if size == 0 || rank >= size {
+        return Err(Error::InvalidRank { what, rank, size });
+    }
+    Ok((to_c_int("size", size)?, to_c_int("rank", rank)?))
+}
+
 impl Communicator {
     /// Joins the communicator `id` as `rank` of `size`, on `ctx`'s device (blocking until
     /// every rank has joined).
@@ -88,14 +96,7 @@ impl Communicator {
             c.config = *config;
             return Ok(c);
         }
-        if size == 0 || rank >= size {
-            return Err(Error::InvalidRank {
-                what: "Communicator::init_rank_with",
-                rank,
-                size,
-            });
-        }
-        let (n, r) = (to_c_int("size", size)?, to_c_int("rank", rank)?);
+        let (n, r) = world_args("Communicator::init_rank_with", size, rank)?;
         let mut cfg = nccl_sys::NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
         // Fields newer than the loaded library are ignored by it; say which layout we mean.
@@ -135,14 +136,7 @@ impl Communicator {
         size: usize,
         rank: usize,
     ) -> Result<Communicator> {
-        if size == 0 || rank >= size {
-            return Err(Error::InvalidRank {
-                what: "Communicator::init_rank",
-                rank,
-                size,
-            });
-        }
-        let (n, r) = (to_c_int("size", size)?, to_c_int("rank", rank)?);
+        let (n, r) = world_args("Communicator::init_rank", size, rank)?;
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the context of the device NCCL should use is current.

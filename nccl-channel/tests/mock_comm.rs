@@ -537,9 +537,10 @@ fn channel_builder_on_the_mock() {
 #[test]
 fn a_channel_for_several_ranks_without_a_way_to_share_the_id_says_how() {
     let rig = Rig::new(2);
-    if std::env::var_os("NCCL_COMM_ID").is_some() {
-        return;
-    }
+    assert!(
+        std::env::var_os("NCCL_COMM_ID").is_none(),
+        "this test needs NCCL_COMM_ID unset"
+    );
     let e = nccl_channel::ChannelBuilder::new()
         .world(World::new(2, 0).unwrap())
         .cuda(rig.cuda.clone())
