@@ -99,6 +99,35 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         Ok(b)
     }
 
+    /// Takes ownership of `len` elements at `ptr`, allocated with `cuMemAlloc` in `ctx`
+    /// (freed with `cuMemFree` on drop), to use memory from other CUDA code.
+    ///
+    /// # Safety
+    /// `ptr` must be a live `cuMemAlloc` allocation of `ctx` of at least `len * size_of::<T>()`
+    /// bytes (or 0 with `len == 0`), owned by nobody else.
+    pub unsafe fn from_raw(ctx: &Context, ptr: CUdeviceptr, len: usize) -> Self {
+        DeviceBuffer {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+            stream: None,
+            _t: PhantomData,
+        }
+    }
+
+    /// Gives up ownership: returns the address and length; the memory is no longer freed
+    /// by this value (free it with `cuMemFree`, or `cuMemFreeAsync` if it was allocated
+    /// stream-ordered).
+    pub fn into_raw(self) -> (CUdeviceptr, usize) {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: read the fields we still own out once; no Drop follows.
+        unsafe {
+            drop(std::ptr::read(&this.ctx));
+            drop(std::ptr::read(&this.stream));
+        }
+        (this.ptr, this.len)
+    }
+
     /// Number of elements.
     #[inline]
     pub fn len(&self) -> usize {

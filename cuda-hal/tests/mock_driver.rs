@@ -773,3 +773,18 @@ fn old_and_new_drivers_from_one_build() {
         "{e}"
     );
 }
+
+#[test]
+fn device_buffers_hand_their_memory_over_and_back() {
+    leak_checked(|cuda, world| {
+        let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+        let b = DeviceBuffer::from_slice(&ctx, &[4u16, 5, 6]).unwrap();
+        let (ptr, len) = b.into_raw();
+        assert_eq!(world.live().device_allocations, 1, "into_raw does not free");
+        // SAFETY: the allocation was just released by `into_raw`, of `len` u16 in `ctx`.
+        let back = unsafe { DeviceBuffer::<u16>::from_raw(&ctx, ptr, len) };
+        assert_eq!(back.to_vec().unwrap(), [4, 5, 6]);
+        drop(back);
+        assert_eq!(world.live().device_allocations, 0);
+    });
+}
