@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 use std::process::{Command, ExitCode};
 use std::sync::{Arc, Barrier, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, Event, Stream};
 use nccl_channel::{
@@ -622,7 +622,6 @@ fn launch(n: usize, _o: &Opts) -> Result<()> {
     for mut c in children {
         ok &= c.wait().map_err(io)?.success();
     }
-    let _ = Duration::ZERO;
     if ok {
         Ok(())
     } else {

@@ -37,7 +37,7 @@ impl Drop for Op<'_> {
 }
 
 impl Communicator {
-    fn check_type<T: NcclType>(&self, what: &'static str) -> Result<()> {
+    fn check_type<T: NcclType>(&self) -> Result<()> {
         if let Some(since) = T::SINCE
             && self.nccl().version() < since
         {
@@ -47,13 +47,12 @@ impl Communicator {
                 found: self.nccl().version().to_string(),
             });
         }
-        let _ = what;
         Ok(())
     }
 
     /// The checks every operation starts with: live, a type this NCCL has, our stream.
     fn begin<T: NcclType>(&self, what: &'static str, stream: &Stream) -> Result<()> {
-        self.check_type::<T>(what)?;
+        self.check_type::<T>()?;
         self.check_stream(what, stream)
     }
 

@@ -76,7 +76,14 @@ impl Communicator {
         size: usize,
         rank: usize,
     ) -> Result<Communicator> {
-        Self::init_rank_plain(nccl, ctx, id, size, rank)
+        let (n, r) = world_args("Communicator::init_rank", size, rank)?;
+        let _g = ctx.bind()?;
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the context of the device NCCL should use is current.
+        let rc = unsafe { (nccl.fns().ncclCommInitRank)(&mut raw, n, id.to_raw(), r) };
+        check(nccl, rc, "ncclCommInitRank", None)?;
+        // SAFETY: `raw` was just created by NCCL on `ctx`'s device and is ours.
+        unsafe { Self::from_raw(nccl, ctx, raw) }
     }
 
     /// Joins with a [`CommConfig`] (`ncclCommInitRankConfig`). Non-blocking: waits for
@@ -92,7 +99,7 @@ impl Communicator {
         config: &CommConfig,
     ) -> Result<Communicator> {
         if config.blocking {
-            let mut c = Self::init_rank_plain(nccl, ctx, id, size, rank)?;
+            let mut c = Self::init_rank(nccl, ctx, id, size, rank)?;
             c.config = *config;
             return Ok(c);
         }
@@ -127,23 +134,6 @@ impl Communicator {
         let mut c = unsafe { Self::from_raw(nccl, ctx, raw) }?;
         c.config = *config;
         Ok(c)
-    }
-
-    fn init_rank_plain(
-        nccl: &Arc<Nccl>,
-        ctx: &Context,
-        id: &UniqueId,
-        size: usize,
-        rank: usize,
-    ) -> Result<Communicator> {
-        let (n, r) = world_args("Communicator::init_rank", size, rank)?;
-        let _g = ctx.bind()?;
-        let mut raw: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the context of the device NCCL should use is current.
-        let rc = unsafe { (nccl.fns().ncclCommInitRank)(&mut raw, n, id.to_raw(), r) };
-        check(nccl, rc, "ncclCommInitRank", None)?;
-        // SAFETY: `raw` was just created by NCCL on `ctx`'s device and is ours.
-        unsafe { Self::from_raw(nccl, ctx, raw) }
     }
 
     /// One communicator per context, all in this process (`ncclCommInitAll`); rank `i`

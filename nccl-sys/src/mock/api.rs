@@ -529,7 +529,6 @@ fn collective(w: &NWorld, mut s: std::sync::MutexGuard<'_, State>, call: Call) -
                     unsafe {
                         std::ptr::copy_nonoverlapping(p.scalar as *const u8, b.as_mut_ptr(), esize)
                     };
-                    let _ = p.device_resident;
                     Op::PreMul(dtype::get(call.dtype, &b, 0))
                 }
                 None => {
