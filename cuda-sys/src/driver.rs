@@ -66,6 +66,10 @@ impl fmt::Debug for Driver {
 impl Driver {
     /// Searches for the driver: `$CUDA_SYS_LIBRARY` if set (then only that), else
     /// `libcuda.so.1`/`libcuda.so` through the dynamic loader, else the usual system dirs.
+    ///
+    /// `$CUDA_SYS_LIBRARY` is trusted input, like `LD_LIBRARY_PATH` or `LD_PRELOAD`: whoever
+    /// sets the environment of a process already decides what code it runs. The library it
+    /// names is opened and trusted to be a CUDA driver, exactly as [`Driver::load_from`] does.
     pub fn load() -> Result<Driver, LoadError> {
         if let Some(c) = dylib::env_path(DRIVER_PATH_ENV) {
             return Self::load_candidate(&c).map_err(|reason| unusable(&c, reason));
@@ -79,7 +83,12 @@ impl Driver {
     }
 
     /// Loads the driver from exactly `path` (a file, or a soname for the dynamic loader).
-    pub fn load_from(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
+    ///
+    /// # Safety
+    /// Opening a library runs its initialisers, and its symbols are called through the
+    /// driver API's signatures: `path` must name a genuine CUDA driver library (or one that
+    /// implements the driver API faithfully), as with `libloading::Library::new`.
+    pub unsafe fn load_from(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
         let c = Candidate::new(path.as_ref(), Step::Explicit);
         Self::load_candidate(&c).map_err(|reason| unusable(&c, reason))
     }

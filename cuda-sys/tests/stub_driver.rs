@@ -9,6 +9,12 @@ mod stubcc;
 use cuda_sys::dylib::Reason;
 use cuda_sys::{Driver, DriverFns, LoadError};
 
+/// Opens a library this test chose (stub drivers compiled by this test, or paths that do not exist).
+fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<Driver, cuda_sys::LoadError> {
+    // SAFETY: stub drivers compiled by this test, or paths that do not exist; a library that is not the real thing is what the test checks is refused.
+    unsafe { Driver::load_from(path) }
+}
+
 /// C source of a stub driver reporting `version`, exporting every table entry except
 /// `omit`, with `cuGetProcAddress_v2` unless `no_gpa`. `cuGetProcAddress_v2` records
 /// the version each symbol was asked at, readable through `stub_requested_version`.
@@ -55,7 +61,7 @@ fn reason(e: LoadError) -> Reason {
 #[test]
 fn a_complete_new_driver_resolves_everything() {
     let lib = stub("cuda_full", 13000, &[], false);
-    let d = Driver::load_from(&lib).unwrap();
+    let d = load_trusted(&lib).unwrap();
     assert_eq!(d.version().to_string(), "13.0");
     assert!(d.fns().optional_present().iter().all(|(_, p)| *p));
     assert!(d.origin().contains("explicit path"), "{}", d.origin());
@@ -68,7 +74,7 @@ fn a_complete_new_driver_resolves_everything() {
 #[test]
 fn required_entries_are_asked_for_at_the_pinned_version() {
     let lib = stub("cuda_pin", 12090, &[], false);
-    let d = Driver::load_from(&lib).unwrap();
+    let d = load_trusted(&lib).unwrap();
     let open = d.library().unwrap();
     let asked = open.symbol(c"stub_requested_version");
     assert!(!asked.is_null());
@@ -84,12 +90,12 @@ fn required_entries_are_asked_for_at_the_pinned_version() {
 fn optional_entries_newer_than_the_driver_are_none() {
     // 12.4 exports them (the stub does) but is older than 12.5 / 12.8: gated off.
     let lib = stub("cuda_124", 12040, &[], false);
-    let d = Driver::load_from(&lib).unwrap();
+    let d = load_trusted(&lib).unwrap();
     assert!(d.fns().cuCtxRecordEvent.is_none());
     assert!(d.fns().cuStreamGetDevice.is_none());
     // 12.5: the 12.5 ones only.
     let lib = stub("cuda_125", 12050, &[], false);
-    let d = Driver::load_from(&lib).unwrap();
+    let d = load_trusted(&lib).unwrap();
     assert!(d.fns().cuCtxRecordEvent.is_some());
     assert!(d.fns().cuStreamGetDevice.is_none());
 }
@@ -97,7 +103,7 @@ fn optional_entries_newer_than_the_driver_are_none() {
 #[test]
 fn an_optional_entry_the_driver_lacks_is_none() {
     let lib = stub("cuda_noopt", 12090, &["cuStreamGetDevice"], false);
-    let d = Driver::load_from(&lib).unwrap();
+    let d = load_trusted(&lib).unwrap();
     assert!(d.fns().cuStreamGetDevice.is_none());
     assert!(d.fns().cuCtxRecordEvent.is_some());
 }
@@ -105,7 +111,7 @@ fn an_optional_entry_the_driver_lacks_is_none() {
 #[test]
 fn a_missing_required_function_is_named() {
     let lib = stub("cuda_nomalloc", 12090, &["cuMemAlloc"], false);
-    let e = Driver::load_from(&lib).unwrap_err();
+    let e = load_trusted(&lib).unwrap_err();
     assert_eq!(
         reason(e.clone()),
         Reason::MissingSymbol("cuMemAlloc".into())
@@ -120,7 +126,7 @@ fn a_missing_required_function_is_named() {
 #[test]
 fn a_driver_without_cu_get_proc_address_v2_is_rejected() {
     let lib = stub("cuda_nogpa", 12090, &[], true);
-    let e = Driver::load_from(&lib).unwrap_err();
+    let e = load_trusted(&lib).unwrap_err();
     assert_eq!(
         reason(e),
         Reason::MissingSymbol("cuGetProcAddress_v2".into())
@@ -130,7 +136,7 @@ fn a_driver_without_cu_get_proc_address_v2_is_rejected() {
 #[test]
 fn a_driver_older_than_12_0_gives_both_versions() {
     let lib = stub("cuda_118", 11080, &[], false);
-    let e = Driver::load_from(&lib).unwrap_err();
+    let e = load_trusted(&lib).unwrap_err();
     assert_eq!(
         reason(e.clone()),
         Reason::TooOld {
@@ -144,11 +150,11 @@ fn a_driver_older_than_12_0_gives_both_versions() {
 
 #[test]
 fn a_missing_file_and_a_non_library_say_why() {
-    let e = Driver::load_from("/nonexistent/libcuda.so.1").unwrap_err();
+    let e = load_trusted("/nonexistent/libcuda.so.1").unwrap_err();
     assert_eq!(reason(e), Reason::NoSuchFile);
     let junk = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("not-a-library.so");
     std::fs::write(&junk, b"hello").unwrap();
-    match reason(Driver::load_from(&junk).unwrap_err()) {
+    match reason(load_trusted(&junk).unwrap_err()) {
         Reason::Open(msg) => assert!(!msg.is_empty()),
         other => panic!("expected an open error, got {other}"),
     }
@@ -165,7 +171,7 @@ fn a_search_lists_every_candidate_with_its_reason() {
         Candidate::new("libcuda-does-not-exist.so.7", Step::DynamicLoader),
     ];
     let attempts =
-        first_usable(list.clone(), |c| Driver::load_from(&c.path).map_err(reason)).unwrap_err();
+        first_usable(list.clone(), |c| load_trusted(&c.path).map_err(reason)).unwrap_err();
     assert_eq!(attempts.0.len(), 3);
     let text = attempts.to_string();
     for c in &list {
@@ -177,7 +183,7 @@ fn a_search_lists_every_candidate_with_its_reason() {
     );
     let mut with_good = list;
     with_good.push(Candidate::new(&good, Step::Explicit));
-    let d = first_usable(with_good, |c| Driver::load_from(&c.path).map_err(reason)).unwrap();
+    let d = first_usable(with_good, |c| load_trusted(&c.path).map_err(reason)).unwrap();
     assert_eq!(d.version().to_string(), "12.0");
 }
 

@@ -5,6 +5,12 @@
 
 use std::path::PathBuf;
 
+/// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).
+fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<nccl_sys::Nccl, nccl_sys::LoadError> {
+    // SAFETY: the pinned NCCL wheel, checked by sha256; a library that is not the real thing is what the test checks is refused.
+    unsafe { nccl_sys::Nccl::load_from(path) }
+}
+
 fn libnccl() -> PathBuf {
     if let Some(p) = std::env::var_os("NCCL_SYS_TEST_LIBNCCL") {
         return PathBuf::from(p);
@@ -28,7 +34,7 @@ fn libnccl() -> PathBuf {
 
 #[test]
 fn comm_id_gives_identical_ids_and_bad_values_are_refused() {
-    let nccl = nccl_sys::Nccl::load_from(libnccl()).unwrap();
+    let nccl = load_trusted(libnccl()).unwrap();
     // SAFETY: this test process has no other thread reading the environment now.
     unsafe { std::env::remove_var("NCCL_COMM_ID") };
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();

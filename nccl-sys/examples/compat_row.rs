@@ -32,7 +32,8 @@ fn main() -> ExitCode {
         eprintln!("usage: compat_row [--comm-id] LIBNCCL");
         return ExitCode::from(2);
     };
-    let n = match Nccl::load_from(path) {
+    // SAFETY: the user names the NCCL library to probe; running its code is the point.
+    let n = match unsafe { Nccl::load_from(path) } {
         Ok(n) => n,
         Err(e) => {
             println!("loaded=no: {}", e.to_string().replace('\n', " "));

@@ -46,6 +46,10 @@ impl Nccl {
     /// `libnccl.so.2`/`libnccl.so` through the dynamic loader; else `libnccl.so.2` of a
     /// pip-installed `nvidia-nccl-cu*` wheel in the visible Python environments; else the
     /// usual system dirs. The error lists every path tried and why it failed.
+    ///
+    /// `$NCCL_SYS_LIBRARY` is trusted input, like `LD_LIBRARY_PATH` or `LD_PRELOAD`: whoever
+    /// sets the environment of a process already decides what code it runs. The library it
+    /// names is opened and trusted to be NCCL, exactly as [`Nccl::load_from`] does.
     pub fn load() -> Result<Nccl, LoadError> {
         if let Some(c) = dylib::env_path(NCCL_PATH_ENV) {
             return Self::load_candidate(&c).map_err(|reason| unusable(&c, reason));
@@ -59,7 +63,12 @@ impl Nccl {
     }
 
     /// Loads NCCL from exactly `path` (a file, or a soname for the dynamic loader).
-    pub fn load_from(path: impl AsRef<Path>) -> Result<Nccl, LoadError> {
+    ///
+    /// # Safety
+    /// Opening a library runs its initialisers, and its symbols are called through NCCL's
+    /// signatures: `path` must name a genuine NCCL library (or one that implements NCCL's
+    /// API faithfully), as with `libloading::Library::new`.
+    pub unsafe fn load_from(path: impl AsRef<Path>) -> Result<Nccl, LoadError> {
         let c = Candidate::new(path.as_ref(), Step::Explicit);
         Self::load_candidate(&c).map_err(|reason| unusable(&c, reason))
     }

@@ -9,6 +9,12 @@ mod stubcc;
 use cuda_sys::dylib::Reason;
 use nccl_sys::{LoadError, Nccl, NcclFns, NcclVersion};
 
+/// Opens a library this test chose (stub libraries compiled by this test).
+fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<Nccl, nccl_sys::LoadError> {
+    // SAFETY: stub libraries compiled by this test; a library that is not the real thing is what the test checks is refused.
+    unsafe { Nccl::load_from(path) }
+}
+
 /// C source of a stub NCCL whose `ncclGetVersion` reports `version`, exporting every table
 /// entry except those in `omit`; other functions return ncclInternalError (3).
 fn stub_source(version: i32, omit: &[&str]) -> String {
@@ -38,7 +44,7 @@ fn reason(e: LoadError) -> Reason {
 #[test]
 fn the_newest_library_has_every_optional_function() {
     let lib = stub("nccl_2323", NcclVersion::new(2, 32, 3), &[]);
-    let n = Nccl::load_from(&lib).unwrap();
+    let n = load_trusted(&lib).unwrap();
     assert_eq!(n.version().to_string(), "2.32.3");
     let missing: Vec<_> = n
         .fns()
@@ -53,7 +59,7 @@ fn the_newest_library_has_every_optional_function() {
 fn the_minimum_library_has_only_required_functions() {
     // The stub exports every optional symbol, but 2.18.0 predates them all: gated off.
     let lib = stub("nccl_2180", NcclVersion::MINIMUM, &[]);
-    let n = Nccl::load_from(&lib).unwrap();
+    let n = load_trusted(&lib).unwrap();
     assert!(n.fns().optional_present().iter().all(|(_, p)| !p));
     // A call through the table reaches the stub.
     // SAFETY: the stub's ncclGroupStart takes no argument and returns 3.
@@ -64,7 +70,7 @@ fn the_minimum_library_has_only_required_functions() {
 #[test]
 fn gating_follows_each_functions_release() {
     let lib = stub("nccl_2283", NcclVersion::new(2, 28, 3), &[]);
-    let n = Nccl::load_from(&lib).unwrap();
+    let n = load_trusted(&lib).unwrap();
     let f = n.fns();
     assert!(f.ncclAlltoAll.is_some() && f.ncclGather.is_some() && f.ncclScatter.is_some());
     assert!(f.ncclCommShrink.is_some());
@@ -76,7 +82,7 @@ fn gating_follows_each_functions_release() {
 fn a_library_without_the_newest_functions_gives_none() {
     let newest = ["ncclSetEncryption", "ncclAllReduceConfig", "ncclAlltoAll"];
     let lib = stub("nccl_lacking", NcclVersion::new(2, 32, 3), &newest);
-    let n = Nccl::load_from(&lib).unwrap();
+    let n = load_trusted(&lib).unwrap();
     assert!(n.fns().ncclSetEncryption.is_none());
     assert!(n.fns().ncclAllReduceConfig.is_none());
     assert!(n.fns().ncclAlltoAll.is_none());
@@ -90,7 +96,7 @@ fn a_missing_required_symbol_is_named_with_the_library() {
         NcclVersion::new(2, 28, 3),
         &["ncclAllReduce"],
     );
-    let e = Nccl::load_from(&lib).unwrap_err();
+    let e = load_trusted(&lib).unwrap_err();
     assert_eq!(
         reason(e.clone()),
         Reason::MissingSymbol("ncclAllReduce".into())
@@ -105,14 +111,14 @@ fn a_missing_required_symbol_is_named_with_the_library() {
 #[test]
 fn a_library_that_is_not_nccl_is_rejected() {
     let lib = stubcc::shared_library("not_nccl", "int something_else(void) { return 0; }\n");
-    let e = Nccl::load_from(&lib).unwrap_err();
+    let e = load_trusted(&lib).unwrap_err();
     assert_eq!(reason(e), Reason::MissingSymbol("ncclGetVersion".into()));
 }
 
 #[test]
 fn a_too_old_library_gives_both_versions() {
     let lib = stub("nccl_2155", NcclVersion::new(2, 15, 5), &[]);
-    let e = Nccl::load_from(&lib).unwrap_err();
+    let e = load_trusted(&lib).unwrap_err();
     assert_eq!(
         reason(e.clone()),
         Reason::TooOld {
@@ -128,7 +134,7 @@ fn a_too_old_library_gives_both_versions() {
 fn a_failing_version_query_is_reported() {
     let src = "int ncclGetVersion(int *v) { (void)v; return 4; }\n";
     let lib = stubcc::shared_library("nccl_badversion", src);
-    match reason(Nccl::load_from(&lib).unwrap_err()) {
+    match reason(load_trusted(&lib).unwrap_err()) {
         Reason::Version(msg) => assert!(msg.contains("ncclInvalidArgument"), "{msg}"),
         other => panic!("expected a version error, got {other}"),
     }
