@@ -8,6 +8,31 @@
 //! the host time they were recorded at. Tests steer it through the returned [`MockWorld`]:
 //! fault injection (`fail_next`), per-function call counts and live-handle counters.
 //!
+//! It is also a sanitizer. Its findings are kept as messages naming the call, the address
+//! and the reason ([`MockWorld::violations`]); the offending op is skipped and returns
+//! `CUDA_ERROR_ILLEGAL_ADDRESS`. Set `CUDA_SYS_MOCK_PANIC_ON_VIOLATION=1` to also print
+//! each one to stderr when it happens (it never panics: the callers are `extern "C"`).
+//!
+//! - Freed device memory is filled with `0xDD` and quarantined (its address is not reused
+//!   until the quarantine, bounded at 1 GiB or 4096 blocks, evicts it).
+//! - When an op executes (at enqueue, or at graph replay), every range it touches must lie
+//!   in one live allocation of its stream's device (peer copies may cross devices):
+//!   use after free, out-of-bounds ranges and another device's memory are reported, as
+//!   are frees of anything but a live allocation's start (double frees).
+//! - Vector clocks over streams, events and the host track what each op is ordered after,
+//!   with the legacy default stream's implicit synchronisation. A stream-ordered free
+//!   (`cuMemFreeAsync`) that is not ordered after every earlier use of the memory on other
+//!   streams is reported, though that work already ran.
+//!
+//! What it does not catch: since work runs eagerly, other cross-stream races (two
+//! unordered writes, or a read racing a write, on live memory) give right answers and go
+//! unreported; only frees are checked against the clocks. Device-wide synchronisations
+//! (`cuCtxSynchronize`, `cuMemFree`, synchronous copies) order the host after all work of
+//! every device, which can hide a missing synchronisation but never reports a false one.
+//! Memory evicted from the quarantine is really freed and no longer recognised.
+//! Other simulations take part through [`MockWorld::enqueue_op`], [`MockWorld::access`]
+//! and [`MockWorld::report`].
+//!
 //! Each built driver gets its own set of functions (one of [`MAX_WORLDS`] slots), so many
 //! simulated machines can live in one process, e.g. one per test thread.
 //!
@@ -25,20 +50,30 @@
 //! }
 //! assert_eq!(n, 2);
 //! assert!(world.live().is_empty());
+//! assert!(world.violations().is_empty());
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
 mod api;
+mod context;
+mod event;
+mod graph;
+mod init;
+mod macros;
+mod memory;
+mod sanitizer;
 mod slots;
 mod state;
+mod stream;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use sanitizer::Touch;
 #[doc(hidden)]
 pub use slots::SlotGuard;
 pub use state::{LiveHandles, MockDevice};
 
-use crate::{CUresult, Driver, LoadError};
+use crate::{CUresult, CUstream, Driver, LoadError};
 use state::State;
 
 /// How many simulated drivers can exist at once in one process.
@@ -136,7 +171,8 @@ impl World {
     }
 }
 
-/// Test-side handle of a simulated machine: faults, call counts, live handles.
+/// Test-side handle of a simulated machine: faults, call counts, live handles, and the
+/// sanitizer's reports.
 #[derive(Clone)]
 pub struct MockWorld {
     world: Arc<World>,
@@ -148,6 +184,7 @@ impl std::fmt::Debug for MockWorld {
             .field("id", &self.world.id)
             .field("devices", &self.world.devices.len())
             .field("live", &self.live())
+            .field("violations", &self.world.lock().violations.len())
             .finish()
     }
 }
@@ -203,7 +240,7 @@ impl MockWorld {
     /// The device ordinal of the context current on the calling thread, if any (for other
     /// simulations, such as the NCCL mock, which act on the "current device").
     pub fn current_device(&self) -> Option<i32> {
-        let ctx = api::current_context(self.world.id)?;
+        let ctx = context::current_context(self.world.id)?;
         self.world.lock().contexts.get(&ctx).map(|c| c.device)
     }
 
@@ -217,18 +254,57 @@ impl MockWorld {
     }
 
     /// The device ordinal of a stream's context (0: the calling thread's current context).
-    pub fn stream_device(&self, stream: crate::CUstream) -> Option<i32> {
-        api::stream_device(&self.world, stream)
+    pub fn stream_device(&self, stream: CUstream) -> Option<i32> {
+        stream::stream_device(&self.world, stream)
     }
 
     /// Runs `op` on `stream` in stream order: now, or when the captured graph is launched
     /// if the stream is being captured. `stream` 0 is the legacy default stream of the
-    /// calling thread's current context. For simulations layered on this one.
+    /// calling thread's current context. For simulations layered on this one; the same as
+    /// [`enqueue_op`](Self::enqueue_op) with no touches.
     pub fn enqueue(
         &self,
-        stream: crate::CUstream,
+        stream: CUstream,
         op: Arc<dyn Fn() -> CUresult + Send + Sync>,
     ) -> CUresult {
-        api::enqueue_custom(&self.world, stream, op)
+        stream::enqueue_op(&self.world, stream, "custom op", Vec::new(), op)
+    }
+
+    /// Enqueues `op` on `stream` like [`enqueue`](Self::enqueue), but when it executes (now,
+    /// or at graph replay) it is stamped on the stream, every touch is checked (violations
+    /// recorded; the op is then skipped and `CUDA_ERROR_ILLEGAL_ADDRESS` returned) and
+    /// recorded as a use of its allocation. `call` names the op in reports.
+    pub fn enqueue_op(
+        &self,
+        stream: CUstream,
+        call: &'static str,
+        touches: Vec<Touch>,
+        op: Arc<dyn Fn() -> CUresult + Send + Sync>,
+    ) -> CUresult {
+        stream::enqueue_op(&self.world, stream, call, touches, op)
+    }
+
+    /// The same checks and use-recording as [`enqueue_op`](Self::enqueue_op), for work
+    /// another simulation executes itself right now (e.g. at `ncclGroupEnd`) in the order
+    /// of `stream`: stamps an op on `stream`. `Err(CUDA_ERROR_ILLEGAL_ADDRESS)` when a
+    /// touch is illegal (reported), `Err(CUDA_ERROR_INVALID_HANDLE)` for an unknown stream.
+    pub fn access(&self, stream: CUstream, call: &str, touches: &[Touch]) -> Result<(), CUresult> {
+        stream::access(&self.world, stream, call, touches)
+    }
+
+    /// Records a violation found by another simulation (e.g. a call on a destroyed
+    /// communicator).
+    pub fn report(&self, violation: String) {
+        self.world.lock().violation(violation);
+    }
+
+    /// Every violation recorded so far, oldest first.
+    pub fn violations(&self) -> Vec<String> {
+        self.world.lock().violations.clone()
+    }
+
+    /// Returns the violations recorded so far, oldest first, and clears them.
+    pub fn take_violations(&self) -> Vec<String> {
+        std::mem::take(&mut self.world.lock().violations)
     }
 }

@@ -1,9 +1,10 @@
 //! The simulated machine's state: devices, contexts, streams, events, memory.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Instant;
 
+use super::sanitizer::{Clock, Quarantine, Use};
+use super::stream::Op;
 use crate::CUresult;
 
 /// One simulated device.
@@ -123,12 +124,18 @@ pub(crate) struct StreamInfo {
     pub(crate) ctx: usize,
     pub(crate) capture: Option<Vec<Op>>,
     pub(crate) capture_invalid: bool,
+    /// Created with `CU_STREAM_NON_BLOCKING`: not ordered against the legacy stream.
+    pub(crate) non_blocking: bool,
+    /// What this stream's next op is ordered after (see the sanitizer).
+    pub(crate) clock: Clock,
 }
 
 pub(crate) struct EventInfo {
     pub(crate) ctx: usize,
     pub(crate) timing: bool,
     pub(crate) recorded: Option<Instant>,
+    /// The recording stream's clock: what a wait on this event is ordered after.
+    pub(crate) clock: Clock,
 }
 
 /// Device memory: host memory aligned to 256 bytes, like the driver's allocations.
@@ -137,6 +144,8 @@ pub(crate) struct Alloc {
     pub(crate) len: usize,
     pub(crate) ctx: usize,
     pub(crate) device: i32,
+    /// Per stream key, the newest op that touched this allocation (for stream-ordered frees).
+    pub(crate) last_use: HashMap<usize, Use>,
 }
 
 // SAFETY: the allocation is plain memory owned by the state; access is serialised by the
@@ -149,30 +158,6 @@ impl Alloc {
     pub(crate) fn layout(len: usize) -> Option<std::alloc::Layout> {
         std::alloc::Layout::from_size_align(len, ALIGN).ok()
     }
-}
-
-/// A unit of stream work: run now, or recorded into a graph during capture.
-#[derive(Clone)]
-pub(crate) enum Op {
-    Copy {
-        dst: usize,
-        src: usize,
-        len: usize,
-    },
-    Memset {
-        dst: usize,
-        value: u32,
-        size: usize,
-        n: usize,
-    },
-    HostFn {
-        f: unsafe extern "C" fn(*mut core::ffi::c_void),
-        data: usize,
-    },
-    Record {
-        event: usize,
-    },
-    Custom(Arc<dyn Fn() -> CUresult + Send + Sync>),
 }
 
 #[derive(Default)]
@@ -192,6 +177,16 @@ pub(crate) struct State {
     pub(crate) peers: HashSet<(usize, usize)>,
     pub(crate) next_handle: usize,
     pub(crate) order_violations: u64,
+    /// Clocks of each context's legacy default stream, by context handle.
+    pub(crate) legacy: HashMap<usize, Clock>,
+    /// The host's clock: what it has waited for.
+    pub(crate) host_clock: Clock,
+    /// The newest stamp of every stream key ever used (device-wide syncs join it).
+    pub(crate) latest: Clock,
+    /// Freed device memory, poisoned and kept so it is not reused and its use is caught.
+    pub(crate) freed: Quarantine,
+    /// Sanitizer reports, oldest first.
+    pub(crate) violations: Vec<String>,
 }
 
 impl State {
@@ -229,10 +224,6 @@ impl State {
         let end = ptr.checked_add(len)?;
         (end <= start + a.len).then_some(a)
     }
-
-    pub(crate) fn is_device(&self, ptr: usize) -> bool {
-        self.find_alloc(ptr, 1).is_some()
-    }
 }
 
 impl Drop for State {
@@ -243,6 +234,7 @@ impl Drop for State {
                 unsafe { std::alloc::dealloc(a.ptr, layout) };
             }
         }
+        self.freed.clear();
         for (_, (p, layout)) in std::mem::take(&mut self.host) {
             // SAFETY: allocated in cuMemAllocHost with this layout and not freed since.
             unsafe { std::alloc::dealloc(p as *mut u8, layout) };
