@@ -56,6 +56,9 @@ pub(crate) type Done = Arc<Mutex<Option<ncclResult_t>>>;
 
 struct Slot {
     contribs: Vec<Option<(Contrib, Done)>>,
+    /// A rank withdrew its part (its work was refused when it was due to run): the
+    /// collective does not run and every part fails once all are in, so no peer hangs.
+    withdrawn: bool,
 }
 
 struct P2p {
@@ -63,6 +66,8 @@ struct P2p {
     count: usize,
     dtype: ncclDataType_t,
     done: Done,
+    /// Withdrawn, like [`Slot::withdrawn`]: the match fails instead of copying.
+    withdrawn: bool,
 }
 
 #[derive(Default)]
@@ -71,7 +76,8 @@ struct State {
     sends: HashMap<(usize, usize), VecDeque<P2p>>,
     recvs: HashMap<(usize, usize), VecDeque<P2p>>,
     splits: HashMap<u64, Vec<Option<SplitVote>>>,
-    aborted: bool,
+    /// Ranks whose communicator was aborted.
+    aborted: Vec<usize>,
 }
 
 /// A rank's (color, key) in a split, and where its result goes.
@@ -109,11 +115,12 @@ impl Clique {
         })
     }
 
-    /// Marks the clique dead: every pending and later operation fails with a remote error
-    /// and nothing stays queued.
-    pub(crate) fn abort(&self) {
+    /// Marks `rank` gone: every pending and later operation that needs it (every
+    /// collective, its sends and receives) fails with a remote error instead of waiting.
+    /// Transfers between other ranks go on, as with NCCL.
+    pub(crate) fn abort(&self, rank: usize) {
         let mut st = lock(&self.state);
-        st.aborted = true;
+        st.aborted.push(rank);
         let fail = |d: &Done| {
             let mut g = lock(d);
             if g.is_none() {
@@ -124,37 +131,59 @@ impl Clique {
             slot.contribs.iter().flatten().for_each(|(_, d)| fail(d));
         }
         let st = &mut *st;
-        let queued: Vec<_> = st.sends.drain().chain(st.recvs.drain()).collect();
-        for (_, q) in queued {
-            q.iter().for_each(|p| fail(&p.done));
+        for q in [&mut st.sends, &mut st.recvs] {
+            q.retain(|&(src, dst), q| {
+                let involved = src == rank || dst == rank;
+                if involved {
+                    q.iter().for_each(|p| fail(&p.done));
+                }
+                !involved
+            });
         }
         self.cond.notify_all();
     }
 
+    /// Whether any rank was aborted (its peers' asynchronous error reports it).
     pub(crate) fn is_aborted(&self) -> bool {
-        lock(&self.state).aborted
+        !lock(&self.state).aborted.is_empty()
     }
 
     /// Submits `rank`'s part of collective number `seq`; runs it if it is the last part.
     pub(crate) fn submit(&self, seq: u64, rank: usize, c: Contrib) -> Done {
+        self.submit_part(seq, rank, c, false)
+    }
+
+    /// Takes `rank`'s place in collective number `seq` without taking part: the
+    /// collective fails with `ncclRemoteError` for every rank once all parts are in.
+    pub(crate) fn withdraw(&self, seq: u64, rank: usize, c: Contrib) -> Done {
+        self.submit_part(seq, rank, c, true)
+    }
+
+    fn submit_part(&self, seq: u64, rank: usize, c: Contrib, withdrawn: bool) -> Done {
         let done: Done = Arc::new(Mutex::new(None));
         let mut st = lock(&self.state);
-        if st.aborted {
+        if !st.aborted.is_empty() {
             *lock(&done) = Some(ncclResult_t::ncclRemoteError);
             return done;
         }
         let size = self.size;
         let slot = st.colls.entry(seq).or_insert_with(|| Slot {
             contribs: vec![None; size],
+            withdrawn: false,
         });
         if let Some(place) = slot.contribs.get_mut(rank) {
             *place = Some((c, done.clone()));
         }
+        slot.withdrawn |= withdrawn;
         if slot.contribs.iter().all(Option::is_some)
             && let Some(slot) = st.colls.remove(&seq)
         {
             let parts: Vec<(Contrib, Done)> = slot.contribs.into_iter().flatten().collect();
-            let rc = execute(&parts);
+            let rc = if slot.withdrawn {
+                ncclResult_t::ncclRemoteError
+            } else {
+                execute(&parts)
+            };
             for (_, d) in &parts {
                 *lock(d) = Some(rc);
             }
@@ -174,9 +203,36 @@ impl Clique {
         count: usize,
         dtype: ncclDataType_t,
     ) -> Done {
+        self.post_part(is_send, src, dst, ptr, count, dtype, false)
+    }
+
+    /// Takes the place of a send or receive without doing it: the match fails with
+    /// `ncclRemoteError` on both sides instead of copying.
+    pub(crate) fn withdraw_p2p(
+        &self,
+        is_send: bool,
+        src: usize,
+        dst: usize,
+        count: usize,
+        dtype: ncclDataType_t,
+    ) -> Done {
+        self.post_part(is_send, src, dst, 0, count, dtype, true)
+    }
+
+    #[allow(clippy::too_many_arguments)] // post's arguments and the withdrawn flag
+    fn post_part(
+        &self,
+        is_send: bool,
+        src: usize,
+        dst: usize,
+        ptr: usize,
+        count: usize,
+        dtype: ncclDataType_t,
+        withdrawn: bool,
+    ) -> Done {
         let done: Done = Arc::new(Mutex::new(None));
         let mut st = lock(&self.state);
-        if st.aborted {
+        if st.aborted.iter().any(|&r| r == src || r == dst) {
             *lock(&done) = Some(ncclResult_t::ncclRemoteError);
             return done;
         }
@@ -185,6 +241,7 @@ impl Clique {
             count,
             dtype,
             done: done.clone(),
+            withdrawn,
         };
         let other = if is_send {
             st.recvs.get_mut(&(src, dst)).and_then(VecDeque::pop_front)
@@ -194,13 +251,17 @@ impl Clique {
         match other {
             Some(o) => {
                 let (s, r) = if is_send { (&me, &o) } else { (&o, &me) };
-                let rc = if s.count != r.count || s.dtype != r.dtype {
+                let rc = if s.withdrawn || r.withdrawn {
+                    ncclResult_t::ncclRemoteError
+                } else if s.count != r.count || s.dtype != r.dtype {
                     ncclResult_t::ncclInvalidUsage
                 } else {
                     let bytes = s.count * dtype::size_of(s.dtype).unwrap_or(1);
                     if bytes > 0 {
                         // SAFETY: both ranges were checked against live simulated device
-                        // allocations when the calls were made.
+                        // allocations when the calls were made and again (sanitizer) when
+                        // each side's work became due; freed simulated memory stays
+                        // allocated in the driver's quarantine, so it is never dangling.
                         unsafe { std::ptr::copy(s.ptr as *const u8, r.ptr as *mut u8, bytes) };
                     }
                     ncclResult_t::ncclSuccess
@@ -276,7 +337,7 @@ impl Clique {
             if let Some(o) = lock(&out).clone() {
                 return Ok(o);
             }
-            if st.aborted {
+            if !st.aborted.is_empty() {
                 return Err(ncclResult_t::ncclRemoteError);
             }
             let now = Instant::now();
@@ -291,15 +352,13 @@ impl Clique {
         }
     }
 
-    /// Waits for `done` until `deadline`; an abort or the deadline gives an error.
+    /// Waits for `done` until `deadline` (an abort of a rank it needs completes it with an
+    /// error); the deadline gives an error.
     pub(crate) fn wait(&self, done: &Done, deadline: Instant) -> ncclResult_t {
         let mut st = lock(&self.state);
         loop {
             if let Some(rc) = *lock(done) {
                 return rc;
-            }
-            if st.aborted {
-                return ncclResult_t::ncclRemoteError;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -328,7 +387,9 @@ fn read(ptr: usize, count: usize, dtype: ncclDataType_t) -> Vec<u8> {
     if n == 0 {
         return Vec::new();
     }
-    // SAFETY: the range was checked against a live simulated device allocation.
+    // SAFETY: the range was checked against a live simulated device allocation when the
+    // call was made and when its work became due; freed simulated memory stays allocated
+    // in the driver's quarantine, so it is never dangling.
     unsafe { std::slice::from_raw_parts(ptr as *const u8, n) }.to_vec()
 }
 
@@ -336,7 +397,9 @@ fn write(ptr: usize, data: &[u8]) {
     if data.is_empty() {
         return;
     }
-    // SAFETY: the range was checked against a live simulated device allocation.
+    // SAFETY: the range was checked against a live simulated device allocation when the
+    // call was made and when its work became due; freed simulated memory stays allocated
+    // in the driver's quarantine, so it is never dangling.
     unsafe { std::ptr::copy(data.as_ptr(), ptr as *mut u8, data.len()) };
 }
 

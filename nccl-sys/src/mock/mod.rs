@@ -8,6 +8,29 @@
 //! several ranks must use groups, as with real NCCL. [`MockNcclWorld`] injects faults,
 //! counts calls and live handles.
 //!
+//! It is also a **sanitizer** for the lifetimes of asynchronous work, built on the
+//! driver's ([`MockWorld::violations`]); misuse is recorded as a violation (a message
+//! naming the calls involved) and the offending call or work fails instead of touching
+//! freed memory:
+//!
+//! - Each rank's collective or send/recv declares the device ranges it really reads and
+//!   writes (by kind and count; on the root only for the root's side of rooted
+//!   collectives). They are checked, and recorded as uses on the stream, when the work is
+//!   due: in stream order, at each launch of a graph that captured it, and at
+//!   `ncclGroupEnd` for grouped calls (e.g. `ncclGroupEnd: ncclAllReduce reads sendbuff
+//!   0x..+64: freed by cuMemFree`). A stream-ordered free on another stream that is not
+//!   ordered after the work is reported by the driver. Refused work is withdrawn from its
+//!   peers, which then fail with `ncclRemoteError` instead of waiting for it.
+//! - Destroyed and aborted communicators are remembered (handles are never reused): any
+//!   later call with one, or a captured operation replayed after it, is reported as e.g.
+//!   `ncclRedOpDestroy: communicator 0x.. was freed by ncclCommAbort` and fails with
+//!   `ncclInvalidArgument`.
+//!
+//! Calls made with bad arguments still fail at the call, as with NCCL. A split child
+//! follows its parent's blocking mode unless the config sets one: a non-blocking
+//! `ncclCommSplit` returns `ncclInProgress` and completes in the background (the child's
+//! `ncclCommGetAsyncError` says when); inside a group, splits complete at `ncclGroupEnd`.
+//!
 //! ```
 //! use cuda_sys::mock::MockDriver;
 //! use nccl_sys::mock::MockNccl;
@@ -20,7 +43,13 @@
 
 mod api;
 mod clique;
+mod collective;
 mod dtype;
+mod group;
+mod init;
+mod query;
+mod redop;
+mod state;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,7 +58,7 @@ use cuda_sys::mock::{MockWorld, SlotGuard};
 
 use crate::{LoadError, Nccl, NcclVersion, ncclResult_t};
 
-pub use api::LiveComms;
+pub use state::LiveComms;
 
 /// Builder of a simulated NCCL.
 #[derive(Debug, Clone)]
@@ -79,7 +108,7 @@ impl MockNccl {
             timeout: self.timeout,
             null_ops: self.null_ops,
             cuda: self.cuda,
-            state: Mutex::new(api::State::default()),
+            state: Mutex::new(state::State::default()),
             cond: Condvar::new(),
         });
         let slot = api::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
@@ -93,7 +122,8 @@ impl MockNccl {
         });
         let resolver = api::resolver(slot, world.version);
         // SAFETY: the resolver returns the slot's mock functions, each declared with its
-        // table entry's exact type (checked in api.rs), valid while `guard` holds the slot.
+        // table entry's exact type (checked by each module's `lookup`), valid while
+        // `guard` holds the slot.
         let nccl = unsafe { Nccl::from_resolver_owned("mock NCCL", guard, resolver) }?;
         Ok((nccl, MockNcclWorld { world }))
     }
@@ -105,17 +135,17 @@ pub(crate) struct NWorld {
     pub(crate) timeout: Duration,
     pub(crate) null_ops: bool,
     pub(crate) cuda: MockWorld,
-    pub(crate) state: Mutex<api::State>,
+    pub(crate) state: Mutex<state::State>,
     pub(crate) cond: Condvar,
 }
 
 impl NWorld {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, api::State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, state::State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// Test-side handle of a simulated NCCL: faults, call counts, live handles.
+/// Test-side handle of a simulated NCCL: faults, call counts, live handles, violations.
 #[derive(Clone)]
 pub struct MockNcclWorld {
     world: Arc<NWorld>,
@@ -126,6 +156,7 @@ impl std::fmt::Debug for MockNcclWorld {
         f.debug_struct("MockNcclWorld")
             .field("id", &self.world.id)
             .field("live", &self.live())
+            .field("violations", &self.violations().len())
             .finish()
     }
 }
@@ -151,6 +182,17 @@ impl MockNcclWorld {
 
     /// Live communicators, reduction ops, pending inits and unmatched operations.
     pub fn live(&self) -> LiveComms {
-        api::live(&self.world)
+        state::live(&self.world)
+    }
+
+    /// The sanitizer's reports so far, oldest first: this NCCL's and its driver's (they
+    /// share one list, [`MockWorld::violations`]).
+    pub fn violations(&self) -> Vec<String> {
+        self.world.cuda.violations()
+    }
+
+    /// Returns the reports so far and clears them ([`MockWorld::take_violations`]).
+    pub fn take_violations(&self) -> Vec<String> {
+        self.world.cuda.take_violations()
     }
 }

@@ -1,0 +1,436 @@
+//! Communicator lifecycle: unique ids, init (by rank, with a config, all at once),
+//! finalize, destroy, abort and split.
+//!
+//! Ranks of one unique id meet in a rendezvous (`State::inits`); once all have come they
+//! share one [`Clique`]. Blocking inits wait for it in the call; non-blocking inits and
+//! inits inside a group join from a background thread.
+
+use std::ffi::{c_char, c_int};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::NWorld;
+use super::api::{h2p, nccl_mock, slot_of};
+use super::clique::Clique;
+use super::group::{Deferred, defer, in_group};
+use super::state::{Init, fail};
+use crate::*;
+
+/// Registers a rank of an init and returns its clique once every rank has come, or an
+/// error at the deadline.
+fn join_init(
+    w: &NWorld,
+    id: &[u8],
+    nranks: usize,
+    rank: usize,
+    device: i32,
+) -> Result<Arc<Clique>, ncclResult_t> {
+    let deadline = Instant::now() + w.timeout;
+    let mut s = w.lock();
+    {
+        let init = s.inits.entry(id.to_vec()).or_insert_with(|| Init {
+            nranks,
+            devices: vec![None; nranks],
+            clique: None,
+            taken: 0,
+        });
+        if init.nranks != nranks {
+            let msg = format!(
+                "rank {rank} asked for {nranks} ranks, another rank for {}",
+                init.nranks
+            );
+            return Err(fail(&mut s, ncclResult_t::ncclInvalidUsage, msg));
+        }
+        if init.devices[rank].is_some() {
+            return Err(fail(
+                &mut s,
+                ncclResult_t::ncclInvalidUsage,
+                format!("rank {rank} joined twice"),
+            ));
+        }
+        init.devices[rank] = Some(device);
+        if init.devices.iter().all(Option::is_some) {
+            let clique = Clique::new(init.devices.iter().map(|d| d.unwrap_or(0)).collect());
+            init.clique = Some(clique.clone());
+            s.cliques.push(Arc::downgrade(&clique));
+            w.cond.notify_all();
+        }
+    }
+    loop {
+        let cancelled = s
+            .inits
+            .get(id)
+            .is_none_or(|i| i.clique.is_none() && i.devices.get(rank).is_some_and(Option::is_none));
+        if cancelled {
+            let msg = format!("rank {rank}: init aborted");
+            return Err(fail(&mut s, ncclResult_t::ncclInvalidUsage, msg));
+        }
+        let ready = s.inits.get(id).and_then(|i| i.clique.clone());
+        if let Some(c) = ready {
+            let remove = match s.inits.get_mut(id) {
+                Some(i) => {
+                    i.taken += 1;
+                    i.taken == i.nranks
+                }
+                None => false,
+            };
+            if remove {
+                s.inits.remove(id);
+            }
+            return Ok(c);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            if let Some(i) = s.inits.get_mut(id) {
+                i.devices[rank] = None;
+                if i.devices.iter().all(Option::is_none) {
+                    s.inits.remove(id);
+                }
+            }
+            let msg = format!(
+                "rank {rank}: not every rank of {nranks} joined within {:?}",
+                w.timeout
+            );
+            return Err(fail(&mut s, ncclResult_t::ncclSystemError, msg));
+        }
+        s = w
+            .cond
+            .wait_timeout(s, deadline - now)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+}
+
+/// The device of the calling thread's current context, as NCCL's init uses.
+fn current_device(w: &NWorld) -> i32 {
+    w.cuda.current_device().unwrap_or(0)
+}
+
+fn init_rank(
+    w: &NWorld,
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: ncclUniqueId,
+    rank: c_int,
+    blocking: bool,
+) -> ncclResult_t {
+    if out.is_null() {
+        return fail(
+            &mut w.lock(),
+            ncclResult_t::ncclInvalidArgument,
+            "comm is NULL".into(),
+        );
+    }
+    if nranks < 1 || rank < 0 || rank >= nranks {
+        let msg = format!("invalid rank {rank} or nranks {nranks}");
+        return fail(&mut w.lock(), ncclResult_t::ncclInvalidArgument, msg);
+    }
+    let (n, r) = (nranks as usize, rank as usize);
+    let device = current_device(w);
+    let key: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+    if in_group(w.id) {
+        let h = {
+            let mut s = w.lock();
+            let h = s.new_comm(w, None, r, n, device);
+            if let Some(c) = s.comms.get_mut(&h) {
+                c.async_err = ncclResult_t::ncclInProgress;
+            }
+            h
+        };
+        defer(
+            w.id,
+            Deferred::Init {
+                handle: h,
+                id: key,
+                nranks: n,
+                rank: r,
+                device,
+            },
+        );
+        // SAFETY: checked non-null out-pointer.
+        unsafe { *out = h2p(h) };
+        return ncclResult_t::ncclSuccess;
+    }
+    if !blocking {
+        let h = {
+            let mut s = w.lock();
+            let h = s.new_comm(w, None, r, n, device);
+            if let Some(c) = s.comms.get_mut(&h) {
+                c.async_err = ncclResult_t::ncclInProgress;
+                c.blocking = false;
+                c.init = Some((key.clone(), r));
+            }
+            h
+        };
+        // SAFETY: checked non-null out-pointer.
+        unsafe { *out = h2p(h) };
+        let Some(world) = slot_of(w) else {
+            return ncclResult_t::ncclInternalError;
+        };
+        std::thread::spawn(move || finish_init(&world, h, &key, n, r, device));
+        return ncclResult_t::ncclInProgress;
+    }
+    match join_init(w, &key, n, r, device) {
+        Ok(clique) => {
+            let mut s = w.lock();
+            let h = s.new_comm(w, Some(clique), r, n, device);
+            // SAFETY: checked non-null out-pointer.
+            unsafe { *out = h2p(h) };
+            ncclResult_t::ncclSuccess
+        }
+        Err(rc) => rc,
+    }
+}
+
+/// Completes a deferred or non-blocking init of comm `h`.
+pub(super) fn finish_init(
+    w: &NWorld,
+    h: usize,
+    key: &[u8],
+    n: usize,
+    r: usize,
+    device: i32,
+) -> ncclResult_t {
+    let res = join_init(w, key, n, r, device);
+    let mut s = w.lock();
+    match (res, s.comms.get_mut(&h)) {
+        (Ok(clique), Some(c)) => {
+            c.clique = Some(clique);
+            c.async_err = ncclResult_t::ncclSuccess;
+            c.init = None;
+            ncclResult_t::ncclSuccess
+        }
+        (Err(rc), Some(c)) => {
+            c.async_err = rc;
+            rc
+        }
+        (_, None) => ncclResult_t::ncclInvalidArgument,
+    }
+}
+
+/// The explicit blocking mode of a config: `None` for a NULL config or an unset field.
+///
+/// # Safety
+/// `config` is NULL or points to a config the caller initialised.
+unsafe fn config_blocking(config: *const ncclConfig_t) -> Result<Option<bool>, String> {
+    if config.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null, initialised by the caller (we read only the header and
+    // `blocking`, present since 2.14).
+    let c = unsafe { &*config };
+    if c.magic != NCCL_API_MAGIC {
+        return Err("config not initialised with NCCL_CONFIG_INITIALIZER".into());
+    }
+    Ok((c.blocking != NCCL_CONFIG_UNDEF_INT).then_some(c.blocking != 0))
+}
+
+/// One rank's part of a split still to be carried out (now, in the background, or at
+/// the end of a group).
+pub(super) struct Split {
+    clique: Arc<Clique>,
+    seq: u64,
+    rank: usize,
+    color: c_int,
+    key: c_int,
+    /// The child's handle, 0 for NCCL_SPLIT_NOCOLOR.
+    child: usize,
+}
+
+/// Votes in the parent's split and completes the child with its clique and rank, or
+/// leaves the failure as its asynchronous error.
+pub(super) fn finish_split(w: &NWorld, job: Split) -> ncclResult_t {
+    let res = job.clique.split(
+        job.seq,
+        job.rank,
+        job.color,
+        job.key,
+        Instant::now() + w.timeout,
+    );
+    let mut s = w.lock();
+    match res {
+        Ok(out) => {
+            if let Some(cl) = &out.clique {
+                s.cliques.push(Arc::downgrade(cl));
+            }
+            // The child may have been aborted meanwhile; then nothing is left to fill in.
+            if let Some(c) = s.comms.get_mut(&job.child) {
+                c.size = out.clique.as_ref().map_or(0, |cl| cl.size);
+                c.clique = out.clique;
+                c.rank = out.rank;
+                c.async_err = ncclResult_t::ncclSuccess;
+            }
+            ncclResult_t::ncclSuccess
+        }
+        Err(rc) => {
+            if let Some(c) = s.comms.get_mut(&job.child) {
+                c.async_err = rc;
+            }
+            rc
+        }
+    }
+}
+
+nccl_mock! {
+    fn ncclGetUniqueId = get_unique_id(w, s, id: *mut ncclUniqueId) {
+        if id.is_null() {
+            return fail(&mut s, ncclResult_t::ncclInvalidArgument, "uniqueId is NULL".into());
+        }
+        let mut bytes = [0u8; 128];
+        match std::env::var("NCCL_COMM_ID") {
+            // Like NCCL: with NCCL_COMM_ID every call gives the same id (the address).
+            Ok(addr) if !addr.is_empty() => {
+                bytes[..8].copy_from_slice(b"MOCKADDR");
+                let a = addr.as_bytes();
+                let n = a.len().min(120);
+                bytes[8..8 + n].copy_from_slice(&a[..n]);
+            }
+            _ => {
+                s.id_counter += 1;
+                bytes[..8].copy_from_slice(b"MOCKNCCL");
+                bytes[8..16].copy_from_slice(&w.id.to_le_bytes());
+                bytes[16..24].copy_from_slice(&s.id_counter.to_le_bytes());
+                bytes[24..32].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+            }
+        }
+        // SAFETY: checked non-null out-pointer.
+        unsafe { (*id).internal = bytes.map(|b| b as c_char) };
+        ncclResult_t::ncclSuccess
+    }
+    fn ncclCommInitRank = comm_init_rank(w, s, comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) {
+        drop(s);
+        init_rank(w, comm, nranks, id, rank, true)
+    }
+    fn ncclCommInitRankConfig = comm_init_rank_config(w, s, comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) {
+        // SAFETY: `config` is NULL or the caller's initialised config.
+        let blocking = match unsafe { config_blocking(config) } {
+            Ok(mode) => mode.unwrap_or(true),
+            Err(msg) => return fail(&mut s, ncclResult_t::ncclInvalidArgument, msg),
+        };
+        drop(s);
+        init_rank(w, comm, nranks, id, rank, blocking)
+    }
+    fn ncclCommInitAll = comm_init_all(w, s, comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {
+        if comms.is_null() || ndev < 1 {
+            return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid ndev {ndev}"));
+        }
+        let n = ndev as usize;
+        let devices: Vec<i32> = (0..n)
+            .map(|i| if devlist.is_null() { i as i32 } else {
+                // SAFETY: the caller passes `ndev` device ids.
+                unsafe { *devlist.add(i) }
+            })
+            .collect();
+        if devices.iter().any(|&d| d < 0 || d as usize >= w.cuda.devices().len()) {
+            return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid device list {devices:?}"));
+        }
+        let clique = Clique::new(devices.clone());
+        s.cliques.push(Arc::downgrade(&clique));
+        for (r, d) in devices.iter().enumerate() {
+            let h = s.new_comm(w, Some(clique.clone()), r, n, *d);
+            // SAFETY: the caller passes room for `ndev` handles.
+            unsafe { *comms.add(r) = h2p(h) };
+        }
+        ncclResult_t::ncclSuccess
+    }
+    fn ncclCommFinalize = comm_finalize(w, s, comm: ncclComm_t) {
+        let c = match s.comm_mut(w, CALL, comm) {
+            Ok(c) => c,
+            Err(rc) => return rc,
+        };
+        let busy = c.pending.iter().any(|d| d.lock().unwrap_or_else(|x| x.into_inner()).is_none());
+        if !c.blocking && busy { ncclResult_t::ncclInProgress } else { ncclResult_t::ncclSuccess }
+    }
+    fn ncclCommDestroy = comm_destroy(w, s, comm: ncclComm_t) {
+        match s.check_comm(w, CALL, comm) {
+            Ok(h) => {
+                s.free_comm(h, CALL);
+                ncclResult_t::ncclSuccess
+            }
+            Err(rc) => rc,
+        }
+    }
+    fn ncclCommAbort = comm_abort(w, s, comm: ncclComm_t) {
+        let h = match s.check_comm(w, CALL, comm) {
+            Ok(h) => h,
+            Err(rc) => return rc,
+        };
+        let Some(c) = s.free_comm(h, CALL) else { return ncclResult_t::ncclInternalError };
+        if let Some(cl) = &c.clique {
+            cl.abort(c.rank);
+        }
+        if let Some((key, rank)) = &c.init {
+            // A rank still joining leaves the rendezvous.
+            if let Some(i) = s.inits.get_mut(key) {
+                if let Some(d) = i.devices.get_mut(*rank) {
+                    *d = None;
+                }
+                if i.devices.iter().all(Option::is_none) {
+                    s.inits.remove(key);
+                }
+            }
+            w.cond.notify_all();
+        }
+        ncclResult_t::ncclSuccess
+    }
+    fn ncclCommSplit = comm_split(w, s, comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) {
+        if newcomm.is_null() {
+            return fail(&mut s, ncclResult_t::ncclInvalidArgument, "newcomm is NULL".into());
+        }
+        let parent = match s.check_comm(w, CALL, comm) {
+            Ok(h) => h,
+            Err(rc) => return rc,
+        };
+        // SAFETY: `config` is NULL or the caller's initialised config.
+        let mode = match unsafe { config_blocking(config) } {
+            Ok(mode) => mode,
+            Err(msg) => return fail(&mut s, ncclResult_t::ncclInvalidArgument, msg),
+        };
+        let Some(c) = s.comms.get_mut(&parent) else { return ncclResult_t::ncclInternalError };
+        // Like NCCL: without an explicit mode the child follows its parent.
+        let blocking = mode.unwrap_or(c.blocking);
+        let Some(clique) = c.clique.clone() else { return ncclResult_t::ncclInvalidUsage };
+        if color < 0 && color != NCCL_SPLIT_NOCOLOR {
+            return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid color {color}"));
+        }
+        let (seq, rank, device) = (c.split_seq, c.rank, c.device);
+        c.split_seq += 1;
+        // The child exists from the start (rank and size come with the split), so a
+        // non-blocking or grouped caller can poll it; NOCOLOR ranks get none.
+        let child = if color == NCCL_SPLIT_NOCOLOR {
+            0
+        } else {
+            let h = s.new_comm(w, None, 0, 0, device);
+            if let Some(c) = s.comms.get_mut(&h) {
+                c.async_err = ncclResult_t::ncclInProgress;
+                c.blocking = blocking;
+            }
+            h
+        };
+        drop(s);
+        let job = Split { clique, seq, rank, color, key, child };
+        if in_group(w.id) {
+            // NCCL's pattern for several splits from one thread: all complete at the end.
+            defer(w.id, Deferred::Split(job));
+            // SAFETY: checked non-null out-pointer.
+            unsafe { *newcomm = h2p(child) };
+            return ncclResult_t::ncclSuccess;
+        }
+        if !blocking {
+            let Some(world) = slot_of(w) else { return ncclResult_t::ncclInternalError };
+            // SAFETY: checked non-null out-pointer.
+            unsafe { *newcomm = h2p(child) };
+            std::thread::spawn(move || finish_split(&world, job));
+            return if child == 0 { ncclResult_t::ncclSuccess } else { ncclResult_t::ncclInProgress };
+        }
+        let rc = finish_split(w, job);
+        if rc != ncclResult_t::ncclSuccess {
+            // Never handed out: it just goes.
+            w.lock().comms.remove(&child);
+            return rc;
+        }
+        // SAFETY: checked non-null out-pointer.
+        unsafe { *newcomm = h2p(child) };
+        ncclResult_t::ncclSuccess
+    }
+}
