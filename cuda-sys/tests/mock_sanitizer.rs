@@ -379,3 +379,55 @@ fn context_teardown_quarantines_what_it_frees() {
     assert_eq!(world.order_violations(), 1);
     assert_eq!(world.used_memory(0), 0);
 }
+
+/// A stream that waits for an event recorded in a running capture joins it: its work is
+/// recorded into the same graph (checked at replay), and it leaves when the capture ends.
+#[test]
+fn a_stream_joins_a_capture_through_an_event() {
+    let (d, world, _) = setup();
+    let f = d.fns();
+    let (a, b) = (stream(&d, 1), stream(&d, 1));
+    let buf = alloc(&d, 16);
+    let (mut fork, mut join) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: mock driver calls with live handles and valid out-pointers.
+    unsafe {
+        assert_eq!((f.cuEventCreate)(&mut fork, 2), OK);
+        assert_eq!((f.cuEventCreate)(&mut join, 2), OK);
+        assert_eq!((f.cuMemsetD8)(buf, 0, 16), OK);
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        assert_eq!((f.cuStreamBeginCapture)(a, mode), OK);
+        assert_eq!((f.cuEventRecord)(fork, a), OK);
+        assert_eq!((f.cuStreamWaitEvent)(b, fork, 0), OK);
+        assert_eq!((f.cuStreamIsCapturing)(b, &mut status), OK);
+        assert_eq!(
+            status,
+            cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+        );
+        assert_eq!((f.cuMemsetD8Async)(buf, 0x42, 16, b), OK);
+        assert_eq!(read(&d, buf, 16), [0; 16], "recorded, not run");
+        assert_eq!((f.cuEventRecord)(join, b), OK);
+        assert_eq!((f.cuStreamWaitEvent)(a, join, 0), OK);
+        assert_eq!((f.cuStreamEndCapture)(a, &mut graph), OK);
+        assert_eq!((f.cuStreamIsCapturing)(b, &mut status), OK);
+        assert_eq!(
+            status,
+            cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+        );
+        assert_eq!((f.cuGraphInstantiateWithFlags)(&mut exec, graph, 0), OK);
+        assert_eq!((f.cuGraphLaunch)(exec, a), OK);
+        assert_eq!(read(&d, buf, 16), [0x42; 16], "replayed");
+        assert_eq!((f.cuMemFree)(buf), OK);
+        assert_eq!(
+            (f.cuGraphLaunch)(exec, a),
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+    }
+    assert_eq!(
+        world.take_violations(),
+        [format!(
+            "cuGraphLaunch: cuMemsetD8Async writes {buf:#x}+16: freed by cuMemFree"
+        )]
+    );
+}

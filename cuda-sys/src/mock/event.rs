@@ -9,7 +9,7 @@ use super::context::current;
 use super::macros::mock_fns;
 use super::sanitizer::Clock;
 use super::state::EventInfo;
-use super::stream::{Op, OpKind, enqueue, stream_ctx};
+use super::stream::{Op, OpKind, capture_origin, enqueue, stream_ctx};
 use crate::*;
 
 mock_fns! {
@@ -23,7 +23,7 @@ mock_fns! {
         }
         let timing = flags & CUevent_flags::CU_EVENT_DISABLE_TIMING.0 == 0;
         let h = s.handle(w.id);
-        s.events.insert(h, EventInfo { ctx, timing, recorded: None, clock: Clock::default() });
+        s.events.insert(h, EventInfo { ctx, timing, recorded: None, clock: Clock::default(), capture: None });
         // SAFETY: checked non-null out-pointer.
         unsafe { *out = h2p(h) };
         CUresult::CUDA_SUCCESS
@@ -41,7 +41,13 @@ mock_fns! {
             return CUresult::CUDA_ERROR_INVALID_HANDLE;
         };
         match stream_ctx(w, &s, stream) {
-            Ok(c) if c == ev_ctx => enqueue(w, s, stream, Op::new("cuEventRecord", OpKind::Record { event: h })),
+            Ok(c) if c == ev_ctx => {
+                let origin = capture_origin(&s, p2h(stream));
+                if let Some(e) = s.events.get_mut(&h) {
+                    e.capture = origin;
+                }
+                enqueue(w, s, stream, Op::new("cuEventRecord", OpKind::Record { event: h }))
+            }
             Ok(_) => CUresult::CUDA_ERROR_INVALID_HANDLE,
             Err(e) => e,
         }

@@ -4,7 +4,7 @@
 
 use super::api::{h2p, p2h};
 use super::macros::mock_fns;
-use super::stream::{enqueue_from, stream_ctx};
+use super::stream::{capturing, enqueue_from, stream_ctx};
 use crate::*;
 
 mock_fns! {
@@ -34,6 +34,10 @@ mock_fns! {
             },
             None => return CUresult::CUDA_ERROR_INVALID_HANDLE,
         };
+        let origin = p2h(stream);
+        for st in s.streams.values_mut().filter(|st| st.joined == Some(origin)) {
+            st.joined = None;
+        }
         let h = s.handle(w.id);
         s.graphs.insert(h, ops);
         // SAFETY: checked non-null out-pointer.
@@ -47,7 +51,7 @@ mock_fns! {
         if let Err(e) = stream_ctx(w, &s, stream) {
             return e;
         }
-        let capturing = s.streams.get(&p2h(stream)).is_some_and(|st| st.capture.is_some());
+        let capturing = capturing(&s, p2h(stream));
         // SAFETY: checked non-null out-pointer.
         unsafe {
             *status = if capturing {

@@ -124,6 +124,9 @@ pub(crate) struct StreamInfo {
     pub(crate) ctx: usize,
     pub(crate) capture: Option<Vec<Op>>,
     pub(crate) capture_invalid: bool,
+    /// The stream whose capture this one joined by waiting for an event recorded in it:
+    /// its work is recorded into that capture until the capture ends.
+    pub(crate) joined: Option<usize>,
     /// Created with `CU_STREAM_NON_BLOCKING`: not ordered against the legacy stream.
     pub(crate) non_blocking: bool,
     /// What this stream's next op is ordered after (see the sanitizer).
@@ -136,6 +139,9 @@ pub(crate) struct EventInfo {
     pub(crate) recorded: Option<Instant>,
     /// The recording stream's clock: what a wait on this event is ordered after.
     pub(crate) clock: Clock,
+    /// The capture (its origin stream) the event was last recorded in: a stream that
+    /// waits for it joins that capture.
+    pub(crate) capture: Option<usize>,
 }
 
 /// Device memory: host memory aligned to 256 bytes, like the driver's allocations.

@@ -130,9 +130,23 @@ pub(super) fn stream_ctx(w: &World, s: &State, stream: CUstream) -> Result<usize
     stream_key(w, s, stream).map(|(_, c)| c)
 }
 
-/// Whether stream `key` is being captured.
+/// Whether stream `key` is being captured (by its own capture or one it joined).
 pub(super) fn capturing(s: &State, key: usize) -> bool {
-    s.streams.get(&key).is_some_and(|st| st.capture.is_some())
+    capture_origin(s, key).is_some()
+}
+
+/// The stream whose capture records `key`'s work: itself, or the capture it joined while
+/// that is still running.
+pub(super) fn capture_origin(s: &State, key: usize) -> Option<usize> {
+    let st = s.streams.get(&key)?;
+    if st.capture.is_some() {
+        return Some(key);
+    }
+    let origin = st.joined?;
+    s.streams
+        .get(&origin)
+        .is_some_and(|o| o.capture.is_some())
+        .then_some(origin)
 }
 
 /// Checks what can be checked before an op runs (arguments, not addresses).
@@ -262,8 +276,8 @@ pub(super) fn enqueue_from(
     if let Err(e) = validate(&s, &op) {
         return e;
     }
-    if let Some(st) = s.streams.get_mut(&key)
-        && let Some(cap) = st.capture.as_mut()
+    if let Some(origin) = capture_origin(&s, key)
+        && let Some(cap) = s.streams.get_mut(&origin).and_then(|o| o.capture.as_mut())
     {
         cap.push(op);
         return CUresult::CUDA_SUCCESS;
@@ -338,6 +352,7 @@ fn create_stream(w: &World, s: &mut State, out: *mut CUstream, flags: c_uint) ->
             ctx,
             capture: None,
             capture_invalid: false,
+            joined: None,
             non_blocking: flags & CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0,
             clock: Clock::default(),
         },
@@ -368,11 +383,12 @@ mock_fns! {
             Err(e) => return e,
         };
         // As on a real device: synchronising a capturing stream fails and spoils the capture.
-        if let Some(st) = s.streams.get_mut(&p2h(stream))
-            && st.capture.is_some() {
-                st.capture_invalid = true;
-                return CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-            }
+        if let Some(origin) = capture_origin(&s, key)
+            && let Some(st) = s.streams.get_mut(&origin)
+        {
+            st.capture_invalid = true;
+            return CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
         s.host_sync_stream(key, ctx);
         CUresult::CUDA_SUCCESS
     }
@@ -393,9 +409,18 @@ mock_fns! {
             Ok((key, _)) => key,
             Err(e) => return e,
         };
-        let Some(clock) = s.events.get(&p2h(event)).map(|e| e.clock.clone()) else {
+        let Some((clock, joins)) = s.events.get(&p2h(event)).map(|e| (e.clock.clone(), e.capture)) else {
             return CUresult::CUDA_ERROR_INVALID_HANDLE;
         };
+        // Waiting for an event recorded in a running capture joins that capture.
+        if let Some(origin) = joins
+            && origin != key
+            && !capturing(&s, key)
+            && capturing(&s, origin)
+            && let Some(st) = s.streams.get_mut(&key)
+        {
+            st.joined = Some(origin);
+        }
         // Nothing is stamped while capturing (a captured wait orders nothing at replay:
         // the graph runs on one stream).
         if !capturing(&s, key) {
