@@ -55,9 +55,12 @@ impl Context {
     pub(crate) fn retain_primary(device: &Device) -> Result<Context> {
         let mut raw: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        let rc =
-            unsafe { (device.cuda().fns().cuDevicePrimaryCtxRetain)(&mut raw, device.as_raw()) };
-        device.cuda().check(rc, "cuDevicePrimaryCtxRetain")?;
+        unsafe {
+            call!(
+                device.cuda(),
+                cuDevicePrimaryCtxRetain(&mut raw, device.as_raw())
+            )
+        }?;
         Ok(Context {
             inner: Arc::new(Inner {
                 device: device.clone(),
@@ -83,22 +86,24 @@ impl Context {
     }
 
     /// Makes this context current on the calling thread until the guard drops, when the
-    /// previous one is restored. Cheap when it is already current (one driver call).
-    #[doc(alias = "cuCtxSetCurrent")]
+    /// one current before is current again. Cheap when it is already current (one driver
+    /// call, and nothing to undo); otherwise it is pushed on the thread's context stack
+    /// and popped by the guard, so the guard never names a context it does not own.
+    #[doc(alias = "cuCtxPushCurrent")]
+    #[doc(alias = "cuCtxPopCurrent")]
     pub fn bind(&self) -> Result<CurrentGuard<'_>> {
-        let fns = self.cuda().fns();
-        let mut prev: CUcontext = std::ptr::null_mut();
+        let mut cur: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (fns.cuCtxGetCurrent)(&mut prev) };
-        self.cuda().check(rc, "cuCtxGetCurrent")?;
-        if prev != self.inner.raw {
-            // SAFETY: our context is retained for as long as `self` lives.
-            let rc = unsafe { (fns.cuCtxSetCurrent)(self.inner.raw) };
-            self.cuda().check(rc, "cuCtxSetCurrent")?;
+        unsafe { call!(self.cuda(), cuCtxGetCurrent(&mut cur)) }?;
+        let pushed = cur != self.inner.raw;
+        if pushed {
+            // SAFETY: our context is retained for as long as `self` lives, which the guard
+            // borrows.
+            unsafe { call!(self.cuda(), cuCtxPushCurrent(self.inner.raw)) }?;
         }
         Ok(CurrentGuard {
             ctx: self,
-            prev,
+            pushed,
             _not_send: PhantomData,
         })
     }
@@ -109,8 +114,7 @@ impl Context {
         let _g = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the context is current.
-        let rc = unsafe { (self.cuda().fns().cuMemGetInfo)(&mut free, &mut total) };
-        self.cuda().check(rc, "cuMemGetInfo")?;
+        unsafe { call!(self.cuda(), cuMemGetInfo(&mut free, &mut total)) }?;
         Ok((free, total))
     }
 
@@ -119,18 +123,30 @@ impl Context {
     pub fn synchronize(&self) -> Result<()> {
         let _g = self.bind()?;
         // SAFETY: a context is current.
-        let rc = unsafe { (self.cuda().fns().cuCtxSynchronize)() };
-        self.cuda().check(rc, "cuCtxSynchronize")
+        unsafe { call!(self.cuda(), cuCtxSynchronize()) }
     }
 }
 
-/// Keeps a context current on this thread; restores the previous one on drop. Not `Send`:
-/// "current" is a property of the thread.
+/// Keeps a context current on this thread; the previous one is current again on drop. Not
+/// `Send`: "current" is a property of the thread. Guards dropped out of order leave the
+/// right context current once all are gone; this crate's own calls never rely on a guard
+/// they did not make.
 pub struct CurrentGuard<'a> {
     ctx: &'a Context,
-    prev: CUcontext,
+    pushed: bool,
     _not_send: PhantomData<*const ()>,
 }
+
+impl std::fmt::Debug for CurrentGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CurrentGuard")
+            .field("device", &self.ctx.device().ordinal())
+            .field("pushed", &self.pushed)
+            .finish()
+    }
+}
+
+static_assertions::assert_not_impl_any!(CurrentGuard<'static>: Send, Sync);
 
 impl CurrentGuard<'_> {
     /// The context this guard keeps current.
@@ -141,9 +157,11 @@ impl CurrentGuard<'_> {
 
 impl Drop for CurrentGuard<'_> {
     fn drop(&mut self) {
-        if self.prev != self.ctx.inner.raw {
-            // SAFETY: restoring what was current before (possibly null, which unbinds).
-            let _ = unsafe { (self.ctx.cuda().fns().cuCtxSetCurrent)(self.prev) };
+        if self.pushed {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: pops the entry `bind` pushed on this thread's stack (the guard is not
+            // Send); the driver owns the stack, so nothing stale is named here.
+            let _ = unsafe { (self.ctx.cuda().fns().cuCtxPopCurrent)(&mut popped) };
         }
     }
 }

@@ -43,8 +43,7 @@ impl Cuda {
             inner: Arc::new(driver),
         };
         // SAFETY: cuInit(0) has no preconditions.
-        let rc = unsafe { (cuda.fns().cuInit)(0) };
-        cuda.check(rc, "cuInit")?;
+        unsafe { call!(cuda, cuInit(0)) }?;
         Ok(cuda)
     }
 
@@ -126,8 +125,7 @@ impl Cuda {
     pub fn device_count(&self) -> Result<usize> {
         let mut n = 0;
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (self.fns().cuDeviceGetCount)(&mut n) };
-        self.check(rc, "cuDeviceGetCount")?;
+        unsafe { call!(self, cuDeviceGetCount(&mut n)) }?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
 

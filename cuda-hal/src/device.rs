@@ -35,8 +35,7 @@ impl Device {
     pub(crate) fn get(cuda: &Cuda, ordinal: i32) -> Result<Device> {
         let mut raw = 0;
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (cuda.fns().cuDeviceGet)(&mut raw, ordinal) };
-        cuda.check(rc, "cuDeviceGet")?;
+        unsafe { call!(cuda, cuDeviceGet(&mut raw, ordinal)) }?;
         Ok(Device {
             cuda: cuda.clone(),
             raw,
@@ -64,8 +63,7 @@ impl Device {
     pub fn name(&self) -> Result<String> {
         let mut buf = [0 as c_char; 256];
         // SAFETY: the buffer holds 256 bytes and we pass that length.
-        let rc = unsafe { (self.cuda.fns().cuDeviceGetName)(buf.as_mut_ptr(), 256, self.raw) };
-        self.cuda.check(rc, "cuDeviceGetName")?;
+        unsafe { call!(self.cuda, cuDeviceGetName(buf.as_mut_ptr(), 256, self.raw)) }?;
         Ok(c_string(&buf))
     }
 
@@ -74,8 +72,7 @@ impl Device {
     pub fn uuid(&self) -> Result<DeviceUuid> {
         let mut u = CUuuid::default();
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (self.cuda.fns().cuDeviceGetUuid)(&mut u, self.raw) };
-        self.cuda.check(rc, "cuDeviceGetUuid")?;
+        unsafe { call!(self.cuda, cuDeviceGetUuid(&mut u, self.raw)) }?;
         Ok(DeviceUuid(u.bytes.map(|b| b as u8)))
     }
 
@@ -84,8 +81,7 @@ impl Device {
     pub fn total_memory(&self) -> Result<usize> {
         let mut n = 0usize;
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (self.cuda.fns().cuDeviceTotalMem)(&mut n, self.raw) };
-        self.cuda.check(rc, "cuDeviceTotalMem")?;
+        unsafe { call!(self.cuda, cuDeviceTotalMem(&mut n, self.raw)) }?;
         Ok(n)
     }
 
@@ -102,8 +98,12 @@ impl Device {
     pub fn pci_bus_id(&self) -> Result<PciBusId> {
         let mut buf = [0 as c_char; 64];
         // SAFETY: the buffer holds 64 bytes and we pass that length.
-        let rc = unsafe { (self.cuda.fns().cuDeviceGetPCIBusId)(buf.as_mut_ptr(), 64, self.raw) };
-        self.cuda.check(rc, "cuDeviceGetPCIBusId")?;
+        unsafe {
+            call!(
+                self.cuda,
+                cuDeviceGetPCIBusId(buf.as_mut_ptr(), 64, self.raw)
+            )
+        }?;
         c_string(&buf).parse()
     }
 
@@ -112,8 +112,7 @@ impl Device {
     pub fn attribute(&self, attribute: CUdevice_attribute) -> Result<i32> {
         let mut v = 0;
         // SAFETY: valid out-pointer; the driver validates the attribute.
-        let rc = unsafe { (self.cuda.fns().cuDeviceGetAttribute)(&mut v, attribute, self.raw) };
-        self.cuda.check(rc, "cuDeviceGetAttribute")?;
+        unsafe { call!(self.cuda, cuDeviceGetAttribute(&mut v, attribute, self.raw)) }?;
         Ok(v)
     }
 
@@ -122,8 +121,7 @@ impl Device {
     pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
         let mut v = 0;
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (self.cuda.fns().cuDeviceCanAccessPeer)(&mut v, self.raw, peer.raw) };
-        self.cuda.check(rc, "cuDeviceCanAccessPeer")?;
+        unsafe { call!(self.cuda, cuDeviceCanAccessPeer(&mut v, self.raw, peer.raw)) }?;
         Ok(v != 0)
     }
 

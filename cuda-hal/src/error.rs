@@ -95,6 +95,30 @@ pub enum Error {
         /// The device ordinal of the object passed.
         found: i32,
     },
+    /// A call that waits for its stream was made while a capture records that stream.
+    #[error(
+        "{what} waits for its stream, which is being captured into a graph; end the capture \
+         first (or use the unsafe `*_async` form)"
+    )]
+    Capturing {
+        /// The operation.
+        what: &'static str,
+    },
+    /// Captured work depends on something that is no longer usable.
+    #[error("the graph cannot be launched: {what}")]
+    Unusable {
+        /// What is gone, and why (e.g. a communicator that was aborted).
+        what: String,
+    },
+    /// A capture was not begun through this crate, so nothing it recorded is kept alive.
+    #[error(
+        "{what}: the stream's capture was not begun with Stream::begin_capture, so this \
+         crate cannot keep the captured work's memory alive"
+    )]
+    ForeignCapture {
+        /// The operation.
+        what: &'static str,
+    },
     /// A size in bytes does not fit in `usize`.
     #[error("size overflow: {count} elements of {size} bytes each")]
     SizeOverflow {

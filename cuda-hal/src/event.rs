@@ -1,18 +1,23 @@
 //! Events: markers in a stream, for ordering across streams and for timing.
 
+use std::sync::{Arc, Mutex};
+
 use cuda_sys::{CUevent, CUevent_flags, CUresult};
 
+use crate::tracking::{CaptureLog, lock};
 use crate::{Context, Result, Stream};
 
 /// A CUDA event of one context.
 pub struct Event {
     ctx: Context,
     raw: CUevent,
+    /// The capture its last record was part of: a stream that waits for it joins it.
+    capture: Mutex<Option<Arc<CaptureLog>>>,
 }
 
 // SAFETY: event handles are usable from any thread; the driver serialises access.
 unsafe impl Send for Event {}
-// SAFETY: as above; no interior mutability.
+// SAFETY: as above; the only interior mutability is the capture slot, behind a mutex.
 unsafe impl Sync for Event {}
 
 impl std::fmt::Debug for Event {
@@ -39,11 +44,11 @@ impl Event {
         let _g = ctx.bind()?;
         let mut raw: CUevent = std::ptr::null_mut();
         // SAFETY: valid out-pointer; a context is current.
-        let rc = unsafe { (ctx.cuda().fns().cuEventCreate)(&mut raw, flags) };
-        ctx.cuda().check(rc, "cuEventCreate")?;
+        unsafe { call!(ctx.cuda(), cuEventCreate(&mut raw, flags)) }?;
         Ok(Event {
             ctx: ctx.clone(),
             raw,
+            capture: Mutex::new(None),
         })
     }
 
@@ -62,28 +67,33 @@ impl Event {
     pub fn record(&self, stream: &Stream) -> Result<()> {
         stream.same_context(&self.ctx, "Event::record")?;
         let _g = stream.bind_if_legacy()?;
+        // Before the driver call, as for every capture bookkeeping.
+        *lock(&self.capture) = stream.capture_log();
         // SAFETY: event and stream of the same context.
-        let rc = unsafe { (self.ctx.cuda().fns().cuEventRecord)(self.raw, stream.as_raw()) };
-        self.ctx.cuda().check(rc, "cuEventRecord")
+        unsafe { call!(self.ctx.cuda(), cuEventRecord(self.raw, stream.as_raw())) }
+    }
+
+    /// The capture the event was last recorded in, if any.
+    pub(crate) fn capture_log(&self) -> Option<Arc<CaptureLog>> {
+        lock(&self.capture).clone()
     }
 
     /// Blocks until the work before the recorded point is done.
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: a valid event.
-        let rc = unsafe { (self.ctx.cuda().fns().cuEventSynchronize)(self.raw) };
-        self.ctx.cuda().check(rc, "cuEventSynchronize")
+        unsafe { call!(self.ctx.cuda(), cuEventSynchronize(self.raw)) }
     }
 
     /// Whether the work before the recorded point is done, without blocking.
     #[doc(alias = "cuEventQuery")]
     pub fn is_complete(&self) -> Result<bool> {
         // SAFETY: a valid event.
-        let rc = unsafe { (self.ctx.cuda().fns().cuEventQuery)(self.raw) };
+        let (rc, name) = unsafe { raw_call!(self.ctx.cuda(), cuEventQuery(self.raw)) };
         if rc == CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
-        self.ctx.cuda().check(rc, "cuEventQuery")?;
+        self.ctx.cuda().check(rc, name)?;
         Ok(true)
     }
 
@@ -92,8 +102,12 @@ impl Event {
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         let mut ms = 0f32;
         // SAFETY: valid events and out-pointer.
-        let rc = unsafe { (self.ctx.cuda().fns().cuEventElapsedTime)(&mut ms, self.raw, end.raw) };
-        self.ctx.cuda().check(rc, "cuEventElapsedTime")?;
+        unsafe {
+            call!(
+                self.ctx.cuda(),
+                cuEventElapsedTime(&mut ms, self.raw, end.raw)
+            )
+        }?;
         Ok(ms)
     }
 }

@@ -1,8 +1,17 @@
 //! CUDA graphs: capture a stream's work once, replay it with one launch.
+//!
+//! A graph names the device memory (and communicators) of the work it recorded, and can
+//! be launched long after the capture. So everything noted during the capture
+//! ([`Stream::hold`]) is owned by the graph: dropping a buffer that a graph uses only
+//! drops the buffer's handle, and the memory is freed once the graph is gone and its
+//! launches are done.
+
+use std::sync::Arc;
 
 use cuda_sys::{CUgraph, CUgraphExec, CUstreamCaptureMode, CUstreamCaptureStatus};
 
-use crate::{Context, Result, Stream};
+use crate::tracking::{CaptureLog, Dependency, KeepAlive, gated, lock};
+use crate::{Context, Error, Result, Stream};
 
 /// How a capture treats unsafe calls from other threads (`CUstreamCaptureMode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,65 +35,120 @@ impl CaptureMode {
 }
 
 impl Stream {
-    /// Starts recording the work enqueued on this stream instead of running it.
+    /// Starts recording the work enqueued on this stream instead of running it. What the
+    /// recorded work uses is kept alive by the graph [`end_capture`](Self::end_capture)
+    /// returns.
     #[doc(alias = "cuStreamBeginCapture")]
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        let cuda = self.context().cuda();
+        if self.capture_log().is_some() {
+            return Err(Error::Capturing {
+                what: "begin_capture",
+            });
+        }
+        // Before the driver call: a thread whose work the driver records must see it.
+        self.set_capture(Some(Arc::new(CaptureLog::default())));
+        let _g = self.bind_if_legacy()?;
         // SAFETY: a valid stream; the mode is a documented value.
-        let rc = unsafe { (cuda.fns().cuStreamBeginCapture)(self.as_raw(), mode.raw()) };
-        cuda.check(rc, "cuStreamBeginCapture")
+        let r = unsafe {
+            call!(
+                self.context().cuda(),
+                cuStreamBeginCapture(self.as_raw(), mode.raw())
+            )
+        };
+        if r.is_err() {
+            self.set_capture(None);
+        }
+        r
     }
 
-    /// Stops recording and returns the captured work as a graph.
+    /// Stops recording and returns the captured work as a graph. Fails without a driver
+    /// call when the capture was not begun with [`begin_capture`](Self::begin_capture).
     #[doc(alias = "cuStreamEndCapture")]
     pub fn end_capture(&self) -> Result<Graph> {
+        let Some(log) = self.capture_log() else {
+            return Err(Error::ForeignCapture {
+                what: "end_capture",
+            });
+        };
         let cuda = self.context().cuda();
         let mut raw: CUgraph = std::ptr::null_mut();
         // SAFETY: a valid stream and out-pointer.
-        let rc = unsafe { (cuda.fns().cuStreamEndCapture)(self.as_raw(), &mut raw) };
-        cuda.check(rc, "cuStreamEndCapture")?;
+        let r = unsafe { call!(cuda, cuStreamEndCapture(self.as_raw(), &mut raw)) };
+        // The capture is over unless the driver says it still runs (a joined stream asked).
+        if r.is_ok() || !self.is_capturing().unwrap_or(false) {
+            log.ended.store(true, std::sync::atomic::Ordering::Release);
+            self.set_capture(None);
+        }
+        r?;
+        let held = std::mem::take(&mut *lock(&log.held));
         Ok(Graph {
             ctx: self.context().clone(),
             raw,
+            held: held.into(),
         })
     }
 
-    /// Whether the stream is being captured.
+    /// Whether the driver is capturing the stream.
     #[doc(alias = "cuStreamIsCapturing")]
     pub fn is_capturing(&self) -> Result<bool> {
-        let cuda = self.context().cuda();
+        let _g = self.bind_if_legacy()?;
         let mut st = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: a valid stream and out-pointer.
-        let rc = unsafe { (cuda.fns().cuStreamIsCapturing)(self.as_raw(), &mut st) };
-        cuda.check(rc, "cuStreamIsCapturing")?;
+        unsafe {
+            call!(
+                self.context().cuda(),
+                cuStreamIsCapturing(self.as_raw(), &mut st)
+            )
+        }?;
         Ok(st == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
     }
 }
 
-/// A captured graph.
+/// A captured graph. It owns what its work uses (see the module docs).
 pub struct Graph {
     ctx: Context,
     raw: CUgraph,
+    held: Arc<[KeepAlive]>,
 }
 
 // SAFETY: graph handles are usable from any thread, one call at a time (`&mut`-free API;
-// instantiation only reads the graph).
+// instantiation only reads the graph); what it holds is `Send + Sync`.
 unsafe impl Send for Graph {}
 
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("device", &self.ctx.device().ordinal())
+            .field("holds", &self.held.len())
+            .finish()
+    }
+}
+
 impl Graph {
-    /// Makes an executable graph of it.
+    /// Makes an executable graph of it; the executable graph owns what the work uses too.
     #[doc(alias = "cuGraphInstantiateWithFlags")]
     pub fn instantiate(&self) -> Result<GraphExec> {
-        let cuda = self.ctx.cuda();
         let mut raw: CUgraphExec = std::ptr::null_mut();
         let _g = self.ctx.bind()?;
         // SAFETY: a valid graph and out-pointer; flags 0.
-        let rc = unsafe { (cuda.fns().cuGraphInstantiateWithFlags)(&mut raw, self.raw, 0) };
-        cuda.check(rc, "cuGraphInstantiateWithFlags")?;
+        unsafe {
+            call!(
+                self.ctx.cuda(),
+                cuGraphInstantiateWithFlags(&mut raw, self.raw, 0)
+            )
+        }?;
         Ok(GraphExec {
-            ctx: self.ctx.clone(),
-            raw,
+            inner: Arc::new(ExecInner {
+                ctx: self.ctx.clone(),
+                raw,
+                held: self.held.clone(),
+            }),
         })
+    }
+
+    /// How many buffers, communicators and other dependencies the graph keeps alive.
+    pub fn dependencies(&self) -> usize {
+        self.held.len()
     }
 }
 
@@ -95,29 +159,67 @@ impl Drop for Graph {
     }
 }
 
-/// An executable graph: replays the captured work.
-pub struct GraphExec {
+struct ExecInner {
     ctx: Context,
     raw: CUgraphExec,
+    held: Arc<[KeepAlive]>,
 }
 
-// SAFETY: as for `Graph`.
-unsafe impl Send for GraphExec {}
+// SAFETY: as for `Graph`; the driver serialises launches of one executable graph.
+unsafe impl Send for ExecInner {}
+// SAFETY: as above; `launch` is the only use and takes `&self`.
+unsafe impl Sync for ExecInner {}
 
-impl GraphExec {
-    /// Enqueues one replay on `stream`.
-    #[doc(alias = "cuGraphLaunch")]
-    pub fn launch(&self, stream: &Stream) -> Result<()> {
-        let cuda = self.ctx.cuda();
-        // SAFETY: a valid executable graph and stream.
-        let rc = unsafe { (cuda.fns().cuGraphLaunch)(self.raw, stream.as_raw()) };
-        cuda.check(rc, "cuGraphLaunch")
+impl Dependency for ExecInner {}
+
+impl Drop for ExecInner {
+    fn drop(&mut self) {
+        // SAFETY: created by instantiate and destroyed once; launches already enqueued
+        // complete (the driver defers the release), and `held` is dropped after this.
+        let _ = unsafe { (self.ctx.cuda().fns().cuGraphExecDestroy)(self.raw) };
     }
 }
 
-impl Drop for GraphExec {
-    fn drop(&mut self) {
-        // SAFETY: created by instantiate and destroyed once.
-        let _ = unsafe { (self.ctx.cuda().fns().cuGraphExecDestroy)(self.raw) };
+/// An executable graph: replays the captured work. It owns what the work uses.
+pub struct GraphExec {
+    inner: Arc<ExecInner>,
+}
+
+static_assertions::assert_impl_all!(GraphExec: Send);
+
+impl std::fmt::Debug for GraphExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphExec")
+            .field("device", &self.inner.ctx.device().ordinal())
+            .field("holds", &self.inner.held.len())
+            .finish()
+    }
+}
+
+impl GraphExec {
+    /// Enqueues one replay on `stream`. Every dependency that can become unusable (a
+    /// communicator that was aborted or destroyed) is checked, and stays usable while
+    /// the launch is enqueued; the memory the work uses is then freed only after this
+    /// launch is done.
+    #[doc(alias = "cuGraphLaunch")]
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        let inner = &self.inner;
+        for k in inner.held.iter() {
+            k.dependency().used_on(stream);
+        }
+        // A launch recorded by another capture (or deferred) needs this graph too.
+        stream.hold(|| KeepAlive::new(inner.clone() as Arc<dyn Dependency>));
+        let gates: Vec<KeepAlive> = inner
+            .held
+            .iter()
+            .filter(|k| k.dependency().gated())
+            .cloned()
+            .collect();
+        let _g = stream.bind_if_legacy()?;
+        gated(&gates, &mut || {
+            // SAFETY: a valid executable graph and stream; what its work uses is owned by
+            // `inner` and, through the use logs noted above, freed after this launch.
+            unsafe { call!(inner.ctx.cuda(), cuGraphLaunch(inner.raw, stream.as_raw())) }
+        })
     }
 }

@@ -24,6 +24,82 @@
 //!
 //! With the `mock` feature, [`Cuda::mock`] builds the same API over a simulated driver
 //! ([`mock`]), for tests on machines without a GPU.
+//!
+//! # Safety: the memory model for asynchronous work
+//!
+//! A call that enqueues GPU work returns before the work runs; a call inside an NCCL
+//! group only records its work, which `ncclGroupEnd` enqueues; work captured into a graph
+//! runs whenever the graph is launched. Safe code of this crate (and of `nccl-channel`,
+//! built on the same rules) can never make the GPU or NCCL touch memory, a stream or a
+//! communicator after it was freed. Device memory *contents* may still race, as on any
+//! GPU (two streams writing one buffer give unspecified values); every element type is
+//! [`DeviceRepr`], valid for any bit pattern, so that is never undefined behaviour.
+//!
+//! 1. **Use logs.** Each device allocation records the streams whose work used it
+//!    ([`DeviceBuffer::used_on`], called by every enqueueing API before the work is
+//!    enqueued). When the last owner lets go, the free is ordered after that work: a
+//!    plain allocation waits for those streams, then `cuMemFree`; a stream-ordered one
+//!    (`alloc_on`) makes its free stream wait for an event recorded on each of them, then
+//!    `cuMemFreeAsync`. If ordering fails (a broken context), the memory is leaked rather
+//!    than freed under running work. The usual case, the same stream again, costs two
+//!    relaxed loads and a thread-local read per buffer.
+//! 2. **Shared owners for work not enqueued yet or enqueued again.** A buffer's memory is
+//!    shared ([`KeepAlive`]): an open group ([`DeferScope`], per thread and `!Send`, like
+//!    NCCL's group state) holds everything its calls used, streams and communicators too,
+//!    until the group has ended (and, for NCCL's non-blocking communicators, until NCCL
+//!    has enqueued the work); a capture begun with [`Stream::begin_capture`] holds what
+//!    the captured work uses, and hands it to the [`Graph`] and every [`GraphExec`] made
+//!    of it. Dropping a `DeviceBuffer` only drops its handle; the memory goes when the
+//!    last holder does. A stream that joins a capture through [`Stream::wait_event`] is
+//!    tracked too.
+//! 3. **Gates.** What can become unusable while a graph holds it (an NCCL communicator
+//!    that was aborted) is a gated [`Dependency`]: [`GraphExec::launch`] checks it and
+//!    keeps it from being torn down until the launch is enqueued, and returns
+//!    [`Error::Unusable`] once it is gone.
+//! 4. **Host memory** cannot be held that way, so the copies that borrow it either wait
+//!    for their stream before returning (`*_on`, refused while the stream is captured)
+//!    or are `unsafe` (`*_async`). Device-to-device copies are safe either way.
+//! 5. **`unsafe` where nothing else can hold**: raw handles (`from_raw`), captures begun
+//!    or joined through the raw table (work recorded behind the crate's back is not held;
+//!    [`Stream::end_capture`] refuses a capture it did not begin), loading a library by
+//!    path (`Driver::load_from`; `$CUDA_SYS_LIBRARY` is trusted input, like
+//!    `LD_PRELOAD`).
+//!
+//! Views of buffers and registered memory (later) share their parent's allocation and so
+//! the same rules. The [`mock`] driver checks all of this when work executes: a freed,
+//! out-of-bounds or foreign address, and a stream-ordered free not ordered after the work
+//! that used the memory, are reported as violations naming the call.
+
+/// Calls a driver-table entry and checks its status; the error names the entry, so no
+/// call site spells a C name by hand. Use inside `unsafe` (the call's contract is the
+/// caller's): `unsafe { call!(cuda, cuMemAlloc(&mut p, n)) }`.
+macro_rules! call {
+    ($cuda:expr, $f:ident($($a:expr),* $(,)?)) => {{
+        let cuda: &$crate::Cuda = &$cuda;
+        cuda.check((cuda.fns().$f)($($a),*), stringify!($f))
+    }};
+}
+
+/// An optional driver-table entry: [`Error::Unsupported`] when the driver lacks it, else
+/// as [`call!`].
+macro_rules! call_opt {
+    ($cuda:expr, $f:ident($($a:expr),* $(,)?)) => {{
+        let cuda: &$crate::Cuda = &$cuda;
+        match cuda.require(cuda.fns().$f, stringify!($f)) {
+            Ok(f) => cuda.check(f($($a),*), stringify!($f)),
+            Err(e) => Err(e),
+        }
+    }};
+}
+
+/// The raw status and the entry's name, for calls with statuses that are not failures
+/// (`CUDA_ERROR_NOT_READY`).
+macro_rules! raw_call {
+    ($cuda:expr, $f:ident($($a:expr),* $(,)?)) => {{
+        let cuda: &$crate::Cuda = &$cuda;
+        ((cuda.fns().$f)($($a),*), stringify!($f))
+    }};
+}
 
 mod context;
 mod cuda;
@@ -36,6 +112,7 @@ mod pinned;
 mod repr;
 mod selector;
 mod stream;
+mod tracking;
 
 pub use context::{Context, CurrentGuard};
 pub use cuda::Cuda;
@@ -49,6 +126,7 @@ pub use pinned::PinnedBuffer;
 pub use repr::DeviceRepr;
 pub use selector::{DeviceSelector, DeviceUuid, PciBusId};
 pub use stream::Stream;
+pub use tracking::{DeferScope, Dependency, KeepAlive};
 
 /// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].
 #[cfg(feature = "mock")]

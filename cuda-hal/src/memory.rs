@@ -1,11 +1,79 @@
-//! [`DeviceBuffer`]: typed device memory, freed by RAII before its context is released.
+//! [`DeviceBuffer`]: typed device memory, freed only when no enqueued, captured or grouped
+//! work can still touch it, and before its context is released.
 
 use std::marker::PhantomData;
 use std::mem::size_of;
+use std::sync::Arc;
 
 use cuda_sys::CUdeviceptr;
 
-use crate::{Context, Device, DeviceRepr, Error, Result, Stream};
+use crate::tracking::{Dependency, KeepAlive, UseLog};
+use crate::{Context, Device, DeviceRepr, Error, Event, Result, Stream};
+
+/// One device allocation, shared by the buffer that owns it and by the graphs and open
+/// groups whose work uses it. The last owner frees it, ordered after every stream that
+/// used it (see the crate's Safety section).
+pub(crate) struct Allocation {
+    ctx: Context,
+    ptr: CUdeviceptr,
+    /// Set when allocated stream-ordered: freed on that stream.
+    free_on: Option<Stream>,
+    uses: UseLog,
+}
+
+impl Dependency for Allocation {
+    fn used_on(&self, stream: &Stream) {
+        self.uses.note(stream);
+    }
+}
+
+impl Allocation {
+    /// Makes the stream-ordered free wait for the work enqueued so far on `used`: an event
+    /// recorded there, waited for on the free's stream; failing that, a host wait.
+    fn order_after(free: &Stream, used: &Stream) -> Result<()> {
+        let enqueued = Event::without_timing(used.context())
+            .and_then(|e| used.record(&e).map(|_| e))
+            .and_then(|e| free.wait_event(&e));
+        match enqueued {
+            Ok(()) => Ok(()),
+            Err(_) => used.synchronize(),
+        }
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let used = self.uses.take();
+        let Ok(_g) = self.ctx.bind() else { return };
+        let cuda = self.ctx.cuda();
+        // Any failure below leaks the memory: never free what work may still touch.
+        match &self.free_on {
+            Some(free) => {
+                for s in used.iter().filter(|s| s.key() != free.key()) {
+                    if Self::order_after(free, s).is_err() {
+                        return;
+                    }
+                }
+                // SAFETY: allocated by cuMemAllocAsync on `free` and freed once, after the
+                // work of every stream that used it (ordered just above).
+                let _ = unsafe { (cuda.fns().cuMemFreeAsync)(self.ptr, free.as_raw()) };
+            }
+            None => {
+                for s in &used {
+                    if s.synchronize().is_err() {
+                        return;
+                    }
+                }
+                // SAFETY: allocated by cuMemAlloc (or handed over as such) and freed once,
+                // after the work of every stream that used it is done.
+                let _ = unsafe { (cuda.fns().cuMemFree)(self.ptr) };
+            }
+        }
+    }
+}
 
 /// `len` elements of `T` in device memory of one context.
 ///
@@ -14,12 +82,16 @@ use crate::{Context, Device, DeviceRepr, Error, Result, Stream};
 /// streams only once those are synchronised. The `*_on` copies are ordered on a stream and wait
 /// for that stream before returning, so the host memory they read or write is never used
 /// after the borrow ends; the `unsafe` `*_async` copies do not wait.
+///
+/// Work enqueued on a stream through this crate and the crates built on it (collectives,
+/// async copies, graph launches) is noted with [`used_on`](Self::used_on): dropping the
+/// buffer then frees the memory only after that work, and captured or grouped work keeps
+/// the memory itself alive (see the crate's Safety section).
 pub struct DeviceBuffer<T: DeviceRepr> {
-    ctx: Context,
+    alloc: Arc<Allocation>,
+    /// A copy of `alloc.ptr`, read on every call.
     ptr: CUdeviceptr,
     len: usize,
-    /// Set when allocated stream-ordered: freed on the same stream.
-    stream: Option<Stream>,
     _t: PhantomData<T>,
 }
 
@@ -28,7 +100,7 @@ static_assertions::assert_impl_all!(DeviceBuffer<f32>: Send, Sync);
 impl<T: DeviceRepr> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceBuffer")
-            .field("device", &self.ctx.device().ordinal())
+            .field("device", &self.alloc.ctx.device().ordinal())
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("len", &self.len)
             .finish()
@@ -51,16 +123,9 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if bytes > 0 {
             let _g = ctx.bind()?;
             // SAFETY: valid out-pointer; a context is current.
-            let rc = unsafe { (ctx.cuda().fns().cuMemAlloc)(&mut ptr, bytes) };
-            ctx.cuda().check(rc, "cuMemAlloc")?;
+            unsafe { call!(ctx.cuda(), cuMemAlloc(&mut ptr, bytes)) }?;
         }
-        Ok(DeviceBuffer {
-            ctx: ctx.clone(),
-            ptr,
-            len,
-            stream: None,
-            _t: PhantomData,
-        })
+        Ok(Self::owning(ctx, ptr, len, None))
     }
 
     /// Allocates `len` elements in stream order on `stream` (freed on it too).
@@ -72,22 +137,33 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if bytes > 0 {
             let _g = ctx.bind()?;
             // SAFETY: valid out-pointer and stream.
-            let rc =
-                unsafe { (ctx.cuda().fns().cuMemAllocAsync)(&mut ptr, bytes, stream.as_raw()) };
-            ctx.cuda().check(rc, "cuMemAllocAsync")?;
+            unsafe {
+                call!(
+                    ctx.cuda(),
+                    cuMemAllocAsync(&mut ptr, bytes, stream.as_raw())
+                )
+            }?;
         }
-        Ok(DeviceBuffer {
-            ctx: ctx.clone(),
+        Ok(Self::owning(ctx, ptr, len, Some(stream.clone())))
+    }
+
+    fn owning(ctx: &Context, ptr: CUdeviceptr, len: usize, free_on: Option<Stream>) -> Self {
+        DeviceBuffer {
+            alloc: Arc::new(Allocation {
+                ctx: ctx.clone(),
+                ptr,
+                free_on,
+                uses: UseLog::default(),
+            }),
             ptr,
             len,
-            stream: Some(stream.clone()),
             _t: PhantomData,
-        })
+        }
     }
 
     /// Allocates and zeroes `len` elements.
     pub fn zeroed(ctx: &Context, len: usize) -> Result<Self> {
-        let b = Self::alloc(ctx, len)?;
+        let mut b = Self::alloc(ctx, len)?;
         b.memset_bytes(0)?;
         Ok(b)
     }
@@ -106,26 +182,49 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// `ptr` must be a live `cuMemAlloc` allocation of `ctx` of at least `len * size_of::<T>()`
     /// bytes (or 0 with `len == 0`), owned by nobody else.
     pub unsafe fn from_raw(ctx: &Context, ptr: CUdeviceptr, len: usize) -> Self {
-        DeviceBuffer {
-            ctx: ctx.clone(),
-            ptr,
-            len,
-            stream: None,
-            _t: PhantomData,
-        }
+        Self::owning(ctx, ptr, len, None)
     }
 
     /// Gives up ownership: returns the address and length; the memory is no longer freed
     /// by this value (free it with `cuMemFree`, or `cuMemFreeAsync` if it was allocated
-    /// stream-ordered).
-    pub fn into_raw(self) -> (CUdeviceptr, usize) {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: read the fields we still own out once; no Drop follows.
-        unsafe {
-            drop(std::ptr::read(&this.ctx));
-            drop(std::ptr::read(&this.stream));
+    /// stream-ordered, once the work enqueued on it is done).
+    ///
+    /// Returns the buffer unchanged while a graph or an open group still uses the memory:
+    /// then it is not this value's alone to give away.
+    pub fn into_raw(self) -> std::result::Result<(CUdeviceptr, usize), Self> {
+        let (ptr, len) = (self.ptr, self.len);
+        match Arc::try_unwrap(self.alloc) {
+            Ok(mut a) => {
+                // Defused: the allocation's drop frees nothing when its address is 0.
+                a.ptr = 0;
+                Ok((ptr, len))
+            }
+            Err(alloc) => Err(DeviceBuffer {
+                alloc,
+                ptr,
+                len,
+                _t: PhantomData,
+            }),
         }
-        (this.ptr, this.len)
+    }
+
+    /// Notes that work enqueued on `stream` uses this memory, so that its free waits for
+    /// that work; and, while `stream` is being captured or a group is open on this thread,
+    /// keeps the memory itself alive for the graph or the group ([`Stream::hold`]). Call
+    /// it *before* enqueueing the work. Every enqueueing call of this crate and of
+    /// nccl-channel does; code that enqueues work on the raw address itself calls it too.
+    ///
+    /// Cheap when the stream is the one noted last and nothing is captured or deferred:
+    /// two relaxed loads and a thread-local read.
+    #[inline]
+    pub fn used_on(&self, stream: &Stream) {
+        self.alloc.uses.note(stream);
+        stream.hold(|| self.keep_alive());
+    }
+
+    /// A shared owner of the memory: it is not freed while the returned value lives.
+    pub fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::new(self.alloc.clone())
     }
 
     /// Number of elements.
@@ -155,13 +254,13 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// The context the memory lives in.
     #[inline]
     pub fn context(&self) -> &Context {
-        &self.ctx
+        &self.alloc.ctx
     }
 
     /// The device the memory lives on.
     #[inline]
     pub fn device(&self) -> &Device {
-        self.ctx.device()
+        self.alloc.ctx.device()
     }
 
     /// Waits for the legacy default stream of the (current) context: the "synchronous"
@@ -170,8 +269,12 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// non-blocking ones above all, does not wait for them.
     fn finish(&self) -> Result<()> {
         // SAFETY: the null stream with our context current (callers hold the guard).
-        let rc = unsafe { (self.ctx.cuda().fns().cuStreamSynchronize)(std::ptr::null_mut()) };
-        self.ctx.cuda().check(rc, "cuStreamSynchronize")
+        unsafe {
+            call!(
+                self.alloc.ctx.cuda(),
+                cuStreamSynchronize(std::ptr::null_mut())
+            )
+        }
     }
 
     fn check_len(&self, what: &'static str, other: usize) -> Result<()> {
@@ -193,12 +296,14 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
-        let _g = self.ctx.bind()?;
+        let _g = self.alloc.ctx.bind()?;
         // SAFETY: `src` holds `size_bytes()` readable bytes; the destination is ours.
-        let rc = unsafe {
-            (self.ctx.cuda().fns().cuMemcpyHtoD)(self.ptr, src.as_ptr().cast(), self.size_bytes())
-        };
-        self.ctx.cuda().check(rc, "cuMemcpyHtoD")?;
+        unsafe {
+            call!(
+                self.alloc.ctx.cuda(),
+                cuMemcpyHtoD(self.ptr, src.as_ptr().cast(), self.size_bytes())
+            )
+        }?;
         self.finish()
     }
 
@@ -206,29 +311,37 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     #[doc(alias = "cuMemcpyDtoH")]
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         self.check_len("copy_to_host", dst.len())?;
+        // SAFETY: `dst` is `len` initialised elements, so also `len` writable slots.
+        unsafe { self.download(dst.as_mut_ptr()) }
+    }
+
+    /// Downloads into `dst`, which must have room for `len` elements (initialised or
+    /// not): any bit pattern the copy writes is a valid `T`.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of `len` elements.
+    unsafe fn download(&self, dst: *mut T) -> Result<()> {
         if self.len == 0 {
             return Ok(());
         }
-        let _g = self.ctx.bind()?;
-        // SAFETY: `dst` holds `size_bytes()` writable bytes and any bit pattern is a valid T.
-        let rc = unsafe {
-            (self.ctx.cuda().fns().cuMemcpyDtoH)(
-                dst.as_mut_ptr().cast(),
-                self.ptr,
-                self.size_bytes(),
+        let _g = self.alloc.ctx.bind()?;
+        // SAFETY: the caller's `dst` holds `size_bytes()` writable bytes.
+        unsafe {
+            call!(
+                self.alloc.ctx.cuda(),
+                cuMemcpyDtoH(dst.cast(), self.ptr, self.size_bytes())
             )
-        };
-        self.ctx.cuda().check(rc, "cuMemcpyDtoH")
+        }
     }
 
     /// Downloads into a new `Vec`.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let mut v = Vec::with_capacity(self.len);
-        // SAFETY: T is DeviceRepr: every bit pattern is valid; the copy overwrites all of it
-        // and on failure the Vec is dropped without reading it.
-        let spare = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr(), self.len) };
-        self.copy_to_host(spare)?;
-        // SAFETY: all `len` elements were written by the copy.
+        // SAFETY: the spare capacity holds `len` slots; no reference to them is made
+        // before they are written.
+        unsafe { self.download(v.as_mut_ptr()) }?;
+        // SAFETY: the copy wrote all `len` elements, and T is DeviceRepr: any bit
+        // pattern is a valid T.
         unsafe { v.set_len(self.len) };
         Ok(v)
     }
@@ -240,39 +353,47 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
-        let _g = self.ctx.bind()?;
-        let fns = self.ctx.cuda().fns();
-        let (rc, call) = if src.ctx == self.ctx {
+        let ctx = &self.alloc.ctx;
+        let _g = ctx.bind()?;
+        if src.alloc.ctx == *ctx {
             // SAFETY: both ranges are ours and `size_bytes()` long.
-            let rc = unsafe { (fns.cuMemcpyDtoD)(self.ptr, src.ptr, self.size_bytes()) };
-            (rc, "cuMemcpyDtoD")
+            unsafe {
+                call!(
+                    ctx.cuda(),
+                    cuMemcpyDtoD(self.ptr, src.ptr, self.size_bytes())
+                )
+            }?;
         } else {
             // SAFETY: as above, with each side's context.
-            let rc = unsafe {
-                (fns.cuMemcpyPeer)(
-                    self.ptr,
-                    self.ctx.as_raw(),
-                    src.ptr,
-                    src.ctx.as_raw(),
-                    self.size_bytes(),
+            unsafe {
+                call!(
+                    ctx.cuda(),
+                    cuMemcpyPeer(
+                        self.ptr,
+                        ctx.as_raw(),
+                        src.ptr,
+                        src.alloc.ctx.as_raw(),
+                        self.size_bytes(),
+                    )
                 )
-            };
-            (rc, "cuMemcpyPeer")
-        };
-        self.ctx.cuda().check(rc, call)?;
+            }?;
+        }
         self.finish()
     }
 
     /// Uploads `src` on `stream`, in stream order, and waits for the stream.
     pub fn copy_from_host_on(&mut self, src: &[T], stream: &Stream) -> Result<()> {
-        // SAFETY: we synchronise before `src`'s borrow ends.
+        stream.refuse_capture("copy_from_host_on")?;
+        // SAFETY: we synchronise before `src`'s borrow ends; a capture would keep the
+        // host address, and none records this stream (checked above).
         unsafe { self.copy_from_host_async(src, stream) }?;
         stream.synchronize()
     }
 
     /// Downloads into `dst` on `stream`, in stream order, and waits for the stream.
     pub fn copy_to_host_on(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
-        // SAFETY: we synchronise before `dst`'s borrow ends.
+        stream.refuse_capture("copy_to_host_on")?;
+        // SAFETY: as for `copy_from_host_on`.
         unsafe { self.copy_to_host_async(dst, stream) }?;
         stream.synchronize()
     }
@@ -281,103 +402,120 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     ///
     /// # Safety
     /// `src` must stay alive and unchanged until the stream has done the copy (synchronise
-    /// the stream or an event recorded after it).
+    /// the stream or an event recorded after it); if the stream is being captured, for as
+    /// long as the graph can be launched.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub unsafe fn copy_from_host_async(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         self.check_len("copy_from_host_async", src.len())?;
-        stream.same_context(&self.ctx, "copy_from_host_async")?;
+        stream.same_context(&self.alloc.ctx, "copy_from_host_async")?;
         if self.len == 0 {
             return Ok(());
         }
-        let _g = self.ctx.bind()?;
+        self.used_on(stream);
+        let _g = self.alloc.ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `src` alive.
-        let rc = unsafe {
-            (self.ctx.cuda().fns().cuMemcpyHtoDAsync)(
-                self.ptr,
-                src.as_ptr().cast(),
-                self.size_bytes(),
-                stream.as_raw(),
+        unsafe {
+            call!(
+                self.alloc.ctx.cuda(),
+                cuMemcpyHtoDAsync(
+                    self.ptr,
+                    src.as_ptr().cast(),
+                    self.size_bytes(),
+                    stream.as_raw()
+                )
             )
-        };
-        self.ctx.cuda().check(rc, "cuMemcpyHtoDAsync")
+        }
     }
 
     /// Enqueues a download into `dst` on `stream` and returns at once.
     ///
     /// # Safety
-    /// `dst` must stay alive and unread until the stream has done the copy.
+    /// `dst` must stay alive and unread until the stream has done the copy; if the stream
+    /// is being captured, for as long as the graph can be launched.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub unsafe fn copy_to_host_async(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
         self.check_len("copy_to_host_async", dst.len())?;
-        stream.same_context(&self.ctx, "copy_to_host_async")?;
+        stream.same_context(&self.alloc.ctx, "copy_to_host_async")?;
         if self.len == 0 {
             return Ok(());
         }
-        let _g = self.ctx.bind()?;
+        self.used_on(stream);
+        let _g = self.alloc.ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `dst` alive.
-        let rc = unsafe {
-            (self.ctx.cuda().fns().cuMemcpyDtoHAsync)(
-                dst.as_mut_ptr().cast(),
-                self.ptr,
-                self.size_bytes(),
-                stream.as_raw(),
+        unsafe {
+            call!(
+                self.alloc.ctx.cuda(),
+                cuMemcpyDtoHAsync(
+                    dst.as_mut_ptr().cast(),
+                    self.ptr,
+                    self.size_bytes(),
+                    stream.as_raw()
+                )
             )
-        };
-        self.ctx.cuda().check(rc, "cuMemcpyDtoHAsync")
+        }
     }
 
     /// Enqueues a device-to-device copy of `src` on `stream` (same context) and waits.
     pub fn copy_from_on(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
-        // SAFETY: we synchronise before either borrow ends.
-        unsafe { self.copy_from_async(src, stream) }?;
+        self.copy_from_async(src, stream)?;
         stream.synchronize()
     }
 
     /// Enqueues a device-to-device copy of `src` on `stream` and returns at once (also
-    /// inside a graph capture).
-    ///
-    /// # Safety
-    /// Neither buffer may be freed before the stream has done the copy.
+    /// inside a graph capture). Safe, unlike the host copies: both buffers are noted as
+    /// used on `stream`, so dropping either waits for the copy, and a capture keeps both
+    /// alive for the graph.
     #[doc(alias = "cuMemcpyDtoDAsync")]
-    pub unsafe fn copy_from_async(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
-        self.check_len("copy_from_on", src.len)?;
-        stream.same_context(&self.ctx, "copy_from_on")?;
+    pub fn copy_from_async(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
+        self.check_len("copy_from_async", src.len)?;
+        stream.same_context(&self.alloc.ctx, "copy_from_async")?;
         if self.len == 0 {
             return Ok(());
         }
-        let _g = self.ctx.bind()?;
-        let fns = self.ctx.cuda().fns();
-        // SAFETY: both ranges are live device memory of `size_bytes()`.
-        let (rc, call) = unsafe {
-            if src.ctx == self.ctx {
-                let rc =
-                    (fns.cuMemcpyDtoDAsync)(self.ptr, src.ptr, self.size_bytes(), stream.as_raw());
-                (rc, "cuMemcpyDtoDAsync")
-            } else {
-                let rc = (fns.cuMemcpyPeerAsync)(
-                    self.ptr,
-                    self.ctx.as_raw(),
-                    src.ptr,
-                    src.ctx.as_raw(),
-                    self.size_bytes(),
-                    stream.as_raw(),
-                );
-                (rc, "cuMemcpyPeerAsync")
+        self.used_on(stream);
+        src.used_on(stream);
+        let ctx = &self.alloc.ctx;
+        let _g = ctx.bind()?;
+        if src.alloc.ctx == *ctx {
+            // SAFETY: both ranges are live device memory of `size_bytes()`.
+            unsafe {
+                call!(
+                    ctx.cuda(),
+                    cuMemcpyDtoDAsync(self.ptr, src.ptr, self.size_bytes(), stream.as_raw())
+                )
             }
-        };
-        self.ctx.cuda().check(rc, call)
+        } else {
+            // SAFETY: as above, with each side's context.
+            unsafe {
+                call!(
+                    ctx.cuda(),
+                    cuMemcpyPeerAsync(
+                        self.ptr,
+                        ctx.as_raw(),
+                        src.ptr,
+                        src.alloc.ctx.as_raw(),
+                        self.size_bytes(),
+                        stream.as_raw(),
+                    )
+                )
+            }
+        }
     }
 
     /// Sets every byte to `byte`.
     #[doc(alias = "cuMemsetD8")]
-    pub fn memset_bytes(&self, byte: u8) -> Result<()> {
+    pub fn memset_bytes(&mut self, byte: u8) -> Result<()> {
         if self.len == 0 {
             return Ok(());
         }
-        let _g = self.ctx.bind()?;
+        let _g = self.alloc.ctx.bind()?;
         // SAFETY: the range is ours.
-        let rc = unsafe { (self.ctx.cuda().fns().cuMemsetD8)(self.ptr, byte, self.size_bytes()) };
-        self.ctx.cuda().check(rc, "cuMemsetD8")?;
+        unsafe {
+            call!(
+                self.alloc.ctx.cuda(),
+                cuMemsetD8(self.ptr, byte, self.size_bytes())
+            )
+        }?;
         self.finish()
     }
 
@@ -400,49 +538,27 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
             };
         }
         let pattern = &bytes[..size.min(16)];
-        let _g = self.ctx.bind()?;
-        let fns = self.ctx.cuda().fns();
         let repeats = |n: usize| {
             size.is_multiple_of(n) && size <= 16 && pattern.chunks(n).all(|c| c == &pattern[..n])
         };
         let n = self.size_bytes();
-        let (rc, call) = if repeats(1) {
+        let ctx = &self.alloc.ctx;
+        let _g = ctx.bind()?;
+        if repeats(1) {
             // SAFETY: the range is ours and `n` bytes long.
-            let rc = unsafe { (fns.cuMemsetD8)(self.ptr, pattern[0], n) };
-            (rc, "cuMemsetD8")
+            unsafe { call!(ctx.cuda(), cuMemsetD8(self.ptr, pattern[0], n)) }?;
         } else if repeats(2) {
             let v = u16::from_ne_bytes([pattern[0], pattern[1]]);
             // SAFETY: the range is ours, `n` bytes long, and `n` is a multiple of 2.
-            let rc = unsafe { (fns.cuMemsetD16)(self.ptr, v, n / 2) };
-            (rc, "cuMemsetD16")
+            unsafe { call!(ctx.cuda(), cuMemsetD16(self.ptr, v, n / 2)) }?;
         } else if repeats(4) {
             let v = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
             // SAFETY: the range is ours, `n` bytes long, and `n` is a multiple of 4.
-            let rc = unsafe { (fns.cuMemsetD32)(self.ptr, v, n / 4) };
-            (rc, "cuMemsetD32")
+            unsafe { call!(ctx.cuda(), cuMemsetD32(self.ptr, v, n / 4)) }?;
         } else {
             drop(_g);
             return self.copy_from_host(&vec![value; self.len]);
-        };
-        self.ctx.cuda().check(rc, call)?;
-        self.finish()
-    }
-}
-
-impl<T: DeviceRepr> Drop for DeviceBuffer<T> {
-    fn drop(&mut self) {
-        if self.ptr == 0 {
-            return;
         }
-        let Ok(_g) = self.ctx.bind() else { return };
-        let fns = self.ctx.cuda().fns();
-        // SAFETY: allocated by us and freed once, on the stream it was allocated on if any;
-        // the context is still retained (we hold a clone).
-        let _ = unsafe {
-            match &self.stream {
-                Some(s) => (fns.cuMemFreeAsync)(self.ptr, s.as_raw()),
-                None => (fns.cuMemFree)(self.ptr),
-            }
-        };
+        self.finish()
     }
 }

@@ -28,8 +28,7 @@ impl<T: DeviceRepr> PinnedBuffer<T> {
         let _g = ctx.bind()?;
         // SAFETY: valid out-pointer; a context is current. At least one byte so the
         // pointer is never dangling.
-        let rc = unsafe { (ctx.cuda().fns().cuMemAllocHost)(&mut p, bytes.max(1)) };
-        ctx.cuda().check(rc, "cuMemAllocHost")?;
+        unsafe { call!(ctx.cuda(), cuMemAllocHost(&mut p, bytes.max(1))) }?;
         // SAFETY: `p` points at `bytes` writable bytes; zero is a valid T (DeviceRepr).
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
         Ok(PinnedBuffer {

@@ -1,15 +1,33 @@
 //! Streams: ordered queues of device work.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cuda_sys::{CUresult, CUstream, CUstream_flags};
 
+use crate::tracking::{CaptureLog, DeferScope, KeepAlive, lock};
 use crate::{Context, Error, Event, Result};
 
 struct Inner {
     ctx: Context,
     raw: CUstream,
     owned: bool,
+    /// Set while a capture begun through [`Stream::begin_capture`] (or joined through
+    /// [`Stream::wait_event`]) records this stream's work; `capture` then holds its log.
+    capturing: AtomicBool,
+    capture: Mutex<Option<Arc<CaptureLog>>>,
+}
+
+impl Inner {
+    fn new(ctx: &Context, raw: CUstream, owned: bool) -> Inner {
+        Inner {
+            ctx: ctx.clone(),
+            raw,
+            owned,
+            capturing: AtomicBool::new(false),
+            capture: Mutex::new(None),
+        }
+    }
 }
 
 // SAFETY: stream handles are usable from any thread; the driver serialises access.
@@ -63,25 +81,16 @@ impl Stream {
         let _g = ctx.bind()?;
         let mut raw: CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; a context is current.
-        let rc = unsafe { (ctx.cuda().fns().cuStreamCreate)(&mut raw, flags) };
-        ctx.cuda().check(rc, "cuStreamCreate")?;
+        unsafe { call!(ctx.cuda(), cuStreamCreate(&mut raw, flags)) }?;
         Ok(Stream {
-            inner: Arc::new(Inner {
-                ctx: ctx.clone(),
-                raw,
-                owned: true,
-            }),
+            inner: Arc::new(Inner::new(ctx, raw, true)),
         })
     }
 
     /// The context's legacy default stream (the null handle; never destroyed).
     pub fn legacy_default(ctx: &Context) -> Stream {
         Stream {
-            inner: Arc::new(Inner {
-                ctx: ctx.clone(),
-                raw: std::ptr::null_mut(),
-                owned: false,
-            }),
+            inner: Arc::new(Inner::new(ctx, std::ptr::null_mut(), false)),
         }
     }
 
@@ -89,15 +98,76 @@ impl Stream {
     ///
     /// # Safety
     /// `raw` must be a stream of `ctx` (or null) that stays valid for the life of the
-    /// returned value; if `owned`, nothing else destroys it.
+    /// returned value; if `owned`, nothing else destroys it. It must not be captured into
+    /// a graph except through [`Stream::begin_capture`] (or joined to such a capture with
+    /// [`Stream::wait_event`]): work this crate enqueues on a stream captured behind its
+    /// back is not kept alive for the graph (see the crate's Safety section).
     pub unsafe fn from_raw(ctx: &Context, raw: CUstream, owned: bool) -> Stream {
         Stream {
-            inner: Arc::new(Inner {
-                ctx: ctx.clone(),
-                raw,
-                owned,
-            }),
+            inner: Arc::new(Inner::new(ctx, raw, owned)),
         }
+    }
+
+    /// Identifies the shared stream value (clones have the same key); never 0.
+    #[inline]
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner).addr()
+    }
+
+    /// Keeps what `what` returns alive for work just enqueued on this stream that has not
+    /// really been enqueued: work recorded by an open capture (until the graph made of it
+    /// is dropped) or deferred by an open group on this thread ([`DeferScope`], until
+    /// the group ends). Call it *before* the call that enqueues the work. Otherwise it
+    /// does nothing, and `what` is not called: one relaxed load and a thread-local read.
+    #[inline]
+    pub fn hold(&self, what: impl FnOnce() -> KeepAlive) {
+        if self.inner.capturing.load(Ordering::Relaxed) || DeferScope::is_open() {
+            self.hold_now(what());
+        }
+    }
+
+    #[cold]
+    fn hold_now(&self, what: KeepAlive) {
+        if let Some(log) = self.capture_log() {
+            lock(&log.held).push(what.clone());
+        }
+        if DeferScope::is_open() {
+            DeferScope::hold(what, self);
+        }
+    }
+
+    /// The log of the capture recording this stream's work, if one is open.
+    pub(crate) fn capture_log(&self) -> Option<Arc<CaptureLog>> {
+        if !self.inner.capturing.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut slot = lock(&self.inner.capture);
+        match &*slot {
+            Some(log) if !log.is_ended() => Some(log.clone()),
+            _ => {
+                *slot = None;
+                self.inner.capturing.store(false, Ordering::Release);
+                None
+            }
+        }
+    }
+
+    /// Starts recording into `log` (set before the driver call, so that any thread whose
+    /// work the driver captures sees it).
+    pub(crate) fn set_capture(&self, log: Option<Arc<CaptureLog>>) {
+        let mut slot = lock(&self.inner.capture);
+        self.inner.capturing.store(log.is_some(), Ordering::Release);
+        *slot = log;
+    }
+
+    /// `Err` when a capture begun here records this stream: for the calls that must wait
+    /// for the stream (waiting is not allowed while capturing, and the host memory they
+    /// borrow must not end up in a graph).
+    pub(crate) fn refuse_capture(&self, what: &'static str) -> Result<()> {
+        if self.capture_log().is_some() {
+            return Err(Error::Capturing { what });
+        }
+        Ok(())
     }
 
     /// The raw handle (to pass to other CUDA libraries, e.g. NCCL).
@@ -117,8 +187,7 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         let _g = self.bind_if_legacy()?;
         // SAFETY: a valid stream (the legacy one with its context current).
-        let rc = unsafe { (self.inner.ctx.cuda().fns().cuStreamSynchronize)(self.inner.raw) };
-        self.inner.ctx.cuda().check(rc, "cuStreamSynchronize")
+        unsafe { call!(self.inner.ctx.cuda(), cuStreamSynchronize(self.inner.raw)) }
     }
 
     /// Whether all work on the stream is done, without blocking.
@@ -126,23 +195,37 @@ impl Stream {
     pub fn is_idle(&self) -> Result<bool> {
         let _g = self.bind_if_legacy()?;
         // SAFETY: a valid stream (the legacy one with its context current).
-        let rc = unsafe { (self.inner.ctx.cuda().fns().cuStreamQuery)(self.inner.raw) };
+        let (rc, name) = unsafe { raw_call!(self.inner.ctx.cuda(), cuStreamQuery(self.inner.raw)) };
         if rc == CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);
         }
-        self.inner.ctx.cuda().check(rc, "cuStreamQuery")?;
+        self.inner.ctx.cuda().check(rc, name)?;
         Ok(true)
     }
 
     /// Makes later work on this stream wait for `event` (which may be of another device).
+    ///
+    /// If `event` was recorded on a stream being captured, this stream joins that capture
+    /// (as in CUDA): its later work is recorded into the same graph, and kept alive for it.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         let _g = self.bind_if_legacy()?;
+        let joined = event.capture_log().filter(|l| !l.is_ended());
+        let joins = joined.is_some() && self.capture_log().is_none();
+        if joins {
+            self.set_capture(joined);
+        }
         // SAFETY: valid stream and event handles.
-        let rc = unsafe {
-            (self.inner.ctx.cuda().fns().cuStreamWaitEvent)(self.inner.raw, event.as_raw(), 0)
+        let r = unsafe {
+            call!(
+                self.inner.ctx.cuda(),
+                cuStreamWaitEvent(self.inner.raw, event.as_raw(), 0)
+            )
         };
-        self.inner.ctx.cuda().check(rc, "cuStreamWaitEvent")
+        if r.is_err() && joins {
+            self.set_capture(None);
+        }
+        r
     }
 
     /// Records `event` at this point of the stream. The event must be of the same context.
@@ -154,13 +237,15 @@ impl Stream {
     /// The device of the stream (driver ≥ 12.8 asks the driver; the context tells before).
     #[doc(alias = "cuStreamGetDevice")]
     pub fn device_ordinal(&self) -> Result<i32> {
-        let cuda = self.inner.ctx.cuda();
-        let f = cuda.require(cuda.fns().cuStreamGetDevice, "cuStreamGetDevice")?;
         let mut dev = 0;
         let _g = self.inner.ctx.bind()?;
         // SAFETY: valid stream and out-pointer.
-        let rc = unsafe { f(self.inner.raw, &mut dev) };
-        cuda.check(rc, "cuStreamGetDevice")?;
+        unsafe {
+            call_opt!(
+                self.inner.ctx.cuda(),
+                cuStreamGetDevice(self.inner.raw, &mut dev)
+            )
+        }?;
         Ok(dev)
     }
 

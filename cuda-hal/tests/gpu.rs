@@ -151,8 +151,7 @@ fn synchronous_fills_and_uploads_are_done_for_other_streams() {
         let mut a = DeviceBuffer::<u32>::alloc(&ctx, n).unwrap();
         a.fill(0x5a5a_0000 + round).unwrap();
         let mut b = DeviceBuffer::<u32>::zeroed(&ctx, n).unwrap();
-        // SAFETY: both buffers outlive the stream synchronisation below.
-        unsafe { b.copy_from_async(&a, &s) }.unwrap();
+        b.copy_from_async(&a, &s).unwrap();
         s.synchronize().unwrap();
         let v = b.to_vec().unwrap();
         let wrong = v.iter().filter(|&&x| x != 0x5a5a_0000 + round).count();

@@ -28,6 +28,12 @@ fn leak_checked(f: impl FnOnce(&Cuda, &MockWorld)) {
         0,
         "a context was released before its children"
     );
+    let v = world.violations();
+    assert!(
+        v.is_empty(),
+        "the simulated GPU saw invalid accesses:\n{}",
+        v.join("\n")
+    );
 }
 
 const UUID_A: [u8; 16] = [
@@ -452,7 +458,7 @@ fn every_injected_fault_surfaces_typed_and_leaks_nothing() {
         ("cuCtxGetCurrent", |c| {
             c.device(0)?.primary_context()?.bind().map(drop)
         }),
-        ("cuCtxSetCurrent", |c| {
+        ("cuCtxPushCurrent", |c| {
             c.device(0)?.primary_context()?.bind().map(drop)
         }),
         ("cuCtxSynchronize", |c| {
@@ -703,8 +709,7 @@ fn graphs_capture_and_replay_stream_work() {
         assert!(dst.copy_from_on(&src, &s).is_err());
         assert!(s.end_capture().is_err());
         s.begin_capture(cuda_hal::CaptureMode::ThreadLocal).unwrap();
-        // SAFETY: both buffers outlive the replays below.
-        unsafe { dst.copy_from_async(&src, &s) }.unwrap();
+        dst.copy_from_async(&src, &s).unwrap();
         let g = s.end_capture().unwrap();
         assert!(!s.is_capturing().unwrap());
         assert_eq!(
@@ -779,7 +784,7 @@ fn device_buffers_hand_their_memory_over_and_back() {
     leak_checked(|cuda, world| {
         let ctx = cuda.device(0).unwrap().primary_context().unwrap();
         let b = DeviceBuffer::from_slice(&ctx, &[4u16, 5, 6]).unwrap();
-        let (ptr, len) = b.into_raw();
+        let (ptr, len) = b.into_raw().unwrap();
         assert_eq!(world.live().device_allocations, 1, "into_raw does not free");
         // SAFETY: the allocation was just released by `into_raw`, of `len` u16 in `ctx`.
         let back = unsafe { DeviceBuffer::<u16>::from_raw(&ctx, ptr, len) };

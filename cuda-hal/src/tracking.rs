@@ -1,0 +1,214 @@
+//! What keeps device memory (and whatever else enqueued work needs) alive until the GPU
+//! can no longer touch it: the memory model of the crate docs' "Safety" section.
+//!
+//! * [`UseLog`]: the streams whose work used an allocation; its free is ordered after them.
+//! * [`KeepAlive`]: a shared owner handed to work that has not been enqueued yet (an open
+//!   NCCL group, see [`DeferScope`]) or that can be enqueued again later (a captured graph).
+//! * [`DeferScope`]: per thread, like NCCL's group state, and `!Send` for the same reason.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{Result, Stream};
+
+/// Something enqueued, captured or deferred work depends on: device memory, a
+/// communicator, a registration. Held through [`KeepAlive`].
+pub trait Dependency: Send + Sync + 'static {
+    /// Whether [`while_usable`](Self::while_usable) can refuse (a communicator that was
+    /// aborted): graphs ask only those before each launch.
+    fn gated(&self) -> bool {
+        false
+    }
+
+    /// Runs `launch` while this dependency is guaranteed to stay usable, or returns the
+    /// error saying why it is not. The default runs it.
+    fn while_usable(&self, launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        launch()
+    }
+
+    /// Work that uses this dependency was just enqueued on `stream` (a graph launch).
+    fn used_on(&self, stream: &Stream) {
+        let _ = stream;
+    }
+
+    /// Called when the group that deferred work on this dependency has ended, before the
+    /// group lets go of it: a library that enqueues grouped work in the background (NCCL's
+    /// non-blocking communicators) waits here until it has. The default returns at once.
+    fn settle(&self) {}
+}
+
+/// A shared owner of a [`Dependency`]: while one exists, the memory or handle it names is
+/// not released. Cheap to clone.
+#[derive(Clone)]
+pub struct KeepAlive(Arc<dyn Dependency>);
+
+impl KeepAlive {
+    /// Wraps a shared dependency.
+    pub fn new(dependency: Arc<dyn Dependency>) -> KeepAlive {
+        KeepAlive(dependency)
+    }
+
+    pub(crate) fn dependency(&self) -> &dyn Dependency {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeepAlive")
+            .field("gated", &self.0.gated())
+            .finish()
+    }
+}
+
+/// Runs `launch` inside every gated dependency's [`Dependency::while_usable`].
+pub(crate) fn gated(deps: &[KeepAlive], launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    match deps.split_first() {
+        None => launch(),
+        Some((first, rest)) => first.0.while_usable(&mut || gated(rest, launch)),
+    }
+}
+
+/// The streams whose enqueued work used one allocation.
+///
+/// The common case, the same stream again, costs one relaxed load and a compare. A stream
+/// in the log is kept alive by it, so its key (the address of its shared state) is not
+/// reused while it is there, and `last` only ever holds a key that is in the log.
+#[derive(Default)]
+pub(crate) struct UseLog {
+    last: AtomicUsize,
+    streams: Mutex<Vec<Stream>>,
+}
+
+impl UseLog {
+    #[inline]
+    pub(crate) fn note(&self, stream: &Stream) {
+        let key = stream.key();
+        if self.last.load(Ordering::Relaxed) != key {
+            self.note_new(stream, key);
+        }
+    }
+
+    #[cold]
+    fn note_new(&self, stream: &Stream, key: usize) {
+        let mut v = lock(&self.streams);
+        if !v.iter().any(|s| s.key() == key) {
+            v.push(stream.clone());
+        }
+        self.last.store(key, Ordering::Relaxed);
+    }
+
+    /// The streams noted so far (the log is left empty).
+    pub(crate) fn take(&mut self) -> Vec<Stream> {
+        self.last.store(0, Ordering::Relaxed);
+        std::mem::take(self.streams.get_mut().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A mutex whose data stays consistent across a panic elsewhere (plain lists).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Default)]
+struct Deferred {
+    depth: usize,
+    held: Vec<KeepAlive>,
+    streams: Vec<Stream>,
+}
+
+thread_local! {
+    static DEFERRED: RefCell<Deferred> = RefCell::new(Deferred::default());
+}
+
+/// While one is open on a thread, work "enqueued" on that thread is only recorded, to be
+/// launched when the last scope closes: NCCL's groups (`ncclGroupStart`/`ncclGroupEnd`).
+/// Everything noted meanwhile ([`Stream::hold`], [`DeviceBuffer::used_on`](crate::DeviceBuffer::used_on))
+/// is kept alive until then, so memory, streams and communicators dropped inside the
+/// group outlive the launch.
+///
+/// Scopes nest like NCCL's group calls (a counter): what is held is released when the
+/// outermost one closes. Open it right after the library's group start succeeded and
+/// drop it right after the group end, on the same thread: it is not `Send`. A scope that
+/// is leaked (`mem::forget`) keeps what it holds alive for the life of the thread.
+#[must_use = "the scope defers releases only while it is alive"]
+pub struct DeferScope {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for DeferScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferScope")
+            .field("depth", &DEFERRED.with(|d| d.borrow().depth))
+            .finish()
+    }
+}
+
+impl DeferScope {
+    /// Opens a scope on this thread.
+    pub fn open() -> DeferScope {
+        DEFERRED.with(|d| d.borrow_mut().depth += 1);
+        DeferScope {
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Whether a scope is open on this thread.
+    #[inline]
+    pub fn is_open() -> bool {
+        DEFERRED.with(|d| d.borrow().depth > 0)
+    }
+
+    /// Holds `what` (and `stream`) until the outermost scope of this thread closes.
+    pub(crate) fn hold(what: KeepAlive, stream: &Stream) {
+        DEFERRED.with(|d| {
+            let mut d = d.borrow_mut();
+            d.held.push(what);
+            if !d.streams.iter().any(|s| s.key() == stream.key()) {
+                d.streams.push(stream.clone());
+            }
+        });
+    }
+}
+
+impl Drop for DeferScope {
+    fn drop(&mut self) {
+        let released = DEFERRED.with(|d| {
+            let mut d = d.borrow_mut();
+            d.depth = d.depth.saturating_sub(1);
+            if d.depth == 0 {
+                Some((std::mem::take(&mut d.held), std::mem::take(&mut d.streams)))
+            } else {
+                None
+            }
+        });
+        // Outside the borrow: settling and releasing call the libraries, which may open
+        // scopes of their own.
+        if let Some((held, streams)) = released {
+            for k in &held {
+                k.dependency().settle();
+            }
+            drop(held);
+            drop(streams);
+        }
+    }
+}
+
+static_assertions::assert_not_impl_any!(DeferScope: Send, Sync);
+static_assertions::assert_impl_all!(KeepAlive: Send, Sync, Clone);
+
+/// What a stream being captured has recorded so far, and so must keep alive: moved into
+/// the graph when the capture ends.
+#[derive(Default)]
+pub(crate) struct CaptureLog {
+    pub(crate) held: Mutex<Vec<KeepAlive>>,
+    pub(crate) ended: std::sync::atomic::AtomicBool,
+}
+
+impl CaptureLog {
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+}
