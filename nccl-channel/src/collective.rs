@@ -28,10 +28,12 @@ struct Op<'a> {
 
 impl Drop for Op<'_> {
     fn drop(&mut self) {
-        if self.created {
-            // SAFETY: created on this communicator by ncclRedOpCreatePreMulSum; NCCL allows
-            // destroying it once the calls that use it have returned.
-            unsafe { (self.comm.nccl().fns().ncclRedOpDestroy)(self.raw, self.comm.as_raw()) };
+        // An abort (after a failed call) freed the op with the communicator.
+        if let (true, Some(comm)) = (self.created, self.comm.live_handle()) {
+            // SAFETY: created on this live communicator by ncclRedOpCreatePreMulSum; NCCL
+            // allows destroying it once the calls that use it have returned (also when
+            // they are deferred by a group).
+            unsafe { (self.comm.nccl().fns().ncclRedOpDestroy)(self.raw, comm) };
         }
     }
 }
@@ -56,8 +58,11 @@ impl Communicator {
         self.check_stream(what, stream)
     }
 
+    /// Live, and `stream` is ours; the work about to be enqueued on it needs this
+    /// communicator (held by an open capture or group).
     fn check_stream(&self, what: &'static str, stream: &Stream) -> Result<()> {
-        self.ensure_live()?;
+        self.handle()?;
+        self.hold_for(stream);
         if stream.context() != self.context() {
             return Err(Error::WrongDevice {
                 what,
@@ -69,12 +74,15 @@ impl Communicator {
         Ok(())
     }
 
+    /// `buf` is ours and holds `expected` elements; the work about to be enqueued on
+    /// `stream` uses it (its free waits for that work; an open capture or group holds it).
     fn check_buf<T: NcclType>(
         &self,
         what: &'static str,
         buffer: &'static str,
         buf: &DeviceBuffer<T>,
         expected: usize,
+        stream: &Stream,
     ) -> Result<()> {
         if buf.context() != self.context() {
             return Err(Error::WrongDevice {
@@ -92,6 +100,7 @@ impl Communicator {
                 got: buf.len(),
             });
         }
+        buf.used_on(stream);
         Ok(())
     }
 
@@ -136,16 +145,19 @@ impl Communicator {
             ReduceOp::PreMulSum(mut scalar) => {
                 let mut raw = ncclRedOp_t(0);
                 // SAFETY: a host scalar of type T, read during the call (host-immediate).
-                let rc = unsafe {
-                    (self.nccl().fns().ncclRedOpCreatePreMulSum)(
-                        &mut raw,
-                        (&raw mut scalar).cast(),
-                        T::DTYPE,
-                        ncclScalarResidence_t::ncclScalarHostImmediate,
-                        self.as_raw(),
+                let (rc, call) = unsafe {
+                    nccl_raw_call!(
+                        self.nccl(),
+                        ncclRedOpCreatePreMulSum(
+                            &mut raw,
+                            (&raw mut scalar).cast(),
+                            T::DTYPE,
+                            ncclScalarResidence_t::ncclScalarHostImmediate,
+                            self.as_raw(),
+                        )
                     )
                 };
-                self.check(rc, "ncclRedOpCreatePreMulSum")?;
+                self.check(rc, call)?;
                 Ok(Op {
                     comm: self,
                     raw,
@@ -166,8 +178,8 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_reduce";
         self.begin::<T>(W, stream)?;
-        self.check_buf(W, "send", send, send.len())?;
-        self.check_buf(W, "recv", recv, send.len())?;
+        self.check_buf(W, "send", send, send.len(), stream)?;
+        self.check_buf(W, "recv", recv, send.len(), stream)?;
         self.raw_all_reduce(
             dptr(send.as_raw()),
             dptr(recv.as_raw()),
@@ -186,7 +198,7 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_reduce_in_place";
         self.begin::<T>(W, stream)?;
-        self.check_buf(W, "buffer", buf, buf.len())?;
+        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = dptr(buf.as_raw());
         self.raw_all_reduce(p, p, buf.len(), op, stream)
     }
@@ -202,18 +214,21 @@ impl Communicator {
         let op = self.op(op)?;
         // SAFETY: both ranges were checked: `count` elements of T in device memory of this
         // communicator's context; the stream is of the same context.
-        let rc = unsafe {
-            (self.nccl().fns().ncclAllReduce)(
-                send,
-                recv,
-                count,
-                T::DTYPE,
-                op.raw,
-                self.as_raw(),
-                stream.as_raw(),
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclAllReduce(
+                    send,
+                    recv,
+                    count,
+                    T::DTYPE,
+                    op.raw,
+                    self.as_raw(),
+                    stream.as_raw(),
+                )
             )
         };
-        self.check(rc, "ncclAllReduce")
+        self.check(rc, call)
     }
 
     /// `recv = concat(send of rank 0, …, send of rank n-1)`; `recv.len() == n * send.len()`.
@@ -227,8 +242,8 @@ impl Communicator {
         const W: &str = "all_gather";
         self.begin::<T>(W, stream)?;
         let count = send.len();
-        self.check_buf(W, "send", send, count)?;
-        self.check_buf(W, "recv", recv, count.saturating_mul(self.size()))?;
+        self.check_buf(W, "send", send, count, stream)?;
+        self.check_buf(W, "recv", recv, count.saturating_mul(self.size()), stream)?;
         self.raw_all_gather::<T>(dptr(send.as_raw()), dptr(recv.as_raw()), count, stream)
     }
 
@@ -240,7 +255,7 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_gather_in_place";
         self.begin::<T>(W, stream)?;
-        self.check_buf(W, "buffer", buf, buf.len())?;
+        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         self.raw_all_gather::<T>(
             offset(buf, self.rank() * count),
@@ -258,17 +273,13 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         // SAFETY: ranges checked by the callers (count and size*count elements).
-        let rc = unsafe {
-            (self.nccl().fns().ncclAllGather)(
-                send,
-                recv,
-                count,
-                T::DTYPE,
-                self.as_raw(),
-                stream.as_raw(),
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclAllGather(send, recv, count, T::DTYPE, self.as_raw(), stream.as_raw(),)
             )
         };
-        self.check(rc, "ncclAllGather")
+        self.check(rc, call)
     }
 
     /// Rank `r` gets `op` over every rank's `send[r * m ..][.. m]`, `m = recv.len()`;
@@ -284,8 +295,8 @@ impl Communicator {
         const W: &str = "reduce_scatter";
         self.begin::<T>(W, stream)?;
         let count = recv.len();
-        self.check_buf(W, "send", send, count.saturating_mul(self.size()))?;
-        self.check_buf(W, "recv", recv, count)?;
+        self.check_buf(W, "send", send, count.saturating_mul(self.size()), stream)?;
+        self.check_buf(W, "recv", recv, count, stream)?;
         self.raw_reduce_scatter(dptr(send.as_raw()), dptr(recv.as_raw()), count, op, stream)
     }
 
@@ -298,7 +309,7 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "reduce_scatter_in_place";
         self.begin::<T>(W, stream)?;
-        self.check_buf(W, "buffer", buf, buf.len())?;
+        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         let recv = offset(buf, self.rank() * count);
         self.raw_reduce_scatter(dptr(buf.as_raw()), recv, count, op, stream)
@@ -314,18 +325,21 @@ impl Communicator {
     ) -> Result<()> {
         let op = self.op(op)?;
         // SAFETY: ranges checked by the callers.
-        let rc = unsafe {
-            (self.nccl().fns().ncclReduceScatter)(
-                send,
-                recv,
-                count,
-                T::DTYPE,
-                op.raw,
-                self.as_raw(),
-                stream.as_raw(),
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclReduceScatter(
+                    send,
+                    recv,
+                    count,
+                    T::DTYPE,
+                    op.raw,
+                    self.as_raw(),
+                    stream.as_raw(),
+                )
             )
         };
-        self.check(rc, "ncclReduceScatter")
+        self.check(rc, call)
     }
 
     /// Copies `root`'s `send` into every rank's `recv`. Only the root passes `send`
@@ -341,9 +355,9 @@ impl Communicator {
         const W: &str = "broadcast";
         self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "recv", recv, recv.len())?;
+        self.check_buf(W, "recv", recv, recv.len(), stream)?;
         let sendp = self
-            .root_send(W, send, root, recv.len())?
+            .root_send(W, send, root, recv.len(), stream)?
             .unwrap_or(dptr(recv.as_raw()));
         self.raw_broadcast::<T>(sendp, dptr(recv.as_raw()), recv.len(), r, stream)
     }
@@ -359,7 +373,7 @@ impl Communicator {
         const W: &str = "broadcast_in_place";
         self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "buffer", buf, buf.len())?;
+        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = dptr(buf.as_raw());
         self.raw_broadcast::<T>(p, p, buf.len(), r, stream)
     }
@@ -372,6 +386,7 @@ impl Communicator {
         send: Option<&DeviceBuffer<T>>,
         root: usize,
         len: usize,
+        stream: &Stream,
     ) -> Result<Option<*mut c_void>> {
         if self.rank() != root {
             return Ok(None);
@@ -382,7 +397,7 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the send buffer"),
             });
         };
-        self.check_buf(what, "send", s, len)?;
+        self.check_buf(what, "send", s, len, stream)?;
         Ok(Some(dptr(s.as_raw())))
     }
 
@@ -395,18 +410,21 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         // SAFETY: ranges checked by the callers.
-        let rc = unsafe {
-            (self.nccl().fns().ncclBroadcast)(
-                send,
-                recv,
-                count,
-                T::DTYPE,
-                root,
-                self.as_raw(),
-                stream.as_raw(),
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclBroadcast(
+                    send,
+                    recv,
+                    count,
+                    T::DTYPE,
+                    root,
+                    self.as_raw(),
+                    stream.as_raw(),
+                )
             )
         };
-        self.check(rc, "ncclBroadcast")
+        self.check(rc, call)
     }
 
     /// `root`'s `recv = op(send of every rank)`. Only the root passes `recv`.
@@ -422,9 +440,9 @@ impl Communicator {
         const W: &str = "reduce";
         self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "send", send, send.len())?;
+        self.check_buf(W, "send", send, send.len(), stream)?;
         let recvp = self
-            .root_recv(W, recv, root, send.len())?
+            .root_recv(W, recv, root, send.len(), stream)?
             .unwrap_or(dptr(send.as_raw()));
         self.raw_reduce(dptr(send.as_raw()), recvp, send.len(), op, r, stream)
     }
@@ -440,7 +458,7 @@ impl Communicator {
         const W: &str = "reduce_in_place";
         self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "buffer", buf, buf.len())?;
+        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = dptr(buf.as_raw());
         self.raw_reduce(p, p, buf.len(), op, r, stream)
     }
@@ -451,6 +469,7 @@ impl Communicator {
         recv: Option<&mut DeviceBuffer<T>>,
         root: usize,
         len: usize,
+        stream: &Stream,
     ) -> Result<Option<*mut c_void>> {
         if self.rank() != root {
             return Ok(None);
@@ -461,7 +480,7 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the receive buffer"),
             });
         };
-        self.check_buf(what, "recv", r, len)?;
+        self.check_buf(what, "recv", r, len, stream)?;
         Ok(Some(dptr(r.as_raw())))
     }
 
@@ -476,19 +495,22 @@ impl Communicator {
     ) -> Result<()> {
         let op = self.op(op)?;
         // SAFETY: ranges checked by the callers.
-        let rc = unsafe {
-            (self.nccl().fns().ncclReduce)(
-                send,
-                recv,
-                count,
-                T::DTYPE,
-                op.raw,
-                root,
-                self.as_raw(),
-                stream.as_raw(),
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclReduce(
+                    send,
+                    recv,
+                    count,
+                    T::DTYPE,
+                    op.raw,
+                    root,
+                    self.as_raw(),
+                    stream.as_raw(),
+                )
             )
         };
-        self.check(rc, "ncclReduce")
+        self.check(rc, call)
     }
 
     /// Sends `buf` to `peer` (which must call [`recv`](Self::recv) with the same length).
@@ -502,7 +524,7 @@ impl Communicator {
         const W: &str = "send";
         self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
-        self.check_buf(W, "send", buf, buf.len())?;
+        self.check_buf(W, "send", buf, buf.len(), stream)?;
         self.raw_send::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
     }
 
@@ -517,7 +539,7 @@ impl Communicator {
         const W: &str = "recv";
         self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
-        self.check_buf(W, "recv", buf, buf.len())?;
+        self.check_buf(W, "recv", buf, buf.len(), stream)?;
         self.raw_recv::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
     }
 
@@ -529,10 +551,13 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         // SAFETY: range checked by the callers.
-        let rc = unsafe {
-            (self.nccl().fns().ncclSend)(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclSend(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
+            )
         };
-        self.check(rc, "ncclSend")
+        self.check(rc, call)
     }
 
     fn raw_recv<T: NcclType>(
@@ -543,10 +568,13 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         // SAFETY: range checked by the callers.
-        let rc = unsafe {
-            (self.nccl().fns().ncclRecv)(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclRecv(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
+            )
         };
-        self.check(rc, "ncclRecv")
+        self.check(rc, call)
     }
 
     /// Rank `r` gets `send[r * m ..][.. m]` of every rank, in rank order; both buffers hold
@@ -560,10 +588,10 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_to_all";
         self.begin::<T>(W, stream)?;
-        self.check_buf(W, "send", send, send.len())?;
-        self.check_buf(W, "recv", recv, send.len())?;
+        self.check_buf(W, "send", send, send.len(), stream)?;
+        self.check_buf(W, "recv", recv, send.len(), stream)?;
         let m = self.divisible(W, "send", send.len())?;
-        if let Some(f) = self.nccl().fns().ncclAlltoAll {
+        if let Ok((f, call)) = optional!(self.nccl(), ncclAlltoAll) {
             // SAFETY: both buffers hold n * m elements of T on our device.
             let rc = unsafe {
                 f(
@@ -575,7 +603,7 @@ impl Communicator {
                     stream.as_raw(),
                 )
             };
-            return self.check(rc, "ncclAlltoAll");
+            return self.check(rc, call);
         }
         group(self.nccl(), || {
             for p in 0..self.size() {
@@ -600,9 +628,9 @@ impl Communicator {
         self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = send.len();
-        self.check_buf(W, "send", send, m)?;
-        let recvp = self.root_recv(W, recv, root, m.saturating_mul(self.size()))?;
-        if let Some(f) = self.nccl().fns().ncclGather {
+        self.check_buf(W, "send", send, m, stream)?;
+        let recvp = self.root_recv(W, recv, root, m.saturating_mul(self.size()), stream)?;
+        if let Ok((f, call)) = optional!(self.nccl(), ncclGather) {
             let recvp = recvp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no receive buffer, which NCCL ignores.
             let rc = unsafe {
@@ -616,7 +644,7 @@ impl Communicator {
                     stream.as_raw(),
                 )
             };
-            return self.check(rc, "ncclGather");
+            return self.check(rc, call);
         }
         group(self.nccl(), || {
             self.raw_send::<T>(dptr(send.as_raw()), m, r, stream)?;
@@ -644,9 +672,9 @@ impl Communicator {
         self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = recv.len();
-        self.check_buf(W, "recv", recv, m)?;
-        let sendp = self.root_send(W, send, root, m.saturating_mul(self.size()))?;
-        if let Some(f) = self.nccl().fns().ncclScatter {
+        self.check_buf(W, "recv", recv, m, stream)?;
+        let sendp = self.root_send(W, send, root, m.saturating_mul(self.size()), stream)?;
+        if let Ok((f, call)) = optional!(self.nccl(), ncclScatter) {
             let sendp = sendp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no send buffer, which NCCL ignores.
             let rc = unsafe {
@@ -660,7 +688,7 @@ impl Communicator {
                     stream.as_raw(),
                 )
             };
-            return self.check(rc, "ncclScatter");
+            return self.check(rc, call);
         }
         group(self.nccl(), || {
             if let Some(base) = sendp {
@@ -677,7 +705,9 @@ impl Communicator {
     /// `stream`, then a stream synchronise.
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         self.check_stream("barrier", stream)?;
-        let p = dptr(self.scratch()?.as_raw());
+        let scratch = self.scratch()?;
+        scratch.used_on(stream);
+        let p = dptr(scratch.as_raw());
         self.raw_all_reduce::<i32>(p, p, 1, ReduceOp::Sum, stream)?;
         stream.synchronize()?;
         Ok(())

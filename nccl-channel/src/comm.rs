@@ -1,15 +1,173 @@
 //! [`Communicator`]: one rank's NCCL communicator, bound to one device context.
+//!
+//! The NCCL handle lives in a shared [`CommShared`], so that work which has not been
+//! launched yet (an open group) or can be launched again (a captured graph) keeps it
+//! alive, and a graph launch can check it was not aborted in the meantime.
 
-use std::cell::{Cell, OnceCell};
+use std::cell::OnceCell;
 use std::ffi::c_int;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
-use cuda_hal::{Context, DeviceBuffer};
+use cuda_hal::{Context, DeferScope, Dependency, DeviceBuffer, KeepAlive, Stream};
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm_t, ncclResult_t};
 
 use crate::reliability::{AbortHandle, CommConfig, poll};
 use crate::{Error, Result, UniqueId, check};
+
+/// The NCCL handle and its life: live until aborted or destroyed, exactly once, after
+/// which the handle is never passed to NCCL again.
+pub(crate) struct CommShared {
+    nccl: Arc<Nccl>,
+    raw: ncclComm_t,
+    ctx: Context,
+    rank: usize,
+    size: usize,
+    config: CommConfig,
+    abort: AbortHandle,
+    /// Set once the handle is freed (aborted or destroyed).
+    dead: AtomicBool,
+    /// Set after an error that leaves the communicator untrustworthy: released by abort.
+    failed: AtomicBool,
+    /// Shared by graph launches, exclusive for the teardown.
+    gate: RwLock<()>,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one at a time. The owning
+// `Communicator` (not `Sync`) makes every call but the teardown; the teardown takes `gate`
+// exclusively and flips `dead`, and graph launches (the only other users, through
+// `Dependency`) hold `gate` shared and call no NCCL function.
+unsafe impl Send for CommShared {}
+// SAFETY: as above; the rest is atomics, a lock and immutable data.
+unsafe impl Sync for CommShared {}
+
+/// How a teardown releases the handle.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Teardown {
+    /// `ncclCommAbort`: never waits for peers.
+    Abort,
+    /// `ncclCommFinalize` (bounded by the deadline when non-blocking) then `ncclCommDestroy`.
+    Close,
+}
+
+impl CommShared {
+    fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// The handle while it is live.
+    fn live_raw(&self) -> Option<ncclComm_t> {
+        (!self.is_dead()).then_some(self.raw)
+    }
+
+    /// Frees the handle, once; waits for graph launches in progress, and later launches
+    /// see it dead.
+    fn teardown(&self, how: Teardown) -> Result<()> {
+        let _excl = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        if self.is_dead() {
+            return Err(Error::Aborted);
+        }
+        let r = match how {
+            Teardown::Abort => {
+                // SAFETY: a live communicator, freed once (`dead` is set below, under the lock).
+                unsafe { nccl_call!(self.nccl, ncclCommAbort(self.raw)) }
+            }
+            Teardown::Close => self.finalize_and_destroy(),
+        };
+        self.dead.store(true, Ordering::Release);
+        r
+    }
+
+    /// Finalize (waiting for a non-blocking one within the deadline), then destroy; abort
+    /// when the finalize fails.
+    fn finalize_and_destroy(&self) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: a live communicator.
+        let (rc, call) = unsafe { nccl_raw_call!(self.nccl, ncclCommFinalize(self.raw)) };
+        let fin = if rc == ncclResult_t::ncclInProgress {
+            self.poll_self(call)
+        } else {
+            check(&self.nccl, rc, call, Some(self.raw))
+        };
+        if let Err(e) = fin {
+            // SAFETY: still live; freed once (the caller marks it dead).
+            unsafe { (self.nccl.fns().ncclCommAbort)(self.raw) };
+            return Err(e);
+        }
+        // SAFETY: finalised; destroyed once (the caller marks it dead).
+        unsafe { nccl_call!(self.nccl, ncclCommDestroy(self.raw)) }
+    }
+
+    fn poll_self(&self, what: &'static str) -> Result<()> {
+        let deadline = Instant::now() + self.config.timeout;
+        poll(
+            &self.nccl,
+            self.raw,
+            what,
+            deadline,
+            self.config.timeout,
+            &self.abort,
+        )
+    }
+}
+
+impl Dependency for CommShared {
+    fn gated(&self) -> bool {
+        true
+    }
+
+    fn while_usable(
+        &self,
+        launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
+    ) -> cuda_hal::Result<()> {
+        let _shared = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        if self.is_dead() {
+            return Err(cuda_hal::Error::Unusable {
+                what: format!(
+                    "it uses the NCCL communicator of rank {} of {}, which was aborted or destroyed",
+                    self.rank, self.size
+                ),
+            });
+        }
+        launch()
+    }
+
+    /// Deferred (grouped) work of a non-blocking communicator is enqueued in the
+    /// background after `ncclGroupEnd` returns: wait until it is, within the deadline,
+    /// before what it uses is released; abort when that fails.
+    fn settle(&self) {
+        if self.config.blocking || self.is_dead() {
+            return;
+        }
+        if self
+            .poll_self("the work of a group (ncclGroupEnd)")
+            .is_err()
+        {
+            let _ = self.teardown(Teardown::Abort);
+        }
+    }
+}
+
+impl Drop for CommShared {
+    fn drop(&mut self) {
+        if self.is_dead() {
+            return;
+        }
+        // A blocking finalize could wait forever for a peer that is gone: a drop aborts
+        // (`Communicator::close` finalises). A non-blocking one finalises within its
+        // deadline, unless it failed or an abort was asked for.
+        let how = if self.config.blocking
+            || self.failed.load(Ordering::Acquire)
+            || self.abort.is_requested()
+        {
+            Teardown::Abort
+        } else {
+            Teardown::Close
+        };
+        let _ = self.teardown(how);
+    }
+}
 
 /// One rank of an NCCL communicator.
 ///
@@ -17,25 +175,20 @@ use crate::{Error, Result, UniqueId, check};
 /// must be of the same context, which is checked before every call. A communicator must
 /// not be used by two threads at once (NCCL's rule), so it is `Send` but not `Sync`.
 ///
-/// Dropping it finalises and destroys it. An operation that fails with a system, remote,
-/// internal, CUDA or timeout error aborts it at once (later calls return
-/// [`Error::Aborted`]), so neither a call nor a drop ever waits on a dead peer.
+/// Every method goes through one state check: after an abort or destroy, no NCCL call is
+/// made with its handle, and methods return [`Error::Aborted`].
+///
+/// Dropping it aborts it (`ncclCommAbort`, which never waits for peers) when it is
+/// blocking, and finalises and destroys it within its deadline when it is non-blocking;
+/// [`close`](Self::close) finalises and reports errors. An operation that fails with a
+/// system, remote, internal, CUDA or timeout error aborts it at once. Work that is not
+/// launched yet (an open group) or can be launched again (a captured graph) keeps the
+/// NCCL communicator alive past the drop; a graph refuses to launch once it was aborted.
 pub struct Communicator {
-    nccl: Arc<Nccl>,
-    raw: ncclComm_t,
-    ctx: Context,
-    rank: usize,
-    size: usize,
-    failed: Cell<bool>,
-    aborted: Cell<bool>,
-    config: CommConfig,
-    abort: AbortHandle,
+    /// Dropped first: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
+    shared: Arc<CommShared>,
 }
-
-// SAFETY: an NCCL communicator may be used from any thread, one at a time; `Communicator`
-// is not `Sync`, so shared use across threads is impossible.
-unsafe impl Send for Communicator {}
 
 static_assertions::assert_impl_all!(Communicator: Send);
 static_assertions::assert_not_impl_any!(Communicator: Sync);
@@ -43,9 +196,10 @@ static_assertions::assert_not_impl_any!(Communicator: Sync);
 impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Communicator")
-            .field("rank", &self.rank)
-            .field("size", &self.size)
-            .field("device", &self.ctx.device().ordinal())
+            .field("rank", &self.shared.rank)
+            .field("size", &self.shared.size)
+            .field("device", &self.shared.ctx.device().ordinal())
+            .field("aborted", &self.shared.is_dead())
             .finish()
     }
 }
@@ -80,8 +234,7 @@ impl Communicator {
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the context of the device NCCL should use is current.
-        let rc = unsafe { (nccl.fns().ncclCommInitRank)(&mut raw, n, id.to_raw(), r) };
-        check(nccl, rc, "ncclCommInitRank", None)?;
+        unsafe { nccl_call!(nccl, ncclCommInitRank(&mut raw, n, id.to_raw(), r)) }?;
         // SAFETY: `raw` was just created by NCCL on `ctx`'s device and is ours.
         unsafe { Self::from_raw(nccl, ctx, raw) }
     }
@@ -99,9 +252,8 @@ impl Communicator {
         config: &CommConfig,
     ) -> Result<Communicator> {
         if config.blocking {
-            let mut c = Self::init_rank(nccl, ctx, id, size, rank)?;
-            c.config = *config;
-            return Ok(c);
+            let c = Self::init_rank(nccl, ctx, id, size, rank)?;
+            return Ok(c.with_config(*config));
         }
         let (n, r) = world_args("Communicator::init_rank_with", size, rank)?;
         let mut cfg = nccl_sys::NCCL_CONFIG_INITIALIZER;
@@ -111,29 +263,25 @@ impl Communicator {
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer and config; the device's context is current.
-        let rc =
-            unsafe { (nccl.fns().ncclCommInitRankConfig)(&mut raw, n, id.to_raw(), r, &mut cfg) };
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                nccl,
+                ncclCommInitRankConfig(&mut raw, n, id.to_raw(), r, &mut cfg)
+            )
+        };
         if rc != ncclResult_t::ncclInProgress {
-            check(nccl, rc, "ncclCommInitRankConfig", None)?;
+            check(nccl, rc, call, None)?;
         }
         let abort = AbortHandle::default();
         let deadline = Instant::now() + config.timeout;
-        if let Err(e) = poll(
-            nccl,
-            raw,
-            "ncclCommInitRankConfig",
-            deadline,
-            config.timeout,
-            &abort,
-        ) {
+        if let Err(e) = poll(nccl, raw, call, deadline, config.timeout, &abort) {
             // SAFETY: NCCL made `raw`; aborting frees it, once.
             unsafe { (nccl.fns().ncclCommAbort)(raw) };
             return Err(e);
         }
         // SAFETY: initialised by NCCL for `ctx`'s device; owned here.
-        let mut c = unsafe { Self::from_raw(nccl, ctx, raw) }?;
-        c.config = *config;
-        Ok(c)
+        let c = unsafe { Self::from_raw(nccl, ctx, raw) }?;
+        Ok(c.with_config(*config))
     }
 
     /// One communicator per context, all in this process (`ncclCommInitAll`); rank `i`
@@ -150,8 +298,7 @@ impl Communicator {
         let devs: Vec<c_int> = contexts.iter().map(|c| c.device().ordinal()).collect();
         let mut raws: Vec<ncclComm_t> = vec![std::ptr::null_mut(); contexts.len()];
         // SAFETY: room for `n` handles and `n` device ordinals.
-        let rc = unsafe { (nccl.fns().ncclCommInitAll)(raws.as_mut_ptr(), n, devs.as_ptr()) };
-        check(nccl, rc, "ncclCommInitAll", None)?;
+        unsafe { nccl_call!(nccl, ncclCommInitAll(raws.as_mut_ptr(), n, devs.as_ptr())) }?;
         let mut comms = Vec::with_capacity(raws.len());
         let mut raws = raws.into_iter();
         for ctx in contexts {
@@ -171,50 +318,49 @@ impl Communicator {
         Ok(comms)
     }
 
-    /// Takes ownership of a raw communicator of `ctx`'s device. Checks its device, reads
-    /// its rank and size.
+    /// Takes ownership of a raw, blocking communicator of `ctx`'s device. Checks its
+    /// device, reads its rank and size. On error the handle is destroyed.
     ///
     /// # Safety
-    /// `raw` must be a live communicator made by `nccl`, owned by nobody else.
+    /// `raw` must be a live, initialised communicator made by `nccl`, owned by nobody else.
     pub unsafe fn from_raw(
         nccl: &Arc<Nccl>,
         ctx: &Context,
         raw: ncclComm_t,
     ) -> Result<Communicator> {
-        let mut comm = Communicator {
+        // SAFETY: the caller's contract.
+        unsafe { Self::adopt(nccl, ctx, raw, CommConfig::default()) }
+    }
+
+    /// As [`from_raw`](Self::from_raw), with the configuration the handle was made with.
+    ///
+    /// # Safety
+    /// As for `from_raw`.
+    unsafe fn adopt(
+        nccl: &Arc<Nccl>,
+        ctx: &Context,
+        raw: ncclComm_t,
+        config: CommConfig,
+    ) -> Result<Communicator> {
+        let mut shared = CommShared {
             nccl: nccl.clone(),
             raw,
             ctx: ctx.clone(),
             rank: 0,
             size: 0,
-            failed: Cell::new(false),
-            aborted: Cell::new(false),
-            config: CommConfig::default(),
+            config,
             abort: AbortHandle::default(),
-            scratch: OnceCell::new(),
+            dead: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            gate: RwLock::new(()),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
-        let f = nccl.fns();
-        // SAFETY: a live communicator and valid out-pointers.
+        // SAFETY: a live communicator and valid out-pointers. On error `shared` drops and
+        // releases the handle.
         unsafe {
-            check(
-                nccl,
-                (f.ncclCommUserRank)(raw, &mut rank),
-                "ncclCommUserRank",
-                Some(raw),
-            )?;
-            check(
-                nccl,
-                (f.ncclCommCount)(raw, &mut size),
-                "ncclCommCount",
-                Some(raw),
-            )?;
-            check(
-                nccl,
-                (f.ncclCommCuDevice)(raw, &mut dev),
-                "ncclCommCuDevice",
-                Some(raw),
-            )?;
+            nccl_call!(nccl, ncclCommUserRank(raw, &mut rank))?;
+            nccl_call!(nccl, ncclCommCount(raw, &mut size))?;
+            nccl_call!(nccl, ncclCommCuDevice(raw, &mut dev))?;
         }
         if dev != ctx.device().ordinal() {
             return Err(Error::WrongDevice {
@@ -224,93 +370,177 @@ impl Communicator {
                 found: dev,
             });
         }
-        comm.rank = usize::try_from(rank).unwrap_or(0);
-        comm.size = usize::try_from(size).unwrap_or(0);
-        Ok(comm)
+        shared.rank = usize::try_from(rank).unwrap_or(0);
+        shared.size = usize::try_from(size).unwrap_or(0);
+        Ok(Communicator {
+            shared: Arc::new(shared),
+            scratch: OnceCell::new(),
+        })
+    }
+
+    fn with_config(self, config: CommConfig) -> Communicator {
+        match Arc::try_unwrap(self.shared) {
+            Ok(mut s) => {
+                s.config = config;
+                Communicator {
+                    shared: Arc::new(s),
+                    scratch: self.scratch,
+                }
+            }
+            Err(shared) => Communicator {
+                shared,
+                scratch: self.scratch,
+            },
+        }
     }
 
     /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
     /// `key` then by rank; `None` opts out (returns `Ok(None)`). Collective over all ranks.
+    /// The child has this communicator's configuration (NCCL gives it the parent's
+    /// blocking mode), and a non-blocking split waits for the child within the deadline.
     #[doc(alias = "ncclCommSplit")]
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
         let color = match color {
             Some(c) => to_c_int("color", c as usize)?,
             None => NCCL_SPLIT_NOCOLOR,
         };
-        let _g = self.ctx.bind()?;
-        let mut raw: ncclComm_t = std::ptr::null_mut();
+        let raw = self.handle()?;
+        let _g = self.context().bind()?;
+        let mut child: ncclComm_t = std::ptr::null_mut();
         // SAFETY: a live communicator; valid out-pointer; NULL config inherits ours.
-        let rc = unsafe {
-            (self.nccl.fns().ncclCommSplit)(self.raw, color, key, &mut raw, std::ptr::null_mut())
+        let (rc, call) = unsafe {
+            nccl_raw_call!(
+                self.nccl(),
+                ncclCommSplit(raw, color, key, &mut child, std::ptr::null_mut())
+            )
         };
-        self.check(rc, "ncclCommSplit")?;
-        if raw.is_null() {
+        self.child(rc, call, child)
+    }
+
+    /// Finishes a split or shrink: waits for a non-blocking child, adopts it with our
+    /// configuration.
+    pub(crate) fn child(
+        &self,
+        rc: ncclResult_t,
+        call: &'static str,
+        child: ncclComm_t,
+    ) -> Result<Option<Communicator>> {
+        let nccl = self.nccl();
+        if rc == ncclResult_t::ncclInProgress && !self.shared.config.blocking {
+            // The child is the one to wait for; a rank without a child waits for the parent.
+            let target = if child.is_null() {
+                self.shared.raw
+            } else {
+                child
+            };
+            let deadline = Instant::now() + self.shared.config.timeout;
+            let r = poll(
+                nccl,
+                target,
+                call,
+                deadline,
+                self.shared.config.timeout,
+                &self.shared.abort,
+            );
+            if let Err(e) = r {
+                if !child.is_null() {
+                    // SAFETY: NCCL made the child for us; aborting frees it, once.
+                    unsafe { (nccl.fns().ncclCommAbort)(child) };
+                }
+                return Err(e);
+            }
+        } else {
+            self.check(rc, call)?;
+        }
+        if child.is_null() {
             return Ok(None);
         }
-        // SAFETY: NCCL made `raw` on our device for us.
-        unsafe { Self::from_raw(&self.nccl, &self.ctx, raw) }.map(Some)
+        // SAFETY: NCCL made `child` on our device for us, and it is initialised.
+        unsafe { Self::adopt(nccl, self.context(), child, self.shared.config) }.map(Some)
     }
 
     /// This rank.
     #[doc(alias = "ncclCommUserRank")]
     pub fn rank(&self) -> usize {
-        self.rank
+        self.shared.rank
     }
 
     /// Number of ranks.
     #[doc(alias = "ncclCommCount")]
     pub fn size(&self) -> usize {
-        self.size
+        self.shared.size
     }
 
     /// The device ordinal (`ncclCommCuDevice`).
     #[doc(alias = "ncclCommCuDevice")]
     pub fn device(&self) -> i32 {
-        self.ctx.device().ordinal()
+        self.shared.ctx.device().ordinal()
     }
 
     /// The context the communicator belongs to.
     pub fn context(&self) -> &Context {
-        &self.ctx
+        &self.shared.ctx
     }
 
     /// The NCCL library.
     pub fn nccl(&self) -> &Arc<Nccl> {
-        &self.nccl
+        &self.shared.nccl
     }
 
-    /// The raw handle.
+    /// The raw handle, for calls through the raw table. It is freed once
+    /// [`is_aborted`](Self::is_aborted) says so.
     pub fn as_raw(&self) -> ncclComm_t {
-        self.raw
+        self.shared.raw
+    }
+
+    /// A shared owner of the NCCL communicator (for code that enqueues work on it through
+    /// the raw table and must keep it alive, see [`cuda_hal::Stream::hold`]).
+    pub fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::new(self.shared.clone())
+    }
+
+    /// The handle if it is live (no abort performed).
+    pub(crate) fn live_handle(&self) -> Option<ncclComm_t> {
+        self.shared.live_raw()
+    }
+
+    /// The one state check: the live handle, after performing an abort requested through
+    /// an [`AbortHandle`]; [`Error::Aborted`] once it is aborted or destroyed.
+    pub(crate) fn handle(&self) -> Result<ncclComm_t> {
+        if self.shared.abort.is_requested() {
+            self.abort_now();
+            return Err(Error::Aborted);
+        }
+        self.shared.live_raw().ok_or(Error::Aborted)
+    }
+
+    /// Notes, before enqueueing work on `stream`, that it needs this communicator: kept
+    /// alive by an open capture or group.
+    #[inline]
+    pub(crate) fn hold_for(&self, stream: &Stream) {
+        stream.hold(|| self.keep_alive());
     }
 
     /// An error recorded by NCCL for this communicator's background work.
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn async_error(&self) -> Result<()> {
+        let raw = self.handle()?;
         let mut e = ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator and a valid out-pointer.
-        let rc = unsafe { (self.nccl.fns().ncclCommGetAsyncError)(self.raw, &mut e) };
-        self.check(rc, "ncclCommGetAsyncError")?;
-        self.check(e, "ncclCommGetAsyncError")
+        let (rc, call) = unsafe { nccl_raw_call!(self.nccl(), ncclCommGetAsyncError(raw, &mut e)) };
+        self.check(rc, call)?;
+        self.check(e, call)
     }
 
     pub(crate) fn check(&self, rc: ncclResult_t, call: &'static str) -> Result<()> {
-        if rc == ncclResult_t::ncclInProgress && !self.config.blocking {
-            let deadline = Instant::now() + self.config.timeout;
-            let r = poll(
-                &self.nccl,
-                self.raw,
-                call,
-                deadline,
-                self.config.timeout,
-                &self.abort,
-            );
+        if rc == ncclResult_t::ncclInProgress && !self.shared.config.blocking {
+            let r = self.shared.poll_self(call);
             if r.is_err() {
                 self.abort_now();
             }
             return r;
         }
-        let r = check(&self.nccl, rc, call, Some(self.raw));
+        let r = check(&self.shared.nccl, rc, call, self.shared.live_raw());
         match rc {
             ncclResult_t::ncclSuccess
             | ncclResult_t::ncclInvalidArgument
@@ -318,49 +548,37 @@ impl Communicator {
             // The communicator cannot be trusted after these: abort it now, so that later
             // calls say so and nothing ever waits on a peer that may be gone.
             _ => {
-                self.failed.set(true);
+                self.shared.failed.store(true, Ordering::Release);
                 self.abort_now();
             }
         }
         r
     }
 
-    /// `Err(Aborted)` once aborted; performs an abort requested through a handle.
-    pub(crate) fn ensure_live(&self) -> Result<()> {
-        if !self.aborted.get() && self.abort.is_requested() {
-            self.abort_now();
-        }
-        if self.aborted.get() {
-            return Err(Error::Aborted);
-        }
-        Ok(())
-    }
-
     /// Aborts in place (idempotent); the handle is freed and every later call fails.
+    /// Inside an open group on this thread, whose deferred work still names the handle,
+    /// the abort is requested and happens at the first call after the group, or when
+    /// the last owner lets go.
     pub(crate) fn abort_now(&self) {
-        if !self.aborted.replace(true) {
-            // SAFETY: a live communicator, aborted (and so freed) once.
-            unsafe { (self.nccl.fns().ncclCommAbort)(self.raw) };
+        self.shared.abort.abort();
+        if !DeferScope::is_open() {
+            let _ = self.shared.teardown(Teardown::Abort);
         }
     }
 
-    /// Whether the communicator was aborted (by [`abort`](Self::abort), a handle, a
-    /// failed wait or a deadline).
+    /// Whether the communicator was aborted or destroyed (by [`abort`](Self::abort), a
+    /// handle, a failed wait or a deadline).
     pub fn is_aborted(&self) -> bool {
-        self.aborted.get()
+        self.shared.is_dead()
     }
 
     /// The configuration it was created with.
     pub fn config(&self) -> &CommConfig {
-        &self.config
-    }
-
-    pub(crate) fn timeout(&self) -> Duration {
-        self.config.timeout
+        &self.shared.config
     }
 
     pub(crate) fn abort_flag(&self) -> &AbortHandle {
-        &self.abort
+        &self.shared.abort
     }
 
     /// A one-element scratch buffer (for barriers).
@@ -368,96 +586,44 @@ impl Communicator {
         if let Some(b) = self.scratch.get() {
             return Ok(b);
         }
-        let b = DeviceBuffer::<i32>::zeroed(&self.ctx, 1)?;
+        let b = DeviceBuffer::<i32>::zeroed(self.context(), 1)?;
         Ok(self.scratch.get_or_init(|| b))
     }
 
-    /// Finalises (flushing pending work) and destroys, reporting errors that a drop
-    /// would swallow.
+    /// Finalises (flushing pending work; a blocking communicator waits for its peers) and
+    /// destroys, reporting errors that a drop would swallow. Inside an open group it
+    /// returns [`Error::InvalidArgument`] and the communicator is released when the group
+    /// ends.
     #[doc(alias = "ncclCommFinalize")]
     #[doc(alias = "ncclCommDestroy")]
     pub fn close(self) -> Result<()> {
-        let this = std::mem::ManuallyDrop::new(self);
-        let r = this.finalize_and_destroy();
-        // SAFETY: drop the fields we still own, once.
-        unsafe { this.drop_fields() };
-        r
-    }
-
-    /// Finalize (waiting for a non-blocking one within the deadline), then destroy; an
-    /// aborted communicator has nothing left to release.
-    fn finalize_and_destroy(&self) -> Result<()> {
-        if self.aborted.get() {
-            return Err(Error::Aborted);
-        }
-        let _g = self.ctx.bind()?;
-        let f = self.nccl.fns();
-        // SAFETY: a live communicator.
-        let rc = unsafe { (f.ncclCommFinalize)(self.raw) };
-        let fin = if rc == ncclResult_t::ncclInProgress {
-            let deadline = Instant::now() + self.config.timeout;
-            poll(
-                &self.nccl,
-                self.raw,
-                "ncclCommFinalize",
-                deadline,
-                self.config.timeout,
-                &self.abort,
-            )
-        } else {
-            check(&self.nccl, rc, "ncclCommFinalize", None)
-        };
-        if let Err(e) = fin {
-            self.abort_now();
-            return Err(e);
-        }
-        // SAFETY: finalised; destroyed once.
-        let rc = unsafe { (f.ncclCommDestroy)(self.raw) };
-        self.aborted.set(true);
-        check(&self.nccl, rc, "ncclCommDestroy", None)
+        self.release(Teardown::Close, "Communicator::close")
     }
 
     /// Aborts: stops pending work without waiting for peers, and frees the communicator.
+    /// Inside an open group the abort happens when the group ends.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
-        let this = std::mem::ManuallyDrop::new(self);
-        let r = if this.aborted.replace(true) {
-            Ok(())
-        } else {
-            // SAFETY: a live communicator, aborted once (no Drop follows).
-            let rc = unsafe { (this.nccl.fns().ncclCommAbort)(this.raw) };
-            check(&this.nccl, rc, "ncclCommAbort", None)
-        };
-        // SAFETY: drop the fields we still own, once.
-        unsafe { this.drop_fields() };
-        r
-    }
-
-    /// # Safety
-    /// Called once, on a value that will not be dropped normally.
-    unsafe fn drop_fields(&self) {
-        // SAFETY: each field is read out and dropped exactly once (the caller's contract).
-        unsafe {
-            drop(std::ptr::read(&self.scratch));
-            drop(std::ptr::read(&self.ctx));
-            drop(std::ptr::read(&self.nccl));
-            drop(std::ptr::read(&self.abort));
+        if DeferScope::is_open() {
+            self.shared.abort.abort();
+            return Ok(());
+        }
+        match self.shared.teardown(Teardown::Abort) {
+            Err(Error::Aborted) => Ok(()),
+            r => r,
         }
     }
-}
 
-impl Drop for Communicator {
-    fn drop(&mut self) {
-        // Device memory first (the scratch buffer), then the communicator.
-        drop(self.scratch.take());
-        if self.aborted.get() {
-            return;
+    fn release(self, how: Teardown, what: &'static str) -> Result<()> {
+        if DeferScope::is_open() {
+            return Err(Error::InvalidArgument {
+                what,
+                problem: "called inside an open group, whose work still needs the \
+                          communicator; it is released when the group ends"
+                    .into(),
+            });
         }
-        if self.failed.get() {
-            // After a failure, never wait for peers that may be gone.
-            self.abort_now();
-            return;
-        }
-        let _ = self.finalize_and_destroy();
+        drop(self.scratch.into_inner());
+        self.shared.teardown(how)
     }
 }

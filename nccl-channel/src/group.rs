@@ -1,5 +1,11 @@
 //! Groups: several NCCL calls launched as one (`ncclGroupStart`/`ncclGroupEnd`).
+//!
+//! A call made inside a group only records its work; NCCL enqueues it at the group's end.
+//! So a group is a [`DeferScope`]: the buffers, streams and communicators of its calls are
+//! kept alive until then, even when their owners are dropped inside the group. NCCL's
+//! group state belongs to the thread, so [`Group`] is not `Send`.
 
+use cuda_hal::DeferScope;
 use nccl_sys::Nccl;
 
 use crate::{Result, check};
@@ -10,6 +16,17 @@ use crate::{Result, check};
 pub struct Group<'a> {
     nccl: &'a Nccl,
     open: bool,
+    /// Dropped after `ncclGroupEnd` (fields drop after `Drop::drop`): releases what the
+    /// group's calls hold once the work is enqueued.
+    _scope: DeferScope,
+}
+
+static_assertions::assert_not_impl_any!(Group<'static>: Send, Sync);
+
+impl std::fmt::Debug for Group<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("open", &self.open).finish()
+    }
 }
 
 impl<'a> Group<'a> {
@@ -17,23 +34,27 @@ impl<'a> Group<'a> {
     #[doc(alias = "ncclGroupStart")]
     pub fn start(nccl: &'a Nccl) -> Result<Group<'a>> {
         // SAFETY: no preconditions.
-        let rc = unsafe { (nccl.fns().ncclGroupStart)() };
-        check(nccl, rc, "ncclGroupStart", None)?;
-        Ok(Group { nccl, open: true })
+        unsafe { nccl_call!(nccl, ncclGroupStart()) }?;
+        Ok(Group {
+            nccl,
+            open: true,
+            _scope: DeferScope::open(),
+        })
     }
 
     /// `ncclGroupEnd`: launches the group's operations. With non-blocking
     /// communicators NCCL may answer "in progress": that is success here, and
-    /// [`Communicator::wait`](crate::Communicator::wait) waits for the work.
+    /// [`Communicator::wait`](crate::Communicator::wait) waits for the work (what the
+    /// group's calls use is released only once NCCL has enqueued them).
     #[doc(alias = "ncclGroupEnd")]
     pub fn end(mut self) -> Result<()> {
         self.open = false;
         // SAFETY: ends the group this value started.
-        let rc = unsafe { (self.nccl.fns().ncclGroupEnd)() };
+        let (rc, call) = unsafe { nccl_raw_call!(self.nccl, ncclGroupEnd()) };
         if rc == nccl_sys::ncclResult_t::ncclInProgress {
             return Ok(());
         }
-        check(self.nccl, rc, "ncclGroupEnd", None)
+        check(self.nccl, rc, call, None)
     }
 }
 

@@ -26,6 +26,36 @@
 //! # Ok::<(), nccl_channel::Error>(())
 //! ```
 
+/// Calls an NCCL table entry and checks its status; the error names the entry, so no call
+/// site spells a C name by hand. Use inside `unsafe`: `unsafe { nccl_call!(nccl, ncclX(..)) }`.
+macro_rules! nccl_call {
+    ($nccl:expr, $f:ident($($a:expr),* $(,)?)) => {{
+        let nccl: &::nccl_sys::Nccl = &$nccl;
+        $crate::check(nccl, (nccl.fns().$f)($($a),*), stringify!($f), None)
+    }};
+}
+
+/// The raw status and the entry's name (for statuses that need more than a check:
+/// `ncclInProgress`, or a communicator's own check).
+macro_rules! nccl_raw_call {
+    ($nccl:expr, $f:ident($($a:expr),* $(,)?)) => {{
+        let nccl: &::nccl_sys::Nccl = &$nccl;
+        ((nccl.fns().$f)($($a),*), stringify!($f))
+    }};
+}
+
+/// An optional NCCL table entry and its name, or [`Error::Unsupported`] naming the
+/// release that introduced it.
+macro_rules! optional {
+    ($nccl:expr, $f:ident) => {{
+        let nccl: &::nccl_sys::Nccl = &$nccl;
+        match nccl.fns().$f {
+            Some(f) => Ok((f, stringify!($f))),
+            None => Err($crate::reliability::unsupported(nccl, stringify!($f))),
+        }
+    }};
+}
+
 mod channel;
 mod collective;
 mod comm;

@@ -76,8 +76,8 @@ pub(crate) fn poll(
     loop {
         let mut e = ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator and a valid out-pointer.
-        let rc = unsafe { (nccl.fns().ncclCommGetAsyncError)(raw, &mut e) };
-        check(nccl, rc, "ncclCommGetAsyncError", Some(raw))?;
+        let (rc, call) = unsafe { nccl_raw_call!(nccl, ncclCommGetAsyncError(raw, &mut e)) };
+        check(nccl, rc, call, Some(raw))?;
         match e {
             ncclResult_t::ncclSuccess => return Ok(()),
             ncclResult_t::ncclInProgress => {}
@@ -122,27 +122,17 @@ impl Communicator {
     /// ([`CommConfig::timeout`]) or an [`AbortHandle`] aborts the communicator and returns
     /// an error; a dead peer thus gives an error instead of a hang.
     pub fn wait(&self, stream: &Stream) -> Result<()> {
-        self.ensure_live()?;
-        let deadline = Instant::now() + self.timeout();
+        let raw = self.handle()?;
+        let deadline = Instant::now() + self.config().timeout;
         let mut pause = Duration::from_micros(20);
         loop {
             let mut e = ncclResult_t::ncclSuccess;
             // SAFETY: a live communicator and a valid out-pointer.
-            let rc = unsafe { (self.nccl().fns().ncclCommGetAsyncError)(self.as_raw(), &mut e) };
-            let r = check(
-                self.nccl(),
-                rc,
-                "ncclCommGetAsyncError",
-                Some(self.as_raw()),
-            )
-            .and_then(|_| match e {
+            let (rc, call) =
+                unsafe { nccl_raw_call!(self.nccl(), ncclCommGetAsyncError(raw, &mut e)) };
+            let r = check(self.nccl(), rc, call, Some(raw)).and_then(|_| match e {
                 ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
-                other => check(
-                    self.nccl(),
-                    other,
-                    "Communicator::wait",
-                    Some(self.as_raw()),
-                ),
+                other => check(self.nccl(), other, "Communicator::wait", Some(raw)),
             });
             if let Err(err) = r {
                 self.abort_now();
@@ -162,7 +152,7 @@ impl Communicator {
                         "the stream work of rank {} (communicator aborted)",
                         self.rank()
                     ),
-                    after: self.timeout(),
+                    after: self.config().timeout,
                 });
             }
             std::thread::sleep(pause);
@@ -174,27 +164,19 @@ impl Communicator {
     /// every rank can leave a collective that cannot finish and then shrink or destroy.
     #[doc(alias = "ncclCommRevoke")]
     pub fn revoke(&self) -> Result<()> {
-        self.ensure_live()?;
-        let f = self
-            .nccl()
-            .fns()
-            .ncclCommRevoke
-            .ok_or_else(|| unsupported(self.nccl(), "ncclCommRevoke"))?;
+        let raw = self.handle()?;
+        let (f, call) = optional!(self.nccl(), ncclCommRevoke)?;
         // SAFETY: a live communicator; flags 0 (NCCL_REVOKE_DEFAULT).
-        let rc = unsafe { f(self.as_raw(), 0) };
-        self.check(rc, "ncclCommRevoke")
+        let rc = unsafe { f(raw, 0) };
+        self.check(rc, call)
     }
 
     /// A new communicator of the ranks not in `exclude` (NCCL ≥ 2.27), e.g. after a peer
     /// died. Every remaining rank calls it with the same list.
     #[doc(alias = "ncclCommShrink")]
     pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
-        self.ensure_live()?;
-        let f = self
-            .nccl()
-            .fns()
-            .ncclCommShrink
-            .ok_or_else(|| unsupported(self.nccl(), "ncclCommShrink"))?;
+        let raw = self.handle()?;
+        let (f, call) = optional!(self.nccl(), ncclCommShrink)?;
         let mut list = Vec::with_capacity(exclude.len());
         for &r in exclude {
             if r >= self.size() {
@@ -207,21 +189,23 @@ impl Communicator {
             list.push(r as i32);
         }
         let _g = self.context().bind()?;
-        let mut raw: ncclComm_t = std::ptr::null_mut();
+        let mut child: ncclComm_t = std::ptr::null_mut();
         // SAFETY: a live communicator, a list of valid ranks, a valid out-pointer, NULL
-        // config (inherit) and NCCL_SHRINK_DEFAULT.
+        // config (inherit: the child gets our blocking mode) and NCCL_SHRINK_DEFAULT.
         let rc = unsafe {
             f(
-                self.as_raw(),
+                raw,
                 list.as_mut_ptr(),
                 list.len() as i32,
-                &mut raw,
+                &mut child,
                 std::ptr::null_mut(),
                 0,
             )
         };
-        self.check(rc, "ncclCommShrink")?;
-        // SAFETY: NCCL made `raw` on our device for us.
-        unsafe { Communicator::from_raw(self.nccl(), self.context(), raw) }
+        self.child(rc, call, child)?
+            .ok_or_else(|| Error::InvalidArgument {
+                what: "shrink",
+                problem: "NCCL returned no communicator for this rank".into(),
+            })
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nccl_sys::{Nccl, ncclUniqueId};
 
-use crate::{Error, Result, check};
+use crate::{Error, Result};
 
 /// The 128 bytes that let ranks find each other (`ncclUniqueId`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,8 +57,7 @@ impl UniqueId {
     pub fn generate(nccl: &Nccl) -> Result<UniqueId> {
         let mut id = ncclUniqueId::default();
         // SAFETY: valid out-pointer.
-        let rc = unsafe { (nccl.fns().ncclGetUniqueId)(&mut id) };
-        check(nccl, rc, "ncclGetUniqueId", None)?;
+        unsafe { nccl_call!(nccl, ncclGetUniqueId(&mut id)) }?;
         Ok(UniqueId::from_raw(&id))
     }
 

@@ -78,6 +78,12 @@ impl Rig {
         assert!(world.live().is_empty(), "NCCL leaked: {:?}", world.live());
         assert!(gpus.live().is_empty(), "CUDA leaked: {:?}", gpus.live());
         assert_eq!(gpus.order_violations(), 0);
+        let v = gpus.violations();
+        assert!(
+            v.is_empty(),
+            "the simulated GPU saw invalid accesses:\n{}",
+            v.join("\n")
+        );
     }
 }
 

@@ -1,0 +1,280 @@
+//! The memory model through NCCL, on the simulated driver and NCCL, whose sanitizer checks
+//! device addresses when work executes (stream order, graph replay, group end) and every
+//! call's communicator handle. Each test is a way safe code could once make NCCL touch
+//! freed memory or a freed communicator.
+#![cfg(feature = "mock")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::Rig;
+use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
+use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, group};
+use nccl_sys::ncclResult_t;
+
+/// Two ranks driven from one thread, one communicator and stream each.
+fn pair(rig: &Rig) -> Vec<(Communicator, Stream)> {
+    let ctxs: Vec<_> = (0..2)
+        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
+        .collect();
+    Communicator::init_all(&rig.nccl, &ctxs)
+        .unwrap()
+        .into_iter()
+        .zip(&ctxs)
+        .map(|(c, x)| (c, Stream::non_blocking(x).unwrap()))
+        .collect()
+}
+
+/// Buffers made and dropped inside a group closure live until the group has launched.
+#[test]
+fn buffers_dropped_inside_a_group_live_until_it_ends() {
+    let rig = Rig::new(2);
+    let ranks = pair(&rig);
+    let mut outs: Vec<DeviceBuffer<i32>> = ranks
+        .iter()
+        .map(|(c, _)| DeviceBuffer::zeroed(c.context(), 2).unwrap())
+        .collect();
+    group(&rig.nccl, || {
+        for ((c, s), out) in ranks.iter().zip(outs.iter_mut()) {
+            let send = DeviceBuffer::from_slice(c.context(), &[1 + c.rank() as i32, 10])?;
+            c.all_reduce(&send, out, ReduceOp::Sum, s)?;
+            // `send` is dropped here, before ncclGroupEnd launched the all-reduce.
+        }
+        Ok(())
+    })
+    .unwrap();
+    for ((_, s), out) in ranks.iter().zip(&outs) {
+        s.synchronize().unwrap();
+        assert_eq!(out.to_vec().unwrap(), [3, 20]);
+    }
+    drop((outs, ranks));
+    rig.assert_clean();
+}
+
+/// A captured all-reduce replayed after its buffers and its communicator were dropped:
+/// the graph owns them. Once the communicator is aborted, the graph refuses to launch.
+#[test]
+fn a_graph_owns_its_buffers_and_communicator_and_refuses_an_aborted_one() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let send = DeviceBuffer::from_slice(&ctx, &[4.0f32, 5.0]).unwrap();
+    let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+    let mut out = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
+        .unwrap();
+    out.copy_from_async(&recv, &s).unwrap();
+    let exec = s.end_capture().unwrap().instantiate().unwrap();
+    drop((send, recv));
+    let abort = comm.abort_handle();
+    drop(comm);
+    assert_eq!(rig.world.live().comms, 1, "held by the graph");
+    exec.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(out.to_vec().unwrap(), [4.0, 5.0]);
+    drop(exec);
+    assert_eq!(rig.world.live().comms, 0, "released with the graph");
+
+    // The same graph over a communicator that is aborted before the launch.
+    let comm = Communicator::init_rank(
+        &rig.nccl,
+        &ctx,
+        &UniqueId::generate(&rig.nccl).unwrap(),
+        1,
+        0,
+    )
+    .unwrap();
+    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    let exec = s.end_capture().unwrap().instantiate().unwrap();
+    comm.abort().unwrap();
+    let e = exec.launch(&s).unwrap_err();
+    assert!(
+        matches!(&e, cuda_hal::Error::Unusable { what } if what.contains("aborted or destroyed")),
+        "{e}"
+    );
+    drop((exec, buf, out, s, ctx, abort));
+    rig.assert_clean();
+}
+
+/// Stream-ordered memory used by a collective on the communicator's stream and freed on
+/// its allocation stream: the free is ordered after the collective.
+#[test]
+fn a_pooled_buffer_is_freed_after_the_collective_on_another_stream() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+    let (pool, comm_stream) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let mut buf = DeviceBuffer::<u64>::alloc_on(&pool, 1024).unwrap();
+    pool.synchronize().unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Max, &comm_stream)
+        .unwrap();
+    drop(buf);
+    pool.synchronize().unwrap();
+    comm_stream.synchronize().unwrap();
+    drop((comm, pool, comm_stream, ctx));
+    rig.assert_clean();
+}
+
+/// A pre-multiplied sum whose call fails fatally aborts the communicator, which frees the
+/// op too: it is not destroyed again on the freed handle; later calls are refused
+/// without reaching NCCL.
+#[test]
+fn nothing_reaches_nccl_after_an_abort() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[2.0f64]).unwrap();
+    rig.world
+        .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
+    let e = comm
+        .all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Nccl {
+                call: "ncclAllReduce",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(comm.is_aborted());
+    assert_eq!(rig.world.calls("ncclRedOpDestroy"), 0);
+    let before = rig.world.calls("ncclCommGetAsyncError") + rig.world.calls("ncclCommSplit");
+    assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
+    assert_eq!(comm.split(Some(0), 0).unwrap_err(), Error::Aborted);
+    assert_eq!(comm.barrier(&s).unwrap_err(), Error::Aborted);
+    assert_eq!(
+        rig.world.calls("ncclCommGetAsyncError") + rig.world.calls("ncclCommSplit"),
+        before
+    );
+    drop((comm, buf, s, ctx));
+    assert!(
+        rig.world.violations().is_empty(),
+        "{:?}",
+        rig.world.violations()
+    );
+    rig.assert_clean();
+}
+
+/// A non-blocking parent gives a non-blocking child (NCCL's rule for a NULL config); the
+/// split waits for the child, not the parent, and the child works.
+#[test]
+fn split_children_keep_the_parents_blocking_mode() {
+    let rig = Rig::new(2);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(5));
+    let results = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let (rig, id) = (&rig, &id);
+                scope.spawn(move || {
+                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
+                    let parent =
+                        Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, rank, &config)
+                            .unwrap();
+                    let child = parent.split(Some(0), 0).unwrap().unwrap();
+                    assert!(!child.config().blocking);
+                    assert_eq!(child.config().timeout, Duration::from_secs(5));
+                    let s = Stream::non_blocking(&ctx).unwrap();
+                    let mut buf = DeviceBuffer::from_slice(&ctx, &[rank as u32 + 1]).unwrap();
+                    child
+                        .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+                        .unwrap();
+                    child.wait(&s).unwrap();
+                    buf.to_vec().unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(results, [[3], [3]]);
+    rig.assert_clean();
+}
+
+/// Dropping a blocking communicator never waits for its peers: it aborts instead of
+/// finalising (a finalize can wait forever for a peer that is gone). `close` finalises.
+#[test]
+fn dropping_a_blocking_communicator_aborts_and_close_finalises() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let comm = Communicator::init_rank(
+        &rig.nccl,
+        &ctx,
+        &UniqueId::generate(&rig.nccl).unwrap(),
+        1,
+        0,
+    )
+    .unwrap();
+    drop(comm);
+    assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
+    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+    let comm = Communicator::init_rank(
+        &rig.nccl,
+        &ctx,
+        &UniqueId::generate(&rig.nccl).unwrap(),
+        1,
+        0,
+    )
+    .unwrap();
+    comm.close().unwrap();
+    assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
+    assert_eq!(rig.world.calls("ncclCommDestroy"), 1);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+/// Inside an open group, closing a communicator whose grouped work is pending is refused
+/// and the communicator is released after the group.
+#[test]
+fn a_communicator_closed_inside_a_group_outlives_the_group() {
+    let rig = Rig::new(2);
+    let mut ranks = pair(&rig);
+    let mut bufs: Vec<DeviceBuffer<u8>> = ranks
+        .iter()
+        .map(|(c, _)| DeviceBuffer::from_slice(c.context(), &[1, 2]).unwrap())
+        .collect();
+    let (c1, s1) = ranks.pop().unwrap();
+    let (c0, s0) = ranks.pop().unwrap();
+    let r = group(&rig.nccl, || {
+        c0.all_reduce_in_place(&mut bufs[0], ReduceOp::Sum, &s0)?;
+        c1.all_reduce_in_place(&mut bufs[1], ReduceOp::Sum, &s1)?;
+        let e = c1.close().unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::InvalidArgument {
+                    what: "Communicator::close",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        Ok(())
+    });
+    r.unwrap();
+    assert_eq!(rig.world.live().comms, 1, "rank 1 released after the group");
+    s0.synchronize().unwrap();
+    s1.synchronize().unwrap();
+    assert_eq!(bufs[0].to_vec().unwrap(), [2, 4]);
+    assert_eq!(bufs[1].to_vec().unwrap(), [2, 4]);
+    drop((c0, s0, s1, bufs));
+    rig.assert_clean();
+}

@@ -1,0 +1,144 @@
+//! The memory model on real GPUs (`#[ignore]`d; run with `--include-ignored` on the GPU
+//! machine, best under `compute-sanitizer --tool memcheck`): each case drops memory (or a
+//! communicator) that enqueued, grouped or captured work still uses, then reuses the
+//! freed space with other data, and checks the results are still right.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use cuda_hal::{CaptureMode, Context, Cuda, DeviceBuffer, Stream};
+use nccl_channel::{Communicator, ReduceOp, UniqueId, group};
+use nccl_sys::Nccl;
+
+const N: usize = 4 << 20; // 16 MiB of f32 per buffer
+
+fn two_gpus() -> (Cuda, Arc<Nccl>, Vec<Context>) {
+    let cuda = Cuda::load().unwrap();
+    let nccl = nccl_channel::nccl().unwrap();
+    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
+    let ctxs = (0..2)
+        .map(|d| cuda.device(d).unwrap().primary_context().unwrap())
+        .collect();
+    (cuda, nccl, ctxs)
+}
+
+/// Fills new memory with a pattern, on the memory that was just dropped if the allocator
+/// hands it out again.
+fn scribble(ctx: &Context) -> DeviceBuffer<f32> {
+    let mut b = DeviceBuffer::<f32>::alloc(ctx, N).unwrap();
+    b.fill(-1.0).unwrap();
+    b
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn group_with_buffers_dropped_inside() {
+    let (_cuda, nccl, ctxs) = two_gpus();
+    let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+    let streams: Vec<Stream> = ctxs
+        .iter()
+        .map(|c| Stream::non_blocking(c).unwrap())
+        .collect();
+    let mut outs: Vec<DeviceBuffer<f32>> = ctxs
+        .iter()
+        .map(|c| DeviceBuffer::zeroed(c, N).unwrap())
+        .collect();
+    for round in 0..3 {
+        group(&nccl, || {
+            for ((c, s), out) in comms.iter().zip(&streams).zip(outs.iter_mut()) {
+                let mut send = DeviceBuffer::<f32>::alloc(c.context(), N)?;
+                send.fill((c.rank() + 1 + round) as f32)?;
+                c.all_reduce(&send, out, ReduceOp::Sum, s)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let junk: Vec<_> = ctxs.iter().map(scribble).collect();
+        for (s, out) in streams.iter().zip(&outs) {
+            s.synchronize().unwrap();
+            let v = out.to_vec().unwrap();
+            let want = (3 + 2 * round) as f32;
+            assert!(v.iter().all(|x| *x == want), "round {round}: {:?}", &v[..4]);
+        }
+        drop(junk);
+    }
+    println!(
+        "group: 3 rounds of {} MiB all_reduce, send buffers dropped inside: ok",
+        (N * 4) >> 20
+    );
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn graph_outlives_its_buffers_and_communicator() {
+    let (_cuda, nccl, ctxs) = two_gpus();
+    let id = UniqueId::generate(&nccl).unwrap();
+    std::thread::scope(|scope| {
+        for (rank, ctx) in ctxs.iter().enumerate() {
+            let (nccl, id) = (&nccl, &id);
+            scope.spawn(move || {
+                let comm = Communicator::init_rank(nccl, ctx, id, 2, rank).unwrap();
+                let s = Stream::non_blocking(ctx).unwrap();
+                let mut send = DeviceBuffer::<f32>::alloc(ctx, N).unwrap();
+                send.fill(rank as f32 + 1.0).unwrap();
+                let mut recv = DeviceBuffer::<f32>::alloc(ctx, N).unwrap();
+                let mut out = DeviceBuffer::<f32>::zeroed(ctx, N).unwrap();
+                s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+                comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
+                    .unwrap();
+                out.copy_from_async(&recv, &s).unwrap();
+                let exec = s.end_capture().unwrap().instantiate().unwrap();
+                drop((send, recv, comm));
+                let junk = scribble(ctx);
+                for _ in 0..3 {
+                    exec.launch(&s).unwrap();
+                }
+                s.synchronize().unwrap();
+                let v = out.to_vec().unwrap();
+                assert!(v.iter().all(|x| *x == 3.0), "rank {rank}: {:?}", &v[..4]);
+                drop((exec, junk));
+            });
+        }
+    });
+    println!("graph: 3 launches after its buffers and communicator were dropped: ok");
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn pooled_buffer_freed_while_a_collective_on_another_stream_runs() {
+    let (_cuda, nccl, ctxs) = two_gpus();
+    let id = UniqueId::generate(&nccl).unwrap();
+    std::thread::scope(|scope| {
+        for (rank, ctx) in ctxs.iter().enumerate() {
+            let (nccl, id) = (&nccl, &id);
+            scope.spawn(move || {
+                let comm = Communicator::init_rank(nccl, ctx, id, 2, rank).unwrap();
+                let (pool, cs) = (
+                    Stream::non_blocking(ctx).unwrap(),
+                    Stream::non_blocking(ctx).unwrap(),
+                );
+                let mut out = DeviceBuffer::<f32>::zeroed(ctx, N).unwrap();
+                for round in 0..5 {
+                    let mut send = DeviceBuffer::<f32>::alloc_on(&pool, N).unwrap();
+                    pool.synchronize().unwrap();
+                    send.fill(round as f32).unwrap();
+                    comm.all_reduce(&send, &mut out, ReduceOp::Sum, &cs)
+                        .unwrap();
+                    drop(send); // cuMemFreeAsync on `pool`, ordered after `cs`
+                    let mut junk = DeviceBuffer::<f32>::alloc_on(&pool, N).unwrap();
+                    pool.synchronize().unwrap();
+                    junk.fill(-7.0).unwrap();
+                    cs.synchronize().unwrap();
+                    let v = out.to_vec().unwrap();
+                    let want = 2.0 * round as f32;
+                    assert!(
+                        v.iter().all(|x| *x == want),
+                        "rank {rank} round {round}: {:?}",
+                        &v[..4]
+                    );
+                }
+            });
+        }
+    });
+    println!("stream-ordered: 5 pooled buffers freed under a running all_reduce: ok");
+}
