@@ -141,7 +141,7 @@ pub struct DeferScope {
 impl std::fmt::Debug for DeferScope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeferScope")
-            .field("depth", &DEFERRED.with(|d| d.borrow().depth))
+            .field("open", &DeferScope::is_open())
             .finish()
     }
 }
@@ -149,7 +149,7 @@ impl std::fmt::Debug for DeferScope {
 impl DeferScope {
     /// Opens a scope on this thread.
     pub fn open() -> DeferScope {
-        DEFERRED.with(|d| d.borrow_mut().depth += 1);
+        let _ = DEFERRED.try_with(|d| d.borrow_mut().depth += 1);
         DeferScope {
             _not_send: PhantomData,
         }
@@ -158,12 +158,13 @@ impl DeferScope {
     /// Whether a scope is open on this thread.
     #[inline]
     pub fn is_open() -> bool {
-        DEFERRED.with(|d| d.borrow().depth > 0)
+        // `try_with`: false while the thread's storage is being torn down.
+        DEFERRED.try_with(|d| d.borrow().depth > 0).unwrap_or(false)
     }
 
     /// Holds `what` (and `stream`) until the outermost scope of this thread closes.
     pub(crate) fn hold(what: KeepAlive, stream: &Stream) {
-        DEFERRED.with(|d| {
+        let _ = DEFERRED.try_with(|d| {
             let mut d = d.borrow_mut();
             d.held.push(what);
             if !d.streams.iter().any(|s| s.key() == stream.key()) {
@@ -175,7 +176,7 @@ impl DeferScope {
 
 impl Drop for DeferScope {
     fn drop(&mut self) {
-        let released = DEFERRED.with(|d| {
+        let released = DEFERRED.try_with(|d| {
             let mut d = d.borrow_mut();
             d.depth = d.depth.saturating_sub(1);
             if d.depth == 0 {
@@ -184,6 +185,7 @@ impl Drop for DeferScope {
                 None
             }
         });
+        let released = released.ok().flatten();
         // Outside the borrow: settling and releasing call the libraries, which may open
         // scopes of their own.
         if let Some((held, streams)) = released {

@@ -4,8 +4,9 @@
 //! launched yet (an open group) or can be launched again (a captured graph) keeps it
 //! alive, and a graph launch can check it was not aborted in the meantime.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -188,6 +189,8 @@ pub struct Communicator {
     /// Dropped first: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
     shared: Arc<CommShared>,
+    /// Not `Sync`, deliberately: NCCL allows one thread at a time per communicator.
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 static_assertions::assert_impl_all!(Communicator: Send);
@@ -375,6 +378,7 @@ impl Communicator {
         Ok(Communicator {
             shared: Arc::new(shared),
             scratch: OnceCell::new(),
+            _not_sync: PhantomData,
         })
     }
 
@@ -385,11 +389,13 @@ impl Communicator {
                 Communicator {
                     shared: Arc::new(s),
                     scratch: self.scratch,
+                    _not_sync: PhantomData,
                 }
             }
             Err(shared) => Communicator {
                 shared,
                 scratch: self.scratch,
+                _not_sync: PhantomData,
             },
         }
     }

@@ -85,7 +85,8 @@ fn graph_outlives_its_buffers_and_communicator() {
                 let mut out = DeviceBuffer::<f32>::zeroed(ctx, N).unwrap();
                 // NCCL connects to its peers on the first collective, which cannot happen
                 // during a capture: one plain all-reduce first.
-                comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s).unwrap();
+                comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
+                    .unwrap();
                 s.synchronize().unwrap();
                 s.begin_capture(CaptureMode::ThreadLocal).unwrap();
                 comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
