@@ -66,10 +66,17 @@ impl Event {
     #[doc(alias = "cuEventRecord")]
     pub fn record(&self, stream: &Stream) -> Result<()> {
         stream.same_context(&self.ctx, "Event::record")?;
-        let _g = stream.bind_if_legacy()?;
+        let _order = stream.enqueue_lock();
         // Before the driver call, as for every capture bookkeeping.
         *lock(&self.capture) = stream.capture_log();
-        // SAFETY: event and stream of the same context.
+        self.record_unlocked(stream)
+    }
+
+    /// `cuEventRecord` alone (the caller holds the order lock, or knows the stream is
+    /// not captured).
+    pub(crate) fn record_unlocked(&self, stream: &Stream) -> Result<()> {
+        let _g = stream.bind_if_legacy()?;
+        // SAFETY: event and stream of the same context (checked by the callers).
         unsafe { call!(self.ctx.cuda(), cuEventRecord(self.raw, stream.as_raw())) }
     }
 

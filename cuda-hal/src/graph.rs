@@ -6,6 +6,8 @@
 //! drops the buffer's handle, and the memory is freed once the graph is gone and its
 //! launches are done.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cuda_sys::{CUgraph, CUgraphExec, CUstreamCaptureMode, CUstreamCaptureStatus};
@@ -40,6 +42,7 @@ impl Stream {
     /// returns.
     #[doc(alias = "cuStreamBeginCapture")]
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        let _excl = self.capture_lock();
         if self.capture_log().is_some() {
             return Err(Error::Capturing {
                 what: "begin_capture",
@@ -65,6 +68,7 @@ impl Stream {
     /// call when the capture was not begun with [`begin_capture`](Self::begin_capture).
     #[doc(alias = "cuStreamEndCapture")]
     pub fn end_capture(&self) -> Result<Graph> {
+        let _excl = self.capture_lock();
         let Some(log) = self.capture_log() else {
             return Err(Error::ForeignCapture {
                 what: "end_capture",
@@ -143,6 +147,7 @@ impl Graph {
                 raw,
                 held: self.held.clone(),
             }),
+            _not_sync: PhantomData,
         })
     }
 
@@ -165,9 +170,11 @@ struct ExecInner {
     held: Arc<[KeepAlive]>,
 }
 
-// SAFETY: as for `Graph`; the driver serialises launches of one executable graph.
+// SAFETY: as for `Graph`: the handle may be used from any thread, one call at a time.
 unsafe impl Send for ExecInner {}
-// SAFETY: as above; `launch` is the only use and takes `&self`.
+// SAFETY: shared only to keep it alive (`KeepAlive` in an outer capture's log, which only
+// drops it); the one call made through it, `cuGraphLaunch`, goes through `GraphExec`,
+// which is not `Sync`, so calls on the handle never overlap.
 unsafe impl Sync for ExecInner {}
 
 impl Dependency for ExecInner {}
@@ -180,12 +187,15 @@ impl Drop for ExecInner {
     }
 }
 
-/// An executable graph: replays the captured work. It owns what the work uses.
+/// An executable graph: replays the captured work. It owns what the work uses. Not
+/// `Sync`: the driver does not serialise calls on one graph object.
 pub struct GraphExec {
     inner: Arc<ExecInner>,
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 static_assertions::assert_impl_all!(GraphExec: Send);
+static_assertions::assert_not_impl_any!(GraphExec: Sync);
 
 impl std::fmt::Debug for GraphExec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -204,8 +214,10 @@ impl GraphExec {
     #[doc(alias = "cuGraphLaunch")]
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         let inner = &self.inner;
+        stream.same_context(&inner.ctx, "GraphExec::launch")?;
+        let _order = stream.enqueue_lock();
         for k in inner.held.iter() {
-            k.dependency().used_on(stream);
+            k.dependency().used_on(stream)?;
         }
         // A launch recorded by another capture (or deferred) needs this graph too.
         stream.hold(|| KeepAlive::new(inner.clone() as Arc<dyn Dependency>));

@@ -125,7 +125,7 @@ pub use memory::DeviceBuffer;
 pub use pinned::PinnedBuffer;
 pub use repr::DeviceRepr;
 pub use selector::{DeviceSelector, DeviceUuid, PciBusId};
-pub use stream::Stream;
+pub use stream::{EnqueueLock, Stream};
 pub use tracking::{DeferScope, Dependency, KeepAlive};
 
 /// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].

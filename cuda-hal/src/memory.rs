@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use cuda_sys::CUdeviceptr;
 
-use crate::tracking::{Dependency, KeepAlive, UseLog};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::tracking::{CaptureLog, Dependency, KeepAlive, UseLog, lock};
 use crate::{Context, Device, DeviceRepr, Error, Event, Result, Stream};
 
 /// One device allocation, shared by the buffer that owns it and by the graphs and open
@@ -18,26 +20,62 @@ pub(crate) struct Allocation {
     ptr: CUdeviceptr,
     /// Set when allocated stream-ordered: freed on that stream.
     free_on: Option<Stream>,
+    /// Stream-ordered memory is usable by other streams and by synchronous calls only
+    /// after its stream reached the allocation; set once the host has waited for that.
+    ready: AtomicBool,
     uses: UseLog,
 }
 
 impl Dependency for Allocation {
-    fn used_on(&self, stream: &Stream) {
-        self.uses.note(stream);
+    fn used_on(&self, stream: &Stream) -> Result<()> {
+        self.note(stream)
     }
 }
 
 impl Allocation {
-    /// Makes the stream-ordered free wait for the work enqueued so far on `used`: an event
-    /// recorded there, waited for on the free's stream; failing that, a host wait.
-    fn order_after(free: &Stream, used: &Stream) -> Result<()> {
-        let enqueued = Event::without_timing(used.context())
-            .and_then(|e| used.record(&e).map(|_| e))
-            .and_then(|e| free.wait_event(&e));
-        match enqueued {
-            Ok(()) => Ok(()),
-            Err(_) => used.synchronize(),
+    /// Notes work about to be enqueued on `stream`. Stream-ordered memory first used on
+    /// another stream than its own makes that stream wait for the allocation (the pool
+    /// may hand out memory that earlier work on the allocation stream still uses).
+    fn note(&self, stream: &Stream) -> Result<()> {
+        self.uses.note(stream, || match &self.free_on {
+            Some(own) if own.key() != stream.key() && !self.ready.load(Ordering::Acquire) => {
+                Self::order_after(stream, own)
+            }
+            _ => Ok(()),
+        })
+    }
+
+    /// Before synchronous (legacy-stream) work on stream-ordered memory: wait, once, for
+    /// the allocation stream to reach the allocation.
+    fn ready_for_host(&self) -> Result<()> {
+        if let Some(own) = &self.free_on
+            && !self.ready.load(Ordering::Acquire)
+        {
+            own.synchronize()?;
+            self.ready.store(true, Ordering::Release);
         }
+        Ok(())
+    }
+
+    /// Makes `later` wait for the work enqueued so far on `earlier`: an event recorded
+    /// there; failing that (`earlier` captured, say), a host wait.
+    fn order_after(later: &Stream, earlier: &Stream) -> Result<()> {
+        if earlier.capture_log().is_none() && later.capture_log().is_none() {
+            let ordered = Event::without_timing(earlier.context())
+                .and_then(|e| e.record_unlocked(earlier).map(|_| e))
+                .and_then(|e| later.wait_event_unlocked(&e));
+            if ordered.is_ok() {
+                return Ok(());
+            }
+        }
+        earlier.synchronize()
+    }
+
+    /// The capture that records one of the streams this free would use, if any.
+    fn recording_capture(&self, used: &[Stream]) -> Option<Arc<CaptureLog>> {
+        used.iter()
+            .chain(self.free_on.as_ref())
+            .find_map(Stream::capture_log)
     }
 }
 
@@ -47,6 +85,20 @@ impl Drop for Allocation {
             return;
         }
         let used = self.uses.take();
+        // A wait, an event or the free itself enqueued now on a stream being captured would
+        // land in the user's graph (a free node frees again at every launch): the capture's
+        // graph owns the memory instead, and frees it when it goes.
+        if let Some(log) = self.recording_capture(&used) {
+            let moved = Allocation {
+                ctx: self.ctx.clone(),
+                ptr: std::mem::replace(&mut self.ptr, 0),
+                free_on: self.free_on.take(),
+                ready: AtomicBool::new(self.ready.load(Ordering::Acquire)),
+                uses: UseLog::with(used),
+            };
+            lock(&log.held).push(KeepAlive::new(Arc::new(moved)));
+            return;
+        }
         let Ok(_g) = self.ctx.bind() else { return };
         let cuda = self.ctx.cuda();
         // Any failure below leaks the memory: never free what work may still touch.
@@ -58,7 +110,8 @@ impl Drop for Allocation {
                     }
                 }
                 // SAFETY: allocated by cuMemAllocAsync on `free` and freed once, after the
-                // work of every stream that used it (ordered just above).
+                // work of every stream that used it (ordered just above); no capture
+                // records `free` (checked above).
                 let _ = unsafe { (cuda.fns().cuMemFreeAsync)(self.ptr, free.as_raw()) };
             }
             None => {
@@ -153,6 +206,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
                 ctx: ctx.clone(),
                 ptr,
                 free_on,
+                ready: AtomicBool::new(false),
                 uses: UseLog::default(),
             }),
             ptr,
@@ -214,12 +268,18 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// it *before* enqueueing the work. Every enqueueing call of this crate and of
     /// nccl-channel does; code that enqueues work on the raw address itself calls it too.
     ///
+    /// Hold [`Stream::enqueue_lock`] from before this call until the work is enqueued,
+    /// so that no capture begins or ends in between. Stream-ordered memory first used on
+    /// another stream than its own makes that stream wait for the allocation; that can
+    /// fail (a driver error), and then nothing may be enqueued.
+    ///
     /// Cheap when the stream is the one noted last and nothing is captured or deferred:
-    /// two relaxed loads and a thread-local read.
+    /// two loads and a thread-local read.
     #[inline]
-    pub fn used_on(&self, stream: &Stream) {
-        self.alloc.uses.note(stream);
+    pub fn used_on(&self, stream: &Stream) -> Result<()> {
+        self.alloc.note(stream)?;
         stream.hold(|| self.keep_alive());
+        Ok(())
     }
 
     /// A shared owner of the memory: it is not freed while the returned value lives.
@@ -296,6 +356,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
+        self.alloc.ready_for_host()?;
         let _g = self.alloc.ctx.bind()?;
         // SAFETY: `src` holds `size_bytes()` readable bytes; the destination is ours.
         unsafe {
@@ -324,6 +385,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
+        self.alloc.ready_for_host()?;
         let _g = self.alloc.ctx.bind()?;
         // SAFETY: the caller's `dst` holds `size_bytes()` writable bytes.
         unsafe {
@@ -353,6 +415,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
+        self.alloc.ready_for_host()?;
+        src.alloc.ready_for_host()?;
         let ctx = &self.alloc.ctx;
         let _g = ctx.bind()?;
         if src.alloc.ctx == *ctx {
@@ -381,20 +445,25 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         self.finish()
     }
 
-    /// Uploads `src` on `stream`, in stream order, and waits for the stream.
+    /// Uploads `src` on `stream`, in stream order, and waits for the stream. Refused
+    /// while the stream is captured; no capture can begin until the wait is over.
     pub fn copy_from_host_on(&mut self, src: &[T], stream: &Stream) -> Result<()> {
+        let _order = stream.enqueue_lock();
         stream.refuse_capture("copy_from_host_on")?;
-        // SAFETY: we synchronise before `src`'s borrow ends; a capture would keep the
-        // host address, and none records this stream (checked above).
-        unsafe { self.copy_from_host_async(src, stream) }?;
+        // SAFETY: we wait for the stream before `src`'s borrow ends, holding the stream's
+        // order lock throughout, so no capture records the host address or makes the
+        // wait fail.
+        unsafe { self.upload_locked(src, stream) }?;
         stream.synchronize()
     }
 
-    /// Downloads into `dst` on `stream`, in stream order, and waits for the stream.
+    /// Downloads into `dst` on `stream`, in stream order, and waits for the stream (as
+    /// [`copy_from_host_on`](Self::copy_from_host_on)).
     pub fn copy_to_host_on(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
+        let _order = stream.enqueue_lock();
         stream.refuse_capture("copy_to_host_on")?;
         // SAFETY: as for `copy_from_host_on`.
-        unsafe { self.copy_to_host_async(dst, stream) }?;
+        unsafe { self.download_locked(dst, stream) }?;
         stream.synchronize()
     }
 
@@ -406,12 +475,22 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// long as the graph can be launched.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub unsafe fn copy_from_host_async(&mut self, src: &[T], stream: &Stream) -> Result<()> {
+        let _order = stream.enqueue_lock();
+        // SAFETY: the caller's contract.
+        unsafe { self.upload_locked(src, stream) }
+    }
+
+    /// The upload, with the stream's order lock held by the caller.
+    ///
+    /// # Safety
+    /// As for [`copy_from_host_async`](Self::copy_from_host_async).
+    unsafe fn upload_locked(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         self.check_len("copy_from_host_async", src.len())?;
         stream.same_context(&self.alloc.ctx, "copy_from_host_async")?;
         if self.len == 0 {
             return Ok(());
         }
-        self.used_on(stream);
+        self.used_on(stream)?;
         let _g = self.alloc.ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `src` alive.
         unsafe {
@@ -434,12 +513,22 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// is being captured, for as long as the graph can be launched.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub unsafe fn copy_to_host_async(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
+        let _order = stream.enqueue_lock();
+        // SAFETY: the caller's contract.
+        unsafe { self.download_locked(dst, stream) }
+    }
+
+    /// The download, with the stream's order lock held by the caller.
+    ///
+    /// # Safety
+    /// As for [`copy_to_host_async`](Self::copy_to_host_async).
+    unsafe fn download_locked(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
         self.check_len("copy_to_host_async", dst.len())?;
         stream.same_context(&self.alloc.ctx, "copy_to_host_async")?;
         if self.len == 0 {
             return Ok(());
         }
-        self.used_on(stream);
+        self.used_on(stream)?;
         let _g = self.alloc.ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `dst` alive.
         unsafe {
@@ -472,8 +561,9 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
-        self.used_on(stream);
-        src.used_on(stream);
+        let _order = stream.enqueue_lock();
+        self.used_on(stream)?;
+        src.used_on(stream)?;
         let ctx = &self.alloc.ctx;
         let _g = ctx.bind()?;
         if src.alloc.ctx == *ctx {
@@ -508,6 +598,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         if self.len == 0 {
             return Ok(());
         }
+        self.alloc.ready_for_host()?;
         let _g = self.alloc.ctx.bind()?;
         // SAFETY: the range is ours.
         unsafe {
@@ -542,6 +633,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
             size.is_multiple_of(n) && size <= 16 && pattern.chunks(n).all(|c| c == &pattern[..n])
         };
         let n = self.size_bytes();
+        self.alloc.ready_for_host()?;
         let ctx = &self.alloc.ctx;
         let _g = ctx.bind()?;
         if repeats(1) {

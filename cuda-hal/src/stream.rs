@@ -1,7 +1,7 @@
 //! Streams: ordered queues of device work.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cuda_sys::{CUresult, CUstream, CUstream_flags};
 
@@ -16,6 +16,9 @@ struct Inner {
     /// [`Stream::wait_event`]) records this stream's work; `capture` then holds its log.
     capturing: AtomicBool,
     capture: Mutex<Option<Arc<CaptureLog>>>,
+    /// Shared while work is noted and enqueued; exclusive while a capture begins, ends or
+    /// is joined, so that no work slips into a capture between its noting and its enqueue.
+    order: RwLock<()>,
 }
 
 impl Inner {
@@ -26,6 +29,7 @@ impl Inner {
             owned,
             capturing: AtomicBool::new(false),
             capture: Mutex::new(None),
+            order: RwLock::new(()),
         }
     }
 }
@@ -45,6 +49,16 @@ impl Drop for Inner {
             // completes (the driver defers the release).
             let _ = unsafe { (self.ctx.cuda().fns().cuStreamDestroy)(self.raw) };
         }
+    }
+}
+
+/// Held while work is noted and enqueued on a stream ([`Stream::enqueue_lock`]).
+#[must_use = "the lock orders captures only while it is held"]
+pub struct EnqueueLock<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+
+impl std::fmt::Debug for EnqueueLock<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EnqueueLock")
     }
 }
 
@@ -106,6 +120,20 @@ impl Stream {
         Stream {
             inner: Arc::new(Inner::new(ctx, raw, owned)),
         }
+    }
+
+    /// Held from before work is noted ([`hold`](Self::hold),
+    /// [`DeviceBuffer::used_on`](crate::DeviceBuffer::used_on)) until it is enqueued: no
+    /// capture of this stream begins or ends in between, so captured work is always held.
+    /// Every enqueueing call of this crate and of nccl-channel takes it; do not take it
+    /// twice on one thread (it is not re-entrant).
+    pub fn enqueue_lock(&self) -> EnqueueLock<'_> {
+        EnqueueLock(self.inner.order.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Exclusive: a capture begins, ends or is joined.
+    pub(crate) fn capture_lock(&self) -> RwLockWriteGuard<'_, ()> {
+        self.inner.order.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Identifies the shared stream value (clones have the same key); never 0.
@@ -209,23 +237,34 @@ impl Stream {
     /// (as in CUDA): its later work is recorded into the same graph, and kept alive for it.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        let _g = self.bind_if_legacy()?;
         let joined = event.capture_log().filter(|l| !l.is_ended());
-        let joins = joined.is_some() && self.capture_log().is_none();
+        if joined.is_none() {
+            let _order = self.enqueue_lock();
+            return self.wait_event_unlocked(event);
+        }
+        let _join = self.capture_lock();
+        let joins = self.capture_log().is_none();
         if joins {
             self.set_capture(joined);
         }
-        // SAFETY: valid stream and event handles.
-        let r = unsafe {
-            call!(
-                self.inner.ctx.cuda(),
-                cuStreamWaitEvent(self.inner.raw, event.as_raw(), 0)
-            )
-        };
+        let r = self.wait_event_unlocked(event);
         if r.is_err() && joins {
             self.set_capture(None);
         }
         r
+    }
+
+    /// `cuStreamWaitEvent` alone (the caller holds the order lock, or knows neither side
+    /// is captured).
+    pub(crate) fn wait_event_unlocked(&self, event: &Event) -> Result<()> {
+        let _g = self.bind_if_legacy()?;
+        // SAFETY: valid stream and event handles.
+        unsafe {
+            call!(
+                self.inner.ctx.cuda(),
+                cuStreamWaitEvent(self.inner.raw, event.as_raw(), 0)
+            )
+        }
     }
 
     /// Records `event` at this point of the stream. The event must be of the same context.

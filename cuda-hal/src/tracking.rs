@@ -28,10 +28,16 @@ pub trait Dependency: Send + Sync + 'static {
         launch()
     }
 
-    /// Work that uses this dependency was just enqueued on `stream` (a graph launch).
-    fn used_on(&self, stream: &Stream) {
+    /// Work that uses this dependency is about to be enqueued on `stream` (a graph
+    /// launch): memory orders its free after it.
+    fn used_on(&self, stream: &Stream) -> Result<()> {
         let _ = stream;
+        Ok(())
     }
+
+    /// Called when an open group holds this dependency for work it deferred (once per
+    /// hold); [`settle`](Self::settle) follows once per hold when the group has ended.
+    fn deferred(&self) {}
 
     /// Called when the group that deferred work on this dependency has ended, before the
     /// group lets go of it: a library that enqueues grouped work in the background (NCCL's
@@ -83,27 +89,46 @@ pub(crate) struct UseLog {
 }
 
 impl UseLog {
+    /// Notes `stream`. The first time it is seen, `first` runs (under the log's lock, and
+    /// before the stream counts as noted, so a concurrent user of the same stream waits for
+    /// it); its error leaves the stream un-noted.
     #[inline]
-    pub(crate) fn note(&self, stream: &Stream) {
+    pub(crate) fn note(&self, stream: &Stream, first: impl FnOnce() -> Result<()>) -> Result<()> {
         let key = stream.key();
-        if self.last.load(Ordering::Relaxed) != key {
-            self.note_new(stream, key);
+        if self.last.load(Ordering::Acquire) == key {
+            return Ok(());
         }
+        self.note_new(stream, key, first)
     }
 
     #[cold]
-    fn note_new(&self, stream: &Stream, key: usize) {
+    fn note_new(
+        &self,
+        stream: &Stream,
+        key: usize,
+        first: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let mut v = lock(&self.streams);
         if !v.iter().any(|s| s.key() == key) {
+            first()?;
             v.push(stream.clone());
         }
-        self.last.store(key, Ordering::Relaxed);
+        self.last.store(key, Ordering::Release);
+        Ok(())
     }
 
     /// The streams noted so far (the log is left empty).
     pub(crate) fn take(&mut self) -> Vec<Stream> {
         self.last.store(0, Ordering::Relaxed);
         std::mem::take(self.streams.get_mut().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// A log that starts with `streams`.
+    pub(crate) fn with(streams: Vec<Stream>) -> UseLog {
+        UseLog {
+            last: AtomicUsize::new(0),
+            streams: Mutex::new(streams),
+        }
     }
 }
 
@@ -166,6 +191,7 @@ impl DeferScope {
     pub(crate) fn hold(what: KeepAlive, stream: &Stream) {
         let _ = DEFERRED.try_with(|d| {
             let mut d = d.borrow_mut();
+            what.dependency().deferred();
             d.held.push(what);
             if !d.streams.iter().any(|s| s.key() == stream.key()) {
                 d.streams.push(stream.clone());

@@ -223,3 +223,192 @@ fn a_guard_never_restores_a_context_it_does_not_own() {
     drop((other, ctx, cuda));
     assert_clean(&world);
 }
+
+/// A buffer whose stream (or whose own allocation stream) is being captured when it is
+/// dropped: freeing now would put a wait, an event or the free itself into the user's
+/// graph (a free node frees again at every launch). The graph owns the memory instead.
+#[test]
+fn a_buffer_dropped_while_its_streams_are_captured_goes_with_the_graph() {
+    let (cuda, world, ctx) = rig();
+    let (s, pool) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[1u8; 8]).unwrap();
+    let mut plain = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    plain.copy_from_async(&src, &s).unwrap();
+    let mut pooled = DeviceBuffer::<u8>::alloc_on(&pool, 8).unwrap();
+    pooled.copy_from_async(&src, &s).unwrap();
+    let own = DeviceBuffer::<u8>::alloc_on(&pool, 8).unwrap();
+    s.synchronize().unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    pool.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    drop((plain, pooled, own));
+    let (gs, gp) = (s.end_capture().unwrap(), pool.end_capture().unwrap());
+    assert_eq!(gs.dependencies(), 2, "the two buffers s used");
+    assert_eq!(gp.dependencies(), 1, "the buffer only pool knew");
+    let (es, ep) = (gs.instantiate().unwrap(), gp.instantiate().unwrap());
+    for _ in 0..2 {
+        es.launch(&s).unwrap();
+        ep.launch(&pool).unwrap();
+    }
+    assert_eq!(world.live().device_allocations, 4, "held by the graphs");
+    drop((es, ep, gs, gp));
+    pool.synchronize().unwrap();
+    assert_eq!(world.live().device_allocations, 1, "freed with them");
+    drop((src, s, pool, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// Stream-ordered memory first used on another stream makes that stream wait for the
+/// allocation stream once; synchronous calls wait for the allocation stream once.
+#[test]
+fn stream_ordered_memory_is_ordered_before_its_first_use_elsewhere() {
+    let (cuda, world, ctx) = rig();
+    let (pool, other) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[9u16; 4]).unwrap();
+    let mut p = DeviceBuffer::<u16>::alloc_on(&pool, 4).unwrap();
+    let waits = world.calls("cuStreamWaitEvent");
+    p.copy_from_async(&src, &other).unwrap();
+    p.copy_from_async(&src, &other).unwrap();
+    assert_eq!(
+        world.calls("cuStreamWaitEvent") - waits,
+        1,
+        "once per stream"
+    );
+    p.copy_from_async(&src, &pool).unwrap();
+    assert_eq!(
+        world.calls("cuStreamWaitEvent") - waits,
+        1,
+        "not on its own stream"
+    );
+    let mut q = DeviceBuffer::<u16>::alloc_on(&pool, 4).unwrap();
+    let syncs = world.calls("cuStreamSynchronize");
+    q.copy_from_host(&[1, 2, 3, 4]).unwrap();
+    let first = world.calls("cuStreamSynchronize") - syncs;
+    q.copy_from_host(&[5, 6, 7, 8]).unwrap();
+    let second = world.calls("cuStreamSynchronize") - syncs - first;
+    assert_eq!(
+        (first, second),
+        (2, 1),
+        "the pool stream once, then the legacy one each time"
+    );
+    assert_eq!(q.to_vec().unwrap(), [5, 6, 7, 8]);
+    drop((p, q, src));
+    pool.synchronize().unwrap();
+    drop((pool, other, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// No capture begins while another thread is between noting work and enqueueing it
+/// (it holds the stream's order lock), so captured work is always held.
+#[test]
+fn a_capture_waits_for_work_being_enqueued_on_another_thread() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let order = s.enqueue_lock();
+    let begun = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| {
+            s.begin_capture(CaptureMode::Relaxed).unwrap();
+            begun.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !begun.load(std::sync::atomic::Ordering::SeqCst),
+            "began under the lock"
+        );
+        drop(order);
+        h.join().unwrap();
+    });
+    assert!(begun.into_inner());
+    drop(s.end_capture().unwrap());
+    drop((s, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A graph launched inside another capture is held by the outer graph.
+#[test]
+fn a_graph_launched_inside_a_capture_is_held_by_the_outer_graph() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let src = DeviceBuffer::from_slice(&ctx, &[3u8; 8]).unwrap();
+    let mut dst = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    dst.copy_from_async(&src, &s).unwrap();
+    let inner = s.end_capture().unwrap().instantiate().unwrap();
+    drop(src);
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    inner.launch(&s).unwrap();
+    let graph = s.end_capture().unwrap();
+    assert_eq!(graph.dependencies(), 1, "the inner graph");
+    let outer = graph.instantiate().unwrap();
+    drop((graph, inner));
+    outer.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(dst.to_vec().unwrap(), [3; 8]);
+    drop((outer, dst, s, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A stream that joined a capture leaves it when the capture ends: waiting calls work on
+/// it again and it can begin a capture of its own.
+#[test]
+fn a_joined_stream_leaves_the_capture_when_it_ends() {
+    let (cuda, world, ctx) = rig();
+    let (a, b) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let (fork, join) = (
+        Event::without_timing(&ctx).unwrap(),
+        Event::without_timing(&ctx).unwrap(),
+    );
+    a.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    a.record(&fork).unwrap();
+    b.wait_event(&fork).unwrap();
+    let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 2).unwrap();
+    assert_eq!(
+        buf.copy_from_host_on(&[1, 2], &b).unwrap_err(),
+        Error::Capturing {
+            what: "copy_from_host_on"
+        }
+    );
+    b.record(&join).unwrap();
+    a.wait_event(&join).unwrap();
+    drop(a.end_capture().unwrap());
+    buf.copy_from_host_on(&[1, 2], &b).unwrap();
+    b.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    drop(b.end_capture().unwrap());
+    drop((buf, fork, join, a, b, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// An executable graph launches only on a stream of its own context.
+#[test]
+fn a_graph_launches_only_on_its_own_context() {
+    let (cuda, world, ctx) = rig();
+    let ctx1 = cuda.device(1).unwrap().primary_context().unwrap();
+    let (s, s1) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx1).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[1u8; 8]).unwrap();
+    let mut dst = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    dst.copy_from_async(&src, &s).unwrap();
+    let e = s.end_capture().unwrap().instantiate().unwrap();
+    assert_eq!(
+        e.launch(&s1).unwrap_err(),
+        Error::WrongDevice {
+            what: "GraphExec::launch",
+            expected: 0,
+            found: 1
+        }
+    );
+    drop((e, src, dst, s, s1, ctx, ctx1, cuda));
+    assert_clean(&world);
+}

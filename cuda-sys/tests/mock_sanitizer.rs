@@ -431,3 +431,37 @@ fn a_stream_joins_a_capture_through_an_event() {
         )]
     );
 }
+
+/// A stream-ordered free recorded by a capture is a free node: it frees at every replay,
+/// so a second launch is a double free.
+#[test]
+fn a_captured_free_frees_at_each_replay() {
+    let (d, world, _) = setup();
+    let f = d.fns();
+    let s = stream(&d, 1);
+    let mut p = 0;
+    let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: mock driver calls with live handles and valid out-pointers.
+    unsafe {
+        assert_eq!((f.cuMemAllocAsync)(&mut p, 32, s), OK);
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        assert_eq!((f.cuStreamBeginCapture)(s, mode), OK);
+        assert_eq!((f.cuMemFreeAsync)(p, s), OK);
+        assert_eq!((f.cuStreamEndCapture)(s, &mut graph), OK);
+        assert_eq!(world.live().device_allocations, 1, "recorded, not freed");
+        assert_eq!((f.cuGraphInstantiateWithFlags)(&mut exec, graph, 0), OK);
+        assert_eq!((f.cuGraphLaunch)(exec, s), OK);
+        assert_eq!(world.live().device_allocations, 0);
+        assert!(world.violations().is_empty());
+        assert_eq!(
+            (f.cuGraphLaunch)(exec, s),
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        );
+    }
+    assert_eq!(
+        world.take_violations(),
+        [format!(
+            "cuMemFreeAsync of {p:#x}: double free (already freed by cuMemFreeAsync)"
+        )]
+    );
+}

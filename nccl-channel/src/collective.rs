@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use cuda_hal::{DeviceBuffer, Stream};
+use cuda_hal::{DeviceBuffer, EnqueueLock, Stream};
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
 use crate::{Communicator, Error, NcclType, ReduceOp, Result, group};
@@ -53,15 +53,22 @@ impl Communicator {
     }
 
     /// The checks every operation starts with: live, a type this NCCL has, our stream.
-    fn begin<T: NcclType>(&self, what: &'static str, stream: &Stream) -> Result<()> {
+    /// The returned lock is held until the work is enqueued (no capture begins or ends
+    /// between the noting of what the work uses and its enqueue).
+    fn begin<'s, T: NcclType>(
+        &self,
+        what: &'static str,
+        stream: &'s Stream,
+    ) -> Result<EnqueueLock<'s>> {
         self.check_type::<T>()?;
         self.check_stream(what, stream)
     }
 
     /// Live, and `stream` is ours; the work about to be enqueued on it needs this
     /// communicator (held by an open capture or group).
-    fn check_stream(&self, what: &'static str, stream: &Stream) -> Result<()> {
+    fn check_stream<'s>(&self, what: &'static str, stream: &'s Stream) -> Result<EnqueueLock<'s>> {
         self.handle()?;
+        let order = stream.enqueue_lock();
         self.hold_for(stream);
         if stream.context() != self.context() {
             return Err(Error::WrongDevice {
@@ -71,7 +78,7 @@ impl Communicator {
                 found: stream.context().device().ordinal(),
             });
         }
-        Ok(())
+        Ok(order)
     }
 
     /// `buf` is ours and holds `expected` elements; the work about to be enqueued on
@@ -100,7 +107,7 @@ impl Communicator {
                 got: buf.len(),
             });
         }
-        buf.used_on(stream);
+        buf.used_on(stream)?;
         Ok(())
     }
 
@@ -116,7 +123,7 @@ impl Communicator {
     }
 
     fn divisible(&self, what: &'static str, buffer: &'static str, len: usize) -> Result<usize> {
-        if !len.is_multiple_of(self.size()) {
+        if self.size() == 0 || !len.is_multiple_of(self.size()) {
             return Err(Error::InvalidArgument {
                 what,
                 problem: format!(
@@ -177,7 +184,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "send", send, send.len(), stream)?;
         self.check_buf(W, "recv", recv, send.len(), stream)?;
         self.raw_all_reduce(
@@ -197,7 +204,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce_in_place";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = dptr(buf.as_raw());
         self.raw_all_reduce(p, p, buf.len(), op, stream)
@@ -240,7 +247,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let count = send.len();
         self.check_buf(W, "send", send, count, stream)?;
         self.check_buf(W, "recv", recv, count.saturating_mul(self.size()), stream)?;
@@ -254,7 +261,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather_in_place";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         self.raw_all_gather::<T>(
@@ -293,7 +300,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let count = recv.len();
         self.check_buf(W, "send", send, count.saturating_mul(self.size()), stream)?;
         self.check_buf(W, "recv", recv, count, stream)?;
@@ -308,7 +315,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter_in_place";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         let recv = offset(buf, self.rank() * count);
@@ -353,7 +360,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "recv", recv, recv.len(), stream)?;
         let sendp = self
@@ -371,7 +378,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast_in_place";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = dptr(buf.as_raw());
@@ -438,7 +445,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "send", send, send.len(), stream)?;
         let recvp = self
@@ -456,7 +463,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_in_place";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = dptr(buf.as_raw());
@@ -522,7 +529,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "send";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
         self.check_buf(W, "send", buf, buf.len(), stream)?;
         self.raw_send::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
@@ -537,7 +544,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "recv";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
         self.check_buf(W, "recv", buf, buf.len(), stream)?;
         self.raw_recv::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
@@ -587,7 +594,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_to_all";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "send", send, send.len(), stream)?;
         self.check_buf(W, "recv", recv, send.len(), stream)?;
         let m = self.divisible(W, "send", send.len())?;
@@ -625,7 +632,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "gather";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = send.len();
         self.check_buf(W, "send", send, m, stream)?;
@@ -669,7 +676,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "scatter";
-        self.begin::<T>(W, stream)?;
+        let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = recv.len();
         self.check_buf(W, "recv", recv, m, stream)?;
@@ -704,11 +711,12 @@ impl Communicator {
     /// Waits until every rank has reached this point: an all-reduce of one element on
     /// `stream`, then a stream synchronise.
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
-        self.check_stream("barrier", stream)?;
+        let order = self.check_stream("barrier", stream)?;
         let scratch = self.scratch()?;
-        scratch.used_on(stream);
+        scratch.used_on(stream)?;
         let p = dptr(scratch.as_raw());
         self.raw_all_reduce::<i32>(p, p, 1, ReduceOp::Sum, stream)?;
+        drop(order);
         stream.synchronize()?;
         Ok(())
     }

@@ -7,8 +7,9 @@
 use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::ThreadId;
 use std::time::Instant;
 
 use cuda_hal::{Context, DeferScope, Dependency, DeviceBuffer, KeepAlive, Stream};
@@ -33,15 +34,26 @@ pub(crate) struct CommShared {
     failed: AtomicBool,
     /// Shared by graph launches, exclusive for the teardown.
     gate: RwLock<()>,
+    /// Holds by open groups (work NCCL has not enqueued yet), and the thread whose group
+    /// they are: until they are released, no other thread may use or tear down the handle.
+    grouped: AtomicUsize,
+    group_thread: Mutex<Option<ThreadId>>,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one at a time. The owning
-// `Communicator` (not `Sync`) makes every call but the teardown; the teardown takes `gate`
-// exclusively and flips `dead`, and graph launches (the only other users, through
-// `Dependency`) hold `gate` shared and call no NCCL function.
+// SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
+// the thread that holds the owning `Communicator` (not `Sync`), except two: while an open
+// group holds the handle, `settle` polls it from the group's thread, and the owner is
+// refused on every other thread (`grouped`, checked by `Communicator::handle` and before
+// every teardown), so the two never overlap; and the teardown, which may run where the
+// last holder drops, runs once (`dead`) under `gate` taken exclusively, while graph
+// launches hold `gate` shared and call no NCCL function.
 unsafe impl Send for CommShared {}
-// SAFETY: as above; the rest is atomics, a lock and immutable data.
+// SAFETY: as above; the rest is atomics, locks and immutable data.
 unsafe impl Sync for CommShared {}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// How a teardown releases the handle.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -55,6 +67,17 @@ enum Teardown {
 impl CommShared {
     fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
+    }
+
+    /// Whether an open group still holds the handle (on any thread).
+    fn in_group(&self) -> bool {
+        self.grouped.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether an open group of another thread holds the handle.
+    fn grouped_elsewhere(&self) -> bool {
+        self.in_group()
+            && lock(&self.group_thread).is_some_and(|t| t != std::thread::current().id())
     }
 
     /// The handle while it is live.
@@ -134,18 +157,26 @@ impl Dependency for CommShared {
         launch()
     }
 
+    fn deferred(&self) {
+        if self.grouped.fetch_add(1, Ordering::AcqRel) == 0 {
+            *lock(&self.group_thread) = Some(std::thread::current().id());
+        }
+    }
+
     /// Deferred (grouped) work of a non-blocking communicator is enqueued in the
     /// background after `ncclGroupEnd` returns: wait until it is, within the deadline,
-    /// before what it uses is released; abort when that fails.
+    /// before what it uses is released; abort when that fails. Then the group lets go.
     fn settle(&self) {
-        if self.config.blocking || self.is_dead() {
-            return;
-        }
-        if self
-            .poll_self("the work of a group (ncclGroupEnd)")
-            .is_err()
+        if !self.config.blocking
+            && !self.is_dead()
+            && self
+                .poll_self("the work of a group (ncclGroupEnd)")
+                .is_err()
         {
             let _ = self.teardown(Teardown::Abort);
+        }
+        if self.grouped.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *lock(&self.group_thread) = None;
         }
     }
 }
@@ -212,6 +243,20 @@ fn to_c_int(what: &'static str, v: usize) -> Result<c_int> {
         what,
         problem: format!("{v} does not fit NCCL's int"),
     })
+}
+
+/// Splits and shrinks inside an open group give their new communicator only after the
+/// group ends (NCCL's rule): not supported yet, so refused.
+pub(crate) fn refuse_in_group(what: &'static str) -> Result<()> {
+    if DeferScope::is_open() {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "inside an open group, where NCCL gives the new communicator only \
+                      after the group ends; call it outside the group"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a size and rank for init and converts them to NCCL's ints.
@@ -356,6 +401,8 @@ impl Communicator {
             dead: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             gate: RwLock::new(()),
+            grouped: AtomicUsize::new(0),
+            group_thread: Mutex::new(None),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
         // SAFETY: a live communicator and valid out-pointers. On error `shared` drops and
@@ -375,6 +422,13 @@ impl Communicator {
         }
         shared.rank = usize::try_from(rank).unwrap_or(0);
         shared.size = usize::try_from(size).unwrap_or(0);
+        if shared.size == 0 || shared.rank >= shared.size {
+            return Err(Error::InvalidRank {
+                what: "Communicator::from_raw",
+                rank: shared.rank,
+                size: shared.size,
+            });
+        }
         Ok(Communicator {
             shared: Arc::new(shared),
             scratch: OnceCell::new(),
@@ -411,6 +465,7 @@ impl Communicator {
             None => NCCL_SPLIT_NOCOLOR,
         };
         let raw = self.handle()?;
+        refuse_in_group("split")?;
         let _g = self.context().bind()?;
         let mut child: ncclComm_t = std::ptr::null_mut();
         // SAFETY: a live communicator; valid out-pointer; NULL config inherits ours.
@@ -513,6 +568,11 @@ impl Communicator {
     /// The one state check: the live handle, after performing an abort requested through
     /// an [`AbortHandle`]; [`Error::Aborted`] once it is aborted or destroyed.
     pub(crate) fn handle(&self) -> Result<ncclComm_t> {
+        if self.shared.grouped_elsewhere() {
+            return Err(Error::GroupedElsewhere {
+                what: "Communicator",
+            });
+        }
         if self.shared.abort.is_requested() {
             self.abort_now();
             return Err(Error::Aborted);
@@ -567,7 +627,7 @@ impl Communicator {
     /// the last owner lets go.
     pub(crate) fn abort_now(&self) {
         self.shared.abort.abort();
-        if !DeferScope::is_open() {
+        if !self.shared.in_group() {
             let _ = self.shared.teardown(Teardown::Abort);
         }
     }
@@ -610,7 +670,7 @@ impl Communicator {
     /// Inside an open group the abort happens when the group ends.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
-        if DeferScope::is_open() {
+        if self.shared.in_group() {
             self.shared.abort.abort();
             return Ok(());
         }
@@ -621,7 +681,7 @@ impl Communicator {
     }
 
     fn release(self, how: Teardown, what: &'static str) -> Result<()> {
-        if DeferScope::is_open() {
+        if self.shared.in_group() {
             return Err(Error::InvalidArgument {
                 what,
                 problem: "called inside an open group, whose work still needs the \

@@ -127,6 +127,13 @@ pub enum Error {
     /// The communicator was aborted; it accepts no more work.
     #[error("the communicator was aborted")]
     Aborted,
+    /// The communicator has work in a group still open on another thread (NCCL allows one
+    /// thread at a time): use it from that thread, or after the group ended.
+    #[error("{what}: the communicator has work in a group still open on another thread")]
+    GroupedElsewhere {
+        /// The operation refused.
+        what: &'static str,
+    },
 }
 
 fn detail_suffix(detail: &str) -> String {

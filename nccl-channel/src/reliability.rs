@@ -176,6 +176,7 @@ impl Communicator {
     #[doc(alias = "ncclCommShrink")]
     pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
         let raw = self.handle()?;
+        crate::comm::refuse_in_group("shrink")?;
         let (f, call) = optional!(self.nccl(), ncclCommShrink)?;
         let mut list = Vec::with_capacity(exclude.len());
         for &r in exclude {

@@ -278,3 +278,198 @@ fn a_communicator_closed_inside_a_group_outlives_the_group() {
     drop((c0, s0, s1, bufs));
     rig.assert_clean();
 }
+
+/// One rank, one device: its context, communicator and a stream.
+fn one(rig: &Rig) -> (cuda_hal::Context, Communicator, Stream) {
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    (ctx, comm, s)
+}
+
+/// A communicator moved to another thread while this thread's group holds work on it:
+/// the other thread can neither use it nor tear it down before the group ends (NCCL
+/// allows one thread at a time); an abort asked for there happens after the group.
+#[test]
+fn a_communicator_in_a_group_is_refused_to_other_threads() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let mut a = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+    let mut b = DeviceBuffer::from_slice(&ctx, &[3i32, 4]).unwrap();
+    let s2 = s.clone();
+    group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
+        std::thread::scope(|sc| {
+            sc.spawn(move || {
+                let e = comm
+                    .all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+                    .unwrap_err();
+                assert_eq!(
+                    e,
+                    Error::GroupedElsewhere {
+                        what: "Communicator"
+                    }
+                );
+                let e = comm.close().unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        Error::InvalidArgument {
+                            what: "Communicator::close",
+                            ..
+                        }
+                    ),
+                    "{e}"
+                );
+            })
+            .join()
+            .unwrap();
+        });
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(rig.world.live().comms, 0, "released when the group ended");
+    assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
+    s.synchronize().unwrap();
+    assert_eq!(a.to_vec().unwrap(), [1, 2]);
+    drop((a, s, ctx));
+    rig.assert_clean();
+}
+
+/// `abort` from another thread while this thread's group holds work: it happens after
+/// the group launched that work.
+#[test]
+fn an_abort_from_another_thread_waits_for_the_group() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+    group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)?;
+        std::thread::scope(|sc| sc.spawn(move || comm.abort()).join().unwrap())?;
+        assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+    drop((buf, s, ctx));
+    rig.assert_clean();
+}
+
+/// A fatal error inside a group aborts the communicator only after the group, whose
+/// work still names it.
+#[test]
+fn a_fatal_error_inside_a_group_aborts_after_it() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let mut a = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+    let mut b = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+    let r = group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
+        rig.world
+            .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
+        let e = comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
+        e
+    });
+    assert!(
+        matches!(
+            r,
+            Err(Error::Nccl {
+                call: "ncclAllReduce",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
+    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+    drop((comm, a, b, s, ctx));
+    rig.assert_clean();
+}
+
+/// `abort` inside the group itself also waits for the group; `close` of a communicator
+/// the group did not use is not deferred (it finalises).
+#[test]
+fn abort_inside_a_group_waits_and_close_of_an_unused_one_finalises() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let (_, other, _) = one(&rig);
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+    group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)?;
+        comm.abort()?;
+        assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
+        other.close()?;
+        assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+    drop((buf, s, ctx));
+    rig.assert_clean();
+}
+
+/// Split and shrink inside an open group are refused (NCCL gives the new communicator
+/// only after the group ends); nothing reaches NCCL and nothing panics.
+#[test]
+fn split_inside_a_group_is_refused() {
+    let rig = Rig::new(2);
+    let ranks = pair(&rig);
+    let r = group(&rig.nccl, || {
+        let e = ranks[0].0.split(Some(0), 0).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what: "split", .. }),
+            "{e}"
+        );
+        let e = ranks[0].0.shrink(&[1]).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::InvalidArgument { what: "shrink", .. } | Error::Unsupported { .. }
+            ),
+            "{e}"
+        );
+        Ok(())
+    });
+    r.unwrap();
+    assert_eq!(rig.world.calls("ncclCommSplit"), 0);
+    drop(ranks);
+    rig.assert_clean();
+}
+
+/// Non-blocking communicators enqueue a group's work in the background after
+/// `ncclGroupEnd` returned: what the group's calls use is released only once it is
+/// enqueued (the group settles), so buffers dropped inside the group stay valid.
+#[test]
+fn a_non_blocking_group_is_settled_before_its_buffers_go() {
+    let rig = Rig::new(2);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(5));
+    let results = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let (rig, id) = (&rig, &id);
+                scope.spawn(move || {
+                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
+                    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, rank, &config)
+                        .unwrap();
+                    let s = Stream::non_blocking(&ctx).unwrap();
+                    let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
+                    group(&rig.nccl, || {
+                        let send = DeviceBuffer::from_slice(&ctx, &[rank as u32 + 1])?;
+                        comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s)
+                    })
+                    .unwrap();
+                    comm.wait(&s).unwrap();
+                    out.to_vec().unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(results, [[3], [3]]);
+    rig.assert_clean();
+}

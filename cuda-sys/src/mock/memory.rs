@@ -24,7 +24,7 @@ const PEER: Placement = ((Side::Device, Side::Device), true);
 
 /// Frees the allocation starting at `p` into the quarantine; anything else (a double
 /// free, an inner or unknown address) is reported, except null.
-fn free_device(s: &mut State, call: &'static str, p: usize) -> CUresult {
+pub(super) fn free_device(s: &mut State, call: &'static str, p: usize) -> CUresult {
     if s.quarantine(p, call) {
         return CUresult::CUDA_SUCCESS;
     }
@@ -193,9 +193,13 @@ mock_fns! {
             Err(e) => return e,
         };
         let p = dptr as usize;
+        // Captured: a free node of the graph, freeing at each replay.
+        if capturing(&s, key) {
+            return enqueue(w, s, stream, Op::new("cuMemFreeAsync", OpKind::Free { ptr: p }));
+        }
         // The free is stamped as an op of `stream`; every earlier use of the memory on
-        // another stream must be ordered before it. (Nothing is stamped while capturing.)
-        if s.allocs.contains_key(&p) && !capturing(&s, key) {
+        // another stream must be ordered before it.
+        if s.allocs.contains_key(&p) {
             s.stamp(key, ctx);
             s.check_free_order("cuMemFreeAsync", key, p);
         }

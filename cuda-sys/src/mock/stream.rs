@@ -47,6 +47,9 @@ pub(crate) enum OpKind {
     },
     /// Records an event.
     Record { event: usize },
+    /// A stream-ordered free recorded by a capture: it frees at every replay (so a graph
+    /// launched twice frees twice, as a free node would).
+    Free { ptr: usize },
     /// Work of another simulation (such as a collective), touching `touches`.
     Custom {
         touches: Vec<Touch>,
@@ -89,7 +92,7 @@ impl Op {
                 side: Side::Device,
             }],
             OpKind::Custom { touches, .. } => touches.iter().map(device_access).collect(),
-            OpKind::HostFn { .. } | OpKind::Record { .. } => Vec::new(),
+            OpKind::HostFn { .. } | OpKind::Record { .. } | OpKind::Free { .. } => Vec::new(),
         }
     }
 
@@ -174,7 +177,7 @@ fn validate(s: &State, op: &Op) -> Result<(), CUresult> {
                 Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
             }
         }
-        OpKind::HostFn { .. } | OpKind::Custom { .. } => Ok(()),
+        OpKind::HostFn { .. } | OpKind::Custom { .. } | OpKind::Free { .. } => Ok(()),
     }
 }
 
@@ -241,6 +244,12 @@ fn execute(
                 e.clock = clock;
             }
             CUresult::CUDA_SUCCESS
+        }
+        OpKind::Free { ptr } => {
+            if s.allocs.contains_key(&ptr) {
+                s.check_free_order(op.call, key, ptr);
+            }
+            super::memory::free_device(&mut s, op.call, ptr)
         }
         OpKind::HostFn { f, data } => {
             drop(s);

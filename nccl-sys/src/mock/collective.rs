@@ -150,7 +150,17 @@ pub(super) struct Work {
     part: Part,
 }
 
+// SAFETY: the stream is a handle value of the simulated driver (no pointer is followed
+// through it), and the part holds shared clique state that is `Send`; work deferred by a
+// group may finish on a background thread, as a non-blocking communicator's does.
+unsafe impl Send for Work {}
+
 impl Work {
+    /// The communicator handle the work belongs to.
+    pub(super) fn comm(&self) -> usize {
+        self.comm
+    }
+
     /// The sanitizer's checks for work that runs now outside the stream machinery (a
     /// group's end, a non-blocking communicator): the communicator must still be alive
     /// and the ranges valid; the ranges are recorded as uses on the stream. A refused

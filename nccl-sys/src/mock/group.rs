@@ -77,8 +77,14 @@ fn group_end(w: &NWorld) -> ncclResult_t {
     let mut waits: Vec<(Arc<Clique>, Done)> = Vec::new();
     let mut inits = Vec::new();
     let mut splits = Vec::new();
+    let mut background = Vec::new();
     for d in work {
         match d {
+            // As NCCL does for non-blocking communicators, their grouped work is enqueued
+            // in the background: the group end answers ncclInProgress, and the
+            // communicators' async error says so until it is done. The sanitizer checks
+            // its ranges when it runs, so memory released too early is caught.
+            Deferred::Work(work) if !is_blocking(w, work.comm()) => background.push(work),
             // A part refused by the sanitizer is withdrawn: its peers fail, none hangs.
             Deferred::Work(work) => match work.start_grouped(w) {
                 Ok(wait) => waits.push(wait),
@@ -128,7 +134,57 @@ fn group_end(w: &NWorld) -> ncclResult_t {
             rc = r;
         }
     }
+    if !background.is_empty() && rc == ncclResult_t::ncclSuccess {
+        return start_in_background(w, background, deadline);
+    }
     rc
+}
+
+fn is_blocking(w: &NWorld, comm: usize) -> bool {
+    w.lock().comms.get(&comm).is_none_or(|c| c.blocking)
+}
+
+/// Runs grouped work of non-blocking communicators on a thread of its own, a moment
+/// after the group end returned; each communicator's async error reports it pending.
+fn start_in_background(
+    w: &NWorld,
+    work: Vec<super::collective::Work>,
+    deadline: Instant,
+) -> ncclResult_t {
+    let Some(world) = slot_of(w) else {
+        return ncclResult_t::ncclInternalError;
+    };
+    let done: Done = Arc::new(std::sync::Mutex::new(None));
+    {
+        let mut s = w.lock();
+        let mut comms: Vec<usize> = work.iter().map(|x| x.comm()).collect();
+        comms.dedup();
+        for c in comms {
+            if let Some(c) = s.comms.get_mut(&c) {
+                c.pending.push(done.clone());
+            }
+        }
+    }
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut rc = ncclResult_t::ncclSuccess;
+        let mut waits = Vec::new();
+        for x in work {
+            match x.start_grouped(&world) {
+                Ok(wait) => waits.push(wait),
+                Err(e) if rc == ncclResult_t::ncclSuccess => rc = e,
+                Err(_) => {}
+            }
+        }
+        for (clique, d) in waits {
+            let r = clique.wait(&d, deadline);
+            if rc == ncclResult_t::ncclSuccess {
+                rc = r;
+            }
+        }
+        *done.lock().unwrap_or_else(|e| e.into_inner()) = Some(rc);
+    });
+    ncclResult_t::ncclInProgress
 }
 
 nccl_mock! {
