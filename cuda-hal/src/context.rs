@@ -159,8 +159,10 @@ impl Drop for CurrentGuard<'_> {
     fn drop(&mut self) {
         if self.pushed {
             let mut popped: CUcontext = std::ptr::null_mut();
-            // SAFETY: pops the entry `bind` pushed on this thread's stack (the guard is not
-            // Send); the driver owns the stack, so nothing stale is named here.
+            // SAFETY: pops one entry of this thread's stack (the guard is not Send): the one
+            // `bind` pushed, or, when guards are dropped out of order, another guard's, which
+            // that guard then leaves in place; every entry is a context some guard retains
+            // until its own drop, and nothing is named here, so nothing stale is made current.
             let _ = unsafe { (self.ctx.cuda().fns().cuCtxPopCurrent)(&mut popped) };
         }
     }

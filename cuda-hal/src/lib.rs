@@ -42,7 +42,9 @@
 //!    (`alloc_on`) makes its free stream wait for an event recorded on each of them, then
 //!    `cuMemFreeAsync`. If ordering fails (a broken context), the memory is leaked rather
 //!    than freed under running work. The usual case, the same stream again, costs two
-//!    relaxed loads and a thread-local read per buffer.
+//!    loads and a thread-local read per buffer. Stream-ordered memory is also ordered
+//!    *before* its first use on another stream (and before the first synchronous call),
+//!    since the pool may hand out memory that earlier work on its stream still uses.
 //! 2. **Shared owners for work not enqueued yet or enqueued again.** A buffer's memory is
 //!    shared ([`KeepAlive`]): an open group ([`DeferScope`], per thread and `!Send`, like
 //!    NCCL's group state) holds everything its calls used, streams and communicators too,
@@ -51,16 +53,24 @@
 //!    the captured work uses, and hands it to the [`Graph`] and every [`GraphExec`] made
 //!    of it. Dropping a `DeviceBuffer` only drops its handle; the memory goes when the
 //!    last holder does. A stream that joins a capture through [`Stream::wait_event`] is
-//!    tracked too.
-//! 3. **Gates.** What can become unusable while a graph holds it (an NCCL communicator
+//!    tracked too, and memory dropped while a stream it would be freed on is captured
+//!    goes to that capture's graph (freeing then would put a free node into the graph).
+//! 3. **Threads.** Work is noted and enqueued under the stream's order lock
+//!    ([`Stream::enqueue_lock`]), which a capture takes exclusively to begin, end or be
+//!    joined: no work slips into a graph between its noting and its enqueue. A
+//!    communicator held by an open group is refused to other threads until the group
+//!    ends, and its teardown waits for the group. [`GraphExec`] is not `Sync`.
+//! 4. **Gates.** What can become unusable while a graph holds it (an NCCL communicator
 //!    that was aborted) is a gated [`Dependency`]: [`GraphExec::launch`] checks it and
 //!    keeps it from being torn down until the launch is enqueued, and returns
 //!    [`Error::Unusable`] once it is gone.
-//! 4. **Host memory** cannot be held that way, so the copies that borrow it either wait
-//!    for their stream before returning (`*_on`, refused while the stream is captured)
-//!    or are `unsafe` (`*_async`). Device-to-device copies are safe either way.
-//! 5. **`unsafe` where nothing else can hold**: raw handles (`from_raw`), captures begun
-//!    or joined through the raw table (work recorded behind the crate's back is not held;
+//! 5. **Host memory** cannot be held that way, so the copies that borrow it either wait
+//!    for their stream before returning (`*_on`, refused while the stream is captured,
+//!    holding the order lock until the wait is over) or are `unsafe` (`*_async`).
+//!    Device-to-device copies are safe either way.
+//! 6. **`unsafe` where nothing else can hold**: raw handles (`from_raw`), captures begun
+//!    or joined through the raw table, or through another `Stream` value wrapping the
+//!    same raw stream (work recorded behind the crate's back is not held;
 //!    [`Stream::end_capture`] refuses a capture it did not begin), loading a library by
 //!    path (`Driver::load_from`; `$CUDA_SYS_LIBRARY` is trusted input, like
 //!    `LD_PRELOAD`).

@@ -113,9 +113,10 @@ impl Stream {
     /// # Safety
     /// `raw` must be a stream of `ctx` (or null) that stays valid for the life of the
     /// returned value; if `owned`, nothing else destroys it. It must not be captured into
-    /// a graph except through [`Stream::begin_capture`] (or joined to such a capture with
-    /// [`Stream::wait_event`]): work this crate enqueues on a stream captured behind its
-    /// back is not kept alive for the graph (see the crate's Safety section).
+    /// a graph except through [`Stream::begin_capture`] on the returned value or its
+    /// clones (or joined to such a capture with [`Stream::wait_event`]): work this crate
+    /// enqueues on a stream captured behind its back is not kept alive for the graph (see
+    /// the crate's Safety section).
     pub unsafe fn from_raw(ctx: &Context, raw: CUstream, owned: bool) -> Stream {
         Stream {
             inner: Arc::new(Inner::new(ctx, raw, owned)),
@@ -145,7 +146,8 @@ impl Stream {
     /// Keeps what `what` returns alive for work just enqueued on this stream that has not
     /// really been enqueued: work recorded by an open capture (until the graph made of it
     /// is dropped) or deferred by an open group on this thread ([`DeferScope`], until
-    /// the group ends). Call it *before* the call that enqueues the work. Otherwise it
+    /// the group ends). Call it *before* the call that enqueues the work, with
+    /// [`enqueue_lock`](Self::enqueue_lock) held across both. Otherwise it
     /// does nothing, and `what` is not called: one relaxed load and a thread-local read.
     #[inline]
     pub fn hold(&self, what: impl FnOnce() -> KeepAlive) {
