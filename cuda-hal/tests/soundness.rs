@@ -412,3 +412,108 @@ fn a_graph_launches_only_on_its_own_context() {
     drop((e, src, dst, s, s1, ctx, ctx1, cuda));
     assert_clean(&world);
 }
+
+/// Deferral scopes nest like NCCL's group calls: what work noted inside holds (memory,
+/// streams) is released when the outermost scope closes, not before.
+#[test]
+fn deferral_scopes_hold_until_the_outermost_closes() {
+    use cuda_hal::DeferScope;
+    let (cuda, world, ctx) = rig();
+    let src = DeviceBuffer::from_slice(&ctx, &[4u8; 4]).unwrap();
+    assert!(!DeferScope::is_open());
+    let outer = DeferScope::open();
+    assert!(DeferScope::is_open());
+    {
+        let inner = DeferScope::open();
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let mut dst = DeviceBuffer::<u8>::zeroed(&ctx, 4).unwrap();
+        dst.copy_from_async(&src, &s).unwrap();
+        drop((dst, s));
+        assert_eq!(world.live().device_allocations, 2, "dst held");
+        assert_eq!(world.live().streams, 1, "its stream held");
+        drop(inner);
+        assert!(DeferScope::is_open());
+        assert_eq!(
+            world.live().device_allocations,
+            2,
+            "the outer scope is open"
+        );
+    }
+    drop(outer);
+    assert!(!DeferScope::is_open());
+    assert_eq!(world.live().device_allocations, 1);
+    drop(src);
+    assert_eq!(
+        world.live().streams,
+        0,
+        "src's use log held the stream until now"
+    );
+    drop((ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A graph launch notes its memory on the launch stream: a stream-ordered buffer the
+/// graph wrote is freed on its own stream only after the launch (the sanitizer checks).
+#[test]
+fn a_graph_launch_orders_the_free_of_what_it_used() {
+    let (cuda, world, ctx) = rig();
+    let (pool, cap, launch) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[2u32; 4]).unwrap();
+    let mut pooled = DeviceBuffer::<u32>::alloc_on(&pool, 4).unwrap();
+    pool.synchronize().unwrap();
+    cap.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    pooled.copy_from_async(&src, &cap).unwrap();
+    let graph = cap.end_capture().unwrap();
+    let exec = graph.instantiate().unwrap();
+    drop((graph, pooled));
+    exec.launch(&launch).unwrap();
+    drop(exec);
+    pool.synchronize().unwrap();
+    drop((src, pool, cap, launch, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// What the new types print.
+#[test]
+fn debug_output_names_what_matters() {
+    use cuda_hal::DeferScope;
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let src = DeviceBuffer::from_slice(&ctx, &[1u8, 2, 3]).unwrap();
+    assert_eq!(src.len(), 3);
+    assert!(!src.is_empty());
+    let text = format!("{src:?}");
+    assert!(
+        text.starts_with("DeviceBuffer { device: 0, ptr: 0x") && text.ends_with(", len: 3 }"),
+        "{text}"
+    );
+    let empty = DeviceBuffer::<u8>::alloc_on(&s, 0).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.len(), 0);
+    assert_eq!(
+        format!("{:?}", src.keep_alive()),
+        "KeepAlive { gated: false }"
+    );
+    let scope = DeferScope::open();
+    assert_eq!(format!("{scope:?}"), "DeferScope { open: true }");
+    drop(scope);
+    let guard = ctx.bind().unwrap();
+    assert_eq!(
+        format!("{guard:?}"),
+        "CurrentGuard { device: 0, pushed: true }"
+    );
+    drop(guard);
+    let mut dst = DeviceBuffer::<u8>::zeroed(&ctx, 3).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    dst.copy_from_async(&src, &s).unwrap();
+    let graph = s.end_capture().unwrap();
+    assert_eq!(format!("{graph:?}"), "Graph { device: 0, holds: 2 }");
+    let exec = graph.instantiate().unwrap();
+    assert_eq!(format!("{exec:?}"), "GraphExec { device: 0, holds: 2 }");
+    drop((exec, graph, src, dst, empty, s, ctx, cuda));
+    assert_clean(&world);
+}

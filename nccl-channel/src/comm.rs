@@ -30,8 +30,6 @@ pub(crate) struct CommShared {
     abort: AbortHandle,
     /// Set once the handle is freed (aborted or destroyed).
     dead: AtomicBool,
-    /// Set after an error that leaves the communicator untrustworthy: released by abort.
-    failed: AtomicBool,
     /// Shared by graph launches, exclusive for the teardown.
     gate: RwLock<()>,
     /// Holds by open groups (work NCCL has not enqueued yet), and the thread whose group
@@ -188,11 +186,8 @@ impl Drop for CommShared {
         }
         // A blocking finalize could wait forever for a peer that is gone: a drop aborts
         // (`Communicator::close` finalises). A non-blocking one finalises within its
-        // deadline, unless it failed or an abort was asked for.
-        let how = if self.config.blocking
-            || self.failed.load(Ordering::Acquire)
-            || self.abort.is_requested()
-        {
+        // deadline, unless an abort was asked for (a failed call asks for one).
+        let how = if self.config.blocking || self.abort.is_requested() {
             Teardown::Abort
         } else {
             Teardown::Close
@@ -399,7 +394,6 @@ impl Communicator {
             config,
             abort: AbortHandle::default(),
             dead: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
             gate: RwLock::new(()),
             grouped: AtomicUsize::new(0),
             group_thread: Mutex::new(None),
@@ -614,7 +608,6 @@ impl Communicator {
             // The communicator cannot be trusted after these: abort it now, so that later
             // calls say so and nothing ever waits on a peer that may be gone.
             _ => {
-                self.shared.failed.store(true, Ordering::Release);
                 self.abort_now();
             }
         }

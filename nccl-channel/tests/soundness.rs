@@ -473,3 +473,125 @@ fn a_non_blocking_group_is_settled_before_its_buffers_go() {
     assert_eq!(results, [[3], [3]]);
     rig.assert_clean();
 }
+
+/// A pre-multiplied sum's op is destroyed after its call, on the live communicator.
+#[test]
+fn a_pre_multiplied_sum_destroys_its_op() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[2.0f32, 4.0]).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), [1.0, 2.0]);
+    assert_eq!(rig.world.calls("ncclRedOpDestroy"), 1);
+    assert_eq!(rig.world.live().reduction_ops, 0);
+    drop((comm, buf, s, ctx));
+    rig.assert_clean();
+}
+
+/// Errors that are not fatal (bad arguments) are returned as NCCL's error and leave the
+/// communicator usable; a failing split is that call's error.
+#[test]
+fn usage_errors_are_returned_and_keep_the_communicator() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[1u8]).unwrap();
+    rig.world
+        .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
+    let e = comm
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Nccl { call: "ncclAllReduce", code, .. } if code == ncclResult_t::ncclInvalidArgument),
+        "{e}"
+    );
+    assert!(!comm.is_aborted());
+    rig.world
+        .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
+    let e = comm.split(Some(0), 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Nccl {
+                call: "ncclCommSplit",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    let e = Communicator::init_rank(
+        &rig.nccl,
+        &ctx,
+        &UniqueId::generate(&rig.nccl).unwrap(),
+        1,
+        1,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        Error::InvalidRank {
+            what: "Communicator::init_rank",
+            rank: 1,
+            size: 1
+        }
+    );
+    drop((comm, buf, s, ctx));
+    rig.assert_clean();
+}
+
+/// A non-blocking split whose wait for the child fails aborts the child (nothing leaks)
+/// and returns the error.
+#[test]
+fn a_failed_wait_for_a_split_child_aborts_it() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(5));
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    rig.world
+        .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
+    let e = comm.split(Some(0), 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Nccl {
+                call: "ncclCommGetAsyncError",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(rig.world.live().comms, 1, "the child was aborted");
+    drop((comm, ctx));
+    rig.assert_clean();
+}
+
+/// Data types are gated on the release that introduced them, that release included.
+#[test]
+fn fp8_works_from_the_release_that_introduced_it() {
+    use nccl_channel::Fp8E4M3;
+    use nccl_sys::NcclVersion;
+    for (version, works) in [(NcclVersion(22400), true), (NcclVersion(22306), false)] {
+        let rig = Rig::with_version(1, version);
+        let (ctx, comm, s) = one(&rig);
+        let mut buf = DeviceBuffer::<Fp8E4M3>::zeroed(&ctx, 4).unwrap();
+        let r = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s);
+        match (r, works) {
+            (Ok(()), true) => {}
+            (
+                Err(Error::Unsupported {
+                    feature, needed, ..
+                }),
+                false,
+            ) => {
+                assert_eq!((feature, needed.as_str()), ("fp8e4m3", "2.24.0"));
+            }
+            (r, _) => panic!("NCCL {version}: {r:?}"),
+        }
+        drop((comm, buf, s, ctx));
+        rig.assert_clean();
+    }
+}
