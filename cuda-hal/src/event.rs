@@ -1,5 +1,6 @@
 //! Events: markers in a stream, for ordering across streams and for timing.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_sys::{CUevent, CUevent_flags, CUresult};
@@ -13,6 +14,8 @@ pub struct Event {
     raw: CUevent,
     /// The capture its last record was part of: a stream that waits for it joins it.
     capture: Mutex<Option<Arc<CaptureLog>>>,
+    /// Whether `capture` may be set: records outside captures then skip the mutex.
+    in_capture: AtomicBool,
 }
 
 // SAFETY: event handles are usable from any thread; the driver serialises access.
@@ -49,6 +52,7 @@ impl Event {
             ctx: ctx.clone(),
             raw,
             capture: Mutex::new(None),
+            in_capture: AtomicBool::new(false),
         })
     }
 
@@ -68,7 +72,11 @@ impl Event {
         stream.same_context(&self.ctx, "Event::record")?;
         let _order = stream.enqueue_lock();
         // Before the driver call, as for every capture bookkeeping.
-        *lock(&self.capture) = stream.capture_log();
+        let log = stream.capture_log();
+        if log.is_some() || self.in_capture.load(Ordering::Acquire) {
+            self.in_capture.store(log.is_some(), Ordering::Release);
+            *lock(&self.capture) = log;
+        }
         self.record_unlocked(stream)
     }
 
@@ -82,6 +90,9 @@ impl Event {
 
     /// The capture the event was last recorded in, if any.
     pub(crate) fn capture_log(&self) -> Option<Arc<CaptureLog>> {
+        if !self.in_capture.load(Ordering::Acquire) {
+            return None;
+        }
         lock(&self.capture).clone()
     }
 

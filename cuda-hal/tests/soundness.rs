@@ -517,3 +517,60 @@ fn debug_output_names_what_matters() {
     drop((exec, graph, src, dst, empty, s, ctx, cuda));
     assert_clean(&world);
 }
+
+/// A dependency of another crate (say a registration) held by a capture: gated ones are
+/// asked before each launch and can refuse it; every dependency keeps its stream alive
+/// while an open group holds it.
+#[test]
+fn user_dependencies_gate_launches_and_are_held_with_their_stream() {
+    use cuda_hal::{DeferScope, Dependency, KeepAlive};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    struct Gate(AtomicBool);
+    impl Dependency for Gate {
+        fn gated(&self) -> bool {
+            true
+        }
+        fn while_usable(
+            &self,
+            launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
+        ) -> cuda_hal::Result<()> {
+            if self.0.load(Ordering::SeqCst) {
+                launch()
+            } else {
+                Err(Error::Unusable {
+                    what: "the gate is shut".into(),
+                })
+            }
+        }
+    }
+    struct Plain;
+    impl Dependency for Plain {}
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let gate = Arc::new(Gate(AtomicBool::new(true)));
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    s.hold(|| KeepAlive::new(gate.clone()));
+    s.hold(|| KeepAlive::new(Arc::new(Plain)));
+    let exec = s.end_capture().unwrap().instantiate().unwrap();
+    exec.launch(&s).unwrap();
+    assert_eq!(world.calls("cuGraphLaunch"), 1);
+    gate.0.store(false, Ordering::SeqCst);
+    assert_eq!(
+        exec.launch(&s).unwrap_err(),
+        Error::Unusable {
+            what: "the gate is shut".into()
+        }
+    );
+    assert_eq!(world.calls("cuGraphLaunch"), 1, "refused before the driver");
+    drop(exec);
+    let scope = DeferScope::open();
+    let t = Stream::non_blocking(&ctx).unwrap();
+    t.hold(|| KeepAlive::new(Arc::new(Plain)));
+    drop(t);
+    assert_eq!(world.live().streams, 2, "held by the open scope");
+    drop(scope);
+    assert_eq!(world.live().streams, 1);
+    drop((s, ctx, cuda));
+    assert_clean(&world);
+}

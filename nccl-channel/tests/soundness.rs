@@ -595,3 +595,81 @@ fn fp8_works_from_the_release_that_introduced_it() {
         rig.assert_clean();
     }
 }
+
+/// Non-blocking communicators: a usage error of a call or of a split is returned, not
+/// waited away; dropping one after an abort was asked for aborts instead of finalising.
+#[test]
+fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(5));
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32]).unwrap();
+    rig.world
+        .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
+    let e = comm
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Nccl {
+                call: "ncclAllReduce",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    rig.world
+        .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
+    let e = comm.split(Some(0), 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Nccl {
+                call: "ncclCommSplit",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        format!("{comm:?}").ends_with("aborted: false }"),
+        "{comm:?}"
+    );
+    comm.abort_handle().abort();
+    drop(comm);
+    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+    assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
+    drop((buf, s, ctx));
+    rig.assert_clean();
+}
+
+/// A group value dropped without `end` still ends the group; blocking communicators'
+/// groups need no settling (no async-error polls).
+#[test]
+fn a_dropped_group_ends_and_blocking_groups_do_not_poll() {
+    let rig = Rig::new(2);
+    let ranks = pair(&rig);
+    let g = nccl_channel::Group::start(&rig.nccl).unwrap();
+    assert_eq!(format!("{g:?}"), "Group { open: true }");
+    drop(g);
+    assert_eq!(rig.world.calls("ncclGroupEnd"), 1);
+    let mut bufs: Vec<DeviceBuffer<u8>> = ranks
+        .iter()
+        .map(|(c, _)| DeviceBuffer::from_slice(c.context(), &[1]).unwrap())
+        .collect();
+    group(&rig.nccl, || {
+        for ((c, s), b) in ranks.iter().zip(bufs.iter_mut()) {
+            c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(rig.world.calls("ncclCommGetAsyncError"), 0);
+    assert_eq!(rig.world.live().unmatched_operations, 0);
+    drop((bufs, ranks));
+    rig.assert_clean();
+}
