@@ -54,27 +54,11 @@ mock_fns! {
     }
     fn cuEventSynchronize = cu_event_synchronize(w, s, event: CUevent) [init] {
         let _ = w;
-        // Work runs at enqueue, so a recorded event is complete: the host is now ordered
-        // after what the event captured.
-        match s.events.get(&p2h(event)).map(|e| e.clock.clone()) {
-            Some(clock) => {
-                s.host_join(&clock);
-                CUresult::CUDA_SUCCESS
-            }
-            None => CUresult::CUDA_ERROR_INVALID_HANDLE,
-        }
+        event_complete(&mut s, event)
     }
     fn cuEventQuery = cu_event_query(w, s, event: CUevent) [init] {
         let _ = w;
-        // Work runs at enqueue, so a recorded event is complete: the host is now ordered
-        // after what the event captured.
-        match s.events.get(&p2h(event)).map(|e| e.clock.clone()) {
-            Some(clock) => {
-                s.host_join(&clock);
-                CUresult::CUDA_SUCCESS
-            }
-            None => CUresult::CUDA_ERROR_INVALID_HANDLE,
-        }
+        event_complete(&mut s, event)
     }
     fn cuEventElapsedTime = cu_event_elapsed_time(w, s, ms: *mut f32, start: CUevent, end: CUevent) [init] {
         let _ = w;
@@ -122,5 +106,17 @@ mock_fns! {
         } else {
             CUresult::CUDA_ERROR_INVALID_HANDLE
         }
+    }
+}
+
+/// A recorded event is complete (work runs at enqueue): the host is now ordered after
+/// what it captured. For cuEventSynchronize and cuEventQuery alike.
+fn event_complete(s: &mut super::state::State, event: CUevent) -> CUresult {
+    match s.events.get(&p2h(event)).map(|e| e.clock.clone()) {
+        Some(clock) => {
+            s.host_join(&clock);
+            CUresult::CUDA_SUCCESS
+        }
+        None => CUresult::CUDA_ERROR_INVALID_HANDLE,
     }
 }
