@@ -486,6 +486,16 @@ fn debug_output_names_what_matters() {
     let src = DeviceBuffer::from_slice(&ctx, &[1u8, 2, 3]).unwrap();
     assert_eq!(src.len(), 3);
     assert!(!src.is_empty());
+    assert_eq!(format!("{:?}", s.enqueue_lock()), "EnqueueLock");
+    assert!(
+        format!("{s:?}").starts_with("Stream { device: 0, raw: 0x"),
+        "{s:?}"
+    );
+    assert_eq!(format!("{ctx:?}"), "Context { device: 0 }");
+    assert_eq!(
+        format!("{:?}", Event::without_timing(&ctx).unwrap()),
+        "Event { device: 0 }"
+    );
     let text = format!("{src:?}");
     assert!(
         text.starts_with("DeviceBuffer { device: 0, ptr: 0x") && text.ends_with(", len: 3 }"),
@@ -546,12 +556,20 @@ fn user_dependencies_gate_launches_and_are_held_with_their_stream() {
     }
     struct Plain;
     impl Dependency for Plain {}
+    /// Gated, but with the default `while_usable`: launches.
+    struct Open;
+    impl Dependency for Open {
+        fn gated(&self) -> bool {
+            true
+        }
+    }
     let (cuda, world, ctx) = rig();
     let s = Stream::non_blocking(&ctx).unwrap();
     let gate = Arc::new(Gate(AtomicBool::new(true)));
     s.begin_capture(CaptureMode::ThreadLocal).unwrap();
     s.hold(|| KeepAlive::new(gate.clone()));
     s.hold(|| KeepAlive::new(Arc::new(Plain)));
+    s.hold(|| KeepAlive::new(Arc::new(Open)));
     let exec = s.end_capture().unwrap().instantiate().unwrap();
     exec.launch(&s).unwrap();
     assert_eq!(world.calls("cuGraphLaunch"), 1);
@@ -565,12 +583,58 @@ fn user_dependencies_gate_launches_and_are_held_with_their_stream() {
     assert_eq!(world.calls("cuGraphLaunch"), 1, "refused before the driver");
     drop(exec);
     let scope = DeferScope::open();
-    let t = Stream::non_blocking(&ctx).unwrap();
-    t.hold(|| KeepAlive::new(Arc::new(Plain)));
-    drop(t);
-    assert_eq!(world.live().streams, 2, "held by the open scope");
+    for _ in 0..2 {
+        let t = Stream::non_blocking(&ctx).unwrap();
+        t.hold(|| KeepAlive::new(Arc::new(Plain)));
+    }
+    assert_eq!(world.live().streams, 3, "both held by the open scope");
     drop(scope);
     assert_eq!(world.live().streams, 1);
     drop((s, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// Stream-ordered memory dropped while its own stream is captured, after use on another
+/// stream: the graph takes it with its use log, and its eventual free is still ordered
+/// after that use. Its first use on a captured stream waits on the host instead of
+/// putting an outside event into the capture.
+#[test]
+fn a_deferred_free_keeps_its_use_log_and_captured_first_uses_wait_on_the_host() {
+    let (cuda, world, ctx) = rig();
+    let (pool, s) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[6u8; 16]).unwrap();
+    let mut pooled = DeviceBuffer::<u8>::alloc_on(&pool, 16).unwrap();
+    pool.synchronize().unwrap();
+    pooled.copy_from_async(&src, &s).unwrap();
+    pool.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    drop(pooled);
+    drop(pool.end_capture().unwrap());
+    pool.synchronize().unwrap();
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+
+    let mut fresh = DeviceBuffer::<u8>::alloc_on(&pool, 16).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let (syncs, waits) = (
+        world.calls("cuStreamSynchronize"),
+        world.calls("cuStreamWaitEvent"),
+    );
+    fresh.copy_from_async(&src, &s).unwrap();
+    assert_eq!(
+        world.calls("cuStreamSynchronize") - syncs,
+        1,
+        "the pool stream, on the host"
+    );
+    assert_eq!(
+        world.calls("cuStreamWaitEvent"),
+        waits,
+        "no outside event in the capture"
+    );
+    drop(s.end_capture().unwrap());
+    drop((fresh, src));
+    pool.synchronize().unwrap();
+    drop((pool, s, ctx, cuda));
     assert_clean(&world);
 }
