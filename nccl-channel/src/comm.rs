@@ -173,9 +173,9 @@ impl Dependency for CommShared {
         {
             let _ = self.teardown(Teardown::Abort);
         }
-        if self.grouped.fetch_sub(1, Ordering::AcqRel) == 1 {
-            *lock(&self.group_thread) = None;
-        }
+        // The thread id may stay behind: it is read only while `grouped` is above 0, and
+        // the next first hold writes it again.
+        self.grouped.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
