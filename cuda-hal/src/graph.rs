@@ -177,7 +177,30 @@ unsafe impl Send for ExecInner {}
 // which is not `Sync`, so calls on the handle never overlap.
 unsafe impl Sync for ExecInner {}
 
-impl Dependency for ExecInner {}
+/// Held by an outer capture that recorded a launch of this graph: launching the outer
+/// graph runs this one's work, so it notes, gates and holds for what this one holds.
+impl Dependency for ExecInner {
+    fn gated(&self) -> bool {
+        self.held.iter().any(|k| k.dependency().gated())
+    }
+
+    fn while_usable(&self, launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let gates: Vec<KeepAlive> = self
+            .held
+            .iter()
+            .filter(|k| k.dependency().gated())
+            .cloned()
+            .collect();
+        gated(&gates, launch)
+    }
+
+    fn used_on(&self, stream: &Stream) -> Result<()> {
+        for k in self.held.iter() {
+            k.dependency().used_on(stream)?;
+        }
+        Ok(())
+    }
+}
 
 impl Drop for ExecInner {
     fn drop(&mut self) {

@@ -638,3 +638,31 @@ fn a_deferred_free_keeps_its_use_log_and_captured_first_uses_wait_on_the_host() 
     drop((pool, s, ctx, cuda));
     assert_clean(&world);
 }
+
+/// A graph launched inside a capture: launching the outer graph on another stream notes
+/// the inner graph's memory there, so its stream-ordered free waits for that launch.
+#[test]
+fn an_outer_graph_launch_notes_the_inner_graphs_memory() {
+    let (cuda, world, ctx) = rig();
+    let (pool, cap, outer_s, launch) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[2u32; 4]).unwrap();
+    let mut pooled = DeviceBuffer::<u32>::alloc_on(&pool, 4).unwrap();
+    pool.synchronize().unwrap();
+    cap.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    pooled.copy_from_async(&src, &cap).unwrap();
+    let inner = cap.end_capture().unwrap().instantiate().unwrap();
+    outer_s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    inner.launch(&outer_s).unwrap();
+    let outer = outer_s.end_capture().unwrap().instantiate().unwrap();
+    drop((inner, pooled));
+    outer.launch(&launch).unwrap(); // replays the copy into `pooled` on `launch`
+    drop(outer); // last owner: cuMemFreeAsync on `pool`, not ordered after `launch`
+    pool.synchronize().unwrap();
+    drop((src, pool, cap, outer_s, launch, ctx, cuda));
+    assert_clean(&world);
+}

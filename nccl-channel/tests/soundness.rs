@@ -665,3 +665,30 @@ fn a_dropped_group_ends_and_blocking_groups_do_not_poll() {
     drop((bufs, ranks));
     rig.assert_clean();
 }
+
+/// A graph whose work uses a communicator, launched inside another capture: the outer
+/// graph is gated by that communicator too, and refuses to launch once it is aborted.
+#[test]
+fn an_outer_graph_is_gated_by_the_inner_graphs_communicator() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    let inner = s.end_capture().unwrap().instantiate().unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    inner.launch(&s).unwrap();
+    let outer = s.end_capture().unwrap().instantiate().unwrap();
+    outer.launch(&s).unwrap();
+    comm.abort().unwrap();
+    for g in [&inner, &outer] {
+        let e = g.launch(&s).unwrap_err();
+        assert!(matches!(&e, cuda_hal::Error::Unusable { .. }), "{e}");
+    }
+    s.synchronize().unwrap();
+    drop((outer, inner, buf, s, ctx));
+    rig.assert_clean();
+}
