@@ -68,21 +68,27 @@ impl Stream {
     /// call when the capture was not begun with [`begin_capture`](Self::begin_capture).
     #[doc(alias = "cuStreamEndCapture")]
     pub fn end_capture(&self) -> Result<Graph> {
-        let _excl = self.capture_lock();
-        let Some(log) = self.capture_log() else {
-            return Err(Error::ForeignCapture {
-                what: "end_capture",
-            });
+        let (r, raw, log) = {
+            let _excl = self.capture_lock();
+            let Some(log) = self.capture_log() else {
+                return Err(Error::ForeignCapture {
+                    what: "end_capture",
+                });
+            };
+            let cuda = self.context().cuda();
+            let mut raw: CUgraph = std::ptr::null_mut();
+            // SAFETY: a valid stream and out-pointer.
+            let r = unsafe { call!(cuda, cuStreamEndCapture(self.as_raw(), &mut raw)) };
+            // The capture is over unless the driver says it still runs (a joined stream
+            // asked).
+            if r.is_ok() || !self.is_capturing().unwrap_or(false) {
+                log.ended.store(true, std::sync::atomic::Ordering::Release);
+                self.set_capture(None);
+            }
+            (r, raw, log)
         };
-        let cuda = self.context().cuda();
-        let mut raw: CUgraph = std::ptr::null_mut();
-        // SAFETY: a valid stream and out-pointer.
-        let r = unsafe { call!(cuda, cuStreamEndCapture(self.as_raw(), &mut raw)) };
-        // The capture is over unless the driver says it still runs (a joined stream asked).
-        if r.is_ok() || !self.is_capturing().unwrap_or(false) {
-            log.ended.store(true, std::sync::atomic::Ordering::Release);
-            self.set_capture(None);
-        }
+        // Outside the lock: a failed capture's holds may be the last owners of memory,
+        // whose free takes stream locks.
         r?;
         let held = std::mem::take(&mut *lock(&log.held));
         Ok(Graph {

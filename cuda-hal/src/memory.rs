@@ -46,11 +46,16 @@ impl Allocation {
     }
 
     /// Before synchronous (legacy-stream) work on stream-ordered memory: wait, once, for
-    /// the allocation stream to reach the allocation.
+    /// the allocation stream to reach the allocation (refused while it is captured: the
+    /// wait would spoil the capture).
     fn ready_for_host(&self) -> Result<()> {
         if let Some(own) = &self.free_on
             && !self.ready.load(Ordering::Acquire)
         {
+            let _order = own.try_enqueue_lock().ok_or(Error::Capturing {
+                what: "a synchronous call on stream-ordered memory",
+            })?;
+            own.refuse_capture("a synchronous call on stream-ordered memory")?;
             own.synchronize()?;
             self.ready.store(true, Ordering::Release);
         }
@@ -58,17 +63,33 @@ impl Allocation {
     }
 
     /// Makes `later` wait for the work enqueued so far on `earlier`: an event recorded
-    /// there; failing that (`earlier` captured, say), a host wait.
+    /// there; failing that, or while `later` is captured, a host wait. The caller holds
+    /// `later`'s order lock; `earlier`'s is taken here without blocking, and `earlier` must
+    /// not be captured (the event would land in its graph): that is refused.
     fn order_after(later: &Stream, earlier: &Stream) -> Result<()> {
-        if earlier.capture_log().is_none() && later.capture_log().is_none() {
-            let ordered = Event::without_timing(earlier.context())
-                .and_then(|e| e.record_unlocked(earlier).map(|_| e))
-                .and_then(|e| later.wait_event_unlocked(&e));
-            if ordered.is_ok() {
-                return Ok(());
-            }
+        let what = "ordering stream-ordered memory";
+        let _order = earlier
+            .try_enqueue_lock()
+            .ok_or(Error::Capturing { what })?;
+        earlier.refuse_capture(what)?;
+        if later.capture_log().is_some() {
+            // An outside event cannot join the capture: wait on the host instead (the
+            // allocation is then complete for every later launch too).
+            return earlier.synchronize();
         }
-        earlier.synchronize()
+        Self::order_locked(later, earlier)
+    }
+
+    /// As [`order_after`](Self::order_after), with both order locks held and neither
+    /// stream captured (the free's ordering, from `drop`).
+    fn order_locked(later: &Stream, earlier: &Stream) -> Result<()> {
+        let ordered = Event::without_timing(earlier.context())
+            .and_then(|e| e.record_unlocked(earlier).map(|_| e))
+            .and_then(|e| later.wait_event_unlocked(&e));
+        match ordered {
+            Ok(()) => Ok(()),
+            Err(_) => earlier.synchronize(),
+        }
     }
 
     /// The capture that records one of the streams this free would use, if any.
@@ -85,6 +106,21 @@ impl Drop for Allocation {
             return;
         }
         let used = self.uses.take();
+        // Stream-ordered frees enqueue on the streams involved: hold their order locks,
+        // in one order (by key), without blocking; if they cannot be had, leak.
+        let free_on = self.free_on.clone();
+        let mut involved: Vec<&Stream> = used.iter().chain(free_on.as_ref()).collect();
+        involved.sort_by_key(|s| s.key());
+        involved.dedup_by_key(|s| s.key());
+        let mut locks = Vec::new();
+        if free_on.is_some() {
+            for s in &involved {
+                match s.try_enqueue_lock() {
+                    Some(l) => locks.push(l),
+                    None => return,
+                }
+            }
+        }
         // A wait, an event or the free itself enqueued now on a stream being captured would
         // land in the user's graph (a free node frees again at every launch): the capture's
         // graph owns the memory instead, and frees it when it goes.
@@ -94,7 +130,7 @@ impl Drop for Allocation {
                 ptr: std::mem::replace(&mut self.ptr, 0),
                 free_on: self.free_on.take(),
                 ready: AtomicBool::new(self.ready.load(Ordering::Acquire)),
-                uses: UseLog::with(used),
+                uses: UseLog::with(used.clone()),
             };
             lock(&log.held).push(KeepAlive::new(Arc::new(moved)));
             return;
@@ -105,13 +141,13 @@ impl Drop for Allocation {
         match &self.free_on {
             Some(free) => {
                 for s in used.iter().filter(|s| s.key() != free.key()) {
-                    if Self::order_after(free, s).is_err() {
+                    if Self::order_locked(free, s).is_err() {
                         return;
                     }
                 }
                 // SAFETY: allocated by cuMemAllocAsync on `free` and freed once, after the
                 // work of every stream that used it (ordered just above); no capture
-                // records `free` (checked above).
+                // records `free` or those streams (checked above, under their order locks).
                 let _ = unsafe { (cuda.fns().cuMemFreeAsync)(self.ptr, free.as_raw()) };
             }
             None => {
@@ -125,6 +161,7 @@ impl Drop for Allocation {
                 let _ = unsafe { (cuda.fns().cuMemFree)(self.ptr) };
             }
         }
+        drop(locks);
     }
 }
 
@@ -188,8 +225,11 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         let bytes = bytes_of::<T>(len)?;
         let mut ptr: CUdeviceptr = 0;
         if bytes > 0 {
+            // A capture would make this a graph's allocation, valid only inside the graph.
+            let _order = stream.enqueue_lock();
+            stream.refuse_capture("alloc_on")?;
             let _g = ctx.bind()?;
-            // SAFETY: valid out-pointer and stream.
+            // SAFETY: valid out-pointer and stream, which no capture records.
             unsafe {
                 call!(
                     ctx.cuda(),

@@ -190,6 +190,27 @@ impl Stream {
         *slot = log;
     }
 
+    /// The order lock if it can be had without waiting for a capture to begin or end
+    /// (with a few short retries): for the frees and orderings that enqueue on streams
+    /// they do not otherwise lock, where blocking could deadlock (the caller may hold a
+    /// lock already). `None` means: do not enqueue.
+    pub(crate) fn try_enqueue_lock(&self) -> Option<EnqueueLock<'_>> {
+        for i in 0..2000u32 {
+            if let Ok(g) = self.inner.order.try_read() {
+                return Some(EnqueueLock(g));
+            }
+            if let Err(std::sync::TryLockError::Poisoned(e)) = self.inner.order.try_read() {
+                return Some(EnqueueLock(e.into_inner()));
+            }
+            if i < 100 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        None
+    }
+
     /// `Err` when a capture begun here records this stream: for the calls that must wait
     /// for the stream (waiting is not allowed while capturing, and the host memory they
     /// borrow must not end up in a graph).

@@ -666,3 +666,53 @@ fn an_outer_graph_launch_notes_the_inner_graphs_memory() {
     drop((src, pool, cap, outer_s, launch, ctx, cuda));
     assert_clean(&world);
 }
+
+/// Frees and orderings of stream-ordered memory race with captures that another thread
+/// begins and ends on the same stream: they take the stream's order lock, so nothing of
+/// theirs lands in a graph (no free node freeing at every replay, no unordered free).
+#[test]
+fn stream_ordered_frees_race_safely_with_captures_on_another_thread() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (cuda, world, ctx) = rig();
+    let (own, later) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[5u8; 8]).unwrap();
+    let stop = AtomicBool::new(false);
+    let execs = std::thread::scope(|sc| {
+        let y = sc.spawn(|| {
+            let mut execs = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if own.begin_capture(CaptureMode::Relaxed).is_ok() {
+                    std::thread::yield_now();
+                    if let Ok(e) = own.end_capture().and_then(|g| g.instantiate()) {
+                        execs.push(e);
+                    }
+                }
+            }
+            execs
+        });
+        for _ in 0..3000 {
+            if let Ok(mut pooled) = DeviceBuffer::<u8>::alloc_on(&own, 8) {
+                let _ = pooled.copy_from_async(&src, &later);
+                drop(pooled);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        y.join().unwrap()
+    });
+    let l = Stream::non_blocking(&ctx).unwrap();
+    let mut fails = 0;
+    for e in &execs {
+        for _ in 0..2 {
+            if e.launch(&l).is_err() {
+                fails += 1;
+            }
+        }
+    }
+    let _ = l.synchronize();
+    assert_eq!(fails, 0, "every captured graph replays cleanly");
+    drop((execs, l, src, own, later, ctx, cuda));
+    assert_clean(&world);
+}
