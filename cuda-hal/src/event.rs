@@ -71,12 +71,15 @@ impl Event {
     pub fn record(&self, stream: &Stream) -> Result<()> {
         stream.same_context(&self.ctx, "Event::record")?;
         let _order = stream.enqueue_lock();
-        // Before the driver call, as for every capture bookkeeping.
         let log = stream.capture_log();
-        if log.is_some() || self.in_capture.load(Ordering::Acquire) {
-            self.in_capture.store(log.is_some(), Ordering::Release);
-            *lock(&self.capture) = log;
+        if log.is_none() && !self.in_capture.load(Ordering::Acquire) {
+            return self.record_unlocked(stream);
         }
+        // The slot stays locked across the driver call, as in `Stream::wait_event`: a
+        // wait sees the capture of exactly the record it waits for.
+        let mut slot = lock(&self.capture);
+        self.in_capture.store(log.is_some(), Ordering::Release);
+        *slot = log;
         self.record_unlocked(stream)
     }
 
@@ -88,12 +91,10 @@ impl Event {
         unsafe { call!(self.ctx.cuda(), cuEventRecord(self.raw, stream.as_raw())) }
     }
 
-    /// The capture the event was last recorded in, if any.
-    pub(crate) fn capture_log(&self) -> Option<Arc<CaptureLog>> {
-        if !self.in_capture.load(Ordering::Acquire) {
-            return None;
-        }
-        lock(&self.capture).clone()
+    /// The capture slot, locked: held across a wait on the event, so that no record of it
+    /// into a capture slips between reading the slot and the driver's wait.
+    pub(crate) fn capture_slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<CaptureLog>>> {
+        lock(&self.capture)
     }
 
     /// Blocks until the work before the recorded point is done.

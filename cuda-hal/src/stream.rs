@@ -260,13 +260,12 @@ impl Stream {
     /// (as in CUDA): its later work is recorded into the same graph, and kept alive for it.
     #[doc(alias = "cuStreamWaitEvent")]
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        let joined = event.capture_log().filter(|l| !l.is_ended());
-        if joined.is_none() {
-            let _order = self.enqueue_lock();
-            return self.wait_event_unlocked(event);
-        }
+        // Exclusive: this stream may join a capture. The event's slot stays locked until
+        // the driver has made the wait, so the capture read is the one the wait joins.
         let _join = self.capture_lock();
-        let joins = self.capture_log().is_none();
+        let slot = event.capture_slot();
+        let joined = slot.clone().filter(|l| !l.is_ended());
+        let joins = joined.is_some() && self.capture_log().is_none();
         if joins {
             self.set_capture(joined);
         }

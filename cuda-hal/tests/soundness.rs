@@ -716,3 +716,50 @@ fn stream_ordered_frees_race_safely_with_captures_on_another_thread() {
     drop((execs, l, src, own, later, ctx, cuda));
     assert_clean(&world);
 }
+
+/// A wait that starts before another thread records its event into a capture, and
+/// reaches the driver after: the capture it joins is the one the crate tracks, so the
+/// work the joined stream records is held by the graph.
+#[test]
+fn a_wait_racing_a_record_into_a_capture_joins_it_knowingly() {
+    let (cuda, world, ctx) = rig();
+    let (s, t) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let (e, join) = (
+        Event::without_timing(&ctx).unwrap(),
+        Event::without_timing(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[5u8; 8]).unwrap();
+    let mut victim = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    std::thread::scope(|sc| {
+        let g = t.enqueue_lock();
+        // A writer queues on t's lock, so readers now block behind it.
+        let w = sc.spawn(|| {
+            let _ = t.end_capture();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // wait_event reads e's capture (none yet), then blocks on t's order lock.
+        let a = sc.spawn(|| t.wait_event(&e).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        s.begin_capture(CaptureMode::Relaxed).unwrap();
+        e.record(&s).unwrap();
+        drop(g);
+        w.join().unwrap();
+        a.join().unwrap();
+    });
+    // In the driver t has joined s's capture; the crate does not know.
+    victim.copy_from_async(&src, &t).unwrap();
+    t.record(&join).unwrap();
+    s.wait_event(&join).unwrap();
+    let graph = s.end_capture().unwrap();
+    assert_eq!(graph.dependencies(), 2, "t's copy is held");
+    let exec = graph.instantiate().unwrap();
+    drop(graph);
+    drop(victim);
+    exec.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    drop((exec, src, e, join, s, t, ctx, cuda));
+    assert_clean(&world);
+}
