@@ -15,6 +15,10 @@ use crate::{Result, Stream};
 
 /// Something enqueued, captured or deferred work depends on: device memory, a
 /// communicator, a registration. Held through [`KeepAlive`].
+///
+/// The methods are called while this crate holds a stream's order lock or a thread's
+/// group state: they must not call back into this crate's stream, event, graph or group
+/// functions (that could deadlock), and should return quickly.
 pub trait Dependency: Send + Sync + 'static {
     /// Whether [`while_usable`](Self::while_usable) can refuse (a communicator that was
     /// aborted): graphs ask only those before each launch.
@@ -41,8 +45,12 @@ pub trait Dependency: Send + Sync + 'static {
 
     /// Called when the group that deferred work on this dependency has ended, before the
     /// group lets go of it: a library that enqueues grouped work in the background (NCCL's
-    /// non-blocking communicators) waits here until it has. The default returns at once.
-    fn settle(&self) {}
+    /// non-blocking communicators) waits here until it has. `false` means the work may
+    /// still be enqueued later: then the group never lets go of what it holds (a leak,
+    /// never a free under running work). The default returns `true` at once.
+    fn settle(&self) -> bool {
+        true
+    }
 }
 
 /// A shared owner of a [`Dependency`]: while one exists, the memory or handle it names is
@@ -189,14 +197,17 @@ impl DeferScope {
 
     /// Holds `what` (and `stream`) until the outermost scope of this thread closes.
     pub(crate) fn hold(what: KeepAlive, stream: &Stream) {
-        let _ = DEFERRED.try_with(|d| {
+        let held = DEFERRED.try_with(|d| {
             let mut d = d.borrow_mut();
-            what.dependency().deferred();
-            d.held.push(what);
+            d.held.push(what.clone());
             if !d.streams.iter().any(|s| s.key() == stream.key()) {
                 d.streams.push(stream.clone());
             }
         });
+        // Outside the borrow: the dependency's code may look at the scope itself.
+        if held.is_ok() {
+            what.dependency().deferred();
+        }
     }
 }
 
@@ -215,11 +226,18 @@ impl Drop for DeferScope {
         // Outside the borrow: settling and releasing call the libraries, which may open
         // scopes of their own.
         if let Some((held, streams)) = released {
+            let mut settled = true;
             for k in &held {
-                k.dependency().settle();
+                settled &= k.dependency().settle();
             }
-            drop(held);
-            drop(streams);
+            if settled {
+                drop(held);
+                drop(streams);
+            } else {
+                // Some grouped work may still be enqueued: what it uses must live on.
+                std::mem::forget(held);
+                std::mem::forget(streams);
+            }
         }
     }
 }

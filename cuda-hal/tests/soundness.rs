@@ -763,3 +763,40 @@ fn a_wait_racing_a_record_into_a_capture_joins_it_knowingly() {
     drop((exec, src, e, join, s, t, ctx, cuda));
     assert_clean(&world);
 }
+
+/// A dependency's callbacks may look at the deferral scope (no re-entrant borrow), and a
+/// dependency that cannot settle keeps what the group held alive instead of freeing it.
+#[test]
+fn dependencies_may_inspect_the_scope_and_unsettled_groups_keep_their_holds() {
+    use cuda_hal::{DeferScope, Dependency, KeepAlive};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Unsettled(AtomicUsize);
+    impl Dependency for Unsettled {
+        fn deferred(&self) {
+            assert!(DeferScope::is_open());
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn settle(&self) -> bool {
+            false
+        }
+    }
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let dep = Arc::new(Unsettled(AtomicUsize::new(0)));
+    let src = DeviceBuffer::from_slice(&ctx, &[1u8; 4]).unwrap();
+    let mut dst = DeviceBuffer::<u8>::zeroed(&ctx, 4).unwrap();
+    let scope = DeferScope::open();
+    s.hold(|| KeepAlive::new(dep.clone()));
+    dst.copy_from_async(&src, &s).unwrap();
+    drop(dst);
+    drop(scope);
+    assert_eq!(dep.0.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        world.live().device_allocations,
+        2,
+        "dst kept alive for good"
+    );
+    assert!(world.violations().is_empty());
+    drop((src, s, ctx, cuda));
+}

@@ -39,12 +39,13 @@ pub(crate) struct CommShared {
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
-// the thread that holds the owning `Communicator` (not `Sync`), except two: while an open
-// group holds the handle, `settle` polls it from the group's thread, and the owner is
-// refused on every other thread (`grouped`, checked by `Communicator::handle` and before
-// every teardown), so the two never overlap; and the teardown, which may run where the
-// last holder drops, runs once (`dead`) under `gate` taken exclusively, while graph
-// launches hold `gate` shared and call no NCCL function.
+// the thread that holds the owning `Communicator` (not `Sync`), except two: `settle`, on
+// the thread whose group releases its holds, calls only `ncclCommGetAsyncError`, which NCCL
+// allows from another thread during the owner's calls (it is how watchdog threads poll),
+// and never frees the handle (on failure it asks the owner to abort); and the teardown,
+// which may run where the last holder drops, runs once (`dead`) under `gate` taken
+// exclusively, while graph launches hold `gate` shared and call no NCCL function. While a
+// group holds the handle, the owner's calls from other threads are refused (`grouped`).
 unsafe impl Send for CommShared {}
 // SAFETY: as above; the rest is atomics, locks and immutable data.
 unsafe impl Sync for CommShared {}
@@ -156,26 +157,30 @@ impl Dependency for CommShared {
     }
 
     fn deferred(&self) {
-        if self.grouped.fetch_add(1, Ordering::AcqRel) == 0 {
-            *lock(&self.group_thread) = Some(std::thread::current().id());
+        // The id and the count change together, under the lock, so a reader that sees the
+        // count and then takes the lock sees the id of the group that holds the handle.
+        let mut thread = lock(&self.group_thread);
+        if self.grouped.load(Ordering::Acquire) == 0 {
+            *thread = Some(std::thread::current().id());
         }
+        self.grouped.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Deferred (grouped) work of a non-blocking communicator is enqueued in the
     /// background after `ncclGroupEnd` returns: wait until it is, within the deadline,
-    /// before what it uses is released; abort when that fails. Then the group lets go.
-    fn settle(&self) {
-        if !self.config.blocking
-            && !self.is_dead()
-            && self
-                .poll_self("the work of a group (ncclGroupEnd)")
-                .is_err()
-        {
-            let _ = self.teardown(Teardown::Abort);
+    /// before what it uses is released. If that fails, ask for an abort (the owner makes
+    /// it) and keep what the group holds alive. Then the group lets go of the handle.
+    fn settle(&self) -> bool {
+        let settled = self.config.blocking
+            || self.is_dead()
+            || self.poll_self("the work of a group (ncclGroupEnd)").is_ok();
+        if !settled {
+            self.abort.abort();
         }
         // The thread id may stay behind: it is read only while `grouped` is above 0, and
         // the next first hold writes it again.
         self.grouped.fetch_sub(1, Ordering::AcqRel);
+        settled
     }
 }
 

@@ -692,3 +692,39 @@ fn an_outer_graph_is_gated_by_the_inner_graphs_communicator() {
     drop((outer, inner, buf, s, ctx));
     rig.assert_clean();
 }
+
+/// When a non-blocking group's background work cannot be confirmed (the poll fails), the
+/// group's release asks for an abort but frees nothing: no NCCL teardown from the
+/// releasing thread, and the buffers the group used stay allocated; the owner's next
+/// call performs the abort.
+#[test]
+fn an_unsettled_group_asks_for_an_abort_and_frees_nothing() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(5));
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
+    let before = rig.gpus.live().device_allocations;
+    rig.world
+        .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
+    group(&rig.nccl, || {
+        let send = DeviceBuffer::from_slice(&ctx, &[7u32])?;
+        comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s)
+    })
+    .unwrap();
+    assert_eq!(
+        rig.world.calls("ncclCommAbort"),
+        0,
+        "not from the group's release"
+    );
+    assert_eq!(rig.gpus.live().device_allocations, before + 1, "send kept");
+    assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
+    assert_eq!(rig.world.calls("ncclCommAbort"), 1, "the owner aborts");
+    assert!(
+        rig.gpus.violations().is_empty(),
+        "{:?}",
+        rig.gpus.violations()
+    );
+}
