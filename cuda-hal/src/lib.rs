@@ -57,9 +57,13 @@
 //!    goes to that capture's graph (freeing then would put a free node into the graph).
 //! 3. **Threads.** Work is noted and enqueued under the stream's order lock
 //!    ([`Stream::enqueue_lock`]), which a capture takes exclusively to begin, end or be
-//!    joined: no work slips into a graph between its noting and its enqueue. A
-//!    communicator held by an open group is refused to other threads until the group
-//!    ends, and its teardown waits for the group. [`GraphExec`] is not `Sync`.
+//!    joined: no work slips into a graph between its noting and its enqueue. Frees and
+//!    orderings of stream-ordered memory take the locks of the streams they enqueue on
+//!    (without blocking; a free that cannot have them leaks), and an event's capture is
+//!    read and waited for atomically. A communicator held by an open group is refused to
+//!    other threads until the group ends, and its teardown waits for the group; a group
+//!    whose background work cannot be confirmed keeps what it holds (a leak, never a
+//!    free under running work). [`GraphExec`] is not `Sync`.
 //! 4. **Gates.** What can become unusable while a graph holds it (an NCCL communicator
 //!    that was aborted) is a gated [`Dependency`]: [`GraphExec::launch`] checks it and
 //!    keeps it from being torn down until the launch is enqueued, and returns
