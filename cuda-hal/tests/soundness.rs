@@ -800,3 +800,81 @@ fn dependencies_may_inspect_the_scope_and_unsettled_groups_keep_their_holds() {
     assert!(world.violations().is_empty());
     drop((src, s, ctx, cuda));
 }
+
+/// An event recorded into a capture and then again outside one no longer joins a stream
+/// that waits for it to the capture; a stream with a capture of its own keeps it when it
+/// waits for an event of another capture.
+#[test]
+fn waits_join_only_the_capture_of_the_last_record() {
+    let (cuda, world, ctx) = rig();
+    let (s, t, u) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let e = Event::without_timing(&ctx).unwrap();
+    let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 2).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    e.record(&s).unwrap();
+    e.record(&t).unwrap();
+    u.wait_event(&e).unwrap();
+    buf.copy_from_host_on(&[1, 2], &u).unwrap();
+    t.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let f = Event::without_timing(&ctx).unwrap();
+    f.record(&s).unwrap();
+    t.wait_event(&f).unwrap();
+    let src = DeviceBuffer::from_slice(&ctx, &[3u8, 4]).unwrap();
+    buf.copy_from_async(&src, &t).unwrap();
+    let gt = t.end_capture().unwrap();
+    assert_eq!(gt.dependencies(), 2, "t kept its own capture");
+    let gs = s.end_capture().unwrap();
+    assert_eq!(gs.dependencies(), 0);
+    drop((gs, gt, src, buf, e, f, s, t, u, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A graph launched inside a capture carries its gates: the outer graph is refused when
+/// a dependency of the inner one is.
+#[test]
+fn an_outer_graph_carries_the_inner_graphs_gates() {
+    use cuda_hal::{Dependency, KeepAlive};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    struct Gate(AtomicBool);
+    impl Dependency for Gate {
+        fn gated(&self) -> bool {
+            true
+        }
+        fn while_usable(
+            &self,
+            launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
+        ) -> cuda_hal::Result<()> {
+            if self.0.load(Ordering::SeqCst) {
+                launch()
+            } else {
+                Err(Error::Unusable {
+                    what: "shut".into(),
+                })
+            }
+        }
+    }
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let gate = Arc::new(Gate(AtomicBool::new(true)));
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    s.hold(|| KeepAlive::new(gate.clone()));
+    let inner = s.end_capture().unwrap().instantiate().unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    inner.launch(&s).unwrap();
+    let outer = s.end_capture().unwrap().instantiate().unwrap();
+    outer.launch(&s).unwrap();
+    gate.0.store(false, Ordering::SeqCst);
+    assert_eq!(
+        outer.launch(&s).unwrap_err(),
+        Error::Unusable {
+            what: "shut".into()
+        }
+    );
+    drop((outer, inner, s, ctx, cuda));
+    assert_clean(&world);
+}
