@@ -536,24 +536,6 @@ fn user_dependencies_gate_launches_and_are_held_with_their_stream() {
     use cuda_hal::{DeferScope, Dependency, KeepAlive};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    struct Gate(AtomicBool);
-    impl Dependency for Gate {
-        fn gated(&self) -> bool {
-            true
-        }
-        fn while_usable(
-            &self,
-            launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
-        ) -> cuda_hal::Result<()> {
-            if self.0.load(Ordering::SeqCst) {
-                launch()
-            } else {
-                Err(Error::Unusable {
-                    what: "the gate is shut".into(),
-                })
-            }
-        }
-    }
     struct Plain;
     impl Dependency for Plain {}
     /// Gated, but with the default `while_usable`: launches.
@@ -837,27 +819,9 @@ fn waits_join_only_the_capture_of_the_last_record() {
 /// a dependency of the inner one is.
 #[test]
 fn an_outer_graph_carries_the_inner_graphs_gates() {
-    use cuda_hal::{Dependency, KeepAlive};
+    use cuda_hal::KeepAlive;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    struct Gate(AtomicBool);
-    impl Dependency for Gate {
-        fn gated(&self) -> bool {
-            true
-        }
-        fn while_usable(
-            &self,
-            launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
-        ) -> cuda_hal::Result<()> {
-            if self.0.load(Ordering::SeqCst) {
-                launch()
-            } else {
-                Err(Error::Unusable {
-                    what: "shut".into(),
-                })
-            }
-        }
-    }
     let (cuda, world, ctx) = rig();
     let s = Stream::non_blocking(&ctx).unwrap();
     let gate = Arc::new(Gate(AtomicBool::new(true)));
@@ -872,9 +836,31 @@ fn an_outer_graph_carries_the_inner_graphs_gates() {
     assert_eq!(
         outer.launch(&s).unwrap_err(),
         Error::Unusable {
-            what: "shut".into()
+            what: "the gate is shut".into()
         }
     );
     drop((outer, inner, s, ctx, cuda));
     assert_clean(&world);
+}
+
+/// A user dependency that refuses launches while shut.
+struct Gate(std::sync::atomic::AtomicBool);
+
+impl cuda_hal::Dependency for Gate {
+    fn gated(&self) -> bool {
+        true
+    }
+
+    fn while_usable(
+        &self,
+        launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
+    ) -> cuda_hal::Result<()> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            launch()
+        } else {
+            Err(Error::Unusable {
+                what: "the gate is shut".into(),
+            })
+        }
+    }
 }

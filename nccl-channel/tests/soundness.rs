@@ -286,6 +286,15 @@ fn a_communicator_closed_inside_a_group_outlives_the_group() {
     rig.assert_clean();
 }
 
+/// One rank, one device, a non-blocking communicator with a 5 s deadline.
+fn one_non_blocking(rig: &Rig) -> (cuda_hal::Context, Communicator) {
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(5));
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    (ctx, comm)
+}
+
 /// One rank, one device: its context, communicator and a stream.
 fn one(rig: &Rig) -> (cuda_hal::Context, Communicator, Stream) {
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
@@ -593,10 +602,7 @@ fn fp8_works_from_the_release_that_introduced_it() {
 #[test]
 fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
     let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let config = CommConfig::non_blocking(Duration::from_secs(5));
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let (ctx, comm) = one_non_blocking(&rig);
     let s = Stream::non_blocking(&ctx).unwrap();
     let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32]).unwrap();
     rig.world
@@ -700,10 +706,7 @@ fn an_outer_graph_is_gated_by_the_inner_graphs_communicator() {
 #[test]
 fn an_unsettled_group_asks_for_an_abort_and_frees_nothing() {
     let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let config = CommConfig::non_blocking(Duration::from_secs(5));
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let (ctx, comm) = one_non_blocking(&rig);
     let s = Stream::non_blocking(&ctx).unwrap();
     let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
     let before = rig.gpus.live().device_allocations;
