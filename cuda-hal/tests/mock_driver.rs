@@ -752,6 +752,11 @@ fn old_and_new_drivers_from_one_build() {
             .build()
             .unwrap();
         assert_eq!(
+            driver.fns().cuFuncGetParamInfo.is_some(),
+            version >= 12040,
+            "{version}"
+        );
+        assert_eq!(
             driver.fns().cuCtxRecordEvent.is_some(),
             has_125,
             "{version}"

@@ -91,10 +91,27 @@ crate::fn_table! {
         cuGraphLaunch: PFN_cuGraphLaunch,
         cuGraphExecDestroy: PFN_cuGraphExecDestroy,
         cuGraphDestroy: PFN_cuGraphDestroy,
+        cuModuleLoadData: PFN_cuModuleLoadData,
+        cuModuleLoadDataEx: PFN_cuModuleLoadDataEx,
+        cuModuleUnload: PFN_cuModuleUnload,
+        cuModuleGetFunction: PFN_cuModuleGetFunction,
+        cuModuleGetGlobal: PFN_cuModuleGetGlobal_v2,
+        cuLibraryLoadData: PFN_cuLibraryLoadData,
+        cuLibraryUnload: PFN_cuLibraryUnload,
+        cuLibraryGetKernel: PFN_cuLibraryGetKernel,
+        cuLibraryGetGlobal: PFN_cuLibraryGetGlobal,
+        cuKernelGetFunction: PFN_cuKernelGetFunction,
+        cuLaunchKernel: PFN_cuLaunchKernel,
+        cuFuncGetAttribute: PFN_cuFuncGetAttribute,
+        cuFuncSetAttribute: PFN_cuFuncSetAttribute,
+        cuOccupancyMaxActiveBlocksPerMultiprocessor: PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor,
+        cuOccupancyMaxPotentialBlockSize: PFN_cuOccupancyMaxPotentialBlockSize,
     }
     optional {
         cuCtxRecordEvent: PFN_cuCtxRecordEvent = 12050,
         cuCtxWaitEvent: PFN_cuCtxWaitEvent = 12050,
         cuStreamGetDevice: PFN_cuStreamGetDevice = 12080,
+        cuFuncGetName: PFN_cuFuncGetName = 12030,
+        cuFuncGetParamInfo: PFN_cuFuncGetParamInfo = 12040,
     }
 }

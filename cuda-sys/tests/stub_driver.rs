@@ -82,15 +82,31 @@ fn required_entries_are_asked_for_at_the_pinned_version() {
     let asked: extern "C" fn(*const core::ffi::c_char) -> i32 =
         unsafe { std::mem::transmute(asked) };
     assert_eq!(asked(c"cuMemAlloc".as_ptr()), cuda_sys::PINNED_API_VERSION);
+    assert_eq!(
+        asked(c"cuLaunchKernel".as_ptr()),
+        cuda_sys::PINNED_API_VERSION
+    );
+    assert_eq!(
+        asked(c"cuLibraryLoadData".as_ptr()),
+        cuda_sys::PINNED_API_VERSION
+    );
+    assert_eq!(asked(c"cuFuncGetName".as_ptr()), 12030);
+    assert_eq!(asked(c"cuFuncGetParamInfo".as_ptr()), 12040);
     assert_eq!(asked(c"cuCtxRecordEvent".as_ptr()), 12050);
     assert_eq!(asked(c"cuStreamGetDevice".as_ptr()), 12080);
 }
 
 #[test]
 fn optional_entries_newer_than_the_driver_are_none() {
+    // 12.3 has cuFuncGetName, not cuFuncGetParamInfo (12.4).
+    let lib = stub("cuda_123", 12030, &[], false);
+    let d = load_trusted(&lib).unwrap();
+    assert!(d.fns().cuFuncGetName.is_some());
+    assert!(d.fns().cuFuncGetParamInfo.is_none());
     // 12.4 exports them (the stub does) but is older than 12.5 / 12.8: gated off.
     let lib = stub("cuda_124", 12040, &[], false);
     let d = load_trusted(&lib).unwrap();
+    assert!(d.fns().cuFuncGetParamInfo.is_some());
     assert!(d.fns().cuCtxRecordEvent.is_none());
     assert!(d.fns().cuStreamGetDevice.is_none());
     // 12.5: the 12.5 ones only.

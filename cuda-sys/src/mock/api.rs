@@ -5,7 +5,10 @@ use std::ffi::{CStr, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{MAX_WORLDS, World, context, event, graph, init, memory, stream};
+use super::{
+    MAX_WORLDS, World, context, event, function, graph, init, launch, library, memory, module,
+    occupancy, stream,
+};
 use crate::{CUresult, DriverFns};
 
 crate::__mock_slots!(World);
@@ -41,13 +44,18 @@ static LOOKUPS: [fn(&[u8]) -> *const c_void; MAX_WORLDS] = crate::__mock_lookups
 
 /// The function named `name` for slot `W`: each domain module's lookup in turn.
 fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
-    let modules: [fn(&[u8]) -> *const c_void; 6] = [
+    let modules: [fn(&[u8]) -> *const c_void; 11] = [
         init::lookup::<W>,
         context::lookup::<W>,
         memory::lookup::<W>,
         stream::lookup::<W>,
         event::lookup::<W>,
         graph::lookup::<W>,
+        module::lookup::<W>,
+        library::lookup::<W>,
+        launch::lookup::<W>,
+        function::lookup::<W>,
+        occupancy::lookup::<W>,
     ];
     modules
         .iter()

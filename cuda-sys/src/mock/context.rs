@@ -42,6 +42,8 @@ pub(super) fn current(w: &World, s: &State) -> Result<usize, CUresult> {
 fn destroy_context(s: &mut State, ctx: usize, call: &'static str) {
     // Teardown waits for the context's work, as the driver does.
     s.host_sync_all();
+    // Modules first: their globals are freed with them, not counted as leaked memory.
+    let modules_left = super::module::drop_context_modules(s, ctx, call);
     s.contexts.remove(&ctx);
     let streams: Vec<usize> = s
         .streams
@@ -61,7 +63,7 @@ fn destroy_context(s: &mut State, ctx: usize, call: &'static str) {
         .filter(|(_, v)| v.ctx == ctx)
         .map(|(k, _)| *k)
         .collect();
-    if !(streams.is_empty() && events.is_empty() && allocs.is_empty()) {
+    if modules_left || !(streams.is_empty() && events.is_empty() && allocs.is_empty()) {
         s.order_violations += 1;
     }
     for h in streams {

@@ -5,6 +5,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint};
 
 use super::World;
 use super::api::{check_ptr, ok};
+use super::limits;
 use super::macros::mock_fns;
 use crate::*;
 
@@ -183,8 +184,19 @@ mock_fns! {
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
                 | CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
                 | CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS => 1,
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE => 32,
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE => limits::WARP as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK => limits::MAX_THREADS_PER_BLOCK as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X => limits::MAX_BLOCK_DIM[0] as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y => limits::MAX_BLOCK_DIM[1] as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z => limits::MAX_BLOCK_DIM[2] as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X => limits::MAX_GRID_DIM[0] as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y => limits::MAX_GRID_DIM[1] as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z => limits::MAX_GRID_DIM[2] as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK => limits::DEFAULT_DYNAMIC_SHARED as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => limits::MAX_SHARED_PER_BLOCK_OPTIN as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => limits::SHARED_PER_MULTIPROCESSOR as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR => limits::MAX_THREADS_PER_MULTIPROCESSOR as c_int,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR => limits::MAX_BLOCKS_PER_MULTIPROCESSOR as c_int,
                 _ => 0,
             };
             // SAFETY: checked non-null out-pointer.

@@ -25,6 +25,12 @@ const PEER: Placement = ((Side::Device, Side::Device), true);
 /// Frees the allocation starting at `p` into the quarantine; anything else (a double
 /// free, an inner or unknown address) is reported, except null.
 pub(super) fn free_device(s: &mut State, call: &'static str, p: usize) -> CUresult {
+    if let Some(m) = s.allocs.get(&p).and_then(|a| a.module) {
+        s.violation(format!(
+            "{call} of {p:#x}: a global of module {m:#x}, freed only when the module is unloaded"
+        ));
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
     if s.quarantine(p, call) {
         return CUresult::CUDA_SUCCESS;
     }
@@ -36,7 +42,12 @@ pub(super) fn free_device(s: &mut State, call: &'static str, p: usize) -> CUresu
 }
 
 /// A fresh device allocation of `bytes` in `ctx`, filled with 0xA5.
-fn alloc_device(w: &World, s: &mut State, ctx: usize, bytes: usize) -> Result<usize, CUresult> {
+pub(super) fn alloc_device(
+    w: &World,
+    s: &mut State,
+    ctx: usize,
+    bytes: usize,
+) -> Result<usize, CUresult> {
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -73,6 +84,7 @@ fn alloc_device(w: &World, s: &mut State, ctx: usize, bytes: usize) -> Result<us
             ctx,
             device,
             last_use: HashMap::new(),
+            module: None,
         },
     );
     Ok(addr)

@@ -23,6 +23,12 @@
 //!   with the legacy default stream's implicit synchronisation. A stream-ordered free
 //!   (`cuMemFreeAsync`) that is not ordered after every earlier use of the memory on other
 //!   streams is reported, though that work already ran.
+//! - Kernels are host functions bound to kernel names ([`MockDriver::kernel`]); modules
+//!   and libraries loaded from PTX have the bound kernels their `.entry` directives
+//!   declare. What a kernel reads and writes ([`KernelCall`]) is checked like any op's
+//!   touches; launching a function of an unloaded module (also at graph replay) is
+//!   reported, and so is an unload not ordered after the module's launches (the host must
+//!   have synchronised with their streams: the driver documents no implicit wait).
 //!
 //! What it does not catch: since work runs eagerly, other cross-stream races (two
 //! unordered writes, or a read racing a write, on live memory) give right answers and go
@@ -57,10 +63,18 @@
 mod api;
 mod context;
 mod event;
+mod function;
 mod graph;
+mod image;
 mod init;
+mod kernel;
+mod launch;
+mod library;
+mod limits;
 mod macros;
 mod memory;
+mod module;
+mod occupancy;
 mod sanitizer;
 mod slots;
 mod state;
@@ -68,12 +82,14 @@ mod stream;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use kernel::{KernelCall, Plain};
 pub use sanitizer::Touch;
 #[doc(hidden)]
 pub use slots::SlotGuard;
 pub use state::{LiveHandles, MockDevice};
 
 use crate::{CUresult, CUstream, Driver, LoadError};
+use kernel::Binding;
 use state::State;
 
 /// How many simulated drivers can exist at once in one process.
@@ -84,6 +100,8 @@ pub const MAX_WORLDS: usize = 64;
 pub struct MockDriver {
     devices: Vec<MockDevice>,
     version: i32,
+    kernels: Vec<(String, Binding)>,
+    globals: Vec<(String, usize)>,
 }
 
 impl Default for MockDriver {
@@ -98,6 +116,8 @@ impl MockDriver {
         MockDriver {
             devices: Vec::new(),
             version: 13000,
+            kernels: Vec::new(),
+            globals: Vec::new(),
         }
     }
 
@@ -122,14 +142,96 @@ impl MockDriver {
         self
     }
 
+    /// Binds the kernel `name` to a host function: where the GPU would run the kernel, in
+    /// stream order, `f` runs once per launch (not per thread) and reaches the launch's
+    /// parameters and device memory through [`KernelCall`]. `params` gives each
+    /// parameter's size in bytes (what `cuLaunchKernel` copies, and
+    /// `cuFuncGetParamInfo` reports). Binding a name again replaces it.
+    ///
+    /// A module loaded from PTX has the bound kernels its `.entry` directives declare; one
+    /// loaded from binary code (cubin, fatbin, which the mock cannot read) has every bound
+    /// kernel. A launch, which checks the shape and copies the parameters like the
+    /// driver, counts in [`MockWorld::calls`] as `cuLaunchKernel` and can be failed with
+    /// [`MockWorld::fail_next`].
+    ///
+    /// ```
+    /// use cuda_sys::mock::MockDriver;
+    /// use cuda_sys::{CUdeviceptr, CUresult};
+    /// // y = a * x + y over n floats: parameters (n: u32, a: f32, x: ptr, y: ptr).
+    /// let (driver, world) = MockDriver::with_devices(1)
+    ///     .kernel("saxpy", &[4, 4, 8, 8], |k| {
+    ///         let (n, a) = (k.param::<u32>(0) as usize, k.param::<f32>(1));
+    ///         let (x, y) = (k.param::<u64>(2), k.param::<u64>(3));
+    ///         let xs = k.read::<f32>(x, n);
+    ///         let ys: Vec<f32> = k.read::<f32>(y, n).iter().zip(&xs).map(|(y, x)| a * x + y).collect();
+    ///         k.write(y, &ys);
+    ///     })
+    ///     .build()?;
+    /// let f = driver.fns();
+    /// let ptx = c".version 8.0\n.target sm_90\n.visible .entry saxpy(.param .u32 n, .param .f32 a, .param .u64 x, .param .u64 y) { ret; }";
+    /// let ok = CUresult::CUDA_SUCCESS;
+    /// // SAFETY: mock driver calls with valid out-pointers, live handles, and one pointer
+    /// // per kernel parameter, each to a value of the declared size.
+    /// unsafe {
+    ///     let (mut ctx, mut module, mut func) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+    ///     assert_eq!((f.cuInit)(0), ok);
+    ///     assert_eq!((f.cuDevicePrimaryCtxRetain)(&mut ctx, 0), ok);
+    ///     assert_eq!((f.cuCtxSetCurrent)(ctx), ok);
+    ///     assert_eq!((f.cuModuleLoadData)(&mut module, ptx.as_ptr().cast()), ok);
+    ///     assert_eq!((f.cuModuleGetFunction)(&mut func, module, c"saxpy".as_ptr()), ok);
+    ///     let (mut x, mut y): (CUdeviceptr, CUdeviceptr) = (0, 0);
+    ///     assert_eq!((f.cuMemAlloc)(&mut x, 16), ok);
+    ///     assert_eq!((f.cuMemAlloc)(&mut y, 16), ok);
+    ///     let (xs, ys) = ([1f32, 2., 3., 4.], [10f32; 4]);
+    ///     assert_eq!((f.cuMemcpyHtoD)(x, xs.as_ptr().cast(), 16), ok);
+    ///     assert_eq!((f.cuMemcpyHtoD)(y, ys.as_ptr().cast(), 16), ok);
+    ///     let (mut n, mut a) = (4u32, 2f32);
+    ///     let mut params = [
+    ///         (&raw mut n).cast(),
+    ///         (&raw mut a).cast(),
+    ///         (&raw mut x).cast(),
+    ///         (&raw mut y).cast(),
+    ///     ];
+    ///     let rc = (f.cuLaunchKernel)(func, 1, 1, 1, 4, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut());
+    ///     assert_eq!(rc, ok);
+    ///     let mut out = [0f32; 4];
+    ///     assert_eq!((f.cuMemcpyDtoH)(out.as_mut_ptr().cast(), y, 16), ok);
+    ///     assert_eq!(out, [12., 14., 16., 18.]);
+    /// }
+    /// assert_eq!(world.calls("cuLaunchKernel"), 1);
+    /// assert!(world.violations().is_empty());
+    /// # Ok::<(), cuda_sys::LoadError>(())
+    /// ```
+    pub fn kernel(
+        mut self,
+        name: &str,
+        params: &[usize],
+        f: impl Fn(&mut KernelCall<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.kernels.push((name.to_string(), binding(params, f)));
+        self
+    }
+
+    /// Gives every module (and every library, in each context it is used in) a device
+    /// global `name` of `bytes` bytes: zeroed device memory of the module's context,
+    /// allocated when the module loads and freed when it unloads, found with
+    /// `cuModuleGetGlobal` / `cuLibraryGetGlobal`.
+    pub fn global(mut self, name: &str, bytes: usize) -> Self {
+        self.globals.push((name.to_string(), bytes));
+        self
+    }
+
     /// Builds the driver. Fails when [`MAX_WORLDS`] simulated drivers already exist, or
     /// when the version is older than [`crate::MINIMUM_DRIVER_VERSION`].
     pub fn build(self) -> Result<(Driver, MockWorld), LoadError> {
+        let mut state = State::default();
+        state.kernels = self.kernels.into_iter().collect();
+        state.globals = self.globals.into_iter().collect();
         let world = Arc::new(World {
             id: api::next_world_id(),
             version: self.version,
             devices: self.devices,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
         });
         let slot = api::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
             library: "CUDA driver",
@@ -153,6 +255,13 @@ impl MockDriver {
 
 fn self_version(w: &World) -> i32 {
     w.version
+}
+
+fn binding(params: &[usize], f: impl Fn(&mut KernelCall<'_>) + Send + Sync + 'static) -> Binding {
+    Binding {
+        params: params.to_vec(),
+        f: Arc::new(f),
+    }
 }
 
 /// The simulated machine behind a mock driver.
@@ -306,5 +415,23 @@ impl MockWorld {
     /// Returns the violations recorded so far, oldest first, and clears them.
     pub fn take_violations(&self) -> Vec<String> {
         std::mem::take(&mut self.world.lock().violations)
+    }
+
+    /// [`MockDriver::kernel`], after the build: binds (or rebinds) the kernel `name`.
+    /// Modules loaded already see it from their next `cuModuleGetFunction` on; launches
+    /// made already keep the binding they were made with.
+    pub fn bind_kernel(
+        &self,
+        name: &str,
+        params: &[usize],
+        f: impl Fn(&mut KernelCall<'_>) + Send + Sync + 'static,
+    ) {
+        let b = binding(params, f);
+        self.world.lock().kernels.insert(name.to_string(), b);
+    }
+
+    /// [`MockDriver::global`], after the build: modules loaded from now on have it.
+    pub fn bind_global(&self, name: &str, bytes: usize) {
+        self.world.lock().globals.insert(name.to_string(), bytes);
     }
 }

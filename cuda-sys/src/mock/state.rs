@@ -3,6 +3,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
+use super::kernel::Binding;
+use super::library::{KernelInfo, LibraryInfo};
+use super::module::{Dead, FuncInfo, ModuleInfo};
 use super::sanitizer::{Clock, Quarantine, Use};
 use super::stream::Op;
 use crate::CUresult;
@@ -96,6 +99,11 @@ pub struct LiveHandles {
     pub host_allocations: usize,
     /// Graphs and executable graphs not destroyed.
     pub graphs: usize,
+    /// Modules loaded with `cuModuleLoadData(Ex)` and not unloaded (their globals are
+    /// counted here, not in `device_allocations`).
+    pub modules: usize,
+    /// Libraries loaded with `cuLibraryLoadData` and not unloaded.
+    pub libraries: usize,
 }
 
 impl LiveHandles {
@@ -152,6 +160,9 @@ pub(crate) struct Alloc {
     pub(crate) device: i32,
     /// Per stream key, the newest op that touched this allocation (for stream-ordered frees).
     pub(crate) last_use: HashMap<usize, Use>,
+    /// The module whose global this is: freed when the module is unloaded, never by a
+    /// free call.
+    pub(crate) module: Option<usize>,
 }
 
 // SAFETY: the allocation is plain memory owned by the state; access is serialised by the
@@ -193,6 +204,22 @@ pub(crate) struct State {
     pub(crate) freed: Quarantine,
     /// Sanitizer reports, oldest first.
     pub(crate) violations: Vec<String>,
+    /// Host-bound kernels by name.
+    pub(crate) kernels: HashMap<String, Binding>,
+    /// Device globals every module gets, by name, with their size in bytes.
+    pub(crate) globals: BTreeMap<String, usize>,
+    /// Loaded modules (a library's per-context modules too).
+    pub(crate) modules: HashMap<usize, ModuleInfo>,
+    /// Functions of loaded modules.
+    pub(crate) functions: HashMap<usize, FuncInfo>,
+    /// Functions whose module was unloaded: what a later launch of one is reported with.
+    pub(crate) dead_functions: HashMap<usize, Dead>,
+    /// Loaded libraries.
+    pub(crate) libraries: HashMap<usize, LibraryInfo>,
+    /// Kernels of loaded libraries.
+    pub(crate) library_kernels: HashMap<usize, KernelInfo>,
+    /// Function names handed out by `cuFuncGetName`, kept for the world's life.
+    pub(crate) names: HashMap<String, std::ffi::CString>,
 }
 
 impl State {
@@ -201,9 +228,15 @@ impl State {
             context_retains: self.primary.values().map(|p| p.refcount).sum(),
             streams: self.streams.len(),
             events: self.events.len(),
-            device_allocations: self.allocs.len(),
+            device_allocations: self.allocs.values().filter(|a| a.module.is_none()).count(),
             host_allocations: self.host.len(),
             graphs: self.graphs.len() + self.execs.len(),
+            modules: self
+                .modules
+                .values()
+                .filter(|m| m.library.is_none())
+                .count(),
+            libraries: self.libraries.len(),
         }
     }
 

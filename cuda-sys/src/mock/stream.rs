@@ -9,6 +9,8 @@ use std::time::Instant;
 use super::World;
 use super::api::{check_ptr, h2p, ok, p2h};
 use super::context::current;
+use super::kernel::Launch;
+use super::launch::{check_live, record_module_use};
 use super::macros::mock_fns;
 use super::sanitizer::{Access, Clock, Side, Touch};
 use super::state::{State, StreamInfo};
@@ -55,6 +57,8 @@ pub(crate) enum OpKind {
         touches: Vec<Touch>,
         f: Arc<dyn Fn() -> CUresult + Send + Sync>,
     },
+    /// A kernel launch: its host function, whose touches are checked as it makes them.
+    Kernel(Arc<Launch>),
 }
 
 impl Op {
@@ -92,7 +96,10 @@ impl Op {
                 side: Side::Device,
             }],
             OpKind::Custom { touches, .. } => touches.iter().map(device_access).collect(),
-            OpKind::HostFn { .. } | OpKind::Record { .. } | OpKind::Free { .. } => Vec::new(),
+            OpKind::HostFn { .. }
+            | OpKind::Record { .. }
+            | OpKind::Free { .. }
+            | OpKind::Kernel(_) => Vec::new(),
         }
     }
 
@@ -177,7 +184,9 @@ fn validate(s: &State, op: &Op) -> Result<(), CUresult> {
                 Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
             }
         }
-        OpKind::HostFn { .. } | OpKind::Custom { .. } | OpKind::Free { .. } => Ok(()),
+        OpKind::HostFn { .. } | OpKind::Custom { .. } | OpKind::Free { .. } | OpKind::Kernel(_) => {
+            Ok(())
+        }
     }
 }
 
@@ -194,6 +203,12 @@ fn execute(
     prefix: &str,
 ) -> CUresult {
     if let Err(e) = validate(&s, &op) {
+        return e;
+    }
+    // A captured launch of a function whose module was unloaded since is caught here.
+    if let OpKind::Kernel(l) = &op.kind
+        && let Err(e) = check_live(&mut s, l.function, prefix)
+    {
         return e;
     }
     let stamp = s.stamp(key, ctx);
@@ -261,6 +276,12 @@ fn execute(
             drop(s);
             let _ = w;
             f()
+        }
+        OpKind::Kernel(launch) => {
+            record_module_use(&mut s, &launch, key, stamp);
+            let device = s.contexts.get(&ctx).map_or(0, |c| c.device);
+            drop(s);
+            super::kernel::run(w, &launch, key, stamp, device, prefix)
         }
     }
 }
