@@ -208,7 +208,12 @@ fn typed<T: DemoVal>(
         }
         "broadcast" => {
             let mut recv = DeviceBuffer::<T>::alloc(ctx, count)?;
-            comm.broadcast((comm.rank() == 0).then_some(&send), &mut recv, 0, s)?;
+            comm.broadcast(
+                (comm.rank() == 0).then_some(send.as_view()),
+                &mut recv,
+                0,
+                s,
+            )?;
             s.synchronize()?;
             tensor(1, count, dtype, &recv.to_vec()?)
         }
