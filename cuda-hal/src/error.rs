@@ -119,6 +119,26 @@ pub enum Error {
         /// The operation.
         what: &'static str,
     },
+    /// A range does not fit the memory it was taken of.
+    #[error("{what}: the range {start}..{end} does not fit in {len} elements")]
+    OutOfRange {
+        /// The operation.
+        what: &'static str,
+        /// The range's first element (`usize::MAX` if it overflowed).
+        start: usize,
+        /// One past the range's last element (`usize::MAX` if it overflowed).
+        end: usize,
+        /// The number of elements there are.
+        len: usize,
+    },
+    /// An argument is out of its domain.
+    #[error("{what}: {problem}")]
+    InvalidArgument {
+        /// The operation.
+        what: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
     /// A size in bytes does not fit in `usize`.
     #[error("size overflow: {count} elements of {size} bytes each")]
     SizeOverflow {

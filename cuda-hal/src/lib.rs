@@ -116,6 +116,7 @@ macro_rules! raw_call {
 }
 
 mod context;
+mod copy;
 mod cuda;
 mod device;
 mod error;
@@ -125,8 +126,10 @@ mod memory;
 mod pinned;
 mod repr;
 mod selector;
+mod slice;
 mod stream;
 mod tracking;
+mod view;
 
 pub use context::{Context, CurrentGuard};
 pub use cuda::Cuda;
@@ -139,8 +142,10 @@ pub use memory::DeviceBuffer;
 pub use pinned::PinnedBuffer;
 pub use repr::DeviceRepr;
 pub use selector::{DeviceSelector, DeviceUuid, PciBusId};
+pub use slice::{DeviceSlice, DeviceSliceMut};
 pub use stream::{EnqueueLock, Stream};
 pub use tracking::{DeferScope, Dependency, KeepAlive};
+pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};
 
 /// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].
 #[cfg(feature = "mock")]

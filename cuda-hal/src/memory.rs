@@ -3,6 +3,7 @@
 
 use std::marker::PhantomData;
 use std::mem::size_of;
+use std::ops::RangeBounds;
 use std::sync::Arc;
 
 use cuda_sys::CUdeviceptr;
@@ -10,7 +11,11 @@ use cuda_sys::CUdeviceptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::tracking::{CaptureLog, Dependency, KeepAlive, UseLog, lock};
-use crate::{Context, Device, DeviceRepr, Error, Event, Result, Stream};
+use crate::view::{Chunks, ChunksMut};
+use crate::{
+    Context, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Error,
+    Event, Result, Stream,
+};
 
 /// One device allocation, shared by the buffer that owns it and by the graphs and open
 /// groups whose work uses it. The last owner frees it, ordered after every stream that
@@ -363,148 +368,86 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         self.alloc.ctx.device()
     }
 
-    /// Waits for the legacy default stream of the (current) context: the "synchronous"
-    /// copies and memsets run there and may still be in flight when the call returns
-    /// (memsets always, uploads from pageable memory in part), and work on other streams,
-    /// non-blocking ones above all, does not wait for them.
-    fn finish(&self) -> Result<()> {
-        // SAFETY: the null stream with our context current (callers hold the guard).
-        unsafe {
-            call!(
-                self.alloc.ctx.cuda(),
-                cuStreamSynchronize(std::ptr::null_mut())
-            )
-        }
+    /// A shared view of all elements.
+    #[inline]
+    pub fn as_view(&self) -> DeviceView<'_, T> {
+        DeviceView::new(self)
     }
 
-    fn check_len(&self, what: &'static str, other: usize) -> Result<()> {
-        if other == self.len {
-            Ok(())
-        } else {
-            Err(Error::LengthMismatch {
-                what,
-                expected: self.len,
-                got: other,
-            })
-        }
+    /// An exclusive view of all elements.
+    #[inline]
+    pub fn as_view_mut(&mut self) -> DeviceViewMut<'_, T> {
+        DeviceViewMut::new(self)
+    }
+
+    /// A shared view of elements `range` ([`Error::OutOfRange`] if it does not fit).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'_, T>> {
+        self.as_view().slice(range)
+    }
+
+    /// An exclusive view of elements `range` ([`Error::OutOfRange`] if it does not fit).
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceViewMut<'_, T>> {
+        self.as_view_mut().slice_mut(range)
+    }
+
+    /// Shared views of `[0, mid)` and `[mid, len)`.
+    pub fn split_at(&self, mid: usize) -> Result<(DeviceView<'_, T>, DeviceView<'_, T>)> {
+        self.as_view().split_at(mid)
+    }
+
+    /// Exclusive views of `[0, mid)` and `[mid, len)`.
+    pub fn split_at_mut(
+        &mut self,
+        mid: usize,
+    ) -> Result<(DeviceViewMut<'_, T>, DeviceViewMut<'_, T>)> {
+        self.as_view_mut().split_at_mut(mid)
+    }
+
+    /// Shared views of `size` consecutive elements each (the last may be shorter).
+    pub fn chunks(&self, size: usize) -> Result<Chunks<'_, T>> {
+        self.as_view().chunks(size)
+    }
+
+    /// Exclusive views of `size` consecutive elements each (the last may be shorter):
+    /// e.g. the buckets of a gradient all-reduce over one flat buffer.
+    pub fn chunks_mut(&mut self, size: usize) -> Result<ChunksMut<'_, T>> {
+        self.as_view_mut().chunks_mut(size)
     }
 
     /// Uploads `src` (same length).
     #[doc(alias = "cuMemcpyHtoD")]
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
-        self.check_len("copy_from_host", src.len())?;
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.alloc.ready_for_host()?;
-        let _g = self.alloc.ctx.bind()?;
-        // SAFETY: `src` holds `size_bytes()` readable bytes; the destination is ours.
-        unsafe {
-            call!(
-                self.alloc.ctx.cuda(),
-                cuMemcpyHtoD(self.ptr, src.as_ptr().cast(), self.size_bytes())
-            )
-        }?;
-        self.finish()
+        self.as_view_mut().copy_from_host(src)
     }
 
     /// Downloads into `dst` (same length).
     #[doc(alias = "cuMemcpyDtoH")]
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
-        self.check_len("copy_to_host", dst.len())?;
-        // SAFETY: `dst` is `len` initialised elements, so also `len` writable slots.
-        unsafe { self.download(dst.as_mut_ptr()) }
-    }
-
-    /// Downloads into `dst`, which must have room for `len` elements (initialised or
-    /// not): any bit pattern the copy writes is a valid `T`.
-    ///
-    /// # Safety
-    /// `dst` is valid for writes of `len` elements.
-    unsafe fn download(&self, dst: *mut T) -> Result<()> {
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.alloc.ready_for_host()?;
-        let _g = self.alloc.ctx.bind()?;
-        // SAFETY: the caller's `dst` holds `size_bytes()` writable bytes.
-        unsafe {
-            call!(
-                self.alloc.ctx.cuda(),
-                cuMemcpyDtoH(dst.cast(), self.ptr, self.size_bytes())
-            )
-        }
+        self.as_view().copy_to_host(dst)
     }
 
     /// Downloads into a new `Vec`.
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        let mut v = Vec::with_capacity(self.len);
-        // SAFETY: the spare capacity holds `len` slots; no reference to them is made
-        // before they are written.
-        unsafe { self.download(v.as_mut_ptr()) }?;
-        // SAFETY: the copy wrote all `len` elements, and T is DeviceRepr: any bit
-        // pattern is a valid T.
-        unsafe { v.set_len(self.len) };
-        Ok(v)
+        self.as_view().to_vec()
     }
 
-    /// Copies `src` (same length) into this buffer; across devices through `cuMemcpyPeer`.
+    /// Copies `src` (same length: a buffer, a view, any [`DeviceSlice`]) into this buffer;
+    /// across devices through `cuMemcpyPeer`.
     #[doc(alias = "cuMemcpyDtoD")]
-    pub fn copy_from(&mut self, src: &DeviceBuffer<T>) -> Result<()> {
-        self.check_len("copy_from", src.len)?;
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.alloc.ready_for_host()?;
-        src.alloc.ready_for_host()?;
-        let ctx = &self.alloc.ctx;
-        let _g = ctx.bind()?;
-        if src.alloc.ctx == *ctx {
-            // SAFETY: both ranges are ours and `size_bytes()` long.
-            unsafe {
-                call!(
-                    ctx.cuda(),
-                    cuMemcpyDtoD(self.ptr, src.ptr, self.size_bytes())
-                )
-            }?;
-        } else {
-            // SAFETY: as above, with each side's context.
-            unsafe {
-                call!(
-                    ctx.cuda(),
-                    cuMemcpyPeer(
-                        self.ptr,
-                        ctx.as_raw(),
-                        src.ptr,
-                        src.alloc.ctx.as_raw(),
-                        self.size_bytes(),
-                    )
-                )
-            }?;
-        }
-        self.finish()
+    pub fn copy_from<S: DeviceSlice<Elem = T> + ?Sized>(&mut self, src: &S) -> Result<()> {
+        self.as_view_mut().copy_from(src)
     }
 
     /// Uploads `src` on `stream`, in stream order, and waits for the stream. Refused
     /// while the stream is captured; no capture can begin until the wait is over.
     pub fn copy_from_host_on(&mut self, src: &[T], stream: &Stream) -> Result<()> {
-        let _order = stream.enqueue_lock();
-        stream.refuse_capture("copy_from_host_on")?;
-        // SAFETY: we wait for the stream before `src`'s borrow ends, holding the stream's
-        // order lock throughout, so no capture records the host address or makes the
-        // wait fail.
-        unsafe { self.upload_locked(src, stream) }?;
-        stream.synchronize()
+        self.as_view_mut().copy_from_host_on(src, stream)
     }
 
     /// Downloads into `dst` on `stream`, in stream order, and waits for the stream (as
     /// [`copy_from_host_on`](Self::copy_from_host_on)).
     pub fn copy_to_host_on(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
-        let _order = stream.enqueue_lock();
-        stream.refuse_capture("copy_to_host_on")?;
-        // SAFETY: as for `copy_from_host_on`.
-        unsafe { self.download_locked(dst, stream) }?;
-        stream.synchronize()
+        self.as_view().copy_to_host_on(dst, stream)
     }
 
     /// Enqueues an upload of `src` on `stream` and returns at once.
@@ -515,35 +458,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// long as the graph can be launched.
     #[doc(alias = "cuMemcpyHtoDAsync")]
     pub unsafe fn copy_from_host_async(&mut self, src: &[T], stream: &Stream) -> Result<()> {
-        let _order = stream.enqueue_lock();
-        // SAFETY: the caller's contract.
-        unsafe { self.upload_locked(src, stream) }
-    }
-
-    /// The upload, with the stream's order lock held by the caller.
-    ///
-    /// # Safety
-    /// As for [`copy_from_host_async`](Self::copy_from_host_async).
-    unsafe fn upload_locked(&mut self, src: &[T], stream: &Stream) -> Result<()> {
-        self.check_len("copy_from_host_async", src.len())?;
-        stream.same_context(&self.alloc.ctx, "copy_from_host_async")?;
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.used_on(stream)?;
-        let _g = self.alloc.ctx.bind()?;
-        // SAFETY: ranges as for the synchronous copy; the caller keeps `src` alive.
-        unsafe {
-            call!(
-                self.alloc.ctx.cuda(),
-                cuMemcpyHtoDAsync(
-                    self.ptr,
-                    src.as_ptr().cast(),
-                    self.size_bytes(),
-                    stream.as_raw()
-                )
-            )
-        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.as_view_mut().copy_from_host_async(src, stream) }
     }
 
     /// Enqueues a download into `dst` on `stream` and returns at once.
@@ -553,144 +469,79 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// is being captured, for as long as the graph can be launched.
     #[doc(alias = "cuMemcpyDtoHAsync")]
     pub unsafe fn copy_to_host_async(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
-        let _order = stream.enqueue_lock();
-        // SAFETY: the caller's contract.
-        unsafe { self.download_locked(dst, stream) }
-    }
-
-    /// The download, with the stream's order lock held by the caller.
-    ///
-    /// # Safety
-    /// As for [`copy_to_host_async`](Self::copy_to_host_async).
-    unsafe fn download_locked(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
-        self.check_len("copy_to_host_async", dst.len())?;
-        stream.same_context(&self.alloc.ctx, "copy_to_host_async")?;
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.used_on(stream)?;
-        let _g = self.alloc.ctx.bind()?;
-        // SAFETY: ranges as for the synchronous copy; the caller keeps `dst` alive.
-        unsafe {
-            call!(
-                self.alloc.ctx.cuda(),
-                cuMemcpyDtoHAsync(
-                    dst.as_mut_ptr().cast(),
-                    self.ptr,
-                    self.size_bytes(),
-                    stream.as_raw()
-                )
-            )
-        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.as_view().copy_to_host_async(dst, stream) }
     }
 
     /// Enqueues a device-to-device copy of `src` on `stream` (same context) and waits.
-    pub fn copy_from_on(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
-        self.copy_from_async(src, stream)?;
-        stream.synchronize()
+    pub fn copy_from_on<S: DeviceSlice<Elem = T> + ?Sized>(
+        &mut self,
+        src: &S,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.as_view_mut().copy_from_on(src, stream)
     }
 
     /// Enqueues a device-to-device copy of `src` on `stream` and returns at once (also
-    /// inside a graph capture). Safe, unlike the host copies: both buffers are noted as
-    /// used on `stream`, so dropping either waits for the copy, and a capture keeps both
-    /// alive for the graph.
+    /// inside a graph capture). Safe, unlike the host copies: both sides are noted as used
+    /// on `stream`, so dropping either waits for the copy, and a capture keeps both alive
+    /// for the graph.
     #[doc(alias = "cuMemcpyDtoDAsync")]
-    pub fn copy_from_async(&mut self, src: &DeviceBuffer<T>, stream: &Stream) -> Result<()> {
-        self.check_len("copy_from_async", src.len)?;
-        stream.same_context(&self.alloc.ctx, "copy_from_async")?;
-        if self.len == 0 {
-            return Ok(());
-        }
-        let _order = stream.enqueue_lock();
-        self.used_on(stream)?;
-        src.used_on(stream)?;
-        let ctx = &self.alloc.ctx;
-        let _g = ctx.bind()?;
-        if src.alloc.ctx == *ctx {
-            // SAFETY: both ranges are live device memory of `size_bytes()`.
-            unsafe {
-                call!(
-                    ctx.cuda(),
-                    cuMemcpyDtoDAsync(self.ptr, src.ptr, self.size_bytes(), stream.as_raw())
-                )
-            }
-        } else {
-            // SAFETY: as above, with each side's context.
-            unsafe {
-                call!(
-                    ctx.cuda(),
-                    cuMemcpyPeerAsync(
-                        self.ptr,
-                        ctx.as_raw(),
-                        src.ptr,
-                        src.alloc.ctx.as_raw(),
-                        self.size_bytes(),
-                        stream.as_raw(),
-                    )
-                )
-            }
-        }
+    pub fn copy_from_async<S: DeviceSlice<Elem = T> + ?Sized>(
+        &mut self,
+        src: &S,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.as_view_mut().copy_from_async(src, stream)
     }
 
     /// Sets every byte to `byte`.
     #[doc(alias = "cuMemsetD8")]
     pub fn memset_bytes(&mut self, byte: u8) -> Result<()> {
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.alloc.ready_for_host()?;
-        let _g = self.alloc.ctx.bind()?;
-        // SAFETY: the range is ours.
-        unsafe {
-            call!(
-                self.alloc.ctx.cuda(),
-                cuMemsetD8(self.ptr, byte, self.size_bytes())
-            )
-        }?;
-        self.finish()
+        self.as_view_mut().memset_bytes(byte)
     }
 
     /// Sets every element to `value` (a memset for 1-, 2- and 4-byte patterns, an upload
     /// otherwise).
     pub fn fill(&mut self, value: T) -> Result<()> {
-        if self.len == 0 {
-            return Ok(());
-        }
-        let size = size_of::<T>();
-        let mut bytes = [0u8; 16];
-        if size <= 16 {
-            // SAFETY: `value` is `size` bytes of plain data (DeviceRepr: no padding).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (&raw const value).cast::<u8>(),
-                    bytes.as_mut_ptr(),
-                    size,
-                )
-            };
-        }
-        let pattern = &bytes[..size.min(16)];
-        let repeats = |n: usize| {
-            size.is_multiple_of(n) && size <= 16 && pattern.chunks(n).all(|c| c == &pattern[..n])
-        };
-        let n = self.size_bytes();
-        self.alloc.ready_for_host()?;
-        let ctx = &self.alloc.ctx;
-        let _g = ctx.bind()?;
-        if repeats(1) {
-            // SAFETY: the range is ours and `n` bytes long.
-            unsafe { call!(ctx.cuda(), cuMemsetD8(self.ptr, pattern[0], n)) }?;
-        } else if repeats(2) {
-            let v = u16::from_ne_bytes([pattern[0], pattern[1]]);
-            // SAFETY: the range is ours, `n` bytes long, and `n` is a multiple of 2.
-            unsafe { call!(ctx.cuda(), cuMemsetD16(self.ptr, v, n / 2)) }?;
-        } else if repeats(4) {
-            let v = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
-            // SAFETY: the range is ours, `n` bytes long, and `n` is a multiple of 4.
-            unsafe { call!(ctx.cuda(), cuMemsetD32(self.ptr, v, n / 4)) }?;
-        } else {
-            drop(_g);
-            return self.copy_from_host(&vec![value; self.len]);
-        }
-        self.finish()
+        self.as_view_mut().fill(value)
+    }
+
+    /// Enqueues setting every element to `value` on `stream` (see
+    /// [`DeviceViewMut::fill_async`]).
+    #[doc(alias = "cuMemsetD32Async")]
+    pub fn fill_async(&mut self, value: T, stream: &Stream) -> Result<()> {
+        self.as_view_mut().fill_async(value, stream)
     }
 }
+
+// SAFETY: the allocation holds `len` elements in `ctx` for as long as the buffer lives;
+// `used_on` notes the stream in the allocation's use log (its free waits for the work)
+// and hands a shared owner to an open capture or group; `used_synchronously` makes
+// stream-ordered memory complete first.
+unsafe impl<T: DeviceRepr> DeviceSlice for DeviceBuffer<T> {
+    type Elem = T;
+    #[inline]
+    fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    #[inline]
+    fn len(&self) -> usize {
+        self.len
+    }
+    #[inline]
+    fn context(&self) -> &Context {
+        &self.alloc.ctx
+    }
+    #[inline]
+    fn used_on(&self, stream: &Stream) -> Result<()> {
+        DeviceBuffer::used_on(self, stream)
+    }
+    fn used_synchronously(&self) -> Result<()> {
+        self.alloc.ready_for_host()
+    }
+}
+
+// SAFETY: device memory from cuMemAlloc(Async) is writable, and `&mut` of the buffer is
+// the only way to it from safe code.
+unsafe impl<T: DeviceRepr> DeviceSliceMut for DeviceBuffer<T> {}

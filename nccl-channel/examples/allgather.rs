@@ -12,14 +12,15 @@
 //! `--collective all_gather|all_reduce|all_to_all|broadcast|reduce_scatter`,
 //! `--timeout SECONDS` (launcher: how long ranks may take, default 120).
 
-use std::fmt::Display;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+#[path = "support/launch.rs"]
+mod launch;
 
-use cuda_hal::{Cuda, DeviceBuffer, Stream, cuda_sys};
-use nccl_channel::{ChannelBuilder, Communicator, NcclType, ReduceOp, UniqueId, World};
+use std::fmt::Display;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cuda_hal::{DeviceBuffer, Stream};
+use nccl_channel::{ChannelBuilder, Communicator, NcclType, ReduceOp, World};
 
 #[derive(Clone, Debug)]
 struct Opts {
@@ -208,7 +209,12 @@ fn typed<T: DemoVal>(
         }
         "broadcast" => {
             let mut recv = DeviceBuffer::<T>::alloc(ctx, count)?;
-            comm.broadcast((comm.rank() == 0).then_some(&send), &mut recv, 0, s)?;
+            comm.broadcast(
+                (comm.rank() == 0).then_some(send.as_view()),
+                &mut recv,
+                0,
+                s,
+            )?;
             s.synchronize()?;
             tensor(1, count, dtype, &recv.to_vec()?)
         }
@@ -252,202 +258,36 @@ fn typed<T: DemoVal>(
 
 /// The launcher: one process per GPU, or threads on simulated devices without a driver.
 fn launch(n: usize, o: &Opts) -> Result<(), String> {
-    let t = Instant::now();
-    match Cuda::load() {
-        Ok(cuda) => {
-            let gpus = cuda.device_count().map_err(|e| e.to_string())?;
-            if gpus < n {
-                return Err(format!(
-                    "--nprocs {n} needs {n} GPUs; this machine has {gpus}"
-                ));
-            }
-            launch_processes(n, o, t)
+    match launch::machine(n)? {
+        launch::Machine::Gpus => {
+            let args: Vec<String> = [
+                "--count",
+                &o.count.to_string(),
+                "--dtype",
+                &o.dtype,
+                "--collective",
+                &o.collective,
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            launch::processes(n, &args, o.timeout)
         }
-        Err(e) => {
-            let why = match &e {
-                cuda_hal::Error::Load(cuda_sys::LoadError::NotFound { attempts, .. }) => {
-                    let first = attempts
-                        .0
-                        .first()
-                        .map(|a| a.to_string())
-                        .unwrap_or_default();
-                    format!("{} places tried, first {first}", attempts.0.len())
-                }
-                other => other.to_string(),
-            };
+        launch::Machine::Simulated(why) => {
             println!(
                 "no CUDA driver ({why}): running {n} ranks on simulated devices (mock driver and NCCL, one thread per rank)"
             );
-            launch_simulated(n, o, t)
-        }
-    }
-}
-
-fn launch_processes(n: usize, o: &Opts, t: Instant) -> Result<(), String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port for NCCL_COMM_ID: {e}"))?
-        .port();
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    println!("launching {n} ranks, one per GPU, NCCL_COMM_ID=127.0.0.1:{port}");
-    let mut children: Vec<Child> = Vec::new();
-    let mut printers = Vec::new();
-    for r in 0..n {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "--count",
-            &o.count.to_string(),
-            "--dtype",
-            &o.dtype,
-            "--collective",
-            &o.collective,
-        ])
-        .env("NCCL_CHANNEL_NPROCS", n.to_string())
-        .env("NCCL_CHANNEL_PROCID", r.to_string())
-        .env("NCCL_CHANNEL_LOCAL_PROCID", r.to_string())
-        .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            cmd.env("NCCL_NVLS_ENABLE", "0");
-        }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                kill_all(&mut children);
-                return Err(format!("starting rank {r}: {e}"));
-            }
-        };
-        if let Some(out) = child.stdout.take() {
-            printers.push(std::thread::spawn(move || prefix(r, out, false)));
-        }
-        if let Some(err) = child.stderr.take() {
-            printers.push(std::thread::spawn(move || prefix(r, err, true)));
-        }
-        children.push(child);
-    }
-    let deadline = t + o.timeout;
-    let mut failed: Vec<String> = Vec::new();
-    let mut done = vec![false; n];
-    while done.iter().any(|d| !d) {
-        for (r, c) in children.iter_mut().enumerate() {
-            if done[r] {
-                continue;
-            }
-            match c.try_wait() {
-                Ok(Some(st)) => {
-                    done[r] = true;
-                    if !st.success() {
-                        failed.push(format!("rank {r} exited with {st}"));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    done[r] = true;
-                    failed.push(format!("rank {r}: {e}"));
-                }
-            }
-        }
-        if !failed.is_empty() && done.iter().any(|d| !d) {
-            // A failed rank leaves its peers waiting in NCCL: stop them.
-            std::thread::sleep(Duration::from_millis(500));
-            kill_all(&mut children);
-            failed.push("the other ranks were stopped".into());
-            break;
-        }
-        if Instant::now() > deadline {
-            kill_all(&mut children);
-            failed.push(format!(
-                "ranks still running after {:?}; stopped",
-                o.timeout
-            ));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for p in printers {
-        let _ = p.join();
-    }
-    if failed.is_empty() {
-        println!(
-            "all {n} ranks succeeded in {:.2} s",
-            t.elapsed().as_secs_f64()
-        );
-        Ok(())
-    } else {
-        Err(failed.join("; "))
-    }
-}
-
-fn kill_all(children: &mut [Child]) {
-    for c in children.iter_mut() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-fn prefix(rank: usize, stream: impl std::io::Read, err: bool) {
-    for line in BufReader::new(stream).lines().map_while(Result::ok) {
-        if err {
-            eprintln!("[rank {rank}] {line}");
-        } else {
-            println!("[rank {rank}] {line}");
-        }
-    }
-}
-
-/// No driver: the ranks run as threads on one simulated machine.
-fn launch_simulated(n: usize, o: &Opts, t: Instant) -> Result<(), String> {
-    use cuda_hal::mock::MockDriver;
-    use nccl_sys::mock::MockNccl;
-    let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(n)).map_err(|e| e.to_string())?;
-    let (nccl, _world) = MockNccl::new(&gpus)
-        .timeout(o.timeout)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let nccl = Arc::new(nccl);
-    let id = UniqueId::generate(&nccl).map_err(|e| e.to_string())?;
-    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (cuda, nccl) = (cuda.clone(), nccl.clone());
-                s.spawn(move || -> Result<(), String> {
-                    let ch = ChannelBuilder::new()
-                        .world(World::new(n, r).map_err(|e| e.to_string())?)
-                        .device(format!("cuda://{r}"))
-                        .unique_id(nccl_channel::IdSource::Given(id))
-                        .cuda(cuda)
-                        .nccl(nccl)
-                        .build()
-                        .map_err(|e| e.to_string())?
-                        .ok_or("no world")?;
-                    let dev = ch.comm().context().device();
-                    let uuid = dev.uuid().map_err(|e| e.to_string())?;
-                    let line = run_collective(ch.comm(), ch.stream(), o)?;
-                    println!(
-                        "[rank {r}] rank {r}/{n} on simulated GPU {} ({uuid})\n[rank {r}] {line}",
-                        dev.ordinal()
-                    );
-                    ch.close().map_err(|e| e.to_string())
-                })
+            let driver = cuda_hal::mock::MockDriver::with_devices(n);
+            launch::simulated(n, driver, o.timeout, |r, ch| {
+                let dev = ch.comm().context().device();
+                let uuid = dev.uuid().map_err(|e| e.to_string())?;
+                let line = run_collective(ch.comm(), ch.stream(), o)?;
+                println!(
+                    "[rank {r}] rank {r}/{n} on simulated GPU {} ({uuid})\n[rank {r}] {line}",
+                    dev.ordinal()
+                );
+                ch.close().map_err(|e| e.to_string())
             })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or(Err("a rank panicked".into())))
-            .collect()
-    });
-    let failed: Vec<String> = results
-        .into_iter()
-        .enumerate()
-        .filter_map(|(r, x)| x.err().map(|e| format!("rank {r}: {e}")))
-        .collect();
-    if failed.is_empty() {
-        println!(
-            "all {n} ranks succeeded in {:.2} s (simulated)",
-            t.elapsed().as_secs_f64()
-        );
-        Ok(())
-    } else {
-        Err(failed.join("; "))
+        }
     }
 }

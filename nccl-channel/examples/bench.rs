@@ -201,11 +201,16 @@ fn launch_op<T: BenchVal>(
         ("all_gather", true) => c.all_gather_in_place(&mut b.recv, s),
         ("reduce_scatter", false) => c.reduce_scatter(&b.send, &mut b.recv, op_of(op), s),
         ("reduce_scatter", true) => c.reduce_scatter_in_place(&mut b.send, op_of(op), s),
-        ("broadcast", false) => c.broadcast((me == root).then_some(&b.send), &mut b.recv, root, s),
+        ("broadcast", false) => c.broadcast(
+            (me == root).then_some(b.send.as_view()),
+            &mut b.recv,
+            root,
+            s,
+        ),
         ("broadcast", true) => c.broadcast_in_place(&mut b.recv, root, s),
         ("reduce", false) => c.reduce(
             &b.send,
-            (me == root).then_some(&mut b.recv),
+            (me == root).then_some(b.recv.as_view_mut()),
             op_of(op),
             root,
             s,
@@ -517,7 +522,7 @@ fn run_child(o: &Opts) -> Result<()> {
         let mut b = scratch.borrow_mut();
         b.copy_from_host(&[v])?;
         ch.comm()
-            .all_reduce_in_place(&mut b, ReduceOp::Max, ch.stream())?;
+            .all_reduce_in_place(&mut *b, ReduceOp::Max, ch.stream())?;
         ch.stream().synchronize()?;
         Ok(b.to_vec()?[0])
     };

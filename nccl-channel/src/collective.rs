@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use cuda_hal::{DeviceBuffer, EnqueueLock, Stream};
+use cuda_hal::{DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, EnqueueLock, Stream};
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
 use crate::{Communicator, Error, NcclType, ReduceOp, Result, group};
@@ -12,11 +12,13 @@ fn dptr(addr: u64) -> *mut c_void {
     std::ptr::with_exposed_provenance_mut(addr as usize)
 }
 
-fn offset<T>(buf: &DeviceBuffer<T>, elems: usize) -> *mut c_void
-where
-    T: NcclType,
-{
-    dptr(buf.as_raw() + (elems * size_of::<T>()) as u64)
+fn offset<S: DeviceSlice + ?Sized>(buf: &S, elems: usize) -> *mut c_void {
+    dptr(buf.device_ptr() + (elems * size_of::<S::Elem>()) as u64)
+}
+
+/// The device address of `buf` as NCCL takes it.
+fn at<S: DeviceSlice + ?Sized>(buf: &S) -> *mut c_void {
+    dptr(buf.device_ptr())
 }
 
 /// A reduction op handle; a pre-multiplied sum is created for one call and destroyed after.
@@ -87,7 +89,7 @@ impl Communicator {
         &self,
         what: &'static str,
         buffer: &'static str,
-        buf: &DeviceBuffer<T>,
+        buf: &(impl DeviceSlice<Elem = T> + ?Sized),
         expected: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -178,8 +180,8 @@ impl Communicator {
     #[doc(alias = "ncclAllReduce")]
     pub fn all_reduce<T: NcclType>(
         &self,
-        send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
@@ -187,26 +189,20 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "send", send, send.len(), stream)?;
         self.check_buf(W, "recv", recv, send.len(), stream)?;
-        self.raw_all_reduce(
-            dptr(send.as_raw()),
-            dptr(recv.as_raw()),
-            send.len(),
-            op,
-            stream,
-        )
+        self.raw_all_reduce(at(send), at(recv), send.len(), op, stream)
     }
 
     /// All-reduce in place.
     pub fn all_reduce_in_place<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce_in_place";
         let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
-        let p = dptr(buf.as_raw());
+        let p = at(buf);
         self.raw_all_reduce(p, p, buf.len(), op, stream)
     }
 
@@ -242,8 +238,8 @@ impl Communicator {
     #[doc(alias = "ncclAllGather")]
     pub fn all_gather<T: NcclType>(
         &self,
-        send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather";
@@ -251,25 +247,20 @@ impl Communicator {
         let count = send.len();
         self.check_buf(W, "send", send, count, stream)?;
         self.check_buf(W, "recv", recv, count.saturating_mul(self.size()), stream)?;
-        self.raw_all_gather::<T>(dptr(send.as_raw()), dptr(recv.as_raw()), count, stream)
+        self.raw_all_gather::<T>(at(send), at(recv), count, stream)
     }
 
     /// All-gather in place: this rank's part is `buf[rank * n / size ..][.. n / size]`.
     pub fn all_gather_in_place<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather_in_place";
         let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
-        self.raw_all_gather::<T>(
-            offset(buf, self.rank() * count),
-            dptr(buf.as_raw()),
-            count,
-            stream,
-        )
+        self.raw_all_gather::<T>(offset(buf, self.rank() * count), at(buf), count, stream)
     }
 
     fn raw_all_gather<T: NcclType>(
@@ -294,8 +285,8 @@ impl Communicator {
     #[doc(alias = "ncclReduceScatter")]
     pub fn reduce_scatter<T: NcclType>(
         &self,
-        send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
@@ -304,13 +295,13 @@ impl Communicator {
         let count = recv.len();
         self.check_buf(W, "send", send, count.saturating_mul(self.size()), stream)?;
         self.check_buf(W, "recv", recv, count, stream)?;
-        self.raw_reduce_scatter(dptr(send.as_raw()), dptr(recv.as_raw()), count, op, stream)
+        self.raw_reduce_scatter(at(send), at(recv), count, op, stream)
     }
 
     /// Reduce-scatter in place: the result is `buf[rank * n / size ..][.. n / size]`.
     pub fn reduce_scatter_in_place<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
@@ -319,7 +310,7 @@ impl Communicator {
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         let recv = offset(buf, self.rank() * count);
-        self.raw_reduce_scatter(dptr(buf.as_raw()), recv, count, op, stream)
+        self.raw_reduce_scatter(at(buf), recv, count, op, stream)
     }
 
     fn raw_reduce_scatter<T: NcclType>(
@@ -354,8 +345,8 @@ impl Communicator {
     #[doc(alias = "ncclBroadcast")]
     pub fn broadcast<T: NcclType>(
         &self,
-        send: Option<&DeviceBuffer<T>>,
-        recv: &mut DeviceBuffer<T>,
+        send: Option<DeviceView<'_, T>>,
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -365,15 +356,15 @@ impl Communicator {
         self.check_buf(W, "recv", recv, recv.len(), stream)?;
         let sendp = self
             .root_send(W, send, root, recv.len(), stream)?
-            .unwrap_or(dptr(recv.as_raw()));
-        self.raw_broadcast::<T>(sendp, dptr(recv.as_raw()), recv.len(), r, stream)
+            .unwrap_or(at(recv));
+        self.raw_broadcast::<T>(sendp, at(recv), recv.len(), r, stream)
     }
 
     /// Broadcast in place (`ncclBcast`).
     #[doc(alias = "ncclBcast")]
     pub fn broadcast_in_place<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -381,7 +372,7 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
-        let p = dptr(buf.as_raw());
+        let p = at(buf);
         self.raw_broadcast::<T>(p, p, buf.len(), r, stream)
     }
 
@@ -390,7 +381,7 @@ impl Communicator {
     fn root_send<T: NcclType>(
         &self,
         what: &'static str,
-        send: Option<&DeviceBuffer<T>>,
+        send: Option<DeviceView<'_, T>>,
         root: usize,
         len: usize,
         stream: &Stream,
@@ -404,8 +395,8 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the send buffer"),
             });
         };
-        self.check_buf(what, "send", s, len, stream)?;
-        Ok(Some(dptr(s.as_raw())))
+        self.check_buf(what, "send", &s, len, stream)?;
+        Ok(Some(at(&s)))
     }
 
     fn raw_broadcast<T: NcclType>(
@@ -438,8 +429,8 @@ impl Communicator {
     #[doc(alias = "ncclReduce")]
     pub fn reduce<T: NcclType>(
         &self,
-        send: &DeviceBuffer<T>,
-        recv: Option<&mut DeviceBuffer<T>>,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: Option<DeviceViewMut<'_, T>>,
         op: ReduceOp<T>,
         root: usize,
         stream: &Stream,
@@ -450,14 +441,14 @@ impl Communicator {
         self.check_buf(W, "send", send, send.len(), stream)?;
         let recvp = self
             .root_recv(W, recv, root, send.len(), stream)?
-            .unwrap_or(dptr(send.as_raw()));
-        self.raw_reduce(dptr(send.as_raw()), recvp, send.len(), op, r, stream)
+            .unwrap_or(at(send));
+        self.raw_reduce(at(send), recvp, send.len(), op, r, stream)
     }
 
     /// Reduce in place: the root's `buf` gets the result.
     pub fn reduce_in_place<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         op: ReduceOp<T>,
         root: usize,
         stream: &Stream,
@@ -466,14 +457,14 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         self.check_buf(W, "buffer", buf, buf.len(), stream)?;
-        let p = dptr(buf.as_raw());
+        let p = at(buf);
         self.raw_reduce(p, p, buf.len(), op, r, stream)
     }
 
     fn root_recv<T: NcclType>(
         &self,
         what: &'static str,
-        recv: Option<&mut DeviceBuffer<T>>,
+        recv: Option<DeviceViewMut<'_, T>>,
         root: usize,
         len: usize,
         stream: &Stream,
@@ -487,8 +478,8 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the receive buffer"),
             });
         };
-        self.check_buf(what, "recv", r, len, stream)?;
-        Ok(Some(dptr(r.as_raw())))
+        self.check_buf(what, "recv", &r, len, stream)?;
+        Ok(Some(at(&r)))
     }
 
     fn raw_reduce<T: NcclType>(
@@ -524,7 +515,7 @@ impl Communicator {
     #[doc(alias = "ncclSend")]
     pub fn send<T: NcclType>(
         &self,
-        buf: &DeviceBuffer<T>,
+        buf: &(impl DeviceSlice<Elem = T> + ?Sized),
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -532,14 +523,14 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
         self.check_buf(W, "send", buf, buf.len(), stream)?;
-        self.raw_send::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
+        self.raw_send::<T>(at(buf), buf.len(), p, stream)
     }
 
     /// Receives into `buf` from `peer`.
     #[doc(alias = "ncclRecv")]
     pub fn recv<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -547,7 +538,7 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
         self.check_buf(W, "recv", buf, buf.len(), stream)?;
-        self.raw_recv::<T>(dptr(buf.as_raw()), buf.len(), p, stream)
+        self.raw_recv::<T>(at(buf), buf.len(), p, stream)
     }
 
     fn raw_send<T: NcclType>(
@@ -589,8 +580,8 @@ impl Communicator {
     #[doc(alias = "ncclAlltoAll")]
     pub fn all_to_all<T: NcclType>(
         &self,
-        send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_to_all";
@@ -602,8 +593,8 @@ impl Communicator {
             // SAFETY: both buffers hold n * m elements of T on our device.
             let rc = unsafe {
                 f(
-                    dptr(send.as_raw()),
-                    dptr(recv.as_raw()),
+                    at(send),
+                    at(recv),
                     m,
                     T::DTYPE,
                     self.as_raw(),
@@ -626,8 +617,8 @@ impl Communicator {
     #[doc(alias = "ncclGather")]
     pub fn gather<T: NcclType>(
         &self,
-        send: &DeviceBuffer<T>,
-        recv: Option<&mut DeviceBuffer<T>>,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: Option<DeviceViewMut<'_, T>>,
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -642,7 +633,7 @@ impl Communicator {
             // SAFETY: ranges checked; non-roots pass no receive buffer, which NCCL ignores.
             let rc = unsafe {
                 f(
-                    dptr(send.as_raw()),
+                    at(send),
                     recvp,
                     m,
                     T::DTYPE,
@@ -654,7 +645,7 @@ impl Communicator {
             return self.check(rc, call);
         }
         group(self.nccl(), || {
-            self.raw_send::<T>(dptr(send.as_raw()), m, r, stream)?;
+            self.raw_send::<T>(at(send), m, r, stream)?;
             if let Some(base) = recvp {
                 for p in 0..self.size() {
                     let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
@@ -670,8 +661,8 @@ impl Communicator {
     #[doc(alias = "ncclScatter")]
     pub fn scatter<T: NcclType>(
         &self,
-        send: Option<&DeviceBuffer<T>>,
-        recv: &mut DeviceBuffer<T>,
+        send: Option<DeviceView<'_, T>>,
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -687,7 +678,7 @@ impl Communicator {
             let rc = unsafe {
                 f(
                     sendp,
-                    dptr(recv.as_raw()),
+                    at(recv),
                     m,
                     T::DTYPE,
                     r,
@@ -704,7 +695,7 @@ impl Communicator {
                     self.raw_send::<T>(at, m, p as i32, stream)?;
                 }
             }
-            self.raw_recv::<T>(dptr(recv.as_raw()), m, r, stream)
+            self.raw_recv::<T>(at(recv), m, r, stream)
         })
     }
 
@@ -714,7 +705,7 @@ impl Communicator {
         let order = self.check_stream("barrier", stream)?;
         let scratch = self.scratch()?;
         scratch.used_on(stream)?;
-        let p = dptr(scratch.as_raw());
+        let p = at(scratch);
         self.raw_all_reduce::<i32>(p, p, 1, ReduceOp::Sum, stream)?;
         drop(order);
         stream.synchronize()?;

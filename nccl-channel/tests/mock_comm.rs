@@ -166,7 +166,8 @@ fn bad_arguments_are_typed_errors_before_any_ffi_call() {
             comm.all_gather(&b4, &mut b3, s).unwrap_err(),
             comm.reduce_scatter(&b4, &mut b3, ReduceOp::Sum, s)
                 .unwrap_err(),
-            comm.broadcast(Some(&b4), &mut b8, 2, s).unwrap_err(),
+            comm.broadcast(Some(b4.as_view()), &mut b8, 2, s)
+                .unwrap_err(),
             comm.reduce(&b4, None, ReduceOp::Max, comm.rank(), s)
                 .unwrap_err(),
             comm.send(&b4, 5, s).unwrap_err(),

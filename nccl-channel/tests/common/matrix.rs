@@ -72,7 +72,13 @@ pub fn check_type<T: TestVal>(comm: &Communicator, s: &Stream) -> Result<Vec<Str
         });
         // reduce to the last rank.
         let mut rbuf = DeviceBuffer::<T>::alloc(comm.context(), COUNT)?;
-        comm.reduce(&send, (r == root).then_some(&mut rbuf), op, root, s)?;
+        comm.reduce(
+            &send,
+            (r == root).then_some(rbuf.as_view_mut()),
+            op,
+            root,
+            s,
+        )?;
         if r == root {
             let got = get(&rbuf, s)?;
             expect(&format!("reduce {oname}"), &got, &|i| {
@@ -126,7 +132,7 @@ pub fn check_type<T: TestVal>(comm: &Communicator, s: &Stream) -> Result<Vec<Str
     });
     // broadcast from the last rank, out of place and in place.
     let mut b = DeviceBuffer::<T>::alloc(comm.context(), COUNT)?;
-    comm.broadcast((r == root).then_some(&send), &mut b, root, s)?;
+    comm.broadcast((r == root).then_some(send.as_view()), &mut b, root, s)?;
     let got = get(&b, s)?;
     expect("broadcast", &got, &|i| got[i] == want_of(root, i));
     let mut bi = fill::<T>(comm, COUNT, |i| plain(r, i))?;
@@ -143,13 +149,13 @@ pub fn check_type<T: TestVal>(comm: &Communicator, s: &Stream) -> Result<Vec<Str
     });
     // gather to rank 0, scatter from the last rank.
     let mut g = DeviceBuffer::<T>::alloc(comm.context(), COUNT * n)?;
-    comm.gather(&send, (r == 0).then_some(&mut g), 0, s)?;
+    comm.gather(&send, (r == 0).then_some(g.as_view_mut()), 0, s)?;
     if r == 0 {
         let got = get(&g, s)?;
         expect("gather", &got, &|i| got[i] == want_of(i / COUNT, i % COUNT));
     }
     let mut sc = DeviceBuffer::<T>::alloc(comm.context(), COUNT)?;
-    comm.scatter((r == root).then_some(&a2a), &mut sc, root, s)?;
+    comm.scatter((r == root).then_some(a2a.as_view()), &mut sc, root, s)?;
     let got = get(&sc, s)?;
     expect("scatter", &got, &|i| got[i] == want_of(root, r * COUNT + i));
     // send/recv around a ring, grouped.

@@ -1,0 +1,128 @@
+//! [`DeviceSlice`]: "device memory holding `len` values of `T` in this context", the one
+//! thing every copy, fill, kernel argument and collective takes, implemented by this
+//! crate's buffers and views and by other crates for theirs.
+
+use cuda_sys::CUdeviceptr;
+
+use crate::{Context, Device, DeviceRepr, Result, Stream};
+
+/// Device memory holding [`len`](Self::len) values of [`Elem`](Self::Elem) in one
+/// context, borrowed for as long as the value is.
+///
+/// Implemented by [`DeviceBuffer`](crate::DeviceBuffer), [`DeviceView`](crate::DeviceView)
+/// and [`DeviceViewMut`](crate::DeviceViewMut); other crates implement it for their own
+/// buffers (a framework's tensor, another CUDA crate's slice) so that this crate and
+/// `nccl-channel` can use that memory without owning it. [`DeviceView::new`](crate::DeviceView::new) and
+/// [`DeviceViewMut::new`](crate::DeviceViewMut::new) then give ranges of it.
+///
+/// ```
+/// use cuda_hal::{Context, DeviceBuffer, DeviceSlice, Result, Stream};
+/// use cuda_hal::cuda_sys::CUdeviceptr;
+///
+/// /// Another crate's buffer, which keeps its memory in a `DeviceBuffer` here; a real one
+/// /// would keep its own allocation and its own record of the streams that used it.
+/// struct Tensor {
+///     data: DeviceBuffer<f32>,
+///     shape: Vec<usize>,
+/// }
+///
+/// // SAFETY: every method forwards to the `DeviceBuffer`, which keeps the promises.
+/// unsafe impl DeviceSlice for Tensor {
+///     type Elem = f32;
+///     fn device_ptr(&self) -> CUdeviceptr {
+///         self.data.as_raw()
+///     }
+///     fn len(&self) -> usize {
+///         self.data.len()
+///     }
+///     fn context(&self) -> &Context {
+///         self.data.context()
+///     }
+///     fn used_on(&self, stream: &Stream) -> Result<()> {
+///         self.data.used_on(stream)
+///     }
+///     fn used_synchronously(&self) -> Result<()> {
+///         DeviceSlice::used_synchronously(&self.data)
+///     }
+/// }
+/// // SAFETY: the memory is writable, and `&mut Tensor` is its only writer.
+/// unsafe impl cuda_hal::DeviceSliceMut for Tensor {}
+///
+/// # #[cfg(feature = "mock")] {
+/// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let mut t = Tensor { data: DeviceBuffer::zeroed(&ctx, 6)?, shape: vec![2, 3] };
+/// let src = DeviceBuffer::from_slice(&ctx, &[1.0f32, 2.0, 3.0])?;
+/// // Row 1 of the tensor, as a view; the copy takes any DeviceSlice.
+/// let mut rows = cuda_hal::DeviceViewMut::new(&mut t).split_at_mut(3)?;
+/// rows.1.copy_from(&src)?;
+/// assert_eq!(t.data.to_vec()?, [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
+/// # }
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
+///
+/// # Safety
+/// Implementors promise, for as long as the value is borrowed:
+/// * `[device_ptr(), device_ptr() + len() * size_of::<Elem>())` is device memory of
+///   [`context`](Self::context), readable from it, and the three values do not change.
+///   (Any bit pattern is a valid `Elem`, so the contents may be anything.)
+/// * Work that this crate or a crate built on it enqueues on a stream after
+///   [`used_on`](Self::used_on) returned `Ok` for that stream may use the memory after
+///   the borrow has ended: the memory stays allocated, and is not reused, until that
+///   work has run. That includes work recorded by a capture of the stream, which runs
+///   whenever its graph is launched for as long as the graph lives, and work deferred by
+///   an open group, which is enqueued when the group ends: [`Stream::hold`] is how an
+///   implementation learns of those (as [`DeviceBuffer::used_on`](crate::DeviceBuffer::used_on)
+///   does). Memory that outlives every such graph and stream (a static pool) meets this
+///   trivially.
+/// * [`used_synchronously`](Self::used_synchronously) returning `Ok` means synchronous
+///   calls (which run on the context's legacy default stream and wait for it) may use the
+///   memory now.
+pub unsafe trait DeviceSlice: Sync {
+    /// The element type.
+    type Elem: DeviceRepr;
+
+    /// The device address of the first element (any value when `len()` is 0).
+    fn device_ptr(&self) -> CUdeviceptr;
+
+    /// Number of elements.
+    fn len(&self) -> usize;
+
+    /// The context the memory belongs to.
+    fn context(&self) -> &Context;
+
+    /// Work about to be enqueued on `stream` uses this memory: keep it allocated until
+    /// that work has run (see the trait's Safety section). Called with the stream's
+    /// [`enqueue_lock`](Stream::enqueue_lock) held, before the work is enqueued; an `Err`
+    /// means nothing is enqueued.
+    fn used_on(&self, stream: &Stream) -> Result<()>;
+
+    /// A synchronous call is about to use this memory (e.g. an allocation made in stream
+    /// order must be complete first). The default: nothing to do.
+    fn used_synchronously(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether it holds no element.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size in bytes (`len() * size_of::<Elem>()`, saturating).
+    fn size_bytes(&self) -> usize {
+        self.len().saturating_mul(size_of::<Self::Elem>())
+    }
+
+    /// The device the memory lives on.
+    fn device(&self) -> &Device {
+        self.context().device()
+    }
+}
+
+/// [`DeviceSlice`] memory that may be written through `&mut self`: the output of copies,
+/// fills, collectives and kernels that are given it mutably.
+///
+/// # Safety
+/// The memory is writable device memory (not a read-only mapping), and whoever holds
+/// `&mut` of the value may have the device write it.
+pub unsafe trait DeviceSliceMut: DeviceSlice {}

@@ -1,0 +1,293 @@
+//! Views and foreign memory on the simulated driver: ranges reach exactly their elements,
+//! bad ranges are typed errors, and work on a view keeps the memory it belongs to alive
+//! exactly as work on the whole buffer does (the sanitizer checks every address when
+//! the work executes).
+#![cfg(feature = "mock")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Mutex;
+
+use cuda_hal::cuda_sys::CUdeviceptr;
+use cuda_hal::mock::{MockDriver, MockWorld};
+use cuda_hal::{
+    CaptureMode, Context, Cuda, DeviceBuffer, DeviceSlice, DeviceSliceMut, DeviceView,
+    DeviceViewMut, Error, Result, Stream,
+};
+
+fn rig() -> (Cuda, MockWorld, Context) {
+    let (cuda, world) = Cuda::mock(MockDriver::with_devices(2)).unwrap();
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    (cuda, world, ctx)
+}
+
+fn assert_clean(world: &MockWorld) {
+    let v = world.violations();
+    assert!(v.is_empty(), "sanitizer:\n{}", v.join("\n"));
+    assert!(world.live().is_empty(), "leaked: {:?}", world.live());
+}
+
+#[test]
+fn copies_and_fills_on_views_touch_only_their_range() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[0u16; 10]).unwrap();
+    buf.slice_mut(2..4).unwrap().fill(7).unwrap();
+    buf.slice_mut(4..=5)
+        .unwrap()
+        .copy_from_host(&[8, 9])
+        .unwrap();
+    buf.slice_mut(6..8).unwrap().fill_async(0x0102, &s).unwrap();
+    s.synchronize().unwrap();
+    let src = DeviceBuffer::from_slice(&ctx, &[5u16, 6]).unwrap();
+    buf.slice_mut(8..)
+        .unwrap()
+        .copy_from_async(&src, &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        buf.to_vec().unwrap(),
+        [0, 0, 7, 7, 8, 9, 0x0102, 0x0102, 5, 6]
+    );
+    assert_eq!(buf.slice(3..6).unwrap().to_vec().unwrap(), [7, 8, 9]);
+    let mut host = [0u16; 2];
+    buf.slice(8..)
+        .unwrap()
+        .copy_to_host_on(&mut host, &s)
+        .unwrap();
+    assert_eq!(host, [5, 6]);
+    // A view of a view starts at the inner view's start.
+    let inner = buf.slice(2..8).unwrap().slice(1..3).unwrap();
+    assert_eq!(inner.as_raw(), buf.as_raw() + 3 * 2);
+    assert_eq!(inner.to_vec().unwrap(), [7, 8]);
+    drop((buf, src, s, ctx, cuda));
+    assert_clean(&world);
+}
+
+#[test]
+fn splits_and_chunks_cover_the_buffer_without_overlap() {
+    let (_cuda, world, ctx) = rig();
+    let mut buf = DeviceBuffer::<i32>::zeroed(&ctx, 7).unwrap();
+    let chunks = buf.chunks_mut(3).unwrap();
+    assert_eq!(chunks.len(), 3);
+    for (i, mut c) in chunks.enumerate() {
+        c.fill(i as i32 + 1).unwrap();
+    }
+    assert_eq!(buf.to_vec().unwrap(), [1, 1, 1, 2, 2, 2, 3]);
+    let lens: Vec<usize> = buf.chunks(3).unwrap().map(|c| c.len()).collect();
+    assert_eq!(lens, [3, 3, 1]);
+    let (a, b) = buf.split_at(7).unwrap();
+    assert_eq!((a.len(), b.len()), (7, 0));
+    assert_eq!(b.to_vec().unwrap(), Vec::<i32>::new());
+    let (mut a, mut b) = buf.split_at_mut(2).unwrap();
+    a.copy_from_host(&[-1, -2]).unwrap();
+    b.reborrow().slice_mut(3..).unwrap().copy_from(&a).unwrap();
+    assert_eq!(b.to_vec().unwrap(), [1, 2, 2, -1, -2]);
+    assert_eq!(buf.to_vec().unwrap(), [-1, -2, 1, 2, 2, -1, -2]);
+    assert!(world.violations().is_empty());
+}
+
+#[test]
+fn bad_ranges_and_chunk_sizes_are_typed_errors() {
+    let (_cuda, _world, ctx) = rig();
+    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+    assert_eq!(
+        buf.slice(2..5).unwrap_err(),
+        Error::OutOfRange {
+            what: "DeviceView::slice",
+            start: 2,
+            end: 5,
+            len: 4
+        }
+    );
+    assert_eq!(
+        buf.split_at_mut(5).unwrap_err(),
+        Error::OutOfRange {
+            what: "DeviceViewMut::split_at_mut",
+            start: 0,
+            end: 5,
+            len: 4
+        }
+    );
+    assert!(matches!(
+        buf.chunks(0).unwrap_err(),
+        Error::InvalidArgument {
+            what: "DeviceView::chunks",
+            ..
+        }
+    ));
+    assert!(matches!(
+        buf.chunks_mut(0).unwrap_err(),
+        Error::InvalidArgument {
+            what: "DeviceViewMut::chunks_mut",
+            ..
+        }
+    ));
+    // A view keeps its own length: copies check it.
+    assert_eq!(
+        buf.slice_mut(1..3)
+            .unwrap()
+            .copy_from_host(&[1.0; 3])
+            .unwrap_err(),
+        Error::LengthMismatch {
+            what: "copy_from_host",
+            expected: 2,
+            got: 3
+        }
+    );
+    let s = Stream::new(&ctx).unwrap();
+    let mut wide = DeviceBuffer::<f64>::zeroed(&ctx, 2).unwrap();
+    assert!(matches!(
+        wide.fill_async(1.5, &s).unwrap_err(),
+        Error::InvalidArgument {
+            what: "fill_async",
+            ..
+        }
+    ));
+    wide.fill_async(0.0, &s).unwrap();
+    let other = rig_other_device(&ctx);
+    assert!(matches!(
+        wide.fill_async(0.0, &other).unwrap_err(),
+        Error::WrongDevice { .. }
+    ));
+}
+
+fn rig_other_device(ctx: &Context) -> Stream {
+    let other = ctx.cuda().device(1).unwrap().primary_context().unwrap();
+    Stream::new(&other).unwrap()
+}
+
+/// A graph captured over views of two buffers is launched after both buffers were
+/// dropped: the views noted the work on the allocations, so the graph owns them.
+#[test]
+fn a_graph_keeps_the_memory_behind_its_views() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let src = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3, 4]).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+    let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 2).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    dst.slice_mut(1..3)
+        .unwrap()
+        .copy_from_async(&src.slice(2..).unwrap(), &s)
+        .unwrap();
+    out.copy_from_async(&dst.slice(1..3).unwrap(), &s).unwrap();
+    let exec = s.end_capture().unwrap().instantiate().unwrap();
+    drop((src, dst));
+    assert_eq!(world.live().device_allocations, 3, "held by the graph");
+    exec.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(out.to_vec().unwrap(), [3, 4]);
+    drop((exec, out, s, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A stream-ordered buffer dropped right after async work on a view of it: the free is
+/// ordered after that work (the mock checks the free against the streams' clocks).
+#[test]
+fn dropping_a_buffer_after_work_on_its_view_waits_for_the_work() {
+    let (cuda, world, ctx) = rig();
+    let own = Stream::non_blocking(&ctx).unwrap();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let src = DeviceBuffer::<u8>::alloc_on(&own, 64).unwrap();
+    let mut dst = DeviceBuffer::<u8>::zeroed(&ctx, 32).unwrap();
+    dst.copy_from_async(&src.slice(16..48).unwrap(), &other)
+        .unwrap();
+    drop(src); // freed on `own`, which must first wait for `other`
+    own.synchronize().unwrap();
+    other.synchronize().unwrap();
+    drop((dst, own, other, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// Another crate's memory: its own allocation and its own record of the streams that used
+/// it, borrowed (never freed) by this crate.
+struct Foreign {
+    ctx: Context,
+    ptr: CUdeviceptr,
+    len: usize,
+    used: Mutex<Vec<Stream>>,
+}
+
+impl Foreign {
+    fn new(ctx: &Context, len: usize) -> Foreign {
+        let mut ptr = 0;
+        let _g = ctx.bind().unwrap();
+        // SAFETY: valid out-pointer, a context is current.
+        let rc = unsafe { (ctx.cuda().fns().cuMemAlloc)(&mut ptr, len * 4) };
+        assert_eq!(rc.0, 0);
+        Foreign {
+            ctx: ctx.clone(),
+            ptr,
+            len,
+            used: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        for s in self.used.lock().unwrap().drain(..) {
+            s.synchronize().unwrap();
+        }
+        let _g = self.ctx.bind().unwrap();
+        // SAFETY: our allocation, freed once after the streams that used it.
+        unsafe { (self.ctx.cuda().fns().cuMemFree)(self.ptr) };
+    }
+}
+
+// SAFETY: `len` u32 in `ctx` for the value's life; every stream it was used on is waited
+// for before the free; this test never captures or groups with it.
+unsafe impl DeviceSlice for Foreign {
+    type Elem = u32;
+    fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+    fn used_on(&self, stream: &Stream) -> Result<()> {
+        self.used.lock().unwrap().push(stream.clone());
+        Ok(())
+    }
+}
+// SAFETY: cuMemAlloc memory is writable.
+unsafe impl DeviceSliceMut for Foreign {}
+
+#[test]
+fn foreign_memory_is_borrowed_by_copies_and_views() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut f = Foreign::new(&ctx, 4);
+    DeviceViewMut::new(&mut f)
+        .copy_from_host(&[1, 2, 3, 4])
+        .unwrap();
+    let mut mine = DeviceBuffer::<u32>::zeroed(&ctx, 2).unwrap();
+    mine.copy_from_async(&DeviceView::new(&f).slice(2..).unwrap(), &s)
+        .unwrap();
+    assert_eq!(f.used.lock().unwrap().len(), 1, "the view noted the use");
+    let (_, mut hi) = DeviceViewMut::new(&mut f).split_at_mut(3).unwrap();
+    hi.copy_from_async(&mine.slice(..1).unwrap(), &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(mine.to_vec().unwrap(), [3, 4]);
+    assert_eq!(DeviceView::new(&f).to_vec().unwrap(), [1, 2, 3, 3]);
+    // Borrowed, not owned: dropping the views freed nothing.
+    assert_eq!(world.live().device_allocations, 2);
+    drop(f);
+    drop((mine, s, ctx, cuda));
+    assert_clean(&world);
+}
+
+#[test]
+fn raw_views_read_memory_they_do_not_own() {
+    let (cuda, world, ctx) = rig();
+    let buf = DeviceBuffer::from_slice(&ctx, &[9i64, 8, 7]).unwrap();
+    // SAFETY: `buf` holds 3 i64 in `ctx` and outlives the view; synchronous use only.
+    let v = unsafe { DeviceView::<i64>::from_raw_parts(&ctx, buf.as_raw(), 3) };
+    assert_eq!(v.slice(1..).unwrap().to_vec().unwrap(), [8, 7]);
+    drop(buf);
+    drop((ctx, cuda));
+    assert_clean(&world);
+}
