@@ -2,6 +2,8 @@
 
 use cuda_sys::{CUresult, LoadError};
 
+use crate::LaunchConfig;
+
 /// Everything that can go wrong in `cuda-hal`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -137,6 +139,42 @@ pub enum Error {
         /// The operation.
         what: &'static str,
         /// What is wrong.
+        problem: String,
+    },
+    /// A kernel was given another number of arguments than it has parameters.
+    #[error("kernel {kernel} takes {expected} parameters; {got} arguments were given")]
+    KernelArgumentCount {
+        /// The kernel's name.
+        kernel: String,
+        /// Its parameter count (`cuFuncGetParamInfo`).
+        expected: usize,
+        /// The number of arguments given.
+        got: usize,
+    },
+    /// An argument's size differs from its parameter's.
+    #[error("kernel {kernel}: parameter {index} is {expected} bytes; the argument given is {got}")]
+    KernelArgumentSize {
+        /// The kernel's name.
+        kernel: String,
+        /// The parameter's position (from 0).
+        index: usize,
+        /// The parameter's size in bytes (`cuFuncGetParamInfo`).
+        expected: usize,
+        /// The argument's size in bytes.
+        got: usize,
+    },
+    /// A launch shape the kernel cannot run with.
+    #[error(
+        "kernel {kernel} cannot be launched with grid {:?} and block {:?}: {problem}",
+        config.grid,
+        config.block
+    )]
+    InvalidLaunchConfig {
+        /// The kernel's name.
+        kernel: String,
+        /// The configuration given.
+        config: LaunchConfig,
+        /// What is wrong with it.
         problem: String,
     },
     /// A size in bytes does not fit in `usize`.

@@ -7,6 +7,11 @@
 //! * [`Context`]: the device's primary context, retained by RAII; [`Context::bind`] makes
 //!   it current on the calling thread, so one thread can drive several devices.
 //! * [`Stream`], [`Event`], [`DeviceBuffer`], [`PinnedBuffer`].
+//! * [`Module`] (code loaded in one context) and [`Library`] (code for every context),
+//!   their kernels as [`Function`]s, device globals as [`Global`]s, and launches:
+//!   [`Function::launch`] with a [`LaunchConfig`] and a tuple of [`KernelArg`]s
+//!   (numbers, buffers, views, [`ByValue`] structs), checked against the kernel's
+//!   parameters; attributes and occupancy.
 //!
 //! Every fallible call returns [`Error`], which keeps the driver's `CUresult`, its name
 //! and its message. Drops never panic, and memory, streams and events hold their context,
@@ -77,7 +82,16 @@
 //!    same raw stream (work recorded behind the crate's back is not held;
 //!    [`Stream::end_capture`] refuses a capture it did not begin), loading a library by
 //!    path (`Driver::load_from`; `$CUDA_SYS_LIBRARY` is trusted input, like
-//!    `LD_PRELOAD`).
+//!    `LD_PRELOAD`), loading binary code ([`Module::from_binary`]: the driver takes no
+//!    length), and launching a kernel ([`Function::launch`]: no type system can check
+//!    what a kernel does with its arguments; their packing, lifetimes and contexts are
+//!    checked, the kernel's behaviour is the caller's promise).
+//! 7. **Code is kept alive like memory.** A [`Module`] or [`Library`] is shared like an
+//!    allocation: a launch notes it used on its stream and holds it for a capture or
+//!    group, exactly as its buffer arguments are; the last owner unloads it only after
+//!    synchronising the streams that launched its kernels (or hands it to the graph of a
+//!    capture recording one of them). Functions and globals borrow it, so they cannot
+//!    outlive it.
 //!
 //! Views of buffers and registered memory (later) share their parent's allocation and so
 //! the same rules. The [`mock`] driver checks all of this when work executes: a freed,
@@ -115,14 +129,20 @@ macro_rules! raw_call {
     }};
 }
 
+mod code;
 mod context;
 mod copy;
 mod cuda;
 mod device;
 mod error;
 mod event;
+mod function;
 mod graph;
+mod kernel_arg;
+mod launch;
+mod library;
 mod memory;
+mod module;
 mod pinned;
 mod repr;
 mod selector;
@@ -137,8 +157,13 @@ pub use cuda_sys;
 pub use device::Device;
 pub use error::{Error, Result};
 pub use event::Event;
+pub use function::{BlockSize, Function, ParamInfo};
 pub use graph::{CaptureMode, Graph, GraphExec};
+pub use kernel_arg::{ByValue, KernelArg, KernelArgs};
+pub use launch::LaunchConfig;
+pub use library::{Kernel, Library};
 pub use memory::DeviceBuffer;
+pub use module::{Global, Module};
 pub use pinned::PinnedBuffer;
 pub use repr::DeviceRepr;
 pub use selector::{DeviceSelector, DeviceUuid, PciBusId};

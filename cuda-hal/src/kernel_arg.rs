@@ -1,0 +1,211 @@
+//! Kernel arguments: [`KernelArg`] turns one Rust value into the bytes a kernel parameter
+//! receives (noting device memory as used on the launch stream, so it outlives the
+//! kernel), [`KernelArgs`] packs a tuple of them for `cuLaunchKernel`.
+
+use std::ffi::c_void;
+use std::mem::size_of;
+
+use cuda_sys::CUdeviceptr;
+
+use crate::{
+    DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Error, Result, Stream,
+};
+
+/// One kernel argument: what the kernel's parameter receives ([`Raw`](Self::Raw)), made
+/// for a launch on a stream.
+///
+/// Implemented for the fixed-width numbers (`i8`..`u64`, `f32`, `f64`, and `f16`/`bf16`
+/// with the `half` feature), for device memory (`&S` and `&mut S` where `S` is a
+/// [`DeviceSlice`] / [`DeviceSliceMut`], and views by value: the kernel gets the device
+/// address), and for [`ByValue`] (any [`DeviceRepr`] struct, passed by value). `usize`
+/// and `isize` are left out on purpose: the kernel's parameter has an explicit width.
+///
+/// Implementing it is safe: the value only becomes the parameter's bytes. What the kernel
+/// does with them is what [`Function::launch`](crate::Function::launch)'s caller vouches
+/// for.
+pub trait KernelArg {
+    /// The parameter's value, copied by the driver at launch.
+    type Raw: DeviceRepr;
+
+    /// The value for a launch on `stream`. Called with the stream's
+    /// [`enqueue_lock`](Stream::enqueue_lock) held, just before the launch: device memory
+    /// is noted as used on `stream` here (see [`DeviceSlice::used_on`]). An `Err` means
+    /// nothing is launched.
+    fn prepare(&self, stream: &Stream) -> Result<Self::Raw>;
+}
+
+macro_rules! scalar_arg {
+    ($($t:ty),*) => { $(
+        impl KernelArg for $t {
+            type Raw = $t;
+            #[inline]
+            fn prepare(&self, _: &Stream) -> Result<$t> {
+                Ok(*self)
+            }
+        }
+    )* };
+}
+scalar_arg!(i8, u8, i16, u16, i32, u32, i64, u64, f32, f64);
+
+#[cfg(feature = "half")]
+scalar_arg!(half::f16, half::bf16);
+
+/// A value of a plain-data type passed by value (a struct the kernel takes as one
+/// parameter). Its layout must match the kernel's: `#[repr(C)]` with the same fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ByValue<T: DeviceRepr>(pub T);
+
+impl<T: DeviceRepr> KernelArg for ByValue<T> {
+    type Raw = T;
+    #[inline]
+    fn prepare(&self, _: &Stream) -> Result<T> {
+        Ok(self.0)
+    }
+}
+
+/// Device memory as an argument: checks it belongs to the launch stream's context, notes
+/// it used there, and gives its address.
+#[inline]
+fn memory<S: DeviceSlice + ?Sized>(s: &S, stream: &Stream) -> Result<CUdeviceptr> {
+    if s.context() != stream.context() {
+        return Err(Error::WrongDevice {
+            what: "kernel argument",
+            expected: stream.context().device().ordinal(),
+            found: s.context().device().ordinal(),
+        });
+    }
+    s.used_on(stream)?;
+    Ok(s.device_ptr())
+}
+
+impl<S: DeviceSlice + ?Sized> KernelArg for &S {
+    type Raw = CUdeviceptr;
+    #[inline]
+    fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
+        memory(*self, stream)
+    }
+}
+
+impl<S: DeviceSliceMut + ?Sized> KernelArg for &mut S {
+    type Raw = CUdeviceptr;
+    #[inline]
+    fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
+        memory(&**self, stream)
+    }
+}
+
+impl<T: DeviceRepr> KernelArg for DeviceView<'_, T> {
+    type Raw = CUdeviceptr;
+    #[inline]
+    fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
+        memory(self, stream)
+    }
+}
+
+impl<T: DeviceRepr> KernelArg for DeviceViewMut<'_, T> {
+    type Raw = CUdeviceptr;
+    #[inline]
+    fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
+        memory(self, stream)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// All the arguments of one launch: `()` and tuples of up to 12 [`KernelArg`]s. Sealed:
+/// the packing it does is what makes the launch's parameter pointers valid.
+pub trait KernelArgs: sealed::Sealed {
+    /// Each argument's size in bytes, in order.
+    const SIZES: &'static [usize];
+
+    /// The prepared values, kept alive across the launch.
+    #[doc(hidden)]
+    type Raw;
+
+    /// One pointer per value, as `cuLaunchKernel` wants them.
+    #[doc(hidden)]
+    type Pointers: AsMut<[*mut c_void]>;
+
+    /// Prepares every argument for a launch on `stream` (see [`KernelArg::prepare`]).
+    #[doc(hidden)]
+    fn prepare(&self, stream: &Stream) -> Result<Self::Raw>;
+
+    /// Pointers to each value of `raw`, valid while `raw` is neither moved nor dropped.
+    #[doc(hidden)]
+    fn pointers(raw: &mut Self::Raw) -> Self::Pointers;
+}
+
+impl sealed::Sealed for () {}
+impl KernelArgs for () {
+    const SIZES: &'static [usize] = &[];
+    type Raw = ();
+    type Pointers = [*mut c_void; 0];
+    fn prepare(&self, _: &Stream) -> Result<()> {
+        Ok(())
+    }
+    fn pointers(_: &mut ()) -> [*mut c_void; 0] {
+        []
+    }
+}
+
+macro_rules! tuple_args {
+    ($n:literal: $($a:ident $i:tt),+) => {
+        impl<$($a: KernelArg),+> sealed::Sealed for ($($a,)+) {}
+        impl<$($a: KernelArg),+> KernelArgs for ($($a,)+) {
+            const SIZES: &'static [usize] = &[$(size_of::<$a::Raw>()),+];
+            type Raw = ($($a::Raw,)+);
+            type Pointers = [*mut c_void; $n];
+            #[inline]
+            fn prepare(&self, stream: &Stream) -> Result<Self::Raw> {
+                Ok(($(self.$i.prepare(stream)?,)+))
+            }
+            #[inline]
+            fn pointers(raw: &mut Self::Raw) -> Self::Pointers {
+                [$((&raw mut raw.$i).cast::<c_void>()),+]
+            }
+        }
+    };
+}
+tuple_args!(1: A 0);
+tuple_args!(2: A 0, B 1);
+tuple_args!(3: A 0, B 1, C 2);
+tuple_args!(4: A 0, B 1, C 2, D 3);
+tuple_args!(5: A 0, B 1, C 2, D 3, E 4);
+tuple_args!(6: A 0, B 1, C 2, D 3, E 4, F 5);
+tuple_args!(7: A 0, B 1, C 2, D 3, E 4, F 5, G 6);
+tuple_args!(8: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
+tuple_args!(9: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
+tuple_args!(10: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
+tuple_args!(11: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
+tuple_args!(12: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
+
+static_assertions::assert_impl_all!(ByValue<f64>: Send, Sync, Copy);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_the_raw_values() {
+        assert_eq!(<() as KernelArgs>::SIZES, &[] as &[usize]);
+        assert_eq!(<(u8, f64, ByValue<u16>) as KernelArgs>::SIZES, &[1, 8, 2]);
+        assert_eq!(
+            <(&crate::DeviceBuffer<f32>, DeviceView<'static, i8>) as KernelArgs>::SIZES,
+            &[8, 8]
+        );
+    }
+
+    #[test]
+    fn pointers_point_at_each_value() {
+        let mut raw = (1u8, 2.5f64, 7u32);
+        let p = <(u8, f64, u32) as KernelArgs>::pointers(&mut raw);
+        // SAFETY: the pointers point at `raw`'s fields, which are alive and of these types.
+        unsafe {
+            assert_eq!(*p[0].cast::<u8>(), 1);
+            assert_eq!(*p[1].cast::<f64>(), 2.5);
+            assert_eq!(*p[2].cast::<u32>(), 7);
+        }
+    }
+}

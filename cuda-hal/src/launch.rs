@@ -1,0 +1,178 @@
+//! Launching a [`Function`]: the launch shape ([`LaunchConfig`]), the checks made before
+//! the driver is called, and the launch itself, under the stream's order lock.
+
+use crate::{Error, Function, KernelArgs, Result, Stream};
+
+/// A launch's shape: blocks in the grid, threads in a block, and dynamic shared memory
+/// per block.
+///
+/// ```
+/// use cuda_hal::LaunchConfig;
+/// // One thread per element of 1000, in blocks of 256: 4 blocks.
+/// let c = LaunchConfig::for_elements(1000, 256).with_shared_mem(1024);
+/// assert_eq!((c.grid, c.block, c.shared_mem_bytes), ([4, 1, 1], [256, 1, 1], 1024));
+/// assert_eq!(LaunchConfig::new([8, 8, 1], [16, 16, 1]).threads_per_block(), 256);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+static_assertions::assert_impl_all!(LaunchConfig: Send, Sync, Copy);
+
+impl LaunchConfig {
+    /// A grid of `grid` blocks of `block` threads, without dynamic shared memory.
+    pub const fn new(grid: [u32; 3], block: [u32; 3]) -> Self {
+        LaunchConfig {
+            grid,
+            block,
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// A one-dimensional grid of `grid` blocks of `block` threads.
+    pub const fn linear(grid: u32, block: u32) -> Self {
+        Self::new([grid, 1, 1], [block, 1, 1])
+    }
+
+    /// One thread per element for `n` elements, in blocks of `block` threads: a
+    /// one-dimensional grid of `ceil(n / block)` blocks (saturated at `u32::MAX`, which the
+    /// driver refuses). `n` 0 gives an empty grid, which a launch refuses.
+    pub fn for_elements(n: usize, block: u32) -> Self {
+        let blocks = n.div_ceil(block.max(1) as usize);
+        Self::linear(u32::try_from(blocks).unwrap_or(u32::MAX), block)
+    }
+
+    /// The same shape with `bytes` of dynamic shared memory per block.
+    pub const fn with_shared_mem(mut self, bytes: u32) -> Self {
+        self.shared_mem_bytes = bytes;
+        self
+    }
+
+    /// Threads in one block.
+    pub fn threads_per_block(&self) -> u64 {
+        self.block.iter().map(|v| u64::from(*v)).product()
+    }
+}
+
+impl Function<'_> {
+    /// Enqueues the kernel on `stream` with `args`, and returns at once (also inside a
+    /// graph capture, which then launches it at every replay).
+    ///
+    /// Before the driver is called, and with nothing enqueued if one fails: the shape is
+    /// checked (no zero dimension, at most
+    /// [`max_threads_per_block`](Self::max_threads_per_block) threads:
+    /// [`Error::InvalidLaunchConfig`]), the stream must be of the function's context
+    /// ([`Error::WrongDevice`]), and, when the driver can tell (≥ 12.4), the number and
+    /// sizes of the arguments must match the kernel's parameters
+    /// ([`Error::KernelArgumentCount`], [`Error::KernelArgumentSize`]). Device memory
+    /// given as an argument must be of the same context too.
+    ///
+    /// Every buffer or view given is noted as used on `stream` and the code is held like
+    /// memory: dropping either right after the launch waits for the kernel, and a capture
+    /// keeps both for its graph (see the crate's Safety section). The whole launch is made
+    /// under the stream's [`enqueue_lock`](Stream::enqueue_lock).
+    ///
+    /// # Safety
+    /// No type system can check a kernel, so the caller vouches for what it does with
+    /// these arguments: each argument is what the kernel's parameter expects (type and
+    /// meaning, e.g. a `u64` length, not a count of bytes when elements are meant); the
+    /// kernel reads and writes only the device memory it is given, within its bounds,
+    /// and writes only memory given mutably (`&mut` or a [`DeviceViewMut`](crate::DeviceViewMut))
+    /// or that it owns; and it does not make other work of the device misbehave (an
+    /// infinite loop, a trap). The shape must suit the kernel (e.g. it checks its index
+    /// against the length, if the grid covers more threads than elements).
+    #[doc(alias = "cuLaunchKernel")]
+    pub unsafe fn launch<A: KernelArgs>(
+        &self,
+        stream: &Stream,
+        config: LaunchConfig,
+        args: A,
+    ) -> Result<()> {
+        self.check_config(&config)?;
+        stream.same_context(&self.ctx, "Function::launch")?;
+        self.check_args(A::SIZES)?;
+        // From the first note to the launch: no capture begins or ends in between, so a
+        // capture that records the launch holds what it uses.
+        let _order = stream.enqueue_lock();
+        self.code.used_on(stream)?;
+        let mut raw = args.prepare(stream)?;
+        let mut pointers = A::pointers(&mut raw);
+        let _g = stream.bind_if_legacy()?;
+        let [gx, gy, gz] = config.grid;
+        let [bx, by, bz] = config.block;
+        // SAFETY: a function of loaded code (borrowed, and held for the launch by
+        // `used_on`) on a stream of its context; one pointer per parameter, each to a
+        // value of the parameter's size (checked above when the driver can tell), alive
+        // until the call returns (the driver copies them); no `extra`. Device memory in
+        // the arguments is of this context and kept allocated for the kernel by `prepare`.
+        // What the kernel does with them is the caller's contract.
+        unsafe {
+            call!(
+                self.ctx.cuda(),
+                cuLaunchKernel(
+                    self.raw,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    config.shared_mem_bytes,
+                    stream.as_raw(),
+                    pointers.as_mut().as_mut_ptr(),
+                    std::ptr::null_mut()
+                )
+            )
+        }
+    }
+
+    fn check_config(&self, config: &LaunchConfig) -> Result<()> {
+        let bad = |problem: String| Error::InvalidLaunchConfig {
+            kernel: self.name().to_string(),
+            config: *config,
+            problem,
+        };
+        if config.grid.contains(&0) {
+            return Err(bad("the grid has a dimension of 0 blocks".into()));
+        }
+        if config.block.contains(&0) {
+            return Err(bad("the block has a dimension of 0 threads".into()));
+        }
+        let max = self.max_threads_per_block()?;
+        let threads = config.threads_per_block();
+        if threads > u64::from(max) {
+            return Err(bad(format!(
+                "{threads} threads per block; the kernel allows at most {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_args(&self, sizes: &[usize]) -> Result<()> {
+        let Some(params) = self.param_sizes()? else {
+            return Ok(());
+        };
+        if params.len() != sizes.len() {
+            return Err(Error::KernelArgumentCount {
+                kernel: self.name().to_string(),
+                expected: params.len(),
+                got: sizes.len(),
+            });
+        }
+        match params.iter().zip(sizes).position(|(p, a)| p != a) {
+            Some(index) => Err(Error::KernelArgumentSize {
+                kernel: self.name().to_string(),
+                index,
+                expected: params[index],
+                got: sizes[index],
+            }),
+            None => Ok(()),
+        }
+    }
+}
