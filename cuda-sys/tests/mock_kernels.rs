@@ -1010,3 +1010,35 @@ fn live_handles_print_the_new_counts() {
         "{text}"
     );
 }
+
+#[test]
+fn parameters_beyond_the_drivers_limit_are_refused() {
+    let r = rig();
+    r.world.bind_kernel("big", &[32764], |_| {});
+    r.world.bind_kernel("bigger", &[32760, 8], |_| {});
+    let m = r.load(CUBIN.as_ptr().cast()).unwrap();
+    let s = r.stream();
+    let mut bytes = vec![0u8; 32768];
+    let mut launch = |name: &CStr, n: usize| {
+        let f = r.function(m, name).unwrap();
+        let mut params: Vec<*mut c_void> = vec![bytes.as_mut_ptr().cast(); n];
+        // SAFETY: each pointer is to 32768 readable bytes, more than any parameter's size.
+        unsafe {
+            (r.d.fns().cuLaunchKernel)(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    assert_eq!(launch(c"big", 1), OK, "32764 bytes: the limit");
+    assert_eq!(launch(c"bigger", 2), CUresult::CUDA_ERROR_INVALID_VALUE);
+}

@@ -50,7 +50,7 @@ fn version_of(w: &World, s: &State, ctx: usize) -> c_int {
         .and_then(|c| w.devices.get(c.device as usize))
         .map(|d| d.compute_capability)
         .unwrap_or((0, 0));
-    major * 10 + minor
+    major.saturating_mul(10).saturating_add(minor)
 }
 
 mock_fns! {

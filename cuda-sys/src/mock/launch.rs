@@ -44,8 +44,11 @@ pub(super) fn record_module_use(s: &mut State, launch: &Launch, key: usize, stam
     }
 }
 
+/// The most bytes of parameters a kernel may take (CUDA 12.1 and later).
+const MAX_PARAM_BYTES: usize = 32764;
+
 /// Copies the launch's parameters: `params[i]` points at parameter `i`, of the size the
-/// binding declares.
+/// binding declares. Bindings whose parameters exceed the driver's limit are refused.
 ///
 /// # Safety
 /// `params` is null or points at `sizes.len()` pointers, each null or pointing at as
@@ -53,6 +56,10 @@ pub(super) fn record_module_use(s: &mut State, launch: &Launch, key: usize, stam
 unsafe fn copy_params(params: *mut *mut c_void, sizes: &[usize]) -> Result<Vec<Vec<u8>>, CUresult> {
     if sizes.is_empty() {
         return Ok(Vec::new());
+    }
+    let total = sizes.iter().try_fold(0usize, |t, s| t.checked_add(*s));
+    if total.is_none_or(|t| t > MAX_PARAM_BYTES) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     if params.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);

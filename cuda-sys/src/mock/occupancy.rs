@@ -70,7 +70,7 @@ mock_fns! {
         // SAFETY: checked non-null out-pointers.
         unsafe {
             *block_size = best.1 as c_int;
-            *min_grid = (best.2 * sms) as c_int;
+            *min_grid = c_int::try_from(best.2.saturating_mul(sms)).unwrap_or(c_int::MAX);
         }
         CUresult::CUDA_SUCCESS
     }
