@@ -1,5 +1,6 @@
-//! Finds the `allgather` demo binary for tests: `$NCCL_CHANNEL_DEMO`, else beside this
-//! test binary (the GPU machine's staged layout), else cargo's `examples/` folder.
+//! Finds the examples' binaries for tests: `$NCCL_CHANNEL_DEMO` (allgather) or
+//! `$NCCL_CHANNEL_DATA_PARALLEL`, else beside this test binary (the GPU machine's staged
+//! layout), else cargo's `examples/` folder (built on demand).
 #![allow(
     dead_code,
     unreachable_pub,
@@ -11,12 +12,17 @@
 use std::path::PathBuf;
 
 pub fn demo_exe() -> PathBuf {
-    if let Some(p) = std::env::var_os("NCCL_CHANNEL_DEMO") {
+    example_exe("allgather", "NCCL_CHANNEL_DEMO")
+}
+
+/// The example `name`: `$var`, beside this test binary, or in cargo's `examples/`.
+pub fn example_exe(name: &str, var: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(var) {
         return PathBuf::from(p);
     }
     let me = std::env::current_exe().unwrap();
     let dir = me.parent().unwrap();
-    for candidate in [dir.join("allgather"), dir.join("../examples/allgather")] {
+    for candidate in [dir.join(name), dir.join("../examples").join(name)] {
         if candidate.exists() {
             return candidate;
         }
@@ -31,7 +37,7 @@ pub fn demo_exe() -> PathBuf {
             "-p",
             "nccl-channel",
             "--example",
-            "allgather",
+            name,
             "--features",
             "mock",
         ]);
@@ -39,22 +45,27 @@ pub fn demo_exe() -> PathBuf {
             cmd.arg("--release");
         }
         if cmd.status().is_ok_and(|s| s.success()) {
-            let built = profile_dir.join("examples/allgather");
+            let built = profile_dir.join("examples").join(name);
             if built.exists() {
                 return built;
             }
         }
     }
     panic!(
-        "the allgather demo was not found beside {} or in ../examples; build it \
-         (cargo build --examples --features mock) or set NCCL_CHANNEL_DEMO",
+        "the {name} example was not found beside {} or in ../examples; build it \
+         (cargo build --examples --features mock) or set {var}",
         me.display()
     );
 }
 
 /// Runs the demo with `args` and `env`; returns (success, stdout, stderr).
 pub fn run_demo(args: &[&str], env: &[(&str, String)]) -> (bool, String, String) {
-    let mut cmd = std::process::Command::new(demo_exe());
+    run_example(demo_exe(), args, env)
+}
+
+/// Runs `exe` with `args` and `env`; returns (success, stdout, stderr).
+pub fn run_example(exe: PathBuf, args: &[&str], env: &[(&str, String)]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(exe);
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);

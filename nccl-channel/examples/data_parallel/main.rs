@@ -1,0 +1,496 @@
+//! Data-parallel training: linear regression by full-batch gradient descent on N GPUs, one
+//! rank per GPU.
+//!
+//! Each rank holds a shard of the data (`--samples` rows of `--features` features) and the
+//! same weights. A step computes the residuals and the gradient of the mean squared error
+//! of its shard with its own kernels (`kernels.cu`, compiled to `kernels.ptx`), averages
+//! the gradients over the ranks with in-place all-reduces on views of one flat gradient
+//! buffer (`--bucket` elements per all-reduce, as data-parallel trainers do), and updates
+//! its weights. Every `--log-every` steps the loss over all shards is printed. At the end
+//! every rank checks that its weights equal every other rank's (an all-reduce of the max
+//! and of the min), rank 0 compares the losses with the same training done on the host in
+//! f64, and reports the step time and the share of it spent in all-reduce.
+//!
+//! ```text
+//! # One rank per GPU (on a machine without a CUDA driver, threads on simulated devices,
+//! # whose kernels are the Rust twins below)
+//! data_parallel --nprocs 2
+//! # One rank, configured by the environment, as the allgather demo
+//! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://0 &
+//! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=1 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://1
+//! ```
+
+#[path = "../support/launch.rs"]
+mod launch;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use cuda_hal::mock::{KernelCall, MockDriver};
+use cuda_hal::{DeviceBuffer, Event, LaunchConfig, Module, Stream};
+use nccl_channel::{Channel, ChannelBuilder, Communicator, ReduceOp, World};
+
+/// The kernels, compiled from `kernels.cu` (see there).
+const KERNELS: &str = include_str!("kernels.ptx");
+
+/// Threads per block of every kernel (the reductions' shared arrays have this size).
+const BLOCK: u32 = 256;
+
+/// Linear regression trained data-parallel over NCCL.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "data_parallel")]
+struct Opts {
+    /// Ranks to launch, one per GPU (threads on simulated devices without a CUDA driver).
+    /// Without it, this process is one rank configured by the environment.
+    #[arg(long)]
+    nprocs: Option<usize>,
+    /// This rank's GPU (`cuda://<index>` or `cuda://GPU-<uuid>`); default: the local rank's.
+    #[arg(long)]
+    device: Option<String>,
+    /// Features per sample.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    features: u32,
+    /// Samples per rank.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
+    samples: u32,
+    /// Gradient-descent steps.
+    #[arg(long, default_value_t = 100)]
+    steps: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 0.5)]
+    lr: f32,
+    /// Elements per all-reduce bucket.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    bucket: u32,
+    /// Print the loss every this many steps.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    log_every: u32,
+    /// Skip the host reference (it costs about as much as the training on one CPU core).
+    #[arg(long)]
+    no_reference: bool,
+    /// Seconds the launcher lets the ranks run.
+    #[arg(long, default_value_t = 300.0)]
+    timeout: f64,
+}
+
+impl Opts {
+    /// The arguments a launched rank gets (everything but the launcher's own).
+    fn rank_args(&self) -> Vec<String> {
+        let mut a = vec![
+            format!("--features={}", self.features),
+            format!("--samples={}", self.samples),
+            format!("--steps={}", self.steps),
+            format!("--lr={}", self.lr),
+            format!("--bucket={}", self.bucket),
+            format!("--log-every={}", self.log_every),
+        ];
+        if self.no_reference {
+            a.push("--no-reference".into());
+        }
+        a
+    }
+}
+
+fn main() -> ExitCode {
+    let o = Opts::parse();
+    let result = match (World::from_env(), o.nprocs) {
+        (Err(e), _) => Err(e.to_string()),
+        (Ok(Some(world)), _) => rank_from_env(world, &o),
+        (Ok(None), Some(n)) if n >= 1 => launch(n, &o),
+        (Ok(None), _) => Err(
+            "no world configured: pass --nprocs N (N >= 1), or set NCCL_CHANNEL_NPROCS/\
+             NCCL_CHANNEL_PROCID and NCCL_COMM_ID=host:port"
+                .into(),
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("data_parallel: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn launch(n: usize, o: &Opts) -> Result<(), String> {
+    let timeout = Duration::from_secs_f64(o.timeout);
+    match launch::machine(n)? {
+        launch::Machine::Gpus => launch::processes(n, &o.rank_args(), timeout),
+        launch::Machine::Simulated(why) => {
+            println!(
+                "no CUDA driver ({why}): {n} ranks on simulated devices, kernels run by their host twins"
+            );
+            launch::simulated(
+                n,
+                with_kernels(MockDriver::with_devices(n)),
+                timeout,
+                |_, ch| {
+                    train(&ch, o)?;
+                    ch.close().map_err(|e| e.to_string())
+                },
+            )
+        }
+    }
+}
+
+fn rank_from_env(world: World, o: &Opts) -> Result<(), String> {
+    let mut b = ChannelBuilder::new().world(world);
+    if let Some(d) = &o.device {
+        b = b.device(d.clone());
+    }
+    let ch = b.build().map_err(|e| e.to_string())?.ok_or("no world")?;
+    let dev = ch.comm().context().device();
+    println!(
+        "rank {}/{} on GPU {} ({}), NCCL {}",
+        ch.comm().rank(),
+        ch.comm().size(),
+        dev.ordinal(),
+        dev.uuid().map_err(|e| e.to_string())?,
+        ch.comm().nccl().version()
+    );
+    train(&ch, o)?;
+    ch.close().map_err(|e| e.to_string())
+}
+
+// ---------------------------------------------------------------------------------------
+// Data
+
+/// SplitMix64: a tiny deterministic generator, so every rank and the host reference make
+/// the same data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// The weights the data is made from (bias last).
+fn true_weights(d: usize) -> Vec<f32> {
+    (0..=d)
+        .map(|j| ((j * 7919) % 13) as f32 / 6.0 - 1.0)
+        .collect()
+}
+
+/// Rank `rank`'s shard: `n` rows of `d` features in [-1, 1), labels `x . w + b + noise`.
+fn shard(rank: usize, n: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+    let w = true_weights(d);
+    let mut rng = Rng(0x5EED_0000 + rank as u64);
+    let x: Vec<f32> = (0..n * d).map(|_| rng.uniform()).collect();
+    let y = x
+        .chunks(d)
+        .map(|row| {
+            let dot: f32 = row.iter().zip(&w).map(|(a, b)| a * b).sum();
+            dot + w[d] + 0.01 * rng.uniform()
+        })
+        .collect();
+    (x, y)
+}
+
+// ---------------------------------------------------------------------------------------
+// Training on the devices
+
+/// What rank 0 reports.
+struct Losses {
+    /// (step, loss over all shards) every `--log-every` steps, and after the last step.
+    logged: Vec<(usize, f32)>,
+}
+
+fn train(ch: &Channel, o: &Opts) -> Result<(), String> {
+    train_inner(ch.comm(), ch.stream(), o).map_err(|e| e.to_string())
+}
+
+fn train_inner(
+    comm: &Communicator,
+    s: &Stream,
+    o: &Opts,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (n, d) = (o.samples as usize, o.features as usize);
+    let (rank, size) = (comm.rank(), comm.size());
+    let ctx = comm.context();
+    let module = Module::from_ptx(ctx, KERNELS)?;
+    let (residual, gradient, sgd, mse) = (
+        module.function("residual")?,
+        module.function("gradient")?,
+        module.function("sgd")?,
+        module.function("mse")?,
+    );
+
+    let (hx, hy) = shard(rank, n, d);
+    let x = DeviceBuffer::from_slice(ctx, &hx)?;
+    let y = DeviceBuffer::from_slice(ctx, &hy)?;
+    let mut w = DeviceBuffer::<f32>::zeroed(ctx, d + 1)?;
+    let mut g = DeviceBuffer::<f32>::zeroed(ctx, d + 1)?;
+    let mut r = DeviceBuffer::<f32>::zeroed(ctx, n)?;
+    let mut loss = DeviceBuffer::<f32>::zeroed(ctx, 1)?;
+
+    let (ni, di) = (n as i32, d as i32);
+    let rows = LaunchConfig::linear(n as u32, BLOCK);
+    let grad_cfg = LaunchConfig::new(
+        [
+            (d as u32 + 1).div_ceil(BLOCK),
+            (n as u32).div_ceil(128).min(64),
+            1,
+        ],
+        [BLOCK, 1, 1],
+    );
+    let weights = LaunchConfig::for_elements(d + 1, BLOCK);
+    let one_block = LaunchConfig::linear(1, BLOCK);
+    let buckets = (d + 1).div_ceil(o.bucket as usize);
+
+    // Enqueues the loss of the current weights over all shards into `loss`.
+    let enqueue_loss = |r: &mut DeviceBuffer<f32>,
+                        loss: &mut DeviceBuffer<f32>,
+                        w: &DeviceBuffer<f32>|
+     -> Result<(), Box<dyn std::error::Error>> {
+        // SAFETY: the kernels' parameters are as `kernels.cu` declares them: `x` holds
+        // n * d floats, `w` d + 1, `y` and `r` n, `loss` 1; the grids cover those ranges.
+        unsafe {
+            residual.launch(s, rows, (&x, w, &y, &mut *r, ni, di))?;
+            mse.launch(s, one_block, (&*r, &mut *loss, ni))?;
+        }
+        comm.all_reduce_in_place(loss, ReduceOp::Avg, s)?;
+        Ok(())
+    };
+
+    let timed = || Event::new(ctx);
+    let mut marks: Vec<[Event; 3]> = Vec::with_capacity(o.steps);
+    let mut logged = Vec::new();
+    for step in 0..o.steps {
+        let m = [timed()?, timed()?, timed()?];
+        m[0].record(s)?;
+        // SAFETY: as in `enqueue_loss`; `g` holds d + 1 floats, zeroed first since the
+        // gradient kernel adds its row blocks' partial sums.
+        unsafe {
+            residual.launch(s, rows, (&x, &w, &y, &mut r, ni, di))?;
+            g.fill_async(0.0, s)?;
+            gradient.launch(s, grad_cfg, (&x, &r, &mut g, ni, di, 2.0 / n as f32))?;
+        }
+        m[1].record(s)?;
+        for mut bucket in g.chunks_mut(o.bucket as usize)? {
+            comm.all_reduce_in_place(&mut bucket, ReduceOp::Avg, s)?;
+        }
+        m[2].record(s)?;
+        // SAFETY: `w` and `g` hold d + 1 floats; the grid covers d + 1 threads.
+        unsafe { sgd.launch(s, weights, (&mut w, &g, o.lr, di + 1))? };
+        if step % o.log_every as usize == 0 {
+            // The residuals of this step were of the weights before the update.
+            // SAFETY: as in `enqueue_loss`.
+            unsafe { mse.launch(s, one_block, (&r, &mut loss, ni))? };
+            comm.all_reduce_in_place(&mut loss, ReduceOp::Avg, s)?;
+            let l = loss.copy_to_host_vec_on(s)?;
+            logged.push((step, l));
+            if rank == 0 {
+                println!("step {step:>5}  loss {l:.6e}");
+            }
+        }
+        marks.push(m);
+    }
+    enqueue_loss(&mut r, &mut loss, &w)?;
+    let final_loss = loss.copy_to_host_vec_on(s)?;
+    logged.push((o.steps, final_loss));
+    if rank == 0 {
+        println!("final  {:>5}  loss {final_loss:.6e}", o.steps);
+    }
+
+    // Timing, from the events: a step is from one step's start to the next; steps that
+    // logged (they waited for the host) and the first two (warm-up) are left out.
+    s.synchronize()?;
+    let (mut step_ms, mut ar_ms, mut timed_steps) = (0.0f64, 0.0f64, 0usize);
+    for k in 2..marks.len().saturating_sub(1) {
+        if k % o.log_every as usize == 0 {
+            continue;
+        }
+        step_ms += f64::from(marks[k][0].elapsed_ms(&marks[k + 1][0])?);
+        ar_ms += f64::from(marks[k][1].elapsed_ms(&marks[k][2])?);
+        timed_steps += 1;
+    }
+
+    // Every rank's weights must be equal: the max and the min over the ranks are ours.
+    let mine = w.to_vec()?;
+    let mut hi = DeviceBuffer::<f32>::zeroed(ctx, d + 1)?;
+    let mut lo = DeviceBuffer::<f32>::zeroed(ctx, d + 1)?;
+    comm.all_reduce(&w, &mut hi, ReduceOp::Max, s)?;
+    comm.all_reduce(&w, &mut lo, ReduceOp::Min, s)?;
+    s.synchronize()?;
+    let same = |v: Vec<f32>| v.iter().zip(&mine).all(|(a, b)| a.to_bits() == b.to_bits());
+    if !(same(hi.to_vec()?) && same(lo.to_vec()?)) {
+        return Err(format!("rank {rank}: the weights differ between ranks").into());
+    }
+    let first = logged.first().map_or(f32::NAN, |l| l.1);
+    let fell = final_loss < first * 1e-2;
+    if !fell {
+        return Err(format!("rank {rank}: the loss did not fall: {first} -> {final_loss}").into());
+    }
+    if rank == 0 {
+        println!(
+            "weights equal on all {size} ranks; loss {first:.4e} -> {final_loss:.4e} in {} steps",
+            o.steps
+        );
+        if timed_steps > 0 {
+            let (step, ar) = (step_ms / timed_steps as f64, ar_ms / timed_steps as f64);
+            println!(
+                "step time {:.1} us, all_reduce {:.1} us ({:.1} %) in {buckets} buckets of <= {} \
+                 floats ({} floats of gradient), over {timed_steps} steps",
+                step * 1e3,
+                ar * 1e3,
+                100.0 * ar / step,
+                o.bucket,
+                d + 1,
+            );
+        }
+        if !o.no_reference {
+            check_reference(&Losses { logged }, size, n, d, o)?;
+        }
+    }
+    Ok(())
+}
+
+/// Downloads a one-element buffer in the order of `s`.
+trait One {
+    fn copy_to_host_vec_on(&self, s: &Stream) -> cuda_hal::Result<f32>;
+}
+
+impl One for DeviceBuffer<f32> {
+    fn copy_to_host_vec_on(&self, s: &Stream) -> cuda_hal::Result<f32> {
+        let mut v = [0.0f32];
+        self.copy_to_host_on(&mut v, s)?;
+        Ok(v[0])
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The host reference
+
+/// Trains on all shards at once in f64 and compares the logged losses.
+fn check_reference(
+    dev: &Losses,
+    ranks: usize,
+    n: usize,
+    d: usize,
+    o: &Opts,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let shards: Vec<(Vec<f32>, Vec<f32>)> = (0..ranks).map(|r| shard(r, n, d)).collect();
+    let total = (ranks * n) as f64;
+    let mut w = vec![0.0f64; d + 1];
+    let mut r = vec![0.0f64; ranks * n];
+    let residuals = |w: &[f64], r: &mut [f64]| {
+        let mut i = 0;
+        for (x, y) in &shards {
+            for (row, yi) in x.chunks(d).zip(y) {
+                let dot: f64 = row.iter().zip(w).map(|(a, b)| f64::from(*a) * b).sum();
+                r[i] = dot + w[d] - f64::from(*yi);
+                i += 1;
+            }
+        }
+        r.iter().map(|v| v * v).sum::<f64>() / total
+    };
+    let mut host = Vec::new();
+    for step in 0..o.steps {
+        let l = residuals(&w, &mut r);
+        if step % o.log_every as usize == 0 {
+            host.push((step, l));
+        }
+        let mut g = vec![0.0f64; d + 1];
+        let mut i = 0;
+        for (x, _) in &shards {
+            for row in x.chunks(d) {
+                for (gj, xj) in g.iter_mut().zip(row) {
+                    *gj += r[i] * f64::from(*xj);
+                }
+                g[d] += r[i];
+                i += 1;
+            }
+        }
+        for (wj, gj) in w.iter_mut().zip(&g) {
+            *wj -= f64::from(o.lr) * 2.0 * gj / total;
+        }
+    }
+    host.push((o.steps, residuals(&w, &mut r)));
+    let mut worst = 0.0f64;
+    for ((step, dl), (hstep, hl)) in dev.logged.iter().zip(&host) {
+        if step != hstep {
+            return Err(format!("reference steps differ: {step} vs {hstep}").into());
+        }
+        worst = worst.max((f64::from(*dl) - hl).abs() / hl.abs().max(1e-30));
+    }
+    let (last_dev, last_host) = (
+        dev.logged.last().map_or(0.0, |l| l.1),
+        host[host.len() - 1].1,
+    );
+    println!(
+        "host reference (f64): final loss {last_host:.6e}, device {last_dev:.6e}; largest relative \
+         difference over {} logged losses {worst:.2e}",
+        host.len()
+    );
+    if worst > 2e-2 {
+        return Err(
+            format!("the device losses differ from the host reference by {worst:.2e}").into(),
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernels' host twins, for simulated devices
+
+fn f32s(call: &mut KernelCall<'_>, param: usize, len: usize) -> Vec<f32> {
+    let p = call.param::<u64>(param);
+    call.read::<f32>(p, len)
+}
+
+/// A mock driver whose kernels `residual`, `gradient`, `sgd` and `mse` do on the host what
+/// `kernels.cu` does on a GPU (one call per launch, covering the whole grid).
+fn with_kernels(driver: MockDriver) -> MockDriver {
+    driver
+        .kernel("residual", &[8, 8, 8, 8, 4, 4], |c| {
+            let (n, d) = (c.param::<i32>(4) as usize, c.param::<i32>(5) as usize);
+            let (x, w, y) = (f32s(c, 0, n * d), f32s(c, 1, d + 1), f32s(c, 2, n));
+            let r: Vec<f32> = x
+                .chunks(d.max(1))
+                .zip(&y)
+                .map(|(row, yi)| row.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>() + w[d] - yi)
+                .collect();
+            let p = c.param::<u64>(3);
+            c.write(p, &r);
+        })
+        .kernel("gradient", &[8, 8, 8, 4, 4, 4], |c| {
+            let (n, d) = (c.param::<i32>(3) as usize, c.param::<i32>(4) as usize);
+            let scale = c.param::<f32>(5);
+            let (x, r, mut g) = (f32s(c, 0, n * d), f32s(c, 1, n), f32s(c, 2, d + 1));
+            for (row, ri) in x.chunks(d.max(1)).zip(&r) {
+                for (gj, xj) in g.iter_mut().zip(row) {
+                    *gj += scale * ri * xj;
+                }
+                g[d] += scale * ri;
+            }
+            let p = c.param::<u64>(2);
+            c.write(p, &g);
+        })
+        .kernel("sgd", &[8, 8, 4, 4], |c| {
+            let (lr, m) = (c.param::<f32>(2), c.param::<i32>(3) as usize);
+            let (mut w, g) = (f32s(c, 0, m), f32s(c, 1, m));
+            for (wj, gj) in w.iter_mut().zip(&g) {
+                *wj -= lr * gj;
+            }
+            let p = c.param::<u64>(0);
+            c.write(p, &w);
+        })
+        .kernel("mse", &[8, 8, 4], |c| {
+            let n = c.param::<i32>(2) as usize;
+            let r = f32s(c, 0, n);
+            let l = r.iter().map(|v| v * v).sum::<f32>() / n as f32;
+            let p = c.param::<u64>(1);
+            c.write(p, &[l]);
+        })
+}
