@@ -62,6 +62,7 @@ mod comm;
 mod error;
 mod group;
 mod reliability;
+mod split;
 mod types;
 mod unique_id;
 mod world;

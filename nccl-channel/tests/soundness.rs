@@ -543,10 +543,12 @@ fn usage_errors_are_returned_and_keep_the_communicator() {
     rig.assert_clean();
 }
 
-/// A non-blocking split whose wait for the child fails aborts the child (nothing leaks)
-/// and returns the error.
+/// A non-blocking split whose wait fails aborts the parent, which stops the split (NCCL
+/// writes the child only when the split completes, so returning while it may still run
+/// would leave NCCL writing into a freed slot), then aborts the child the split handed
+/// over: nothing leaks, and the error is returned.
 #[test]
-fn a_failed_wait_for_a_split_child_aborts_it() {
+fn a_failed_wait_for_a_split_aborts_the_parent_and_the_child() {
     let rig = Rig::new(1);
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
     let id = UniqueId::generate(&rig.nccl).unwrap();
@@ -565,7 +567,13 @@ fn a_failed_wait_for_a_split_child_aborts_it() {
         ),
         "{e}"
     );
-    assert_eq!(rig.world.live().comms, 1, "the child was aborted");
+    assert!(comm.is_aborted());
+    assert_eq!(
+        rig.world.calls("ncclCommAbort"),
+        2,
+        "the parent, then the child"
+    );
+    assert_eq!(rig.world.live().comms, 0);
     drop((comm, ctx));
     rig.assert_clean();
 }
