@@ -319,7 +319,10 @@ impl Communicator {
     }
 
     /// One communicator per context, all in this process (`ncclCommInitAll`); rank `i`
-    /// uses `contexts[i]`. Drive them from one thread with [`crate::group`].
+    /// uses `contexts[i]`. Drive them from one thread with [`crate::group`] (a collective
+    /// of every rank in one group), and split or shrink them together with
+    /// [`split_all`](Self::split_all) and [`shrink_all`](Self::shrink_all), which make
+    /// their own group: [`split`](Self::split) of one rank would wait for the others.
     #[doc(alias = "ncclCommInitAll")]
     pub fn init_all(nccl: &Arc<Nccl>, contexts: &[Context]) -> Result<Vec<Communicator>> {
         if contexts.is_empty() {

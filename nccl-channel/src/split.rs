@@ -1,4 +1,6 @@
-//! Splits and shrinks of one rank ([`Communicator::split`], [`Communicator::shrink`]).
+//! Splits and shrinks: one rank's ([`Communicator::split`], [`Communicator::shrink`]) and
+//! several local ranks' from one thread in one NCCL group ([`Communicator::split_all`],
+//! [`Communicator::shrink_all`]).
 //!
 //! NCCL writes the new communicator into the caller's `newcomm` only when the split has
 //! completed: at the end of the call for a blocking parent, at the end of the group for a
@@ -9,6 +11,7 @@
 //! (NCCL's abort joins the parent's pending split, so nothing is written later).
 
 use std::ffi::c_int;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::Instant;
 
@@ -16,18 +19,16 @@ use cuda_hal::DeferScope;
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclResult_t};
 
 use crate::reliability::poll;
-use crate::{Communicator, Error, Result, check};
+use crate::{Communicator, Error, ParentsProblem, Result, check};
 
-/// Splits and shrinks inside an open group give their new communicator only after the
-/// group ends (NCCL's rule): not supported yet, so refused.
-fn refuse_in_group(what: &'static str) -> Result<()> {
+const SPLIT_ALL: &str = "Communicator::split_all";
+const SHRINK_ALL: &str = "Communicator::shrink_all";
+
+/// Splits and shrinks inside an open group would give their new communicator only after
+/// the group ends (NCCL's rule): refused, pointing to the grouped API.
+fn refuse_in_group(what: &'static str, instead: &'static str) -> Result<()> {
     if DeferScope::is_open() {
-        return Err(Error::InvalidArgument {
-            what,
-            problem: "inside an open group, where NCCL gives the new communicator only \
-                      after the group ends; call it outside the group"
-                .into(),
-        });
+        return Err(Error::SplitInGroup { what, instead });
     }
     Ok(())
 }
@@ -53,6 +54,37 @@ fn survivable(e: &Error) -> bool {
         ),
         _ => true,
     }
+}
+
+/// Checks that `parents` can split together in one group from this thread, and that
+/// each is live (performing a requested abort, as every call does). `what` is the
+/// grouped API called.
+fn check_parents(what: &'static str, parents: &[&Communicator]) -> Result<()> {
+    let bad = |problem| Err(Error::GroupedParents { what, problem });
+    let Some(first) = parents.first() else {
+        return bad(ParentsProblem::Empty);
+    };
+    refuse_in_group(what, what)?;
+    for (i, p) in parents.iter().enumerate() {
+        if !Arc::ptr_eq(p.nccl(), first.nccl()) {
+            return bad(ParentsProblem::MixedLibraries { first: 0, other: i });
+        }
+        if p.config().blocking != first.config().blocking {
+            return bad(ParentsProblem::MixedModes {
+                first: 0,
+                first_blocking: first.config().blocking,
+                other: i,
+            });
+        }
+        if let Some(j) = parents[..i].iter().position(|q| q.as_raw() == p.as_raw()) {
+            return bad(ParentsProblem::Duplicate { first: j, again: i });
+        }
+        p.handle().map_err(|e| match e {
+            Error::GroupedElsewhere { .. } => Error::GroupedElsewhere { what },
+            e => e,
+        })?;
+    }
+    Ok(())
 }
 
 /// Where NCCL writes the new communicators: heap slots that do not move, written by NCCL
@@ -254,11 +286,16 @@ impl Communicator {
     /// The child has this communicator's configuration (NCCL gives it the parent's
     /// blocking mode), and a non-blocking split waits for it within the deadline (a failed
     /// wait aborts this communicator, which stops the split).
+    ///
+    /// One rank per call: in one process per rank, or with one thread per rank. Several
+    /// local ranks driven from one thread split together with
+    /// [`split_all`](Self::split_all); inside an open group this returns
+    /// [`Error::SplitInGroup`].
     #[doc(alias = "ncclCommSplit")]
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
         let color = color_arg(color)?;
         self.handle()?;
-        refuse_in_group("split")?;
+        refuse_in_group("split", SPLIT_ALL)?;
         let plan = Plan {
             call: "ncclCommSplit",
             grouped: false,
@@ -272,15 +309,103 @@ impl Communicator {
         Ok(children.pop().flatten())
     }
 
+    /// Splits several local ranks from this thread at once, NCCL's pattern for one thread
+    /// driving several devices: every `(parent, color, key)` is split in one NCCL group,
+    /// and the new communicators are read only after the group ended (and, for
+    /// non-blocking parents, after each parent's split completed within its deadline).
+    /// Returns one entry per parent, in order, `None` where the color was `None`. Each
+    /// child has its parent's configuration, as with [`split`](Self::split).
+    ///
+    /// Every rank of a parent communicator takes part in its split: the local ranks here,
+    /// and any others from their own threads or processes (with `split` or `split_all`).
+    ///
+    /// Errors: an empty list, parents of different NCCL libraries or blocking modes, or
+    /// the same parent twice are [`Error::GroupedParents`]; a call inside an open group is
+    /// [`Error::SplitInGroup`]; a parent held by an open group of another thread is
+    /// [`Error::GroupedElsewhere`]. If a call or the group fails, every child made is
+    /// aborted (none leaks) and the error names the failing call; parents are aborted as
+    /// after any failed call (not for usage errors), and always when waiting for them failed.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use nccl_channel::{Communicator, ReduceOp};
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// use nccl_sys::mock::MockNccl;
+    /// // Four simulated GPUs, one communicator each, all driven from this thread.
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(4))?;
+    /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// let nccl = Arc::new(nccl);
+    /// let ctxs = (0..4)
+    ///     .map(|d| cuda.device(d)?.primary_context())
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// // Even and odd ranks form two communicators, each ordered by descending rank.
+    /// let parts: Vec<_> = comms
+    ///     .iter()
+    ///     .map(|c| (c, Some(c.rank() as u32 % 2), -(c.rank() as i32)))
+    ///     .collect();
+    /// let halves = Communicator::split_all(&parts)?;
+    /// let halves: Vec<Communicator> = halves.into_iter().flatten().collect();
+    /// let ranks: Vec<_> = halves.iter().map(|h| (h.rank(), h.size())).collect();
+    /// assert_eq!(ranks, [(1, 2), (1, 2), (0, 2), (0, 2)]);
+    /// // Each half sums its ranks' values: 1 + 3 and 2 + 4.
+    /// let streams = ctxs.iter().map(Stream::new).collect::<Result<Vec<_>, _>>()?;
+    /// let mut bufs = (0..4)
+    ///     .map(|r| DeviceBuffer::from_slice(&ctxs[r], &[r as i32 + 1]))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// nccl_channel::group(&nccl, || {
+    ///     for ((h, b), s) in halves.iter().zip(&mut bufs).zip(&streams) {
+    ///         h.all_reduce_in_place(b, ReduceOp::Sum, s)?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// let mut sums = Vec::new();
+    /// for (b, s) in bufs.iter().zip(&streams) {
+    ///     s.synchronize()?;
+    ///     sums.extend(b.to_vec()?);
+    /// }
+    /// assert_eq!(sums, [4, 6, 4, 6]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "ncclCommSplit")]
+    #[doc(alias = "ncclGroupStart")]
+    pub fn split_all(
+        parts: &[(&Communicator, Option<u32>, i32)],
+    ) -> Result<Vec<Option<Communicator>>> {
+        let parents: Vec<&Communicator> = parts.iter().map(|p| p.0).collect();
+        check_parents(SPLIT_ALL, &parents)?;
+        let args = parts
+            .iter()
+            .map(|&(_, color, key)| Ok((color_arg(color)?, key)))
+            .collect::<Result<Vec<_>>>()?;
+        let nccl = parents[0].nccl().clone();
+        let expect: Vec<bool> = args.iter().map(|a| a.0 != NCCL_SPLIT_NOCOLOR).collect();
+        let plan = Plan {
+            call: "ncclCommSplit",
+            grouped: true,
+            expect: &expect,
+        };
+        make_children(&parents, plan, &mut |i, raw, out| {
+            let Some(&(color, key)) = args.get(i) else {
+                return ncclResult_t::ncclInvalidArgument;
+            };
+            // SAFETY: a live communicator; `out` stays valid and unread until the group's
+            // splits completed (make_children); NULL config inherits the parent's.
+            unsafe { (nccl.fns().ncclCommSplit)(raw, color, key, out, std::ptr::null_mut()) }
+        })
+    }
+
     /// A new communicator of the ranks not in `exclude` (NCCL ≥ 2.27), e.g. after a peer
     /// died. Every remaining rank calls it with the same list; ranks keep their order. A
-    /// non-blocking shrink waits as [`split`](Self::split) does.
+    /// non-blocking shrink waits as [`split`](Self::split) does. Several local ranks
+    /// driven from one thread shrink together with [`shrink_all`](Self::shrink_all);
+    /// inside an open group this returns [`Error::SplitInGroup`].
     #[doc(alias = "ncclCommShrink")]
     pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
         self.handle()?;
-        refuse_in_group("shrink")?;
+        refuse_in_group("shrink", SHRINK_ALL)?;
         let (f, call) = optional!(self.nccl(), ncclCommShrink)?;
-        let list = exclude_list("shrink", exclude, &[self])?;
+        let list = exclude_list("shrink", exclude, &[self], false)?;
         let plan = Plan {
             call,
             grouped: false,
@@ -304,6 +429,63 @@ impl Communicator {
         })?;
         children.pop().flatten().ok_or_else(no_child)
     }
+
+    /// Shrinks several local ranks from this thread at once (NCCL ≥ 2.27): every parent
+    /// is shrunk to the ranks not in `exclude`, in one NCCL group, and the new
+    /// communicators are read only after the group ended, as with
+    /// [`split_all`](Self::split_all) (same errors, plus [`ParentsProblem::ExcludesItself`]
+    /// for a parent whose own rank is excluded). Returns one communicator per parent.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use nccl_channel::Communicator;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_sys::mock::MockNccl;
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// let ctxs = (0..3)
+    ///     .map(|d| cuda.device(d)?.primary_context())
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let mut comms = Communicator::init_all(&Arc::new(nccl), &ctxs)?;
+    /// comms.remove(1).abort()?; // rank 1 is lost
+    /// let small = Communicator::shrink_all(&[&comms[0], &comms[1]], &[1])?;
+    /// let ranks: Vec<_> = small.iter().map(|c| (c.rank(), c.size())).collect();
+    /// assert_eq!(ranks, [(0, 2), (1, 2)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "ncclCommShrink")]
+    pub fn shrink_all(parents: &[&Communicator], exclude: &[usize]) -> Result<Vec<Communicator>> {
+        check_parents(SHRINK_ALL, parents)?;
+        let nccl = parents[0].nccl().clone();
+        let (f, call) = optional!(nccl, ncclCommShrink)?;
+        let list = exclude_list(SHRINK_ALL, exclude, parents, true)?;
+        let expect = vec![true; parents.len()];
+        let plan = Plan {
+            call,
+            grouped: true,
+            expect: &expect,
+        };
+        let children = make_children(parents, plan, &mut |_, raw, out| {
+            let mut list = list.clone();
+            // SAFETY: a live communicator, a list of valid ranks (NCCL may sort it in
+            // place), `out` valid and unread until the group's shrinks completed, NULL
+            // config (inherit) and NCCL_SHRINK_DEFAULT.
+            unsafe {
+                f(
+                    raw,
+                    list.as_mut_ptr(),
+                    list.len() as c_int,
+                    out,
+                    std::ptr::null_mut(),
+                    0,
+                )
+            }
+        })?;
+        children
+            .into_iter()
+            .map(|c| c.ok_or_else(no_child))
+            .collect()
+    }
 }
 
 fn no_child() -> Error {
@@ -313,12 +495,13 @@ fn no_child() -> Error {
     }
 }
 
-/// Checks a shrink's exclusion list against the parent (in range, not its own rank, not
-/// empty: NCCL needs one) and converts it to NCCL's ints.
+/// Checks a shrink's exclusion list against its parents (in range, not a parent's own
+/// rank, not empty: NCCL needs one) and converts it to NCCL's ints.
 fn exclude_list(
     what: &'static str,
     exclude: &[usize],
     parents: &[&Communicator],
+    grouped: bool,
 ) -> Result<Vec<c_int>> {
     if exclude.is_empty() {
         return Err(Error::InvalidArgument {
@@ -326,13 +509,19 @@ fn exclude_list(
             problem: "no rank to exclude (NCCL needs at least one; keep the communicator)".into(),
         });
     }
-    for p in parents {
+    for (index, p) in parents.iter().enumerate() {
         for &r in exclude {
             if r >= p.size() {
                 return Err(Error::InvalidRank {
                     what,
                     rank: r,
                     size: p.size(),
+                });
+            }
+            if r == p.rank() && grouped {
+                return Err(Error::GroupedParents {
+                    what,
+                    problem: ParentsProblem::ExcludesItself { index, rank: r },
                 });
             }
             if r == p.rank() {
