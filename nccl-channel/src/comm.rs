@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::ThreadId;
 use std::time::Instant;
 
-use cuda_hal::{Context, DeferScope, Dependency, DeviceBuffer, KeepAlive, Stream};
-use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm_t, ncclResult_t};
+use cuda_hal::{Context, Dependency, DeviceBuffer, KeepAlive, Stream};
+use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
 use crate::reliability::{AbortHandle, CommConfig, poll};
 use crate::{Error, Result, UniqueId, check};
@@ -245,20 +245,6 @@ fn to_c_int(what: &'static str, v: usize) -> Result<c_int> {
     })
 }
 
-/// Splits and shrinks inside an open group give their new communicator only after the
-/// group ends (NCCL's rule): not supported yet, so refused.
-pub(crate) fn refuse_in_group(what: &'static str) -> Result<()> {
-    if DeferScope::is_open() {
-        return Err(Error::InvalidArgument {
-            what,
-            problem: "inside an open group, where NCCL gives the new communicator only \
-                      after the group ends; call it outside the group"
-                .into(),
-        });
-    }
-    Ok(())
-}
-
 /// Checks a size and rank for init and converts them to NCCL's ints.
 fn world_args(what: &'static str, size: usize, rank: usize) -> Result<(c_int, c_int)> {
     if size == 0 || rank >= size {
@@ -333,7 +319,10 @@ impl Communicator {
     }
 
     /// One communicator per context, all in this process (`ncclCommInitAll`); rank `i`
-    /// uses `contexts[i]`. Drive them from one thread with [`crate::group`].
+    /// uses `contexts[i]`. Drive them from one thread with [`crate::group`] (a collective
+    /// of every rank in one group), and split or shrink them together with
+    /// [`split_all`](Self::split_all) and [`shrink_all`](Self::shrink_all), which make
+    /// their own group: [`split`](Self::split) of one rank would wait for the others.
     #[doc(alias = "ncclCommInitAll")]
     pub fn init_all(nccl: &Arc<Nccl>, contexts: &[Context]) -> Result<Vec<Communicator>> {
         if contexts.is_empty() {
@@ -384,7 +373,7 @@ impl Communicator {
     ///
     /// # Safety
     /// As for `from_raw`.
-    unsafe fn adopt(
+    pub(crate) unsafe fn adopt(
         nccl: &Arc<Nccl>,
         ctx: &Context,
         raw: ncclComm_t,
@@ -451,72 +440,6 @@ impl Communicator {
                 _not_sync: PhantomData,
             },
         }
-    }
-
-    /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
-    /// `key` then by rank; `None` opts out (returns `Ok(None)`). Collective over all ranks.
-    /// The child has this communicator's configuration (NCCL gives it the parent's
-    /// blocking mode), and a non-blocking split waits for the child within the deadline.
-    #[doc(alias = "ncclCommSplit")]
-    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
-        let color = match color {
-            Some(c) => to_c_int("color", c as usize)?,
-            None => NCCL_SPLIT_NOCOLOR,
-        };
-        let raw = self.handle()?;
-        refuse_in_group("split")?;
-        let _g = self.context().bind()?;
-        let mut child: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: a live communicator; valid out-pointer; NULL config inherits ours.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclCommSplit(raw, color, key, &mut child, std::ptr::null_mut())
-            )
-        };
-        self.child(rc, call, child)
-    }
-
-    /// Finishes a split or shrink: waits for a non-blocking child, adopts it with our
-    /// configuration.
-    pub(crate) fn child(
-        &self,
-        rc: ncclResult_t,
-        call: &'static str,
-        child: ncclComm_t,
-    ) -> Result<Option<Communicator>> {
-        let nccl = self.nccl();
-        if rc == ncclResult_t::ncclInProgress && !self.shared.config.blocking {
-            // The child is the one to wait for; a rank without a child waits for the parent.
-            let target = if child.is_null() {
-                self.shared.raw
-            } else {
-                child
-            };
-            let deadline = Instant::now() + self.shared.config.timeout;
-            let r = poll(
-                nccl,
-                target,
-                call,
-                deadline,
-                self.shared.config.timeout,
-                &self.shared.abort,
-            );
-            if let Err(e) = r {
-                if !child.is_null() {
-                    // SAFETY: NCCL made the child for us; aborting frees it, once.
-                    unsafe { (nccl.fns().ncclCommAbort)(child) };
-                }
-                return Err(e);
-            }
-        } else {
-            self.check(rc, call)?;
-        }
-        if child.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: NCCL made `child` on our device for us, and it is initialised.
-        unsafe { Self::adopt(nccl, self.context(), child, self.shared.config) }.map(Some)
     }
 
     /// This rank.

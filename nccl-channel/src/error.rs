@@ -134,6 +134,75 @@ pub enum Error {
         /// The operation refused.
         what: &'static str,
     },
+    /// A split or shrink was called inside an open group. NCCL gives the new communicator
+    /// only when the (outermost) group ends, so it cannot be returned from inside one; to
+    /// split several local ranks from one thread, use the grouped API named in `instead`
+    /// ([`Communicator::split_all`](crate::Communicator::split_all),
+    /// [`Communicator::shrink_all`](crate::Communicator::shrink_all)), outside any group.
+    #[error(
+        "{what} inside an open group: NCCL gives the new communicator only when the group \
+         ends; split several local ranks together with {instead}, called outside any group"
+    )]
+    SplitInGroup {
+        /// The operation refused.
+        what: &'static str,
+        /// The grouped API to use instead.
+        instead: &'static str,
+    },
+    /// The communicators given to a grouped split or shrink cannot be split in one group.
+    #[error("{what}: {problem}")]
+    GroupedParents {
+        /// The operation refused.
+        what: &'static str,
+        /// What is wrong with the list.
+        problem: ParentsProblem,
+    },
+}
+
+/// Why communicators cannot go together into one grouped split or shrink
+/// ([`Error::GroupedParents`]); indexes are positions in the list given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParentsProblem {
+    /// The list is empty.
+    #[error("no communicator given")]
+    Empty,
+    /// Two communicators were made by different NCCL libraries (NCCL's group state is the
+    /// library's: one group cannot hold both).
+    #[error("communicators {first} and {other} belong to different NCCL libraries")]
+    MixedLibraries {
+        /// The first communicator's index.
+        first: usize,
+        /// The index of one made by another library.
+        other: usize,
+    },
+    /// A blocking and a non-blocking communicator (NCCL refuses both in one group).
+    #[error("communicator {first} is {}blocking and communicator {other} is not", if *.first_blocking { "" } else { "non-" })]
+    MixedModes {
+        /// The first communicator's index.
+        first: usize,
+        /// Whether the first one is blocking.
+        first_blocking: bool,
+        /// The index of one in the other mode.
+        other: usize,
+    },
+    /// The same communicator twice: each rank takes part once.
+    #[error("communicator {again} is communicator {first} again")]
+    Duplicate {
+        /// Where it first appears.
+        first: usize,
+        /// Where it appears again.
+        again: usize,
+    },
+    /// A shrink's parent is itself in the list of excluded ranks (excluded ranks do not
+    /// call the shrink).
+    #[error("communicator {index} is rank {rank}, which the shrink excludes")]
+    ExcludesItself {
+        /// The communicator's index.
+        index: usize,
+        /// Its rank.
+        rank: usize,
+    },
 }
 
 fn detail_suffix(detail: &str) -> String {

@@ -5,9 +5,10 @@
 //!   `IREE_CUDA_NCCL_*`, torchrun, Open MPI, PMI or Slurm variables ([`ENV_FAMILIES`]).
 //! * [`UniqueId`]: generated and shared as bytes or hex, derived from `NCCL_COMM_ID`, or
 //!   exchanged through a file.
-//! * [`Communicator`]: init by rank, all local devices at once, split; collectives typed
-//!   over [`NcclType`] with lengths, roots, peers, devices and types checked before any
-//!   FFI call; [`group`] / [`Group`] always end their group.
+//! * [`Communicator`]: init by rank, all local devices at once, split and shrink (one rank,
+//!   or every local rank from one thread in one group); collectives typed over
+//!   [`NcclType`] with lengths, roots, peers, devices and types checked before any FFI
+//!   call; [`group`] / [`Group`] always end their group.
 //! * [`Channel`]: the default channel; NCCL is opened only when one is asked for with a
 //!   world size of at least 1.
 //!
@@ -63,13 +64,14 @@ mod error;
 mod group;
 mod raw;
 mod reliability;
+mod split;
 mod types;
 mod unique_id;
 mod world;
 
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
 pub use comm::Communicator;
-pub use error::{Error, Result};
+pub use error::{Error, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use raw::RawCollectives;
 pub use reliability::{AbortHandle, CommConfig};

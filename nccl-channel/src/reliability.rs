@@ -170,43 +170,4 @@ impl Communicator {
         let rc = unsafe { f(raw, 0) };
         self.check(rc, call)
     }
-
-    /// A new communicator of the ranks not in `exclude` (NCCL ≥ 2.27), e.g. after a peer
-    /// died. Every remaining rank calls it with the same list.
-    #[doc(alias = "ncclCommShrink")]
-    pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
-        let raw = self.handle()?;
-        crate::comm::refuse_in_group("shrink")?;
-        let (f, call) = optional!(self.nccl(), ncclCommShrink)?;
-        let mut list = Vec::with_capacity(exclude.len());
-        for &r in exclude {
-            if r >= self.size() {
-                return Err(Error::InvalidRank {
-                    what: "shrink",
-                    rank: r,
-                    size: self.size(),
-                });
-            }
-            list.push(r as i32);
-        }
-        let _g = self.context().bind()?;
-        let mut child: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: a live communicator, a list of valid ranks, a valid out-pointer, NULL
-        // config (inherit: the child gets our blocking mode) and NCCL_SHRINK_DEFAULT.
-        let rc = unsafe {
-            f(
-                raw,
-                list.as_mut_ptr(),
-                list.len() as i32,
-                &mut child,
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        self.child(rc, call, child)?
-            .ok_or_else(|| Error::InvalidArgument {
-                what: "shrink",
-                problem: "NCCL returned no communicator for this rank".into(),
-            })
-    }
 }

@@ -427,29 +427,43 @@ fn abort_inside_a_group_waits_and_close_of_an_unused_one_finalises() {
 }
 
 /// Split and shrink inside an open group are refused (NCCL gives the new communicator
-/// only after the group ends); nothing reaches NCCL and nothing panics.
+/// only after the group ends), with an error that names the grouped API to use; nothing
+/// reaches NCCL and nothing panics. The grouped API is refused there too.
 #[test]
 fn split_inside_a_group_is_refused() {
     let rig = Rig::new(2);
     let ranks = pair(&rig);
     let r = group(&rig.nccl, || {
         let e = ranks[0].0.split(Some(0), 0).unwrap_err();
-        assert!(
-            matches!(&e, Error::InvalidArgument { what: "split", .. }),
-            "{e}"
+        assert_eq!(
+            e,
+            Error::SplitInGroup {
+                what: "split",
+                instead: "Communicator::split_all"
+            }
         );
+        assert!(e.to_string().contains("Communicator::split_all"), "{e}");
         let e = ranks[0].0.shrink(&[1]).unwrap_err();
-        assert!(
-            matches!(
-                &e,
-                Error::InvalidArgument { what: "shrink", .. } | Error::Unsupported { .. }
-            ),
-            "{e}"
+        assert_eq!(
+            e,
+            Error::SplitInGroup {
+                what: "shrink",
+                instead: "Communicator::shrink_all"
+            }
+        );
+        let e = Communicator::split_all(&[(&ranks[0].0, Some(0), 0)]).unwrap_err();
+        assert_eq!(
+            e,
+            Error::SplitInGroup {
+                what: "Communicator::split_all",
+                instead: "Communicator::split_all"
+            }
         );
         Ok(())
     });
     r.unwrap();
     assert_eq!(rig.world.calls("ncclCommSplit"), 0);
+    assert_eq!(rig.world.calls("ncclCommShrink"), 0);
     drop(ranks);
     rig.assert_clean();
 }
@@ -543,10 +557,12 @@ fn usage_errors_are_returned_and_keep_the_communicator() {
     rig.assert_clean();
 }
 
-/// A non-blocking split whose wait for the child fails aborts the child (nothing leaks)
-/// and returns the error.
+/// A non-blocking split whose wait fails aborts the parent, which stops the split (NCCL
+/// writes the child only when the split completes, so returning while it may still run
+/// would leave NCCL writing into a freed slot), then aborts the child the split handed
+/// over: nothing leaks, and the error is returned.
 #[test]
-fn a_failed_wait_for_a_split_child_aborts_it() {
+fn a_failed_wait_for_a_split_aborts_the_parent_and_the_child() {
     let rig = Rig::new(1);
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
     let id = UniqueId::generate(&rig.nccl).unwrap();
@@ -565,7 +581,13 @@ fn a_failed_wait_for_a_split_child_aborts_it() {
         ),
         "{e}"
     );
-    assert_eq!(rig.world.live().comms, 1, "the child was aborted");
+    assert!(comm.is_aborted());
+    assert_eq!(
+        rig.world.calls("ncclCommAbort"),
+        2,
+        "the parent, then the child"
+    );
+    assert_eq!(rig.world.live().comms, 0);
     drop((comm, ctx));
     rig.assert_clean();
 }

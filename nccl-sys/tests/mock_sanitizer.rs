@@ -5,15 +5,24 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_sys::mock::{MockDriver, MockWorld};
 use cuda_sys::{CUcontext, CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode, Driver};
 use nccl_sys::mock::{MockNccl, MockNcclWorld};
 use nccl_sys::{
-    NCCL_CONFIG_INITIALIZER, NCCL_SPLIT_NOCOLOR, Nccl, ncclComm_t, ncclDataType_t, ncclRedOp_t,
-    ncclResult_t, ncclScalarResidence_t, ncclUniqueId,
+    NCCL_CONFIG_INITIALIZER, NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclDataType_t,
+    ncclRedOp_t, ncclResult_t, ncclScalarResidence_t, ncclUniqueId,
 };
+
+/// Where NCCL writes a split's new communicator, possibly from another thread.
+type Slot = AtomicPtr<ncclComm>;
+
+/// The communicator in `slot` (NULL while the split has not completed).
+fn got(slot: &Slot) -> ncclComm_t {
+    slot.load(Ordering::Acquire)
+}
 
 const OK: CUresult = CUresult::CUDA_SUCCESS;
 const NCCL_OK: ncclResult_t = ncclResult_t::ncclSuccess;
@@ -30,13 +39,15 @@ struct Rig {
 }
 
 impl Rig {
-    /// Peers wait at most `timeout`: long enough that a test which hung would be slow.
+    /// Peers wait at most 30 s: long enough that a test which hung would be slow.
     fn new(devices: usize) -> Rig {
+        Self::with_timeout(devices, Duration::from_secs(30))
+    }
+
+    /// Peers wait at most `timeout`, for tests of a peer that never comes.
+    fn with_timeout(devices: usize, timeout: Duration) -> Rig {
         let (driver, gpus) = MockDriver::with_devices(devices).build().unwrap();
-        let (nccl, world) = MockNccl::new(&gpus)
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap();
+        let (nccl, world) = MockNccl::new(&gpus).timeout(timeout).build().unwrap();
         let f = driver.fns();
         // SAFETY: mock driver call.
         assert_eq!(unsafe { (f.cuInit)(0) }, OK);
@@ -149,14 +160,16 @@ impl Rig {
         }
     }
 
+    /// `ncclCommSplit` into `out`, which NCCL (and the mock) write only when the split
+    /// completes: it must stay where it is until then.
     fn split(
         &self,
         comm: ncclComm_t,
         color: i32,
         key: i32,
         blocking: Option<bool>,
-    ) -> (ncclResult_t, ncclComm_t) {
-        let mut child = std::ptr::null_mut();
+        out: &Slot,
+    ) -> ncclResult_t {
         let mut config = NCCL_CONFIG_INITIALIZER;
         let config_ptr = match blocking {
             Some(b) => {
@@ -165,10 +178,40 @@ impl Rig {
             }
             None => std::ptr::null_mut(),
         };
-        // SAFETY: valid out-pointer; NULL or an initialised config.
-        let rc =
-            unsafe { (self.nccl.fns().ncclCommSplit)(comm, color, key, &mut child, config_ptr) };
-        (rc, child)
+        // SAFETY: `out` outlives the split (the tests keep it until it completed); NULL
+        // or an initialised config.
+        unsafe { (self.nccl.fns().ncclCommSplit)(comm, color, key, out.as_ptr(), config_ptr) }
+    }
+
+    /// `ncclCommShrink` (default flags, NULL config) into `out`.
+    fn shrink(&self, comm: ncclComm_t, exclude: &[i32], out: &Slot) -> ncclResult_t {
+        self.shrink_with(comm, exclude, 0, out)
+    }
+
+    fn shrink_with(
+        &self,
+        comm: ncclComm_t,
+        exclude: &[i32],
+        flags: i32,
+        out: &Slot,
+    ) -> ncclResult_t {
+        let f = self
+            .nccl
+            .fns()
+            .ncclCommShrink
+            .expect("ncclCommShrink (2.27)");
+        let mut list = exclude.to_vec();
+        // SAFETY: `list` holds `len` ranks; `out` outlives the shrink; NULL config.
+        unsafe {
+            f(
+                comm,
+                list.as_mut_ptr(),
+                list.len() as i32,
+                out.as_ptr(),
+                std::ptr::null_mut(),
+                flags,
+            )
+        }
     }
 
     fn count_and_rank(&self, comm: ncclComm_t) -> (i32, i32) {
@@ -446,86 +489,461 @@ fn nonblocking_pair(rig: &Rig) -> [ncclComm_t; 2] {
     comms
 }
 
+impl Rig {
+    fn group_start(&self) {
+        // SAFETY: plain group call.
+        assert_eq!(unsafe { (self.nccl.fns().ncclGroupStart)() }, NCCL_OK);
+    }
+
+    fn group_end(&self) -> ncclResult_t {
+        // SAFETY: plain group call.
+        unsafe { (self.nccl.fns().ncclGroupEnd)() }
+    }
+
+    fn abort(&self, comm: ncclComm_t) {
+        // SAFETY: a live communicator.
+        assert_eq!(unsafe { (self.nccl.fns().ncclCommAbort)(comm) }, NCCL_OK);
+    }
+
+    fn user_rank(&self, comm: ncclComm_t) -> ncclResult_t {
+        let mut r = -1;
+        // SAFETY: valid out-pointer; the handle is checked by the mock.
+        unsafe { (self.nccl.fns().ncclCommUserRank)(comm, &mut r) }
+    }
+
+    fn last_error(&self) -> String {
+        // SAFETY: NULL is allowed; the string is NCCL's, read at once.
+        let p = unsafe { (self.nccl.fns().ncclGetLastError)(std::ptr::null_mut()) };
+        // SAFETY: non-null and NUL-terminated.
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn assert_clean(&self) {
+        assert!(self.world.live().is_empty(), "{:?}", self.world.live());
+        assert!(
+            self.world.violations().is_empty(),
+            "{:?}",
+            self.world.violations()
+        );
+    }
+}
+
+fn slots(n: usize) -> Vec<Slot> {
+    (0..n).map(|_| Slot::default()).collect()
+}
+
+/// Like NCCL, a non-blocking split answers ncclInProgress with the new communicator still
+/// NULL: the parent's async error says when it is done, and only then is it written.
 #[test]
 fn split_of_a_nonblocking_parent_is_nonblocking_and_completes_while_polled() {
     let rig = Rig::new(2);
     let parents = nonblocking_pair(&rig);
-    // Rank 0 alone cannot finish the split: its child is in progress until rank 1 comes.
-    let (rc, c0) = rig.split(parents[0], 0, 1, None);
-    assert_eq!(rc, ncclResult_t::ncclInProgress);
-    assert!(!c0.is_null(), "the child handle is there at once, to poll");
-    assert_eq!(rig.async_error(c0), (NCCL_OK, ncclResult_t::ncclInProgress));
-    let (rc, c1) = rig.split(parents[1], 0, 0, None);
-    assert_eq!(rc, ncclResult_t::ncclInProgress);
-    assert_eq!(rig.wait_ready(c0), NCCL_OK);
-    assert_eq!(rig.wait_ready(c1), NCCL_OK);
+    let out = slots(2);
+    // Rank 0 alone cannot finish the split: its parent is in progress until rank 1 comes.
+    assert_eq!(
+        rig.split(parents[0], 0, 1, None, &out[0]),
+        ncclResult_t::ncclInProgress
+    );
+    assert!(got(&out[0]).is_null(), "NULL until the split completes");
+    assert_eq!(
+        rig.async_error(parents[0]),
+        (NCCL_OK, ncclResult_t::ncclInProgress)
+    );
+    assert_eq!(
+        rig.split(parents[1], 0, 0, None, &out[1]),
+        ncclResult_t::ncclInProgress
+    );
+    assert_eq!(rig.wait_ready(parents[0]), NCCL_OK);
+    assert_eq!(rig.wait_ready(parents[1]), NCCL_OK);
+    let (c0, c1) = (got(&out[0]), got(&out[1]));
+    assert_eq!(rig.async_error(c0), (NCCL_OK, NCCL_OK));
     assert_eq!(rig.count_and_rank(c0), (2, 1), "ordered by key");
     assert_eq!(rig.count_and_rank(c1), (2, 0));
-    // The child is non-blocking too: its own split (NULL config) returns at once.
-    let (rc, g0) = rig.split(c0, NCCL_SPLIT_NOCOLOR, 0, None);
-    assert_eq!((rc, g0), (NCCL_OK, std::ptr::null_mut()));
-    let (rc, g1) = rig.split(c1, 0, 0, None);
-    assert_eq!(rc, ncclResult_t::ncclInProgress);
-    assert_eq!(rig.wait_ready(g1), NCCL_OK);
+    // The child is non-blocking too: its own split (NULL config) returns at once, the
+    // NOCOLOR rank's included (it still takes part).
+    let grand = slots(2);
+    assert_eq!(
+        rig.split(c0, NCCL_SPLIT_NOCOLOR, 0, None, &grand[0]),
+        ncclResult_t::ncclInProgress
+    );
+    assert_eq!(
+        rig.split(c1, 0, 0, None, &grand[1]),
+        ncclResult_t::ncclInProgress
+    );
+    assert_eq!(rig.wait_ready(c0), NCCL_OK);
+    assert_eq!(rig.wait_ready(c1), NCCL_OK);
+    assert!(got(&grand[0]).is_null(), "NOCOLOR: no communicator");
+    let g1 = got(&grand[1]);
     assert_eq!(rig.count_and_rank(g1), (1, 0));
     for c in [g1, c0, c1, parents[0], parents[1]] {
         rig.destroy(c);
     }
-    assert!(rig.world.live().is_empty(), "{:?}", rig.world.live());
-    assert!(rig.world.violations().is_empty());
+    rig.assert_clean();
 }
 
 #[test]
 fn split_of_a_blocking_parent_is_blocking() {
     let rig = Rig::new(1);
     let parent = rig.comms(1)[0];
-    let (rc, child) = rig.split(parent, 0, 0, None);
-    assert_eq!(rc, NCCL_OK, "completed in the call");
+    let out = slots(2);
+    assert_eq!(rig.split(parent, 0, 0, None, &out[0]), NCCL_OK);
+    let child = got(&out[0]);
     assert_eq!(rig.async_error(child), (NCCL_OK, NCCL_OK));
     assert_eq!(rig.count_and_rank(child), (1, 0));
-    let (rc, grandchild) = rig.split(child, 0, 0, None);
-    assert_eq!(rc, NCCL_OK, "the child is blocking too");
-    for c in [grandchild, child, parent] {
+    assert_eq!(
+        rig.split(child, 0, 0, None, &out[1]),
+        NCCL_OK,
+        "the child is blocking too"
+    );
+    for c in [got(&out[1]), child, parent] {
         rig.destroy(c);
     }
-    assert!(rig.world.live().is_empty(), "{:?}", rig.world.live());
+    rig.assert_clean();
 }
 
+/// The parent's mode decides whether the split completes in the call (NCCL runs it as
+/// the parent's job); the config decides the child's own mode.
 #[test]
 fn a_config_sets_the_split_childs_mode_explicitly() {
     let rig = Rig::new(1);
     let parent = rig.comms(1)[0];
-    let (rc, nb) = rig.split(parent, 0, 0, Some(false));
+    let out = slots(4);
     assert_eq!(
-        rc,
+        rig.split(parent, 0, 0, Some(false), &out[0]),
+        NCCL_OK,
+        "a blocking parent completes the split in the call"
+    );
+    let nb = got(&out[0]);
+    assert_eq!(
+        rig.split(nb, 0, 0, None, &out[1]),
         ncclResult_t::ncclInProgress,
-        "non-blocking child of a blocking parent"
+        "the child is non-blocking"
     );
     assert_eq!(rig.wait_ready(nb), NCCL_OK);
-    let (rc, b) = rig.split(nb, 0, 0, Some(true));
-    assert_eq!(rc, NCCL_OK, "blocking child of a non-blocking parent");
+    assert_eq!(
+        rig.split(nb, 0, 0, Some(true), &out[2]),
+        ncclResult_t::ncclInProgress
+    );
+    assert_eq!(rig.wait_ready(nb), NCCL_OK);
+    let b = got(&out[2]);
     assert_eq!(rig.async_error(b), (NCCL_OK, NCCL_OK));
-    for c in [b, nb, parent] {
+    assert_eq!(
+        rig.split(b, 0, 0, None, &out[3]),
+        NCCL_OK,
+        "a blocking child of a non-blocking parent"
+    );
+    for c in [got(&out[3]), b, got(&out[1]), nb, parent] {
         rig.destroy(c);
     }
+    rig.assert_clean();
 }
 
+/// NCCL's pattern for several local ranks: one group, the splits complete at its end,
+/// colors and keys decide the children; the new communicators are there only then.
 #[test]
 fn splits_from_one_thread_in_a_group_complete_at_group_end() {
+    let rig = Rig::new(4);
+    let parents = rig.comms(4);
+    let out = slots(4);
+    rig.group_start();
+    // (color, key): ranks 0 and 2 form one child, rank 2 first; rank 1 alone; 3 none.
+    for (r, (color, key)) in [(7, 1), (3, 0), (7, 0), (NCCL_SPLIT_NOCOLOR, 0)]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(rig.split(parents[r], color, key, None, &out[r]), NCCL_OK);
+        assert!(got(&out[r]).is_null(), "NULL until the group ends");
+    }
+    assert_eq!(rig.group_end(), NCCL_OK);
+    let c: Vec<ncclComm_t> = out.iter().map(got).collect();
+    assert_eq!(rig.count_and_rank(c[0]), (2, 1));
+    assert_eq!(rig.count_and_rank(c[1]), (1, 0));
+    assert_eq!(rig.count_and_rank(c[2]), (2, 0));
+    assert!(c[3].is_null());
+    // The children work: an all-reduce of the pair, grouped from this thread.
+    let (b0, b2) = (rig.buffers(0, 1.0), rig.buffers(2, 5.0));
+    rig.group_start();
+    assert_eq!(rig.all_reduce(c[0], b0), NCCL_OK);
+    assert_eq!(rig.all_reduce(c[2], b2), NCCL_OK);
+    assert_eq!(rig.group_end(), NCCL_OK);
+    // SAFETY: streams of the buffers' devices.
+    unsafe {
+        assert_eq!((rig.driver.fns().cuStreamSynchronize)(b0.0), OK);
+        assert_eq!((rig.driver.fns().cuStreamSynchronize)(b2.0), OK);
+    }
+    assert_eq!(rig.read(0, b0.2), [6.0; N]);
+    assert_eq!(rig.read(2, b2.2), [6.0; N]);
+    for h in [c[0], c[1], c[2]].into_iter().chain(parents) {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+}
+
+/// The bug a grouped split invites: reading the new communicator right after the call,
+/// inside the group. NCCL has written nothing yet (NULL); the mock reports the read.
+#[test]
+fn reading_a_grouped_split_child_before_the_group_ends_is_caught() {
     let rig = Rig::new(2);
     let parents = rig.comms(2);
-    let f = rig.nccl.fns();
-    // SAFETY: plain group calls.
-    unsafe { assert_eq!((f.ncclGroupStart)(), NCCL_OK) };
-    let (rc0, c0) = rig.split(parents[0], 7, 0, None);
-    let (rc1, c1) = rig.split(parents[1], 7, 0, None);
-    assert_eq!((rc0, rc1), (NCCL_OK, NCCL_OK));
-    // SAFETY: plain group call.
-    assert_eq!(unsafe { (f.ncclGroupEnd)() }, NCCL_OK);
-    assert_eq!(rig.count_and_rank(c0), (2, 0));
-    assert_eq!(rig.count_and_rank(c1), (2, 1));
-    for c in [c0, c1, parents[0], parents[1]] {
-        rig.destroy(c);
+    let out = slots(2);
+    let b0 = rig.buffers(0, 1.0);
+    rig.group_start();
+    assert_eq!(rig.split(parents[0], 0, 0, None, &out[0]), NCCL_OK);
+    assert_eq!(
+        rig.user_rank(got(&out[0])),
+        ncclResult_t::ncclInvalidArgument
+    );
+    assert_eq!(
+        rig.all_reduce(got(&out[0]), b0),
+        ncclResult_t::ncclInvalidArgument
+    );
+    assert_eq!(rig.split(parents[1], 0, 0, None, &out[1]), NCCL_OK);
+    assert_eq!(rig.group_end(), NCCL_OK, "a query is no part of the group");
+    let v = rig.world.take_violations();
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(
+        v[0].starts_with("ncclCommUserRank: communicator NULL: a split or shrink inside a group"),
+        "{v:?}"
+    );
+    assert!(
+        v[1].starts_with("ncclAllReduce: communicator NULL"),
+        "{v:?}"
+    );
+    // After the group: there, and usable.
+    assert_eq!(rig.user_rank(got(&out[0])), NCCL_OK);
+    // Outside a group a NULL handle is a plain bad argument, not a report.
+    assert_eq!(
+        rig.user_rank(std::ptr::null_mut()),
+        ncclResult_t::ncclInvalidArgument
+    );
+    for h in out.iter().map(got).chain(parents) {
+        rig.destroy(h);
     }
-    assert!(rig.world.live().is_empty(), "{:?}", rig.world.live());
+    rig.assert_clean();
+}
+
+/// Splits of non-blocking parents in one group: the group end answers ncclInProgress,
+/// the children come in the background, each parent says when.
+#[test]
+fn grouped_splits_of_nonblocking_parents_complete_in_the_background() {
+    let rig = Rig::new(2);
+    let parents = nonblocking_pair(&rig);
+    let out = slots(2);
+    rig.group_start();
+    assert_eq!(rig.split(parents[0], 0, 5, None, &out[0]), NCCL_OK);
+    assert_eq!(rig.split(parents[1], 0, 4, None, &out[1]), NCCL_OK);
+    assert_eq!(rig.group_end(), ncclResult_t::ncclInProgress);
+    for p in parents {
+        assert_eq!(rig.wait_ready(p), NCCL_OK);
+    }
+    assert_eq!(rig.count_and_rank(got(&out[0])), (2, 1));
+    assert_eq!(rig.count_and_rank(got(&out[1])), (2, 0));
+    for h in out.iter().map(got).chain(parents) {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+}
+
+/// NCCL refuses blocking and non-blocking parents in one group: the call fails, the
+/// group fails, nothing of it runs.
+#[test]
+fn blocking_and_nonblocking_parents_in_one_group_fail_the_group() {
+    let rig = Rig::new(2);
+    let nb = nonblocking_pair(&rig);
+    let b = rig.comms(2);
+    let out = slots(2);
+    rig.group_start();
+    assert_eq!(rig.split(b[0], 0, 0, None, &out[0]), NCCL_OK);
+    assert_eq!(
+        rig.split(nb[1], 0, 0, None, &out[1]),
+        ncclResult_t::ncclInvalidArgument
+    );
+    assert_eq!(rig.group_end(), ncclResult_t::ncclInvalidArgument);
+    assert!(out.iter().all(|s| got(s).is_null()));
+    assert_eq!(rig.world.live().comms, 4, "no child left behind");
+    for h in nb.into_iter().chain(b) {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+}
+
+/// A split that fails inside the group (here an injected fault) fails the group: its
+/// end runs none of the splits and returns the error; the failed call's message stays.
+#[test]
+fn a_failed_split_inside_a_group_fails_the_group_and_runs_nothing() {
+    let rig = Rig::new(3);
+    let parents = rig.comms(3);
+    let out = slots(3);
+    rig.world
+        .fail_after("ncclCommSplit", 1, ncclResult_t::ncclInvalidUsage);
+    rig.group_start();
+    assert_eq!(rig.split(parents[0], 0, 0, None, &out[0]), NCCL_OK);
+    assert_eq!(
+        rig.split(parents[1], 0, 0, None, &out[1]),
+        ncclResult_t::ncclInvalidUsage
+    );
+    assert_eq!(rig.split(parents[2], 0, 0, None, &out[2]), NCCL_OK);
+    assert_eq!(rig.group_end(), ncclResult_t::ncclInvalidUsage);
+    assert_eq!(rig.last_error(), "ncclCommSplit: injected fault");
+    assert!(out.iter().all(|s| got(s).is_null()));
+    assert_eq!(rig.world.live().comms, 3);
+    // The group is closed: the next split is a plain (blocking) one... of all three.
+    rig.group_start();
+    for r in 0..3 {
+        assert_eq!(rig.split(parents[r], 0, 0, None, &out[r]), NCCL_OK);
+    }
+    assert_eq!(rig.group_end(), NCCL_OK);
+    assert_eq!(rig.count_and_rank(got(&out[2])), (3, 2));
+    for h in out.iter().map(got).chain(parents) {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+}
+
+/// An injected failure of ncclGroupEnd itself still closes the group, and none of its
+/// work runs (as when NCCL's group end fails).
+#[test]
+fn a_failed_group_end_closes_the_group() {
+    let rig = Rig::new(2);
+    let parents = rig.comms(2);
+    let out = slots(2);
+    rig.world
+        .fail_next("ncclGroupEnd", ncclResult_t::ncclInternalError);
+    rig.group_start();
+    for r in 0..2 {
+        assert_eq!(rig.split(parents[r], 0, 0, None, &out[r]), NCCL_OK);
+    }
+    assert_eq!(rig.group_end(), ncclResult_t::ncclInternalError);
+    assert!(out.iter().all(|s| got(s).is_null()));
+    assert_eq!(
+        rig.world.live().comms,
+        2,
+        "the children went with the group"
+    );
+    assert_eq!(
+        rig.group_end(),
+        ncclResult_t::ncclInvalidUsage,
+        "no group is open any more"
+    );
+    for h in parents {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+}
+
+/// A grouped split whose peer never comes fails at the group end; like NCCL, the failed
+/// children are handed over (their async error says why), and the owner aborts them.
+#[test]
+fn a_grouped_split_whose_peer_never_comes_hands_over_failed_children() {
+    let rig = Rig::with_timeout(3, Duration::from_millis(200));
+    let parents = rig.comms(3);
+    let out = slots(2);
+    rig.group_start();
+    for r in 0..2 {
+        assert_eq!(rig.split(parents[r], 0, 0, None, &out[r]), NCCL_OK);
+    }
+    assert_eq!(rig.group_end(), ncclResult_t::ncclSystemError);
+    assert!(
+        rig.last_error().starts_with("ncclCommSplit of rank "),
+        "{}",
+        rig.last_error()
+    );
+    for s in &out {
+        let c = got(s);
+        assert!(!c.is_null());
+        assert_eq!(rig.async_error(c), (NCCL_OK, ncclResult_t::ncclSystemError));
+        rig.abort(c);
+    }
+    for h in parents {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+}
+
+/// Aborting a non-blocking parent whose split is still in flight waits for that split
+/// (NCCL's abort joins the parent's job), so nothing is written after it returned.
+#[test]
+fn aborting_a_nonblocking_parent_settles_its_split_first() {
+    let rig = Rig::new(2);
+    let parents = nonblocking_pair(&rig);
+    let out = slots(1);
+    assert_eq!(
+        rig.split(parents[0], 0, 0, None, &out[0]),
+        ncclResult_t::ncclInProgress
+    );
+    rig.abort(parents[0]);
+    let c = got(&out[0]);
+    assert!(!c.is_null(), "the failed child is handed over by the abort");
+    assert_eq!(rig.async_error(c), (NCCL_OK, ncclResult_t::ncclRemoteError));
+    rig.abort(c);
+    rig.destroy(parents[1]);
+    rig.assert_clean();
+}
+
+/// ncclCommShrink: the ranks not excluded form the child, in their order; it works from
+/// one thread in a group, after the excluded rank was aborted.
+#[test]
+fn grouped_shrink_of_one_rank_from_three() {
+    let rig = Rig::new(3);
+    let parents = rig.comms(3);
+    rig.abort(parents[1]);
+    let out = slots(2);
+    rig.group_start();
+    assert_eq!(rig.shrink(parents[0], &[1], &out[0]), NCCL_OK);
+    assert_eq!(rig.shrink(parents[2], &[1], &out[1]), NCCL_OK);
+    assert!(got(&out[0]).is_null());
+    assert_eq!(rig.group_end(), NCCL_OK);
+    assert_eq!(rig.count_and_rank(got(&out[0])), (2, 0));
+    assert_eq!(rig.count_and_rank(got(&out[1])), (2, 1));
+    let (b0, b2) = (rig.buffers(0, 2.0), rig.buffers(2, 3.0));
+    rig.group_start();
+    assert_eq!(rig.all_reduce(got(&out[0]), b0), NCCL_OK);
+    assert_eq!(rig.all_reduce(got(&out[1]), b2), NCCL_OK);
+    assert_eq!(rig.group_end(), NCCL_OK);
+    // SAFETY: streams of the buffers' devices.
+    unsafe {
+        assert_eq!((rig.driver.fns().cuStreamSynchronize)(b0.0), OK);
+        assert_eq!((rig.driver.fns().cuStreamSynchronize)(b2.0), OK);
+    }
+    assert_eq!(rig.read(2, b2.2), [5.0; N]);
+    for h in [got(&out[0]), got(&out[1]), parents[0], parents[2]] {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+}
+
+/// NCCL's argument checks of ncclCommShrink, each failing at the call with nothing left;
+/// and the function is absent before 2.27.
+#[test]
+fn shrink_arguments_are_checked_and_it_needs_2_27() {
+    let rig = Rig::new(2);
+    let parents = rig.comms(2);
+    let out = slots(1);
+    for (exclude, flags, what) in [
+        (&[][..], 0, "must name at least one rank"),
+        (&[0][..], 0, "cannot exclude rank 0"),
+        (&[2][..], 0, "cannot exclude rank 2"),
+        (&[-1][..], 0, "cannot exclude rank -1"),
+        (&[1][..], 7, "invalid shrinkFlags 7"),
+    ] {
+        assert_eq!(
+            rig.shrink_with(parents[0], exclude, flags, &out[0]),
+            ncclResult_t::ncclInvalidArgument,
+            "{what}"
+        );
+        assert!(rig.last_error().contains(what), "{}", rig.last_error());
+    }
+    assert_eq!(rig.world.live().comms, 2);
+    for h in parents {
+        rig.destroy(h);
+    }
+    rig.assert_clean();
+    let (_driver, gpus) = MockDriver::with_devices(1).build().unwrap();
+    let (old, _) = MockNccl::new(&gpus)
+        .version(nccl_sys::NcclVersion::new(2, 26, 6))
+        .build()
+        .unwrap();
+    assert!(old.fns().ncclCommShrink.is_none());
 }

@@ -75,7 +75,7 @@ struct State {
     colls: HashMap<u64, Slot>,
     sends: HashMap<(usize, usize), VecDeque<P2p>>,
     recvs: HashMap<(usize, usize), VecDeque<P2p>>,
-    splits: HashMap<u64, Vec<Option<SplitVote>>>,
+    splits: HashMap<u64, SplitRound>,
     /// Ranks whose communicator was aborted.
     aborted: Vec<usize>,
 }
@@ -83,8 +83,17 @@ struct State {
 /// A rank's (color, key) in a split, and where its result goes.
 type SplitVote = (i32, i32, SplitSlot);
 
-/// Where a rank's split result is delivered.
-type SplitSlot = Arc<Mutex<Option<SplitOut>>>;
+/// Where a rank's split result is delivered: where it lands, or the error of the round.
+type SplitSlot = Arc<Mutex<Option<Result<SplitOut, ncclResult_t>>>>;
+
+/// One split (or shrink) of the clique, matched by sequence number.
+struct SplitRound {
+    /// The ranks that take no part (a shrink's excluded ranks); every other rank votes.
+    excluded: Vec<usize>,
+    votes: Vec<Option<SplitVote>>,
+    /// Ranks disagreed on who takes part: every vote fails with this.
+    failed: Option<ncclResult_t>,
+}
 
 /// Where a rank lands after a split.
 #[derive(Clone)]
@@ -282,27 +291,50 @@ impl Clique {
         done
     }
 
-    /// Joins split number `seq` with `(color, key)`; returns where this rank lands.
+    /// Joins split number `seq` with `(color, key)`; returns where this rank lands. The
+    /// ranks in `excluded` take no part (a shrink): the split forms once every other rank
+    /// has voted, and an abort of an excluded rank does not fail it. Ranks that disagree
+    /// on `excluded` fail with `ncclInvalidUsage`.
     pub(crate) fn split(
         &self,
         seq: u64,
         rank: usize,
-        color: i32,
-        key: i32,
+        (color, key): (i32, i32),
+        excluded: &[usize],
         deadline: Instant,
     ) -> Result<SplitOut, ncclResult_t> {
         let out: SplitSlot = Arc::new(Mutex::new(None));
         {
             let mut st = lock(&self.state);
             let size = self.size;
-            let v = st.splits.entry(seq).or_insert_with(|| vec![None; size]);
-            if let Some(p) = v.get_mut(rank) {
+            let round = st.splits.entry(seq).or_insert_with(|| SplitRound {
+                excluded: excluded.to_vec(),
+                votes: vec![None; size],
+                failed: None,
+            });
+            if round.failed.is_none() && round.excluded != excluded {
+                round.failed = Some(ncclResult_t::ncclInvalidUsage);
+            }
+            if let Some(rc) = round.failed {
+                for (_, _, o) in round.votes.iter().flatten() {
+                    *lock(o) = Some(Err(rc));
+                }
+                self.cond.notify_all();
+                return Err(rc);
+            }
+            if let Some(p) = round.votes.get_mut(rank) {
                 *p = Some((color, key, out.clone()));
             }
-            if v.iter().all(Option::is_some) {
+            let complete = round
+                .votes
+                .iter()
+                .enumerate()
+                .all(|(r, v)| v.is_some() || round.excluded.contains(&r));
+            if complete {
                 let parts: Vec<(usize, i32, i32, SplitSlot)> = st
                     .splits
                     .remove(&seq)
+                    .map(|r| r.votes)
                     .unwrap_or_default()
                     .into_iter()
                     .enumerate()
@@ -317,17 +349,17 @@ impl Clique {
                     members.sort_by_key(|p| (p.2, p.0));
                     let clique = Clique::new(members.iter().map(|p| self.devices[p.0]).collect());
                     for (new_rank, m) in members.iter().enumerate() {
-                        *lock(&m.3) = Some(SplitOut {
+                        *lock(&m.3) = Some(Ok(SplitOut {
                             clique: Some(clique.clone()),
                             rank: new_rank,
-                        });
+                        }));
                     }
                 }
                 for p in parts.iter().filter(|p| p.1 < 0) {
-                    *lock(&p.3) = Some(SplitOut {
+                    *lock(&p.3) = Some(Ok(SplitOut {
                         clique: None,
                         rank: 0,
-                    });
+                    }));
                 }
                 self.cond.notify_all();
             }
@@ -335,9 +367,9 @@ impl Clique {
         let mut st = lock(&self.state);
         loop {
             if let Some(o) = lock(&out).clone() {
-                return Ok(o);
+                return o;
             }
-            if !st.aborted.is_empty() {
+            if st.aborted.iter().any(|r| !excluded.contains(r)) {
                 return Err(ncclResult_t::ncclRemoteError);
             }
             let now = Instant::now();

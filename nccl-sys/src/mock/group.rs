@@ -11,8 +11,8 @@ use super::NWorld;
 use super::api::{nccl_mock, slot_of};
 use super::clique::{Clique, Done};
 use super::collective::Work;
-use super::init::{Split, finish_init, finish_split};
-use super::state::fail;
+use super::init::{Split, finish_init, finish_split, track_in_parent};
+use super::state::{State, fail};
 use crate::ncclResult_t;
 
 /// Work deferred by a group until `ncclGroupEnd`.
@@ -34,6 +34,12 @@ pub(super) enum Deferred {
 struct Group {
     depth: u32,
     deferred: Vec<Deferred>,
+    /// The first error of a split or shrink call inside the group (NCCL's
+    /// `ncclGroupError`): the group end then runs none of the group's work and returns it.
+    error: Option<ncclResult_t>,
+    /// The mode of the group's first split or shrink parent: NCCL refuses to mix blocking
+    /// and non-blocking communicators in one group.
+    blocking: Option<bool>,
 }
 
 thread_local! {
@@ -51,32 +57,109 @@ pub(super) fn defer(world: u64, d: Deferred) {
     GROUPS.with(|g| g.borrow_mut().entry(world).or_default().deferred.push(d));
 }
 
-fn group_end(w: &NWorld) -> ncclResult_t {
-    let work = GROUPS.with(|g| {
+/// Notes a failed call inside the calling thread's open group (nothing outside one).
+pub(super) fn note_error(world: u64, rc: ncclResult_t) {
+    GROUPS.with(|g| {
+        if let Some(grp) = g.borrow_mut().get_mut(&world).filter(|g| g.depth > 0) {
+            grp.error.get_or_insert(rc);
+        }
+    });
+}
+
+/// Whether a split or shrink of a parent in this mode may join the open group: the
+/// first sets the group's mode, later ones must match it.
+pub(super) fn group_mode(world: u64, blocking: bool) -> bool {
+    GROUPS.with(|g| {
         let mut g = g.borrow_mut();
-        let grp = g.entry(w.id).or_default();
+        let grp = g.entry(world).or_default();
+        *grp.blocking.get_or_insert(blocking) == blocking
+    })
+}
+
+/// Whether the calling thread's open group has splits or shrinks waiting for its end
+/// (whose new communicators are still NULL for the caller).
+pub(super) fn children_pending(world: u64) -> bool {
+    GROUPS.with(|g| {
+        g.borrow().get(&world).is_some_and(|g| {
+            g.depth > 0 && g.deferred.iter().any(|d| matches!(d, Deferred::Split(_)))
+        })
+    })
+}
+
+/// Leaves one level of the calling thread's group: at the outermost end, its deferred
+/// work and error. `None` when no group is open.
+fn leave(world: u64) -> Option<(Vec<Deferred>, Option<ncclResult_t>)> {
+    GROUPS.with(|g| {
+        let mut g = g.borrow_mut();
+        let grp = g.get_mut(&world)?;
         if grp.depth == 0 {
             return None;
         }
         grp.depth -= 1;
-        Some(if grp.depth == 0 {
-            std::mem::take(&mut grp.deferred)
-        } else {
-            Vec::new()
-        })
-    });
-    let Some(work) = work else {
+        if grp.depth > 0 {
+            return Some((Vec::new(), None));
+        }
+        let done = std::mem::take(grp);
+        Some((done.deferred, done.error))
+    })
+}
+
+/// Drops the work of a group that failed, as NCCL does: nothing of it runs. Splits and
+/// shrinks never hand their child over (it goes); inits handed out at the call fail.
+fn cancel(s: &mut State, work: Vec<Deferred>, rc: ncclResult_t) {
+    for d in work {
+        match d {
+            Deferred::Split(job) => {
+                s.comms.remove(&job.child());
+                // Its place in the parent's split order is free again.
+                if let Some(p) = s.comms.get_mut(&job.parent) {
+                    p.split_seq = p.split_seq.min(job.seq());
+                }
+            }
+            Deferred::Init { handle, .. } => {
+                if let Some(c) = s.comms.get_mut(&handle) {
+                    c.async_err = rc;
+                }
+            }
+            Deferred::Work(_) => {}
+        }
+    }
+}
+
+/// An injected fault of `function` inside a group: a failed split or shrink fails the
+/// group (NCCL's `ncclGroupErrCheck`), and a failed `ncclGroupEnd` still closes the
+/// group, running none of its work, as NCCL's does.
+pub(super) fn after_fault(w: &NWorld, s: &mut State, function: &str, rc: ncclResult_t) {
+    match function {
+        "ncclCommSplit" | "ncclCommShrink" => note_error(w.id, rc),
+        "ncclGroupEnd" => {
+            if let Some((work, _)) = leave(w.id) {
+                cancel(s, work, rc);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn group_end(w: &NWorld) -> ncclResult_t {
+    let Some((work, error)) = leave(w.id) else {
         return fail(
             &mut w.lock(),
             ncclResult_t::ncclInvalidUsage,
             "ncclGroupEnd without ncclGroupStart".into(),
         );
     };
+    if let Some(rc) = error {
+        // The failed call's message stays the last error.
+        cancel(&mut w.lock(), work, rc);
+        return rc;
+    }
     let deadline = Instant::now() + w.timeout;
     let mut rc = ncclResult_t::ncclSuccess;
     let mut waits: Vec<(Arc<Clique>, Done)> = Vec::new();
     let mut inits = Vec::new();
     let mut splits = Vec::new();
+    let mut background_splits = Vec::new();
     let mut background = Vec::new();
     for d in work {
         match d {
@@ -101,15 +184,29 @@ fn group_end(w: &NWorld) -> ncclResult_t {
                 rank,
                 device,
             } => inits.push((handle, id, nranks, rank, device)),
+            // Splits of non-blocking parents complete in the background too; each
+            // parent's async error says ncclInProgress until its split is done.
+            Deferred::Split(job) if !job.parent_blocking => background_splits.push(job),
             Deferred::Split(job) => splits.push(job),
         }
     }
     // Inits and splits of one thread's group join one by one, each waiting for its
     // peers; the rendezvous completes on the last, so each gets a thread.
-    if !inits.is_empty() || !splits.is_empty() {
+    if !inits.is_empty() || !splits.is_empty() || !background_splits.is_empty() {
         let Some(world) = slot_of(w) else {
             return ncclResult_t::ncclInternalError;
         };
+        {
+            let mut s = w.lock();
+            for job in &mut background_splits {
+                job.done = Some(track_in_parent(&mut s, job.parent));
+            }
+        }
+        for job in std::mem::take(&mut background_splits) {
+            let world = world.clone();
+            std::thread::spawn(move || finish_split(&world, job));
+            rc_in_progress(&mut rc);
+        }
         let mut threads: Vec<std::thread::JoinHandle<ncclResult_t>> = Vec::new();
         for (h, id, n, r, d) in inits {
             let world = world.clone();
@@ -122,22 +219,33 @@ fn group_end(w: &NWorld) -> ncclResult_t {
             threads.push(std::thread::spawn(move || finish_split(&world, job)));
         }
         for t in threads {
-            let r = t.join().unwrap_or(ncclResult_t::ncclInternalError);
-            if rc == ncclResult_t::ncclSuccess {
-                rc = r;
-            }
+            merge(&mut rc, t.join().unwrap_or(ncclResult_t::ncclInternalError));
         }
     }
     for (clique, done) in waits {
-        let r = clique.wait(&done, deadline);
-        if rc == ncclResult_t::ncclSuccess {
-            rc = r;
-        }
+        merge(&mut rc, clique.wait(&done, deadline));
     }
-    if !background.is_empty() && rc == ncclResult_t::ncclSuccess {
+    if !background.is_empty()
+        && (rc == ncclResult_t::ncclSuccess || rc == ncclResult_t::ncclInProgress)
+    {
         return start_in_background(w, background, deadline);
     }
     rc
+}
+
+/// A group with work left in the background answers ncclInProgress (unless it failed).
+fn rc_in_progress(rc: &mut ncclResult_t) {
+    if *rc == ncclResult_t::ncclSuccess {
+        *rc = ncclResult_t::ncclInProgress;
+    }
+}
+
+/// Keeps the group's first failure.
+fn merge(rc: &mut ncclResult_t, r: ncclResult_t) {
+    let open = *rc == ncclResult_t::ncclSuccess || *rc == ncclResult_t::ncclInProgress;
+    if open && r != ncclResult_t::ncclSuccess {
+        *rc = r;
+    }
 }
 
 fn is_blocking(w: &NWorld, comm: usize) -> bool {

@@ -6,14 +6,15 @@
 //! inits inside a group join from a background thread.
 
 use std::ffi::{c_char, c_int};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::NWorld;
 use super::api::{h2p, nccl_mock, slot_of};
-use super::clique::Clique;
-use super::group::{Deferred, defer, in_group};
-use super::state::{Init, fail};
+use super::clique::{Clique, Done};
+use super::group::{Deferred, defer, group_mode, in_group, note_error};
+use super::state::{Init, State, fail};
 use crate::*;
 
 /// Registers a rank of an init and returns its clique once every rank has come, or an
@@ -225,35 +226,59 @@ unsafe fn config_blocking(config: *const ncclConfig_t) -> Result<Option<bool>, S
     Ok((c.blocking != NCCL_CONFIG_UNDEF_INT).then_some(c.blocking != 0))
 }
 
-/// One rank's part of a split still to be carried out (now, in the background, or at
-/// the end of a group).
+/// One rank's part of a split or shrink still to be carried out (now, in the background,
+/// or at the end of a group).
 pub(super) struct Split {
+    /// `ncclCommSplit` or `ncclCommShrink`, for messages.
+    call: &'static str,
     clique: Arc<Clique>,
     seq: u64,
     rank: usize,
     color: c_int,
     key: c_int,
+    /// A shrink's excluded ranks (sorted, no duplicates); empty for a split.
+    excluded: Vec<usize>,
     /// The child's handle, 0 for NCCL_SPLIT_NOCOLOR.
     child: usize,
+    /// The parent's handle and mode: NCCL completes the split as the parent's (group)
+    /// job, in the background when the parent is non-blocking.
+    pub(super) parent: usize,
+    pub(super) parent_blocking: bool,
+    /// The exposed address of the caller's `newcomm`, written when the split completes.
+    out: usize,
+    /// Set when the split completed in the background (the parent's pending work).
+    pub(super) done: Option<Done>,
+}
+
+impl Split {
+    /// The child's handle (0 for none), which was never handed out while the split waits.
+    pub(super) fn child(&self) -> usize {
+        self.child
+    }
+
+    /// Its number in the parent's order of splits.
+    pub(super) fn seq(&self) -> u64 {
+        self.seq
+    }
 }
 
 /// Votes in the parent's split and completes the child with its clique and rank, or
-/// leaves the failure as its asynchronous error.
+/// leaves the failure as its asynchronous error. Like NCCL, the child is handed over
+/// (written to the caller's `newcomm`) only now, a failed one too: its owner aborts it.
 pub(super) fn finish_split(w: &NWorld, job: Split) -> ncclResult_t {
     let res = job.clique.split(
         job.seq,
         job.rank,
-        job.color,
-        job.key,
+        (job.color, job.key),
+        &job.excluded,
         Instant::now() + w.timeout,
     );
     let mut s = w.lock();
-    match res {
+    let rc = match res {
         Ok(out) => {
             if let Some(cl) = &out.clique {
                 s.cliques.push(Arc::downgrade(cl));
             }
-            // The child may have been aborted meanwhile; then nothing is left to fill in.
             if let Some(c) = s.comms.get_mut(&job.child) {
                 c.size = out.clique.as_ref().map_or(0, |cl| cl.size);
                 c.clique = out.clique;
@@ -266,8 +291,139 @@ pub(super) fn finish_split(w: &NWorld, job: Split) -> ncclResult_t {
             if let Some(c) = s.comms.get_mut(&job.child) {
                 c.async_err = rc;
             }
-            rc
+            let why = match rc {
+                ncclResult_t::ncclRemoteError => "a peer aborted".to_string(),
+                ncclResult_t::ncclInvalidUsage => "the ranks disagree on who takes part".into(),
+                _ => format!("not every rank took part within {:?}", w.timeout),
+            };
+            let msg = format!(
+                "{} of rank {} of {}: {why}",
+                job.call, job.rank, job.clique.size
+            );
+            fail(&mut s, rc, msg)
         }
+    };
+    if job.out != 0 && job.child != 0 && s.comms.contains_key(&job.child) {
+        let slot = std::ptr::with_exposed_provenance_mut::<ncclComm_t>(job.out);
+        // SAFETY: NCCL's contract for `newcomm`: the caller keeps it valid, aligned and
+        // untouched until the split completes (the group ended, or the parent's async
+        // error left ncclInProgress), and it was checked non-null at the call. The store
+        // is atomic, as NCCL's is, and happens before the completion is published.
+        unsafe { AtomicPtr::from_ptr(slot) }.store(h2p(job.child), Ordering::Release);
+    }
+    if let Some(d) = &job.done {
+        *d.lock().unwrap_or_else(|e| e.into_inner()) = Some(rc);
+    }
+    rc
+}
+
+/// A call's argument error: the last error, and the group's error inside a group (NCCL's
+/// `ncclGroupErrCheck`: the group end then runs none of the group's work).
+fn fail_call(w: &NWorld, s: &mut State, rc: ncclResult_t, msg: String) -> ncclResult_t {
+    note_error(w.id, rc);
+    fail(s, rc, msg)
+}
+
+/// Creates the child of a split or shrink of `parent` and starts it: deferred to the end
+/// of an open group, in the background for a non-blocking parent, else completed now.
+/// `*newcomm` was set to NULL; it gets the child when the split completes.
+#[allow(clippy::too_many_arguments)] // the split's arguments, checked by the caller
+fn start_child(
+    w: &NWorld,
+    mut s: MutexGuard<'_, State>,
+    call: &'static str,
+    parent: usize,
+    mode: Option<bool>,
+    (color, key): (c_int, c_int),
+    excluded: Vec<usize>,
+    newcomm: *mut ncclComm_t,
+) -> ncclResult_t {
+    let Some(c) = s.comms.get(&parent) else {
+        return ncclResult_t::ncclInternalError;
+    };
+    let parent_blocking = c.blocking;
+    // Like NCCL: without an explicit mode the child follows its parent.
+    let child_blocking = mode.unwrap_or(parent_blocking);
+    let Some(clique) = c.clique.clone() else {
+        let msg = format!("{call}: the parent communicator is not initialised yet");
+        return fail_call(w, &mut s, ncclResult_t::ncclInvalidUsage, msg);
+    };
+    let grouped = in_group(w.id);
+    if grouped && !group_mode(w.id, parent_blocking) {
+        let msg = format!("{call}: blocking and non-blocking communicators in one group");
+        return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg);
+    }
+    let Some(c) = s.comms.get_mut(&parent) else {
+        return ncclResult_t::ncclInternalError;
+    };
+    let (seq, rank, device) = (c.split_seq, c.rank, c.device);
+    c.split_seq += 1;
+    // The child exists from the start (so a leak check counts it), but the caller gets
+    // its handle only when the split completes; NOCOLOR ranks get none.
+    let child = if color == NCCL_SPLIT_NOCOLOR {
+        0
+    } else {
+        let h = s.new_comm(w, None, 0, 0, device);
+        if let Some(c) = s.comms.get_mut(&h) {
+            c.async_err = ncclResult_t::ncclInProgress;
+            c.blocking = child_blocking;
+        }
+        h
+    };
+    let mut job = Split {
+        call,
+        clique,
+        seq,
+        rank,
+        color,
+        key,
+        excluded,
+        child,
+        parent,
+        parent_blocking,
+        out: newcomm.expose_provenance(),
+        done: None,
+    };
+    if grouped {
+        // NCCL's pattern for several splits from one thread: all complete at the end.
+        drop(s);
+        defer(w.id, Deferred::Split(job));
+        return ncclResult_t::ncclSuccess;
+    }
+    if !parent_blocking {
+        let Some(world) = slot_of(w) else {
+            return ncclResult_t::ncclInternalError;
+        };
+        job.done = Some(track_in_parent(&mut s, parent));
+        drop(s);
+        std::thread::spawn(move || finish_split(&world, job));
+        return ncclResult_t::ncclInProgress;
+    }
+    drop(s);
+    finish_split(w, job)
+}
+
+/// Registers a split of `parent` completing in the background: the parent's async error
+/// says ncclInProgress until it is done, and an abort of the parent waits for it.
+pub(super) fn track_in_parent(s: &mut State, parent: usize) -> Done {
+    let done: Done = Arc::new(Mutex::new(None));
+    if let Some(c) = s.comms.get_mut(&parent) {
+        c.pending.push(done.clone());
+        c.children.push(done.clone());
+    }
+    done
+}
+
+/// Waits (at most `w.timeout`) until the background splits of an aborted parent have
+/// completed, as NCCL's abort joins the parent's group job: nothing is handed over later.
+fn join_children(w: &NWorld, children: &[Done]) {
+    let deadline = Instant::now() + w.timeout;
+    while Instant::now() < deadline
+        && children
+            .iter()
+            .any(|d| d.lock().unwrap_or_else(|e| e.into_inner()).is_none())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
@@ -359,6 +515,11 @@ nccl_mock! {
         if let Some(cl) = &c.clique {
             cl.abort(c.rank);
         }
+        if !c.children.is_empty() {
+            drop(s);
+            join_children(w, &c.children);
+            s = w.lock();
+        }
         if let Some((key, rank)) = &c.init {
             // A rank still joining leaves the rendezvous.
             if let Some(i) = s.inits.get_mut(key) {
@@ -375,62 +536,70 @@ nccl_mock! {
     }
     fn ncclCommSplit = comm_split(w, s, comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) {
         if newcomm.is_null() {
-            return fail(&mut s, ncclResult_t::ncclInvalidArgument, "newcomm is NULL".into());
+            return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, "newcomm is NULL".into());
         }
         let parent = match s.check_comm(w, CALL, comm) {
             Ok(h) => h,
-            Err(rc) => return rc,
+            Err(rc) => {
+                note_error(w.id, rc);
+                return rc;
+            }
         };
         // SAFETY: `config` is NULL or the caller's initialised config.
         let mode = match unsafe { config_blocking(config) } {
             Ok(mode) => mode,
-            Err(msg) => return fail(&mut s, ncclResult_t::ncclInvalidArgument, msg),
+            Err(msg) => return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg),
         };
-        let Some(c) = s.comms.get_mut(&parent) else { return ncclResult_t::ncclInternalError };
-        // Like NCCL: without an explicit mode the child follows its parent.
-        let blocking = mode.unwrap_or(c.blocking);
-        let Some(clique) = c.clique.clone() else { return ncclResult_t::ncclInvalidUsage };
         if color < 0 && color != NCCL_SPLIT_NOCOLOR {
-            return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("invalid color {color}"));
+            return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, format!("invalid color {color}"));
         }
-        let (seq, rank, device) = (c.split_seq, c.rank, c.device);
-        c.split_seq += 1;
-        // The child exists from the start (rank and size come with the split), so a
-        // non-blocking or grouped caller can poll it; NOCOLOR ranks get none.
-        let child = if color == NCCL_SPLIT_NOCOLOR {
-            0
-        } else {
-            let h = s.new_comm(w, None, 0, 0, device);
-            if let Some(c) = s.comms.get_mut(&h) {
-                c.async_err = ncclResult_t::ncclInProgress;
-                c.blocking = blocking;
-            }
-            h
-        };
-        drop(s);
-        let job = Split { clique, seq, rank, color, key, child };
-        if in_group(w.id) {
-            // NCCL's pattern for several splits from one thread: all complete at the end.
-            defer(w.id, Deferred::Split(job));
-            // SAFETY: checked non-null out-pointer.
-            unsafe { *newcomm = h2p(child) };
-            return ncclResult_t::ncclSuccess;
-        }
-        if !blocking {
-            let Some(world) = slot_of(w) else { return ncclResult_t::ncclInternalError };
-            // SAFETY: checked non-null out-pointer.
-            unsafe { *newcomm = h2p(child) };
-            std::thread::spawn(move || finish_split(&world, job));
-            return if child == 0 { ncclResult_t::ncclSuccess } else { ncclResult_t::ncclInProgress };
-        }
-        let rc = finish_split(w, job);
-        if rc != ncclResult_t::ncclSuccess {
-            // Never handed out: it just goes.
-            w.lock().comms.remove(&child);
-            return rc;
-        }
+        // Like NCCL: NULL until the split completes.
         // SAFETY: checked non-null out-pointer.
-        unsafe { *newcomm = h2p(child) };
-        ncclResult_t::ncclSuccess
+        unsafe { *newcomm = std::ptr::null_mut() };
+        start_child(w, s, CALL, parent, mode, (color, key), Vec::new(), newcomm)
+    }
+    fn ncclCommShrink = comm_shrink(w, s, comm: ncclComm_t, exclude: *mut c_int, count: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, flags: c_int) {
+        if newcomm.is_null() {
+            return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, "newcomm is NULL".into());
+        }
+        let parent = match s.check_comm(w, CALL, comm) {
+            Ok(h) => h,
+            Err(rc) => {
+                note_error(w.id, rc);
+                return rc;
+            }
+        };
+        if exclude.is_null() || count <= 0 {
+            let msg = format!("excludeRanksList must name at least one rank (count {count})");
+            return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg);
+        }
+        if flags != NCCL_SHRINK_DEFAULT as c_int && flags != NCCL_SHRINK_ABORT as c_int {
+            return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, format!("invalid shrinkFlags {flags}"));
+        }
+        // SAFETY: `config` is NULL or the caller's initialised config.
+        let mode = match unsafe { config_blocking(config) } {
+            Ok(mode) => mode,
+            Err(msg) => return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg),
+        };
+        let Some(c) = s.comms.get(&parent) else { return ncclResult_t::ncclInternalError };
+        let (rank, size) = (c.rank, c.size);
+        let mut list = Vec::with_capacity(count as usize);
+        for i in 0..count as usize {
+            // SAFETY: the caller passes `count` ranks (checked non-null).
+            let r = unsafe { *exclude.add(i) };
+            match usize::try_from(r) {
+                Ok(r) if r < size && r != rank => list.push(r),
+                _ => {
+                    let msg = format!("rank {rank} of {size}: cannot exclude rank {r}");
+                    return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg);
+                }
+            }
+        }
+        list.sort_unstable();
+        list.dedup();
+        // Like NCCL: NULL until the shrink completes.
+        // SAFETY: checked non-null out-pointer.
+        unsafe { *newcomm = std::ptr::null_mut() };
+        start_child(w, s, CALL, parent, mode, (0, rank as c_int), list, newcomm)
     }
 }

@@ -25,11 +25,29 @@
 //!   later call with one, or a captured operation replayed after it, is reported as e.g.
 //!   `ncclRedOpDestroy: communicator 0x.. was freed by ncclCommAbort` and fails with
 //!   `ncclInvalidArgument`.
+//! - A split's or shrink's new communicator read inside the group that makes it, before
+//!   `ncclGroupEnd` (NCCL has written only NULL yet): a call with that NULL handle while
+//!   the thread's group has splits pending is reported, e.g. `ncclCommUserRank:
+//!   communicator NULL: a split or shrink inside a group gives its new communicator only
+//!   when the group ends ...`, and fails with `ncclInvalidArgument`.
 //!
-//! Calls made with bad arguments still fail at the call, as with NCCL. A split child
-//! follows its parent's blocking mode unless the config sets one: a non-blocking
-//! `ncclCommSplit` returns `ncclInProgress` and completes in the background (the child's
-//! `ncclCommGetAsyncError` says when); inside a group, splits complete at `ncclGroupEnd`.
+//! Calls made with bad arguments still fail at the call, as with NCCL; inside a group a
+//! failed split or shrink also fails the group (NCCL's group error): its end runs none of
+//! the group's work and returns the error. An injected `ncclGroupEnd` failure closes the
+//! group too, running nothing.
+//!
+//! Splits and shrinks (`ncclCommShrink`, from 2.27) hand their new communicator over as
+//! NCCL does: `*newcomm` is NULL after the call and is written when the split completes:
+//! in the call for a blocking parent; at the outermost `ncclGroupEnd` inside a group
+//! (NCCL's pattern for one thread driving several ranks); in the background for a
+//! non-blocking parent, whose `ncclCommGetAsyncError` says `ncclInProgress` until then (a
+//! group end answers `ncclInProgress`). The caller's `newcomm` must stay valid until then.
+//! The parent's ranks meet, from any threads and groups, in their n-th split, and form
+//! the children by (color, key, parent rank); a shrink's excluded ranks do not take part.
+//! A split that fails hands over its failed child (its async error says why), which the
+//! caller aborts; aborting a parent waits for its background splits, as NCCL's abort
+//! joins them. The child follows its parent's blocking mode unless the config sets one;
+//! a group refuses blocking and non-blocking parents together, as NCCL does.
 //!
 //! ```
 //! use cuda_sys::mock::MockDriver;

@@ -71,6 +71,9 @@ pub(crate) struct Comm {
     pub(crate) pending: Vec<Done>,
     /// The init registration of a non-blocking communicator still joining.
     pub(crate) init: Option<(Vec<u8>, usize)>,
+    /// Splits and shrinks of this communicator completing in the background (a
+    /// non-blocking parent): an abort waits for them, as NCCL's joins the parent's job.
+    pub(crate) children: Vec<Done>,
 }
 
 /// The rendezvous of one unique id's ranks.
@@ -143,6 +146,16 @@ impl State {
                 w.cuda.report(m.clone());
                 m
             }
+            // A NULL handle while this thread's group has splits or shrinks pending: the
+            // handle was read before the group ended, when NCCL writes it.
+            None if h == 0 && super::group::children_pending(w.id) => {
+                let m = format!(
+                    "{call}: communicator NULL: a split or shrink inside a group gives its \
+                     new communicator only when the group ends (read it after ncclGroupEnd)"
+                );
+                w.cuda.report(m.clone());
+                m
+            }
             None => format!("{call}: invalid communicator {h:#x}"),
         };
         self.error(msg);
@@ -194,6 +207,7 @@ impl State {
                 blocking: true,
                 pending: Vec::new(),
                 init: None,
+                children: Vec::new(),
             },
         );
         h

@@ -1,0 +1,539 @@
+//! Splits and shrinks: one rank's ([`Communicator::split`], [`Communicator::shrink`]) and
+//! several local ranks' from one thread in one NCCL group ([`Communicator::split_all`],
+//! [`Communicator::shrink_all`]).
+//!
+//! NCCL writes the new communicator into the caller's `newcomm` only when the split has
+//! completed: at the end of the call for a blocking parent, at the end of the group for a
+//! split inside a group, and in the background for a non-blocking parent (whose async
+//! error says `ncclInProgress` until then). So the slots NCCL writes live on the heap
+//! until then, and are read only after: after the call or group returned, after polling
+//! each non-blocking parent to success, or after aborting a parent whose wait failed
+//! (NCCL's abort joins the parent's pending split, so nothing is written later).
+
+use std::ffi::c_int;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::time::Instant;
+
+use cuda_hal::DeferScope;
+use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclResult_t};
+
+use crate::reliability::poll;
+use crate::{Communicator, Error, ParentsProblem, Result, check};
+
+const SPLIT_ALL: &str = "Communicator::split_all";
+const SHRINK_ALL: &str = "Communicator::shrink_all";
+
+/// Splits and shrinks inside an open group would give their new communicator only after
+/// the group ends (NCCL's rule): refused, pointing to the grouped API.
+fn refuse_in_group(what: &'static str, instead: &'static str) -> Result<()> {
+    if DeferScope::is_open() {
+        return Err(Error::SplitInGroup { what, instead });
+    }
+    Ok(())
+}
+
+/// NCCL's color: `None` is `NCCL_SPLIT_NOCOLOR`.
+fn color_arg(color: Option<u32>) -> Result<c_int> {
+    match color {
+        None => Ok(NCCL_SPLIT_NOCOLOR),
+        Some(c) => c_int::try_from(c).map_err(|_| Error::InvalidArgument {
+            what: "color",
+            problem: format!("{c} does not fit NCCL's int"),
+        }),
+    }
+}
+
+/// Whether NCCL leaves the communicator usable after this status (as
+/// [`Communicator::check`] decides): usage errors do, every other failure aborts it.
+fn survivable(e: &Error) -> bool {
+    match e {
+        Error::Nccl { code, .. } => matches!(
+            *code,
+            ncclResult_t::ncclInvalidArgument | ncclResult_t::ncclInvalidUsage
+        ),
+        _ => true,
+    }
+}
+
+/// Checks that `parents` can split together in one group from this thread, and that
+/// each is live (performing a requested abort, as every call does). `what` is the
+/// grouped API called.
+fn check_parents(what: &'static str, parents: &[&Communicator]) -> Result<()> {
+    let bad = |problem| Err(Error::GroupedParents { what, problem });
+    let Some(first) = parents.first() else {
+        return bad(ParentsProblem::Empty);
+    };
+    refuse_in_group(what, what)?;
+    for (i, p) in parents.iter().enumerate() {
+        if !Arc::ptr_eq(p.nccl(), first.nccl()) {
+            return bad(ParentsProblem::MixedLibraries { first: 0, other: i });
+        }
+        if p.config().blocking != first.config().blocking {
+            return bad(ParentsProblem::MixedModes {
+                first: 0,
+                first_blocking: first.config().blocking,
+                other: i,
+            });
+        }
+        if let Some(j) = parents[..i].iter().position(|q| q.as_raw() == p.as_raw()) {
+            return bad(ParentsProblem::Duplicate { first: j, again: i });
+        }
+        p.handle().map_err(|e| match e {
+            Error::GroupedElsewhere { .. } => Error::GroupedElsewhere { what },
+            e => e,
+        })?;
+    }
+    Ok(())
+}
+
+/// Where NCCL writes the new communicators: heap slots that do not move, written by NCCL
+/// (from its own thread for a non-blocking parent) until the splits complete.
+struct Slots(Box<[AtomicPtr<ncclComm>]>);
+
+impl Slots {
+    fn new(n: usize) -> Slots {
+        Slots((0..n).map(|_| AtomicPtr::default()).collect())
+    }
+
+    /// The pointer to hand NCCL as `newcomm`.
+    fn out(&self, i: usize) -> *mut ncclComm_t {
+        self.0.get(i).map_or(std::ptr::null_mut(), |s| s.as_ptr())
+    }
+
+    /// What NCCL wrote; read only once it will write no more.
+    fn take(&self) -> Vec<ncclComm_t> {
+        self.0.iter().map(|s| s.load(Ordering::Acquire)).collect()
+    }
+}
+
+/// Aborts handles NCCL made for us that nobody will own.
+fn abort_all(nccl: &Nccl, raws: impl IntoIterator<Item = ncclComm_t>) {
+    for raw in raws.into_iter().filter(|r| !r.is_null()) {
+        // SAFETY: NCCL made this child for us and handed it over; nobody else has it;
+        // aborting frees it, once.
+        unsafe { (nccl.fns().ncclCommAbort)(raw) };
+    }
+}
+
+/// How the children of [`make_children`] are made.
+struct Plan<'a> {
+    /// The NCCL function, for errors.
+    call: &'static str,
+    /// Inside one group of their own.
+    grouped: bool,
+    /// Which parents get a child (a split's NOCOLOR ranks do not).
+    expect: &'a [bool],
+}
+
+/// Creates the children of `parents`, one NCCL call each (`issue(i, parent, newcomm)`).
+/// Reads them only when NCCL is done with the slots; on any failure every child made is
+/// aborted and the first error returned, and parents are aborted as
+/// [`Communicator::check`] would (and always when a wait for them failed, to stop their
+/// split). The parents were checked by the caller.
+fn make_children(
+    parents: &[&Communicator],
+    plan: Plan<'_>,
+    issue: &mut dyn FnMut(usize, ncclComm_t, *mut ncclComm_t) -> ncclResult_t,
+) -> Result<Vec<Option<Communicator>>> {
+    let Plan {
+        call,
+        grouped,
+        expect,
+    } = plan;
+    let Some(first) = parents.first() else {
+        return Ok(Vec::new());
+    };
+    let nccl: &Nccl = first.nccl();
+    let slots = Slots::new(parents.len());
+    if grouped {
+        // SAFETY: no preconditions; ended below on every path.
+        unsafe { nccl_call!(nccl, ncclGroupStart()) }?;
+    }
+    let mut error: Option<Error> = None;
+    let mut status = ncclResult_t::ncclSuccess;
+    for (i, p) in parents.iter().enumerate() {
+        let raw = p.as_raw();
+        let bound = p.context().bind();
+        let rc = match bound {
+            Ok(_) => issue(i, raw, slots.out(i)),
+            Err(e) => {
+                error = Some(e.into());
+                break;
+            }
+        };
+        match rc {
+            ncclResult_t::ncclSuccess => {}
+            ncclResult_t::ncclInProgress => status = rc,
+            rc => {
+                error = check(nccl, rc, call, Some(raw)).err();
+                break;
+            }
+        }
+    }
+    if grouped {
+        // SAFETY: ends the group started above.
+        let (rc, end) = unsafe { nccl_raw_call!(nccl, ncclGroupEnd()) };
+        status = rc;
+        if rc != ncclResult_t::ncclInProgress
+            && let Err(e) = check(nccl, rc, end, None)
+        {
+            error.get_or_insert(e);
+        }
+    }
+    // Non-blocking parents complete their splits in the background: wait for each, within
+    // its deadline; a failed wait aborts that parent, which stops (joins) its split.
+    let mut unsettled = false;
+    if status == ncclResult_t::ncclInProgress {
+        let start = Instant::now();
+        for p in parents {
+            let c = p.config();
+            let r = poll(
+                nccl,
+                p.as_raw(),
+                call,
+                start + c.timeout,
+                c.timeout,
+                p.abort_flag(),
+            );
+            if let Err(e) = r {
+                p.abort_now();
+                // Not aborted only while a group of another thread holds it (through a
+                // `keep_alive`): then NCCL may still write, and the slots must outlive it.
+                unsettled |= !p.is_aborted();
+                error.get_or_insert(e);
+            }
+        }
+    }
+    // NCCL writes no more: every split completed, or its parent was aborted.
+    let raws = slots.take();
+    let missing = error.is_none()
+        && raws
+            .iter()
+            .zip(expect)
+            .any(|(raw, &expected)| expected && raw.is_null());
+    if unsettled || missing {
+        // NCCL may still write them: they must outlive it.
+        std::mem::forget(slots);
+    }
+    if missing {
+        // A group opened through the raw table on this thread defers the split past our
+        // group's end, so it has not completed.
+        error = Some(Error::InvalidArgument {
+            what: call,
+            problem: "NCCL gave no new communicator after the group ended; is an NCCL \
+                      group opened through the raw table still open on this thread?"
+                .into(),
+        });
+    }
+    if let Some(e) = error {
+        abort_all(nccl, raws);
+        if !survivable(&e) {
+            for p in parents {
+                p.abort_now();
+            }
+        }
+        return Err(e);
+    }
+    adopt_children(parents, raws, call)
+}
+
+/// Takes ownership of the children: each is polled to readiness (non-blocking) within its
+/// parent's deadline, then adopted with its parent's configuration. On failure the
+/// children taken so far are dropped and the rest aborted.
+fn adopt_children(
+    parents: &[&Communicator],
+    raws: Vec<ncclComm_t>,
+    call: &'static str,
+) -> Result<Vec<Option<Communicator>>> {
+    let mut out = Vec::with_capacity(raws.len());
+    let mut rest = raws.into_iter();
+    for p in parents {
+        let Some(raw) = rest.next() else { break };
+        if raw.is_null() {
+            out.push(None);
+            continue;
+        }
+        let nccl = p.nccl();
+        let c = *p.config();
+        let ready = if c.blocking {
+            Ok(())
+        } else {
+            let deadline = Instant::now() + c.timeout;
+            poll(nccl, raw, call, deadline, c.timeout, p.abort_flag())
+        };
+        if let Err(e) = ready {
+            abort_all(nccl, std::iter::once(raw).chain(rest));
+            return Err(e);
+        }
+        // SAFETY: NCCL made `raw` for this parent's device and handed it over, and it is
+        // initialised (the split completed and the child is ready); owned here. On error
+        // `adopt` releases it.
+        match unsafe { Communicator::adopt(nccl, p.context(), raw, c) } {
+            Ok(child) => out.push(Some(child)),
+            Err(e) => {
+                abort_all(nccl, rest);
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Communicator {
+    /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
+    /// `key` then by rank; `None` opts out (returns `Ok(None)`). Collective over all ranks.
+    /// The child has this communicator's configuration (NCCL gives it the parent's
+    /// blocking mode), and a non-blocking split waits for it within the deadline (a failed
+    /// wait aborts this communicator, which stops the split).
+    ///
+    /// One rank per call: in one process per rank, or with one thread per rank. Several
+    /// local ranks driven from one thread split together with
+    /// [`split_all`](Self::split_all); inside an open group this returns
+    /// [`Error::SplitInGroup`].
+    #[doc(alias = "ncclCommSplit")]
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        let color = color_arg(color)?;
+        self.handle()?;
+        refuse_in_group("split", SPLIT_ALL)?;
+        let plan = Plan {
+            call: "ncclCommSplit",
+            grouped: false,
+            expect: &[color != NCCL_SPLIT_NOCOLOR],
+        };
+        let mut children = make_children(&[self], plan, &mut |_, raw, out| {
+            // SAFETY: a live communicator; `out` stays valid and unread until the split
+            // completed (make_children); NULL config inherits ours.
+            unsafe { (self.nccl().fns().ncclCommSplit)(raw, color, key, out, std::ptr::null_mut()) }
+        })?;
+        Ok(children.pop().flatten())
+    }
+
+    /// Splits several local ranks from this thread at once, NCCL's pattern for one thread
+    /// driving several devices: every `(parent, color, key)` is split in one NCCL group,
+    /// and the new communicators are read only after the group ended (and, for
+    /// non-blocking parents, after each parent's split completed within its deadline).
+    /// Returns one entry per parent, in order, `None` where the color was `None`. Each
+    /// child has its parent's configuration, as with [`split`](Self::split).
+    ///
+    /// Every rank of a parent communicator takes part in its split: the local ranks here,
+    /// and any others from their own threads or processes (with `split` or `split_all`).
+    ///
+    /// Errors: an empty list, parents of different NCCL libraries or blocking modes, or
+    /// the same parent twice are [`Error::GroupedParents`]; a call inside an open group is
+    /// [`Error::SplitInGroup`]; a parent held by an open group of another thread is
+    /// [`Error::GroupedElsewhere`]. If a call or the group fails, every child made is
+    /// aborted (none leaks) and the error names the failing call; parents are aborted as
+    /// after any failed call (not for usage errors), and always when waiting for them failed.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use nccl_channel::{Communicator, ReduceOp};
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// use nccl_sys::mock::MockNccl;
+    /// // Four simulated GPUs, one communicator each, all driven from this thread.
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(4))?;
+    /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// let nccl = Arc::new(nccl);
+    /// let ctxs = (0..4)
+    ///     .map(|d| cuda.device(d)?.primary_context())
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// // Even and odd ranks form two communicators, each ordered by descending rank.
+    /// let parts: Vec<_> = comms
+    ///     .iter()
+    ///     .map(|c| (c, Some(c.rank() as u32 % 2), -(c.rank() as i32)))
+    ///     .collect();
+    /// let halves = Communicator::split_all(&parts)?;
+    /// let halves: Vec<Communicator> = halves.into_iter().flatten().collect();
+    /// let ranks: Vec<_> = halves.iter().map(|h| (h.rank(), h.size())).collect();
+    /// assert_eq!(ranks, [(1, 2), (1, 2), (0, 2), (0, 2)]);
+    /// // Each half sums its ranks' values: 1 + 3 and 2 + 4.
+    /// let streams = ctxs.iter().map(Stream::new).collect::<Result<Vec<_>, _>>()?;
+    /// let mut bufs = (0..4)
+    ///     .map(|r| DeviceBuffer::from_slice(&ctxs[r], &[r as i32 + 1]))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// nccl_channel::group(&nccl, || {
+    ///     for ((h, b), s) in halves.iter().zip(&mut bufs).zip(&streams) {
+    ///         h.all_reduce_in_place(b, ReduceOp::Sum, s)?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// let mut sums = Vec::new();
+    /// for (b, s) in bufs.iter().zip(&streams) {
+    ///     s.synchronize()?;
+    ///     sums.extend(b.to_vec()?);
+    /// }
+    /// assert_eq!(sums, [4, 6, 4, 6]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "ncclCommSplit")]
+    #[doc(alias = "ncclGroupStart")]
+    pub fn split_all(
+        parts: &[(&Communicator, Option<u32>, i32)],
+    ) -> Result<Vec<Option<Communicator>>> {
+        let parents: Vec<&Communicator> = parts.iter().map(|p| p.0).collect();
+        check_parents(SPLIT_ALL, &parents)?;
+        let args = parts
+            .iter()
+            .map(|&(_, color, key)| Ok((color_arg(color)?, key)))
+            .collect::<Result<Vec<_>>>()?;
+        let nccl = parents[0].nccl().clone();
+        let expect: Vec<bool> = args.iter().map(|a| a.0 != NCCL_SPLIT_NOCOLOR).collect();
+        let plan = Plan {
+            call: "ncclCommSplit",
+            grouped: true,
+            expect: &expect,
+        };
+        make_children(&parents, plan, &mut |i, raw, out| {
+            let Some(&(color, key)) = args.get(i) else {
+                return ncclResult_t::ncclInvalidArgument;
+            };
+            // SAFETY: a live communicator; `out` stays valid and unread until the group's
+            // splits completed (make_children); NULL config inherits the parent's.
+            unsafe { (nccl.fns().ncclCommSplit)(raw, color, key, out, std::ptr::null_mut()) }
+        })
+    }
+
+    /// A new communicator of the ranks not in `exclude` (NCCL ≥ 2.27), e.g. after a peer
+    /// died. Every remaining rank calls it with the same list; ranks keep their order. A
+    /// non-blocking shrink waits as [`split`](Self::split) does. Several local ranks
+    /// driven from one thread shrink together with [`shrink_all`](Self::shrink_all);
+    /// inside an open group this returns [`Error::SplitInGroup`].
+    #[doc(alias = "ncclCommShrink")]
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
+        self.handle()?;
+        refuse_in_group("shrink", SHRINK_ALL)?;
+        let (f, call) = optional!(self.nccl(), ncclCommShrink)?;
+        let list = exclude_list("shrink", exclude, &[self], false)?;
+        let plan = Plan {
+            call,
+            grouped: false,
+            expect: &[true],
+        };
+        let mut children = make_children(&[self], plan, &mut |_, raw, out| {
+            let mut list = list.clone();
+            // SAFETY: a live communicator, a list of valid ranks (NCCL may sort it in
+            // place), `out` valid and unread until the shrink completed, NULL config
+            // (inherit: the child gets our blocking mode) and NCCL_SHRINK_DEFAULT.
+            unsafe {
+                f(
+                    raw,
+                    list.as_mut_ptr(),
+                    list.len() as c_int,
+                    out,
+                    std::ptr::null_mut(),
+                    0,
+                )
+            }
+        })?;
+        children.pop().flatten().ok_or_else(no_child)
+    }
+
+    /// Shrinks several local ranks from this thread at once (NCCL ≥ 2.27): every parent
+    /// is shrunk to the ranks not in `exclude`, in one NCCL group, and the new
+    /// communicators are read only after the group ended, as with
+    /// [`split_all`](Self::split_all) (same errors, plus [`ParentsProblem::ExcludesItself`]
+    /// for a parent whose own rank is excluded). Returns one communicator per parent.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use nccl_channel::Communicator;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_sys::mock::MockNccl;
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// let ctxs = (0..3)
+    ///     .map(|d| cuda.device(d)?.primary_context())
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let mut comms = Communicator::init_all(&Arc::new(nccl), &ctxs)?;
+    /// comms.remove(1).abort()?; // rank 1 is lost
+    /// let small = Communicator::shrink_all(&[&comms[0], &comms[1]], &[1])?;
+    /// let ranks: Vec<_> = small.iter().map(|c| (c.rank(), c.size())).collect();
+    /// assert_eq!(ranks, [(0, 2), (1, 2)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "ncclCommShrink")]
+    pub fn shrink_all(parents: &[&Communicator], exclude: &[usize]) -> Result<Vec<Communicator>> {
+        check_parents(SHRINK_ALL, parents)?;
+        let nccl = parents[0].nccl().clone();
+        let (f, call) = optional!(nccl, ncclCommShrink)?;
+        let list = exclude_list(SHRINK_ALL, exclude, parents, true)?;
+        let expect = vec![true; parents.len()];
+        let plan = Plan {
+            call,
+            grouped: true,
+            expect: &expect,
+        };
+        let children = make_children(parents, plan, &mut |_, raw, out| {
+            let mut list = list.clone();
+            // SAFETY: a live communicator, a list of valid ranks (NCCL may sort it in
+            // place), `out` valid and unread until the group's shrinks completed, NULL
+            // config (inherit) and NCCL_SHRINK_DEFAULT.
+            unsafe {
+                f(
+                    raw,
+                    list.as_mut_ptr(),
+                    list.len() as c_int,
+                    out,
+                    std::ptr::null_mut(),
+                    0,
+                )
+            }
+        })?;
+        children
+            .into_iter()
+            .map(|c| c.ok_or_else(no_child))
+            .collect()
+    }
+}
+
+fn no_child() -> Error {
+    Error::InvalidArgument {
+        what: "shrink",
+        problem: "NCCL returned no communicator for this rank".into(),
+    }
+}
+
+/// Checks a shrink's exclusion list against its parents (in range, not a parent's own
+/// rank, not empty: NCCL needs one) and converts it to NCCL's ints.
+fn exclude_list(
+    what: &'static str,
+    exclude: &[usize],
+    parents: &[&Communicator],
+    grouped: bool,
+) -> Result<Vec<c_int>> {
+    if exclude.is_empty() {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "no rank to exclude (NCCL needs at least one; keep the communicator)".into(),
+        });
+    }
+    for (index, p) in parents.iter().enumerate() {
+        for &r in exclude {
+            if r >= p.size() {
+                return Err(Error::InvalidRank {
+                    what,
+                    rank: r,
+                    size: p.size(),
+                });
+            }
+            if r == p.rank() && grouped {
+                return Err(Error::GroupedParents {
+                    what,
+                    problem: ParentsProblem::ExcludesItself { index, rank: r },
+                });
+            }
+            if r == p.rank() {
+                return Err(Error::InvalidArgument {
+                    what,
+                    problem: format!(
+                        "rank {r} is this communicator's own rank; excluded ranks do not \
+                         call shrink"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(exclude.iter().map(|&r| r as c_int).collect())
+}
