@@ -13,7 +13,7 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cuda_hal::DeferScope;
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclResult_t};
@@ -99,6 +99,13 @@ impl Slots {
     /// The pointer to hand NCCL as `newcomm`.
     fn out(&self, i: usize) -> *mut ncclComm_t {
         self.0.get(i).map_or(std::ptr::null_mut(), |s| s.as_ptr())
+    }
+
+    /// What NCCL wrote into slot `i` so far.
+    fn get(&self, i: usize) -> ncclComm_t {
+        self.0
+            .get(i)
+            .map_or(std::ptr::null_mut(), |s| s.load(Ordering::Acquire))
     }
 
     /// What NCCL wrote; read only once it will write no more.
@@ -202,6 +209,38 @@ fn make_children(
                 // `keep_alive`): then NCCL may still write, and the slots must outlive it.
                 unsettled |= !p.is_aborted();
                 error.get_or_insert(e);
+            }
+        }
+    }
+    // NCCL's background job stores each new communicator as its last step, and a
+    // parent's state can read "success" before that store (seen with NCCL 2.28 for a
+    // split outside a group): wait for the slots themselves, within the deadlines.
+    // A NOCOLOR rank's job stores NULL, which cannot be told from "not yet": its slot
+    // is left to NCCL (eight bytes, never freed).
+    if error.is_none() && parents.iter().any(|p| !p.config().blocking) {
+        let start = Instant::now();
+        for (i, (p, &expected)) in parents.iter().zip(expect).enumerate() {
+            if !expected {
+                unsettled = true;
+                continue;
+            }
+            let timeout = p.config().timeout;
+            let mut pause = Duration::from_micros(20);
+            while slots.get(i).is_null() {
+                if Instant::now() >= start + timeout || p.abort_flag().is_requested() {
+                    p.abort_now();
+                    unsettled |= !p.is_aborted();
+                    error = Some(Error::Timeout {
+                        what: call.to_string(),
+                        after: timeout,
+                    });
+                    break;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+            if error.is_some() {
+                break;
             }
         }
     }

@@ -601,3 +601,23 @@ fn a_raw_group_left_open_is_an_error_not_a_dangling_write() {
     assert_eq!(rig.world.live().comms, 3, "the orphaned child of rank 0");
     assert_no_violations(&rig);
 }
+
+/// A non-blocking split outside a group, one rank per thread (as on the GPU machine with
+/// NCCL 2.28): the parent's state reads "success" before NCCL stores the child, so the
+/// child is awaited itself. The code before this test read the empty slot and failed
+/// with "NCCL gave no new communicator".
+#[test]
+fn a_non_blocking_split_waits_for_the_child_itself() {
+    let rig = Rig::new(2);
+    let comms = local_non_blocking(&rig, 2);
+    let got: Vec<Option<(usize, usize)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| s.spawn(move || rank_size(&c.split(Some(0), -(c.rank() as i32)).unwrap())))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, [Some((1, 2)), Some((0, 2))]);
+    assert_no_violations(&rig);
+    rig.assert_clean();
+}

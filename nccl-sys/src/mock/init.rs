@@ -248,6 +248,9 @@ pub(super) struct Split {
     out: usize,
     /// Set when the split completed in the background (the parent's pending work).
     pub(super) done: Option<Done>,
+    /// For a non-blocking split outside a group: the parent's async state, which NCCL
+    /// publishes before it stores the child.
+    pub(super) early: Option<Done>,
 }
 
 impl Split {
@@ -303,6 +306,15 @@ pub(super) fn finish_split(w: &NWorld, job: Split) -> ncclResult_t {
             fail(&mut s, rc, msg)
         }
     };
+    if let Some(early) = &job.early {
+        // Seen on NCCL 2.28: the parent of a non-blocking split outside a group reads
+        // "success" before the background job stores the child, so callers must wait for
+        // the store itself. (Aborting the parent still waits for the whole job: `done`.)
+        *early.lock().unwrap_or_else(|e| e.into_inner()) = Some(rc);
+        drop(s);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        s = w.lock();
+    }
     if job.out != 0 && job.child != 0 && s.comms.contains_key(&job.child) {
         let slot = std::ptr::with_exposed_provenance_mut::<ncclComm_t>(job.out);
         // SAFETY: NCCL's contract for `newcomm`: the caller keeps it valid, aligned and
@@ -383,6 +395,7 @@ fn start_child(
         parent_blocking,
         out: newcomm.expose_provenance(),
         done: None,
+        early: None,
     };
     if grouped {
         // NCCL's pattern for several splits from one thread: all complete at the end.
@@ -394,7 +407,12 @@ fn start_child(
         let Some(world) = slot_of(w) else {
             return ncclResult_t::ncclInternalError;
         };
-        job.done = Some(track_in_parent(&mut s, parent));
+        let (early, done) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
+        if let Some(c) = s.comms.get_mut(&parent) {
+            c.pending.push(Arc::clone(&early));
+            c.children.push(Arc::clone(&done));
+        }
+        (job.early, job.done) = (Some(early), Some(done));
         drop(s);
         std::thread::spawn(move || finish_split(&world, job));
         return ncclResult_t::ncclInProgress;
