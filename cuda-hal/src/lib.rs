@@ -7,6 +7,11 @@
 //! * [`Context`]: the device's primary context, retained by RAII; [`Context::bind`] makes
 //!   it current on the calling thread, so one thread can drive several devices.
 //! * [`Stream`], [`Event`], [`DeviceBuffer`], [`PinnedBuffer`].
+//! * [`DeviceSlice`] / [`DeviceSliceMut`]: "device memory holding `len` values of `T` in
+//!   this context", taken by every copy, fill, kernel argument and (in `nccl-channel`)
+//!   collective; implemented by buffers, by the views [`DeviceView`] / [`DeviceViewMut`]
+//!   (`slice`, `split_at`, `chunks`, like `&[T]`), and by other crates for their memory,
+//!   which is then borrowed, never owned.
 //! * [`Module`] (code loaded in one context) and [`Library`] (code for every context),
 //!   their kernels as [`Function`]s, device globals as [`Global`]s, and launches:
 //!   [`Function::launch`] with a [`LaunchConfig`] and a tuple of [`KernelArg`]s
@@ -93,8 +98,9 @@
 //!    capture recording one of them). Functions and globals borrow it, so they cannot
 //!    outlive it.
 //!
-//! Views of buffers and registered memory (later) share their parent's allocation and so
-//! the same rules. The [`mock`] driver checks all of this when work executes: a freed,
+//! Views note their work on the memory they were taken of (a buffer's allocation, or
+//! another crate's [`DeviceSlice`], whose implementation promises the same rules), so they
+//! follow the same rules; the compiler keeps a view from outliving its buffer. The [`mock`] driver checks all of this when work executes: a freed,
 //! out-of-bounds or foreign address, and a stream-ordered free not ordered after the work
 //! that used the memory, are reported as violations naming the call.
 

@@ -470,56 +470,40 @@ impl<'a, T: DeviceRepr> Iterator for ChunksMut<'a, T> {
 
 impl<T: DeviceRepr> ExactSizeIterator for ChunksMut<'_, T> {}
 
-// SAFETY: a range inside memory that the base promises for 'a (checked by `bounds`), or
-// raw memory the caller of `from_raw_parts` vouched for; uses are noted on the base.
-unsafe impl<T: DeviceRepr> DeviceSlice for DeviceView<'_, T> {
-    type Elem = T;
-    #[inline]
-    fn device_ptr(&self) -> CUdeviceptr {
-        self.ptr
-    }
-    #[inline]
-    fn len(&self) -> usize {
-        self.len
-    }
-    #[inline]
-    fn context(&self) -> &Context {
-        self.base.context()
-    }
-    #[inline]
-    fn used_on(&self, stream: &Stream) -> Result<()> {
-        self.base.used_on(stream)
-    }
-    #[inline]
-    fn used_synchronously(&self) -> Result<()> {
-        self.base.used_synchronously()
-    }
+/// `DeviceSlice` for both view types: the range's own address and length, everything
+/// else from the memory it was taken of.
+macro_rules! view_slice {
+    ($view:ident) => {
+        // SAFETY: a range inside memory that the base promises for 'a (checked by
+        // `bounds`), or raw memory the caller of `from_raw_parts` vouched for; uses are
+        // noted on the base.
+        unsafe impl<T: DeviceRepr> DeviceSlice for $view<'_, T> {
+            type Elem = T;
+            #[inline]
+            fn device_ptr(&self) -> CUdeviceptr {
+                self.ptr
+            }
+            #[inline]
+            fn len(&self) -> usize {
+                self.len
+            }
+            #[inline]
+            fn context(&self) -> &Context {
+                self.base.context()
+            }
+            #[inline]
+            fn used_on(&self, stream: &Stream) -> Result<()> {
+                self.base.used_on(stream)
+            }
+            #[inline]
+            fn used_synchronously(&self) -> Result<()> {
+                self.base.used_synchronously()
+            }
+        }
+    };
 }
-
-// SAFETY: as for DeviceView.
-unsafe impl<T: DeviceRepr> DeviceSlice for DeviceViewMut<'_, T> {
-    type Elem = T;
-    #[inline]
-    fn device_ptr(&self) -> CUdeviceptr {
-        self.ptr
-    }
-    #[inline]
-    fn len(&self) -> usize {
-        self.len
-    }
-    #[inline]
-    fn context(&self) -> &Context {
-        self.base.context()
-    }
-    #[inline]
-    fn used_on(&self, stream: &Stream) -> Result<()> {
-        self.base.used_on(stream)
-    }
-    #[inline]
-    fn used_synchronously(&self) -> Result<()> {
-        self.base.used_synchronously()
-    }
-}
+view_slice!(DeviceView);
+view_slice!(DeviceViewMut);
 
 // SAFETY: made from `&mut` of writable memory (or raw memory vouched writable), and the
 // ranges handed out by splitting are disjoint.

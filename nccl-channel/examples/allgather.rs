@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cuda_hal::{DeviceBuffer, Stream};
-use nccl_channel::{ChannelBuilder, Communicator, NcclType, ReduceOp, World};
+use nccl_channel::{Communicator, NcclType, ReduceOp, World};
 
 #[derive(Clone, Debug)]
 struct Opts {
@@ -122,20 +122,7 @@ fn main() -> ExitCode {
 
 /// One rank, everything from the environment and `--device`.
 fn run_rank_from_env(world: World, o: &Opts) -> Result<(), String> {
-    let mut b = ChannelBuilder::new().world(world);
-    if let Some(d) = &o.device {
-        b = b.device(d.clone());
-    }
-    let ch = b.build().map_err(|e| e.to_string())?.ok_or("no world")?;
-    let dev = ch.comm().context().device();
-    println!(
-        "rank {}/{} on GPU {} ({}), NCCL {}",
-        ch.comm().rank(),
-        ch.comm().size(),
-        dev.ordinal(),
-        dev.uuid().map_err(|e| e.to_string())?,
-        ch.comm().nccl().version()
-    );
+    let ch = launch::rank_channel(world, o.device.as_deref())?;
     let line = run_collective(ch.comm(), ch.stream(), o)?;
     println!("{line}");
     ch.close().map_err(|e| e.to_string())

@@ -8,7 +8,9 @@
 //! * [`Communicator`]: init by rank, all local devices at once, split and shrink (one rank,
 //!   or every local rank from one thread in one group); collectives typed over
 //!   [`NcclType`] with lengths, roots, peers, devices and types checked before any FFI
-//!   call; [`group`] / [`Group`] always end their group.
+//!   call, on any [`DeviceSlice`](cuda_hal::DeviceSlice): whole buffers, views (bucketed
+//!   all-reduce over `chunks_mut` of one flat buffer), other crates' memory; raw addresses
+//!   through [`RawCollectives`] (`unsafe`); [`group`] / [`Group`] always end their group.
 //! * [`Channel`]: the default channel; NCCL is opened only when one is asked for with a
 //!   world size of at least 1.
 //!

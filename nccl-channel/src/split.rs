@@ -443,30 +443,8 @@ impl Communicator {
     pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
         self.handle()?;
         refuse_in_group("shrink", SHRINK_ALL)?;
-        let (f, call) = optional!(self.nccl(), ncclCommShrink)?;
-        let list = exclude_list("shrink", exclude, &[self], false)?;
-        let plan = Plan {
-            call,
-            grouped: false,
-            expect: &[true],
-        };
-        let mut children = make_children(&[self], plan, &mut |_, raw, out| {
-            let mut list = list.clone();
-            // SAFETY: a live communicator, a list of valid ranks (NCCL may sort it in
-            // place), `out` valid and unread until the shrink completed, NULL config
-            // (inherit: the child gets our blocking mode) and NCCL_SHRINK_DEFAULT.
-            unsafe {
-                f(
-                    raw,
-                    list.as_mut_ptr(),
-                    list.len() as c_int,
-                    out,
-                    std::ptr::null_mut(),
-                    0,
-                )
-            }
-        })?;
-        children.pop().flatten().ok_or_else(no_child)
+        let mut children = shrink_each(&[self], exclude, "shrink", false)?;
+        children.pop().ok_or_else(no_child)
     }
 
     /// Shrinks several local ranks from this thread at once (NCCL ≥ 2.27): every parent
@@ -495,36 +473,50 @@ impl Communicator {
     #[doc(alias = "ncclCommShrink")]
     pub fn shrink_all(parents: &[&Communicator], exclude: &[usize]) -> Result<Vec<Communicator>> {
         check_parents(SHRINK_ALL, parents)?;
-        let nccl = parents[0].nccl().clone();
-        let (f, call) = optional!(nccl, ncclCommShrink)?;
-        let list = exclude_list(SHRINK_ALL, exclude, parents, true)?;
-        let expect = vec![true; parents.len()];
-        let plan = Plan {
-            call,
-            grouped: true,
-            expect: &expect,
-        };
-        let children = make_children(parents, plan, &mut |_, raw, out| {
-            let mut list = list.clone();
-            // SAFETY: a live communicator, a list of valid ranks (NCCL may sort it in
-            // place), `out` valid and unread until the group's shrinks completed, NULL
-            // config (inherit) and NCCL_SHRINK_DEFAULT.
-            unsafe {
-                f(
-                    raw,
-                    list.as_mut_ptr(),
-                    list.len() as c_int,
-                    out,
-                    std::ptr::null_mut(),
-                    0,
-                )
-            }
-        })?;
-        children
-            .into_iter()
-            .map(|c| c.ok_or_else(no_child))
-            .collect()
+        shrink_each(parents, exclude, SHRINK_ALL, true)
     }
+}
+
+/// The shrinks of `parents` (checked by the caller), one NCCL group of their own when
+/// `grouped`; every parent gets a child.
+fn shrink_each(
+    parents: &[&Communicator],
+    exclude: &[usize],
+    what: &'static str,
+    grouped: bool,
+) -> Result<Vec<Communicator>> {
+    let Some(first) = parents.first() else {
+        return Ok(Vec::new());
+    };
+    let (f, call) = optional!(first.nccl(), ncclCommShrink)?;
+    let list = exclude_list(what, exclude, parents, grouped)?;
+    let expect = vec![true; parents.len()];
+    let plan = Plan {
+        call,
+        grouped,
+        expect: &expect,
+    };
+    let children = make_children(parents, plan, &mut |_, raw, out| {
+        let mut list = list.clone();
+        // SAFETY: a live communicator, a list of valid ranks (NCCL may sort it in place),
+        // `out` valid and unread until the shrink completed (the group ended, or NCCL
+        // stored it), NULL config (inherit: the child gets its parent's blocking mode) and
+        // NCCL_SHRINK_DEFAULT.
+        unsafe {
+            f(
+                raw,
+                list.as_mut_ptr(),
+                list.len() as c_int,
+                out,
+                std::ptr::null_mut(),
+                0,
+            )
+        }
+    })?;
+    children
+        .into_iter()
+        .map(|c| c.ok_or_else(no_child))
+        .collect()
 }
 
 fn no_child() -> Error {

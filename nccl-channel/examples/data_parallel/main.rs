@@ -29,7 +29,7 @@ use std::time::Duration;
 use clap::Parser;
 use cuda_hal::mock::{KernelCall, MockDriver};
 use cuda_hal::{DeviceBuffer, Event, LaunchConfig, Module, Stream};
-use nccl_channel::{Channel, ChannelBuilder, Communicator, ReduceOp, World};
+use nccl_channel::{Channel, Communicator, ReduceOp, World};
 
 /// The kernels, compiled from `kernels.cu` (see there).
 const KERNELS: &str = include_str!("kernels.ptx");
@@ -135,20 +135,7 @@ fn launch(n: usize, o: &Opts) -> Result<(), String> {
 }
 
 fn rank_from_env(world: World, o: &Opts) -> Result<(), String> {
-    let mut b = ChannelBuilder::new().world(world);
-    if let Some(d) = &o.device {
-        b = b.device(d.clone());
-    }
-    let ch = b.build().map_err(|e| e.to_string())?.ok_or("no world")?;
-    let dev = ch.comm().context().device();
-    println!(
-        "rank {}/{} on GPU {} ({}), NCCL {}",
-        ch.comm().rank(),
-        ch.comm().size(),
-        dev.ordinal(),
-        dev.uuid().map_err(|e| e.to_string())?,
-        ch.comm().nccl().version()
-    );
+    let ch = launch::rank_channel(world, o.device.as_deref())?;
     train(&ch, o)?;
     ch.close().map_err(|e| e.to_string())
 }

@@ -47,6 +47,26 @@ pub(crate) fn machine(n: usize) -> Result<Machine, String> {
     }
 }
 
+/// One rank configured by the environment (and `--device`), announced with its GPU and
+/// the NCCL it loaded.
+pub(crate) fn rank_channel(world: World, device: Option<&str>) -> Result<Channel, String> {
+    let mut b = ChannelBuilder::new().world(world);
+    if let Some(d) = device {
+        b = b.device(d.to_string());
+    }
+    let ch = b.build().map_err(|e| e.to_string())?.ok_or("no world")?;
+    let dev = ch.comm().context().device();
+    println!(
+        "rank {}/{} on GPU {} ({}), NCCL {}",
+        ch.comm().rank(),
+        ch.comm().size(),
+        dev.ordinal(),
+        dev.uuid().map_err(|e| e.to_string())?,
+        ch.comm().nccl().version()
+    );
+    Ok(ch)
+}
+
 /// Starts this executable `n` times with `args`, rank `r` configured by
 /// `NCCL_CHANNEL_NPROCS/PROCID/LOCAL_PROCID` and a shared `NCCL_COMM_ID`; prefixes their
 /// output with the rank; stops every rank when one fails or `timeout` passes.
