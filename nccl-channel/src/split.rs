@@ -152,6 +152,12 @@ fn make_children(
         return Ok(Vec::new());
     };
     let nccl: &Nccl = first.nccl();
+    // Every context must be usable before the first split is issued: a failure between
+    // the splits of one group would leave the issued ones waiting for ranks that never
+    // come (a hang with blocking parents).
+    for p in parents {
+        p.context().bind()?;
+    }
     let slots = Slots::new(parents.len());
     if grouped {
         // SAFETY: no preconditions; ended below on every path.
@@ -159,25 +165,24 @@ fn make_children(
     }
     let mut error: Option<Error> = None;
     let mut status = ncclResult_t::ncclSuccess;
+    let mut issued = vec![false; parents.len()];
     for (i, p) in parents.iter().enumerate() {
         let raw = p.as_raw();
-        let bound = p.context().bind();
-        let rc = match bound {
-            Ok(_) => issue(i, raw, slots.out(i)),
-            Err(e) => {
-                error = Some(e.into());
-                break;
+        // NCCL sets the parent's device itself; binding (checked above) is for the mock
+        // and for tidiness.
+        let _bound = p.context().bind().ok();
+        match issue(i, raw, slots.out(i)) {
+            ncclResult_t::ncclSuccess => issued[i] = true,
+            ncclResult_t::ncclInProgress => {
+                (status, issued[i]) = (ncclResult_t::ncclInProgress, true)
             }
-        };
-        match rc {
-            ncclResult_t::ncclSuccess => {}
-            ncclResult_t::ncclInProgress => status = rc,
             rc => {
                 error = check(nccl, rc, call, Some(raw)).err();
                 break;
             }
         }
     }
+    let mut group_failed = false;
     if grouped {
         // SAFETY: ends the group started above.
         let (rc, end) = unsafe { nccl_raw_call!(nccl, ncclGroupEnd()) };
@@ -185,6 +190,8 @@ fn make_children(
         if rc != ncclResult_t::ncclInProgress
             && let Err(e) = check(nccl, rc, end, None)
         {
+            // The group ran none of its splits: NCCL writes no slot.
+            group_failed = true;
             error.get_or_insert(e);
         }
     }
@@ -213,14 +220,19 @@ fn make_children(
         }
     }
     // NCCL's background job stores each new communicator as its last step, and a
-    // parent's state can read "success" before that store (seen with NCCL 2.28 for a
-    // split outside a group): wait for the slots themselves, within the deadlines.
-    // A NOCOLOR rank's job stores NULL, which cannot be told from "not yet": its slot
-    // is left to NCCL (eight bytes, never freed).
-    if error.is_none() && parents.iter().any(|p| !p.config().blocking) {
+    // parent's state can read "success" before that store (seen through this crate with
+    // NCCL 2.28 for splits outside a group, one rank per thread; not reproduced by a C
+    // probe): wait for the slots themselves, within the deadlines, also when another
+    // parent failed, so that nothing is stored after the slots are gone. A parent whose
+    // wait fails is aborted (which joins its split). A NOCOLOR rank's job stores NULL,
+    // which cannot be told from "not yet": its slot is left to NCCL (never freed).
+    if !group_failed {
         let start = Instant::now();
-        for (i, (p, &expected)) in parents.iter().zip(expect).enumerate() {
-            if !expected {
+        for (i, p) in parents.iter().enumerate() {
+            if !issued[i] || p.config().blocking || p.is_aborted() {
+                continue;
+            }
+            if !expect.get(i).copied().unwrap_or(false) {
                 unsettled = true;
                 continue;
             }
@@ -230,7 +242,7 @@ fn make_children(
                 if Instant::now() >= start + timeout || p.abort_flag().is_requested() {
                     p.abort_now();
                     unsettled |= !p.is_aborted();
-                    error = Some(Error::Timeout {
+                    error.get_or_insert(Error::Timeout {
                         what: call.to_string(),
                         after: timeout,
                     });
@@ -238,9 +250,6 @@ fn make_children(
                 }
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(1));
-            }
-            if error.is_some() {
-                break;
             }
         }
     }
@@ -250,7 +259,8 @@ fn make_children(
         && raws
             .iter()
             .zip(expect)
-            .any(|(raw, &expected)| expected && raw.is_null());
+            .zip(&issued)
+            .any(|((raw, &expected), &issued)| issued && expected && raw.is_null());
     if unsettled || missing {
         // NCCL may still write them: they must outlive it.
         std::mem::forget(slots);
@@ -538,6 +548,16 @@ fn exclude_list(
         return Err(Error::InvalidArgument {
             what,
             problem: "no rank to exclude (NCCL needs at least one; keep the communicator)".into(),
+        });
+    }
+    let mut sorted = exclude.to_vec();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        // NCCL counts the list's length, not its distinct ranks: a repeat shrinks the
+        // survivors' size wrongly (or fails on some ranks only).
+        return Err(Error::InvalidArgument {
+            what,
+            problem: format!("rank {} is excluded twice", w[0]),
         });
     }
     for (index, p) in parents.iter().enumerate() {

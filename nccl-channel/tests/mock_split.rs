@@ -621,3 +621,88 @@ fn a_non_blocking_split_waits_for_the_child_itself() {
     assert_no_violations(&rig);
     rig.assert_clean();
 }
+
+/// A context that cannot be made current refuses the whole grouped split before any
+/// split is issued. Before, the first parent's split was issued and then waited for its
+/// peer until NCCL's timeout (with real NCCL and blocking parents: forever).
+#[test]
+fn a_bind_failure_refuses_split_all_before_any_split() {
+    let rig = Rig::new(2);
+    let comms = local(&rig, 2);
+    // The second parent's bind (its cuCtxGetCurrent) fails.
+    rig.gpus.fail_after(
+        "cuCtxGetCurrent",
+        1,
+        cuda_hal::cuda_sys::CUresult::CUDA_ERROR_UNKNOWN,
+    );
+    let t = std::time::Instant::now();
+    let e =
+        Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)]).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Cuda(cuda_hal::Error::Driver {
+                call: "cuCtxGetCurrent",
+                ..
+            })
+        ),
+        "{e}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(rig.world.calls("ncclCommSplit"), 0, "nothing issued");
+    rig.gpus.clear_faults();
+    // The parents are intact: a retry works.
+    let children =
+        Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)]).unwrap();
+    assert_eq!(
+        children.iter().map(rank_size).collect::<Vec<_>>(),
+        [Some((0, 2)), Some((1, 2))]
+    );
+    drop((children, comms));
+    rig.assert_clean();
+}
+
+/// NCCL sizes a shrink's child by the exclude list's length: a repeated rank would give
+/// the survivors a wrong size (on NCCL 2.28.9 with 2 ranks and `[1, 1]`: "invalid device
+/// count (0)"). Refused before any NCCL call; the simulated NCCL refuses it too (it used to
+/// deduplicate, hiding the problem).
+#[test]
+fn a_rank_excluded_twice_is_refused() {
+    let rig = Rig::new(3);
+    let mut comms = local(&rig, 3);
+    comms.remove(1).abort().unwrap();
+    let e = Communicator::shrink_all(&[&comms[0], &comms[1]], &[1, 1]).unwrap_err();
+    assert_eq!(
+        e,
+        Error::InvalidArgument {
+            what: "Communicator::shrink_all",
+            problem: "rank 1 is excluded twice".into()
+        }
+    );
+    let e = comms[0].shrink(&[1, 2, 1]).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { what: "shrink", problem } if problem == "rank 1 is excluded twice"),
+        "{e}"
+    );
+    assert_eq!(rig.world.calls("ncclCommShrink"), 0);
+    // The raw NCCL refuses it as well.
+    let mut list = [1i32, 1];
+    let mut out: nccl_sys::ncclComm_t = std::ptr::null_mut();
+    let _g = comms[0].context().bind().unwrap();
+    // SAFETY: a live communicator, a list of 2 ranks and a valid out-pointer.
+    let rc = unsafe {
+        (rig.nccl.fns().ncclCommShrink.unwrap())(
+            comms[0].as_raw(),
+            list.as_mut_ptr(),
+            2,
+            &mut out,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    assert_eq!(rc, ncclResult_t::ncclInvalidArgument);
+    assert!(out.is_null());
+    drop(_g);
+    drop(comms);
+    rig.assert_clean();
+}

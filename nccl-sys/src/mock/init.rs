@@ -614,7 +614,12 @@ nccl_mock! {
             }
         }
         list.sort_unstable();
-        list.dedup();
+        if let Some(d) = list.windows(2).find(|p| p[0] == p[1]) {
+            // NCCL sizes the child by the list's length, so a repeated rank gives the
+            // survivors a wrong size (NCCL 2.28 then fails on some ranks): refused here.
+            let msg = format!("rank {rank} of {size}: rank {} is excluded twice", d[0]);
+            return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg);
+        }
         // Like NCCL: NULL until the shrink completes.
         // SAFETY: checked non-null out-pointer.
         unsafe { *newcomm = std::ptr::null_mut() };
