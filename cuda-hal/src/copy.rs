@@ -41,6 +41,10 @@ enum Pattern {
 
 fn pattern<T: DeviceRepr>(value: T) -> Pattern {
     let size = size_of::<T>();
+    if size == 0 {
+        // Zero-sized elements have no bytes to set.
+        return Pattern::D8(0);
+    }
     if size > 16 {
         return Pattern::Other;
     }
@@ -393,10 +397,22 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
             Pattern::D32(v) => unsafe { call!(cuda, cuMemsetD32(p, v, n / 4)) }?,
             Pattern::Other => {
                 drop(_g);
-                return self.copy_from_host(&vec![value; self.len()]);
+                return self.fill_by_upload(value);
             }
         }
         finish(ctx)
+    }
+
+    /// Fills by uploading a host block of at most 1 MiB of `value`s, range by range (a
+    /// whole-buffer host copy could be as large as the device memory).
+    fn fill_by_upload(&mut self, value: T) -> Result<()> {
+        let per = ((1 << 20) / size_of::<T>().max(1)).max(1);
+        let block = vec![value; per.min(self.len())];
+        for mut part in self.reborrow().chunks_mut(per)? {
+            let n = part.len();
+            part.copy_from_host(&block[..n])?;
+        }
+        Ok(())
     }
 
     /// Enqueues setting every element to `value` on `stream` and returns at once (also

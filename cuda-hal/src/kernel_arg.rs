@@ -20,10 +20,14 @@ use crate::{
 /// address), and for [`ByValue`] (any [`DeviceRepr`] struct, passed by value). `usize`
 /// and `isize` are left out on purpose: the kernel's parameter has an explicit width.
 ///
-/// Implementing it is safe: the value only becomes the parameter's bytes. What the kernel
-/// does with them is what [`Function::launch`](crate::Function::launch)'s caller vouches
-/// for.
-pub trait KernelArg {
+/// # Safety
+/// If [`Raw`](Self::Raw) carries anything a kernel may dereference (a device address),
+/// [`prepare`](Self::prepare) keeps that memory allocated until the kernel has run on
+/// `stream`, including every replay of a graph that captures the launch and a launch
+/// deferred by an open group: as [`DeviceSlice::used_on`] does, which is what the impls
+/// here call. What the kernel does with the values is
+/// [`Function::launch`](crate::Function::launch)'s caller's promise.
+pub unsafe trait KernelArg {
     /// The parameter's value, copied by the driver at launch.
     type Raw: DeviceRepr;
 
@@ -36,7 +40,8 @@ pub trait KernelArg {
 
 macro_rules! scalar_arg {
     ($($t:ty),*) => { $(
-        impl KernelArg for $t {
+        // SAFETY: a number, not an address.
+        unsafe impl KernelArg for $t {
             type Raw = $t;
             #[inline]
             fn prepare(&self, _: &Stream) -> Result<$t> {
@@ -55,7 +60,9 @@ scalar_arg!(half::f16, half::bf16);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ByValue<T: DeviceRepr>(pub T);
 
-impl<T: DeviceRepr> KernelArg for ByValue<T> {
+// SAFETY: the value is passed as it is; memory its fields may point to is the launch's
+// caller's to keep alive (see `Function::launch`).
+unsafe impl<T: DeviceRepr> KernelArg for ByValue<T> {
     type Raw = T;
     #[inline]
     fn prepare(&self, _: &Stream) -> Result<T> {
@@ -78,7 +85,8 @@ fn memory<S: DeviceSlice + ?Sized>(s: &S, stream: &Stream) -> Result<CUdeviceptr
     Ok(s.device_ptr())
 }
 
-impl<S: DeviceSlice + ?Sized> KernelArg for &S {
+// SAFETY: `memory` notes the memory used on the stream (DeviceSlice::used_on).
+unsafe impl<S: DeviceSlice + ?Sized> KernelArg for &S {
     type Raw = CUdeviceptr;
     #[inline]
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
@@ -86,7 +94,8 @@ impl<S: DeviceSlice + ?Sized> KernelArg for &S {
     }
 }
 
-impl<S: DeviceSliceMut + ?Sized> KernelArg for &mut S {
+// SAFETY: as above.
+unsafe impl<S: DeviceSliceMut + ?Sized> KernelArg for &mut S {
     type Raw = CUdeviceptr;
     #[inline]
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
@@ -94,7 +103,8 @@ impl<S: DeviceSliceMut + ?Sized> KernelArg for &mut S {
     }
 }
 
-impl<T: DeviceRepr> KernelArg for DeviceView<'_, T> {
+// SAFETY: as above.
+unsafe impl<T: DeviceRepr> KernelArg for DeviceView<'_, T> {
     type Raw = CUdeviceptr;
     #[inline]
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
@@ -102,7 +112,8 @@ impl<T: DeviceRepr> KernelArg for DeviceView<'_, T> {
     }
 }
 
-impl<T: DeviceRepr> KernelArg for DeviceViewMut<'_, T> {
+// SAFETY: as above.
+unsafe impl<T: DeviceRepr> KernelArg for DeviceViewMut<'_, T> {
     type Raw = CUdeviceptr;
     #[inline]
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {

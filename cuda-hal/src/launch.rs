@@ -55,8 +55,12 @@ impl LaunchConfig {
     }
 
     /// Threads in one block.
+    /// (Saturating: three `u32`s can multiply past `u64::MAX`; the launch refuses such a
+    /// block anyway.)
     pub fn threads_per_block(&self) -> u64 {
-        self.block.iter().map(|v| u64::from(*v)).product()
+        self.block
+            .iter()
+            .fold(1u64, |n, v| n.saturating_mul(u64::from(*v)))
     }
 }
 
@@ -86,7 +90,10 @@ impl Function<'_> {
     /// and writes only memory given mutably (`&mut` or a [`DeviceViewMut`](crate::DeviceViewMut))
     /// or that it owns; and it does not make other work of the device misbehave (an
     /// infinite loop, a trap). The shape must suit the kernel (e.g. it checks its index
-    /// against the length, if the grid covers more threads than elements).
+    /// against the length, if the grid covers more threads than elements). Memory the
+    /// kernel reaches other than through buffers and views (an address passed as a `u64`
+    /// or inside a [`ByValue`](crate::ByValue) struct) is not tracked: the caller keeps it
+    /// allocated for as long as the kernel, or a graph that captured it, may run.
     #[doc(alias = "cuLaunchKernel")]
     pub unsafe fn launch<A: KernelArgs>(
         &self,

@@ -89,8 +89,10 @@
 //!    path (`Driver::load_from`; `$CUDA_SYS_LIBRARY` is trusted input, like
 //!    `LD_PRELOAD`), loading binary code ([`Module::from_binary`]: the driver takes no
 //!    length), and launching a kernel ([`Function::launch`]: no type system can check
-//!    what a kernel does with its arguments; their packing, lifetimes and contexts are
-//!    checked, the kernel's behaviour is the caller's promise).
+//!    what a kernel does with its arguments; their packing and contexts are checked, and
+//!    buffers and views given are held like any other use; the kernel's behaviour, and
+//!    memory reached through raw addresses, are the caller's promise), and implementing
+//!    [`KernelArg`] (an implementation that hands out an address keeps its memory alive).
 //! 7. **Code is kept alive like memory.** A [`Module`] or [`Library`] is shared like an
 //!    allocation: a launch notes it used on its stream and holds it for a capture or
 //!    group, exactly as its buffer arguments are; the last owner unloads it only after

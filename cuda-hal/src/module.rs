@@ -203,7 +203,7 @@ impl<'a, T: DeviceRepr> Global<'a, T> {
         ptr: CUdeviceptr,
         bytes: usize,
     ) -> Result<Self> {
-        if !bytes.is_multiple_of(size_of::<T>()) {
+        if size_of::<T>() == 0 || !bytes.is_multiple_of(size_of::<T>()) {
             return Err(Error::InvalidArgument {
                 what: "global",
                 problem: format!(

@@ -291,3 +291,21 @@ fn raw_views_read_memory_they_do_not_own() {
     drop((ctx, cuda));
     assert_clean(&world);
 }
+
+/// A fill no memset can do (an 8-byte value that is not a repeated pattern) uploads a
+/// host block of at most 1 MiB range by range, not a host copy of the whole buffer.
+#[test]
+fn a_fill_without_a_memset_uploads_one_mib_at_a_time() {
+    let (_cuda, world, ctx) = rig();
+    let n = 300_000; // 2.4 MB of f64: three 1 MiB blocks (131072 elements each)
+    let mut b = DeviceBuffer::<f64>::zeroed(&ctx, n + 2).unwrap();
+    let before = world.calls("cuMemcpyHtoD");
+    b.slice_mut(1..=n).unwrap().fill(1.5).unwrap();
+    assert_eq!(world.calls("cuMemcpyHtoD") - before, 3);
+    let v = b.to_vec().unwrap();
+    assert_eq!(
+        (v[0], v[1], v[131_072], v[n], v[n + 1]),
+        (0.0, 1.5, 1.5, 1.5, 0.0)
+    );
+    assert!(v[1..=n].iter().all(|x| *x == 1.5));
+}

@@ -26,7 +26,9 @@ pub(super) const REGISTERS_PER_THREAD: i32 = 32;
 /// within its limit, and at most [`MAX_THREADS_PER_BLOCK`] threads in a block.
 pub(super) fn valid_shape(grid: [u32; 3], block: [u32; 3]) -> bool {
     let within = |d: [u32; 3], max: [u32; 3]| d.iter().zip(max).all(|(v, m)| (1..=m).contains(v));
-    let threads = block.iter().map(|v| u64::from(*v)).product::<u64>();
+    let threads = block
+        .iter()
+        .fold(1u64, |n, v| n.saturating_mul(u64::from(*v)));
     within(grid, MAX_GRID_DIM)
         && within(block, MAX_BLOCK_DIM)
         && threads <= u64::from(MAX_THREADS_PER_BLOCK)
