@@ -9,8 +9,8 @@ use crate::{Context, Device, DeviceRepr, Result, Stream};
 /// Device memory holding [`len`](Self::len) values of [`Elem`](Self::Elem) in one
 /// context, borrowed for as long as the value is.
 ///
-/// Implemented by [`DeviceBuffer`](crate::DeviceBuffer), [`DeviceView`](crate::DeviceView)
-/// and [`DeviceViewMut`](crate::DeviceViewMut); other crates implement it for their own
+/// Implemented by [`DeviceBuffer`](crate::DeviceBuffer), [`DeviceView`](crate::DeviceView),
+/// [`DeviceViewMut`](crate::DeviceViewMut) and a module's [`Global`](crate::Global); other crates implement it for their own
 /// buffers (a framework's tensor, another CUDA crate's slice) so that this crate and
 /// `nccl-channel` can use that memory without owning it. [`DeviceView::new`](crate::DeviceView::new) and
 /// [`DeviceViewMut::new`](crate::DeviceViewMut::new) then give ranges of it.

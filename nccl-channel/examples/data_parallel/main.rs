@@ -326,9 +326,16 @@ fn train_inner(
         );
         if timed_steps > 0 {
             let (step, ar) = (step_ms / timed_steps as f64, ar_ms / timed_steps as f64);
+            // Simulated devices run kernels on the host when enqueued: their event times
+            // measure the simulation, not a GPU.
+            let clock = if ctx.cuda().driver().origin() == "mock driver" {
+                " (simulated devices: host time of the simulation)"
+            } else {
+                ""
+            };
             println!(
                 "step time {:.1} us, all_reduce {:.1} us ({:.1} %) in {buckets} buckets of <= {} \
-                 floats ({} floats of gradient), over {timed_steps} steps",
+                 floats ({} floats of gradient), over {timed_steps} steps{clock}",
                 step * 1e3,
                 ar * 1e3,
                 100.0 * ar / step,
