@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cuda_sys::mock::{MockDriver, MockWorld, Touch};
+use cuda_sys::mock::{MockDriver, MockWorld, QUARANTINE_BLOCKS, Touch};
 use cuda_sys::{CUcontext, CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode, Driver};
 
 const OK: CUresult = CUresult::CUDA_SUCCESS;
@@ -464,4 +464,82 @@ fn a_captured_free_frees_at_each_replay() {
             "cuMemFreeAsync of {p:#x}: double free (already freed by cuMemFreeAsync)"
         )]
     );
+}
+
+fn free(d: &Driver, p: CUdeviceptr) {
+    // SAFETY: a live allocation.
+    assert_eq!(unsafe { (d.fns().cuMemFree)(p) }, OK);
+}
+
+#[test]
+fn read_device_and_write_device_move_checked_data_under_the_lock() {
+    let (d, world, ctx0) = setup();
+    let p = alloc(&d, 64);
+    // Device 1's memory is reachable too: no stream, so no device to match.
+    let mut ctx1 = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; device 1 exists.
+    unsafe {
+        assert_eq!((d.fns().cuDevicePrimaryCtxRetain)(&mut ctx1, 1), OK);
+        assert_eq!((d.fns().cuCtxSetCurrent)(ctx1), OK);
+    }
+    let other = alloc(&d, 16);
+    // SAFETY: a retained primary context.
+    assert_eq!(unsafe { (d.fns().cuCtxSetCurrent)(ctx0) }, OK);
+    let data: Vec<u8> = (0..16).collect();
+    assert_eq!(world.write_device("test", p + 8, &data), Ok(()));
+    assert_eq!(world.write_device("test", other, &data), Ok(()));
+    assert_eq!(read(&d, p + 8, 16), data);
+    assert_eq!(world.read_device("test", p + 8, 16), Ok(data.clone()));
+    assert_eq!(world.read_device("test", other, 16), Ok(data));
+    assert_eq!(world.read_device("test", p, 0), Ok(Vec::new()));
+    assert_eq!(world.write_device("test", 0, &[]), Ok(()), "empty: nothing");
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+
+    // Out of bounds, a length no host could hold (reported, not allocated), and memory
+    // that was never allocated.
+    const ILLEGAL: CUresult = CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
+    assert_eq!(world.read_device("mine", p + 32, 64), Err(ILLEGAL));
+    assert_eq!(world.read_device("mine", p, usize::MAX), Err(ILLEGAL));
+    assert_eq!(world.write_device("mine", p + 60, &[1; 8]), Err(ILLEGAL));
+    assert_eq!(world.read_device("mine", 0x10, 4), Err(ILLEGAL));
+    assert_eq!(
+        world.take_violations(),
+        [
+            format!(
+                "mine reads {:#x}+64: out of bounds of the allocation at {p:#x} (64 bytes)",
+                p + 32
+            ),
+            format!(
+                "mine reads {p:#x}+{}: out of bounds of the allocation at {p:#x} (64 bytes)",
+                usize::MAX
+            ),
+            format!(
+                "mine writes {:#x}+8: out of bounds of the allocation at {p:#x} (64 bytes)",
+                p + 60
+            ),
+            "mine reads 0x10+4: is not in any live device allocation".to_string(),
+        ]
+    );
+    assert_eq!(&read(&d, p + 56, 8), &[0xA5; 8], "nothing was written");
+
+    // Freed: quarantined (recognised), then evicted (really freed, no longer known).
+    free(&d, p);
+    assert_eq!(world.read_device("late", p, 4), Err(ILLEGAL));
+    assert_eq!(world.write_device("late", p, &[1; 4]), Err(ILLEGAL));
+    let blocks: Vec<CUdeviceptr> = (0..QUARANTINE_BLOCKS).map(|_| alloc(&d, 256)).collect();
+    for b in blocks {
+        free(&d, b);
+    }
+    assert_eq!(world.read_device("evicted", p, 4), Err(ILLEGAL));
+    assert_eq!(world.write_device("evicted", p, &[1; 4]), Err(ILLEGAL));
+    assert_eq!(
+        world.take_violations(),
+        [
+            format!("late reads {p:#x}+4: freed by cuMemFree"),
+            format!("late writes {p:#x}+4: freed by cuMemFree"),
+            format!("evicted reads {p:#x}+4: is not in any live device allocation"),
+            format!("evicted writes {p:#x}+4: is not in any live device allocation"),
+        ]
+    );
+    free(&d, other);
 }

@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
-use cuda_sys::mock::{MockDriver, MockWorld};
+use cuda_sys::mock::{MockDriver, MockWorld, QUARANTINE_BLOCKS};
 use cuda_sys::{CUcontext, CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode, Driver};
 use nccl_sys::mock::{MockNccl, MockNcclWorld};
 use nccl_sys::{
@@ -957,4 +957,273 @@ fn shrink_arguments_are_checked_and_it_needs_2_27() {
         .build()
         .unwrap();
     assert!(old.fns().ncclCommShrink.is_none());
+}
+
+// ---------------------------------------------------------------------------------------
+// Buffers freed while a part waits for its peers. The data moves through the driver
+// (checked and copied under its lock), so memory the quarantine has already evicted, and
+// really freed, is reported instead of touched: the rank whose buffer it was fails with
+// ncclUnhandledCudaError, its peers with ncclRemoteError, and nothing is written.
+
+impl Rig {
+    /// Frees [`QUARANTINE_BLOCKS`] fresh blocks of device `d`: every block freed before is
+    /// evicted from the driver's quarantine (really freed, no longer known as freed).
+    fn evict_quarantine(&self, d: usize) {
+        self.on(d);
+        let f = self.driver.fns();
+        let blocks: Vec<CUdeviceptr> = (0..QUARANTINE_BLOCKS)
+            .map(|_| {
+                let mut p = 0;
+                // SAFETY: valid out-pointer; a context is current.
+                assert_eq!(unsafe { (f.cuMemAlloc)(&mut p, 256) }, OK);
+                p
+            })
+            .collect();
+        for p in blocks {
+            self.free(p);
+        }
+    }
+
+    /// `ncclSend` (or `ncclRecv`) of N f32 at `buf` with `peer`.
+    fn p2p(
+        &self,
+        is_send: bool,
+        comm: ncclComm_t,
+        buf: CUdeviceptr,
+        peer: i32,
+        stream: CUstream,
+    ) -> ncclResult_t {
+        let f = self.nccl.fns();
+        let (t, buf) = (ncclDataType_t::ncclFloat32, buf as *mut c_void);
+        // SAFETY: a device buffer of N f32 on the communicator's device (or a freed one,
+        // which the mock checks).
+        unsafe {
+            if is_send {
+                (f.ncclSend)(buf, N, t, peer, comm, stream)
+            } else {
+                (f.ncclRecv)(buf, N, t, peer, comm, stream)
+            }
+        }
+    }
+}
+
+/// Non-blocking ranks: rank 0's all-reduce is admitted and waits for rank 1; its send
+/// buffer is then freed (and, with `evict`, evicted from the quarantine) before rank 1's
+/// call moves the data. Returns the violations.
+fn all_reduce_after_free_while_waiting(evict: bool) -> (Vec<String>, CUdeviceptr) {
+    let rig = Rig::new(2);
+    let comms = nonblocking_pair(&rig);
+    let (b0, b1) = (rig.buffers(0, 1.0), rig.buffers(1, 2.0));
+    rig.on(0);
+    assert_eq!(
+        rig.all_reduce(comms[0], b0),
+        ncclResult_t::ncclInProgress,
+        "admitted: its buffers were live; it waits for rank 1"
+    );
+    assert!(rig.world.violations().is_empty());
+    rig.free(b0.1);
+    if evict {
+        rig.evict_quarantine(0);
+    }
+    assert_eq!(rig.gpus.device_range(b0.1, N * 4), None);
+    rig.on(1);
+    assert_eq!(
+        rig.all_reduce(comms[1], b1),
+        ncclResult_t::ncclRemoteError,
+        "its peer's part failed"
+    );
+    assert_eq!(
+        rig.wait_ready(comms[0]),
+        ncclResult_t::ncclUnhandledCudaError
+    );
+    let violations = rig.world.take_violations();
+    assert_eq!(rig.read(0, b0.2), [0.0; N], "nothing was written");
+    assert_eq!(rig.read(1, b1.2), [0.0; N], "nothing was written");
+    assert_eq!(rig.world.live().unmatched_operations, 0);
+    for c in comms {
+        rig.destroy(c);
+    }
+    rig.assert_clean();
+    (violations, b0.1)
+}
+
+#[test]
+fn an_all_reduce_whose_buffer_was_freed_and_evicted_before_the_data_moved_is_reported() {
+    let (violations, send) = all_reduce_after_free_while_waiting(true);
+    assert_eq!(
+        violations,
+        [format!(
+            "ncclAllReduce on rank 0 reads {send:#x}+{}: is not in any live device allocation",
+            N * 4
+        )]
+    );
+}
+
+#[test]
+fn an_all_reduce_whose_buffer_was_freed_before_the_data_moved_is_reported() {
+    let (violations, send) = all_reduce_after_free_while_waiting(false);
+    assert_eq!(
+        violations,
+        [format!(
+            "ncclAllReduce on rank 0 reads {send:#x}+{}: freed by cuMemFree",
+            N * 4
+        )]
+    );
+}
+
+#[test]
+fn a_recv_whose_buffer_was_freed_and_evicted_before_the_send_came_is_reported() {
+    let rig = Rig::new(2);
+    let comms = nonblocking_pair(&rig);
+    let (b0, b1) = (rig.buffers(0, 4.0), rig.buffers(1, 0.0));
+    rig.on(1);
+    assert_eq!(
+        rig.p2p(false, comms[1], b1.2, 0, b1.0),
+        ncclResult_t::ncclInProgress
+    );
+    rig.free(b1.2);
+    rig.evict_quarantine(1);
+    rig.on(0);
+    assert_eq!(
+        rig.p2p(true, comms[0], b0.1, 1, b0.0),
+        ncclResult_t::ncclRemoteError,
+        "the receiving side failed"
+    );
+    assert_eq!(
+        rig.wait_ready(comms[1]),
+        ncclResult_t::ncclUnhandledCudaError
+    );
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclRecv on rank 1 writes {:#x}+{}: is not in any live device allocation",
+            b1.2,
+            N * 4
+        )]
+    );
+    assert_eq!(rig.world.live().unmatched_operations, 0);
+    for c in comms {
+        rig.destroy(c);
+    }
+    rig.assert_clean();
+}
+
+/// Blocking ranks on streams, rank 0 on its own thread: its all-reduce runs in stream
+/// order and waits there for rank 1 while the main thread frees its send buffer and
+/// evicts it. The data moves when rank 1 comes: rank 0's op fails like any illegal op.
+#[test]
+fn a_stream_ordered_all_reduce_whose_buffer_was_freed_and_evicted_while_it_waited_fails() {
+    let rig = Rig::new(2);
+    let comms = rig.comms(2);
+    let (b0, b1) = (rig.buffers(0, 1.0), rig.buffers(1, 2.0));
+    // Handles as numbers, to cross to rank 0's thread.
+    let (comm0, s0) = (comms[0].addr(), b0.0.addr());
+    let (send0, recv0) = (b0.1, b0.2);
+    let fns = rig.nccl.fns();
+    let rank0 = std::thread::scope(|scope| {
+        let t = scope.spawn(move || {
+            // SAFETY: device buffers of N f32 on the communicator's device (freed while it
+            // waits, which the mock checks); a live communicator and stream.
+            unsafe {
+                (fns.ncclAllReduce)(
+                    send0 as *const c_void,
+                    recv0 as *mut c_void,
+                    N,
+                    ncclDataType_t::ncclFloat32,
+                    ncclRedOp_t::ncclSum,
+                    std::ptr::with_exposed_provenance_mut(comm0),
+                    std::ptr::with_exposed_provenance_mut(s0),
+                )
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rig.world.live().unmatched_operations == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rig.world.live().unmatched_operations, 1, "rank 0 waits");
+        rig.on(0);
+        rig.free(b0.1);
+        rig.evict_quarantine(0);
+        assert_eq!(
+            rig.all_reduce(comms[1], b1),
+            ncclResult_t::ncclRemoteError,
+            "its peer's part failed"
+        );
+        t.join().unwrap()
+    });
+    assert_eq!(rank0, ncclResult_t::ncclUnhandledCudaError);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclAllReduce on rank 0 reads {:#x}+{}: is not in any live device allocation",
+            b0.1,
+            N * 4
+        )]
+    );
+    assert_eq!(rig.read(0, b0.2), [0.0; N], "nothing was written");
+    assert_eq!(rig.read(1, b1.2), [0.0; N], "nothing was written");
+    for c in comms {
+        rig.destroy(c);
+    }
+    assert!(rig.world.violations().is_empty());
+}
+
+/// A pre-multiplied sum's device scalar is read through the driver when a collective
+/// uses it: freed (and evicted) since the op was made, it is reported, not read.
+#[test]
+fn a_device_scalar_freed_and_evicted_before_a_collective_uses_it_is_reported() {
+    let rig = Rig::new(1);
+    let comm = rig.comms(1)[0];
+    let b = rig.buffers(0, 1.0);
+    let f = rig.driver.fns();
+    let mut scalar = 0;
+    let two = 2.0f32;
+    // SAFETY: valid out-pointer; `two` is 4 readable bytes; a context is current.
+    unsafe {
+        assert_eq!((f.cuMemAlloc)(&mut scalar, 4), OK);
+        assert_eq!((f.cuMemcpyHtoD)(scalar, (&raw const two).cast(), 4), OK);
+    }
+    let mut op = ncclRedOp_t::ncclSum;
+    // SAFETY: valid out-pointer; a device scalar of one f32; a live communicator.
+    let rc = unsafe {
+        (rig.nccl.fns().ncclRedOpCreatePreMulSum)(
+            &mut op,
+            scalar as *mut c_void,
+            ncclDataType_t::ncclFloat32,
+            ncclScalarResidence_t::ncclScalarDevice,
+            comm,
+        )
+    };
+    assert_eq!(rc, NCCL_OK);
+    let all_reduce = |op: ncclRedOp_t| {
+        // SAFETY: device buffers of N f32 on the communicator's device.
+        unsafe {
+            (rig.nccl.fns().ncclAllReduce)(
+                b.1 as *const c_void,
+                b.2 as *mut c_void,
+                N,
+                ncclDataType_t::ncclFloat32,
+                op,
+                comm,
+                b.0,
+            )
+        }
+    };
+    assert_eq!(all_reduce(op), NCCL_OK);
+    assert_eq!(rig.read(0, b.2), [2.0; N], "the scalar was read");
+    rig.free(scalar);
+    rig.evict_quarantine(0);
+    assert_eq!(all_reduce(op), ncclResult_t::ncclInvalidArgument);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclAllReduce (scalar of op {}) reads {scalar:#x}+4: is not in any live device allocation",
+            op.0
+        )]
+    );
+    // SAFETY: a live op and communicator.
+    let rc = unsafe { (rig.nccl.fns().ncclRedOpDestroy)(op, comm) };
+    assert_eq!(rc, NCCL_OK);
+    rig.destroy(comm);
+    assert!(rig.world.violations().is_empty());
 }

@@ -69,7 +69,9 @@ pub(crate) struct Launch {
 /// type. An illegal access is recorded as a violation naming the kernel and makes the
 /// launch return `CUDA_ERROR_ILLEGAL_ADDRESS` (at graph replay, the graph launch). Like a
 /// GPU kernel that faults, the kernel then stops touching memory: that access and every
-/// later one read zeros and write nothing. Legal accesses are recorded as uses of the
+/// later one read nothing (an empty vector; [`read_one`](Self::read_one) gives zero) and
+/// write nothing. A range is checked before anything is allocated for it, so a bogus
+/// length is reported like any illegal range. Legal accesses are recorded as uses of the
 /// memory, so a free not ordered after the kernel is reported. The kernel runs once per
 /// launch, not once per thread: it loops over its elements itself.
 pub struct KernelCall<'a> {
@@ -173,26 +175,43 @@ impl KernelCall<'_> {
         unsafe { bytes.as_ptr().cast::<T>().read_unaligned() }
     }
 
-    /// Reads `len` elements at device address `ptr` (checked; zeros if illegal).
+    /// Reads `len` elements at device address `ptr`. The range is checked before anything
+    /// is allocated for the result: an illegal one (or any read once the kernel faulted)
+    /// gives an empty vector, so a bogus length is reported, never attempted.
     pub fn read<T: Plain>(&mut self, ptr: u64, len: usize) -> Vec<T> {
-        let mut out = zeros::<T>(len);
         let Some(bytes) = len.checked_mul(size_of::<T>()) else {
             self.overflow("reads", ptr, len, size_of::<T>());
-            return out;
+            return Vec::new();
         };
-        if out.len() != len {
-            // The host could not even hold the result: certainly not a live allocation.
-            self.overflow("reads", ptr, len, size_of::<T>());
-            return out;
-        }
-        let dst = out.as_mut_ptr().cast::<u8>();
-        self.touch(ptr, bytes, align_of::<T>(), "reads", |src| {
-            // SAFETY: `src` is `bytes` bytes of one live allocation (checked under the
-            // world's lock, which is held during the copy); `out` holds `len` elements of
-            // `T`, `bytes` bytes, any bit pattern of which is a valid `T`.
-            unsafe { std::ptr::copy_nonoverlapping(src.cast_const(), dst, bytes) }
+        let read = self.touch(ptr, bytes, align_of::<T>(), "reads", |src| {
+            // The range lies in a live allocation, so its copy is no bigger than that.
+            let mut out = zeros::<T>(len);
+            if out.len() == len {
+                // SAFETY: `src` is `bytes` bytes of one live allocation (checked under the
+                // world's lock, which is held during the copy); `out` holds `len` elements
+                // of `T`, `bytes` bytes, any bit pattern of which is a valid `T`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        src.cast_const(),
+                        out.as_mut_ptr().cast::<u8>(),
+                        bytes,
+                    );
+                }
+            }
+            out
         });
-        out
+        match read {
+            Some(out) if out.len() == len => out,
+            Some(_) => {
+                // The host could not hold a copy of memory the device holds.
+                self.report(format!(
+                    "reads {ptr:#x}+{bytes}: the host cannot hold a copy of {bytes} bytes"
+                ));
+                self.illegal = true;
+                Vec::new()
+            }
+            None => Vec::new(),
+        }
     }
 
     /// Reads one element at device address `ptr` (checked; zero if illegal).
@@ -224,23 +243,25 @@ impl KernelCall<'_> {
     }
 
     /// Checks `[ptr, ptr + bytes)` and, if legal, records the use and runs `copy` on the
-    /// range's host address, all under the world's lock (so no free interleaves).
-    fn touch(
+    /// range's host address, all under the world's lock (so no free interleaves); `copy`'s
+    /// result, or `None` when the range is empty or illegal (or the kernel faulted).
+    fn touch<R>(
         &mut self,
         ptr: u64,
         bytes: usize,
         align: usize,
         what: &'static str,
-        copy: impl FnOnce(*mut u8),
-    ) {
+        copy: impl FnOnce(*mut u8) -> R,
+    ) -> Option<R> {
         // A faulted kernel touches nothing more (and is reported once).
         if bytes == 0 || self.illegal {
-            return;
+            return None;
         }
         let mut s = self.world.lock();
         let Ok(addr) = usize::try_from(ptr) else {
             drop(s);
-            return self.overflow(what, ptr, bytes, 1);
+            self.overflow(what, ptr, bytes, 1);
+            return None;
         };
         if !addr.is_multiple_of(align) {
             s.violation(format!(
@@ -248,7 +269,7 @@ impl KernelCall<'_> {
                 self.prefix, self.call
             ));
             self.illegal = true;
-            return;
+            return None;
         }
         let access = Access {
             ptr: addr,
@@ -256,12 +277,16 @@ impl KernelCall<'_> {
             what,
             side: Side::Device,
         };
-        match s.check_accesses(self.prefix, &self.call, &[access], Some(self.device)) {
-            Ok(touched) => {
-                s.record_uses(&touched, self.key, self.stamp, &self.call);
-                copy(std::ptr::with_exposed_provenance_mut::<u8>(addr));
+        match s.check_range(self.prefix, &self.call, access, Some(self.device)) {
+            Ok(Some((start, host))) => {
+                s.record_uses(&[start], self.key, self.stamp, &self.call);
+                Some(copy(host))
             }
-            Err(()) => self.illegal = true,
+            Ok(None) => None,
+            Err(()) => {
+                self.illegal = true;
+                None
+            }
         }
     }
 

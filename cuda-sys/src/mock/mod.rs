@@ -14,7 +14,8 @@
 //! each one to stderr when it happens (it never panics: the callers are `extern "C"`).
 //!
 //! - Freed device memory is filled with `0xDD` and quarantined (its address is not reused
-//!   until the quarantine, bounded at 1 GiB or 4096 blocks, evicts it).
+//!   until the quarantine, bounded at 1 GiB ([`QUARANTINE_BYTES`]) or 4096 blocks
+//!   ([`QUARANTINE_BLOCKS`]), evicts it).
 //! - When an op executes (at enqueue, or at graph replay), every range it touches must lie
 //!   in one live allocation of its stream's device (peer copies may cross devices):
 //!   use after free, out-of-bounds ranges and another device's memory are reported, as
@@ -37,7 +38,10 @@
 //! every device, which can hide a missing synchronisation but never reports a false one.
 //! Memory evicted from the quarantine is really freed and no longer recognised.
 //! Other simulations take part through [`MockWorld::enqueue_op`], [`MockWorld::access`]
-//! and [`MockWorld::report`].
+//! and [`MockWorld::report`], and move data through [`MockWorld::read_device`] and
+//! [`MockWorld::write_device`], which check a range and copy it under the world's lock
+//! (device memory is host memory, but reaching it through raw pointers outside that lock
+//! could touch memory freed and evicted in between).
 //!
 //! Each built driver gets its own set of functions (one of [`MAX_WORLDS`] slots), so many
 //! simulated machines can live in one process, e.g. one per test thread.
@@ -80,10 +84,10 @@ mod slots;
 mod state;
 mod stream;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use kernel::{KernelCall, Plain};
-pub use sanitizer::Touch;
+pub use sanitizer::{QUARANTINE_BLOCKS, QUARANTINE_BYTES, Touch};
 #[doc(hidden)]
 pub use slots::SlotGuard;
 pub use state::{LiveHandles, MockDevice};
@@ -287,6 +291,20 @@ pub struct MockWorld {
     world: Arc<World>,
 }
 
+/// A [`MockWorld`] that does not keep the simulated machine alive
+/// ([`MockWorld::downgrade`]).
+#[derive(Clone, Debug)]
+pub struct WeakMockWorld {
+    world: Weak<World>,
+}
+
+impl WeakMockWorld {
+    /// The machine, while anything else still keeps it alive.
+    pub fn upgrade(&self) -> Option<MockWorld> {
+        self.world.upgrade().map(|world| MockWorld { world })
+    }
+}
+
 impl std::fmt::Debug for MockWorld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MockWorld")
@@ -399,6 +417,37 @@ impl MockWorld {
     /// touch is illegal (reported), `Err(CUDA_ERROR_INVALID_HANDLE)` for an unknown stream.
     pub fn access(&self, stream: CUstream, call: &str, touches: &[Touch]) -> Result<(), CUresult> {
         stream::access(&self.world, stream, call, touches)
+    }
+
+    /// Reads `len` bytes of device memory at `ptr`, for another simulation that moves data
+    /// itself (e.g. the NCCL mock's collectives): the range is checked and copied while the
+    /// world is locked, so no free (and no eviction from the quarantine) can interleave.
+    /// The range must lie in one live device allocation, of any device; otherwise nothing
+    /// is read, a violation is recorded as `{call} reads 0x..+len: reason` (e.g. `freed by
+    /// cuMemFree`, or `is not in any live device allocation`) and the result is
+    /// `Err(CUDA_ERROR_ILLEGAL_ADDRESS)`. Nothing is allocated before the check passes, so
+    /// a bogus length is reported, not attempted. No stream is involved: uses are not
+    /// recorded (check them with [`access`](Self::access) or
+    /// [`enqueue_op`](Self::enqueue_op) when the work is due).
+    pub fn read_device(&self, call: &str, ptr: u64, len: usize) -> Result<Vec<u8>, CUresult> {
+        self.world.lock().read_device(call, ptr, len)
+    }
+
+    /// Writes `data` to device memory at `ptr`, checked and copied under the world's lock
+    /// like [`read_device`](Self::read_device): an illegal range writes nothing, is
+    /// recorded as `{call} writes 0x..+len: reason` and gives
+    /// `Err(CUDA_ERROR_ILLEGAL_ADDRESS)`.
+    pub fn write_device(&self, call: &str, ptr: u64, data: &[u8]) -> Result<(), CUresult> {
+        self.world.lock().write_device(call, ptr, data)
+    }
+
+    /// A handle that does not keep the simulated machine alive, for work another
+    /// simulation leaves with this one (e.g. an op in a captured graph, which the machine
+    /// itself holds).
+    pub fn downgrade(&self) -> WeakMockWorld {
+        WeakMockWorld {
+            world: Arc::downgrade(&self.world),
+        }
     }
 
     /// Records a violation found by another simulation (e.g. a call on a destroyed

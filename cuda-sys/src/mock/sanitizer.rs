@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::state::{Alloc, State};
+use crate::CUresult;
 
 /// A device range an op reads or writes, checked when the op executes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,9 +80,11 @@ pub(crate) struct Use {
     pub(crate) call: String,
 }
 
-/// Quarantined memory beyond these bounds is really freed, oldest first.
-const QUARANTINE_BYTES: usize = 1 << 30;
-const QUARANTINE_ENTRIES: usize = 4096;
+/// Freed device memory the quarantine keeps, in bytes: beyond it (or beyond
+/// [`QUARANTINE_BLOCKS`]) the oldest is evicted, really freed and no longer recognised.
+pub const QUARANTINE_BYTES: usize = 1 << 30;
+/// Freed device allocations the quarantine keeps: freeing one more evicts the oldest.
+pub const QUARANTINE_BLOCKS: usize = 4096;
 
 /// The byte freed device memory is filled with.
 pub(crate) const POISON: u8 = 0xDD;
@@ -120,7 +123,7 @@ impl Quarantine {
         );
         self.order.push_back(addr);
         self.bytes += a.len;
-        while self.bytes > QUARANTINE_BYTES || self.order.len() > QUARANTINE_ENTRIES {
+        while self.bytes > QUARANTINE_BYTES || self.order.len() > QUARANTINE_BLOCKS {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
@@ -317,6 +320,70 @@ impl State {
         }
     }
 
+    /// Checks one range like [`check_accesses`](Self::check_accesses) (reported the same
+    /// way) and returns the start of the live allocation it lies in with the host address
+    /// of its first byte, derived from that allocation; `None` for an empty range.
+    pub(crate) fn check_range(
+        &mut self,
+        prefix: &str,
+        call: &str,
+        access: Access,
+        device: Option<i32>,
+    ) -> Result<Option<(usize, *mut u8)>, ()> {
+        let touched = self.check_accesses(prefix, call, &[access], device)?;
+        Ok(touched.first().and_then(|&start| {
+            let a = self.allocs.get(&start)?;
+            Some((start, a.ptr.wrapping_add(access.ptr - start)))
+        }))
+    }
+
+    /// [`MockWorld::read_device`](super::MockWorld::read_device): `len` bytes at `ptr`,
+    /// checked and copied while the caller holds the world's lock.
+    pub(crate) fn read_device(
+        &mut self,
+        call: &str,
+        ptr: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, CUresult> {
+        let access = device_access(ptr, len, "reads");
+        let Some((_, src)) = self
+            .check_range("", call, access, None)
+            .map_err(|()| CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)?
+        else {
+            return Ok(Vec::new());
+        };
+        // Checked first: `len` is no more than the live allocation's length.
+        let mut out = vec![0u8; len];
+        // SAFETY: `src` points at `len` bytes of one live allocation (just checked, and
+        // derived from that allocation's pointer); it cannot be freed before the copy ends,
+        // since freeing needs the world's lock, which the caller holds. `out` is a distinct
+        // host buffer of `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src.cast_const(), out.as_mut_ptr(), len) };
+        Ok(out)
+    }
+
+    /// [`MockWorld::write_device`](super::MockWorld::write_device): `data` to `ptr`,
+    /// checked and copied while the caller holds the world's lock.
+    pub(crate) fn write_device(
+        &mut self,
+        call: &str,
+        ptr: u64,
+        data: &[u8],
+    ) -> Result<(), CUresult> {
+        let access = device_access(ptr, data.len(), "writes");
+        if let Some((_, dst)) = self
+            .check_range("", call, access, None)
+            .map_err(|()| CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)?
+        {
+            // SAFETY: `dst` points at `data.len()` bytes of one live allocation (just
+            // checked, and derived from that allocation's pointer), which cannot be freed
+            // before the copy ends: freeing needs the world's lock, which the caller holds.
+            // `data` is readable for its length; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
+        }
+        Ok(())
+    }
+
     /// Records that the op `stamp` of stream `key` (`call`) touched these allocations.
     pub(crate) fn record_uses(&mut self, touched: &[usize], key: usize, stamp: u64, call: &str) {
         for start in touched {
@@ -400,5 +467,16 @@ impl State {
             );
         }
         format!("{call} of {ptr:#x}: not a live device allocation")
+    }
+}
+
+/// A device-side access of `len` bytes at the device address `ptr` (an address beyond the
+/// host's address space is in no allocation).
+fn device_access(ptr: u64, len: usize, what: &'static str) -> Access {
+    Access {
+        ptr: usize::try_from(ptr).unwrap_or(usize::MAX),
+        len,
+        what,
+        side: Side::Device,
     }
 }

@@ -1,9 +1,17 @@
 //! Ranks of one communicator meeting in one process: collectives and point-to-point
 //! transfers matched in call order and executed on the simulated device memory.
+//!
+//! Device memory is only reached through the driver's [`MockWorld::read_device`] and
+//! [`MockWorld::write_device`], which check each range and copy it under the driver's
+//! lock: a buffer freed since its part was admitted (even one the quarantine has evicted
+//! and really freed) is reported, never touched. The rank whose buffer it was fails with
+//! `ncclUnhandledCudaError`, its peers with `ncclRemoteError`, as when a part is refused.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
+
+use cuda_sys::mock::MockWorld;
 
 use super::dtype::{self, V};
 use crate::{ncclDataType_t, ncclRedOp_t, ncclResult_t};
@@ -42,6 +50,8 @@ impl Op {
 /// One rank's part of a collective.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Contrib {
+    /// The C name of the rank's call, for reports.
+    pub(crate) call: &'static str,
     pub(crate) kind: Kind,
     pub(crate) send: usize,
     pub(crate) recv: usize,
@@ -157,18 +167,21 @@ impl Clique {
         !lock(&self.state).aborted.is_empty()
     }
 
-    /// Submits `rank`'s part of collective number `seq`; runs it if it is the last part.
-    pub(crate) fn submit(&self, seq: u64, rank: usize, c: Contrib) -> Done {
-        self.submit_part(seq, rank, c, false)
+    /// Submits `rank`'s part of collective number `seq`; runs it on `cuda`'s device
+    /// memory if it is the last part.
+    pub(crate) fn submit(&self, cuda: &MockWorld, seq: u64, rank: usize, c: Contrib) -> Done {
+        self.submit_part(seq, rank, c, Some(cuda))
     }
 
     /// Takes `rank`'s place in collective number `seq` without taking part: the
     /// collective fails with `ncclRemoteError` for every rank once all parts are in.
     pub(crate) fn withdraw(&self, seq: u64, rank: usize, c: Contrib) -> Done {
-        self.submit_part(seq, rank, c, true)
+        self.submit_part(seq, rank, c, None)
     }
 
-    fn submit_part(&self, seq: u64, rank: usize, c: Contrib, withdrawn: bool) -> Done {
+    /// `run`: the driver whose memory the collective moves, `None` to withdraw the part.
+    fn submit_part(&self, seq: u64, rank: usize, c: Contrib, run: Option<&MockWorld>) -> Done {
+        let withdrawn = run.is_none();
         let done: Done = Arc::new(Mutex::new(None));
         let mut st = lock(&self.state);
         if !st.aborted.is_empty() {
@@ -188,12 +201,12 @@ impl Clique {
             && let Some(slot) = st.colls.remove(&seq)
         {
             let parts: Vec<(Contrib, Done)> = slot.contribs.into_iter().flatten().collect();
-            let rc = if slot.withdrawn {
-                ncclResult_t::ncclRemoteError
-            } else {
-                execute(&parts)
+            // Not withdrawn: every part, this last one too, came with the driver.
+            let rcs = match run {
+                Some(cuda) if !slot.withdrawn => execute(cuda, &parts),
+                _ => vec![ncclResult_t::ncclRemoteError; parts.len()],
             };
-            for (_, d) in &parts {
+            for ((_, d), rc) in parts.iter().zip(rcs) {
                 *lock(d) = Some(rc);
             }
             self.cond.notify_all();
@@ -202,9 +215,11 @@ impl Clique {
     }
 
     /// Posts a send (`src` to `dst`) or a receive; completes the match if the other side
-    /// is there.
+    /// is there, copying on `cuda`'s device memory.
+    #[allow(clippy::too_many_arguments)] // the call's arguments and the driver
     pub(crate) fn post(
         &self,
+        cuda: &MockWorld,
         is_send: bool,
         src: usize,
         dst: usize,
@@ -212,7 +227,7 @@ impl Clique {
         count: usize,
         dtype: ncclDataType_t,
     ) -> Done {
-        self.post_part(is_send, src, dst, ptr, count, dtype, false)
+        self.post_part(is_send, src, dst, ptr, count, dtype, Some(cuda))
     }
 
     /// Takes the place of a send or receive without doing it: the match fails with
@@ -225,10 +240,11 @@ impl Clique {
         count: usize,
         dtype: ncclDataType_t,
     ) -> Done {
-        self.post_part(is_send, src, dst, 0, count, dtype, true)
+        self.post_part(is_send, src, dst, 0, count, dtype, None)
     }
 
-    #[allow(clippy::too_many_arguments)] // post's arguments and the withdrawn flag
+    /// `run`: the driver whose memory the transfer copies, `None` to withdraw the part.
+    #[allow(clippy::too_many_arguments)] // post's arguments
     fn post_part(
         &self,
         is_send: bool,
@@ -237,8 +253,9 @@ impl Clique {
         ptr: usize,
         count: usize,
         dtype: ncclDataType_t,
-        withdrawn: bool,
+        run: Option<&MockWorld>,
     ) -> Done {
+        let withdrawn = run.is_none();
         let done: Done = Arc::new(Mutex::new(None));
         let mut st = lock(&self.state);
         if st.aborted.iter().any(|&r| r == src || r == dst) {
@@ -260,23 +277,20 @@ impl Clique {
         match other {
             Some(o) => {
                 let (s, r) = if is_send { (&me, &o) } else { (&o, &me) };
-                let rc = if s.withdrawn || r.withdrawn {
-                    ncclResult_t::ncclRemoteError
-                } else if s.count != r.count || s.dtype != r.dtype {
-                    ncclResult_t::ncclInvalidUsage
-                } else {
-                    let bytes = s.count * dtype::size_of(s.dtype).unwrap_or(1);
-                    if bytes > 0 {
-                        // SAFETY: both ranges were checked against live simulated device
-                        // allocations when the calls were made and again (sanitizer) when
-                        // each side's work became due; freed simulated memory stays
-                        // allocated in the driver's quarantine, so it is never dangling.
-                        unsafe { std::ptr::copy(s.ptr as *const u8, r.ptr as *mut u8, bytes) };
+                let (send_rc, recv_rc) = match run {
+                    _ if s.withdrawn || r.withdrawn => {
+                        (ncclResult_t::ncclRemoteError, ncclResult_t::ncclRemoteError)
                     }
-                    ncclResult_t::ncclSuccess
+                    _ if s.count != r.count || s.dtype != r.dtype => (
+                        ncclResult_t::ncclInvalidUsage,
+                        ncclResult_t::ncclInvalidUsage,
+                    ),
+                    // Neither side withdrawn: this one came with the driver.
+                    Some(cuda) => transfer(cuda, (src, s), (dst, r)),
+                    None => (ncclResult_t::ncclRemoteError, ncclResult_t::ncclRemoteError),
                 };
-                *lock(&me.done) = Some(rc);
-                *lock(&o.done) = Some(rc);
+                *lock(&s.done) = Some(send_rc);
+                *lock(&r.done) = Some(recv_rc);
                 self.cond.notify_all();
             }
             None => {
@@ -413,26 +427,109 @@ impl Clique {
     }
 }
 
-/// Reads `count` elements of `dtype` at `ptr`.
-fn read(ptr: usize, count: usize, dtype: ncclDataType_t) -> Vec<u8> {
-    let n = count * dtype::size_of(dtype).unwrap_or(1);
-    if n == 0 {
-        return Vec::new();
+/// Copies a matched send (rank `src`) to its receive (rank `dst`) through the driver;
+/// the results of the send and of the receive. An illegal side fails with
+/// `ncclUnhandledCudaError` (the driver recorded why), its peer with `ncclRemoteError`.
+fn transfer(
+    cuda: &MockWorld,
+    (src, s): (usize, &P2p),
+    (dst, r): (usize, &P2p),
+) -> (ncclResult_t, ncclResult_t) {
+    let (failed, remote) = (
+        ncclResult_t::ncclUnhandledCudaError,
+        ncclResult_t::ncclRemoteError,
+    );
+    let bytes = bytes(s.count, s.dtype);
+    if bytes == 0 {
+        return (ncclResult_t::ncclSuccess, ncclResult_t::ncclSuccess);
     }
-    // SAFETY: the range was checked against a live simulated device allocation when the
-    // call was made and when its work became due; freed simulated memory stays allocated
-    // in the driver's quarantine, so it is never dangling.
-    unsafe { std::slice::from_raw_parts(ptr as *const u8, n) }.to_vec()
+    let Ok(data) = cuda.read_device(&format!("ncclSend on rank {src}"), s.ptr as u64, bytes) else {
+        return (failed, remote);
+    };
+    match cuda.write_device(&format!("ncclRecv on rank {dst}"), r.ptr as u64, &data) {
+        Ok(()) => (ncclResult_t::ncclSuccess, ncclResult_t::ncclSuccess),
+        Err(_) => (remote, failed),
+    }
 }
 
-fn write(ptr: usize, data: &[u8]) {
-    if data.is_empty() {
-        return;
+/// Bytes of `count` elements of `dtype` (saturating: the driver refuses such a range).
+fn bytes(count: usize, dtype: ncclDataType_t) -> usize {
+    count.saturating_mul(dtype::size_of(dtype).unwrap_or(1))
+}
+
+/// One collective's device memory, reached through the driver (checked and copied under
+/// its lock); remembers the ranks whose buffers were illegal.
+struct Memory<'a> {
+    cuda: &'a MockWorld,
+    parts: &'a [(Contrib, Done)],
+    failed: Vec<bool>,
+}
+
+impl<'a> Memory<'a> {
+    fn new(cuda: &'a MockWorld, parts: &'a [(Contrib, Done)]) -> Self {
+        Memory {
+            cuda,
+            parts,
+            failed: vec![false; parts.len()],
+        }
     }
-    // SAFETY: the range was checked against a live simulated device allocation when the
-    // call was made and when its work became due; freed simulated memory stays allocated
-    // in the driver's quarantine, so it is never dangling.
-    unsafe { std::ptr::copy(data.as_ptr(), ptr as *mut u8, data.len()) };
+
+    /// How rank `rank`'s accesses are named in reports, e.g. `ncclAllReduce on rank 1`.
+    fn who(&self, rank: usize) -> String {
+        format!("{} on rank {rank}", self.parts[rank].0.call)
+    }
+
+    /// Reads `count` elements of `dtype` at `ptr` for `rank`; `None` if illegal.
+    fn read(
+        &mut self,
+        rank: usize,
+        ptr: usize,
+        count: usize,
+        dtype: ncclDataType_t,
+    ) -> Option<Vec<u8>> {
+        let n = bytes(count, dtype);
+        match self.cuda.read_device(&self.who(rank), ptr as u64, n) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                self.failed[rank] = true;
+                None
+            }
+        }
+    }
+
+    /// Reads every rank's `count` elements at its send buffer (each is checked, so every
+    /// illegal one is reported); `None` if any is illegal.
+    fn read_sends(&mut self, count: usize, dtype: ncclDataType_t) -> Option<Vec<Vec<u8>>> {
+        let parts = self.parts;
+        let inputs: Vec<Option<Vec<u8>>> = parts
+            .iter()
+            .enumerate()
+            .map(|(r, p)| self.read(r, p.0.send, count, dtype))
+            .collect();
+        inputs.into_iter().collect()
+    }
+
+    /// Writes `data` to `rank`'s receive buffer.
+    fn write(&mut self, rank: usize, data: &[u8]) {
+        let ptr = self.parts[rank].0.recv as u64;
+        if self.cuda.write_device(&self.who(rank), ptr, data).is_err() {
+            self.failed[rank] = true;
+        }
+    }
+
+    /// Each rank's result: success, or `ncclUnhandledCudaError` for a rank whose buffer
+    /// was illegal and `ncclRemoteError` for its peers.
+    fn results(&self) -> Vec<ncclResult_t> {
+        let any = self.failed.iter().any(|f| *f);
+        self.failed
+            .iter()
+            .map(|&f| match (any, f) {
+                (false, _) => ncclResult_t::ncclSuccess,
+                (true, true) => ncclResult_t::ncclUnhandledCudaError,
+                (true, false) => ncclResult_t::ncclRemoteError,
+            })
+            .collect()
+    }
 }
 
 /// Reduces element-wise `inputs` (one per rank, `count` elements each) with the ranks' ops.
@@ -465,8 +562,9 @@ fn reduce(inputs: &[Vec<u8>], ops: &[Op], count: usize, t: ncclDataType_t) -> Ve
     out
 }
 
-/// Runs one collective given every rank's part (in rank order).
-fn execute(parts: &[(Contrib, Done)]) -> ncclResult_t {
+/// Runs one collective given every rank's part (in rank order) on `cuda`'s device memory;
+/// each rank's result.
+fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Vec<ncclResult_t> {
     let first = parts[0].0;
     let n = parts.len();
     for (c, _) in parts {
@@ -476,66 +574,84 @@ fn execute(parts: &[(Contrib, Done)]) -> ncclResult_t {
             || c.root != first.root
             || !c.op.same_kind(&first.op)
         {
-            return ncclResult_t::ncclInvalidUsage;
+            return vec![ncclResult_t::ncclInvalidUsage; n];
         }
     }
+    let mut mem = Memory::new(cuda, parts);
+    move_data(&mut mem, first, n);
+    mem.results()
+}
+
+/// The data movement of a collective whose parts agree (`first` is rank 0's); stops at
+/// the first illegal read (reported), writing nothing.
+fn move_data(mem: &mut Memory<'_>, first: Contrib, n: usize) {
     let (t, count) = (first.dtype, first.count);
     let size = dtype::size_of(t).unwrap_or(1);
     let root = first.root as usize;
+    let parts = mem.parts;
     let ops: Vec<Op> = parts.iter().map(|p| p.0.op).collect();
     match first.kind {
         Kind::AllReduce | Kind::Reduce => {
-            let inputs: Vec<Vec<u8>> = parts.iter().map(|p| read(p.0.send, count, t)).collect();
+            let Some(inputs) = mem.read_sends(count, t) else {
+                return;
+            };
             let out = reduce(&inputs, &ops, count, t);
-            for (r, (c, _)) in parts.iter().enumerate() {
+            for r in 0..n {
                 if first.kind == Kind::AllReduce || r == root {
-                    write(c.recv, &out);
+                    mem.write(r, &out);
                 }
             }
         }
         Kind::ReduceScatter => {
-            let inputs: Vec<Vec<u8>> = parts.iter().map(|p| read(p.0.send, count * n, t)).collect();
-            for (r, (c, _)) in parts.iter().enumerate() {
+            let Some(inputs) = mem.read_sends(count * n, t) else {
+                return;
+            };
+            for r in 0..n {
                 let chunk: Vec<Vec<u8>> = inputs
                     .iter()
                     .map(|i| i[r * count * size..(r + 1) * count * size].to_vec())
                     .collect();
-                write(c.recv, &reduce(&chunk, &ops, count, t));
+                mem.write(r, &reduce(&chunk, &ops, count, t));
             }
         }
         Kind::AllGather | Kind::Gather => {
-            let all: Vec<u8> = parts
-                .iter()
-                .flat_map(|p| read(p.0.send, count, t))
-                .collect();
-            for (r, (c, _)) in parts.iter().enumerate() {
+            let Some(inputs) = mem.read_sends(count, t) else {
+                return;
+            };
+            let all = inputs.concat();
+            for r in 0..n {
                 if first.kind == Kind::AllGather || r == root {
-                    write(c.recv, &all);
+                    mem.write(r, &all);
                 }
             }
         }
         Kind::Broadcast => {
-            let data = read(parts[root].0.send, count, t);
-            for (c, _) in parts {
-                write(c.recv, &data);
+            let Some(data) = mem.read(root, parts[root].0.send, count, t) else {
+                return;
+            };
+            for r in 0..n {
+                mem.write(r, &data);
             }
         }
         Kind::Scatter => {
-            let data = read(parts[root].0.send, count * n, t);
-            for (r, (c, _)) in parts.iter().enumerate() {
-                write(c.recv, &data[r * count * size..(r + 1) * count * size]);
+            let Some(data) = mem.read(root, parts[root].0.send, count * n, t) else {
+                return;
+            };
+            for r in 0..n {
+                mem.write(r, &data[r * count * size..(r + 1) * count * size]);
             }
         }
         Kind::AllToAll => {
-            let inputs: Vec<Vec<u8>> = parts.iter().map(|p| read(p.0.send, count * n, t)).collect();
-            for (r, (c, _)) in parts.iter().enumerate() {
+            let Some(inputs) = mem.read_sends(count * n, t) else {
+                return;
+            };
+            for r in 0..n {
                 let out: Vec<u8> = inputs
                     .iter()
                     .flat_map(|i| i[r * count * size..(r + 1) * count * size].iter().copied())
                     .collect();
-                write(c.recv, &out);
+                mem.write(r, &out);
             }
         }
     }
-    ncclResult_t::ncclSuccess
 }

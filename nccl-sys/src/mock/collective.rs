@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use cuda_sys::CUresult;
-use cuda_sys::mock::Touch;
+use cuda_sys::mock::{MockWorld, Touch};
 
 use super::NWorld;
 use super::api::{nccl_mock, slot_of};
@@ -97,15 +97,16 @@ impl Part {
         }
     }
 
-    /// Hands the part to the clique (the last part of a collective runs it).
-    fn start(&self) -> Done {
+    /// Hands the part to the clique (the last part of a collective runs it, on `cuda`'s
+    /// device memory).
+    fn start(&self, cuda: &MockWorld) -> Done {
         match self {
             Part::Coll {
                 clique,
                 seq,
                 rank,
                 c,
-            } => clique.submit(*seq, *rank, *c),
+            } => clique.submit(cuda, *seq, *rank, *c),
             Part::P2p {
                 clique,
                 is_send,
@@ -114,7 +115,7 @@ impl Part {
                 ptr,
                 count,
                 dtype,
-            } => clique.post(*is_send, *src, *dst, *ptr, *count, *dtype),
+            } => clique.post(cuda, *is_send, *src, *dst, *ptr, *count, *dtype),
         }
     }
 
@@ -192,7 +193,7 @@ impl Work {
     /// completion, once admitted.
     pub(super) fn start_grouped(self, w: &NWorld) -> Result<(Arc<Clique>, Done), ncclResult_t> {
         self.admit(w, &format!("ncclGroupEnd: {}", self.call))?;
-        let done = self.part.start();
+        let done = self.part.start(&w.cuda);
         Ok((self.part.clique().clone(), done))
     }
 }
@@ -208,7 +209,7 @@ fn dispatch(w: &NWorld, work: Work, blocking: bool) -> ncclResult_t {
         if let Err(rc) = work.admit(w, work.call) {
             return rc;
         }
-        let done = work.part.start();
+        let done = work.part.start(&w.cuda);
         return nonblocking(w, work.comm, done);
     }
     run_on_stream(w, work)
@@ -243,8 +244,9 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
     let part = Arc::new(part);
     let result = Arc::new(Mutex::new(ncclResult_t::ncclSuccess));
     let ran = Arc::new(AtomicBool::new(false));
-    // Weak: a graph holding the op must not keep the world alive.
+    // Weak: a graph holding the op must not keep the worlds alive.
     let world: Weak<NWorld> = slot_of(w).as_ref().map_or_else(Weak::new, Arc::downgrade);
+    let cuda = w.cuda.downgrade();
     let timeout = w.timeout;
     let (r2, ran2, part2) = (result.clone(), ran.clone(), part.clone());
     let op = Arc::new(move || {
@@ -261,9 +263,20 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
                 return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
             }
         }
-        let done = part2.start();
+        // The driver runs this op, so it is alive.
+        let Some(cuda) = cuda.upgrade() else {
+            part2.withdraw();
+            *r2.lock().unwrap_or_else(|e| e.into_inner()) = ncclResult_t::ncclInternalError;
+            return CUresult::CUDA_ERROR_DEINITIALIZED;
+        };
+        let done = part2.start(&cuda);
         let rc = part2.clique().wait(&done, Instant::now() + timeout);
         *r2.lock().unwrap_or_else(|e| e.into_inner()) = rc;
+        if rc == ncclResult_t::ncclUnhandledCudaError {
+            // Its own buffer was illegal when the data moved (the driver reported it):
+            // the op fails like any other illegal one, a graph launch too.
+            return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
         CUresult::CUDA_SUCCESS
     });
     let rc = w.cuda.enqueue_op(stream, call, touches, op);
@@ -273,7 +286,11 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
             // peers must not wait for it.
             part.withdraw();
         }
-        let msg = format!("{call}: the simulated driver refused the work ({rc:?})");
+        let msg = if ran.load(Ordering::Relaxed) {
+            format!("{call}: the work failed in the simulated driver ({rc:?})")
+        } else {
+            format!("{call}: the simulated driver refused the work ({rc:?})")
+        };
         w.lock().error(msg);
         return ncclResult_t::ncclUnhandledCudaError;
     }
@@ -347,7 +364,7 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         call.kind,
         Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter
     ) {
-        match redop::resolve(comm, call.op, call.dtype, esize) {
+        match redop::resolve(&w.cuda, call.name, comm, call.op, call.dtype, esize) {
             Ok(op) => op,
             Err(msg) => return fail(&mut s, ncclResult_t::ncclInvalidArgument, msg),
         }
@@ -399,6 +416,7 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         });
     }
     let c = Contrib {
+        call: call.name,
         kind: call.kind,
         send: call.send,
         recv: call.recv,

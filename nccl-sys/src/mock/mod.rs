@@ -21,6 +21,14 @@
 //!   0x..+64: freed by cuMemFree`). A stream-ordered free on another stream that is not
 //!   ordered after the work is reported by the driver. Refused work is withdrawn from its
 //!   peers, which then fail with `ncclRemoteError` instead of waiting for it.
+//! - The data itself moves when the last rank's part arrives, through the driver's
+//!   checked [`MockWorld::read_device`] and [`MockWorld::write_device`] (never through raw
+//!   pointers): a buffer freed after its part was admitted, while it waited for its peers,
+//!   is reported (e.g. `ncclAllReduce on rank 0 reads 0x..+64: freed by cuMemFree`, or
+//!   `is not in any live device allocation` once the quarantine evicted it) and not
+//!   touched. That rank fails with `ncclUnhandledCudaError` (its stream op with
+//!   `CUDA_ERROR_ILLEGAL_ADDRESS`, like any illegal op), its peers with `ncclRemoteError`,
+//!   and nothing is written. A pre-multiplied sum's device scalar is read the same way.
 //! - Destroyed and aborted communicators are remembered (handles are never reused): any
 //!   later call with one, or a captured operation replayed after it, is reported as e.g.
 //!   `ncclRedOpDestroy: communicator 0x.. was freed by ncclCommAbort` and fails with

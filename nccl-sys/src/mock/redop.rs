@@ -3,6 +3,8 @@
 
 use std::ffi::c_void;
 
+use cuda_sys::mock::MockWorld;
+
 use super::api::nccl_mock;
 use super::clique::Op;
 use super::dtype;
@@ -10,8 +12,11 @@ use super::state::{Comm, PreMul, fail};
 use crate::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclScalarResidence_t};
 
 /// The op of a reduction on `comm`: built in, average, or one of its pre-multiplied sums
-/// (whose scalar is read now, when the call is made). `Err` holds the reason.
+/// (whose scalar is read now, when `call` is made; a device scalar through the driver,
+/// which reports it if it is no longer device memory). `Err` holds the reason.
 pub(super) fn resolve(
+    cuda: &MockWorld,
+    call: &str,
     comm: &Comm,
     op: ncclRedOp_t,
     dt: ncclDataType_t,
@@ -26,11 +31,25 @@ pub(super) fn resolve(
                     return Err("op created for another datatype".into());
                 }
                 let mut b = [0u8; 8];
-                // SAFETY: the scalar pointer was given at op creation: host memory of one
-                // element, or simulated device memory (checked there).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(p.scalar as *const u8, b.as_mut_ptr(), esize)
-                };
+                let esize = esize.min(b.len());
+                if p.device_resident {
+                    let v = cuda
+                        .read_device(
+                            &format!("{call} (scalar of op {id})"),
+                            p.scalar as u64,
+                            esize,
+                        )
+                        .map_err(|_| {
+                            format!("the device scalar of op {id} is not device memory any more")
+                        })?;
+                    b[..esize].copy_from_slice(&v);
+                } else {
+                    let host = std::ptr::with_exposed_provenance::<[u8; 8]>(p.scalar);
+                    // SAFETY: a host scalar is the op's own boxed copy (exposed by
+                    // `Box::into_raw` in ncclRedOpCreatePreMulSum), freed only when the
+                    // `PreMul` drops, and `comm`, borrowed here, holds the `PreMul`.
+                    b = unsafe { *host };
+                }
                 Ok(Op::PreMul(dtype::get(dt, &b, 0)))
             }
             None => Err(format!("invalid reduction op {id}")),
