@@ -207,30 +207,6 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
         }
     }
 
-    /// Number of elements.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds no element.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device address of the first element.
-    #[inline]
-    pub fn as_raw(&self) -> CUdeviceptr {
-        self.ptr
-    }
-
-    /// The context the memory belongs to.
-    #[inline]
-    pub fn context(&self) -> &'a Context {
-        self.base.context()
-    }
-
     /// Elements `range` of this view (`Error::OutOfRange` if it does not fit).
     pub fn slice(self, range: impl RangeBounds<usize>) -> Result<Self> {
         let (s, e) = bounds("DeviceView::slice", range, self.len)?;
@@ -294,30 +270,6 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
             len,
             _exclusive: PhantomData,
         }
-    }
-
-    /// Number of elements.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds no element.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device address of the first element.
-    #[inline]
-    pub fn as_raw(&self) -> CUdeviceptr {
-        self.ptr
-    }
-
-    /// The context the memory belongs to.
-    #[inline]
-    pub fn context(&self) -> &'a Context {
-        self.base.context()
     }
 
     /// A shared view of the same elements, for as long as this one is borrowed.
@@ -469,6 +421,39 @@ impl<'a, T: DeviceRepr> Iterator for ChunksMut<'a, T> {
 }
 
 impl<T: DeviceRepr> ExactSizeIterator for ChunksMut<'_, T> {}
+
+/// The accessors both view types have.
+macro_rules! view_accessors {
+    ($view:ident) => {
+        impl<'a, T: DeviceRepr> $view<'a, T> {
+            /// Number of elements.
+            #[inline]
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Whether it holds no element.
+            #[inline]
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// The device address of the first element.
+            #[inline]
+            pub fn as_raw(&self) -> CUdeviceptr {
+                self.ptr
+            }
+
+            /// The context the memory belongs to.
+            #[inline]
+            pub fn context(&self) -> &'a Context {
+                self.base.context()
+            }
+        }
+    };
+}
+view_accessors!(DeviceView);
+view_accessors!(DeviceViewMut);
 
 /// `DeviceSlice` for both view types: the range's own address and length, everything
 /// else from the memory it was taken of.
