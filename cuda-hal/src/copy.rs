@@ -470,4 +470,28 @@ mod tests {
         assert!(matches!(pattern(0x0000_0001_0000_0001u64), Pattern::D32(1)));
         assert!(matches!(pattern(1.5f64), Pattern::Other));
     }
+
+    /// Four repeated `u32`s: 16 bytes, the widest value that is still looked at.
+    #[derive(Clone, Copy)]
+    #[repr(C)]
+    struct Quad([u32; 4]);
+    // SAFETY: four u32, no padding; every bit pattern is a valid value.
+    unsafe impl crate::DeviceRepr for Quad {}
+
+    /// Two `Quad`s: 32 bytes, too wide to be looked at.
+    #[derive(Clone, Copy)]
+    #[repr(C)]
+    struct Octet([Quad; 2]);
+    // SAFETY: as for Quad.
+    unsafe impl crate::DeviceRepr for Octet {}
+
+    #[test]
+    fn sixteen_byte_values_are_still_patterns() {
+        assert!(matches!(pattern(Quad([0; 4])), Pattern::D8(0)));
+        assert!(matches!(
+            pattern(Quad([0x0102_0304; 4])),
+            Pattern::D32(0x0102_0304)
+        ));
+        assert!(matches!(pattern(Octet([Quad([0; 4]); 2])), Pattern::Other));
+    }
 }

@@ -593,6 +593,139 @@ fn debug_output_names_what_matters() {
         format!("{:?}", lib.kernel("noop").unwrap()),
         "Kernel { name: \"noop\" }"
     );
+    assert_eq!(format!("{lib:?}"), "Library { .. }");
     let g = module.global::<u32>("table").unwrap();
     assert!(format!("{g:?}").contains("len: 4"), "{g:?}");
+}
+
+/// The raw handles are the driver's own: direct driver calls with them find the same
+/// functions, kernels and globals.
+#[test]
+fn raw_handles_work_in_driver_calls() {
+    let (cuda, world, ctx) = rig();
+    let fns = cuda.fns();
+    let module = Module::from_ptx(&ctx, PTX).unwrap();
+    let saxpy = module.function("saxpy").unwrap();
+    let table = module.global::<u32>("table").unwrap();
+    let lib = Library::from_ptx(&cuda, PTX).unwrap();
+    let kernel = lib.kernel("noop").unwrap();
+    let noop = kernel.function(&ctx).unwrap();
+    let _g = ctx.bind().unwrap();
+    let (mut f, mut k, mut lf) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    let (mut ptr, mut bytes) = (0, 0);
+    // SAFETY: valid out-pointers and NUL-terminated names; the handles are alive (their
+    // owners are borrowed) and the context is current.
+    let rcs = unsafe {
+        [
+            (fns.cuModuleGetFunction)(&mut f, module.as_raw(), c"saxpy".as_ptr()),
+            (fns.cuModuleGetGlobal)(&mut ptr, &mut bytes, module.as_raw(), c"table".as_ptr()),
+            (fns.cuLibraryGetKernel)(&mut k, lib.as_raw(), c"noop".as_ptr()),
+            (fns.cuKernelGetFunction)(&mut lf, kernel.as_raw()),
+        ]
+    };
+    assert_eq!(rcs, [cuda_hal::cuda_sys::CUresult::CUDA_SUCCESS; 4]);
+    assert!(!f.is_null() && !k.is_null() && !lf.is_null());
+    // The driver hands out one handle per name.
+    assert_eq!(f, saxpy.as_raw());
+    assert_eq!((ptr, bytes), (table.as_raw(), 16));
+    assert_ne!(ptr, 0);
+    assert_eq!(k, kernel.as_raw());
+    assert_eq!(lf, noop.as_raw());
+    drop(_g);
+    drop((saxpy, table, noop, kernel));
+    drop((module, lib, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// Every attribute query reports the driver's failure, not a made-up value.
+#[test]
+fn attribute_queries_report_driver_failures() {
+    let (cuda, world, ctx) = rig();
+    let module = Module::from_ptx(&ctx, PTX).unwrap();
+    let f = module.function("saxpy").unwrap();
+    let failed = |e: Error| match e {
+        Error::Driver { call, name, .. } => (call, name),
+        other => panic!("{other:?}"),
+    };
+    let oom = cuda_hal::cuda_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    let expected = ("cuFuncGetAttribute", "CUDA_ERROR_OUT_OF_MEMORY".to_string());
+    world.fail_next("cuFuncGetAttribute", oom);
+    assert_eq!(failed(f.static_shared_mem_bytes().unwrap_err()), expected);
+    world.fail_next("cuFuncGetAttribute", oom);
+    assert_eq!(failed(f.num_registers().unwrap_err()), expected);
+    world.fail_next("cuFuncGetAttribute", oom);
+    assert_eq!(failed(f.max_dynamic_shared_mem().unwrap_err()), expected);
+    world.fail_next("cuFuncGetAttribute", oom);
+    assert_eq!(failed(f.ptx_version().unwrap_err()), expected);
+    world.fail_next("cuFuncGetAttribute", oom);
+    assert_eq!(failed(f.binary_version().unwrap_err()), expected);
+    assert_eq!(f.static_shared_mem_bytes().unwrap(), 0);
+    drop(f);
+    drop((module, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A block of exactly the kernel's most threads is allowed.
+#[test]
+fn a_block_of_the_most_threads_launches() {
+    let (cuda, world, ctx) = rig();
+    let module = Module::from_ptx(&ctx, PTX).unwrap();
+    let noop = module.function("noop").unwrap();
+    let s = Stream::new(&ctx).unwrap();
+    let full = LaunchConfig::new([2, 1, 1], [32, 16, 2]);
+    assert_eq!(full.threads_per_block(), 1024);
+    // SAFETY: noop touches nothing.
+    unsafe { noop.launch(&s, full, ()) }.unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(world.calls("cuLaunchKernel"), 1);
+    drop(noop);
+    drop((module, s, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A global used only by a copy (no launch of its module's kernels) keeps the module
+/// loaded for a graph that captured the copy.
+#[test]
+fn a_captured_copy_of_a_global_keeps_the_module() {
+    let (cuda, world, ctx) = rig();
+    let module = Module::from_ptx(&ctx, PTX).unwrap();
+    let mut table: Global<'_, u32> = module.global("table").unwrap();
+    assert!(!table.is_empty());
+    table.copy_from_host(&[5, 6, 7, 8]).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    out.copy_from_async(&table, &s).unwrap();
+    let graph = s.end_capture().unwrap();
+    assert_eq!(graph.dependencies(), 2, "the module and the buffer");
+    let exec = graph.instantiate().unwrap();
+    drop((graph, table));
+    drop(module);
+    assert_eq!(world.live().modules, 1, "held by the graph");
+    exec.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(out.to_vec().unwrap(), [5, 6, 7, 8]);
+    drop(exec);
+    assert_eq!(world.live().modules, 0);
+    drop((out, s, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A global of no bytes is an empty slice of any element type.
+#[test]
+fn an_empty_global() {
+    let (cuda, world) = Cuda::mock(MockDriver::with_devices(1).global("none", 0)).unwrap();
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    let module = Module::from_ptx(&ctx, PTX).unwrap();
+    let none = module.global::<f64>("none").unwrap();
+    assert_eq!(none.len(), 0);
+    assert!(none.is_empty());
+    assert_eq!(none.to_vec().unwrap(), Vec::<f64>::new());
+    drop(none);
+    drop((module, ctx, cuda));
+    assert_clean(&world);
 }

@@ -309,3 +309,116 @@ fn a_fill_without_a_memset_uploads_one_mib_at_a_time() {
     );
     assert!(v[1..=n].iter().all(|x| *x == 1.5));
 }
+
+#[test]
+fn views_report_their_range() {
+    let (cuda, world, ctx) = rig();
+    let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3, 4, 5]).unwrap();
+    let base = buf.as_raw();
+    let v = buf.slice(1..3).unwrap();
+    assert_eq!(
+        format!("{v:?}"),
+        format!("DeviceView {{ device: 0, ptr: {:#x}, len: 2 }}", base + 4)
+    );
+    assert!(!v.is_empty());
+    assert!(buf.slice(2..2).unwrap().is_empty());
+    let mut m = buf.slice_mut(3..).unwrap();
+    assert_eq!(
+        format!("{m:?}"),
+        format!(
+            "DeviceViewMut {{ device: 0, ptr: {:#x}, len: 2 }}",
+            base + 12
+        )
+    );
+    assert!(!m.is_empty());
+    let mut host = [0u32; 2];
+    m.copy_to_host(&mut host).unwrap();
+    assert_eq!(host, [4, 5]);
+    assert!(m.reborrow().slice_mut(1..1).unwrap().is_empty());
+    // Chunks know how many are left.
+    let mut chunks = buf.chunks(2).unwrap();
+    assert_eq!(chunks.size_hint(), (3, Some(3)));
+    assert_eq!(chunks.next().unwrap().to_vec().unwrap(), [1, 2]);
+    assert_eq!(chunks.len(), 2);
+    let lens: Vec<usize> = chunks.map(|c| c.len()).collect();
+    assert_eq!(lens, [2, 1]);
+    let mut chunks = buf.chunks_mut(4).unwrap();
+    assert_eq!(chunks.size_hint(), (2, Some(2)));
+    chunks.next().unwrap();
+    assert_eq!(chunks.len(), 1);
+    drop((buf, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// Synchronous calls on views of stream-ordered memory first make the allocation
+/// complete, like calls on the buffer: while its stream is captured, that is refused.
+#[test]
+fn synchronous_calls_on_views_of_stream_ordered_memory_wait_for_the_allocation() {
+    let (cuda, world, ctx) = rig();
+    let own = Stream::non_blocking(&ctx).unwrap();
+    let mut pooled = DeviceBuffer::<u32>::alloc_on(&own, 4).unwrap();
+    let mut dst = DeviceBuffer::<u32>::zeroed(&ctx, 2).unwrap();
+    own.begin_capture(CaptureMode::Relaxed).unwrap();
+    let refused = Error::Capturing {
+        what: "a synchronous call on stream-ordered memory",
+    };
+    assert_eq!(pooled.slice(..2).unwrap().to_vec(), Err(refused.clone()));
+    assert_eq!(
+        dst.copy_from(&pooled.slice(2..).unwrap()),
+        Err(refused.clone())
+    );
+    assert_eq!(
+        dst.copy_from(&pooled.slice_mut(2..).unwrap()),
+        Err(refused.clone())
+    );
+    drop(own.end_capture().unwrap());
+    let syncs = world.calls("cuStreamSynchronize");
+    pooled.fill(6).unwrap();
+    assert_eq!(
+        world.calls("cuStreamSynchronize") - syncs,
+        2,
+        "waited for `own`, then for the memset"
+    );
+    dst.copy_from(&pooled.slice_mut(1..3).unwrap()).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), [6, 6]);
+    drop((pooled, dst, own, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// Memory of no elements, described by another crate: the trait's provided methods.
+struct Nothing {
+    ctx: Context,
+}
+
+// SAFETY: no element, so no memory is promised (any address is valid for length 0).
+unsafe impl DeviceSlice for Nothing {
+    type Elem = u64;
+    fn device_ptr(&self) -> CUdeviceptr {
+        0
+    }
+    fn len(&self) -> usize {
+        0
+    }
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+    fn used_on(&self, _: &Stream) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_provided_methods_of_device_slice() {
+    let (cuda, world, ctx) = rig();
+    let f = Foreign::new(&ctx, 4);
+    assert!(!DeviceSlice::is_empty(&f));
+    assert_eq!(DeviceSlice::size_bytes(&f), 16);
+    assert_eq!(DeviceSlice::device(&f).ordinal(), 0);
+    assert_eq!(DeviceSlice::used_synchronously(&f), Ok(()));
+    let none = Nothing { ctx: ctx.clone() };
+    assert!(DeviceSlice::is_empty(&none));
+    assert_eq!(DeviceSlice::size_bytes(&none), 0);
+    assert_eq!(DeviceView::new(&none).to_vec().unwrap(), Vec::<u64>::new());
+    drop((f, none, ctx, cuda));
+    assert_clean(&world);
+}

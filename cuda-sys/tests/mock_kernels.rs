@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::{CStr, c_void};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cuda_sys::mock::{MockDriver, MockWorld};
 use cuda_sys::{
@@ -1041,4 +1041,169 @@ fn parameters_beyond_the_drivers_limit_are_refused() {
     };
     assert_eq!(launch(c"big", 1), OK, "32764 bytes: the limit");
     assert_eq!(launch(c"bigger", 2), CUresult::CUDA_ERROR_INVALID_VALUE);
+}
+
+impl Rig {
+    /// Launches `f` with a shape, dynamic shared memory and parameter pointers.
+    fn launch_raw(
+        &self,
+        f: CUfunction,
+        s: CUstream,
+        (grid, block, shared): ([u32; 3], [u32; 3], u32),
+        params: &mut [*mut c_void],
+    ) -> CUresult {
+        // SAFETY: one pointer per declared parameter, each to a value of its size (the
+        // callers pass them so).
+        unsafe {
+            (self.d.fns().cuLaunchKernel)(
+                f,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared,
+                s,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+    }
+}
+
+/// A kernel sees its launch: name, shape, shared memory, device and parameters (also in
+/// its Debug output); it reads and writes single elements; `failed` turns true at its
+/// first illegal access, which fails the launch.
+#[test]
+fn a_kernel_sees_its_launch_and_its_faults() {
+    let r = rig();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    r.world.bind_kernel("probe", &[8, 4], move |k| {
+        let (p, fault) = (k.param::<u64>(0), k.param::<u32>(1));
+        let before = k.failed();
+        let v = k.read_one::<u32>(p);
+        k.write_one(p + 4, v + 1);
+        if fault != 0 {
+            k.read_one::<u32>(p + 1);
+        }
+        log.lock().unwrap().push(format!(
+            "{} {:?} {:?} {} {} on {} with {} params: read {v}, failed {before} then {}; {k:?}",
+            k.name(),
+            k.grid(),
+            k.block(),
+            k.threads(),
+            k.shared_mem_bytes(),
+            k.device(),
+            k.param_count(),
+            k.failed(),
+        ));
+    });
+    let f = r.d.fns();
+    let launch_on = |ctx: CUcontext, fault: u32| {
+        // SAFETY: a live context.
+        assert_eq!(unsafe { (f.cuCtxSetCurrent)(ctx) }, OK);
+        let m = r.load(CUBIN.as_ptr().cast()).unwrap();
+        let func = r.function(m, c"probe").unwrap();
+        let s = r.stream();
+        let mut p = 0;
+        let mut words = [41u32, 0];
+        // SAFETY: a valid out-pointer; `words` holds 8 bytes.
+        unsafe {
+            assert_eq!((f.cuMemAlloc)(&mut p, 8), OK);
+            assert_eq!((f.cuMemcpyHtoD)(p, words.as_ptr().cast(), 8), OK);
+        }
+        let (mut ptr, mut fault) = (p, fault);
+        let mut params: [*mut c_void; 2] = [(&raw mut ptr).cast(), (&raw mut fault).cast()];
+        let rc = r.launch_raw(func, s, ([2, 3, 1], [4, 2, 1], 64), &mut params);
+        // SAFETY: `words` holds 8 bytes.
+        unsafe {
+            assert_eq!((f.cuStreamSynchronize)(s), OK);
+            assert_eq!((f.cuMemcpyDtoH)(words.as_mut_ptr().cast(), p, 8), OK);
+        }
+        (rc, words, p)
+    };
+    assert_eq!(launch_on(r.ctx, 0).0, OK);
+    let mut ctx1 = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; device 1 exists.
+    assert_eq!(unsafe { (f.cuDevicePrimaryCtxRetain)(&mut ctx1, 1) }, OK);
+    let (rc, words, p) = launch_on(ctx1, 1);
+    assert_eq!(rc, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(words, [41, 42], "written before the fault");
+    let debug = "KernelCall { name: \"probe\", grid: [2, 3, 1], block: [4, 2, 1], \
+                 shared_mem_bytes: 64, params: 2 }";
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            format!(
+                "probe [2, 3, 1] [4, 2, 1] 48 64 on 0 with 2 params: read 41, failed false \
+                 then false; {debug}"
+            ),
+            format!(
+                "probe [2, 3, 1] [4, 2, 1] 48 64 on 1 with 2 params: read 41, failed false \
+                 then true; {debug}"
+            ),
+        ]
+    );
+    assert_eq!(
+        r.world.take_violations(),
+        [format!(
+            "cuLaunchKernel probe reads {:#x}+4: misaligned for 4-byte elements",
+            p + 1
+        )]
+    );
+}
+
+/// Reads of more elements than any allocation can hold fault the kernel, with a
+/// violation, whether the byte count overflows or the host cannot hold the result.
+#[test]
+fn reads_larger_than_memory_fault_the_kernel() {
+    let r = rig();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let log = got.clone();
+    r.world.bind_kernel("huge", &[8, 4], move |k| {
+        let (p, wide) = (k.param::<u64>(0), k.param::<u32>(1));
+        let n = if wide != 0 {
+            k.read::<u64>(p, usize::MAX).len()
+        } else {
+            k.read::<u8>(p, usize::MAX).len()
+        };
+        log.lock().unwrap().push((n, k.failed()));
+    });
+    let m = r.load(CUBIN.as_ptr().cast()).unwrap();
+    let func = r.function(m, c"huge").unwrap();
+    let s = r.stream();
+    let p = r.upload(&[1.0; 2]);
+    for wide in [1u32, 0] {
+        let (mut ptr, mut wide) = (p, wide);
+        let mut params: [*mut c_void; 2] = [(&raw mut ptr).cast(), (&raw mut wide).cast()];
+        let rc = r.launch_raw(func, s, ([1, 1, 1], [1, 1, 1], 0), &mut params);
+        assert_eq!(rc, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    }
+    assert_eq!(*got.lock().unwrap(), [(0, true), (0, true)]);
+    assert_eq!(
+        r.world.take_violations(),
+        [
+            format!(
+                "cuLaunchKernel huge: reads {} elements of 8 bytes at {p:#x}: more than any allocation",
+                usize::MAX
+            ),
+            // The byte count fits: the range is checked (before anything is allocated).
+            format!(
+                "cuLaunchKernel huge reads {p:#x}+{}: out of bounds of the allocation at {p:#x} (8 bytes)",
+                usize::MAX
+            ),
+        ]
+    );
+}
+
+#[test]
+fn the_builder_lists_its_kernels_parameters() {
+    let d = MockDriver::with_devices(1).kernel("k", &[4, 8], |_| {});
+    let text = format!("{d:?}");
+    assert!(
+        text.contains("kernels: [(\"k\", Binding { params: [4, 8], .. })]"),
+        "{text}"
+    );
 }

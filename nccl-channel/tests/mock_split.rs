@@ -706,3 +706,37 @@ fn a_rank_excluded_twice_is_refused() {
     drop(comms);
     rig.assert_clean();
 }
+
+/// A non-blocking split whose child is stored only after the parent's deadline: the
+/// parent reads "success" at once (one rank), but the mock, like NCCL 2.28, stores the
+/// child 20 ms later, past the 5 ms deadline. The wait for the child times out, the
+/// parent is aborted (which joins its split), and the child NCCL then hands over is
+/// aborted too: nothing leaks.
+#[test]
+fn a_child_stored_after_the_deadline_is_a_timeout() {
+    let rig = Rig::new(1);
+    let timeout = Duration::from_millis(5);
+    let config = CommConfig::non_blocking(timeout);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    // The init has the same short deadline: retried should the machine be slow.
+    let c = (0..100)
+        .find_map(|_| {
+            let id = UniqueId::generate(&rig.nccl).unwrap();
+            Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).ok()
+        })
+        .unwrap();
+    let e = c.split(Some(0), 0).unwrap_err();
+    assert_eq!(
+        e,
+        Error::Timeout {
+            what: "ncclCommSplit".into(),
+            after: timeout
+        }
+    );
+    assert!(c.is_aborted());
+    drop(c);
+    assert_eq!(rig.world.live().comms, 0, "the parent and the child");
+    assert_no_violations(&rig);
+    drop(ctx);
+    rig.assert_clean();
+}

@@ -131,6 +131,20 @@ mod tests {
     }
 
     #[test]
+    fn comments_end_where_they_end() {
+        // A block comment first on the line, with `//` inside it, ending right before an
+        // entry; then a line comment holding `/*`.
+        let ptx = c"/* a // b */.entry k1(\n.entry k2( // x /* y\n.entry k3(\n";
+        let Ok(Image::Ptx(names)) = read_str(ptx) else {
+            unreachable!("PTX expected")
+        };
+        let mut names: Vec<_> = names.into_iter().collect();
+        names.sort();
+        assert_eq!(names, ["k1", "k2", "k3"]);
+        assert_eq!(strip_comments("x/**/y // z\nw /* u */ v"), "x y \nw   v");
+    }
+
+    #[test]
     fn binary_images_and_short_or_foreign_text() {
         let elf = [0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
         // SAFETY: eight readable bytes.
