@@ -4,6 +4,10 @@
 #![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
+use common::assert_clean;
+
 use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{
     BlockSize, ByValue, CaptureMode, Context, Cuda, DeviceBuffer, DeviceRepr, Error, Global,
@@ -66,17 +70,7 @@ fn kernels(d: MockDriver) -> MockDriver {
 }
 
 fn rig() -> (Cuda, MockWorld, Context) {
-    let (cuda, world) = Cuda::mock(kernels(MockDriver::with_devices(2))).unwrap();
-    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-    (cuda, world, ctx)
-}
-
-/// No violation was seen, and nothing is left once everything is dropped.
-fn assert_clean(world: &MockWorld) {
-    let v = world.violations();
-    assert!(v.is_empty(), "sanitizer:\n{}", v.join("\n"));
-    assert!(world.live().is_empty(), "leaked: {:?}", world.live());
-    assert_eq!(world.order_violations(), 0);
+    common::rig_with(kernels(MockDriver::with_devices(2)))
 }
 
 #[test]

@@ -5,21 +5,11 @@
 #![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use cuda_hal::mock::{MockDriver, MockWorld};
-use cuda_hal::{CaptureMode, Context, Cuda, DeviceBuffer, Error, Event, Stream};
+mod common;
 
-fn rig() -> (Cuda, MockWorld, Context) {
-    let (cuda, world) = Cuda::mock(MockDriver::with_devices(2)).unwrap();
-    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-    (cuda, world, ctx)
-}
+use common::{assert_clean, rig};
 
-/// No violation was seen, and nothing is left once everything is dropped.
-fn assert_clean(world: &MockWorld) {
-    let v = world.violations();
-    assert!(v.is_empty(), "sanitizer:\n{}", v.join("\n"));
-    assert!(world.live().is_empty(), "leaked: {:?}", world.live());
-}
+use cuda_hal::{CaptureMode, DeviceBuffer, Error, Event, Stream};
 
 /// A graph captured over two buffers is launched after both were dropped: the graph owns
 /// the memory, so the replay copies real data and the sanitizer sees no freed address.

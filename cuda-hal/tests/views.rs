@@ -5,26 +5,17 @@
 #![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
+use common::{assert_clean, rig};
+
 use std::sync::Mutex;
 
 use cuda_hal::cuda_sys::CUdeviceptr;
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{
-    CaptureMode, Context, Cuda, DeviceBuffer, DeviceSlice, DeviceSliceMut, DeviceView,
-    DeviceViewMut, Error, Result, Stream,
+    CaptureMode, Context, DeviceBuffer, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut,
+    Error, Result, Stream,
 };
-
-fn rig() -> (Cuda, MockWorld, Context) {
-    let (cuda, world) = Cuda::mock(MockDriver::with_devices(2)).unwrap();
-    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-    (cuda, world, ctx)
-}
-
-fn assert_clean(world: &MockWorld) {
-    let v = world.violations();
-    assert!(v.is_empty(), "sanitizer:\n{}", v.join("\n"));
-    assert!(world.live().is_empty(), "leaked: {:?}", world.live());
-}
 
 #[test]
 fn copies_and_fills_on_views_touch_only_their_range() {
