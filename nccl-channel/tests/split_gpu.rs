@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_hal::{Context, Cuda, DeviceBuffer, Stream};
-use nccl_channel::{CommConfig, Communicator, ReduceOp, UniqueId, group};
+use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, group};
 use nccl_sys::Nccl;
 
 fn two_gpus() -> (Arc<Nccl>, Vec<Context>) {
@@ -141,14 +141,18 @@ fn grouped_and_single_split_of_non_blocking_ranks() {
 }
 
 #[test]
-#[ignore = "needs 2 GPUs and NCCL >= 2.27"]
+#[ignore = "needs 2 GPUs"]
 fn grouped_shrink_from_one_thread() {
     let (nccl, ctxs) = two_gpus();
     if nccl.fns().ncclCommShrink.is_none() {
-        println!(
-            "skipped: NCCL {} has no ncclCommShrink (NCCL 2.27 added it)",
-            nccl.version()
+        // An NCCL before 2.27: the grouped shrink must be refused, typed, before any call.
+        let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+        let e = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap_err();
+        assert!(
+            matches!(&e, Error::Unsupported { feature, .. } if *feature == "ncclCommShrink"),
+            "{e}"
         );
+        println!("NCCL {}: shrink_all refused ({e})", nccl.version());
         return;
     }
     for blocking in [true, false] {
