@@ -171,9 +171,9 @@ impl Drop for Allocation {
                     // The releaser's contract (`from_raw_with`): called once, with the
                     // context current, after the work of every stream that used it.
                     Some(release) => release(self.ptr),
-                    // SAFETY: allocated by cuMemAlloc (or handed over as such) and freed
-                    // once, after the work of every stream that used it is done.
                     None => {
+                        // SAFETY: allocated by cuMemAlloc (or handed over as such) and
+                        // freed once, after the work of every stream that used it is done.
                         let _ = unsafe { (cuda.fns().cuMemFree)(self.ptr) };
                     }
                 }
@@ -294,10 +294,10 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         release: impl FnOnce(CUdeviceptr) + Send + Sync + 'static,
     ) -> Self {
         let mut b = Self::owning(ctx, ptr, len, None);
-        if ptr != 0 {
-            if let Some(a) = Arc::get_mut(&mut b.alloc) {
-                a.release = Some(Box::new(release));
-            }
+        if ptr != 0
+            && let Some(a) = Arc::get_mut(&mut b.alloc)
+        {
+            a.release = Some(Box::new(release));
         }
         b
     }

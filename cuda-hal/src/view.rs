@@ -8,9 +8,7 @@ use std::ops::{Bound, RangeBounds};
 
 use cuda_sys::CUdeviceptr;
 
-use crate::{
-    Context, DeviceRepr, DeviceSlice, DeviceSliceMut, Error, KeepAlive, Result, Stream,
-};
+use crate::{Context, DeviceRepr, DeviceSlice, DeviceSliceMut, Error, KeepAlive, Result, Stream};
 
 /// What a view's memory belongs to.
 #[derive(Clone, Copy)]

@@ -53,7 +53,7 @@ impl Communicator {
     /// # let (nccl, _) = MockNccl::new(&world).build()?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
-    /// let stream = ctx.stream()?;
+    /// let stream = cuda_hal::Stream::new(&ctx)?;
     /// for step in 0..3 {
     ///     let mut grads = comm.buffer::<f32>(256)?; // the same memory every step
     ///     grads.fill(step as f32)?;
@@ -199,7 +199,9 @@ impl<T: NcclType> Drop for PooledBuffer<'_, T> {
         let reg = self.reg.take();
         let holders = 1 + usize::from(reg.is_some());
         let reusable = buf.owners() == holders
-            && reg.as_ref().is_none_or(|r| Arc::strong_count(r) == 1 && r.is_live());
+            && reg
+                .as_ref()
+                .is_none_or(|r| Arc::strong_count(r) == 1 && r.is_live());
         if reusable {
             let mut free = crate::comm::lock(&self.pool);
             let v = free.entry((TypeId::of::<T>(), buf.len())).or_default();
@@ -240,4 +242,3 @@ unsafe impl<T: NcclType> DeviceSlice for PooledBuffer<'_, T> {
 
 // SAFETY: NCCL memory is writable, and `&mut` of the pooled buffer is its only writer.
 unsafe impl<T: NcclType> DeviceSliceMut for PooledBuffer<'_, T> {}
-

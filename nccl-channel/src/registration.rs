@@ -11,6 +11,7 @@
 //! is done, and never while a graph that recorded such work can still be launched.
 
 use std::ffi::{c_int, c_void};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -32,8 +33,7 @@ impl WindowFlags {
     /// NCCL's symmetric kernels (NCCL ≥ 2.27; lowest latency for small messages).
     pub const COLL_SYMMETRIC: WindowFlags = WindowFlags(nccl_sys::NCCL_WIN_COLL_SYMMETRIC as i32);
     /// `NCCL_WIN_STRICT_ORDERING` (NCCL ≥ 2.29): one-sided operations complete in order.
-    pub const STRICT_ORDERING: WindowFlags =
-        WindowFlags(nccl_sys::NCCL_WIN_STRICT_ORDERING as i32);
+    pub const STRICT_ORDERING: WindowFlags = WindowFlags(nccl_sys::NCCL_WIN_STRICT_ORDERING as i32);
 }
 
 impl std::ops::BitOr for WindowFlags {
@@ -225,7 +225,7 @@ impl Communicator {
     /// let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
     /// let mut grads = comm.alloc_nccl::<f32>(1024)?;
     /// let reg = comm.register(&grads)?;
-    /// let stream = ctx.stream()?;
+    /// let stream = cuda_hal::Stream::new(&ctx)?;
     /// comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
     /// drop(reg); // waits for the all-reduce, then ncclCommDeregister
     /// # }
@@ -242,7 +242,14 @@ impl Communicator {
         let mut handle: *mut c_void = std::ptr::null_mut();
         // SAFETY: a live communicator; `ptr` is `bytes` bytes of device memory of its
         // device, kept allocated by `memory` until the registration is released.
-        let rc = unsafe { f(raw, std::ptr::with_exposed_provenance_mut(ptr as usize), bytes, &mut handle) };
+        let rc = unsafe {
+            f(
+                raw,
+                std::ptr::with_exposed_provenance_mut(ptr as usize),
+                bytes,
+                &mut handle,
+            )
+        };
         self.check(rc, call)?;
         Ok(self.adopt_registration(Kind::Local, handle.expose_provenance(), ptr, bytes, memory))
     }
@@ -382,7 +389,7 @@ impl Communicator {
         });
         self.shared().registry.add(&shared);
         Registration {
-            shared,
+            shared: ManuallyDrop::new(shared),
             comm: self,
         }
     }
@@ -410,6 +417,7 @@ impl Communicator {
     /// Releases one registration on the owner's thread. On failure: the error, and the
     /// registration back when trying again later makes sense (`None`: NCCL refused the
     /// release, so it keeps the memory, which is leaked).
+    #[allow(clippy::result_large_err)] // cold path; the pending release must come back
     pub(crate) fn release_pending(
         &self,
         p: Pending,
@@ -460,7 +468,8 @@ impl Communicator {
 /// still holds it). It holds the memory allocated until then.
 #[must_use = "dropping it deregisters the memory at once"]
 pub struct Registration<'c> {
-    shared: Arc<RegShared>,
+    /// Taken exactly once: by `drop` or by `into_shared`.
+    shared: ManuallyDrop<Arc<RegShared>>,
     comm: &'c Communicator,
 }
 
@@ -494,15 +503,17 @@ impl Registration<'_> {
 
     /// The shared registration, without releasing it.
     pub(crate) fn into_shared(self) -> Arc<RegShared> {
-        let me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never used or dropped again; the Arc is moved out once.
-        unsafe { std::ptr::read(&me.shared) }
+        let mut me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so this is the one take of `shared`.
+        unsafe { ManuallyDrop::take(&mut me.shared) }
     }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        let _ = self.comm.release_registration(self.shared.clone());
+        // SAFETY: the one take of `shared` (`into_shared` does not run this drop).
+        let shared = unsafe { ManuallyDrop::take(&mut self.shared) };
+        let _ = self.comm.release_registration(shared);
     }
 }
 

@@ -63,7 +63,8 @@ impl MockWorld {
     /// another allocator named `by` (e.g. `"ncclMemAlloc"`): `cuMemFree` of it is a
     /// violation; only [`free_foreign`](Self::free_foreign) with the same name releases it.
     pub fn alloc_foreign(&self, bytes: usize, by: &'static str) -> Result<u64, CUresult> {
-        let ctx = context::current_context(self.world.id).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        let ctx =
+            context::current_context(self.world.id).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
         let mut s = self.world.lock();
         let p = alloc_device(&self.world, &mut s, ctx, bytes)?;
         if let Some(a) = s.allocs.get_mut(&p) {
@@ -77,7 +78,12 @@ impl MockWorld {
     /// waited for are reported, and so are holds ([`pin`](Self::pin)) and frees of
     /// anything else (`call` names the free in reports). `CUDA_ERROR_INVALID_VALUE` when
     /// `ptr` is not the start of a live allocation of `by`.
-    pub fn free_foreign(&self, ptr: u64, call: &'static str, by: &'static str) -> Result<(), CUresult> {
+    pub fn free_foreign(
+        &self,
+        ptr: u64,
+        call: &'static str,
+        by: &'static str,
+    ) -> Result<(), CUresult> {
         let p = ptr as usize;
         let mut s = self.world.lock();
         match s.allocs.get(&p).map(|a| a.foreign) {

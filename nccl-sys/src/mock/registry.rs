@@ -58,9 +58,9 @@ pub(super) fn overlapping(s: &State, comm: usize, ranges: &[(u64, usize)]) -> Ve
         .iter()
         .filter(|(_, r)| {
             r.comm == comm
-                && ranges.iter().any(|&(p, n)| {
-                    n > 0 && p < r.ptr + r.len as u64 && r.ptr < p + n as u64
-                })
+                && ranges
+                    .iter()
+                    .any(|&(p, n)| n > 0 && p < r.ptr + r.len as u64 && r.ptr < p + n as u64)
         })
         .map(|(h, _)| *h)
         .collect();
@@ -86,7 +86,11 @@ pub(super) fn admit(w: &NWorld, call: &str, regs: &[usize], stream: Option<cudaS
                 }
             }
             None => {
-                let by = s.dead_regs.get(h).copied().unwrap_or("its communicator's end");
+                let by = s
+                    .dead_regs
+                    .get(h)
+                    .copied()
+                    .unwrap_or("its communicator's end");
                 w.cuda.report(format!(
                     "{call}: buffer registration {h:#x} was released by {by} before the work ran"
                 ));
@@ -143,7 +147,14 @@ pub(super) fn release_comm(w: &NWorld, s: &mut State, comm: usize, by: &'static 
 }
 
 /// Checks and removes registration `h` of `comm` for `call` (`window`: which kind).
-fn deregister(w: &NWorld, s: &mut State, call: &'static str, comm: usize, h: usize, window: bool) -> ncclResult_t {
+fn deregister(
+    w: &NWorld,
+    s: &mut State,
+    call: &'static str,
+    comm: usize,
+    h: usize,
+    window: bool,
+) -> ncclResult_t {
     let what = if window { "window" } else { "registration" };
     let problem = match s.regs.get(&h) {
         None => Some(match s.dead_regs.get(&h) {
@@ -154,10 +165,9 @@ fn deregister(w: &NWorld, s: &mut State, call: &'static str, comm: usize, h: usi
             "{call}: {what} {h:#x} belongs to communicator {:#x}, not {comm:#x}",
             r.comm
         )),
-        Some(r) if r.window != window => Some(format!(
-            "{call}: {h:#x} is a {}, not a {what}",
-            r.kind()
-        )),
+        Some(r) if r.window != window => {
+            Some(format!("{call}: {h:#x} is a {}, not a {what}", r.kind()))
+        }
         Some(_) => None,
     };
     if let Some(m) = problem {
@@ -190,14 +200,21 @@ fn check_memory(
     device: i32,
 ) -> Result<cuda_sys::mock::AllocationInfo, ncclResult_t> {
     if size == 0 {
-        return Err(fail(s, ncclResult_t::ncclInvalidArgument, format!("{what}: size 0")));
+        return Err(fail(
+            s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("{what}: size 0"),
+        ));
     }
     match w.cuda.allocation_of(ptr, size) {
         Some(a) if a.device == device => Ok(a),
         Some(a) => Err(fail(
             s,
             ncclResult_t::ncclInvalidArgument,
-            format!("{what}: memory of device {}, communicator of device {device}", a.device),
+            format!(
+                "{what}: memory of device {}, communicator of device {device}",
+                a.device
+            ),
         )),
         None => Err(fail(
             s,
@@ -279,7 +296,7 @@ nccl_mock! {
             ));
         }
         let offset = buff.addr() as u64 - a.start;
-        if offset % u64::from(NCCL_WIN_REQUIRED_ALIGNMENT) != 0 {
+        if !offset.is_multiple_of(u64::from(NCCL_WIN_REQUIRED_ALIGNMENT)) {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!(
                 "{CALL}: offset {offset} into its allocation is not a multiple of {NCCL_WIN_REQUIRED_ALIGNMENT}"
             ));
