@@ -62,6 +62,7 @@ macro_rules! optional {
 mod channel;
 mod collective;
 mod comm;
+mod config;
 mod error;
 mod group;
 mod raw;
@@ -73,10 +74,11 @@ mod world;
 
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
 pub use comm::Communicator;
+pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use error::{Error, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use raw::RawCollectives;
-pub use reliability::{AbortHandle, CommConfig};
+pub use reliability::AbortHandle;
 pub use types::{Fp8E4M3, Fp8E5M2, NcclType, ReduceOp};
 pub use unique_id::UniqueId;
 pub use world::{ENV_FAMILIES, EnvFamily, World};
