@@ -11,6 +11,8 @@
 //!   call, on any [`DeviceSlice`](cuda_hal::DeviceSlice): whole buffers, views (bucketed
 //!   all-reduce over `chunks_mut` of one flat buffer), other crates' memory; raw addresses
 //!   through [`RawCollectives`] (`unsafe`); [`group`] / [`Group`] always end their group.
+//! * [`CommConfig`]: non-blocking mode with deadlines, and every `ncclConfig_t` field as a
+//!   typed setter checked against the release of the loaded NCCL.
 //! * [`Channel`]: the default channel; NCCL is opened only when one is asked for with a
 //!   world size of at least 1.
 //!

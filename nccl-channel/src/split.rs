@@ -344,9 +344,10 @@ fn adopt_children(
 impl Communicator {
     /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
     /// `key` then by rank; `None` opts out (returns `Ok(None)`). Collective over all ranks.
-    /// The child has this communicator's configuration (NCCL gives it the parent's
-    /// blocking mode), and a non-blocking split waits for it within the deadline (a failed
-    /// wait aborts this communicator, which stops the split).
+    /// The child has this communicator's configuration (NCCL's NULL config: it inherits
+    /// the parent's; [`split_with`](Self::split_with) gives it one of its own), and a
+    /// non-blocking split waits for it within the deadline (a failed wait aborts this
+    /// communicator, which stops the split).
     ///
     /// One rank per call: in one process per rank, or with one thread per rank. Several
     /// local ranks driven from one thread split together with
