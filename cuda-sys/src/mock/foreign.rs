@@ -150,6 +150,14 @@ impl MockWorld {
         Some((key, s.latest.get(key)))
     }
 
+    /// Inside the op of [`enqueue_op`](Self::enqueue_op) (or [`enqueue`](Self::enqueue))
+    /// this thread is executing, now or at a graph's replay: where it stands, as
+    /// [`stream_position`](Self::stream_position) gives it (the launch stream's key at a
+    /// replay). `None` outside such an op.
+    pub fn running_op(&self) -> Option<(usize, u64)> {
+        super::stream::running_op(&self.world)
+    }
+
     /// Whether the host has waited for op `stamp` of stream `key` (a stream or event
     /// synchronisation, or a synchronous call that waits for everything).
     pub fn host_waited_for(&self, key: usize, stamp: u64) -> bool {

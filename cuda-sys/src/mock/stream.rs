@@ -274,8 +274,10 @@ fn execute(
         }
         OpKind::Custom { f, .. } => {
             drop(s);
-            let _ = w;
-            f()
+            let outer = RUNNING.replace(Some((w.id, key, stamp)));
+            let rc = f();
+            RUNNING.set(outer);
+            rc
         }
         OpKind::Kernel(launch) => {
             record_module_use(&mut s, &launch, key, stamp);
@@ -284,6 +286,18 @@ fn execute(
             super::kernel::run(w, &launch, key, stamp, device, prefix)
         }
     }
+}
+
+thread_local! {
+    /// The custom op this thread is executing: (world id, stream key, stamp).
+    static RUNNING: std::cell::Cell<Option<(u64, usize, u64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// [`super::MockWorld::running_op`].
+pub(super) fn running_op(w: &World) -> Option<(usize, u64)> {
+    RUNNING
+        .get()
+        .and_then(|(id, key, stamp)| (id == w.id).then_some((key, stamp)))
 }
 
 /// Enqueues `op` on `stream`: recorded if the stream is capturing, else executed now.

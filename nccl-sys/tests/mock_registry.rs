@@ -1,0 +1,671 @@
+//! The NCCL mock's sanitizer checks for NCCL memory (`ncclMemAlloc`), buffer
+//! registrations (`ncclCommRegister`) and windows (`ncclCommWindowRegister`): one test
+//! per check, each pinning the exact report and return code. Raw table calls, so every
+//! check is the mock's own.
+#![cfg(feature = "mock")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::ffi::{CStr, c_void};
+use std::time::Duration;
+
+use cuda_sys::mock::{MockDriver, MockWorld};
+use cuda_sys::{CUcontext, CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode, Driver};
+use nccl_sys::mock::{MockNccl, MockNcclWorld};
+use nccl_sys::{
+    NCCL_WIN_REQUIRED_ALIGNMENT, Nccl, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t,
+    ncclWindow_t,
+};
+
+const OK: CUresult = CUresult::CUDA_SUCCESS;
+const NCCL_OK: ncclResult_t = ncclResult_t::ncclSuccess;
+const INVALID: ncclResult_t = ncclResult_t::ncclInvalidArgument;
+/// Elements per buffer (f32), 64 bytes.
+const N: usize = 16;
+/// Bytes per buffer.
+const BYTES: usize = N * 4;
+
+/// A simulated machine with `devices` GPUs (their primary contexts) and its NCCL.
+struct Rig {
+    driver: Driver,
+    gpus: MockWorld,
+    nccl: Nccl,
+    world: MockNcclWorld,
+    ctxs: Vec<CUcontext>,
+}
+
+impl Rig {
+    fn new(devices: usize) -> Rig {
+        let (driver, gpus) = MockDriver::with_devices(devices).build().unwrap();
+        let (nccl, world) = MockNccl::new(&gpus)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let f = driver.fns();
+        // SAFETY: mock driver call.
+        assert_eq!(unsafe { (f.cuInit)(0) }, OK);
+        let ctxs = (0..devices)
+            .map(|d| {
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: valid out-pointer, existing device.
+                let rc = unsafe { (f.cuDevicePrimaryCtxRetain)(&mut ctx, d as i32) };
+                assert_eq!(rc, OK);
+                ctx
+            })
+            .collect();
+        let rig = Rig {
+            driver,
+            gpus,
+            nccl,
+            world,
+            ctxs,
+        };
+        rig.on(0);
+        rig
+    }
+
+    /// Makes device `d`'s context current on this thread.
+    fn on(&self, d: usize) {
+        // SAFETY: a retained primary context.
+        let rc = unsafe { (self.driver.fns().cuCtxSetCurrent)(self.ctxs[d]) };
+        assert_eq!(rc, OK);
+    }
+
+    /// `n` communicators of one clique over devices 0..n (ncclCommInitAll).
+    fn comms(&self, n: usize) -> Vec<ncclComm_t> {
+        let mut comms = vec![std::ptr::null_mut(); n];
+        // SAFETY: room for `n` handles; NULL devlist means devices 0..n.
+        let rc = unsafe {
+            (self.nccl.fns().ncclCommInitAll)(comms.as_mut_ptr(), n as i32, std::ptr::null())
+        };
+        assert_eq!(rc, NCCL_OK);
+        comms
+    }
+
+    /// A one-rank communicator on device 0.
+    fn comm(&self) -> ncclComm_t {
+        self.comms(1)[0]
+    }
+
+    fn destroy(&self, comm: ncclComm_t) {
+        // SAFETY: a live communicator.
+        assert_eq!(unsafe { (self.nccl.fns().ncclCommDestroy)(comm) }, NCCL_OK);
+    }
+
+    /// A stream in the current context.
+    fn stream(&self) -> CUstream {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { (self.driver.fns().cuStreamCreate)(&mut s, 0) }, OK);
+        s
+    }
+
+    fn sync(&self, s: CUstream) {
+        // SAFETY: a live stream.
+        assert_eq!(unsafe { (self.driver.fns().cuStreamSynchronize)(s) }, OK);
+    }
+
+    /// `bytes` of driver memory (cuMemAlloc) in the current context, zeroed.
+    fn cu_alloc(&self, bytes: usize) -> CUdeviceptr {
+        let f = self.driver.fns();
+        let mut p = 0;
+        // SAFETY: valid out-pointer; a fresh allocation of `bytes`.
+        unsafe {
+            assert_eq!((f.cuMemAlloc)(&mut p, bytes), OK);
+            assert_eq!((f.cuMemsetD8)(p, 0, bytes), OK);
+        }
+        p
+    }
+
+    fn cu_free(&self, p: CUdeviceptr) -> CUresult {
+        // SAFETY: the mock checks the address.
+        unsafe { (self.driver.fns().cuMemFree)(p) }
+    }
+
+    /// `bytes` of NCCL memory (ncclMemAlloc) in the current context, zeroed.
+    fn mem_alloc(&self, bytes: usize) -> CUdeviceptr {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { (self.nccl.fns().ncclMemAlloc.expect("ncclMemAlloc"))(&mut p, bytes) };
+        assert_eq!(rc, NCCL_OK);
+        assert!(!p.is_null());
+        let p = p.addr() as CUdeviceptr;
+        // SAFETY: `bytes` of live device memory at `p`.
+        assert_eq!(unsafe { (self.driver.fns().cuMemsetD8)(p, 0, bytes) }, OK);
+        p
+    }
+
+    fn mem_free(&self, p: CUdeviceptr) -> ncclResult_t {
+        // SAFETY: the mock checks the address.
+        unsafe { (self.nccl.fns().ncclMemFree.expect("ncclMemFree"))(dev(p)) }
+    }
+
+    /// `ncclCommRegister` of `bytes` at `p`, which must succeed: the handle.
+    fn register(&self, comm: ncclComm_t, p: CUdeviceptr, bytes: usize) -> *mut c_void {
+        let mut h = std::ptr::null_mut();
+        let f = self.nccl.fns().ncclCommRegister.expect("ncclCommRegister");
+        // SAFETY: valid out-pointer; the mock checks the rest.
+        assert_eq!(unsafe { f(comm, dev(p), bytes, &mut h) }, NCCL_OK);
+        assert!(!h.is_null());
+        h
+    }
+
+    fn deregister(&self, comm: ncclComm_t, h: *mut c_void) -> ncclResult_t {
+        let f = self
+            .nccl
+            .fns()
+            .ncclCommDeregister
+            .expect("ncclCommDeregister");
+        // SAFETY: the mock checks the handles.
+        unsafe { f(comm, h) }
+    }
+
+    /// `ncclCommWindowRegister` (flags 0): its result and the handle it wrote.
+    fn window(
+        &self,
+        comm: ncclComm_t,
+        p: CUdeviceptr,
+        bytes: usize,
+    ) -> (ncclResult_t, ncclWindow_t) {
+        let mut win = std::ptr::null_mut();
+        let f = self
+            .nccl
+            .fns()
+            .ncclCommWindowRegister
+            .expect("ncclCommWindowRegister");
+        // SAFETY: valid out-pointer; the mock checks the rest.
+        let rc = unsafe { f(comm, dev(p), bytes, &mut win, 0) };
+        (rc, win)
+    }
+
+    fn window_deregister(&self, comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
+        let f = self
+            .nccl
+            .fns()
+            .ncclCommWindowDeregister
+            .expect("ncclCommWindowDeregister");
+        // SAFETY: the mock checks the handles.
+        unsafe { f(comm, win) }
+    }
+
+    /// In-place all-reduce of N f32 at `p` on `stream`.
+    fn all_reduce(&self, comm: ncclComm_t, p: CUdeviceptr, stream: CUstream) -> ncclResult_t {
+        // SAFETY: the mock checks the buffer, communicator and stream.
+        unsafe {
+            (self.nccl.fns().ncclAllReduce)(
+                p as *const c_void,
+                dev(p),
+                N,
+                ncclDataType_t::ncclFloat32,
+                ncclRedOp_t::ncclSum,
+                comm,
+                stream,
+            )
+        }
+    }
+
+    fn last_error(&self, comm: ncclComm_t) -> String {
+        // SAFETY: the mock returns a NUL-terminated string that stays valid until the
+        // next failing call; it is copied at once.
+        unsafe { CStr::from_ptr((self.nccl.fns().ncclGetLastError)(comm)) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    fn assert_clean(&self) {
+        assert!(
+            self.world.violations().is_empty(),
+            "{:?}",
+            self.world.violations()
+        );
+    }
+}
+
+/// A device address as the pointer NCCL takes.
+fn dev(p: CUdeviceptr) -> *mut c_void {
+    std::ptr::without_provenance_mut(p as usize)
+}
+
+#[test]
+fn cu_mem_free_of_nccl_memory_is_refused_and_nccl_mem_free_releases_it() {
+    let rig = Rig::new(1);
+    let p = rig.mem_alloc(BYTES);
+    assert_eq!(rig.cu_free(p), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "cuMemFree of {p:#x}: allocated by ncclMemAlloc, which must free it"
+        )]
+    );
+    assert_eq!(
+        rig.mem_free(p),
+        NCCL_OK,
+        "still live: cuMemFree did nothing"
+    );
+    rig.assert_clean();
+    assert_eq!(rig.gpus.used_memory(0), 0);
+}
+
+#[test]
+fn nccl_mem_free_of_registered_memory_is_reported_and_of_driver_memory_refused() {
+    let rig = Rig::new(1);
+    let comm = rig.comm();
+    let p = rig.mem_alloc(BYTES);
+    let h = rig.register(comm, p, BYTES);
+    assert_eq!(rig.mem_free(p), NCCL_OK);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclMemFree of {p:#x}: still held by NCCL registration {:#x} of communicator {:#x} (ncclCommRegister)",
+            h.addr(),
+            comm.addr()
+        )]
+    );
+    assert_eq!(rig.deregister(comm, h), NCCL_OK);
+    rig.assert_clean();
+
+    let q = rig.cu_alloc(BYTES);
+    assert_eq!(rig.mem_free(q), INVALID);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclMemFree of {q:#x}: not allocated by ncclMemAlloc"
+        )]
+    );
+    assert_eq!(
+        rig.last_error(comm),
+        format!("ncclMemFree: {q:#x} is not NCCL memory")
+    );
+    assert_eq!(rig.cu_free(q), OK, "ncclMemFree left it alone");
+    rig.destroy(comm);
+    rig.assert_clean();
+}
+
+/// Frees NCCL memory that an all-reduce used, with or without waiting for its stream.
+fn mem_free_after_all_reduce(wait: bool) -> (Vec<String>, CUdeviceptr, CUstream) {
+    let rig = Rig::new(1);
+    let comm = rig.comm();
+    let s = rig.stream();
+    let p = rig.mem_alloc(BYTES);
+    assert_eq!(rig.all_reduce(comm, p, s), NCCL_OK);
+    rig.assert_clean();
+    if wait {
+        rig.sync(s);
+    }
+    assert_eq!(rig.mem_free(p), NCCL_OK, "ncclMemFree does not fail for it");
+    let v = rig.world.take_violations();
+    rig.destroy(comm);
+    rig.assert_clean();
+    (v, p, s)
+}
+
+#[test]
+fn nccl_mem_free_while_a_collective_may_still_run_is_reported() {
+    let (v, p, s) = mem_free_after_all_reduce(false);
+    assert_eq!(
+        v,
+        [format!(
+            "ncclMemFree frees {p:#x}+{BYTES} while work enqueued on stream {:#x} (ncclAllReduce) may still run: the host did not wait for it",
+            s.addr()
+        )]
+    );
+}
+
+#[test]
+fn nccl_mem_free_after_the_host_waited_for_the_collective_is_fine() {
+    let (v, _, _) = mem_free_after_all_reduce(true);
+    assert!(v.is_empty(), "{v:?}");
+}
+
+/// Deregisters a buffer an all-reduce used, with or without waiting for its stream.
+fn deregister_after_all_reduce(wait: bool) -> (Vec<String>, CUdeviceptr, CUstream, usize) {
+    let rig = Rig::new(1);
+    let comm = rig.comm();
+    let s = rig.stream();
+    let p = rig.cu_alloc(BYTES);
+    let h = rig.register(comm, p, BYTES);
+    assert_eq!(rig.all_reduce(comm, p, s), NCCL_OK);
+    rig.assert_clean();
+    if wait {
+        rig.sync(s);
+    }
+    assert_eq!(rig.deregister(comm, h), NCCL_OK, "reported, not refused");
+    let v = rig.world.take_violations();
+    rig.sync(s);
+    assert_eq!(rig.cu_free(p), OK);
+    rig.destroy(comm);
+    rig.assert_clean();
+    (v, p, s, h.addr())
+}
+
+#[test]
+fn deregistering_a_buffer_a_collective_may_still_use_is_reported() {
+    let (v, p, s, h) = deregister_after_all_reduce(false);
+    assert_eq!(
+        v,
+        [format!(
+            "ncclCommDeregister of registration {h:#x} ({p:#x}+{BYTES}): work enqueued on stream {:#x} (ncclAllReduce) may still use it: the host did not wait for it",
+            s.addr()
+        )]
+    );
+}
+
+#[test]
+fn deregistering_after_the_host_waited_for_the_collective_is_fine() {
+    let (v, ..) = deregister_after_all_reduce(true);
+    assert!(v.is_empty(), "{v:?}");
+}
+
+#[test]
+fn a_captured_collective_whose_registration_was_released_before_launch_fails() {
+    let rig = Rig::new(1);
+    let comm = rig.comm();
+    let s = rig.stream();
+    let p = rig.cu_alloc(BYTES);
+    let h = rig.register(comm, p, BYTES);
+    let f = rig.driver.fns();
+    let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: live handles and valid out-pointers.
+    unsafe {
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        assert_eq!((f.cuStreamBeginCapture)(s, mode), OK);
+        assert_eq!(rig.all_reduce(comm, p, s), NCCL_OK);
+        assert_eq!((f.cuStreamEndCapture)(s, &mut graph), OK);
+        assert_eq!((f.cuGraphInstantiateWithFlags)(&mut exec, graph, 0), OK);
+    }
+    assert_eq!(
+        rig.deregister(comm, h),
+        NCCL_OK,
+        "captured work has not run: nothing may still use it"
+    );
+    rig.assert_clean();
+    // SAFETY: live graph handles and stream.
+    unsafe {
+        assert_eq!(
+            (f.cuGraphLaunch)(exec, s),
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+    }
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclAllReduce: buffer registration {:#x} was released by ncclCommDeregister before the work ran",
+            h.addr()
+        )]
+    );
+    // SAFETY: live handles.
+    unsafe {
+        assert_eq!((f.cuGraphExecDestroy)(exec), OK);
+        assert_eq!((f.cuGraphDestroy)(graph), OK);
+    }
+    assert_eq!(rig.cu_free(p), OK);
+    rig.destroy(comm);
+    rig.assert_clean();
+}
+
+#[test]
+fn deregistering_through_another_comm_twice_or_a_window_is_refused() {
+    let rig = Rig::new(1);
+    let (a, b) = (rig.comm(), rig.comm());
+    let p = rig.mem_alloc(2 * NCCL_WIN_REQUIRED_ALIGNMENT as usize);
+    let h = rig.register(a, p, BYTES);
+
+    assert_eq!(rig.deregister(b, h), INVALID);
+    let m = format!(
+        "ncclCommDeregister: registration {:#x} belongs to communicator {:#x}, not {:#x}",
+        h.addr(),
+        a.addr(),
+        b.addr()
+    );
+    assert_eq!(rig.world.take_violations(), std::slice::from_ref(&m));
+    assert_eq!(rig.last_error(b), m);
+
+    assert_eq!(rig.deregister(a, h), NCCL_OK, "still registered");
+    rig.assert_clean();
+    assert_eq!(rig.deregister(a, h), INVALID);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclCommDeregister: registration {:#x} was already released by ncclCommDeregister",
+            h.addr()
+        )]
+    );
+
+    let (rc, win) = rig.window(a, p, NCCL_WIN_REQUIRED_ALIGNMENT as usize);
+    assert_eq!(rc, NCCL_OK);
+    assert_eq!(rig.deregister(a, win.cast()), INVALID);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclCommDeregister: {:#x} is a window, not a registration",
+            win.addr()
+        )]
+    );
+    assert_eq!(rig.window_deregister(a, win), NCCL_OK, "still a window");
+    assert_eq!(rig.mem_free(p), NCCL_OK);
+    rig.destroy(a);
+    rig.destroy(b);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_window_needs_nccl_memory() {
+    let rig = Rig::new(1);
+    let comm = rig.comm();
+    let q = rig.cu_alloc(NCCL_WIN_REQUIRED_ALIGNMENT as usize);
+    let (rc, win) = rig.window(comm, q, NCCL_WIN_REQUIRED_ALIGNMENT as usize);
+    assert_eq!(rc, INVALID);
+    assert!(win.is_null());
+    let e = rig.last_error(comm);
+    assert_eq!(
+        e,
+        format!(
+            "ncclCommWindowRegister: {q:#x} is not memory from ncclMemAlloc (windows need cuMem memory)"
+        )
+    );
+    rig.assert_clean();
+    assert_eq!(rig.cu_free(q), OK, "not pinned");
+    rig.destroy(comm);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_window_at_a_misaligned_offset_is_refused() {
+    let rig = Rig::new(1);
+    let comm = rig.comm();
+    let align = NCCL_WIN_REQUIRED_ALIGNMENT as usize;
+    let p = rig.mem_alloc(2 * align);
+    let (rc, win) = rig.window(comm, p + 256, align);
+    assert_eq!(rc, INVALID);
+    assert!(win.is_null());
+    assert_eq!(
+        rig.last_error(comm),
+        format!(
+            "ncclCommWindowRegister: offset 256 into its allocation is not a multiple of {align}"
+        )
+    );
+    let (rc, win) = rig.window(comm, p + align as CUdeviceptr, align);
+    assert_eq!(rc, NCCL_OK, "an aligned offset is fine");
+    assert_eq!(rig.window_deregister(comm, win), NCCL_OK);
+    assert_eq!(rig.mem_free(p), NCCL_OK);
+    rig.destroy(comm);
+    rig.assert_clean();
+}
+
+#[test]
+fn the_ranks_windows_must_have_one_size() {
+    let rig = Rig::new(2);
+    let comms = rig.comms(2);
+    let align = NCCL_WIN_REQUIRED_ALIGNMENT as usize;
+    let mems: Vec<CUdeviceptr> = (0..2)
+        .map(|d| {
+            rig.on(d);
+            rig.mem_alloc(4 * align)
+        })
+        .collect();
+
+    // Window 1: both ranks agree.
+    let (rc0, w0) = rig.window(comms[0], mems[0], align);
+    let (rc1, w1) = rig.window(comms[1], mems[1], align);
+    assert_eq!((rc0, rc1), (NCCL_OK, NCCL_OK));
+    assert!(!w0.is_null() && !w1.is_null());
+    assert_ne!(w0, w1);
+    rig.assert_clean();
+
+    // Window 2: rank 1 disagrees.
+    let (rc0, v0) = rig.window(comms[0], mems[0] + align as CUdeviceptr, 2 * align);
+    assert_eq!(rc0, NCCL_OK);
+    let (rc1, v1) = rig.window(comms[1], mems[1] + align as CUdeviceptr, align);
+    assert_eq!(rc1, INVALID);
+    assert!(v1.is_null());
+    let m = format!(
+        "ncclCommWindowRegister: window 2 of communicator {:#x} has {align} bytes, another rank's has {}",
+        comms[1].addr(),
+        2 * align
+    );
+    assert_eq!(rig.world.take_violations(), std::slice::from_ref(&m));
+    assert_eq!(rig.last_error(comms[1]), m);
+
+    for (c, w) in [(comms[0], w0), (comms[1], w1), (comms[0], v0)] {
+        assert_eq!(rig.window_deregister(c, w), NCCL_OK);
+    }
+    for (d, p) in mems.into_iter().enumerate() {
+        rig.on(d);
+        assert_eq!(rig.mem_free(p), NCCL_OK);
+    }
+    for c in comms {
+        rig.destroy(c);
+    }
+    rig.assert_clean();
+}
+
+#[test]
+fn destroying_a_communicator_releases_its_registrations_and_windows() {
+    let rig = Rig::new(1);
+    let (a, b) = (rig.comm(), rig.comm());
+    let align = NCCL_WIN_REQUIRED_ALIGNMENT as usize;
+    let p = rig.mem_alloc(align);
+    let h = rig.register(a, p, BYTES);
+    let (rc, win) = rig.window(a, p, align);
+    assert_eq!(rc, NCCL_OK);
+    rig.destroy(a);
+    assert_eq!(rig.mem_free(p), NCCL_OK);
+    rig.assert_clean();
+
+    assert_eq!(rig.deregister(b, h), INVALID);
+    assert_eq!(rig.window_deregister(b, win), INVALID);
+    assert_eq!(
+        rig.world.take_violations(),
+        [
+            format!(
+                "ncclCommDeregister: registration {:#x} was already released by ncclCommDestroy",
+                h.addr()
+            ),
+            format!(
+                "ncclCommWindowDeregister: window {:#x} was already released by ncclCommDestroy",
+                win.addr()
+            ),
+        ]
+    );
+    rig.destroy(b);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_registration_does_not_attach_to_another_communicators_collectives() {
+    let rig = Rig::new(1);
+    let (a, b) = (rig.comm(), rig.comm());
+    let s = rig.stream();
+    let p = rig.cu_alloc(BYTES);
+    let h = rig.register(a, p, BYTES);
+    let f = rig.driver.fns();
+
+    // Run now on B while A's registration is live: B's work does not use it.
+    assert_eq!(rig.all_reduce(b, p, s), NCCL_OK);
+    // Captured on B while A's registration is live: replayed after it went.
+    let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: live handles and valid out-pointers.
+    unsafe {
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        assert_eq!((f.cuStreamBeginCapture)(s, mode), OK);
+        assert_eq!(rig.all_reduce(b, p, s), NCCL_OK);
+        assert_eq!((f.cuStreamEndCapture)(s, &mut graph), OK);
+        assert_eq!((f.cuGraphInstantiateWithFlags)(&mut exec, graph, 0), OK);
+    }
+    assert_eq!(
+        rig.deregister(a, h),
+        NCCL_OK,
+        "no wait needed: A never used it"
+    );
+    rig.assert_clean();
+    // SAFETY: live graph handles and stream.
+    unsafe {
+        assert_eq!((f.cuGraphLaunch)(exec, s), OK);
+    }
+    assert_eq!(rig.all_reduce(b, p, s), NCCL_OK, "after the deregistration");
+    rig.sync(s);
+    rig.assert_clean();
+    // SAFETY: live handles.
+    unsafe {
+        assert_eq!((f.cuGraphExecDestroy)(exec), OK);
+        assert_eq!((f.cuGraphDestroy)(graph), OK);
+    }
+    assert_eq!(rig.cu_free(p), OK);
+    rig.destroy(a);
+    rig.destroy(b);
+    rig.assert_clean();
+}
+
+/// Replays an all-reduce captured on one stream on another, then deregisters its buffer,
+/// with or without waiting for the launch stream.
+fn deregister_after_graph_launch(wait: bool) -> (Vec<String>, CUdeviceptr, CUstream, usize) {
+    let rig = Rig::new(1);
+    let comm = rig.comm();
+    let (s, launch) = (rig.stream(), rig.stream());
+    let p = rig.cu_alloc(BYTES);
+    let h = rig.register(comm, p, BYTES);
+    let f = rig.driver.fns();
+    let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: live handles and valid out-pointers.
+    unsafe {
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        assert_eq!((f.cuStreamBeginCapture)(s, mode), OK);
+        assert_eq!(rig.all_reduce(comm, p, s), NCCL_OK);
+        assert_eq!((f.cuStreamEndCapture)(s, &mut graph), OK);
+        assert_eq!((f.cuGraphInstantiateWithFlags)(&mut exec, graph, 0), OK);
+        assert_eq!((f.cuGraphLaunch)(exec, launch), OK);
+    }
+    rig.assert_clean();
+    if wait {
+        rig.sync(launch);
+    }
+    assert_eq!(rig.deregister(comm, h), NCCL_OK, "reported, not refused");
+    let v = rig.world.take_violations();
+    rig.sync(launch);
+    // SAFETY: live handles.
+    unsafe {
+        assert_eq!((f.cuGraphExecDestroy)(exec), OK);
+        assert_eq!((f.cuGraphDestroy)(graph), OK);
+    }
+    assert_eq!(rig.cu_free(p), OK);
+    rig.destroy(comm);
+    rig.assert_clean();
+    (v, p, launch, h.addr())
+}
+
+#[test]
+fn deregistering_a_buffer_a_graph_launch_may_still_use_is_reported() {
+    let (v, p, launch, h) = deregister_after_graph_launch(false);
+    assert_eq!(
+        v,
+        [format!(
+            "ncclCommDeregister of registration {h:#x} ({p:#x}+{BYTES}): work enqueued on stream {:#x} (ncclAllReduce) may still use it: the host did not wait for it",
+            launch.addr()
+        )]
+    );
+}
+
+#[test]
+fn deregistering_after_the_host_waited_for_the_graph_launch_is_fine() {
+    let (v, ..) = deregister_after_graph_launch(true);
+    assert!(v.is_empty(), "{v:?}");
+}
