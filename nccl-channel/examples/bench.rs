@@ -17,27 +17,63 @@ use std::process::{Command, ExitCode};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
+use clap::Parser;
+
 use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, Event, Stream};
 use nccl_channel::{
     ChannelBuilder, Communicator, NcclType, ReduceOp, Result, UniqueId, World, group,
 };
 
-#[derive(Clone, Debug)]
+/// An nccl-tests-style benchmark of every collective through nccl-channel.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "bench")]
 struct Opts {
-    colls: Vec<String>,
+    /// Collectives: a comma list of all_reduce, all_gather, reduce_scatter, broadcast,
+    /// reduce, all_to_all, sendrecv, or `all`.
+    #[arg(short = 'c', long = "collective", default_value = "all_reduce", value_parser = colls_arg)]
+    colls: Colls,
+    /// Smallest size in bytes (suffixes K, M, G).
+    #[arg(short = 'b', default_value = "8", value_parser = size_arg)]
     min: usize,
+    /// Largest size in bytes (suffixes K, M, G).
+    #[arg(short = 'e', default_value = "64M", value_parser = size_arg)]
     max: usize,
-    factor: usize,
-    iters: usize,
+    /// Factor between sizes.
+    #[arg(short = 'f', default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    factor: u64,
+    /// Timed iterations per size.
+    #[arg(short = 'n', default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', default_value_t = 5)]
     warmup: usize,
+    /// Element type.
+    #[arg(short = 'd', default_value = "float",
+          value_parser = ["float", "half", "bfloat16", "double", "int32", "int8", "uint8"])]
     dtype: String,
+    /// Reduction.
+    #[arg(short = 'o', default_value = "sum", value_parser = ["sum", "prod", "max", "min", "avg"])]
     op: String,
+    /// Root rank of broadcast and reduce.
+    #[arg(short = 'r', default_value_t = 0)]
     root: usize,
+    /// Capture the `-n` iterations of each size into a CUDA graph and time its replay.
+    #[arg(short = 'G', long = "graph")]
     graph: bool,
+    /// Check each result (1) or not (0).
+    #[arg(long, default_value = "1", value_name = "0|1", action = clap::ArgAction::Set, value_parser = check_arg)]
     check: bool,
+    /// One process, one thread per GPU (default: every local GPU; 2 simulated devices).
+    #[arg(long, conflicts_with = "nprocs")]
     threads: Option<usize>,
+    /// One process per GPU, started by this program.
+    #[arg(long)]
     nprocs: Option<usize>,
 }
+
+/// The collectives of `-c`.
+#[derive(Clone, Debug)]
+struct Colls(Vec<String>);
 
 const ALL: [&str; 7] = [
     "all_reduce",
@@ -49,6 +85,25 @@ const ALL: [&str; 7] = [
     "sendrecv",
 ];
 
+fn colls_arg(s: &str) -> std::result::Result<Colls, String> {
+    if s == "all" {
+        return Ok(Colls(ALL.iter().map(|s| s.to_string()).collect()));
+    }
+    let v: Vec<String> = s.split(',').map(str::to_string).collect();
+    match v.iter().find(|c| !ALL.contains(&c.as_str())) {
+        Some(c) => Err(format!("unknown collective {c:?}; one of {ALL:?} or all")),
+        None => Ok(Colls(v)),
+    }
+}
+
+fn check_arg(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err("0 or 1".into()),
+    }
+}
+
 fn size_arg(s: &str) -> std::result::Result<usize, String> {
     let (num, mul) = match s.chars().last() {
         Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
@@ -57,62 +112,19 @@ fn size_arg(s: &str) -> std::result::Result<usize, String> {
         _ => (s, 1),
     };
     num.parse::<usize>()
-        .map(|n| n * mul)
-        .map_err(|_| format!("bad size {s:?}"))
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad size {s:?} (a positive number of bytes, suffix K, M or G)"))
 }
 
-fn parse() -> std::result::Result<Opts, String> {
-    let mut o = Opts {
-        colls: vec!["all_reduce".into()],
-        min: 8,
-        max: 64 << 20,
-        factor: 2,
-        iters: 20,
-        warmup: 5,
-        dtype: "float".into(),
-        op: "sum".into(),
-        root: 0,
-        graph: false,
-        check: true,
-        threads: None,
-        nprocs: None,
-    };
-    let mut a = std::env::args().skip(1);
-    while let Some(k) = a.next() {
-        let mut v = || a.next().ok_or(format!("{k} needs a value"));
-        match k.as_str() {
-            "-c" | "--collective" => {
-                let c = v()?;
-                o.colls = if c == "all" {
-                    ALL.iter().map(|s| s.to_string()).collect()
-                } else {
-                    c.split(',').map(str::to_string).collect()
-                };
-            }
-            "-b" => o.min = size_arg(&v()?)?,
-            "-e" => o.max = size_arg(&v()?)?,
-            "-f" => o.factor = v()?.parse().map_err(|_| "-f expects an integer")?,
-            "-n" => o.iters = v()?.parse().map_err(|_| "-n expects an integer")?,
-            "-w" => o.warmup = v()?.parse().map_err(|_| "-w expects an integer")?,
-            "-d" => o.dtype = v()?,
-            "-o" => o.op = v()?,
-            "-r" => o.root = v()?.parse().map_err(|_| "-r expects a rank")?,
-            "-G" | "--graph" => o.graph = true,
-            "--check" => o.check = v()? != "0",
-            "--threads" => {
-                o.threads = Some(v()?.parse().map_err(|_| "--threads expects a number")?)
-            }
-            "--nprocs" => o.nprocs = Some(v()?.parse().map_err(|_| "--nprocs expects a number")?),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    for c in &o.colls {
-        if !ALL.contains(&c.as_str()) {
-            return Err(format!("unknown collective {c:?}; one of {ALL:?} or all"));
-        }
-    }
-    if o.factor < 2 || o.iters == 0 || o.min == 0 || o.min > o.max {
-        return Err("need -f >= 2, -n >= 1 and 0 < -b <= -e".into());
+fn parse() -> std::result::Result<Opts, clap::Error> {
+    let o = Opts::try_parse()?;
+    if o.min > o.max {
+        return Err(clap::Error::raw(
+            clap::error::ErrorKind::ValueValidation,
+            "need -b <= -e\n",
+        ));
     }
     Ok(o)
 }
@@ -338,7 +350,7 @@ fn time<T: BenchVal>(
 fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
     let (me, n) = (r.comm.rank(), r.comm.size());
     let tsize = size_of::<T>();
-    for coll in &o.colls {
+    for coll in &o.colls.0 {
         let has_op = matches!(coll.as_str(), "all_reduce" | "reduce_scatter" | "reduce");
         let has_root = matches!(coll.as_str(), "broadcast" | "reduce");
         let in_place_ok = !matches!(coll.as_str(), "all_to_all" | "sendrecv");
@@ -437,7 +449,7 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
                 print!("{out}");
                 out.clear();
             }
-            bytes *= o.factor;
+            bytes *= o.factor as usize;
         }
         if me == 0 {
             let _ = writeln!(
@@ -541,10 +553,7 @@ fn run_child(o: &Opts) -> Result<()> {
 fn main() -> ExitCode {
     let o = match parse() {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("bench: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => e.exit(),
     };
     let r = if World::from_env().ok().flatten().is_some() {
         run_child(&o)
