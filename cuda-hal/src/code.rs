@@ -114,7 +114,12 @@ impl Code {
     #[inline]
     pub(crate) fn used_on(&self, stream: &Stream) -> Result<()> {
         self.0.used_on(stream)?;
-        stream.hold(|| KeepAlive::new(self.0.clone()));
+        stream.hold(|| self.keep_alive());
         Ok(())
+    }
+
+    /// A shared owner: the code stays loaded while it lives.
+    pub(crate) fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::new(self.0.clone())
     }
 }

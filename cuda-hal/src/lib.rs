@@ -177,7 +177,7 @@ pub use repr::DeviceRepr;
 pub use selector::{DeviceSelector, DeviceUuid, PciBusId};
 pub use slice::{DeviceSlice, DeviceSliceMut};
 pub use stream::{EnqueueLock, Stream};
-pub use tracking::{DeferScope, Dependency, KeepAlive};
+pub use tracking::{DeferScope, Dependency, KeepAlive, StreamLog};
 pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};
 
 /// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].

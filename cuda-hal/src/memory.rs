@@ -29,7 +29,12 @@ pub(crate) struct Allocation {
     /// after its stream reached the allocation; set once the host has waited for that.
     ready: AtomicBool,
     uses: UseLog,
+    /// How foreign memory is released (e.g. `ncclMemFree`); `None`: `cuMemFree(Async)`.
+    release: Option<Release>,
 }
+
+/// Releases foreign memory handed over with [`DeviceBuffer::from_raw_with`].
+type Release = Box<dyn FnOnce(CUdeviceptr) + Send + Sync>;
 
 impl Dependency for Allocation {
     fn used_on(&self, stream: &Stream) -> Result<()> {
@@ -136,6 +141,7 @@ impl Drop for Allocation {
                 free_on: self.free_on.take(),
                 ready: AtomicBool::new(self.ready.load(Ordering::Acquire)),
                 uses: UseLog::with(used.clone()),
+                release: self.release.take(),
             };
             lock(&log.held).push(KeepAlive::new(Arc::new(moved)));
             return;
@@ -161,9 +167,16 @@ impl Drop for Allocation {
                         return;
                     }
                 }
-                // SAFETY: allocated by cuMemAlloc (or handed over as such) and freed once,
-                // after the work of every stream that used it is done.
-                let _ = unsafe { (cuda.fns().cuMemFree)(self.ptr) };
+                match self.release.take() {
+                    // The releaser's contract (`from_raw_with`): called once, with the
+                    // context current, after the work of every stream that used it.
+                    Some(release) => release(self.ptr),
+                    None => {
+                        // SAFETY: allocated by cuMemAlloc (or handed over as such) and
+                        // freed once, after the work of every stream that used it is done.
+                        let _ = unsafe { (cuda.fns().cuMemFree)(self.ptr) };
+                    }
+                }
             }
         }
         drop(locks);
@@ -253,11 +266,40 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
                 free_on,
                 ready: AtomicBool::new(false),
                 uses: UseLog::default(),
+                release: None,
             }),
             ptr,
             len,
             _t: PhantomData,
         }
+    }
+
+    /// Takes ownership of `len` elements of foreign device memory at `ptr` (another
+    /// allocator's: `ncclMemAlloc`, a framework's pool), released by `release(ptr)` under
+    /// the same rules as this crate's own memory: once, with `ctx` current, only after the
+    /// work of every stream that used it is done and no graph or open group can launch
+    /// work on it again. Views, copies, kernels and collectives then use it like any
+    /// buffer. `release` is never called for an empty buffer, nor after
+    /// [`into_raw`](Self::into_raw); if the memory cannot be proven idle it is leaked
+    /// rather than released.
+    ///
+    /// # Safety
+    /// `ptr` must be device memory of `ctx`, readable and writable from it, of at least
+    /// `len * size_of::<T>()` bytes (or anything with `len == 0`), owned by nobody else
+    /// until `release` is called; `release` must free exactly that memory and nothing else.
+    pub unsafe fn from_raw_with(
+        ctx: &Context,
+        ptr: CUdeviceptr,
+        len: usize,
+        release: impl FnOnce(CUdeviceptr) + Send + Sync + 'static,
+    ) -> Self {
+        let mut b = Self::owning(ctx, ptr, len, None);
+        if ptr != 0
+            && let Some(a) = Arc::get_mut(&mut b.alloc)
+        {
+            a.release = Some(Box::new(release));
+        }
+        b
     }
 
     /// Allocates and zeroes `len` elements.
@@ -330,6 +372,23 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// A shared owner of the memory: it is not freed while the returned value lives.
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.alloc.clone())
+    }
+
+    /// How many owners the memory has: this buffer, plus each graph, open group or
+    /// [`KeepAlive`] (e.g. an NCCL registration) that holds it. A pool may hand memory to
+    /// a new user only when it is the sole owner: a graph could launch work on it again.
+    pub fn owners(&self) -> usize {
+        Arc::strong_count(&self.alloc)
+    }
+
+    /// Waits until the work enqueued so far on every stream that used the memory is done
+    /// (refused while one of them is being captured: the wait would spoil the capture).
+    pub fn synchronize_uses(&self) -> Result<()> {
+        for s in self.alloc.uses.streams() {
+            s.refuse_capture("DeviceBuffer::synchronize_uses")?;
+            s.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Number of elements.
@@ -539,6 +598,9 @@ unsafe impl<T: DeviceRepr> DeviceSlice for DeviceBuffer<T> {
     }
     fn used_synchronously(&self) -> Result<()> {
         self.alloc.ready_for_host()
+    }
+    fn keep_alive(&self) -> Option<KeepAlive> {
+        Some(DeviceBuffer::keep_alive(self))
     }
 }
 

@@ -283,6 +283,9 @@ unsafe impl<T: DeviceRepr> DeviceSlice for Global<'_, T> {
     fn used_on(&self, stream: &Stream) -> Result<()> {
         self.code.used_on(stream)
     }
+    fn keep_alive(&self) -> Option<crate::KeepAlive> {
+        Some(self.code.keep_alive())
+    }
 }
 
 // SAFETY: module globals are writable device memory (`__device__` variables; constant

@@ -4,7 +4,7 @@
 
 use cuda_sys::CUdeviceptr;
 
-use crate::{Context, Device, DeviceRepr, Result, Stream};
+use crate::{Context, Device, DeviceRepr, KeepAlive, Result, Stream};
 
 /// Device memory holding [`len`](Self::len) values of [`Elem`](Self::Elem) in one
 /// context, borrowed for as long as the value is.
@@ -101,6 +101,13 @@ pub unsafe trait DeviceSlice: Sync {
     /// order must be complete first). The default: nothing to do.
     fn used_synchronously(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// A shared owner of the memory, for what must outlive the borrow without owning the
+    /// value: an NCCL registration, which must be released before the memory is. `None`
+    /// (the default): the memory cannot be held that way, and such users refuse it.
+    fn keep_alive(&self) -> Option<KeepAlive> {
+        None
     }
 
     /// Whether it holds no element.

@@ -131,6 +131,11 @@ impl UseLog {
         std::mem::take(self.streams.get_mut().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// The streams noted so far (the log keeps them).
+    pub(crate) fn streams(&self) -> Vec<Stream> {
+        lock(&self.streams).clone()
+    }
+
     /// A log that starts with `streams`.
     pub(crate) fn with(streams: Vec<Stream>) -> UseLog {
         UseLog {
@@ -256,5 +261,47 @@ pub(crate) struct CaptureLog {
 impl CaptureLog {
     pub(crate) fn is_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
+    }
+}
+
+/// The streams whose work used something another crate owns (an NCCL registration, a
+/// framework's handle), so that its release can wait for exactly that work. The same
+/// log this crate keeps for each allocation; noting the stream noted last is one load.
+#[derive(Default)]
+pub struct StreamLog(UseLog);
+
+impl std::fmt::Debug for StreamLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamLog")
+            .field("streams", &self.0.streams().len())
+            .finish()
+    }
+}
+
+impl StreamLog {
+    /// An empty log.
+    pub fn new() -> StreamLog {
+        StreamLog::default()
+    }
+
+    /// Notes that work about to be enqueued on `stream` uses the thing.
+    #[inline]
+    pub fn note(&self, stream: &Stream) {
+        let _ = self.0.note(stream, || Ok(()));
+    }
+
+    /// The streams noted so far.
+    pub fn streams(&self) -> Vec<Stream> {
+        self.0.streams()
+    }
+
+    /// Waits until the work enqueued so far on every noted stream is done (refused while
+    /// one of them is being captured: the wait would spoil the capture).
+    pub fn synchronize(&self) -> Result<()> {
+        for s in self.0.streams() {
+            s.refuse_capture("StreamLog::synchronize")?;
+            s.synchronize()?;
+        }
+        Ok(())
     }
 }

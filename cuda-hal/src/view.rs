@@ -8,7 +8,7 @@ use std::ops::{Bound, RangeBounds};
 
 use cuda_sys::CUdeviceptr;
 
-use crate::{Context, DeviceRepr, DeviceSlice, DeviceSliceMut, Error, Result, Stream};
+use crate::{Context, DeviceRepr, DeviceSlice, DeviceSliceMut, Error, KeepAlive, Result, Stream};
 
 /// What a view's memory belongs to.
 #[derive(Clone, Copy)]
@@ -41,6 +41,13 @@ impl<'a, T: DeviceRepr> Base<'a, T> {
         match self {
             Base::Slice(s) => s.used_synchronously(),
             Base::Raw(_) => Ok(()),
+        }
+    }
+
+    fn keep_alive(&self) -> Option<KeepAlive> {
+        match self {
+            Base::Slice(s) => s.keep_alive(),
+            Base::Raw(_) => None,
         }
     }
 }
@@ -483,6 +490,9 @@ macro_rules! view_slice {
             #[inline]
             fn used_synchronously(&self) -> Result<()> {
                 self.base.used_synchronously()
+            }
+            fn keep_alive(&self) -> Option<KeepAlive> {
+                self.base.keep_alive()
             }
         }
     };

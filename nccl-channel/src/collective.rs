@@ -110,6 +110,9 @@ impl Communicator {
             });
         }
         buf.used_on(stream)?;
+        self.shared()
+            .registry
+            .used(buf.device_ptr(), buf.size_bytes(), stream);
         Ok(())
     }
 

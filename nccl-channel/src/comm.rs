@@ -15,6 +15,8 @@ use std::time::Instant;
 use cuda_hal::{Context, Dependency, DeviceBuffer, KeepAlive, Stream};
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
+use crate::pool::Pool;
+use crate::registration::{Pending, Registry};
 use crate::reliability::{AbortHandle, CommConfig, poll};
 use crate::{Error, Result, UniqueId, check};
 
@@ -36,6 +38,10 @@ pub(crate) struct CommShared {
     /// they are: until they are released, no other thread may use or tear down the handle.
     grouped: AtomicUsize,
     group_thread: Mutex<Option<ThreadId>>,
+    /// Buffer registrations and windows, and releases waiting for the owner's thread.
+    /// Dropped after the teardown: NCCL releases them with the communicator, and only
+    /// then may their memory go.
+    pub(crate) registry: Registry,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
@@ -50,7 +56,7 @@ unsafe impl Send for CommShared {}
 // SAFETY: as above; the rest is atomics, locks and immutable data.
 unsafe impl Sync for CommShared {}
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -64,8 +70,18 @@ enum Teardown {
 }
 
 impl CommShared {
+    /// A registration whose last holder let go away from the owner's thread.
+    pub(crate) fn defer_release(&self, p: Pending) {
+        self.registry.defer(p);
+    }
+
     fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
+    }
+
+    /// Whether the handle was freed (aborted or destroyed).
+    pub(crate) fn is_dead_pub(&self) -> bool {
+        self.is_dead()
     }
 
     /// Whether an open group still holds the handle (on any thread).
@@ -219,6 +235,8 @@ impl Drop for CommShared {
 pub struct Communicator {
     /// Dropped first: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
+    /// Registered NCCL memory kept for reuse ([`buffer`](Self::buffer)).
+    pub(crate) pool: Pool,
     shared: Arc<CommShared>,
     /// Not `Sync`, deliberately: NCCL allows one thread at a time per communicator.
     _not_sync: PhantomData<Cell<()>>,
@@ -391,6 +409,7 @@ impl Communicator {
             gate: RwLock::new(()),
             grouped: AtomicUsize::new(0),
             group_thread: Mutex::new(None),
+            registry: Registry::default(),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
         // SAFETY: a live communicator and valid out-pointers. On error `shared` drops and
@@ -420,6 +439,7 @@ impl Communicator {
         Ok(Communicator {
             shared: Arc::new(shared),
             scratch: OnceCell::new(),
+            pool: Pool::default(),
             _not_sync: PhantomData,
         })
     }
@@ -431,12 +451,14 @@ impl Communicator {
                 Communicator {
                     shared: Arc::new(s),
                     scratch: self.scratch,
+                    pool: self.pool,
                     _not_sync: PhantomData,
                 }
             }
             Err(shared) => Communicator {
                 shared,
                 scratch: self.scratch,
+                pool: self.pool,
                 _not_sync: PhantomData,
             },
         }
@@ -487,6 +509,35 @@ impl Communicator {
         self.shared.live_raw()
     }
 
+    /// The shared state (registrations keep it for their release).
+    pub(crate) fn shared(&self) -> &Arc<CommShared> {
+        &self.shared
+    }
+
+    /// Waits, within the deadline, for a non-blocking communicator's background work
+    /// (`what` names it in errors); aborts on failure.
+    pub(crate) fn wait_async(&self, what: &'static str) -> Result<()> {
+        let r = self.shared.poll_self(what);
+        if r.is_err() {
+            self.abort_now();
+        }
+        r
+    }
+
+    /// Releases registrations whose last holder let go on another thread (their release
+    /// calls NCCL, which only this thread may do). Not inside an open group.
+    #[cold]
+    fn release_deferred(&self) {
+        if cuda_hal::DeferScope::is_open() {
+            return;
+        }
+        for p in self.shared.registry.take_deferred() {
+            if let Err((_, Some(p))) = self.release_pending(p) {
+                self.shared.registry.defer(p);
+            }
+        }
+    }
+
     /// The one state check: the live handle, after performing an abort requested through
     /// an [`AbortHandle`]; [`Error::Aborted`] once it is aborted or destroyed.
     pub(crate) fn handle(&self) -> Result<ncclComm_t> {
@@ -498,6 +549,9 @@ impl Communicator {
         if self.shared.abort.is_requested() {
             self.abort_now();
             return Err(Error::Aborted);
+        }
+        if self.shared.registry.has_deferred() {
+            self.release_deferred();
         }
         self.shared.live_raw().ok_or(Error::Aborted)
     }

@@ -31,6 +31,13 @@ pub(super) fn free_device(s: &mut State, call: &'static str, p: usize) -> CUresu
         ));
         return CUresult::CUDA_ERROR_INVALID_VALUE;
     }
+    if let Some(by) = s.allocs.get(&p).and_then(|a| a.foreign) {
+        s.violation(format!(
+            "{call} of {p:#x}: allocated by {by}, which must free it"
+        ));
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
+    s.report_pins(call, p);
     if s.quarantine(p, call) {
         return CUresult::CUDA_SUCCESS;
     }
@@ -85,6 +92,8 @@ pub(super) fn alloc_device(
             device,
             last_use: HashMap::new(),
             module: None,
+            foreign: None,
+            pins: Vec::new(),
         },
     );
     Ok(addr)

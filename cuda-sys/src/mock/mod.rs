@@ -67,6 +67,7 @@
 mod api;
 mod context;
 mod event;
+mod foreign;
 mod function;
 mod graph;
 mod image;
@@ -86,6 +87,7 @@ mod stream;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+pub use foreign::AllocationInfo;
 pub use kernel::{KernelCall, Plain};
 pub use sanitizer::{QUARANTINE_BLOCKS, QUARANTINE_BYTES, Touch};
 #[doc(hidden)]

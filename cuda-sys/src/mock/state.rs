@@ -163,6 +163,12 @@ pub(crate) struct Alloc {
     /// The module whose global this is: freed when the module is unloaded, never by a
     /// free call.
     pub(crate) module: Option<usize>,
+    /// The allocator that made it when it is not the driver's (e.g. `ncclMemAlloc`): only
+    /// that allocator's free may release it.
+    pub(crate) foreign: Option<&'static str>,
+    /// Holds of other simulations on parts of it (an NCCL registration): id and what holds
+    /// it. Freeing it while held is a violation.
+    pub(crate) pins: Vec<(u64, String)>,
 }
 
 // SAFETY: the allocation is plain memory owned by the state; access is serialised by the

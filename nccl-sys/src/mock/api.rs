@@ -8,7 +8,7 @@ use std::ffi::{CStr, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{NWorld, collective, group, init, query, redop};
+use super::{NWorld, collective, group, init, query, redop, registry};
 use crate::NcclFns;
 
 cuda_sys::__mock_slots!(NWorld);
@@ -50,7 +50,8 @@ static LOOKUPS: [fn(&[u8]) -> *const c_void; cuda_sys::mock::MAX_WORLDS] =
 
 /// Slot `W`'s function named `name`, from whichever module declares it.
 fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
-    let modules: [fn(&[u8]) -> *const c_void; 6] = [
+    let modules: [fn(&[u8]) -> *const c_void; 7] = [
+        registry::lookup::<W>,
         init::lookup::<W>,
         query::lookup::<W>,
         query::strings_lookup::<W>,

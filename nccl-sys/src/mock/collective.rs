@@ -20,6 +20,7 @@ use super::clique::{Clique, Contrib, Done, Kind, Op};
 use super::dtype;
 use super::group::{Deferred, defer, in_group};
 use super::redop;
+use super::registry;
 use super::state::{State, fail};
 use crate::*;
 
@@ -148,6 +149,8 @@ pub(super) struct Work {
     comm: usize,
     stream: cudaStream_t,
     touches: Vec<Touch>,
+    /// The registrations and windows NCCL resolved for the buffers at the call.
+    regs: Vec<usize>,
     part: Part,
 }
 
@@ -175,7 +178,10 @@ impl Work {
                     .report(format!("{call}: communicator {comm:#x} was freed by {by}"));
                 true
             }
-            None => w.cuda.access(self.stream, call, &self.touches).is_err(),
+            None => {
+                w.cuda.access(self.stream, call, &self.touches).is_err()
+                    || !registry::admit(w, call, &self.regs, Some(self.stream))
+            }
         };
         if refused {
             self.part.withdraw();
@@ -239,6 +245,7 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
         comm,
         stream,
         touches,
+        regs,
         part,
     } = work;
     let part = Arc::new(part);
@@ -249,6 +256,7 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
     let cuda = w.cuda.downgrade();
     let timeout = w.timeout;
     let (r2, ran2, part2) = (result.clone(), ran.clone(), part.clone());
+    let regs2 = regs.clone();
     let op = Arc::new(move || {
         ran2.store(true, Ordering::Relaxed);
         // A captured op replayed after its communicator went is a use after free.
@@ -258,6 +266,13 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
                 w.cuda.report(format!(
                     "{call}: communicator {comm:#x} was freed by {by} before the work ran"
                 ));
+                *r2.lock().unwrap_or_else(|e| e.into_inner()) = ncclResult_t::ncclInvalidArgument;
+                part2.withdraw();
+                return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
+            }
+            // Registrations it resolved at enqueue must still be there (the use is
+            // recorded below, for work that runs at the call).
+            if !registry::admit(&w, call, &regs2, None) {
                 *r2.lock().unwrap_or_else(|e| e.into_inner()) = ncclResult_t::ncclInvalidArgument;
                 part2.withdraw();
                 return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -280,6 +295,9 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
         CUresult::CUDA_SUCCESS
     });
     let rc = w.cuda.enqueue_op(stream, call, touches, op);
+    if ran.load(Ordering::Relaxed) {
+        registry::record_uses(w, call, &regs, stream);
+    }
     if rc != CUresult::CUDA_SUCCESS {
         if !ran.load(Ordering::Relaxed) {
             // Refused before it ran (the sanitizer, a bad stream): it never will, so the
@@ -399,6 +417,11 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
     };
     let seq = comm.seq;
     comm.seq += 1;
+    let ranges = [
+        (call.send as u64, if send_used { send_n * esize } else { 0 }),
+        (call.recv as u64, if recv_used { recv_n * esize } else { 0 }),
+    ];
+    let regs = registry::overlapping(&s, h, &ranges);
     drop(s);
     let mut touches = Vec::with_capacity(2);
     if send_used {
@@ -430,6 +453,7 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         comm: h,
         stream: call.stream,
         touches,
+        regs,
         part: Part::Coll {
             clique,
             seq,
@@ -492,6 +516,7 @@ fn p2p(
     if let Err(rc) = check_stream(w, &mut s, stream, device) {
         return rc;
     }
+    let regs = registry::overlapping(&s, h, &[(ptr as u64, count * esize)]);
     drop(s);
     let (src, dst) = if is_send {
         (rank, peer as usize)
@@ -512,6 +537,7 @@ fn p2p(
         comm: h,
         stream,
         touches: vec![touch],
+        regs,
         part: Part::P2p {
             clique,
             is_send,

@@ -519,6 +519,7 @@ nccl_mock! {
         match s.check_comm(w, CALL, comm) {
             Ok(h) => {
                 s.free_comm(h, CALL);
+                super::registry::release_comm(w, &mut s, h, CALL);
                 ncclResult_t::ncclSuccess
             }
             Err(rc) => rc,
@@ -530,6 +531,7 @@ nccl_mock! {
             Err(rc) => return rc,
         };
         let Some(c) = s.free_comm(h, CALL) else { return ncclResult_t::ncclInternalError };
+        super::registry::release_comm(w, &mut s, h, CALL);
         if let Some(cl) = &c.clique {
             cl.abort(c.rank);
         }

@@ -75,6 +75,7 @@ mod group;
 mod init;
 mod query;
 mod redop;
+mod registry;
 mod state;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

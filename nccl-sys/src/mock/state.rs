@@ -99,6 +99,14 @@ pub(crate) struct State {
     /// Destroyed and aborted communicators -> the call that freed them. Handles are never
     /// reused, so a later call with one is a use after free, reported as such.
     pub(crate) dead: HashMap<usize, &'static str>,
+    /// Live buffer registrations and windows, by handle.
+    pub(crate) regs: HashMap<usize, super::registry::Reg>,
+    /// Released registrations and windows -> the call that released them.
+    pub(crate) dead_regs: HashMap<usize, &'static str>,
+    /// Windows registered so far per communicator (their sequence numbers).
+    pub(crate) win_seq: HashMap<usize, u64>,
+    /// The size of the first rank's n-th window, per clique and n.
+    pub(crate) win_sizes: HashMap<(usize, u64), usize>,
 }
 
 impl State {

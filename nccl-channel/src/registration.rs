@@ -1,0 +1,560 @@
+//! Buffer registrations (`ncclCommRegister`, NCCL ≥ 2.19) and windows
+//! (`ncclCommWindowRegister`, NCCL ≥ 2.27): memory NCCL may map into its peers and use
+//! directly, instead of copying through its own buffers.
+//!
+//! Both are typed so that the memory outlives its registration (the registration holds
+//! a shared owner of it, [`DeviceSlice::keep_alive`]) and the registration does not
+//! outlive its communicator (it borrows it). NCCL finds a registration by address when a
+//! collective is enqueued, so every collective of the communicator notes, on each
+//! registration its buffers overlap, the stream it runs on, and an open capture or group
+//! holds the registration: a registration is released only after the work that may use it
+//! is done, and never while a graph that recorded such work can still be launched.
+
+use std::ffi::{c_int, c_void};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use cuda_hal::{Dependency, DeviceSlice, KeepAlive, Stream, StreamLog};
+use nccl_sys::ncclWindow_t;
+
+use crate::comm::CommShared;
+use crate::{Communicator, Error, Result};
+
+/// Flags of a window (`NCCL_WIN_*`), combined with `|`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct WindowFlags(pub i32);
+
+impl WindowFlags {
+    /// `NCCL_WIN_DEFAULT`: a window for NCCL's RMA and device APIs.
+    pub const DEFAULT: WindowFlags = WindowFlags(nccl_sys::NCCL_WIN_DEFAULT as i32);
+    /// `NCCL_WIN_COLL_SYMMETRIC`: the same offsets on every rank, so collectives may use
+    /// NCCL's symmetric kernels (NCCL ≥ 2.27; lowest latency for small messages).
+    pub const COLL_SYMMETRIC: WindowFlags = WindowFlags(nccl_sys::NCCL_WIN_COLL_SYMMETRIC as i32);
+    /// `NCCL_WIN_STRICT_ORDERING` (NCCL ≥ 2.29): one-sided operations complete in order.
+    pub const STRICT_ORDERING: WindowFlags = WindowFlags(nccl_sys::NCCL_WIN_STRICT_ORDERING as i32);
+}
+
+impl std::ops::BitOr for WindowFlags {
+    type Output = WindowFlags;
+    fn bitor(self, rhs: WindowFlags) -> WindowFlags {
+        WindowFlags(self.0 | rhs.0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Local,
+    Window,
+}
+
+/// What a release still has to do: the NCCL handle, the memory it must outlive, and the
+/// streams whose work must be done first.
+pub(crate) struct Pending {
+    kind: Kind,
+    handle: usize,
+    /// Held, never read: the memory outlives the registration.
+    _memory: KeepAlive,
+    uses: StreamLog,
+}
+
+/// One registration, shared by its handle, by captures and groups whose work may use it,
+/// and (weakly) by its communicator's registry.
+pub(crate) struct RegShared {
+    comm: Arc<CommShared>,
+    start: u64,
+    bytes: usize,
+    pending: Mutex<Option<Pending>>,
+}
+
+impl RegShared {
+    /// Whether its communicator is still alive (a dead one released it).
+    pub(crate) fn is_live(&self) -> bool {
+        !self.comm.is_dead_pub()
+    }
+
+    fn note(&self, stream: &Stream) {
+        if let Some(p) = &*crate::comm::lock(&self.pending) {
+            p.uses.note(stream);
+        }
+    }
+}
+
+impl Dependency for RegShared {
+    /// A graph launch on `stream` uses the registration again.
+    fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
+        self.note(stream);
+        Ok(())
+    }
+}
+
+impl Drop for RegShared {
+    /// The last holder was not its owner's thread (a graph or a group let go): the
+    /// communicator releases it at its owner's next call, or with itself.
+    fn drop(&mut self) {
+        self.comm.registry.remove_ptr(self);
+        if let Some(p) = crate::comm::lock(&self.pending).take() {
+            self.comm.defer_release(p);
+        }
+    }
+}
+
+/// The registrations of one communicator, by address range.
+#[derive(Default)]
+pub(crate) struct Registry {
+    count: AtomicUsize,
+    list: RwLock<Vec<(u64, u64, Weak<RegShared>)>>,
+    /// Releases handed over by other threads, done by the owner.
+    deferred: Mutex<Vec<Pending>>,
+    has_deferred: AtomicBool,
+}
+
+impl Registry {
+    fn add(&self, r: &Arc<RegShared>) {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        l.push((r.start, r.start + r.bytes as u64, Arc::downgrade(r)));
+        self.count.store(l.len(), Ordering::Release);
+    }
+
+    fn remove(&self, r: &Arc<RegShared>) {
+        self.remove_ptr(Arc::as_ptr(r));
+    }
+
+    fn remove_ptr(&self, me: *const RegShared) {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        l.retain(|(_, _, w)| w.as_ptr() != me);
+        self.count.store(l.len(), Ordering::Release);
+    }
+
+    /// Work on `stream` touches `[ptr, ptr + bytes)`: every registration it overlaps
+    /// notes the stream, and an open capture or group holds it.
+    #[inline]
+    pub(crate) fn used(&self, ptr: u64, bytes: usize, stream: &Stream) {
+        if bytes == 0 || self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        self.used_slow(ptr, bytes, stream);
+    }
+
+    #[cold]
+    fn used_slow(&self, ptr: u64, bytes: usize, stream: &Stream) {
+        let end = ptr.saturating_add(bytes as u64);
+        // Collected first: the last owner of one may let go meanwhile (a pooled buffer
+        // dropped on another thread), and its drop takes the list's write lock.
+        let hits: Vec<Arc<RegShared>> = {
+            let l = self.list.read().unwrap_or_else(|e| e.into_inner());
+            l.iter()
+                .filter(|(s, e, _)| ptr < *e && *s < end)
+                .filter_map(|(_, _, w)| w.upgrade())
+                .collect()
+        };
+        for r in hits {
+            r.note(stream);
+            stream.hold(|| KeepAlive::new(r.clone()));
+        }
+    }
+
+    pub(crate) fn defer(&self, p: Pending) {
+        crate::comm::lock(&self.deferred).push(p);
+        self.has_deferred.store(true, Ordering::Release);
+    }
+
+    /// Whether releases wait for the owner.
+    #[inline]
+    pub(crate) fn has_deferred(&self) -> bool {
+        self.has_deferred.load(Ordering::Acquire)
+    }
+
+    /// Takes every deferred release.
+    pub(crate) fn take_deferred(&self) -> Vec<Pending> {
+        let mut d = crate::comm::lock(&self.deferred);
+        self.has_deferred.store(false, Ordering::Release);
+        std::mem::take(&mut *d)
+    }
+}
+
+/// What to register: the checks shared by both kinds.
+fn target<S: DeviceSlice + ?Sized>(
+    comm: &Communicator,
+    what: &'static str,
+    mem: &S,
+) -> Result<(u64, usize, KeepAlive)> {
+    if mem.context() != comm.context() {
+        return Err(Error::WrongDevice {
+            what,
+            object: "memory",
+            expected: comm.device(),
+            found: mem.device().ordinal(),
+        });
+    }
+    if mem.is_empty() {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "the memory is empty: there is nothing to register".into(),
+        });
+    }
+    let memory = mem.keep_alive().ok_or_else(|| Error::InvalidArgument {
+        what,
+        problem: "this memory cannot be held past its borrow (DeviceSlice::keep_alive is \
+                  None), so a registration could outlive it"
+            .into(),
+    })?;
+    mem.used_synchronously()?;
+    Ok((mem.device_ptr(), mem.size_bytes(), memory))
+}
+
+impl Communicator {
+    /// Registers `mem` with this communicator (`ncclCommRegister`, NCCL ≥ 2.19): NCCL may
+    /// then use it directly in collectives (zero-copy through NVLink, fewer channels),
+    /// most of all when it comes from [`alloc_nccl`](Self::alloc_nccl). Local: no other
+    /// rank takes part.
+    ///
+    /// The registration keeps the memory allocated (the buffer may still be used and
+    /// dropped as usual) and is released on drop, after the work that may use it.
+    ///
+    /// ```
+    /// # #[cfg(feature = "mock")] {
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// use nccl_channel::{Communicator, ReduceOp};
+    /// # let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// # let (nccl, _) = MockNccl::new(&world).build()?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
+    /// let mut grads = comm.alloc_nccl::<f32>(1024)?;
+    /// let reg = comm.register(&grads)?;
+    /// let stream = cuda_hal::Stream::new(&ctx)?;
+    /// comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
+    /// drop(reg); // waits for the all-reduce, then ncclCommDeregister
+    /// # }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "ncclCommRegister")]
+    #[doc(alias = "ncclCommDeregister")]
+    pub fn register<S: DeviceSlice + ?Sized>(&self, mem: &S) -> Result<Registration<'_>> {
+        let what = "Communicator::register";
+        let (f, call) = optional!(self.nccl(), ncclCommRegister)?;
+        let (ptr, bytes, memory) = target(self, what, mem)?;
+        let raw = self.handle()?;
+        let _g = self.context().bind()?;
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a live communicator; `ptr` is `bytes` bytes of device memory of its
+        // device, kept allocated by `memory` until the registration is released.
+        let rc = unsafe {
+            f(
+                raw,
+                std::ptr::with_exposed_provenance_mut(ptr as usize),
+                bytes,
+                &mut handle,
+            )
+        };
+        self.check(rc, call)?;
+        Ok(self.adopt_registration(Kind::Local, handle.expose_provenance(), ptr, bytes, memory))
+    }
+
+    /// Registers `mem` as a window of this communicator (`ncclCommWindowRegister`, NCCL ≥
+    /// 2.27): **collective**, every rank registers its window of the same size in the
+    /// same order (from one thread driving several ranks, use
+    /// [`register_windows`](Self::register_windows)). With [`WindowFlags::COLL_SYMMETRIC`]
+    /// collectives on it may use NCCL's symmetric kernels. NCCL needs memory from
+    /// [`alloc_nccl`](Self::alloc_nccl) (or another cuMem allocation) at a 4096-byte
+    /// aligned offset; it reports other memory as an error.
+    #[doc(alias = "ncclCommWindowRegister")]
+    #[doc(alias = "ncclCommWindowDeregister")]
+    pub fn register_window<S: DeviceSlice + ?Sized>(
+        &self,
+        mem: &S,
+        flags: WindowFlags,
+    ) -> Result<Window<'_>> {
+        let what = "Communicator::register_window";
+        let (f, call) = optional!(self.nccl(), ncclCommWindowRegister)?;
+        optional!(self.nccl(), ncclCommWindowDeregister)?;
+        let (ptr, bytes, memory) = target(self, what, mem)?;
+        let raw = self.handle()?;
+        let _g = self.context().bind()?;
+        let mut win: ncclWindow_t = std::ptr::null_mut();
+        // SAFETY: a live communicator; `ptr` is `bytes` bytes of its device's memory, kept
+        // allocated by `memory` until the window is released; `win` outlives the call
+        // (and, non-blocking, the poll in `check`).
+        let rc = unsafe {
+            f(
+                raw,
+                std::ptr::with_exposed_provenance_mut(ptr as usize),
+                bytes,
+                &mut win,
+                flags.0 as c_int,
+            )
+        };
+        self.check(rc, call)?;
+        Ok(Window(self.adopt_registration(
+            Kind::Window,
+            win.expose_provenance(),
+            ptr,
+            bytes,
+            memory,
+        )))
+    }
+
+    /// Registers one window per rank, for one thread driving several ranks (a window
+    /// registration waits for every rank): all calls in one NCCL group, handles read
+    /// after it ended. `ranks[i]` is a communicator and its memory.
+    #[doc(alias = "ncclCommWindowRegister")]
+    pub fn register_windows<'c, S: DeviceSlice + ?Sized>(
+        ranks: &[(&'c Communicator, &S)],
+        flags: WindowFlags,
+    ) -> Result<Vec<Window<'c>>> {
+        let what = "Communicator::register_windows";
+        let Some((first, _)) = ranks.first() else {
+            return Ok(Vec::new());
+        };
+        let (f, call) = optional!(first.nccl(), ncclCommWindowRegister)?;
+        optional!(first.nccl(), ncclCommWindowDeregister)?;
+        let mut targets = Vec::with_capacity(ranks.len());
+        for (c, m) in ranks {
+            if !Arc::ptr_eq(c.nccl(), first.nccl()) {
+                return Err(Error::InvalidArgument {
+                    what,
+                    problem: "the communicators come from different NCCL libraries".into(),
+                });
+            }
+            targets.push((c.handle()?, target(c, what, *m)?));
+        }
+        let mut wins: Vec<ncclWindow_t> = vec![std::ptr::null_mut(); ranks.len()];
+        let group = crate::group::Group::start(first.nccl())?;
+        let mut issued = Result::Ok(());
+        for (i, ((raw, (ptr, bytes, _)), (c, _))) in targets.iter().zip(ranks).enumerate() {
+            let r = c.context().bind().map_err(Error::from).and_then(|_g| {
+                // SAFETY: a live communicator; the memory is kept allocated (`targets`
+                // holds it) and `wins[i]` outlives the group (NCCL writes it at its end).
+                let rc = unsafe {
+                    f(
+                        *raw,
+                        std::ptr::with_exposed_provenance_mut(*ptr as usize),
+                        *bytes,
+                        &mut wins[i],
+                        flags.0 as c_int,
+                    )
+                };
+                crate::check(c.nccl(), rc, call, Some(*raw))
+            });
+            if r.is_err() {
+                issued = r;
+                break;
+            }
+        }
+        let ended = group.end();
+        for (c, _) in ranks {
+            if !c.config().blocking {
+                c.wait_async(call)?;
+            }
+        }
+        let mut out = Vec::with_capacity(ranks.len());
+        for ((_, (ptr, bytes, memory)), (c, win)) in
+            targets.into_iter().zip(ranks.iter().map(|r| r.0).zip(wins))
+        {
+            out.push(Window(c.adopt_registration(
+                Kind::Window,
+                win.expose_provenance(),
+                ptr,
+                bytes,
+                memory,
+            )));
+        }
+        // On failure the windows made so far are released with `out`.
+        issued?;
+        ended?;
+        Ok(out)
+    }
+
+    fn adopt_registration(
+        &self,
+        kind: Kind,
+        handle: usize,
+        start: u64,
+        bytes: usize,
+        memory: KeepAlive,
+    ) -> Registration<'_> {
+        let shared = Arc::new(RegShared {
+            comm: self.shared().clone(),
+            start,
+            bytes,
+            pending: Mutex::new(Some(Pending {
+                kind,
+                handle,
+                _memory: memory,
+                uses: StreamLog::new(),
+            })),
+        });
+        self.shared().registry.add(&shared);
+        Registration {
+            shared: ManuallyDrop::new(shared),
+            comm: self,
+        }
+    }
+
+    /// Releases a registration now when nothing but its handle holds it: after the work
+    /// that used it, through NCCL (unless the communicator is gone, which released it).
+    pub(crate) fn release_registration(&self, shared: Arc<RegShared>) -> Result<()> {
+        self.shared().registry.remove(&shared);
+        if Arc::strong_count(&shared) > 1 {
+            // A graph or an open group holds it: released when they let go.
+            return Ok(());
+        }
+        let Some(p) = crate::comm::lock(&shared.pending).take() else {
+            return Ok(());
+        };
+        self.release_pending(p).map_err(|(e, back)| {
+            if let Some(p) = back {
+                // Not released yet: the communicator tries again later (or goes first).
+                self.shared().registry.defer(p);
+            }
+            e
+        })
+    }
+
+    /// Releases one registration on the owner's thread. On failure: the error, and the
+    /// registration back when trying again later makes sense (`None`: NCCL refused the
+    /// release, so it keeps the memory, which is leaked).
+    #[allow(clippy::result_large_err)] // cold path; the pending release must come back
+    pub(crate) fn release_pending(
+        &self,
+        p: Pending,
+    ) -> std::result::Result<(), (Error, Option<Pending>)> {
+        if self.is_aborted() {
+            // NCCL released it with the communicator; the memory may go.
+            return Ok(());
+        }
+        if let Err(e) = p.uses.synchronize() {
+            return Err((e.into(), Some(p)));
+        }
+        let Some(raw) = self.live_handle() else {
+            return Ok(());
+        };
+        if p.handle == 0 {
+            // A window NCCL declined: nothing to release.
+            return Ok(());
+        }
+        let _g = match self.context().bind() {
+            Ok(g) => g,
+            Err(e) => return Err((e.into(), Some(p))),
+        };
+        let handle: *mut c_void = std::ptr::with_exposed_provenance_mut(p.handle);
+        let (rc, call) = match p.kind {
+            Kind::Local => match self.nccl().fns().ncclCommDeregister {
+                // SAFETY: a handle from ncclCommRegister on this live communicator,
+                // released once (taken out of its `pending`), after the work that used it.
+                Some(f) => (unsafe { f(raw, handle) }, "ncclCommDeregister"),
+                None => return Ok(()),
+            },
+            Kind::Window => match self.nccl().fns().ncclCommWindowDeregister {
+                // SAFETY: a window of this live communicator, released once, after the
+                // work that used it.
+                Some(f) => (unsafe { f(raw, handle.cast()) }, "ncclCommWindowDeregister"),
+                None => return Ok(()),
+            },
+        };
+        self.check(rc, call).map_err(|e| {
+            // NCCL may still hold the memory: never free it.
+            std::mem::forget(p);
+            (e, None)
+        })
+    }
+}
+
+/// A buffer registration of one communicator ([`Communicator::register`]): deregistered
+/// on drop, once the work that may use it is done (later, if a graph or an open group
+/// still holds it). It holds the memory allocated until then.
+#[must_use = "dropping it deregisters the memory at once"]
+pub struct Registration<'c> {
+    /// Taken exactly once: by `drop` or by `into_shared`.
+    shared: ManuallyDrop<Arc<RegShared>>,
+    comm: &'c Communicator,
+}
+
+impl std::fmt::Debug for Registration<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("ptr", &format_args!("{:#x}", self.shared.start))
+            .field("bytes", &self.shared.bytes)
+            .field("rank", &self.comm.rank())
+            .finish()
+    }
+}
+
+impl Registration<'_> {
+    /// The registered address.
+    pub fn device_ptr(&self) -> u64 {
+        self.shared.start
+    }
+
+    /// The registered size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.shared.bytes
+    }
+
+    /// Releases it now, reporting errors a drop would swallow (including a wait that a
+    /// capture in progress refuses: it is then released later).
+    pub fn deregister(self) -> Result<()> {
+        let comm = self.comm;
+        comm.release_registration(self.into_shared())
+    }
+
+    /// The shared registration, without releasing it.
+    pub(crate) fn into_shared(self) -> Arc<RegShared> {
+        let mut me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so this is the one take of `shared`.
+        unsafe { ManuallyDrop::take(&mut me.shared) }
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the one take of `shared` (`into_shared` does not run this drop).
+        let shared = unsafe { ManuallyDrop::take(&mut self.shared) };
+        let _ = self.comm.release_registration(shared);
+    }
+}
+
+/// A window of one communicator ([`Communicator::register_window`]); released on drop
+/// like a [`Registration`]. NCCL may decline a window (no symmetric memory support on
+/// this machine): then it is [`is_active`](Self::is_active)`() == false` and collectives
+/// simply run as without it.
+#[must_use = "dropping it deregisters the window at once"]
+pub struct Window<'c>(Registration<'c>);
+
+impl std::fmt::Debug for Window<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("ptr", &format_args!("{:#x}", self.0.shared.start))
+            .field("bytes", &self.0.shared.bytes)
+            .field("active", &self.is_active())
+            .finish()
+    }
+}
+
+impl Window<'_> {
+    /// Whether NCCL made a window (it returns none where it has no symmetric support).
+    pub fn is_active(&self) -> bool {
+        crate::comm::lock(&self.0.shared.pending)
+            .as_ref()
+            .is_some_and(|p| p.handle != 0)
+    }
+
+    /// The registered address.
+    pub fn device_ptr(&self) -> u64 {
+        self.0.device_ptr()
+    }
+
+    /// The registered size in bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.0.size_bytes()
+    }
+
+    /// Releases it now, reporting errors a drop would swallow.
+    #[doc(alias = "ncclCommWindowDeregister")]
+    pub fn deregister(self) -> Result<()> {
+        self.0.deregister()
+    }
+}

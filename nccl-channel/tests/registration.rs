@@ -1,0 +1,420 @@
+//! NCCL memory, buffer registrations, windows and the default pool, on the simulated
+//! driver and NCCL, whose sanitizers check when work runs that the memory and the
+//! registrations it resolved are still there, and that releases wait for that work.
+#![cfg(feature = "mock")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Rig;
+use cuda_hal::{CaptureMode, DeviceBuffer, DeviceView, Stream};
+use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
+use nccl_sys::NcclVersion;
+
+fn contexts(rig: &Rig, n: usize) -> Vec<cuda_hal::Context> {
+    (0..n)
+        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
+        .collect()
+}
+
+#[test]
+fn registered_nccl_memory_all_reduces_and_is_released_after_its_work() {
+    let rig = Rig::new(2);
+    let out = rig.run(2, |c, s| {
+        let mut b = c.alloc_nccl::<f32>(8).unwrap();
+        b.copy_from_host(&[c.rank() as f32 + 1.0; 8]).unwrap();
+        let reg = c.register(&b).unwrap();
+        assert_eq!(reg.device_ptr(), b.as_raw());
+        assert_eq!(reg.size_bytes(), 32);
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, s).unwrap();
+        // Dropped with the all-reduce possibly still running: the release waits for it
+        // (the mock reports a deregistration the host did not wait for).
+        drop(reg);
+        b.to_vec().unwrap()
+    });
+    assert_eq!(out, vec![vec![3.0f32; 8]; 2]);
+    assert_eq!(rig.world.calls("ncclCommRegister"), 2);
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 2);
+    assert_eq!(rig.world.calls("ncclMemAlloc"), 2);
+    assert_eq!(rig.world.calls("ncclMemFree"), 2);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_registration_keeps_its_memory_until_it_is_released() {
+    let rig = Rig::new(1);
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let b = comm.alloc_nccl::<u32>(64).unwrap();
+    let reg = comm.register(&b.slice(16..32).unwrap()).unwrap();
+    assert_eq!(reg.size_bytes(), 64);
+    drop(b);
+    // The buffer is gone, the registration still holds the memory (freeing registered
+    // memory is a violation in the mock).
+    assert_eq!(rig.world.calls("ncclMemFree"), 0);
+    drop(reg);
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    assert_eq!(rig.world.calls("ncclMemFree"), 1);
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_graph_keeps_the_registration_its_collectives_resolved() {
+    let rig = Rig::new(1);
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<i32>(4).unwrap();
+    b.copy_from_host(&[1, 2, 3, 4]).unwrap();
+    let reg = comm.register(&b).unwrap();
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
+        .unwrap();
+    let graph = stream.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    drop(b);
+    // The captured all-reduce still resolves the registration: it must stay.
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+    graph.launch(&stream).unwrap();
+    graph.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    drop(graph);
+    // Released at the owner's next call.
+    comm.async_error().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    stream.synchronize().unwrap();
+    drop(comm);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_graph_dropped_on_another_thread_hands_the_release_to_the_owner() {
+    let rig = Rig::new(1);
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&b).unwrap();
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Max, &stream)
+        .unwrap();
+    let graph = stream.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    graph.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    std::thread::spawn(move || drop(graph)).join().unwrap();
+    // No NCCL call from the other thread.
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+    comm.async_error().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    drop(b);
+    drop(comm);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn grouped_work_keeps_the_registration_until_the_group_ends() {
+    let rig = Rig::new(2);
+    let ctxs = contexts(&rig, 2);
+    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let streams: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let mut bufs: Vec<DeviceBuffer<i32>> = comms
+        .iter()
+        .map(|c| {
+            let mut b = c.alloc_nccl::<i32>(4).unwrap();
+            b.fill(c.rank() as i32 + 1).unwrap();
+            b
+        })
+        .collect();
+    group(&rig.nccl, || {
+        for ((c, b), s) in comms.iter().zip(bufs.iter_mut()).zip(&streams) {
+            let reg = c.register(&*b)?;
+            c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
+            // Dropped inside the group, before NCCL enqueued the work.
+            drop(reg);
+        }
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+        Ok(())
+    })
+    .unwrap();
+    for (c, s) in comms.iter().zip(&streams) {
+        s.synchronize().unwrap();
+        // Any call of the owner releases what waits for it.
+        c.async_error().unwrap();
+    }
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 2);
+    for b in &bufs {
+        assert_eq!(b.to_vec().unwrap(), [3; 4]);
+    }
+    drop(bufs);
+    drop(comms);
+    drop(streams);
+    drop(ctxs);
+    rig.assert_clean();
+}
+
+#[test]
+fn windows_are_registered_collectively_and_used_by_collectives() {
+    let rig = Rig::new(2);
+    let ctxs = contexts(&rig, 2);
+    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let streams: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let mut bufs: Vec<DeviceBuffer<f32>> = comms
+        .iter()
+        .map(|c| {
+            let mut b = c.alloc_nccl::<f32>(1024).unwrap();
+            b.fill(c.rank() as f32).unwrap();
+            b
+        })
+        .collect();
+    let pairs: Vec<(&Communicator, &DeviceBuffer<f32>)> = comms.iter().zip(bufs.iter()).collect();
+    let wins = Communicator::register_windows(&pairs, WindowFlags::COLL_SYMMETRIC).unwrap();
+    assert_eq!(wins.len(), 2);
+    assert!(wins.iter().all(|w| w.is_active()));
+    assert_eq!(wins[1].size_bytes(), 4096);
+    group(&rig.nccl, || {
+        for ((c, b), s) in comms.iter().zip(bufs.iter_mut()).zip(&streams) {
+            c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    drop(wins);
+    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 2);
+    for b in &bufs {
+        assert_eq!(b.to_vec().unwrap(), vec![1.0f32; 1024]);
+    }
+    drop(bufs);
+    drop(comms);
+    drop(streams);
+    drop(ctxs);
+    rig.assert_clean();
+}
+
+#[test]
+fn window_on_plain_memory_is_nccls_invalid_argument() {
+    let rig = Rig::new(1);
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let plain = DeviceBuffer::<f32>::zeroed(&ctx, 1024).unwrap();
+    match comm.register_window(&plain, WindowFlags::COLL_SYMMETRIC) {
+        Err(Error::Nccl { call, code, .. }) => {
+            assert_eq!(call, "ncclCommWindowRegister");
+            assert_eq!(code, nccl_sys::ncclResult_t::ncclInvalidArgument);
+        }
+        other => panic!("expected NCCL's invalid argument, got {other:?}"),
+    }
+    // A misaligned offset into NCCL memory is refused too.
+    let nm = comm.alloc_nccl::<f32>(2048).unwrap();
+    let r = comm
+        .register_window(&nm.slice(1..).unwrap(), WindowFlags::DEFAULT)
+        .map(drop);
+    assert!(
+        matches!(
+            r,
+            Err(Error::Nccl {
+                call: "ncclCommWindowRegister",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // 4096 bytes in is aligned.
+    let w = comm
+        .register_window(&nm.slice(1024..).unwrap(), WindowFlags::DEFAULT)
+        .unwrap();
+    assert_eq!(w.device_ptr(), nm.as_raw() + 4096);
+    w.deregister().unwrap();
+    drop((plain, nm));
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn older_nccl_says_which_release_it_needs() {
+    let rig = Rig::with_version(1, NcclVersion::new(2, 26, 5));
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let b = comm.alloc_nccl::<f32>(1024).unwrap();
+    match comm.register_window(&b, WindowFlags::COLL_SYMMETRIC) {
+        Err(Error::Unsupported {
+            feature,
+            needed,
+            found,
+        }) => {
+            assert_eq!(feature, "ncclCommWindowRegister");
+            assert_eq!(needed, "2.27.0");
+            assert_eq!(found, "2.26.5");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Local registration exists in 2.26.
+    comm.register(&b).unwrap().deregister().unwrap();
+    drop((b, comm));
+    drop(ctx);
+    rig.assert_clean();
+
+    let rig = Rig::with_version(1, NcclVersion::new(2, 18, 3));
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    match comm.alloc_nccl::<f32>(4) {
+        Err(Error::Unsupported {
+            feature, needed, ..
+        }) => {
+            assert_eq!(feature, "ncclMemAlloc");
+            assert_eq!(needed, "2.19.0");
+        }
+        other => panic!("{other:?}"),
+    }
+    let plain = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+    assert!(matches!(
+        comm.register(&plain),
+        Err(Error::Unsupported {
+            feature: "ncclCommRegister",
+            ..
+        })
+    ));
+    // The pool falls back to plain memory.
+    let p = comm.buffer::<f32>(4).unwrap();
+    assert!(!p.is_registered());
+    drop((p, plain));
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn registering_what_cannot_be_held_or_is_elsewhere_is_refused() {
+    let rig = Rig::new(2);
+    let ctxs = contexts(&rig, 2);
+    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let other = DeviceBuffer::<f32>::zeroed(&ctxs[1], 4).unwrap();
+    assert!(matches!(
+        comms[0].register(&other),
+        Err(Error::WrongDevice {
+            expected: 0,
+            found: 1,
+            ..
+        })
+    ));
+    let mine = DeviceBuffer::<f32>::zeroed(&ctxs[0], 4).unwrap();
+    match comms[0].register(&mine.slice(2..2).unwrap()) {
+        Err(Error::InvalidArgument { problem, .. }) => {
+            assert!(problem.contains("empty"), "{problem}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // An address vouched for by the caller cannot be held past its borrow.
+    // SAFETY: `mine` holds 4 f32 and outlives the view.
+    let raw = unsafe { DeviceView::<f32>::from_raw_parts(&ctxs[0], mine.as_raw(), 4) };
+    match comms[0].register(&raw) {
+        Err(Error::InvalidArgument { problem, .. }) => {
+            assert!(problem.contains("keep_alive"), "{problem}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.world.calls("ncclCommRegister"), 0);
+    drop((other, mine, comms));
+    drop(ctxs);
+    rig.assert_clean();
+}
+
+#[test]
+fn the_pool_reuses_registered_memory() {
+    let rig = Rig::new(1);
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut addrs = Vec::new();
+    for step in 0..4 {
+        let mut g = comm.buffer::<f32>(256).unwrap();
+        assert!(g.is_registered());
+        g.fill(step as f32).unwrap();
+        comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
+            .unwrap();
+        addrs.push(g.as_raw());
+    }
+    assert!(addrs.iter().all(|a| *a == addrs[0]), "{addrs:x?}");
+    assert_eq!(rig.world.calls("ncclCommRegister"), 1);
+    assert_eq!(rig.world.calls("ncclMemAlloc"), 1);
+    // Two at once: two buffers; another length or type: another buffer.
+    let a = comm.buffer::<f32>(256).unwrap();
+    let b = comm.buffer::<f32>(256).unwrap();
+    let c = comm.buffer::<i32>(256).unwrap();
+    assert_ne!(a.as_raw(), b.as_raw());
+    drop((a, b, c));
+    assert_eq!(comm.pooled_buffers(), 3);
+    comm.trim_pool().unwrap();
+    assert_eq!(comm.pooled_buffers(), 0);
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 3);
+    assert_eq!(rig.world.calls("ncclMemFree"), 3);
+    drop(comm);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
+    let rig = Rig::new(1);
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut g = comm.buffer::<f32>(64).unwrap();
+    let first = g.as_raw();
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
+        .unwrap();
+    let graph = stream.end_capture().unwrap().instantiate().unwrap();
+    drop(g);
+    // The graph may still write it: the next buffer is other memory.
+    let h = comm.buffer::<f32>(64).unwrap();
+    assert_ne!(h.as_raw(), first);
+    graph.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    drop((h, graph));
+    drop(comm);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn pooled_buffers_of_an_aborted_communicator_are_released() {
+    let rig = Rig::new(1);
+    let ctx = contexts(&rig, 1).remove(0);
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    drop(comm.buffer::<u8>(100).unwrap());
+    assert_eq!(comm.pooled_buffers(), 1);
+    comm.abort().unwrap();
+    // NCCL released the registration with the communicator; the memory went after.
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+    assert_eq!(rig.world.calls("ncclMemFree"), 1);
+    drop(ctx);
+    rig.assert_clean();
+}
