@@ -26,7 +26,8 @@ use clap::Parser;
 
 use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, DeviceViewMut, Event, Stream};
 use nccl_channel::{
-    ChannelBuilder, CommConfig, Communicator, NcclType, ReduceOp, Result, UniqueId, World, group,
+    ChannelBuilder, CommConfig, Communicator, NcclType, PooledBuffer, ReduceOp, Registration,
+    Result, UniqueId, Window, WindowFlags, World, group,
 };
 
 /// An nccl-tests-style benchmark of every collective through nccl-channel.
@@ -92,6 +93,21 @@ struct Opts {
     /// CTAs of NVLink-SHARP collectives (config nvlsCTAs).
     #[arg(long)]
     nvls_ctas: Option<u32>,
+    /// The version the simulated NCCL reports (X.Y.Z; only without a CUDA driver), to see
+    /// how the modes an older NCCL lacks are skipped.
+    #[arg(long, value_name = "X.Y.Z", value_parser = version_arg)]
+    sim_nccl: Option<nccl_sys::NcclVersion>,
+}
+
+fn version_arg(s: &str) -> std::result::Result<nccl_sys::NcclVersion, String> {
+    let p: Vec<i32> = s
+        .split('.')
+        .map(|x| x.parse().map_err(|_| format!("bad version {s:?}")))
+        .collect::<std::result::Result<_, _>>()?;
+    match p[..] {
+        [a, b, c] => Ok(nccl_sys::NcclVersion::new(a, b, c)),
+        _ => Err(format!("bad version {s:?} (X.Y.Z)")),
+    }
 }
 
 /// Where a rank's send and receive memory comes from (`-R`).
@@ -245,29 +261,70 @@ struct Bufs<'a, T: BenchVal> {
 }
 
 /// A rank's send or receive memory in one mode, allocated (and registered) once, for the
-/// largest size. The registration is dropped before the memory it registers.
-enum Memory<T: BenchVal> {
+/// largest size. A registration is a field before its memory, so it is dropped first.
+enum Memory<'c, T: BenchVal> {
     Plain(DeviceBuffer<T>),
+    Registered {
+        _reg: Registration<'c>,
+        buf: DeviceBuffer<T>,
+    },
+    Window {
+        win: Window<'c>,
+        buf: DeviceBuffer<T>,
+    },
+    Pool(PooledBuffer<'c, T>),
 }
 
-impl<T: BenchVal> Memory<T> {
-    fn alloc(comm: &Communicator, mem: Mem, len: usize) -> Result<Self> {
-        match mem {
-            Mem::Plain => Ok(Memory::Plain(DeviceBuffer::zeroed(comm.context(), len)?)),
-            other => Err(nccl_channel::Error::InvalidArgument {
-                what: "options",
-                problem: format!(
-                    "-R {} needs the registration API, which this build does not have yet",
-                    other.name()
-                ),
-            }),
+impl<'c, T: BenchVal> Memory<'c, T> {
+    /// Collective for windows: every rank calls it for the same modes in the same order.
+    fn alloc(comm: &'c Communicator, mem: Mem, len: usize) -> Result<Self> {
+        let zero = T::from_f(0.0);
+        Ok(match mem {
+            Mem::Plain => Memory::Plain(DeviceBuffer::zeroed(comm.context(), len)?),
+            Mem::Registered => {
+                let mut b = comm.alloc_nccl::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Registered {
+                    _reg: comm.register(&b)?,
+                    buf: b,
+                }
+            }
+            Mem::Window => {
+                let mut b = comm.alloc_nccl::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Window {
+                    win: comm.register_window(&b, WindowFlags::COLL_SYMMETRIC)?,
+                    buf: b,
+                }
+            }
+            Mem::Pool => {
+                let mut b = comm.buffer::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Pool(b)
+            }
+        })
+    }
+
+    /// What the mode's rows do not say on their own: memory that ended up unregistered.
+    fn note(&self) -> Option<&'static str> {
+        match self {
+            Memory::Window { win, .. } if !win.is_active() => Some(
+                "NCCL made no window (no symmetric memory support here): its rows are unregistered NCCL memory",
+            ),
+            Memory::Pool(b) if !b.is_registered() => {
+                Some("the pool's memory is not registered (NCCL < 2.19): its rows are plain memory")
+            }
+            _ => None,
         }
     }
 
     /// The first `len` elements.
     fn view(&mut self, len: usize) -> Result<DeviceViewMut<'_, T>> {
         let all = match self {
-            Memory::Plain(b) => b.as_view_mut(),
+            Memory::Plain(b)
+            | Memory::Registered { buf: b, .. }
+            | Memory::Window { buf: b, .. } => b.as_view_mut(),
+            Memory::Pool(b) => b.as_view_mut(),
         };
         Ok(all.slice_mut(..len)?)
     }
@@ -492,12 +549,19 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
     }
     // Each mode's memory, allocated and registered once (collectively, in the same order
     // on every rank), before anything is timed.
-    let mut mems: Vec<(Mem, Memory<T>, Memory<T>)> = Vec::new();
+    let mut mems: Vec<(Mem, Memory<'_, T>, Memory<'_, T>)> = Vec::new();
     for &m in &o.mems {
         let pair = Memory::alloc(r.comm, m, send_max)
             .and_then(|s| Ok((s, Memory::alloc(r.comm, m, recv_max)?)));
         match pair {
-            Ok((s, rv)) => mems.push((m, s, rv)),
+            Ok((s, rv)) => {
+                if me == 0
+                    && let Some(note) = s.note().or(rv.note())
+                {
+                    let _ = writeln!(out, "# mode {}: {note}", m.name());
+                }
+                mems.push((m, s, rv));
+            }
             Err(e @ nccl_channel::Error::Unsupported { .. }) => {
                 if me == 0 {
                     let _ = writeln!(out, "# mode {} skipped: {e}", m.name());
@@ -838,7 +902,12 @@ fn run_top(o: &Opts) -> Result<()> {
             print_setup(o);
             let n = o.threads.or(o.nprocs).unwrap_or(2);
             let (cuda, gpus) = Cuda::mock(cuda_hal::mock::MockDriver::with_devices(n))?;
-            let (nccl, _w) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
+            let mut sim = nccl_sys::mock::MockNccl::new(&gpus);
+            if let Some(v) = o.sim_nccl {
+                sim = sim.version(v);
+            }
+            let (nccl, _w) = sim.build()?;
+            println!("# simulated NCCL {}", nccl.version());
             run_threads(&cuda, &Arc::new(nccl), n, o)
         }
     }
