@@ -15,9 +15,10 @@ use std::time::Instant;
 use cuda_hal::{Context, Dependency, DeviceBuffer, KeepAlive, Stream};
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
+use crate::config::CommConfig;
 use crate::pool::Pool;
 use crate::registration::{Pending, Registry};
-use crate::reliability::{AbortHandle, CommConfig, poll};
+use crate::reliability::{AbortHandle, poll};
 use crate::{Error, Result, UniqueId, check};
 
 /// The NCCL handle and its life: live until aborted or destroyed, exactly once, after
@@ -139,13 +140,13 @@ impl CommShared {
     }
 
     fn poll_self(&self, what: &'static str) -> Result<()> {
-        let deadline = Instant::now() + self.config.timeout;
+        let timeout = self.config.get_timeout();
         poll(
             &self.nccl,
             self.raw,
             what,
-            deadline,
-            self.config.timeout,
+            Instant::now() + timeout,
+            timeout,
             &self.abort,
         )
     }
@@ -187,7 +188,7 @@ impl Dependency for CommShared {
     /// before what it uses is released. If that fails, ask for an abort (the owner makes
     /// it) and keep what the group holds alive. Then the group lets go of the handle.
     fn settle(&self) -> bool {
-        let settled = self.config.blocking
+        let settled = self.config.is_blocking()
             || self.is_dead()
             || self.poll_self("the work of a group (ncclGroupEnd)").is_ok();
         if !settled {
@@ -208,7 +209,7 @@ impl Drop for CommShared {
         // A blocking finalize could wait forever for a peer that is gone: a drop aborts
         // (`Communicator::close` finalises). A non-blocking one finalises within its
         // deadline, unless an abort was asked for (a failed call asks for one).
-        let how = if self.config.blocking || self.abort.is_requested() {
+        let how = if self.config.is_blocking() || self.abort.is_requested() {
             Teardown::Abort
         } else {
             Teardown::Close
@@ -291,8 +292,11 @@ impl Communicator {
         unsafe { Self::from_raw(nccl, ctx, raw) }
     }
 
-    /// Joins with a [`CommConfig`] (`ncclCommInitRankConfig`). Non-blocking: waits for
-    /// the other ranks at most `config.timeout`, then aborts and returns
+    /// Joins with a [`CommConfig`]: through `ncclCommInitRankConfig` when it is
+    /// non-blocking or sets any NCCL field (else `ncclCommInitRank`). A field newer than
+    /// the loaded NCCL is [`Error::Unsupported`] and a value NCCL cannot take is
+    /// [`Error::InvalidArgument`], both before anything is created. Non-blocking: waits
+    /// for the other ranks at most the config's timeout, then aborts and returns
     /// [`Error::Timeout`] (a peer that never joins is an error, not a hang).
     #[doc(alias = "ncclCommInitRankConfig")]
     pub fn init_rank_with(
@@ -303,37 +307,40 @@ impl Communicator {
         rank: usize,
         config: &CommConfig,
     ) -> Result<Communicator> {
-        if config.blocking {
+        if config.is_blocking() && !config.sets_nccl_fields() {
             let c = Self::init_rank(nccl, ctx, id, size, rank)?;
-            return Ok(c.with_config(*config));
+            return Ok(c.with_config(config.clone()));
         }
         let (n, r) = world_args("Communicator::init_rank_with", size, rank)?;
-        let mut cfg = nccl_sys::NCCL_CONFIG_INITIALIZER;
-        cfg.blocking = 0;
-        // Fields newer than the loaded library are ignored by it; say which layout we mean.
-        cfg.version = cfg.version.min(nccl.version().0 as u32);
+        // Checked and lowered before anything is created; it (and the names it points
+        // to) lives until the communicator is ready, past NCCL's reading of it.
+        let mut cfg = config.to_raw(nccl.version())?;
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and config; the device's context is current.
+        // SAFETY: valid out-pointer and config (alive until the end of this function);
+        // the device's context is current.
         let (rc, call) = unsafe {
             nccl_raw_call!(
                 nccl,
-                ncclCommInitRankConfig(&mut raw, n, id.to_raw(), r, &mut cfg)
+                ncclCommInitRankConfig(&mut raw, n, id.to_raw(), r, cfg.as_mut_ptr())
             )
         };
         if rc != ncclResult_t::ncclInProgress {
             check(nccl, rc, call, None)?;
         }
-        let abort = AbortHandle::default();
-        let deadline = Instant::now() + config.timeout;
-        if let Err(e) = poll(nccl, raw, call, deadline, config.timeout, &abort) {
-            // SAFETY: NCCL made `raw`; aborting frees it, once.
-            unsafe { (nccl.fns().ncclCommAbort)(raw) };
-            return Err(e);
+        if !config.is_blocking() || rc == ncclResult_t::ncclInProgress {
+            let abort = AbortHandle::default();
+            let timeout = config.get_timeout();
+            if let Err(e) = poll(nccl, raw, call, Instant::now() + timeout, timeout, &abort) {
+                // SAFETY: NCCL made `raw`; aborting frees it, once.
+                unsafe { (nccl.fns().ncclCommAbort)(raw) };
+                return Err(e);
+            }
         }
         // SAFETY: initialised by NCCL for `ctx`'s device; owned here.
         let c = unsafe { Self::from_raw(nccl, ctx, raw) }?;
-        Ok(c.with_config(*config))
+        drop(cfg);
+        Ok(c.with_config(config.clone()))
     }
 
     /// One communicator per context, all in this process (`ncclCommInitAll`); rank `i`
@@ -575,7 +582,7 @@ impl Communicator {
     }
 
     pub(crate) fn check(&self, rc: ncclResult_t, call: &'static str) -> Result<()> {
-        if rc == ncclResult_t::ncclInProgress && !self.shared.config.blocking {
+        if rc == ncclResult_t::ncclInProgress && !self.shared.config.is_blocking() {
             let r = self.shared.poll_self(call);
             if r.is_err() {
                 self.abort_now();

@@ -11,6 +11,8 @@
 //!   call, on any [`DeviceSlice`](cuda_hal::DeviceSlice): whole buffers, views (bucketed
 //!   all-reduce over `chunks_mut` of one flat buffer), other crates' memory; raw addresses
 //!   through [`RawCollectives`] (`unsafe`); [`group`] / [`Group`] always end their group.
+//! * [`CommConfig`]: non-blocking mode with deadlines, and every `ncclConfig_t` field as a
+//!   typed setter checked against the release of the loaded NCCL.
 //! * [`Channel`]: the default channel; NCCL is opened only when one is asked for with a
 //!   world size of at least 1.
 //!
@@ -62,6 +64,7 @@ macro_rules! optional {
 mod channel;
 mod collective;
 mod comm;
+mod config;
 mod error;
 mod group;
 mod memory;
@@ -76,13 +79,14 @@ mod world;
 
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
 pub use comm::Communicator;
+pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use error::{Error, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use memory::alloc_nccl;
 pub use pool::PooledBuffer;
 pub use raw::RawCollectives;
 pub use registration::{Registration, Window, WindowFlags};
-pub use reliability::{AbortHandle, CommConfig};
+pub use reliability::AbortHandle;
 pub use types::{Fp8E4M3, Fp8E5M2, NcclType, ReduceOp};
 pub use unique_id::UniqueId;
 pub use world::{ENV_FAMILIES, EnvFamily, World};

@@ -346,7 +346,7 @@ impl Communicator {
         }
         let ended = group.end();
         for (c, _) in ranks {
-            if !c.config().blocking {
+            if !c.config().is_blocking() {
                 c.wait_async(call)?;
             }
         }

@@ -9,39 +9,6 @@ use nccl_sys::{Nccl, NcclFns, NcclVersion, ncclComm_t, ncclResult_t};
 
 use crate::{Communicator, Error, Result, check};
 
-/// How a communicator is created.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CommConfig {
-    /// `false`: NCCL's non-blocking mode (`ncclConfig_t.blocking = 0`). Init, operations,
-    /// group ends and finalize return at once; this crate then polls
-    /// `ncclCommGetAsyncError` until they are done, an error shows, the deadline passes
-    /// or an [`AbortHandle`] fires, and aborts the communicator in the last three cases.
-    pub blocking: bool,
-    /// How long any one wait may take (init, an operation's launch,
-    /// [`Communicator::wait`], finalize).
-    pub timeout: Duration,
-}
-
-impl Default for CommConfig {
-    /// Blocking, with a 5-minute deadline for waits.
-    fn default() -> Self {
-        CommConfig {
-            blocking: true,
-            timeout: Duration::from_secs(300),
-        }
-    }
-}
-
-impl CommConfig {
-    /// Non-blocking with this deadline: the mode in which a dead peer becomes an error.
-    pub fn non_blocking(timeout: Duration) -> Self {
-        CommConfig {
-            blocking: false,
-            timeout,
-        }
-    }
-}
-
 /// Aborts a communicator from another thread: the owner's current or next wait stops,
 /// aborts the communicator and returns [`Error::Aborted`]. Cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -119,11 +86,12 @@ impl Communicator {
 
     /// Waits until the work enqueued on `stream` is done, checking the communicator's
     /// asynchronous error while it waits. A failure, the deadline
-    /// ([`CommConfig::timeout`]) or an [`AbortHandle`] aborts the communicator and returns
+    /// ([`CommConfig::timeout`](crate::CommConfig::timeout)) or an [`AbortHandle`] aborts
+    /// the communicator and returns
     /// an error; a dead peer thus gives an error instead of a hang.
     pub fn wait(&self, stream: &Stream) -> Result<()> {
         let raw = self.handle()?;
-        let deadline = Instant::now() + self.config().timeout;
+        let deadline = Instant::now() + self.config().get_timeout();
         let mut pause = Duration::from_micros(20);
         loop {
             let mut e = ncclResult_t::ncclSuccess;
@@ -152,7 +120,7 @@ impl Communicator {
                         "the stream work of rank {} (communicator aborted)",
                         self.rank()
                     ),
-                    after: self.config().timeout,
+                    after: self.config().get_timeout(),
                 });
             }
             std::thread::sleep(pause);

@@ -19,7 +19,7 @@ use cuda_hal::DeferScope;
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclResult_t};
 
 use crate::reliability::poll;
-use crate::{Communicator, Error, ParentsProblem, Result, check};
+use crate::{CommConfig, Communicator, Error, ParentsProblem, Result, check};
 
 const SPLIT_ALL: &str = "Communicator::split_all";
 const SHRINK_ALL: &str = "Communicator::shrink_all";
@@ -69,10 +69,10 @@ fn check_parents(what: &'static str, parents: &[&Communicator]) -> Result<()> {
         if !Arc::ptr_eq(p.nccl(), first.nccl()) {
             return bad(ParentsProblem::MixedLibraries { first: 0, other: i });
         }
-        if p.config().blocking != first.config().blocking {
+        if p.config().is_blocking() != first.config().is_blocking() {
             return bad(ParentsProblem::MixedModes {
                 first: 0,
-                first_blocking: first.config().blocking,
+                first_blocking: first.config().is_blocking(),
                 other: i,
             });
         }
@@ -131,6 +131,9 @@ struct Plan<'a> {
     grouped: bool,
     /// Which parents get a child (a split's NOCOLOR ranks do not).
     expect: &'a [bool],
+    /// The children's configuration when NCCL was given one (else each has its
+    /// parent's, NCCL's NULL config); it has the parents' blocking mode.
+    config: Option<&'a CommConfig>,
 }
 
 /// Creates the children of `parents`, one NCCL call each (`issue(i, parent, newcomm)`).
@@ -147,6 +150,7 @@ fn make_children(
         call,
         grouped,
         expect,
+        config,
     } = plan;
     let Some(first) = parents.first() else {
         return Ok(Vec::new());
@@ -201,13 +205,13 @@ fn make_children(
     if status == ncclResult_t::ncclInProgress {
         let start = Instant::now();
         for p in parents {
-            let c = p.config();
+            let timeout = p.config().get_timeout();
             let r = poll(
                 nccl,
                 p.as_raw(),
                 call,
-                start + c.timeout,
-                c.timeout,
+                start + timeout,
+                timeout,
                 p.abort_flag(),
             );
             if let Err(e) = r {
@@ -229,14 +233,14 @@ fn make_children(
     if !group_failed {
         let start = Instant::now();
         for (i, p) in parents.iter().enumerate() {
-            if !issued[i] || p.config().blocking || p.is_aborted() {
+            if !issued[i] || p.config().is_blocking() || p.is_aborted() {
                 continue;
             }
             if !expect.get(i).copied().unwrap_or(false) {
                 unsettled = true;
                 continue;
             }
-            let timeout = p.config().timeout;
+            let timeout = p.config().get_timeout();
             let mut pause = Duration::from_micros(20);
             while slots.get(i).is_null() {
                 if Instant::now() >= start + timeout || p.abort_flag().is_requested() {
@@ -284,16 +288,17 @@ fn make_children(
         }
         return Err(e);
     }
-    adopt_children(parents, raws, call)
+    adopt_children(parents, raws, call, config)
 }
 
 /// Takes ownership of the children: each is polled to readiness (non-blocking) within its
-/// parent's deadline, then adopted with its parent's configuration. On failure the
-/// children taken so far are dropped and the rest aborted.
+/// parent's deadline, then adopted with `config`, or its parent's configuration. On
+/// failure the children taken so far are dropped and the rest aborted.
 fn adopt_children(
     parents: &[&Communicator],
     raws: Vec<ncclComm_t>,
     call: &'static str,
+    config: Option<&CommConfig>,
 ) -> Result<Vec<Option<Communicator>>> {
     let mut out = Vec::with_capacity(raws.len());
     let mut rest = raws.into_iter();
@@ -304,12 +309,19 @@ fn adopt_children(
             continue;
         }
         let nccl = p.nccl();
-        let c = *p.config();
-        let ready = if c.blocking {
+        let c = config.unwrap_or(p.config()).clone();
+        let ready = if c.is_blocking() {
             Ok(())
         } else {
-            let deadline = Instant::now() + c.timeout;
-            poll(nccl, raw, call, deadline, c.timeout, p.abort_flag())
+            let timeout = c.get_timeout();
+            poll(
+                nccl,
+                raw,
+                call,
+                Instant::now() + timeout,
+                timeout,
+                p.abort_flag(),
+            )
         };
         if let Err(e) = ready {
             abort_all(nccl, std::iter::once(raw).chain(rest));
@@ -332,9 +344,10 @@ fn adopt_children(
 impl Communicator {
     /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
     /// `key` then by rank; `None` opts out (returns `Ok(None)`). Collective over all ranks.
-    /// The child has this communicator's configuration (NCCL gives it the parent's
-    /// blocking mode), and a non-blocking split waits for it within the deadline (a failed
-    /// wait aborts this communicator, which stops the split).
+    /// The child has this communicator's configuration (NCCL's NULL config: it inherits
+    /// the parent's; [`split_with`](Self::split_with) gives it one of its own), and a
+    /// non-blocking split waits for it within the deadline (a failed wait aborts this
+    /// communicator, which stops the split).
     ///
     /// One rank per call: in one process per rank, or with one thread per rank. Several
     /// local ranks driven from one thread split together with
@@ -342,19 +355,66 @@ impl Communicator {
     /// [`Error::SplitInGroup`].
     #[doc(alias = "ncclCommSplit")]
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        self.split_one(color, key, None)
+    }
+
+    /// As [`split`](Self::split), with the child's own [`CommConfig`] (NCCL's `config`
+    /// argument) instead of this communicator's: e.g. a name or CTA limits of its own.
+    /// It must keep this communicator's blocking mode (else [`Error::InvalidArgument`]):
+    /// NCCL completes a split as its parent's work. Its fields are checked against the
+    /// loaded NCCL as [`init_rank_with`](Self::init_rank_with) does, before the split.
+    #[doc(alias = "ncclCommSplit")]
+    pub fn split_with(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        config: &CommConfig,
+    ) -> Result<Option<Communicator>> {
+        if config.is_blocking() != self.config().is_blocking() {
+            return Err(Error::InvalidArgument {
+                what: "Communicator::split_with",
+                problem: format!(
+                    "the child's configuration is {}blocking and this communicator is not; \
+                     a child keeps its parent's blocking mode",
+                    if config.is_blocking() { "" } else { "non-" }
+                ),
+            });
+        }
+        self.split_one(color, key, Some(config))
+    }
+
+    /// One rank's split, with NCCL's NULL config (`None`: the child inherits ours) or
+    /// `config`.
+    fn split_one(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        config: Option<&CommConfig>,
+    ) -> Result<Option<Communicator>> {
         let color = color_arg(color)?;
         self.handle()?;
         refuse_in_group("split", SPLIT_ALL)?;
+        // Lowered before the split; it and its names outlive make_children, which returns
+        // only once NCCL is done with the split.
+        let mut raw_config = config
+            .map(|c| c.to_raw(self.nccl().version()))
+            .transpose()?;
+        let config_ptr = raw_config
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |c| c.as_mut_ptr());
         let plan = Plan {
             call: "ncclCommSplit",
             grouped: false,
             expect: &[color != NCCL_SPLIT_NOCOLOR],
+            config,
         };
         let mut children = make_children(&[self], plan, &mut |_, raw, out| {
             // SAFETY: a live communicator; `out` stays valid and unread until the split
-            // completed (make_children); NULL config inherits ours.
-            unsafe { (self.nccl().fns().ncclCommSplit)(raw, color, key, out, std::ptr::null_mut()) }
+            // completed (make_children); the config is NULL (inherit ours) or lowered
+            // above and alive until after make_children.
+            unsafe { (self.nccl().fns().ncclCommSplit)(raw, color, key, out, config_ptr) }
         })?;
+        drop(raw_config);
         Ok(children.pop().flatten())
     }
 
@@ -433,6 +493,7 @@ impl Communicator {
             call: "ncclCommSplit",
             grouped: true,
             expect: &expect,
+            config: None,
         };
         make_children(&parents, plan, &mut |i, raw, out| {
             let Some(&(color, key)) = args.get(i) else {
@@ -505,6 +566,7 @@ fn shrink_each(
         call,
         grouped,
         expect: &expect,
+        config: None,
     };
     let children = make_children(parents, plan, &mut |_, raw, out| {
         let mut list = list.clone();

@@ -54,7 +54,7 @@ fn non_blocking_communicators_work_and_wait_checks_the_stream() {
                     let cfg = CommConfig::non_blocking(Duration::from_secs(10));
                     let comm =
                         Communicator::init_rank_with(&rig.nccl, &ctx, &id, 2, r, &cfg).unwrap();
-                    assert!(!comm.config().blocking);
+                    assert!(!comm.config().is_blocking());
                     let st = Stream::new(&ctx).unwrap();
                     let a = DeviceBuffer::from_slice(&ctx, &[r as u64 + 1; 8]).unwrap();
                     let mut b = DeviceBuffer::<u64>::zeroed(&ctx, 8).unwrap();

@@ -36,10 +36,10 @@ fn local_non_blocking(rig: &Rig, n: usize) -> Vec<Communicator> {
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let id = &id;
+                let (id, config) = (&id, &config);
                 s.spawn(move || {
                     let ctx = rig.cuda.device(r).unwrap().primary_context().unwrap();
-                    Communicator::init_rank_with(&rig.nccl, &ctx, id, n, r, &config).unwrap()
+                    Communicator::init_rank_with(&rig.nccl, &ctx, id, n, r, config).unwrap()
                 })
             })
             .collect();
@@ -105,7 +105,7 @@ fn four_local_ranks_split_into_two_colors_from_one_thread() {
     assert_eq!(rig.world.calls("ncclGroupEnd"), 1, "one group");
     let live: Vec<&Communicator> = children.iter().flatten().collect();
     for (c, parent) in live.iter().zip(&comms) {
-        assert!(c.config().blocking, "the parent's configuration");
+        assert!(c.config().is_blocking(), "the parent's configuration");
         assert_eq!(c.device(), parent.device());
     }
     // Ranks 0 and 2 hold 1 and 3; ranks 1 and 3 hold 2 and 4.
@@ -166,7 +166,7 @@ fn non_blocking_parents_split_and_shrink_from_one_thread() {
     // Shrinking the pair to rank 0 alone: one parent, in a group of its own.
     let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
     assert_eq!((small[0].rank(), small[0].size()), (0, 1));
-    assert!(!small[0].config().blocking);
+    assert!(!small[0].config().is_blocking());
     assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
     assert_no_violations(&rig);
     drop((small, children, comms));

@@ -179,8 +179,8 @@ fn split_children_keep_the_parents_blocking_mode() {
     let rig = Rig::new(2);
     let results = non_blocking_ranks(&rig, |rank, ctx, parent| {
         let child = parent.split(Some(0), 0).unwrap().unwrap();
-        assert!(!child.config().blocking);
-        assert_eq!(child.config().timeout, Duration::from_secs(5));
+        assert!(!child.config().is_blocking());
+        assert_eq!(child.config().get_timeout(), Duration::from_secs(5));
         let s = Stream::non_blocking(ctx).unwrap();
         let mut buf = DeviceBuffer::from_slice(ctx, &[rank as u32 + 1]).unwrap();
         child
@@ -203,11 +203,11 @@ fn non_blocking_ranks<R: Send>(
     std::thread::scope(|scope| {
         let hs: Vec<_> = (0..2)
             .map(|rank| {
-                let (f, id) = (&f, &id);
+                let (f, id, config) = (&f, &id, &config);
                 scope.spawn(move || {
                     let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
-                    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, rank, &config)
-                        .unwrap();
+                    let comm =
+                        Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, rank, config).unwrap();
                     f(rank, &ctx, &comm)
                 })
             })

@@ -31,8 +31,8 @@ fn non_blocking(nccl: &Arc<Nccl>, ctxs: &[Context]) -> Vec<Communicator> {
             .iter()
             .enumerate()
             .map(|(r, ctx)| {
-                let id = &id;
-                s.spawn(move || Communicator::init_rank_with(nccl, ctx, id, 2, r, &config).unwrap())
+                let (id, config) = (&id, &config);
+                s.spawn(move || Communicator::init_rank_with(nccl, ctx, id, 2, r, config).unwrap())
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -116,7 +116,7 @@ fn grouped_and_single_split_of_non_blocking_ranks() {
             .collect::<Vec<_>>(),
         [(0, 2), (1, 2)]
     );
-    assert!(children.iter().all(|c| !c.config().blocking));
+    assert!(children.iter().all(|c| !c.config().is_blocking()));
     assert_eq!(
         sums(&nccl, &[&children[0], &children[1]], &[3.0, 4.0]),
         [7.0, 7.0]
@@ -164,7 +164,7 @@ fn grouped_shrink_from_one_thread() {
         // Rank 1 is "lost": rank 0 shrinks it away from this thread, in a group.
         let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
         assert_eq!((small[0].rank(), small[0].size()), (0, 1));
-        assert_eq!(small[0].config().blocking, blocking);
+        assert_eq!(small[0].config().is_blocking(), blocking);
         assert_eq!(sums(&nccl, &[&small[0]], &[6.0]), [6.0]);
         println!("blocking {blocking}: grouped shrink of rank 1 from rank 0: ok");
         drop(small);

@@ -1,6 +1,8 @@
 //! The header's initializer macros, which bindgen cannot translate, as constants.
 
-use crate::{NCCL_API_MAGIC, NCCL_VERSION_CODE, ncclCollConfig_t, ncclConfig_t, ncclSimInfo_t};
+use crate::{
+    NCCL_API_MAGIC, NCCL_VERSION_CODE, NcclVersion, ncclCollConfig_t, ncclConfig_t, ncclSimInfo_t,
+};
 use core::ffi::c_int;
 
 /// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): "not set, let NCCL choose".
@@ -63,3 +65,159 @@ pub const NCCL_SIM_INFO_INITIALIZER: ncclSimInfo_t = ncclSimInfo_t {
     version: NCCL_VERSION_CODE,
     estimatedTime: -1.0,
 };
+
+/// One field of `ncclConfig_t` (after the `size`, `magic`, `version` header): its C name,
+/// the first NCCL release whose `nccl.h` declares it, and its offset in the 2.32 layout.
+///
+/// NCCL appends fields and never reorders them, so the fields a release knows are a
+/// prefix of [`CONFIG_FIELDS`], and a library ignores the fields newer than itself (or
+/// than the config's `version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigField {
+    /// The C field name (`"minCTAs"`).
+    pub name: &'static str,
+    /// The first NCCL release that has it.
+    pub since: NcclVersion,
+    /// Its byte offset in [`ncclConfig_t`].
+    pub offset: usize,
+    /// Its size in bytes (an `int` or a `const char*`).
+    pub size: usize,
+}
+
+impl ConfigField {
+    /// The field named `name` (its C name), if the header has it.
+    pub fn named(name: &str) -> Option<&'static ConfigField> {
+        CONFIG_FIELDS.iter().find(|f| f.name == name)
+    }
+
+    /// The byte count of the layout `version` knows: up to its newest field, padded to
+    /// the struct's alignment (what `sizeof(ncclConfig_t)` was in that release's header).
+    pub fn layout_size(version: NcclVersion) -> usize {
+        let end = CONFIG_FIELDS
+            .iter()
+            .filter(|f| f.since <= version)
+            .map(|f| f.offset + f.size)
+            .max()
+            .unwrap_or(core::mem::offset_of!(ncclConfig_t, blocking));
+        let align = core::mem::align_of::<ncclConfig_t>();
+        end.div_ceil(align) * align
+    }
+}
+
+macro_rules! config_fields {
+    ($($field:ident = ($major:literal, $minor:literal, $patch:literal);)*) => {
+        /// Every field of `ncclConfig_t` in layout order, with the NCCL release that
+        /// introduced it, read off the `nccl.h` of each release (the `nvidia-nccl-cu12`
+        /// wheels 2.18.3, 2.25.1, 2.26.2, 2.27.3, 2.28.3, 2.29.2, 2.29.7, 2.30.3, 2.30.4,
+        /// 2.30.7, 2.31.2 and 2.32.3; NVIDIA's header history for 2.14 and 2.17). A field
+        /// of a whole minor series is given as `x.y.0`; the fields of 2.31 and 2.32 are
+        /// given at the first release published (2.31.2, 2.32.3), the earliest verified.
+        ///
+        /// | field | since |
+        /// | --- | --- |
+        $(
+            #[doc = concat!("| `", stringify!($field), "` | ", $major, ".", $minor, ".", $patch, " |")]
+        )*
+        pub const CONFIG_FIELDS: [ConfigField; [$(stringify!($field)),*].len()] = [$(
+            ConfigField {
+                name: stringify!($field),
+                since: NcclVersion::new($major, $minor, $patch),
+                offset: core::mem::offset_of!(ncclConfig_t, $field),
+                size: size_of_field(|c: &ncclConfig_t| &c.$field),
+            },
+        )*];
+    };
+}
+
+/// The size of a field, from a projection (`offset_of!` has no `size_of` twin).
+const fn size_of_field<T, F: Fn(&ncclConfig_t) -> &T>(field: F) -> usize {
+    core::mem::forget(field);
+    core::mem::size_of::<T>()
+}
+
+config_fields! {
+    blocking = (2, 14, 0);
+    cgaClusterSize = (2, 17, 0);
+    minCTAs = (2, 17, 0);
+    maxCTAs = (2, 17, 0);
+    netName = (2, 17, 0);
+    splitShare = (2, 18, 0);
+    trafficClass = (2, 26, 0);
+    commName = (2, 27, 0);
+    collnetEnable = (2, 27, 0);
+    CTAPolicy = (2, 27, 0);
+    shrinkShare = (2, 27, 0);
+    nvlsCTAs = (2, 27, 0);
+    nChannelsPerNetPeer = (2, 28, 0);
+    nvlinkCentricSched = (2, 28, 0);
+    graphUsageMode = (2, 29, 0);
+    numRmaCtx = (2, 29, 0);
+    maxP2pPeers = (2, 30, 3);
+    graphStreamOrdering = (2, 30, 7);
+    launchOrderImplicit = (2, 31, 2);
+    numRmaSig = (2, 31, 2);
+    rmaEagerInit = (2, 31, 2);
+    hostCftMode = (2, 31, 2);
+    nvlsHostMode = (2, 32, 3);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_covers_every_field_in_layout_order() {
+        let mut end = core::mem::offset_of!(ncclConfig_t, blocking);
+        for f in &CONFIG_FIELDS {
+            // Pointers are 8-aligned: an int before one leaves a 4-byte hole.
+            let start = end.div_ceil(f.size) * f.size;
+            assert_eq!(
+                f.offset, start,
+                "{} is not the field after the previous one",
+                f.name
+            );
+            end = f.offset + f.size;
+        }
+        assert_eq!(end.div_ceil(8) * 8, core::mem::size_of::<ncclConfig_t>());
+        assert_eq!(CONFIG_FIELDS.len(), 23);
+    }
+
+    #[test]
+    fn versions_only_grow_along_the_layout() {
+        for w in CONFIG_FIELDS.windows(2) {
+            assert!(
+                w[0].since <= w[1].since,
+                "{} ({}) comes before {} ({})",
+                w[0].name,
+                w[0].since,
+                w[1].name,
+                w[1].since
+            );
+        }
+        let last = CONFIG_FIELDS.last().map(|f| f.since);
+        assert_eq!(last, Some(NcclVersion(NCCL_VERSION_CODE as i32)));
+    }
+
+    #[test]
+    fn layout_sizes_match_the_headers_of_each_release() {
+        // sizeof(ncclConfig_t), compiled from each release's nccl.h (2.14: header + blocking).
+        let cases = [
+            ((2, 14, 0), 24),
+            ((2, 18, 3), 48),
+            ((2, 25, 1), 48),
+            ((2, 26, 2), 48),
+            ((2, 27, 3), 72),
+            ((2, 28, 3), 80),
+            ((2, 29, 2), 88),
+            ((2, 30, 7), 96),
+            ((2, 31, 2), 112),
+            ((2, 32, 3), 120),
+        ];
+        for ((a, b, c), size) in cases {
+            let v = NcclVersion::new(a, b, c);
+            assert_eq!(ConfigField::layout_size(v), size, "{v}");
+        }
+        assert_eq!(ConfigField::named("numRmaSig").map(|f| f.offset), Some(100));
+        assert_eq!(ConfigField::named("nope"), None);
+    }
+}

@@ -13,6 +13,7 @@ use std::time::Instant;
 use super::NWorld;
 use super::api::{h2p, nccl_mock, slot_of};
 use super::clique::{Clique, Done};
+use super::config::{MockConfig, read as read_config};
 use super::group::{Deferred, defer, group_mode, in_group, note_error};
 use super::state::{Init, State, fail};
 use crate::*;
@@ -113,8 +114,12 @@ fn init_rank(
     nranks: c_int,
     id: ncclUniqueId,
     rank: c_int,
-    blocking: bool,
+    config: Option<MockConfig>,
 ) -> ncclResult_t {
+    let blocking = config
+        .as_ref()
+        .and_then(MockConfig::blocking)
+        .unwrap_or(true);
     if out.is_null() {
         return fail(
             &mut w.lock(),
@@ -135,6 +140,7 @@ fn init_rank(
             let h = s.new_comm(w, None, r, n, device);
             if let Some(c) = s.comms.get_mut(&h) {
                 c.async_err = ncclResult_t::ncclInProgress;
+                c.config = config;
             }
             h
         };
@@ -160,6 +166,7 @@ fn init_rank(
                 c.async_err = ncclResult_t::ncclInProgress;
                 c.blocking = false;
                 c.init = Some((key.clone(), r));
+                c.config = config;
             }
             h
         };
@@ -175,6 +182,9 @@ fn init_rank(
         Ok(clique) => {
             let mut s = w.lock();
             let h = s.new_comm(w, Some(clique), r, n, device);
+            if let Some(c) = s.comms.get_mut(&h) {
+                c.config = config;
+            }
             // SAFETY: checked non-null out-pointer.
             unsafe { *out = h2p(h) };
             ncclResult_t::ncclSuccess
@@ -207,23 +217,6 @@ pub(super) fn finish_init(
         }
         (_, None) => ncclResult_t::ncclInvalidArgument,
     }
-}
-
-/// The explicit blocking mode of a config: `None` for a NULL config or an unset field.
-///
-/// # Safety
-/// `config` is NULL or points to a config the caller initialised.
-unsafe fn config_blocking(config: *const ncclConfig_t) -> Result<Option<bool>, String> {
-    if config.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: non-null, initialised by the caller (we read only the header and
-    // `blocking`, present since 2.14).
-    let c = unsafe { &*config };
-    if c.magic != NCCL_API_MAGIC {
-        return Err("config not initialised with NCCL_CONFIG_INITIALIZER".into());
-    }
-    Ok((c.blocking != NCCL_CONFIG_UNDEF_INT).then_some(c.blocking != 0))
 }
 
 /// One rank's part of a split or shrink still to be carried out (now, in the background,
@@ -345,7 +338,7 @@ fn start_child(
     mut s: MutexGuard<'_, State>,
     call: &'static str,
     parent: usize,
-    mode: Option<bool>,
+    config: Option<MockConfig>,
     (color, key): (c_int, c_int),
     excluded: Vec<usize>,
     newcomm: *mut ncclComm_t,
@@ -354,8 +347,13 @@ fn start_child(
         return ncclResult_t::ncclInternalError;
     };
     let parent_blocking = c.blocking;
-    // Like NCCL: without an explicit mode the child follows its parent.
-    let child_blocking = mode.unwrap_or(parent_blocking);
+    // Like NCCL: without an explicit mode the child follows its parent, and a NULL config
+    // inherits the parent's configuration.
+    let child_blocking = config
+        .as_ref()
+        .and_then(MockConfig::blocking)
+        .unwrap_or(parent_blocking);
+    let child_config = config.or_else(|| c.config.clone());
     let Some(clique) = c.clique.clone() else {
         let msg = format!("{call}: the parent communicator is not initialised yet");
         return fail_call(w, &mut s, ncclResult_t::ncclInvalidUsage, msg);
@@ -379,6 +377,7 @@ fn start_child(
         if let Some(c) = s.comms.get_mut(&h) {
             c.async_err = ncclResult_t::ncclInProgress;
             c.blocking = child_blocking;
+            c.config = child_config;
         }
         h
     };
@@ -473,16 +472,16 @@ nccl_mock! {
     }
     fn ncclCommInitRank = comm_init_rank(w, s, comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int) {
         drop(s);
-        init_rank(w, comm, nranks, id, rank, true)
+        init_rank(w, comm, nranks, id, rank, None)
     }
     fn ncclCommInitRankConfig = comm_init_rank_config(w, s, comm: *mut ncclComm_t, nranks: c_int, id: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) {
-        // SAFETY: `config` is NULL or the caller's initialised config.
-        let blocking = match unsafe { config_blocking(config) } {
-            Ok(mode) => mode.unwrap_or(true),
-            Err(msg) => return fail(&mut s, ncclResult_t::ncclInvalidArgument, msg),
+        // SAFETY: `config` is NULL or the caller's initialised config (NCCL's contract).
+        let config = match unsafe { read_config(config, w.version) } {
+            Ok(config) => config,
+            Err(msg) => return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: {msg}")),
         };
         drop(s);
-        init_rank(w, comm, nranks, id, rank, blocking)
+        init_rank(w, comm, nranks, id, rank, config)
     }
     fn ncclCommInitAll = comm_init_all(w, s, comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {
         if comms.is_null() || ndev < 1 {
@@ -565,10 +564,10 @@ nccl_mock! {
                 return rc;
             }
         };
-        // SAFETY: `config` is NULL or the caller's initialised config.
-        let mode = match unsafe { config_blocking(config) } {
-            Ok(mode) => mode,
-            Err(msg) => return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg),
+        // SAFETY: `config` is NULL or the caller's initialised config (NCCL's contract).
+        let config = match unsafe { read_config(config, w.version) } {
+            Ok(config) => config,
+            Err(msg) => return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: {msg}")),
         };
         if color < 0 && color != NCCL_SPLIT_NOCOLOR {
             return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, format!("invalid color {color}"));
@@ -576,7 +575,7 @@ nccl_mock! {
         // Like NCCL: NULL until the split completes.
         // SAFETY: checked non-null out-pointer.
         unsafe { *newcomm = std::ptr::null_mut() };
-        start_child(w, s, CALL, parent, mode, (color, key), Vec::new(), newcomm)
+        start_child(w, s, CALL, parent, config, (color, key), Vec::new(), newcomm)
     }
     fn ncclCommShrink = comm_shrink(w, s, comm: ncclComm_t, exclude: *mut c_int, count: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, flags: c_int) {
         if newcomm.is_null() {
@@ -596,10 +595,10 @@ nccl_mock! {
         if flags != NCCL_SHRINK_DEFAULT as c_int && flags != NCCL_SHRINK_ABORT as c_int {
             return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, format!("invalid shrinkFlags {flags}"));
         }
-        // SAFETY: `config` is NULL or the caller's initialised config.
-        let mode = match unsafe { config_blocking(config) } {
-            Ok(mode) => mode,
-            Err(msg) => return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, msg),
+        // SAFETY: `config` is NULL or the caller's initialised config (NCCL's contract).
+        let config = match unsafe { read_config(config, w.version) } {
+            Ok(config) => config,
+            Err(msg) => return fail_call(w, &mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: {msg}")),
         };
         let Some(c) = s.comms.get(&parent) else { return ncclResult_t::ncclInternalError };
         let (rank, size) = (c.rank, c.size);
@@ -625,6 +624,6 @@ nccl_mock! {
         // Like NCCL: NULL until the shrink completes.
         // SAFETY: checked non-null out-pointer.
         unsafe { *newcomm = std::ptr::null_mut() };
-        start_child(w, s, CALL, parent, mode, (0, rank as c_int), list, newcomm)
+        start_child(w, s, CALL, parent, config, (0, rank as c_int), list, newcomm)
     }
 }

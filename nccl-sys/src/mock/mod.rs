@@ -57,6 +57,14 @@
 //! joins them. The child follows its parent's blocking mode unless the config sets one;
 //! a group refuses blocking and non-blocking parents together, as NCCL does.
 //!
+//! Configurations (`ncclCommInitRankConfig`, and a split's or shrink's non-NULL config)
+//! are read as NCCL reads them: `min(size, sizeof)` bytes, `magic` checked, fields newer
+//! than the config's `version` or than the reported version reset to unset. Stricter than
+//! NCCL, a `version` before 2.14 or a `size` too small for the layout its `version` claims
+//! is refused too; each refusal is `ncclInvalidArgument` with the reason as last error.
+//! [`MockNcclWorld::config_of`] shows what each communicator got (a NULL split config
+//! inherits the parent's).
+//!
 //! ```
 //! use cuda_sys::mock::MockDriver;
 //! use nccl_sys::mock::MockNccl;
@@ -70,6 +78,7 @@
 mod api;
 mod clique;
 mod collective;
+mod config;
 mod dtype;
 mod group;
 mod init;
@@ -85,6 +94,7 @@ use cuda_sys::mock::{MockWorld, SlotGuard};
 
 use crate::{LoadError, Nccl, NcclVersion, ncclResult_t};
 
+pub use config::MockConfig;
 pub use state::LiveComms;
 
 /// Builder of a simulated NCCL.
@@ -216,6 +226,19 @@ impl MockNcclWorld {
     /// share one list, [`MockWorld::violations`]).
     pub fn violations(&self) -> Vec<String> {
         self.world.cuda.violations()
+    }
+
+    /// The configuration `comm` was created with, as NCCL saw it: `ncclCommInitRankConfig`'s,
+    /// or a split's or shrink's (a NULL config inherits the parent's, as with NCCL).
+    /// `None` for a communicator made without one (`ncclCommInitRank`, `ncclCommInitAll`)
+    /// and for a handle that is not live.
+    pub fn config_of(&self, comm: crate::ncclComm_t) -> Option<MockConfig> {
+        let h = api::p2h(comm);
+        self.world
+            .lock()
+            .comms
+            .get(&h)
+            .and_then(|c| c.config.clone())
     }
 
     /// Returns the reports so far and clears them ([`MockWorld::take_violations`]).

@@ -7,6 +7,7 @@ use std::sync::{Arc, Weak};
 use super::NWorld;
 use super::api::p2h;
 use super::clique::{Clique, Done};
+use super::config::MockConfig;
 use crate::{ncclComm_t, ncclDataType_t, ncclResult_t};
 
 /// Live simulated NCCL objects; all zero when nothing leaked.
@@ -74,6 +75,8 @@ pub(crate) struct Comm {
     /// Splits and shrinks of this communicator completing in the background (a
     /// non-blocking parent): an abort waits for them, as NCCL's joins the parent's job.
     pub(crate) children: Vec<Done>,
+    /// The configuration NCCL saw (`None`: made without one, e.g. `ncclCommInitRank`).
+    pub(crate) config: Option<MockConfig>,
 }
 
 /// The rendezvous of one unique id's ranks.
@@ -216,6 +219,7 @@ impl State {
                 pending: Vec::new(),
                 init: None,
                 children: Vec::new(),
+                config: None,
             },
         );
         h
