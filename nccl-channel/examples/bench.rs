@@ -26,8 +26,8 @@ use clap::Parser;
 
 use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, DeviceViewMut, Event, Stream};
 use nccl_channel::{
-    ChannelBuilder, CommConfig, Communicator, NcclType, PooledBuffer, ReduceOp, Registration,
-    Result, UniqueId, Window, WindowFlags, World, group,
+    ChannelBuilder, CommConfig, Communicator, CtaPolicy, NcclType, PooledBuffer, ReduceOp,
+    Registration, Result, UniqueId, Window, WindowFlags, World, group,
 };
 
 /// An nccl-tests-style benchmark of every collective through nccl-channel.
@@ -775,7 +775,7 @@ fn run_rank(r: &Rank, o: &Opts) -> Result<()> {
 
 /// Threads mode: one process, one thread per device; `max_time` through a shared vector.
 fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> Result<()> {
-    let config = &comm_config(o)?;
+    let config = &comm_config(o);
     let id = UniqueId::generate(nccl)?;
     let barrier = Barrier::new(n);
     let slots = Mutex::new(vec![0f64; n]);
@@ -823,7 +823,7 @@ fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> R
 /// A rank started by `--nprocs`: everything from the environment; `max_time` through NCCL.
 fn run_child(o: &Opts) -> Result<()> {
     let mut builder = ChannelBuilder::new();
-    if let Some(c) = comm_config(o)? {
+    if let Some(c) = comm_config(o) {
         builder = builder.config(c);
     }
     let ch = builder.build()?.ok_or(nccl_channel::Error::Aborted)?;
@@ -914,20 +914,32 @@ fn run_top(o: &Opts) -> Result<()> {
 }
 
 /// The communicator config the CTA options ask for (`None`: NCCL's defaults, plain init).
-fn comm_config(o: &Opts) -> Result<Option<CommConfig>> {
+fn comm_config(o: &Opts) -> Option<CommConfig> {
     if o.cta_policy.is_none()
         && o.min_ctas.is_none()
         && o.max_ctas.is_none()
         && o.nvls_ctas.is_none()
     {
-        return Ok(None);
+        return None;
     }
-    Err(nccl_channel::Error::InvalidArgument {
-        what: "options",
-        problem: "--cta-policy/--min-ctas/--max-ctas/--nvls-ctas need the CommConfig builder, \
-                  which this build does not have yet"
-            .into(),
-    })
+    let mut c = CommConfig::new();
+    if let Some(p) = &o.cta_policy {
+        c = c.cta_policy(match p.as_str() {
+            "efficiency" => CtaPolicy::EFFICIENCY,
+            "zero" => CtaPolicy::ZERO,
+            _ => CtaPolicy::DEFAULT,
+        });
+    }
+    if let Some(n) = o.min_ctas {
+        c = c.min_ctas(n);
+    }
+    if let Some(n) = o.max_ctas {
+        c = c.max_ctas(n);
+    }
+    if let Some(n) = o.nvls_ctas {
+        c = c.nvls_ctas(n);
+    }
+    Some(c)
 }
 
 /// The header lines that say which memory modes and communicator config run.
