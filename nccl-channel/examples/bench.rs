@@ -4,12 +4,17 @@
 //! bench [-c all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all|sendrecv|all]
 //!       [-b 8] [-e 4G] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16|double|int32|int8|uint8]
 //!       [-o sum|prod|max|min|avg] [-r ROOT] [-G] [--check 0|1] [--threads N | --nprocs N]
+//!       [-R 0,1,2,pool] [--cta-policy default|efficiency|zero] [--min-ctas N] [--max-ctas N]
+//!       [--nvls-ctas N]
 //! ```
 //! Sizes are bytes of the whole buffer as nccl-tests counts them (all_gather: the gathered
 //! buffer; reduce_scatter and all_to_all: a rank's send buffer). `--threads N` (default: every
 //! local GPU): one process drives the GPUs, one thread each. `--nprocs N`: one process per
 //! GPU (this program starts them). `-G` captures the `-n` iterations of each size into a CUDA
-//! graph and times its replay. Without a CUDA driver it runs on the simulated devices and
+//! graph and times its replay. `-R` picks the memory the buffers live in (plain cuMemAlloc,
+//! NCCL memory registered locally or as a symmetric window, or the communicator's pool);
+//! with several modes each size runs once per mode and the table gets one row per mode
+//! with its busbw and time relative to mode 0. Without a CUDA driver it runs on the simulated devices and
 //! says so: a smoke test, not a figure.
 
 use std::fmt::Write as _;
@@ -17,27 +22,141 @@ use std::process::{Command, ExitCode};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
-use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, Event, Stream};
+use clap::Parser;
+
+use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, DeviceViewMut, Event, Stream};
 use nccl_channel::{
-    ChannelBuilder, Communicator, NcclType, ReduceOp, Result, UniqueId, World, group,
+    ChannelBuilder, CommConfig, Communicator, CtaPolicy, NcclType, PooledBuffer, ReduceOp,
+    Registration, Result, UniqueId, Window, WindowFlags, World, group,
 };
 
-#[derive(Clone, Debug)]
+/// An nccl-tests-style benchmark of every collective through nccl-channel.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "bench")]
 struct Opts {
-    colls: Vec<String>,
+    /// Collectives: a comma list of all_reduce, all_gather, reduce_scatter, broadcast,
+    /// reduce, all_to_all, sendrecv, or `all`.
+    #[arg(short = 'c', long = "collective", default_value = "all_reduce", value_parser = colls_arg)]
+    colls: Colls,
+    /// Smallest size in bytes (suffixes K, M, G).
+    #[arg(short = 'b', default_value = "8", value_parser = size_arg)]
     min: usize,
+    /// Largest size in bytes (suffixes K, M, G).
+    #[arg(short = 'e', default_value = "64M", value_parser = size_arg)]
     max: usize,
-    factor: usize,
-    iters: usize,
+    /// Factor between sizes.
+    #[arg(short = 'f', default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    factor: u64,
+    /// Timed iterations per size.
+    #[arg(short = 'n', default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', default_value_t = 5)]
     warmup: usize,
+    /// Element type.
+    #[arg(short = 'd', default_value = "float",
+          value_parser = ["float", "half", "bfloat16", "double", "int32", "int8", "uint8"])]
     dtype: String,
+    /// Reduction.
+    #[arg(short = 'o', default_value = "sum", value_parser = ["sum", "prod", "max", "min", "avg"])]
     op: String,
+    /// Root rank of broadcast and reduce.
+    #[arg(short = 'r', default_value_t = 0)]
     root: usize,
+    /// Capture the `-n` iterations of each size into a CUDA graph and time its replay.
+    #[arg(short = 'G', long = "graph")]
     graph: bool,
+    /// Check each result (1) or not (0).
+    #[arg(long, default_value = "1", value_name = "0|1", action = clap::ArgAction::Set, value_parser = check_arg)]
     check: bool,
+    /// One process, one thread per GPU (default: every local GPU; 2 simulated devices).
+    #[arg(long, conflicts_with = "nprocs")]
     threads: Option<usize>,
+    /// One process per GPU, started by this program.
+    #[arg(long)]
     nprocs: Option<usize>,
+    /// Memory modes, a comma list or repeated: 0 plain cuMemAlloc buffers, 1 ncclMemAlloc
+    /// registered with the communicator (ncclCommRegister), 2 ncclMemAlloc registered as a
+    /// symmetric window (NCCL >= 2.27), pool the communicator's pool of registered memory.
+    /// Each size runs once per mode.
+    #[arg(short = 'R', default_value = "0", value_delimiter = ',', value_parser = mem_arg)]
+    mems: Vec<Mem>,
+    /// CTA policy of the communicator's config.
+    #[arg(long, value_parser = ["default", "efficiency", "zero"])]
+    cta_policy: Option<String>,
+    /// Fewest CTAs per collective (config minCTAs).
+    #[arg(long)]
+    min_ctas: Option<u32>,
+    /// Most CTAs per collective (config maxCTAs).
+    #[arg(long)]
+    max_ctas: Option<u32>,
+    /// CTAs of NVLink-SHARP collectives (config nvlsCTAs).
+    #[arg(long)]
+    nvls_ctas: Option<u32>,
+    /// The version the simulated NCCL reports (X.Y.Z; only without a CUDA driver), to see
+    /// how the modes an older NCCL lacks are skipped.
+    #[arg(long, value_name = "X.Y.Z", value_parser = version_arg)]
+    sim_nccl: Option<nccl_sys::NcclVersion>,
 }
+
+fn version_arg(s: &str) -> std::result::Result<nccl_sys::NcclVersion, String> {
+    let p: Vec<i32> = s
+        .split('.')
+        .map(|x| x.parse().map_err(|_| format!("bad version {s:?}")))
+        .collect::<std::result::Result<_, _>>()?;
+    match p[..] {
+        [a, b, c] => Ok(nccl_sys::NcclVersion::new(a, b, c)),
+        _ => Err(format!("bad version {s:?} (X.Y.Z)")),
+    }
+}
+
+/// Where a rank's send and receive memory comes from (`-R`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mem {
+    /// `DeviceBuffer::zeroed` (cuMemAlloc).
+    Plain,
+    /// `Communicator::alloc_nccl` + `Communicator::register`.
+    Registered,
+    /// `Communicator::alloc_nccl` + `Communicator::register_window` (COLL_SYMMETRIC).
+    Window,
+    /// `Communicator::buffer`.
+    Pool,
+}
+
+impl Mem {
+    /// The name `-R` takes and the tables print.
+    fn name(self) -> &'static str {
+        match self {
+            Mem::Plain => "0",
+            Mem::Registered => "1",
+            Mem::Window => "2",
+            Mem::Pool => "pool",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Mem::Plain => "cuMemAlloc",
+            Mem::Registered => "ncclMemAlloc + ncclCommRegister",
+            Mem::Window => "ncclMemAlloc + ncclCommWindowRegister(COLL_SYMMETRIC)",
+            Mem::Pool => "the communicator's registered pool",
+        }
+    }
+}
+
+fn mem_arg(s: &str) -> std::result::Result<Mem, String> {
+    match s {
+        "0" => Ok(Mem::Plain),
+        "1" => Ok(Mem::Registered),
+        "2" => Ok(Mem::Window),
+        "pool" => Ok(Mem::Pool),
+        _ => Err("0, 1, 2 or pool".into()),
+    }
+}
+
+/// The collectives of `-c`.
+#[derive(Clone, Debug)]
+struct Colls(Vec<String>);
 
 const ALL: [&str; 7] = [
     "all_reduce",
@@ -49,6 +168,25 @@ const ALL: [&str; 7] = [
     "sendrecv",
 ];
 
+fn colls_arg(s: &str) -> std::result::Result<Colls, String> {
+    if s == "all" {
+        return Ok(Colls(ALL.iter().map(|s| s.to_string()).collect()));
+    }
+    let v: Vec<String> = s.split(',').map(str::to_string).collect();
+    match v.iter().find(|c| !ALL.contains(&c.as_str())) {
+        Some(c) => Err(format!("unknown collective {c:?}; one of {ALL:?} or all")),
+        None => Ok(Colls(v)),
+    }
+}
+
+fn check_arg(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err("0 or 1".into()),
+    }
+}
+
 fn size_arg(s: &str) -> std::result::Result<usize, String> {
     let (num, mul) = match s.chars().last() {
         Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
@@ -57,62 +195,25 @@ fn size_arg(s: &str) -> std::result::Result<usize, String> {
         _ => (s, 1),
     };
     num.parse::<usize>()
-        .map(|n| n * mul)
-        .map_err(|_| format!("bad size {s:?}"))
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad size {s:?} (a positive number of bytes, suffix K, M or G)"))
 }
 
-fn parse() -> std::result::Result<Opts, String> {
-    let mut o = Opts {
-        colls: vec!["all_reduce".into()],
-        min: 8,
-        max: 64 << 20,
-        factor: 2,
-        iters: 20,
-        warmup: 5,
-        dtype: "float".into(),
-        op: "sum".into(),
-        root: 0,
-        graph: false,
-        check: true,
-        threads: None,
-        nprocs: None,
-    };
-    let mut a = std::env::args().skip(1);
-    while let Some(k) = a.next() {
-        let mut v = || a.next().ok_or(format!("{k} needs a value"));
-        match k.as_str() {
-            "-c" | "--collective" => {
-                let c = v()?;
-                o.colls = if c == "all" {
-                    ALL.iter().map(|s| s.to_string()).collect()
-                } else {
-                    c.split(',').map(str::to_string).collect()
-                };
-            }
-            "-b" => o.min = size_arg(&v()?)?,
-            "-e" => o.max = size_arg(&v()?)?,
-            "-f" => o.factor = v()?.parse().map_err(|_| "-f expects an integer")?,
-            "-n" => o.iters = v()?.parse().map_err(|_| "-n expects an integer")?,
-            "-w" => o.warmup = v()?.parse().map_err(|_| "-w expects an integer")?,
-            "-d" => o.dtype = v()?,
-            "-o" => o.op = v()?,
-            "-r" => o.root = v()?.parse().map_err(|_| "-r expects a rank")?,
-            "-G" | "--graph" => o.graph = true,
-            "--check" => o.check = v()? != "0",
-            "--threads" => {
-                o.threads = Some(v()?.parse().map_err(|_| "--threads expects a number")?)
-            }
-            "--nprocs" => o.nprocs = Some(v()?.parse().map_err(|_| "--nprocs expects a number")?),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    for c in &o.colls {
-        if !ALL.contains(&c.as_str()) {
-            return Err(format!("unknown collective {c:?}; one of {ALL:?} or all"));
-        }
-    }
-    if o.factor < 2 || o.iters == 0 || o.min == 0 || o.min > o.max {
-        return Err("need -f >= 2, -n >= 1 and 0 < -b <= -e".into());
+fn parse() -> std::result::Result<Opts, clap::Error> {
+    let mut o = Opts::try_parse()?;
+    let mut seen = Vec::new();
+    o.mems.retain(|m| {
+        let new = !seen.contains(m);
+        seen.push(*m);
+        new
+    });
+    if o.min > o.max {
+        return Err(clap::Error::raw(
+            clap::error::ErrorKind::ValueValidation,
+            "need -b <= -e\n",
+        ));
     }
     Ok(o)
 }
@@ -153,11 +254,80 @@ fn op_of<T: BenchVal>(name: &str) -> ReduceOp<T> {
     }
 }
 
-/// What a rank's buffers hold for one (collective, size).
-struct Bufs<T: BenchVal> {
-    send: DeviceBuffer<T>,
-    recv: DeviceBuffer<T>,
-    count: usize,
+/// A rank's buffers for one (collective, size, mode): leading slices of the mode's memory.
+struct Bufs<'a, T: BenchVal> {
+    send: DeviceViewMut<'a, T>,
+    recv: DeviceViewMut<'a, T>,
+}
+
+/// A rank's send or receive memory in one mode, allocated (and registered) once, for the
+/// largest size. A registration is a field before its memory, so it is dropped first.
+enum Memory<'c, T: BenchVal> {
+    Plain(DeviceBuffer<T>),
+    Registered {
+        _reg: Registration<'c>,
+        buf: DeviceBuffer<T>,
+    },
+    Window {
+        win: Window<'c>,
+        buf: DeviceBuffer<T>,
+    },
+    Pool(PooledBuffer<'c, T>),
+}
+
+impl<'c, T: BenchVal> Memory<'c, T> {
+    /// Collective for windows: every rank calls it for the same modes in the same order.
+    fn alloc(comm: &'c Communicator, mem: Mem, len: usize) -> Result<Self> {
+        let zero = T::from_f(0.0);
+        Ok(match mem {
+            Mem::Plain => Memory::Plain(DeviceBuffer::zeroed(comm.context(), len)?),
+            Mem::Registered => {
+                let mut b = comm.alloc_nccl::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Registered {
+                    _reg: comm.register(&b)?,
+                    buf: b,
+                }
+            }
+            Mem::Window => {
+                let mut b = comm.alloc_nccl::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Window {
+                    win: comm.register_window(&b, WindowFlags::COLL_SYMMETRIC)?,
+                    buf: b,
+                }
+            }
+            Mem::Pool => {
+                let mut b = comm.buffer::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Pool(b)
+            }
+        })
+    }
+
+    /// What the mode's rows do not say on their own: memory that ended up unregistered.
+    fn note(&self) -> Option<&'static str> {
+        match self {
+            Memory::Window { win, .. } if !win.is_active() => Some(
+                "NCCL made no window (no symmetric memory support here): its rows are unregistered NCCL memory",
+            ),
+            Memory::Pool(b) if !b.is_registered() => {
+                Some("the pool's memory is not registered (NCCL < 2.19): its rows are plain memory")
+            }
+            _ => None,
+        }
+    }
+
+    /// The first `len` elements.
+    fn view(&mut self, len: usize) -> Result<DeviceViewMut<'_, T>> {
+        let all = match self {
+            Memory::Plain(b)
+            | Memory::Registered { buf: b, .. }
+            | Memory::Window { buf: b, .. } => b.as_view_mut(),
+            Memory::Pool(b) => b.as_view_mut(),
+        };
+        Ok(all.slice_mut(..len)?)
+    }
 }
 
 /// One rank's view of the run: its communicator, stream and a way to agree on times.
@@ -210,7 +380,7 @@ fn launch_op<T: BenchVal>(
         ("broadcast", true) => c.broadcast_in_place(&mut b.recv, root, s),
         ("reduce", false) => c.reduce(
             &b.send,
-            (me == root).then_some(b.recv.as_view_mut()),
+            (me == root).then_some(b.recv.reborrow()),
             op_of(op),
             root,
             s,
@@ -335,10 +505,100 @@ fn time<T: BenchVal>(
     (r.max_time)(us)
 }
 
+/// The sizes of the sweep, smallest first.
+fn sizes(o: &Opts) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut bytes = o.min;
+    while bytes <= o.max {
+        v.push(bytes);
+        match bytes.checked_mul(o.factor as usize) {
+            Some(b) => bytes = b,
+            None => break,
+        }
+    }
+    v
+}
+
+/// One mode's measurement of one size: (µs, busbw) out of place and in place, and the
+/// wrong elements (the largest count over the ranks).
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    us: [f64; 2],
+    busbw: [f64; 2],
+    wrong: [usize; 2],
+}
+
+fn ratio(num: f64, den: f64) -> String {
+    if den > 0.0 && num.is_finite() {
+        format!("{:.3}", num / den)
+    } else {
+        "-".into()
+    }
+}
+
 fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
     let (me, n) = (r.comm.rank(), r.comm.size());
     let tsize = size_of::<T>();
-    for coll in &o.colls {
+    let sizes = sizes(o);
+    let largest = sizes.last().copied().unwrap_or(o.min);
+    let (mut send_max, mut recv_max) = (1, 1);
+    for coll in &o.colls.0 {
+        let (sn, rn, _) = counts(coll, largest, tsize, n);
+        send_max = send_max.max(sn);
+        recv_max = recv_max.max(rn);
+    }
+    // Each mode's memory, allocated and registered once (collectively, in the same order
+    // on every rank), before anything is timed.
+    let mut mems: Vec<(Mem, Memory<'_, T>, Memory<'_, T>)> = Vec::new();
+    for &m in &o.mems {
+        let pair = Memory::alloc(r.comm, m, send_max)
+            .and_then(|s| Ok((s, Memory::alloc(r.comm, m, recv_max)?)));
+        match pair {
+            Ok((s, rv)) => {
+                if me == 0
+                    && let Some(note) = s.note().or(rv.note())
+                {
+                    let _ = writeln!(out, "# mode {}: {note}", m.name());
+                }
+                mems.push((m, s, rv));
+            }
+            Err(e @ nccl_channel::Error::Unsupported { .. }) => {
+                if me == 0 {
+                    let _ = writeln!(out, "# mode {} skipped: {e}", m.name());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let multi = o.mems.len() > 1;
+    let base = mems
+        .iter()
+        .position(|(m, ..)| *m == Mem::Plain)
+        .unwrap_or(0);
+    if me == 0 {
+        if mems.is_empty() {
+            let _ = writeln!(out, "# no memory mode left to run");
+        } else {
+            let _ = writeln!(
+                out,
+                "# memory: send {} and recv {} elements per mode, allocated (and registered) once \
+                 for the largest size, outside the timing; smaller sizes use leading slices{}",
+                send_max,
+                recv_max,
+                if multi {
+                    format!("; ratios against mode {}", mems[base].0.name())
+                } else {
+                    String::new()
+                }
+            );
+        }
+        print!("{out}");
+        out.clear();
+    }
+    if mems.is_empty() {
+        return Ok(());
+    }
+    for coll in &o.colls.0 {
         let has_op = matches!(coll.as_str(), "all_reduce" | "reduce_scatter" | "reduce");
         let has_root = matches!(coll.as_str(), "broadcast" | "reduce");
         let in_place_ok = !matches!(coll.as_str(), "all_to_all" | "sendrecv");
@@ -351,9 +611,16 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
                 if has_op { &o.op } else { "-" },
                 if o.graph { "yes" } else { "no" }
             );
+            let extra = |a: &str, b: &str, c: &str| {
+                if multi {
+                    format!("   {a:>5}   {b:>7} {c:>7}   {b:>7} {c:>7}")
+                } else {
+                    String::new()
+                }
+            };
             let _ = writeln!(
                 out,
-                "#{:>12} {:>12} {:>9} {:>7} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+                "#{:>12} {:>12} {:>9} {:>7} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}{}",
                 "size",
                 "count",
                 "type",
@@ -366,11 +633,20 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
                 "time",
                 "algbw",
                 "busbw",
-                "#wrong"
+                "#wrong",
+                extra("mem", "busbw", "time"),
             );
+            let units = if multi {
+                format!(
+                    "   {:>5}   {:>7} {:>7}   {:>7} {:>7}",
+                    "(-R)", "/base", "/base", "/base", "/base"
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "#{:>12} {:>12} {:>9} {:>7} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+                "#{:>12} {:>12} {:>9} {:>7} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}{units}",
                 "(B)",
                 "(elements)",
                 "",
@@ -383,68 +659,96 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
                 "(us)",
                 "(GB/s)",
                 "(GB/s)",
-                "in"
+                "in",
             );
         }
-        let mut bus_sum = 0.0;
+        let mut bus_sum = vec![0.0; mems.len()];
         let mut rows = 0;
-        let mut bytes = o.min;
-        while bytes <= o.max {
+        for &bytes in &sizes {
             let (sn, rn, count) = counts(coll, bytes, tsize, n);
-            let ctx = r.comm.context();
-            let mut b = Bufs {
-                send: DeviceBuffer::<T>::zeroed(ctx, sn)?,
-                recv: DeviceBuffer::<T>::zeroed(ctx, rn)?,
-                count,
-            };
-            let real_bytes = b.count * tsize;
-            let mut cols = String::new();
-            for in_place in [false, true] {
-                if in_place && !in_place_ok {
-                    let _ = write!(
-                        cols,
-                        "   {:>9} {:>7} {:>7} {:>6}",
-                        "N/A", "N/A", "N/A", "N/A"
-                    );
-                    continue;
-                }
-                let wrong = if o.check {
-                    check(r, coll, &mut b, in_place, &o.op, o.root)?
-                } else {
-                    0
+            let real_bytes = count * tsize;
+            let mut samples = vec![Sample::default(); mems.len()];
+            for ((_, send, recv), sample) in mems.iter_mut().zip(&mut samples) {
+                let mut b = Bufs {
+                    send: send.view(sn)?,
+                    recv: recv.view(rn)?,
                 };
-                let us = time(r, coll, &mut b, in_place, o)?;
-                let wrong_all = (r.max_time)(wrong as f64)? as usize;
-                let algbw = real_bytes as f64 / us / 1000.0;
-                let busbw = algbw * bus_factor(coll, n);
-                if !in_place {
-                    bus_sum += busbw;
-                    rows += 1;
+                for (k, in_place) in [false, true].into_iter().enumerate() {
+                    if in_place && !in_place_ok {
+                        continue;
+                    }
+                    let wrong = if o.check {
+                        check(r, coll, &mut b, in_place, &o.op, o.root)?
+                    } else {
+                        0
+                    };
+                    let us = time(r, coll, &mut b, in_place, o)?;
+                    sample.wrong[k] = (r.max_time)(wrong as f64)? as usize;
+                    sample.us[k] = us;
+                    sample.busbw[k] = real_bytes as f64 / us / 1000.0 * bus_factor(coll, n);
                 }
-                let _ = write!(
-                    cols,
-                    "   {us:>9.2} {algbw:>7.2} {busbw:>7.2} {wrong_all:>6}"
-                );
+            }
+            rows += 1;
+            for (sum, s) in bus_sum.iter_mut().zip(&samples) {
+                *sum += s.busbw[0];
             }
             if me == 0 {
                 let root = if has_root { o.root as i64 } else { -1 };
-                let _ = writeln!(
-                    out,
-                    " {real_bytes:>12} {count:>12} {:>9} {:>7} {root:>5}{cols}",
-                    o.dtype,
-                    if has_op { o.op.as_str() } else { "none" }
-                );
+                let b = samples[base];
+                for ((m, ..), s) in mems.iter().zip(&samples) {
+                    let mut cols = String::new();
+                    for k in 0..2 {
+                        if k == 1 && !in_place_ok {
+                            let _ = write!(
+                                cols,
+                                "   {:>9} {:>7} {:>7} {:>6}",
+                                "N/A", "N/A", "N/A", "N/A"
+                            );
+                            continue;
+                        }
+                        let (us, busbw) = (s.us[k], s.busbw[k]);
+                        let algbw = busbw / bus_factor(coll, n);
+                        let _ = write!(
+                            cols,
+                            "   {us:>9.2} {algbw:>7.2} {busbw:>7.2} {:>6}",
+                            s.wrong[k]
+                        );
+                    }
+                    if multi {
+                        let _ = write!(cols, "   {:>5}", m.name());
+                        for k in 0..2 {
+                            let (bw, t) = if k == 1 && !in_place_ok {
+                                ("N/A".into(), "N/A".into())
+                            } else {
+                                (ratio(s.busbw[k], b.busbw[k]), ratio(s.us[k], b.us[k]))
+                            };
+                            let _ = write!(cols, "   {bw:>7} {t:>7}");
+                        }
+                    }
+                    let _ = writeln!(
+                        out,
+                        " {real_bytes:>12} {count:>12} {:>9} {:>7} {root:>5}{cols}",
+                        o.dtype,
+                        if has_op { o.op.as_str() } else { "none" }
+                    );
+                }
                 print!("{out}");
                 out.clear();
             }
-            bytes *= o.factor;
         }
         if me == 0 {
-            let _ = writeln!(
-                out,
-                "# Avg bus bandwidth    : {:.3} (out of place, {coll})",
-                bus_sum / rows.max(1) as f64
-            );
+            for ((m, ..), sum) in mems.iter().zip(&bus_sum) {
+                let mode = if multi {
+                    format!(", mem {}", m.name())
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    out,
+                    "# Avg bus bandwidth    : {:.3} (out of place, {coll}{mode})",
+                    sum / rows.max(1) as f64
+                );
+            }
             print!("{out}");
             out.clear();
         }
@@ -463,7 +767,7 @@ fn run_rank(r: &Rank, o: &Opts) -> Result<()> {
         "int8" => run_type::<i8>(r, o, &mut out),
         "uint8" => run_type::<u8>(r, o, &mut out),
         other => Err(nccl_channel::Error::InvalidArgument {
-            what: "bench",
+            what: "options",
             problem: format!("unknown -d {other}"),
         }),
     }
@@ -471,6 +775,7 @@ fn run_rank(r: &Rank, o: &Opts) -> Result<()> {
 
 /// Threads mode: one process, one thread per device; `max_time` through a shared vector.
 fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> Result<()> {
+    let config = &comm_config(o);
     let id = UniqueId::generate(nccl)?;
     let barrier = Barrier::new(n);
     let slots = Mutex::new(vec![0f64; n]);
@@ -480,7 +785,10 @@ fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> R
                 let (barrier, slots) = (&barrier, &slots);
                 s.spawn(move || -> Result<()> {
                     let ctx = cuda.device(rank)?.primary_context()?;
-                    let comm = Communicator::init_rank(nccl, &ctx, &id, n, rank)?;
+                    let comm = match config {
+                        Some(c) => Communicator::init_rank_with(nccl, &ctx, &id, n, rank, c)?,
+                        None => Communicator::init_rank(nccl, &ctx, &id, n, rank)?,
+                    };
                     let stream = Stream::non_blocking(&ctx)?;
                     let max_time = |v: f64| -> Result<f64> {
                         slots.lock().unwrap_or_else(|e| e.into_inner())[rank] = v;
@@ -514,9 +822,11 @@ fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> R
 
 /// A rank started by `--nprocs`: everything from the environment; `max_time` through NCCL.
 fn run_child(o: &Opts) -> Result<()> {
-    let ch = ChannelBuilder::new()
-        .build()?
-        .ok_or(nccl_channel::Error::Aborted)?;
+    let mut builder = ChannelBuilder::new();
+    if let Some(c) = comm_config(o) {
+        builder = builder.config(c);
+    }
+    let ch = builder.build()?.ok_or(nccl_channel::Error::Aborted)?;
     let scratch = std::cell::RefCell::new(DeviceBuffer::<f64>::zeroed(ch.comm().context(), 1)?);
     let max_time = |v: f64| -> Result<f64> {
         let mut b = scratch.borrow_mut();
@@ -541,10 +851,7 @@ fn run_child(o: &Opts) -> Result<()> {
 fn main() -> ExitCode {
     let o = match parse() {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("bench: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => e.exit(),
     };
     let r = if World::from_env().ok().flatten().is_some() {
         run_child(&o)
@@ -581,6 +888,7 @@ fn run_top(o: &Opts) -> Result<()> {
                 nccl.origin()
             );
             println!("# {}", std::env::args().collect::<Vec<_>>().join(" "));
+            print_setup(o);
             if let Some(n) = o.nprocs {
                 return launch(n, o);
             }
@@ -591,12 +899,65 @@ fn run_top(o: &Opts) -> Result<()> {
                 "# no CUDA driver ({}): running on simulated devices; a smoke test, not a figure",
                 e.to_string().lines().next().unwrap_or_default()
             );
+            print_setup(o);
             let n = o.threads.or(o.nprocs).unwrap_or(2);
             let (cuda, gpus) = Cuda::mock(cuda_hal::mock::MockDriver::with_devices(n))?;
-            let (nccl, _w) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
+            let mut sim = nccl_sys::mock::MockNccl::new(&gpus);
+            if let Some(v) = o.sim_nccl {
+                sim = sim.version(v);
+            }
+            let (nccl, _w) = sim.build()?;
+            println!("# simulated NCCL {}", nccl.version());
             run_threads(&cuda, &Arc::new(nccl), n, o)
         }
     }
+}
+
+/// The communicator config the CTA options ask for (`None`: NCCL's defaults, plain init).
+fn comm_config(o: &Opts) -> Option<CommConfig> {
+    if o.cta_policy.is_none()
+        && o.min_ctas.is_none()
+        && o.max_ctas.is_none()
+        && o.nvls_ctas.is_none()
+    {
+        return None;
+    }
+    let mut c = CommConfig::new();
+    if let Some(p) = &o.cta_policy {
+        c = c.cta_policy(match p.as_str() {
+            "efficiency" => CtaPolicy::EFFICIENCY,
+            "zero" => CtaPolicy::ZERO,
+            _ => CtaPolicy::DEFAULT,
+        });
+    }
+    if let Some(n) = o.min_ctas {
+        c = c.min_ctas(n);
+    }
+    if let Some(n) = o.max_ctas {
+        c = c.max_ctas(n);
+    }
+    if let Some(n) = o.nvls_ctas {
+        c = c.nvls_ctas(n);
+    }
+    Some(c)
+}
+
+/// The header lines that say which memory modes and communicator config run.
+fn print_setup(o: &Opts) {
+    let modes: Vec<String> = o
+        .mems
+        .iter()
+        .map(|m| format!("{} ({})", m.name(), m.describe()))
+        .collect();
+    println!("# memory modes (-R): {}", modes.join(", "));
+    let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+    println!(
+        "# config: cta_policy {}, min_ctas {}, max_ctas {}, nvls_ctas {} (-: NCCL's default)",
+        o.cta_policy.as_deref().unwrap_or("-"),
+        opt(o.min_ctas),
+        opt(o.max_ctas),
+        opt(o.nvls_ctas)
+    );
 }
 
 fn launch(n: usize, _o: &Opts) -> Result<()> {
