@@ -4,7 +4,7 @@
 //! bench [-c all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all|sendrecv|all]
 //!       [-b 8] [-e 4G] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16|double|int32|int8|uint8]
 //!       [-o sum|prod|max|min|avg] [-r ROOT] [-G] [--check 0|1] [--threads N | --nprocs N]
-//!       [-R 0,1,2,pool] [--cta-policy default|efficiency|zero] [--min-ctas N] [--max-ctas N]
+//!       [-R 0,nccl,1,2,pool] [--cta-policy default|efficiency|zero] [--min-ctas N] [--max-ctas N]
 //!       [--nvls-ctas N]
 //! ```
 //! Sizes are bytes of the whole buffer as nccl-tests counts them (all_gather: the gathered
@@ -115,6 +115,8 @@ fn version_arg(s: &str) -> std::result::Result<nccl_sys::NcclVersion, String> {
 enum Mem {
     /// `DeviceBuffer::zeroed` (cuMemAlloc).
     Plain,
+    /// `Communicator::alloc_nccl`, not registered: what the allocator alone changes.
+    NcclMem,
     /// `Communicator::alloc_nccl` + `Communicator::register`.
     Registered,
     /// `Communicator::alloc_nccl` + `Communicator::register_window` (COLL_SYMMETRIC).
@@ -128,6 +130,7 @@ impl Mem {
     fn name(self) -> &'static str {
         match self {
             Mem::Plain => "0",
+            Mem::NcclMem => "nccl",
             Mem::Registered => "1",
             Mem::Window => "2",
             Mem::Pool => "pool",
@@ -137,6 +140,7 @@ impl Mem {
     fn describe(self) -> &'static str {
         match self {
             Mem::Plain => "cuMemAlloc",
+            Mem::NcclMem => "ncclMemAlloc, unregistered",
             Mem::Registered => "ncclMemAlloc + ncclCommRegister",
             Mem::Window => "ncclMemAlloc + ncclCommWindowRegister(COLL_SYMMETRIC)",
             Mem::Pool => "the communicator's registered pool",
@@ -147,10 +151,11 @@ impl Mem {
 fn mem_arg(s: &str) -> std::result::Result<Mem, String> {
     match s {
         "0" => Ok(Mem::Plain),
+        "nccl" => Ok(Mem::NcclMem),
         "1" => Ok(Mem::Registered),
         "2" => Ok(Mem::Window),
         "pool" => Ok(Mem::Pool),
-        _ => Err("0, 1, 2 or pool".into()),
+        _ => Err("0, nccl, 1, 2 or pool".into()),
     }
 }
 
@@ -281,6 +286,11 @@ impl<'c, T: BenchVal> Memory<'c, T> {
         let zero = T::from_f(0.0);
         Ok(match mem {
             Mem::Plain => Memory::Plain(DeviceBuffer::zeroed(comm.context(), len)?),
+            Mem::NcclMem => {
+                let mut b = comm.alloc_nccl::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Plain(b)
+            }
             Mem::Registered => {
                 let mut b = comm.alloc_nccl::<T>(len)?;
                 b.fill(zero)?;
