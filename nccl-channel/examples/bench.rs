@@ -116,7 +116,7 @@ enum Mem {
     /// `DeviceBuffer::zeroed` (cuMemAlloc).
     Plain,
     /// `Communicator::alloc_nccl`, not registered: what the allocator alone changes.
-    NcclMem,
+    Unregistered,
     /// `Communicator::alloc_nccl` + `Communicator::register`.
     Registered,
     /// `Communicator::alloc_nccl` + `Communicator::register_window` (COLL_SYMMETRIC).
@@ -130,7 +130,7 @@ impl Mem {
     fn name(self) -> &'static str {
         match self {
             Mem::Plain => "0",
-            Mem::NcclMem => "nccl",
+            Mem::Unregistered => "nccl",
             Mem::Registered => "1",
             Mem::Window => "2",
             Mem::Pool => "pool",
@@ -140,7 +140,7 @@ impl Mem {
     fn describe(self) -> &'static str {
         match self {
             Mem::Plain => "cuMemAlloc",
-            Mem::NcclMem => "ncclMemAlloc, unregistered",
+            Mem::Unregistered => "ncclMemAlloc, unregistered",
             Mem::Registered => "ncclMemAlloc + ncclCommRegister",
             Mem::Window => "ncclMemAlloc + ncclCommWindowRegister(COLL_SYMMETRIC)",
             Mem::Pool => "the communicator's registered pool",
@@ -151,7 +151,7 @@ impl Mem {
 fn mem_arg(s: &str) -> std::result::Result<Mem, String> {
     match s {
         "0" => Ok(Mem::Plain),
-        "nccl" => Ok(Mem::NcclMem),
+        "nccl" => Ok(Mem::Unregistered),
         "1" => Ok(Mem::Registered),
         "2" => Ok(Mem::Window),
         "pool" => Ok(Mem::Pool),
@@ -286,7 +286,7 @@ impl<'c, T: BenchVal> Memory<'c, T> {
         let zero = T::from_f(0.0);
         Ok(match mem {
             Mem::Plain => Memory::Plain(DeviceBuffer::zeroed(comm.context(), len)?),
-            Mem::NcclMem => {
+            Mem::Unregistered => {
                 let mut b = comm.alloc_nccl::<T>(len)?;
                 b.fill(zero)?;
                 Memory::Plain(b)

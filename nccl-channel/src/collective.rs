@@ -110,6 +110,7 @@ impl Communicator {
             });
         }
         buf.used_on(stream)?;
+        self.register_pooled(what, buf.device_ptr(), buf.size_bytes());
         self.shared()
             .registry
             .used(buf.device_ptr(), buf.size_bytes(), stream);

@@ -83,7 +83,7 @@ pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use error::{Error, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use memory::alloc_nccl;
-pub use pool::PooledBuffer;
+pub use pool::{PooledBuffer, REGISTER_FROM};
 pub use raw::RawCollectives;
 pub use registration::{Registration, Window, WindowFlags};
 pub use reliability::AbortHandle;

@@ -1,47 +1,110 @@
 //! The default that needs no thought: [`Communicator::buffer`] hands out NCCL memory
-//! registered with the communicator, and takes it back on drop for the next request of
-//! the same type and length (registering costs far more than a collective, so a training
-//! loop must not pay it every step).
+//! (`ncclMemAlloc`) and takes it back on drop for the next request of the same type and
+//! length. A pooled buffer is registered with the communicator (`ncclCommRegister`) the
+//! first time a collective that gains from registration uses at least
+//! [`REGISTER_FROM`] bytes of it, and stays registered while the pool keeps it
+//! (registering costs far more than a collective: a training loop pays it once).
 //!
-//! Local registration (`ncclCommRegister`) is the pool's kind, not windows: it never made
-//! a collective slower than plain memory in our measurements, while windows trade large
-//! all-reduce bandwidth for small-message latency (BENCHMARKS.md has the table). Where
-//! the loaded NCCL has no registration (< 2.19) the pool hands out plain memory.
+//! Which collectives, from the measurements in BENCHMARKS.md (2 × H200 over NVLink,
+//! NCCL 2.28.3 and 2.28.9): local registration made all-gather, all-to-all and
+//! send/receive up to 1.3× faster from a few MiB on, left all-reduce, reduce and
+//! reduce-scatter unchanged, and made broadcast 4–11 % *slower* from 4 MiB on; NCCL
+//! memory without registration changed nothing. So the pool registers a buffer only for
+//! the first three, and a buffer only ever broadcast or reduced stays unregistered NCCL
+//! memory, exactly as fast as plain memory. Windows are not the pool's: they win small
+//! all-reduce latency but cost large all-reduce bandwidth (up to 1.3× slower).
+//! Where the loaded NCCL has no registration or NCCL memory (< 2.19) the pool hands out
+//! plain memory.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use cuda_hal::{DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream};
 use cuda_sys::CUdeviceptr;
 
+use crate::comm::{CommShared, lock};
 use crate::registration::RegShared;
 use crate::{Communicator, Error, NcclType, Result};
 
 /// Buffers kept per (type, length): enough for a few in flight at once.
 const KEEP_PER_SHAPE: usize = 8;
 
-type Entry = (Box<dyn Any + Send>, Option<Arc<RegShared>>);
+/// The smallest use (bytes of one buffer in one call) that registers a pooled buffer:
+/// below it registration gained nothing measurable.
+pub const REGISTER_FROM: usize = 1 << 20;
+
+/// Whether the collective `what` (the names of collective.rs) gains from registered
+/// buffers (see the module docs).
+fn gains(what: &str) -> bool {
+    matches!(
+        what,
+        "all_gather" | "all_gather_in_place" | "all_to_all" | "send" | "recv"
+    )
+}
+
+/// Where a pooled buffer's registration stands.
+enum SlotReg {
+    /// Not registered yet (no use that gains so far).
+    No,
+    Yes(Arc<RegShared>),
+    /// NCCL refused it, or cannot register: never tried again.
+    Never,
+}
+
+/// One pooled allocation: its range, a shared owner of its memory (for the registration)
+/// and its registration. Known to the communicator's registry (weakly) so that a
+/// collective can register it.
+pub(crate) struct Slot {
+    comm: Arc<CommShared>,
+    start: u64,
+    bytes: usize,
+    memory: KeepAlive,
+    reg: Mutex<SlotReg>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.comm.registry.forget_slot(self);
+    }
+}
+
+impl Slot {
+    fn registration(&self) -> Option<Arc<RegShared>> {
+        match &*lock(&self.reg) {
+            SlotReg::Yes(r) => Some(r.clone()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn range(&self) -> (u64, u64) {
+        (self.start, self.start + self.bytes as u64)
+    }
+}
+
+type Entry = (Box<dyn Any + Send>, Arc<Slot>);
 
 type Free = HashMap<(TypeId, usize), Vec<Entry>>;
 
 /// A communicator's free buffers, by element type and length. Shared with the buffers
-/// it handed out (which may drop on any thread); never with the registrations, which
-/// keep the communicator's state alive (no cycle).
+/// it handed out (which may drop on any thread); the registrations and slots keep the
+/// communicator's state alive, never this (no cycle).
 #[derive(Default)]
 pub(crate) struct Pool {
     free: Arc<Mutex<Free>>,
 }
 
 impl Communicator {
-    /// A buffer of `len` elements from this communicator's pool of registered NCCL
-    /// memory: the memory NCCL's fastest paths want, registered once and reused. Its
-    /// contents are whatever the last user left (like [`DeviceBuffer::alloc`]). On drop
-    /// it returns to the pool once no graph or open group holds it (otherwise it is
-    /// released like any buffer); [`trim_pool`](Self::trim_pool) releases what the pool
-    /// keeps. Falls back to plain memory when the loaded NCCL cannot register (< 2.19).
+    /// A buffer of `len` elements from this communicator's pool of NCCL memory, which
+    /// registers itself the first time a collective that gains from registration uses it
+    /// (see [`REGISTER_FROM`] and the table in BENCHMARKS.md): the default that is never
+    /// slower than plain memory. Its contents are whatever the last user left (like
+    /// [`DeviceBuffer::alloc`]). On drop it returns to the pool once no graph or open
+    /// group holds it (otherwise it is released like any buffer);
+    /// [`trim_pool`](Self::trim_pool) releases what the pool keeps. Plain memory where
+    /// the loaded NCCL has no NCCL memory (< 2.19).
     ///
     /// ```
     /// # #[cfg(feature = "mock")] {
@@ -66,10 +129,8 @@ impl Communicator {
     pub fn buffer<T: NcclType>(&self, len: usize) -> Result<PooledBuffer<'_, T>> {
         let key = (TypeId::of::<T>(), len);
         loop {
-            let popped = crate::comm::lock(&self.pool.free)
-                .get_mut(&key)
-                .and_then(Vec::pop);
-            let Some((b, reg)) = popped else {
+            let popped = lock(&self.pool.free).get_mut(&key).and_then(Vec::pop);
+            let Some((b, slot)) = popped else {
                 break;
             };
             let Ok(b) = b.downcast::<DeviceBuffer<T>>() else {
@@ -77,57 +138,84 @@ impl Communicator {
             };
             // The last user's work must be done before a new one writes.
             if b.synchronize_uses().is_ok() {
-                return Ok(PooledBuffer {
-                    buf: Some(*b),
-                    reg,
-                    pool: self.pool.free.clone(),
-                    _comm: PhantomData,
-                });
+                return Ok(self.pooled(*b, slot));
             }
-            if let Some(r) = reg {
+            if let Some(r) = slot.registration() {
+                *lock(&slot.reg) = SlotReg::Never;
                 let _ = self.release_registration(r);
             }
         }
-        let buf = match self.alloc_nccl::<T>(len) {
-            Ok(b) => b,
-            Err(Error::Unsupported { .. }) => DeviceBuffer::alloc(self.context(), len)?,
+        let (buf, can_register) = match self.alloc_nccl::<T>(len) {
+            Ok(b) => (b, self.nccl().fns().ncclCommRegister.is_some()),
+            Err(Error::Unsupported { .. }) => (DeviceBuffer::alloc(self.context(), len)?, false),
             Err(e) => return Err(e),
         };
-        let reg = if len == 0 {
-            None
-        } else {
-            match self.register(&buf) {
-                Ok(r) => Some(r.into_shared()),
-                Err(Error::Unsupported { .. }) => None,
-                Err(e) => return Err(e),
-            }
-        };
-        Ok(PooledBuffer {
+        let slot = Arc::new(Slot {
+            comm: self.shared().clone(),
+            start: buf.as_raw(),
+            bytes: buf.size_bytes(),
+            memory: buf.keep_alive(),
+            reg: Mutex::new(if can_register && !buf.is_empty() {
+                SlotReg::No
+            } else {
+                SlotReg::Never
+            }),
+        });
+        if matches!(*lock(&slot.reg), SlotReg::No) {
+            self.shared().registry.add_slot(&slot);
+        }
+        Ok(self.pooled(buf, slot))
+    }
+
+    fn pooled<T: NcclType>(&self, buf: DeviceBuffer<T>, slot: Arc<Slot>) -> PooledBuffer<'_, T> {
+        PooledBuffer {
             buf: Some(buf),
-            reg,
+            slot,
             pool: self.pool.free.clone(),
             _comm: PhantomData,
-        })
+        }
+    }
+
+    /// A collective `what` is about to use `[ptr, ptr + bytes)`: a pooled buffer that
+    /// holds it and is not registered yet is registered now if the collective gains from
+    /// it. Inside a group too: NCCL looks registrations up when the group ends.
+    #[inline]
+    pub(crate) fn register_pooled(&self, what: &str, ptr: u64, bytes: usize) {
+        if bytes >= REGISTER_FROM && gains(what) && self.shared().registry.has_slots() {
+            self.register_pooled_slow(ptr, bytes);
+        }
+    }
+
+    #[cold]
+    fn register_pooled_slow(&self, ptr: u64, bytes: usize) {
+        let Some(slot) = self.shared().registry.slot_of(ptr, bytes) else {
+            return;
+        };
+        let mut state = lock(&slot.reg);
+        if !matches!(*state, SlotReg::No) {
+            return;
+        }
+        *state = match self.register_range(slot.start, slot.bytes, slot.memory.clone()) {
+            Ok(r) => SlotReg::Yes(r.into_shared()),
+            Err(_) => SlotReg::Never,
+        };
+        drop(state);
+        self.shared().registry.forget_slot(Arc::as_ptr(&slot));
     }
 
     /// How many free buffers the pool keeps.
     pub fn pooled_buffers(&self) -> usize {
-        crate::comm::lock(&self.pool.free)
-            .values()
-            .map(Vec::len)
-            .sum()
+        lock(&self.pool.free).values().map(Vec::len).sum()
     }
 
     /// Releases every free buffer the pool keeps (deregistered, then freed after their
     /// work).
     pub fn trim_pool(&self) -> Result<()> {
-        let all: Vec<Entry> = crate::comm::lock(&self.pool.free)
-            .drain()
-            .flat_map(|(_, v)| v)
-            .collect();
+        let all: Vec<Entry> = lock(&self.pool.free).drain().flat_map(|(_, v)| v).collect();
         let mut first = Ok(());
-        for (b, reg) in all {
-            if let Some(r) = reg {
+        for (b, slot) in all {
+            let reg = std::mem::replace(&mut *lock(&slot.reg), SlotReg::Never);
+            if let SlotReg::Yes(r) = reg {
                 let r = self.release_registration(r);
                 if first.is_ok() {
                     first = r;
@@ -139,12 +227,12 @@ impl Communicator {
     }
 }
 
-/// A buffer from [`Communicator::buffer`]: a [`DeviceBuffer`] (through `Deref`) of
-/// registered NCCL memory, given back to the pool on drop. It borrows the communicator,
-/// whose registration it uses.
+/// A buffer from [`Communicator::buffer`]: a [`DeviceBuffer`] (through `Deref`) of NCCL
+/// memory, given back to the pool on drop. It borrows the communicator, whose
+/// registration it may use.
 pub struct PooledBuffer<'c, T: NcclType> {
     buf: Option<DeviceBuffer<T>>,
-    reg: Option<Arc<RegShared>>,
+    slot: Arc<Slot>,
     pool: Arc<Mutex<Free>>,
     _comm: PhantomData<&'c ()>,
 }
@@ -155,16 +243,16 @@ impl<T: NcclType> std::fmt::Debug for PooledBuffer<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PooledBuffer")
             .field("buffer", &self.buf)
-            .field("registered", &self.reg.is_some())
+            .field("registered", &self.is_registered())
             .finish()
     }
 }
 
 impl<T: NcclType> PooledBuffer<'_, T> {
-    /// Whether the memory is registered with the communicator (false where NCCL cannot
-    /// register).
+    /// Whether the memory is registered with the communicator by now (a collective that
+    /// gains from it used the buffer; never where NCCL cannot register).
     pub fn is_registered(&self) -> bool {
-        self.reg.is_some()
+        matches!(*lock(&self.slot.reg), SlotReg::Yes(_))
     }
 }
 
@@ -196,22 +284,26 @@ fn unreachable_buffer() -> ! {
 impl<T: NcclType> Drop for PooledBuffer<'_, T> {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
-        let reg = self.reg.take();
-        let holders = 1 + usize::from(reg.is_some());
-        let reusable = buf.owners() == holders
+        let reg = self.slot.registration();
+        // The buffer, the slot's hold, and the registration's when registered: any other
+        // owner is a graph or an open group that may still use the memory.
+        let holders = 2 + usize::from(reg.is_some());
+        let reusable = Arc::strong_count(&self.slot) == 1
+            && buf.owners() == holders
             && reg
                 .as_ref()
-                .is_none_or(|r| Arc::strong_count(r) == 1 && r.is_live());
+                .is_none_or(|r| Arc::strong_count(r) == 2 && r.is_live());
+        drop(reg);
         if reusable {
-            let mut free = crate::comm::lock(&self.pool);
+            let mut free = lock(&self.pool);
             let v = free.entry((TypeId::of::<T>(), buf.len())).or_default();
             if v.len() < KEEP_PER_SHAPE {
-                v.push((Box::new(buf), reg));
+                v.push((Box::new(buf), self.slot.clone()));
                 return;
             }
         }
-        // Released by the communicator (on its owner's thread), then the memory.
-        drop(reg);
+        // The slot's registration is released by the communicator (on its owner's
+        // thread), then the memory.
         drop(buf);
     }
 }
@@ -242,3 +334,43 @@ unsafe impl<T: NcclType> DeviceSlice for PooledBuffer<'_, T> {
 
 // SAFETY: NCCL memory is writable, and `&mut` of the pooled buffer is its only writer.
 unsafe impl<T: NcclType> DeviceSliceMut for PooledBuffer<'_, T> {}
+
+/// The registry's weak list of pooled buffers not registered yet.
+#[derive(Default)]
+pub(crate) struct Slots {
+    list: Mutex<Vec<Weak<Slot>>>,
+    count: std::sync::atomic::AtomicUsize,
+}
+
+impl Slots {
+    pub(crate) fn add(&self, s: &Arc<Slot>) {
+        let mut l = lock(&self.list);
+        l.push(Arc::downgrade(s));
+        self.count
+            .store(l.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    pub(crate) fn forget(&self, s: *const Slot) {
+        let mut l = lock(&self.list);
+        l.retain(|w| w.as_ptr() != s && w.strong_count() > 0);
+        self.count
+            .store(l.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        self.count.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+
+    /// The unregistered pooled buffer holding all of `[ptr, ptr + bytes)`.
+    pub(crate) fn find(&self, ptr: u64, bytes: usize) -> Option<Arc<Slot>> {
+        let end = ptr.checked_add(bytes as u64)?;
+        // Upgraded outside the lock: a slot whose last owner lets go meanwhile drops
+        // here, and its drop takes the lock.
+        let weak: Vec<Weak<Slot>> = lock(&self.list).clone();
+        weak.iter().filter_map(Weak::upgrade).find(|s| {
+            let (a, b) = s.range();
+            a <= ptr && end <= b
+        })
+    }
+}

@@ -107,6 +107,8 @@ pub(crate) struct Registry {
     list: RwLock<Vec<(u64, u64, Weak<RegShared>)>>,
     /// Releases handed over by other threads, done by the owner.
     deferred: Mutex<Vec<Pending>>,
+    /// Pooled buffers that a collective may register.
+    slots: crate::pool::Slots,
     has_deferred: AtomicBool,
 }
 
@@ -153,6 +155,23 @@ impl Registry {
             r.note(stream);
             stream.hold(|| KeepAlive::new(r.clone()));
         }
+    }
+
+    pub(crate) fn add_slot(&self, s: &Arc<crate::pool::Slot>) {
+        self.slots.add(s);
+    }
+
+    pub(crate) fn forget_slot(&self, s: *const crate::pool::Slot) {
+        self.slots.forget(s);
+    }
+
+    #[inline]
+    pub(crate) fn has_slots(&self) -> bool {
+        self.slots.any()
+    }
+
+    pub(crate) fn slot_of(&self, ptr: u64, bytes: usize) -> Option<Arc<crate::pool::Slot>> {
+        self.slots.find(ptr, bytes)
     }
 
     pub(crate) fn defer(&self, p: Pending) {
@@ -235,8 +254,19 @@ impl Communicator {
     #[doc(alias = "ncclCommDeregister")]
     pub fn register<S: DeviceSlice + ?Sized>(&self, mem: &S) -> Result<Registration<'_>> {
         let what = "Communicator::register";
-        let (f, call) = optional!(self.nccl(), ncclCommRegister)?;
+        optional!(self.nccl(), ncclCommRegister)?;
         let (ptr, bytes, memory) = target(self, what, mem)?;
+        self.register_range(ptr, bytes, memory)
+    }
+
+    /// `ncclCommRegister` of `bytes` at `ptr`, which `memory` keeps allocated.
+    pub(crate) fn register_range(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        memory: KeepAlive,
+    ) -> Result<Registration<'_>> {
+        let (f, call) = optional!(self.nccl(), ncclCommRegister)?;
         let raw = self.handle()?;
         let _g = self.context().bind()?;
         let mut handle: *mut c_void = std::ptr::null_mut();

@@ -339,7 +339,8 @@ fn registering_what_cannot_be_held_or_is_elsewhere_is_refused() {
 }
 
 #[test]
-fn the_pool_reuses_registered_memory() {
+fn the_pool_reuses_its_memory_and_registers_it_once_for_collectives_that_gain() {
+    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
     let rig = Rig::new(1);
     let ctx = contexts(&rig, 1).remove(0);
     let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
@@ -348,30 +349,77 @@ fn the_pool_reuses_registered_memory() {
     let stream = Stream::new(&ctx).unwrap();
     let mut addrs = Vec::new();
     for step in 0..4 {
-        let mut g = comm.buffer::<f32>(256).unwrap();
-        assert!(g.is_registered());
+        let mut g = comm.buffer::<f32>(MIB_F32).unwrap();
+        // All-reduce does not gain from registration: the buffer stays unregistered.
         g.fill(step as f32).unwrap();
         comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
             .unwrap();
+        assert_eq!(g.is_registered(), step > 0, "step {step}");
+        // All-gather does: registered at its first use, then kept.
+        comm.all_gather_in_place(&mut g, &stream).unwrap();
+        assert!(g.is_registered());
         addrs.push(g.as_raw());
     }
     assert!(addrs.iter().all(|a| *a == addrs[0]), "{addrs:x?}");
     assert_eq!(rig.world.calls("ncclCommRegister"), 1);
     assert_eq!(rig.world.calls("ncclMemAlloc"), 1);
     // Two at once: two buffers; another length or type: another buffer.
-    let a = comm.buffer::<f32>(256).unwrap();
-    let b = comm.buffer::<f32>(256).unwrap();
-    let c = comm.buffer::<i32>(256).unwrap();
+    let a = comm.buffer::<f32>(MIB_F32).unwrap();
+    let b = comm.buffer::<f32>(MIB_F32).unwrap();
+    let c = comm.buffer::<i32>(MIB_F32).unwrap();
+    assert!(a.is_registered() && !b.is_registered() && !c.is_registered());
     assert_ne!(a.as_raw(), b.as_raw());
     drop((a, b, c));
     assert_eq!(comm.pooled_buffers(), 3);
     comm.trim_pool().unwrap();
     assert_eq!(comm.pooled_buffers(), 0);
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 3);
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
     assert_eq!(rig.world.calls("ncclMemFree"), 3);
     drop(comm);
     drop(stream);
     drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn the_pool_registers_only_for_collectives_and_sizes_that_gain() {
+    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
+    let rig = Rig::new(2);
+    let out = rig.run(2, |c, s| {
+        let mut big = c.buffer::<f32>(2 * MIB_F32).unwrap();
+        big.fill(c.rank() as f32).unwrap();
+        // Broadcast and the reductions never register (broadcast got slower with it).
+        c.broadcast_in_place(&mut big, 1, s).unwrap();
+        c.reduce_scatter_in_place(&mut big, ReduceOp::Sum, s)
+            .unwrap();
+        c.reduce_in_place(&mut big, ReduceOp::Sum, 0, s).unwrap();
+        let after_reductions = big.is_registered();
+        // An all-gather of less than REGISTER_FROM bytes per buffer does not either...
+        let mut small = c.buffer::<f32>(MIB_F32 / 2).unwrap();
+        c.all_gather_in_place(&mut small, s).unwrap();
+        // ...a send/receive of a whole buffer does.
+        let peer = 1 - c.rank();
+        let mut pair = c.buffer::<f32>(MIB_F32).unwrap();
+        pair.fill(c.rank() as f32 + 7.0).unwrap();
+        if c.rank() == 0 {
+            c.send(&*pair, peer, s).unwrap();
+        } else {
+            c.recv(&mut pair, peer, s).unwrap();
+        }
+        s.synchronize().unwrap();
+        let got = pair.to_vec().unwrap()[0];
+        (
+            after_reductions,
+            small.is_registered(),
+            pair.is_registered(),
+            got,
+        )
+    });
+    assert_eq!(
+        out,
+        vec![(false, false, true, 7.0), (false, false, true, 7.0)]
+    );
+    assert_eq!(rig.world.calls("ncclCommRegister"), 2);
     rig.assert_clean();
 }
 

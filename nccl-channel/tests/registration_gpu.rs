@@ -152,15 +152,12 @@ fn the_pool_on_two_gpus() {
         let mut bufs: Vec<_> = comms.iter().map(|c| c.buffer::<f32>(N).unwrap()).collect();
         if step == 0 {
             first = bufs.iter().map(|b| b.as_raw()).collect();
-            println!(
-                "registered: {:?}",
-                bufs.iter().map(|b| b.is_registered()).collect::<Vec<_>>()
-            );
         }
         assert_eq!(bufs.iter().map(|b| b.as_raw()).collect::<Vec<_>>(), first);
-        for b in &mut bufs {
-            b.fill(step as f32).unwrap();
+        for (c, b) in comms.iter().zip(&mut bufs) {
+            b.fill(step as f32 + c.rank() as f32).unwrap();
         }
+        // All-reduce leaves the buffers unregistered; the all-gather registers them.
         group(&nccl, || {
             for ((c, b), st) in comms.iter().zip(&mut bufs).zip(&streams) {
                 c.all_reduce_in_place(&mut **b, ReduceOp::Sum, st)?;
@@ -168,14 +165,24 @@ fn the_pool_on_two_gpus() {
             Ok(())
         })
         .unwrap();
+        assert!(bufs.iter().all(|b| b.is_registered() == (step > 0)));
+        group(&nccl, || {
+            for ((c, b), st) in comms.iter().zip(&mut bufs).zip(&streams) {
+                c.all_gather_in_place(&mut **b, st)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let sum = 2.0 * step as f32 + 1.0;
         for (b, st) in bufs.iter().zip(&streams) {
             st.synchronize().unwrap();
-            assert!(b.to_vec().unwrap().iter().all(|x| *x == 2.0 * step as f32));
+            assert!(b.to_vec().unwrap().iter().all(|x| *x == sum));
         }
+        assert!(bufs.iter().all(|b| b.is_registered()));
     }
     for c in &comms {
         assert_eq!(c.pooled_buffers(), 1);
         c.trim_pool().unwrap();
     }
-    println!("pool: 5 steps on one registered buffer per rank: ok");
+    println!("pool: 5 steps on one buffer per rank, registered by the first all-gather: ok");
 }
