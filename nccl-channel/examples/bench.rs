@@ -592,7 +592,8 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
             let _ = writeln!(
                 out,
                 "# memory: send {} and recv {} elements per mode, allocated (and registered) once \
-                 for the largest size, outside the timing; smaller sizes use leading slices{}",
+                 for the largest size, outside the timing (pool: fresh buffers per collective, \
+                 registered by the first use that gains); smaller sizes use leading slices{}",
                 send_max,
                 recv_max,
                 if multi {
@@ -609,6 +610,17 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
         return Ok(());
     }
     for coll in &o.colls.0 {
+        // The pool registers a buffer for the collectives that gain from it: give each
+        // collective fresh pool buffers, as an application gives each use its own.
+        for (m, s, rv) in mems.iter_mut() {
+            if *m == Mem::Pool {
+                *s = Memory::Plain(DeviceBuffer::alloc(r.comm.context(), 0)?);
+                *rv = Memory::Plain(DeviceBuffer::alloc(r.comm.context(), 0)?);
+                r.comm.trim_pool()?;
+                *s = Memory::alloc(r.comm, Mem::Pool, send_max)?;
+                *rv = Memory::alloc(r.comm, Mem::Pool, recv_max)?;
+            }
+        }
         let has_op = matches!(coll.as_str(), "all_reduce" | "reduce_scatter" | "reduce");
         let has_root = matches!(coll.as_str(), "broadcast" | "reduce");
         let in_place_ok = !matches!(coll.as_str(), "all_to_all" | "sendrecv");
