@@ -397,11 +397,13 @@ impl Communicator {
     /// Releases a registration now when nothing but its handle holds it: after the work
     /// that used it, through NCCL (unless the communicator is gone, which released it).
     pub(crate) fn release_registration(&self, shared: Arc<RegShared>) -> Result<()> {
-        self.shared().registry.remove(&shared);
         if Arc::strong_count(&shared) > 1 {
-            // A graph or an open group holds it: released when they let go.
+            // A graph or an open group holds it: released when they let go. Until then
+            // NCCL still resolves it for any collective on its memory, so it stays in the
+            // registry (its drop removes it) and later work is noted on it too.
             return Ok(());
         }
+        self.shared().registry.remove(&shared);
         let Some(p) = crate::comm::lock(&shared.pending).take() else {
             return Ok(());
         };

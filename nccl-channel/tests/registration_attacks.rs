@@ -1,0 +1,71 @@
+//! Attacks on registrations, windows and the pool from safe code, on the simulated driver
+//! and NCCL: each test is a way a release could come before the work that uses it, a
+//! release from the wrong thread, a leak, or a pool handing out the wrong memory.
+#![cfg(feature = "mock")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::Rig;
+use cuda_hal::{CaptureMode, Stream};
+use nccl_channel::{Communicator, ReduceOp, group};
+
+fn one_rank(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
+    let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
+    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    (ctx, comm)
+}
+
+/// A registration dropped while a graph holds it is still registered in NCCL, so an
+/// eager collective on its memory afterwards resolves it: its release must wait for that
+/// collective too (it waited only for the graph's streams).
+#[test]
+fn a_registration_a_graph_holds_still_notes_later_work() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let s1 = Stream::new(&ctx).unwrap();
+    let s2 = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&b).unwrap();
+    s1.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+        .unwrap();
+    let graph = s1.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    // NCCL still has the registration: this all-reduce on s2 uses it.
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+        .unwrap();
+    drop(graph);
+    // The owner's next call releases it: after the all-reduce on s2.
+    comm.async_error().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    s2.synchronize().unwrap();
+    drop((b, comm, s1, s2, ctx));
+    rig.assert_clean();
+}
+
+/// The same inside a group: a registration dropped between two grouped collectives on
+/// its memory (another stream each) is resolved by both at the group's end.
+#[test]
+fn a_registration_dropped_inside_a_group_waits_for_every_grouped_use() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let s1 = Stream::new(&ctx).unwrap();
+    let s2 = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<i32>(8).unwrap();
+    group(&rig.nccl, || {
+        let reg = comm.register(&b)?;
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)?;
+        drop(reg);
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+    })
+    .unwrap();
+    comm.async_error().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    s1.synchronize().unwrap();
+    s2.synchronize().unwrap();
+    drop((b, comm, s1, s2, ctx));
+    rig.assert_clean();
+}
