@@ -428,6 +428,14 @@ impl Communicator {
             // NCCL released it with the communicator; the memory may go.
             return Ok(());
         }
+        if self.shared().grouped_elsewhere_pub() {
+            // Another thread's open group holds the handle (NCCL allows one thread at a
+            // time): released by the owner's first call after that group.
+            let e = Error::GroupedElsewhere {
+                what: "Communicator",
+            };
+            return Err((e, Some(p)));
+        }
         if let Err(e) = p.uses.synchronize() {
             return Err((e.into(), Some(p)));
         }

@@ -7,8 +7,8 @@
 mod common;
 
 use common::Rig;
-use cuda_hal::{CaptureMode, Stream};
-use nccl_channel::{Communicator, ReduceOp, group};
+use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
+use nccl_channel::{Communicator, Error, ReduceOp, group};
 
 fn one_rank(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
     let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
@@ -67,5 +67,40 @@ fn a_registration_dropped_inside_a_group_waits_for_every_grouped_use() {
     s1.synchronize().unwrap();
     s2.synchronize().unwrap();
     drop((b, comm, s1, s2, ctx));
+    rig.assert_clean();
+}
+
+/// `trim_pool` on a communicator moved to another thread while this thread's group
+/// holds it: refused like every other call (NCCL allows one thread at a time), never a
+/// deregistration from that thread.
+#[test]
+fn trim_pool_is_refused_while_another_thread_groups_the_communicator() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let s = Stream::new(&ctx).unwrap();
+    drop(comm.buffer::<f32>(64).unwrap());
+    assert_eq!(comm.pooled_buffers(), 1);
+    let mut a = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+    let world = &rig.world;
+    let (r, deregs) = group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
+        let out = std::thread::scope(|sc| {
+            sc.spawn(move || {
+                let r = comm.trim_pool();
+                (r, world.calls("ncclCommDeregister"))
+            })
+            .join()
+            .unwrap()
+        });
+        Ok(out)
+    })
+    .unwrap();
+    assert_eq!(deregs, 0, "ncclCommDeregister from another thread inside the group");
+    assert!(
+        matches!(r, Err(Error::GroupedElsewhere { .. })),
+        "{r:?}"
+    );
+    s.synchronize().unwrap();
+    drop((a, s, ctx));
     rig.assert_clean();
 }
