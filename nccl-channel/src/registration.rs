@@ -174,6 +174,22 @@ impl Registry {
     }
 }
 
+/// NCCL (2.28 and later) writes a window's handle at the outermost `ncclGroupEnd`: inside
+/// an open group the handle would be read before it is written (a window never released)
+/// and written later into memory that is gone. Refused.
+fn refuse_window_in_group(what: &'static str) -> Result<()> {
+    if cuda_hal::DeferScope::is_open() {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "called inside an open group: NCCL gives the window only when the \
+                      group ends; register windows outside groups (register_windows makes \
+                      its own)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// What to register: the checks shared by both kinds.
 fn target<S: DeviceSlice + ?Sized>(
     comm: &Communicator,
@@ -260,7 +276,8 @@ impl Communicator {
     /// [`register_windows`](Self::register_windows)). With [`WindowFlags::COLL_SYMMETRIC`]
     /// collectives on it may use NCCL's symmetric kernels. NCCL needs memory from
     /// [`alloc_nccl`](Self::alloc_nccl) (or another cuMem allocation) at a 4096-byte
-    /// aligned offset; it reports other memory as an error.
+    /// aligned offset; it reports other memory as an error. Refused inside an open
+    /// group, where NCCL would give the window only at the group's end.
     #[doc(alias = "ncclCommWindowRegister")]
     #[doc(alias = "ncclCommWindowDeregister")]
     pub fn register_window<S: DeviceSlice + ?Sized>(
@@ -271,13 +288,15 @@ impl Communicator {
         let what = "Communicator::register_window";
         let (f, call) = optional!(self.nccl(), ncclCommWindowRegister)?;
         optional!(self.nccl(), ncclCommWindowDeregister)?;
+        refuse_window_in_group(what)?;
         let (ptr, bytes, memory) = target(self, what, mem)?;
         let raw = self.handle()?;
         let _g = self.context().bind()?;
         let mut win: ncclWindow_t = std::ptr::null_mut();
         // SAFETY: a live communicator; `ptr` is `bytes` bytes of its device's memory, kept
-        // allocated by `memory` until the window is released; `win` outlives the call
-        // (and, non-blocking, the poll in `check`).
+        // allocated by `memory` until the window is released; no group is open on this
+        // thread (checked above), so NCCL writes `win` before it returns (non-blocking:
+        // before the poll in `check` ends), and `win` outlives both.
         let rc = unsafe {
             f(
                 raw,
@@ -299,7 +318,8 @@ impl Communicator {
 
     /// Registers one window per rank, for one thread driving several ranks (a window
     /// registration waits for every rank): all calls in one NCCL group, handles read
-    /// after it ended. `ranks[i]` is a communicator and its memory.
+    /// after it ended. `ranks[i]` is a communicator and its memory. Refused inside an
+    /// open group (the handles would come only at its end).
     #[doc(alias = "ncclCommWindowRegister")]
     pub fn register_windows<'c, S: DeviceSlice + ?Sized>(
         ranks: &[(&'c Communicator, &S)],
@@ -311,6 +331,7 @@ impl Communicator {
         };
         let (f, call) = optional!(first.nccl(), ncclCommWindowRegister)?;
         optional!(first.nccl(), ncclCommWindowDeregister)?;
+        refuse_window_in_group(what)?;
         let mut targets = Vec::with_capacity(ranks.len());
         for (c, m) in ranks {
             if !Arc::ptr_eq(c.nccl(), first.nccl()) {

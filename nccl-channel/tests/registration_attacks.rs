@@ -8,7 +8,7 @@ mod common;
 
 use common::Rig;
 use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
-use nccl_channel::{Communicator, Error, ReduceOp, group};
+use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 
 fn one_rank(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
     let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
@@ -102,5 +102,27 @@ fn trim_pool_is_refused_while_another_thread_groups_the_communicator() {
     );
     s.synchronize().unwrap();
     drop((a, s, ctx));
+    rig.assert_clean();
+}
+
+/// NCCL (>= 2.28) writes a window's handle at the outermost `ncclGroupEnd`: inside an
+/// open group `register_window` would read it before it is written (a window never
+/// released) and NCCL would write it later into a dead stack slot. Refused.
+#[test]
+fn register_window_inside_an_open_group_is_refused() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let b = comm.alloc_nccl::<f32>(1024).unwrap();
+    let r = group(&rig.nccl, || {
+        comm.register_window(&b, WindowFlags::DEFAULT)
+            .map(|w| w.is_active())
+    });
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    let r = group(&rig.nccl, || {
+        Communicator::register_windows(&[(&comm, &b)], WindowFlags::DEFAULT).map(|w| w.len())
+    });
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
+    assert_eq!(rig.world.calls("ncclCommWindowRegister"), 0);
+    drop((b, comm, ctx));
     rig.assert_clean();
 }
