@@ -366,9 +366,16 @@ impl Communicator {
             }
         }
         let ended = group.end();
+        // Every rank is waited for, whatever fails: the windows NCCL made are adopted
+        // below and released on failure (a wait that fails aborts its rank, which
+        // releases that rank's window with it).
+        let mut waited = Result::Ok(());
         for (c, _) in ranks {
-            if !c.config().blocking {
-                c.wait_async(call)?;
+            if !c.config().blocking
+                && let Err(e) = c.wait_async(call)
+                && waited.is_ok()
+            {
+                waited = Err(e);
             }
         }
         let mut out = Vec::with_capacity(ranks.len());
@@ -386,6 +393,7 @@ impl Communicator {
         // On failure the windows made so far are released with `out`.
         issued?;
         ended?;
+        waited?;
         Ok(out)
     }
 

@@ -6,15 +6,26 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::Rig;
 use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
-use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
+use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, WindowFlags, group};
+use nccl_sys::ncclResult_t;
 
 fn one_rank(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
     let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
     let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
         .unwrap()
         .remove(0);
+    (ctx, comm)
+}
+
+fn one_non_blocking(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
+    let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(5));
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
     (ctx, comm)
 }
 
@@ -124,5 +135,28 @@ fn register_window_inside_an_open_group_is_refused() {
     assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
     assert_eq!(rig.world.calls("ncclCommWindowRegister"), 0);
     drop((b, comm, ctx));
+    rig.assert_clean();
+}
+
+/// `register_windows` when the wait for one non-blocking rank fails: the windows the
+/// other ranks made are released, not leaked with their memory's hold dropped.
+#[test]
+fn register_windows_releases_the_other_ranks_windows_when_a_wait_fails() {
+    let rig = Rig::new(2);
+    let (ctx0, c0) = one_non_blocking(&rig, 0);
+    let (ctx1, c1) = one_non_blocking(&rig, 1);
+    let b0 = c0.alloc_nccl::<f32>(1024).unwrap();
+    let b1 = c1.alloc_nccl::<f32>(1024).unwrap();
+    rig.world
+        .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclSystemError);
+    let r = Communicator::register_windows(&[(&c0, &b0), (&c1, &b1)], WindowFlags::DEFAULT);
+    assert!(r.is_err(), "{r:?}");
+    drop(r);
+    assert!(c0.is_aborted());
+    // Rank 1's window was made: it must be released (its memory is freed below while
+    // rank 1 lives on).
+    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 1);
+    drop((b0, b1));
+    drop((c0, c1, ctx0, ctx1));
     rig.assert_clean();
 }
