@@ -78,6 +78,7 @@ impl Communicator {
             // The last user's work must be done before a new one writes.
             if b.synchronize_uses().is_ok() {
                 return Ok(PooledBuffer {
+                    origin: (b.as_raw(), b.len(), b.context().clone()),
                     buf: Some(*b),
                     reg,
                     pool: self.pool.free.clone(),
@@ -103,6 +104,7 @@ impl Communicator {
             }
         };
         Ok(PooledBuffer {
+            origin: (buf.as_raw(), buf.len(), buf.context().clone()),
             buf: Some(buf),
             reg,
             pool: self.pool.free.clone(),
@@ -145,6 +147,9 @@ impl Communicator {
 pub struct PooledBuffer<'c, T: NcclType> {
     buf: Option<DeviceBuffer<T>>,
     reg: Option<Arc<RegShared>>,
+    /// The memory handed out (address, length, context): `DerefMut` lets the caller swap
+    /// another buffer in, which the pool must not take for its own.
+    origin: (CUdeviceptr, usize, cuda_hal::Context),
     pool: Arc<Mutex<Free>>,
     _comm: PhantomData<&'c ()>,
 }
@@ -198,7 +203,10 @@ impl<T: NcclType> Drop for PooledBuffer<'_, T> {
         let Some(buf) = self.buf.take() else { return };
         let reg = self.reg.take();
         let holders = 1 + usize::from(reg.is_some());
-        let reusable = buf.owners() == holders
+        let (ptr, len, ctx) = &self.origin;
+        let reusable = (buf.as_raw(), buf.len()) == (*ptr, *len)
+            && buf.context() == ctx
+            && buf.owners() == holders
             && reg
                 .as_ref()
                 .is_none_or(|r| Arc::strong_count(r) == 1 && r.is_live());

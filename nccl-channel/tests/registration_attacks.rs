@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::Rig;
-use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
+use cuda_hal::{CaptureMode, DeviceBuffer, DeviceSlice, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, WindowFlags, group};
 use nccl_sys::ncclResult_t;
 
@@ -158,5 +158,31 @@ fn register_windows_releases_the_other_ranks_windows_when_a_wait_fails() {
     assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 1);
     drop((b0, b1));
     drop((c0, c1, ctx0, ctx1));
+    rig.assert_clean();
+}
+
+/// `DerefMut` lets the caller swap another buffer into a pooled one: the pool must not
+/// keep it and hand it out (here memory of another device) as its registered memory.
+#[test]
+fn a_buffer_swapped_into_a_pooled_one_is_not_pooled() {
+    let rig = Rig::new(2);
+    let (ctx0, comm) = one_rank(&rig, 0);
+    let ctx1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
+    let mut p = comm.buffer::<f32>(64).unwrap();
+    let other = DeviceBuffer::<f32>::zeroed(&ctx1, 64).unwrap();
+    // Another owner, as the pooled memory's registration is.
+    let hold = other.keep_alive();
+    let mine = std::mem::replace(&mut *p, other);
+    drop(p);
+    drop(hold);
+    let q = comm.buffer::<f32>(64).unwrap();
+    assert!(
+        q.context() == comm.context(),
+        "the pool handed out memory of device {}",
+        q.device().ordinal()
+    );
+    drop((q, mine));
+    comm.trim_pool().unwrap();
+    drop((comm, ctx0, ctx1));
     rig.assert_clean();
 }
