@@ -186,3 +186,27 @@ fn a_buffer_swapped_into_a_pooled_one_is_not_pooled() {
     drop((comm, ctx0, ctx1));
     rig.assert_clean();
 }
+
+/// A registration a graph holds is released after the graph's last launch is done: the
+/// launch stream is waited for, not only the stream it was captured on.
+#[test]
+fn the_release_waits_for_the_last_launch_of_the_graph_that_held_it() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let s1 = Stream::new(&ctx).unwrap();
+    let s2 = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&b).unwrap();
+    s1.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+        .unwrap();
+    let graph = s1.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    graph.launch(&s2).unwrap();
+    drop(graph);
+    comm.async_error().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    s2.synchronize().unwrap();
+    drop((b, comm, s1, s2, ctx));
+    rig.assert_clean();
+}

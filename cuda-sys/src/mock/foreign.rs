@@ -150,6 +150,14 @@ impl MockWorld {
         Some((key, s.latest.get(key)))
     }
 
+    /// Inside the function of an op of [`enqueue_op`](Self::enqueue_op) while the driver
+    /// executes it (at the call, or at each launch of a graph that recorded it): the
+    /// stream key and stamp it runs at, for [`host_waited_for`](Self::host_waited_for).
+    /// `None` elsewhere.
+    pub fn executing_op(&self) -> Option<(usize, u64)> {
+        super::stream::executing(self.world.id)
+    }
+
     /// Whether the host has waited for op `stamp` of stream `key` (a stream or event
     /// synchronisation, or a synchronous call that waits for everything).
     pub fn host_waited_for(&self, key: usize, stamp: u64) -> bool {

@@ -274,8 +274,12 @@ fn execute(
         }
         OpKind::Custom { f, .. } => {
             drop(s);
-            let _ = w;
-            f()
+            // The op may ask where it runs ([`super::MockWorld::executing_op`]): a graph
+            // replays it on the launch stream, at a stamp known only now.
+            let outer = EXECUTING.replace(Some((w.id, key, stamp)));
+            let rc = f();
+            EXECUTING.set(outer);
+            rc
         }
         OpKind::Kernel(launch) => {
             record_module_use(&mut s, &launch, key, stamp);
@@ -284,6 +288,20 @@ fn execute(
             super::kernel::run(w, &launch, key, stamp, device, prefix)
         }
     }
+}
+
+thread_local! {
+    /// The custom op this thread is executing: its world, stream key and stamp.
+    static EXECUTING: std::cell::Cell<Option<(u64, usize, u64)>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Where the custom op this thread executes in world `world` runs: its stream key and
+/// stamp (`None` outside one).
+pub(super) fn executing(world: u64) -> Option<(usize, u64)> {
+    EXECUTING
+        .get()
+        .and_then(|(w, key, stamp)| (w == world).then_some((key, stamp)))
 }
 
 /// Enqueues `op` on `stream`: recorded if the stream is capturing, else executed now.

@@ -180,7 +180,12 @@ impl Work {
             }
             None => {
                 w.cuda.access(self.stream, call, &self.touches).is_err()
-                    || !registry::admit(w, call, &self.regs, Some(self.stream))
+                    || !registry::admit(
+                        w,
+                        call,
+                        &self.regs,
+                        w.cuda.stream_position(self.stream),
+                    )
             }
         };
         if refused {
@@ -256,7 +261,7 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
     let cuda = w.cuda.downgrade();
     let timeout = w.timeout;
     let (r2, ran2, part2) = (result.clone(), ran.clone(), part.clone());
-    let regs2 = regs.clone();
+    let regs2 = regs;
     let op = Arc::new(move || {
         ran2.store(true, Ordering::Relaxed);
         // A captured op replayed after its communicator went is a use after free.
@@ -270,9 +275,10 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
                 part2.withdraw();
                 return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
             }
-            // Registrations it resolved at enqueue must still be there (the use is
-            // recorded below, for work that runs at the call).
-            if !registry::admit(&w, call, &regs2, None) {
+            // Registrations it resolved at enqueue must still be there; the use is
+            // recorded where the driver runs it (the call's stream, or a graph's launch
+            // stream at each launch).
+            if !registry::admit(&w, call, &regs2, w.cuda.executing_op()) {
                 *r2.lock().unwrap_or_else(|e| e.into_inner()) = ncclResult_t::ncclInvalidArgument;
                 part2.withdraw();
                 return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -295,9 +301,6 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
         CUresult::CUDA_SUCCESS
     });
     let rc = w.cuda.enqueue_op(stream, call, touches, op);
-    if ran.load(Ordering::Relaxed) {
-        registry::record_uses(w, call, &regs, stream);
-    }
     if rc != CUresult::CUDA_SUCCESS {
         if !ran.load(Ordering::Relaxed) {
             // Refused before it ran (the sanitizer, a bad stream): it never will, so the

@@ -69,13 +69,12 @@ pub(super) fn overlapping(s: &State, comm: usize, ranges: &[(u64, usize)]) -> Ve
 }
 
 /// Work that resolved `regs` at enqueue runs now: each must still be live (reported
-/// otherwise, and `false`). With `stream`, each records the use at the stream's newest op
-/// (the work, stamped just before).
-pub(super) fn admit(w: &NWorld, call: &str, regs: &[usize], stream: Option<cudaStream_t>) -> bool {
+/// otherwise, and `false`). With `pos` (a stream key and the work's stamp on it), each
+/// records the use there.
+pub(super) fn admit(w: &NWorld, call: &str, regs: &[usize], pos: Option<(usize, u64)>) -> bool {
     if regs.is_empty() {
         return true;
     }
-    let pos = stream.and_then(|st| w.cuda.stream_position(st));
     let mut s = w.lock();
     let mut ok = true;
     for h in regs {
@@ -99,13 +98,6 @@ pub(super) fn admit(w: &NWorld, call: &str, regs: &[usize], stream: Option<cudaS
         }
     }
     ok
-}
-
-/// Records that work which ran at its call on `stream` used `regs`.
-pub(super) fn record_uses(w: &NWorld, call: &str, regs: &[usize], stream: cudaStream_t) {
-    if !regs.is_empty() {
-        admit(w, call, regs, Some(stream));
-    }
 }
 
 /// Interns a report name (few distinct calls reach here).
