@@ -210,3 +210,59 @@ fn the_release_waits_for_the_last_launch_of_the_graph_that_held_it() {
     drop((b, comm, s1, s2, ctx));
     rig.assert_clean();
 }
+
+/// `DeviceBuffer::from_raw_with` promises its release is never called for an empty
+/// buffer, whose address may be anything: a release such as `ncclMemFree` must not see it.
+#[test]
+fn from_raw_with_never_releases_an_empty_buffer() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    // SAFETY: no element, so any address will do (the documented contract).
+    let b = unsafe {
+        DeviceBuffer::<f32>::from_raw_with(&ctx, 0xdead_b000, 0, move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    assert!(b.is_empty());
+    drop(b);
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "released an empty buffer");
+
+    // A real one: released once, after its work; never after `into_raw`.
+    let stream = Stream::new(&ctx).unwrap();
+    for give_up in [false, true] {
+        calls.store(0, Ordering::SeqCst);
+        let (ptr, len) = DeviceBuffer::<u32>::zeroed(&ctx, 16)
+            .unwrap()
+            .into_raw()
+            .unwrap();
+        let c = calls.clone();
+        let owner = ctx.clone();
+        let release = move |p| {
+            c.fetch_add(1, Ordering::SeqCst);
+            // SAFETY: the allocation handed over below, freed once through a buffer that
+            // owns it again.
+            drop(unsafe { DeviceBuffer::<u32>::from_raw(&owner, p, 16) });
+        };
+        // SAFETY: a cuMemAlloc allocation of 16 u32 of `ctx` that nobody else owns; the
+        // release frees exactly it.
+        let mut b = unsafe { DeviceBuffer::<u32>::from_raw_with(&ctx, ptr, len, release) };
+        let src = DeviceBuffer::<u32>::zeroed(&ctx, 16).unwrap();
+        b.copy_from_on(&src, &stream).unwrap();
+        if give_up {
+            let (p, n) = b.into_raw().unwrap();
+            stream.synchronize().unwrap();
+            // SAFETY: ours again after `into_raw`, its work done.
+            drop(unsafe { DeviceBuffer::<u32>::from_raw(&ctx, p, n) });
+            assert_eq!(calls.load(Ordering::SeqCst), 0);
+        } else {
+            drop(b);
+            assert_eq!(calls.load(Ordering::SeqCst), 1);
+        }
+    }
+    drop((stream, ctx));
+    rig.assert_clean();
+}
