@@ -5,8 +5,8 @@
 //! Both are typed so that the memory outlives its registration (the registration holds
 //! a shared owner of it, [`DeviceSlice::keep_alive`]) and the registration does not
 //! outlive its communicator (it borrows it). NCCL finds a registration by address when a
-//! collective is enqueued, so every collective of the communicator notes, on each
-//! registration its buffers overlap, the stream it runs on, and an open capture or group
+//! collective is enqueued, by whole pages, so every collective of the communicator notes,
+//! on each registration whose pages its buffers overlap, the stream it runs on, and an open capture or group
 //! holds the registration: a registration is released only after the work that may use it
 //! is done, and never while a graph that recorded such work can still be launched.
 
@@ -100,20 +100,48 @@ impl Drop for RegShared {
     }
 }
 
+/// NCCL finds a local registration for any buffer within the host pages it covers
+/// (`ncclRegFind` rounds both out to pages), and hands out an existing registration again
+/// for a range it covers. The registry tracks whole pages of the largest host page size
+/// CUDA runs with, which covers every smaller one.
+const PAGE: u64 = 64 << 10;
+
+/// The range whose collectives may use a registration of `[start, start + bytes)`.
+fn pages(start: u64, bytes: usize) -> (u64, u64) {
+    let end = start.saturating_add(bytes as u64);
+    let end = end.checked_next_multiple_of(PAGE).unwrap_or(u64::MAX);
+    (start & !(PAGE - 1), end)
+}
+
+/// One registration in the registry: the range collectives may use it for, NCCL's
+/// handle of a local registration (shared by the registrations NCCL handed out again),
+/// and the registration.
+type Entry = (u64, u64, Option<usize>, Weak<RegShared>);
+
 /// The registrations of one communicator, by address range.
 #[derive(Default)]
 pub(crate) struct Registry {
     count: AtomicUsize,
-    list: RwLock<Vec<(u64, u64, Weak<RegShared>)>>,
+    list: RwLock<Vec<Entry>>,
     /// Releases handed over by other threads, done by the owner.
     deferred: Mutex<Vec<Pending>>,
     has_deferred: AtomicBool,
 }
 
 impl Registry {
-    fn add(&self, r: &Arc<RegShared>) {
+    /// Adds `r`; `shared` is NCCL's handle of a local registration. When NCCL handed out
+    /// a live registration again, it keeps that one's range (which covers `r`'s) even
+    /// after the first holder releases it: so does the registry.
+    fn add(&self, r: &Arc<RegShared>, shared: Option<usize>) {
+        let (mut start, mut end) = pages(r.start, r.bytes);
         let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
-        l.push((r.start, r.start + r.bytes as u64, Arc::downgrade(r)));
+        for (s, e, h, _) in l.iter() {
+            if shared.is_some() && *h == shared {
+                start = start.min(*s);
+                end = end.max(*e);
+            }
+        }
+        l.push((start, end, shared, Arc::downgrade(r)));
         self.count.store(l.len(), Ordering::Release);
     }
 
@@ -123,7 +151,7 @@ impl Registry {
 
     fn remove_ptr(&self, me: *const RegShared) {
         let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
-        l.retain(|(_, _, w)| w.as_ptr() != me);
+        l.retain(|(_, _, _, w)| w.as_ptr() != me);
         self.count.store(l.len(), Ordering::Release);
     }
 
@@ -145,8 +173,8 @@ impl Registry {
         let hits: Vec<Arc<RegShared>> = {
             let l = self.list.read().unwrap_or_else(|e| e.into_inner());
             l.iter()
-                .filter(|(s, e, _)| ptr < *e && *s < end)
-                .filter_map(|(_, _, w)| w.upgrade())
+                .filter(|(s, e, _, _)| ptr < *e && *s < end)
+                .filter_map(|(_, _, _, w)| w.upgrade())
                 .collect()
         };
         for r in hits {
@@ -416,7 +444,8 @@ impl Communicator {
                 uses: StreamLog::new(),
             })),
         });
-        self.shared().registry.add(&shared);
+        let nccl_shared = (kind == Kind::Local && handle != 0).then_some(handle);
+        self.shared().registry.add(&shared, nccl_shared);
         Registration {
             shared: ManuallyDrop::new(shared),
             comm: self,

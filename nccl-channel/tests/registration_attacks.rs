@@ -91,10 +91,13 @@ fn trim_pool_is_refused_while_another_thread_groups_the_communicator() {
     let s = Stream::new(&ctx).unwrap();
     drop(comm.buffer::<f32>(64).unwrap());
     assert_eq!(comm.pooled_buffers(), 1);
-    let mut a = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+    // The middle of 1 MiB: no page of it is near the pooled memory, so the group's
+    // work does not hold the pooled registration.
+    let mut a = DeviceBuffer::<i32>::zeroed(&ctx, 1 << 18).unwrap();
     let world = &rig.world;
     let (r, deregs) = group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
+        let mut mid = a.slice_mut(1 << 17..(1 << 17) + 2)?;
+        comm.all_reduce_in_place(&mut mid, ReduceOp::Sum, &s)?;
         let out = std::thread::scope(|sc| {
             sc.spawn(move || {
                 let r = comm.trim_pool();
@@ -264,5 +267,45 @@ fn from_raw_with_never_releases_an_empty_buffer() {
         }
     }
     drop((stream, ctx));
+    rig.assert_clean();
+}
+
+/// NCCL registers whole host pages (`ncclRegFind` rounds the buffer out to pages): a
+/// collective on memory next to a registered view, in the same page, resolves the
+/// registration too, so its release must wait for that collective.
+#[test]
+fn a_collective_in_the_same_page_as_a_registration_is_waited_for() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let s = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(64).unwrap();
+    let reg = comm.register(&b.slice(32..64).unwrap()).unwrap();
+    comm.all_reduce_in_place(&mut b.slice_mut(0..32).unwrap(), ReduceOp::Sum, &s)
+        .unwrap();
+    drop(reg);
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    s.synchronize().unwrap();
+    drop((b, comm, s, ctx));
+    rig.assert_clean();
+}
+
+/// NCCL hands out the same (reference-counted) registration when an existing one covers
+/// the new range: that shared registration keeps the first one's range after the first
+/// handle is released, and the last release must wait for work anywhere in it.
+#[test]
+fn a_registration_nccl_shares_covers_the_range_it_was_shared_from() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let s = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(1 << 16).unwrap();
+    let whole = comm.register(&b).unwrap();
+    let head = comm.register(&b.slice(0..16).unwrap()).unwrap();
+    drop(whole);
+    // Far from `head`'s pages, inside the range NCCL still has registered.
+    comm.all_reduce_in_place(&mut b.slice_mut(60_000..).unwrap(), ReduceOp::Sum, &s)
+        .unwrap();
+    drop(head);
+    s.synchronize().unwrap();
+    drop((b, comm, s, ctx));
     rig.assert_clean();
 }
