@@ -4,11 +4,12 @@
 //!
 //! Both are typed so that the memory outlives its registration (the registration holds
 //! a shared owner of it, [`DeviceSlice::keep_alive`]) and the registration does not
-//! outlive its communicator (it borrows it). NCCL finds a registration by address when a
-//! collective is enqueued, by whole pages, so every collective of the communicator notes,
-//! on each registration whose pages its buffers overlap, the stream it runs on, and an open capture or group
-//! holds the registration: a registration is released only after the work that may use it
-//! is done, and never while a graph that recorded such work can still be launched.
+//! outlive its communicator (it borrows it). NCCL finds a registration by address (whole
+//! pages) when a collective is enqueued, so every collective of the communicator notes,
+//! on each registration whose pages its buffers overlap, the stream it runs on, and an
+//! open capture or group holds the registration: a registration is released only after
+//! the work that may use it is done, and never while a graph that recorded such work can
+//! still be launched.
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;

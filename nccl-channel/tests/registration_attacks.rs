@@ -109,11 +109,11 @@ fn trim_pool_is_refused_while_another_thread_groups_the_communicator() {
         Ok(out)
     })
     .unwrap();
-    assert_eq!(deregs, 0, "ncclCommDeregister from another thread inside the group");
-    assert!(
-        matches!(r, Err(Error::GroupedElsewhere { .. })),
-        "{r:?}"
+    assert_eq!(
+        deregs, 0,
+        "ncclCommDeregister from another thread inside the group"
     );
+    assert!(matches!(r, Err(Error::GroupedElsewhere { .. })), "{r:?}");
     s.synchronize().unwrap();
     drop((a, s, ctx));
     rig.assert_clean();

@@ -180,12 +180,7 @@ impl Work {
             }
             None => {
                 w.cuda.access(self.stream, call, &self.touches).is_err()
-                    || !registry::admit(
-                        w,
-                        call,
-                        &self.regs,
-                        w.cuda.stream_position(self.stream),
-                    )
+                    || !registry::admit(w, call, &self.regs, w.cuda.stream_position(self.stream))
             }
         };
         if refused {
