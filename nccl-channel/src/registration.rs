@@ -55,8 +55,9 @@ pub(crate) enum Kind {
 pub(crate) struct Pending {
     kind: Kind,
     handle: usize,
-    /// Held, never read: the memory outlives the registration.
-    _memory: KeepAlive,
+    /// Held, never read: the memory outlives the registration (with, for a registration
+    /// NCCL handed out again, the memory of the ones it was handed out for).
+    memory: Vec<KeepAlive>,
     uses: StreamLog,
 }
 
@@ -133,17 +134,22 @@ impl Registry {
     /// Adds `r`; `shared` is NCCL's handle of a local registration. When NCCL handed out
     /// a live registration again, it keeps that one's range (which covers `r`'s) even
     /// after the first holder releases it: so does the registry.
-    fn add(&self, r: &Arc<RegShared>, shared: Option<usize>) {
+    /// Returns the live registrations NCCL handed out as `r`.
+    fn add(&self, r: &Arc<RegShared>, shared: Option<usize>) -> Vec<Arc<RegShared>> {
         let (mut start, mut end) = pages(r.start, r.bytes);
+        let mut same = Vec::new();
         let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
-        for (s, e, h, _) in l.iter() {
+        for (s, e, h, w) in l.iter() {
             if shared.is_some() && *h == shared {
                 start = start.min(*s);
                 end = end.max(*e);
+                same.extend(w.upgrade());
             }
         }
         l.push((start, end, shared, Arc::downgrade(r)));
         self.count.store(l.len(), Ordering::Release);
+        // Returned, not dropped here: the last owner's drop takes the list's lock.
+        same
     }
 
     fn remove(&self, r: &Arc<RegShared>) {
@@ -441,12 +447,25 @@ impl Communicator {
             pending: Mutex::new(Some(Pending {
                 kind,
                 handle,
-                _memory: memory,
+                memory: vec![memory],
                 uses: StreamLog::new(),
             })),
         });
         let nccl_shared = (kind == Kind::Local && handle != 0).then_some(handle);
-        self.shared().registry.add(&shared, nccl_shared);
+        let same = self.shared().registry.add(&shared, nccl_shared);
+        // NCCL keeps the first registration's memory registered until the last one it
+        // handed out is released: so must its memory stay.
+        let held: Vec<KeepAlive> = same
+            .iter()
+            .flat_map(|r| match &*crate::comm::lock(&r.pending) {
+                Some(p) => p.memory.clone(),
+                None => Vec::new(),
+            })
+            .collect();
+        if let Some(p) = &mut *crate::comm::lock(&shared.pending) {
+            p.memory.extend(held);
+        }
+        drop(same);
         Registration {
             shared: ManuallyDrop::new(shared),
             comm: self,

@@ -309,3 +309,31 @@ fn a_registration_nccl_shares_covers_the_range_it_was_shared_from() {
     drop((b, comm, s, ctx));
     rig.assert_clean();
 }
+
+/// Two buffers in one page: NCCL hands the first one's registration out again for the
+/// second. The memory of the first must stay allocated while that shared registration
+/// lives on in the second (NCCL forbids freeing registered memory).
+#[test]
+fn a_shared_registration_keeps_the_memory_it_was_made_for() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let mut bufs: Vec<DeviceBuffer<u8>> = (0..16)
+        .map(|_| DeviceBuffer::zeroed(&ctx, 64).unwrap())
+        .collect();
+    let page = |b: &DeviceBuffer<u8>| (b.as_raw() / 4096, (b.as_raw() + 63) / 4096);
+    let (i, j) = (0..bufs.len())
+        .flat_map(|i| (0..bufs.len()).map(move |j| (i, j)))
+        .find(|&(i, j)| {
+            i != j && page(&bufs[i]).0 == page(&bufs[i]).1 && page(&bufs[i]) == page(&bufs[j])
+        })
+        .expect("two small buffers in one page");
+    let y = bufs.swap_remove(i.max(j));
+    let x = bufs.swap_remove(i.min(j));
+    let reg_x = comm.register(&x).unwrap();
+    let reg_y = comm.register(&y).unwrap();
+    drop(reg_x);
+    drop(x);
+    drop(reg_y);
+    drop((y, bufs, comm, ctx));
+    rig.assert_clean();
+}
