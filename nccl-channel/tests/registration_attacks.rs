@@ -337,3 +337,29 @@ fn a_shared_registration_keeps_the_memory_it_was_made_for() {
     drop((y, bufs, comm, ctx));
     rig.assert_clean();
 }
+
+/// A graph of another communicator's collective on a pooled buffer holds its memory but
+/// not its registration (only its own communicator's collectives resolve it): the pool
+/// must still not hand that memory out again.
+#[test]
+fn a_pooled_buffer_another_communicators_graph_uses_is_not_handed_out_again() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let (_, other) = one_rank(&rig, 0);
+    let s = Stream::new(&ctx).unwrap();
+    let mut p = comm.buffer::<f32>(64).unwrap();
+    let first = p.as_raw();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    other
+        .all_reduce_in_place(&mut p, ReduceOp::Sum, &s)
+        .unwrap();
+    let graph = s.end_capture().unwrap().instantiate().unwrap();
+    drop(p);
+    let q = comm.buffer::<f32>(64).unwrap();
+    assert_ne!(q.as_raw(), first, "the graph still writes that memory");
+    graph.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    drop((q, graph));
+    drop((comm, other, s, ctx));
+    rig.assert_clean();
+}
