@@ -496,7 +496,8 @@ impl Communicator {
 
     /// Releases one registration on the owner's thread. On failure: the error, and the
     /// registration back when trying again later makes sense (`None`: NCCL refused the
-    /// release, so it keeps the memory, which is leaked).
+    /// release, so it keeps the memory, which is leaked, unless the communicator was
+    /// aborted for it, which released the registration).
     #[allow(clippy::result_large_err)] // cold path; the pending release must come back
     pub(crate) fn release_pending(
         &self,
@@ -544,8 +545,12 @@ impl Communicator {
             },
         };
         self.check(rc, call).map_err(|e| {
-            // NCCL may still hold the memory: never free it.
-            std::mem::forget(p);
+            if !self.is_aborted() {
+                // NCCL may still hold the memory: never free it.
+                std::mem::forget(p);
+            }
+            // Otherwise the abort that followed released it with the communicator: the
+            // memory may go (after its own work, as always).
             (e, None)
         })
     }

@@ -363,3 +363,19 @@ fn a_pooled_buffer_another_communicators_graph_uses_is_not_handed_out_again() {
     drop((comm, other, s, ctx));
     rig.assert_clean();
 }
+
+/// A deregistration that fails so badly that the communicator is aborted: the abort
+/// released the registration, so its memory is freed rather than leaked.
+#[test]
+fn a_failed_deregistration_that_aborts_frees_the_memory() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&b).unwrap();
+    rig.world
+        .fail_next("ncclCommDeregister", ncclResult_t::ncclSystemError);
+    assert!(reg.deregister().is_err());
+    assert!(comm.is_aborted());
+    drop((b, comm, ctx));
+    rig.assert_clean();
+}
