@@ -379,3 +379,58 @@ fn a_failed_deregistration_that_aborts_frees_the_memory() {
     drop((b, comm, ctx));
     rig.assert_clean();
 }
+
+/// `register_windows` when one rank's call fails: the other rank's window is released
+/// once, the failed one never.
+#[test]
+fn register_windows_with_a_failing_rank_releases_the_others_once() {
+    let rig = Rig::new(2);
+    let ctxs: Vec<_> = (0..2)
+        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
+        .collect();
+    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let bufs: Vec<DeviceBuffer<f32>> = comms
+        .iter()
+        .map(|c| c.alloc_nccl::<f32>(1024).unwrap())
+        .collect();
+    rig.world.fail_after(
+        "ncclCommWindowRegister",
+        1,
+        ncclResult_t::ncclInvalidArgument,
+    );
+    let pairs: Vec<(&Communicator, &DeviceBuffer<f32>)> = comms.iter().zip(&bufs).collect();
+    let r = Communicator::register_windows(&pairs, WindowFlags::DEFAULT);
+    assert!(r.is_err(), "{r:?}");
+    drop(r);
+    assert!(rig.world.calls("ncclCommWindowDeregister") <= 1);
+    drop(pairs);
+    drop(bufs);
+    drop((comms, ctxs));
+    rig.assert_clean();
+}
+
+/// A pooled buffer dropped on another thread: back in the pool, no NCCL call there; one
+/// a graph holds: released by the owner after the graph, never from that thread.
+#[test]
+fn pooled_buffers_dropped_on_other_threads() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig, 0);
+    let s = Stream::new(&ctx).unwrap();
+    let mut p = comm.buffer::<f32>(64).unwrap();
+    comm.all_reduce_in_place(&mut p, ReduceOp::Sum, &s).unwrap();
+    std::thread::scope(|sc| sc.spawn(move || drop(p)).join().unwrap());
+    assert_eq!(comm.pooled_buffers(), 1);
+    let mut p = comm.buffer::<f32>(64).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut p, ReduceOp::Sum, &s).unwrap();
+    let graph = s.end_capture().unwrap().instantiate().unwrap();
+    std::thread::scope(|sc| sc.spawn(move || drop(p)).join().unwrap());
+    assert_eq!(comm.pooled_buffers(), 0);
+    graph.launch(&s).unwrap();
+    std::thread::spawn(move || drop(graph)).join().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+    comm.async_error().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    drop((comm, s, ctx));
+    rig.assert_clean();
+}
