@@ -240,7 +240,8 @@ nccl_mock! {
         if ptr.is_null() || size == 0 {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: null pointer or size 0"));
         }
-        match w.cuda.alloc_foreign(size, NCCL_MEM) {
+        // NCCL allocates whole granules (cuMem): never a page shared with other memory.
+        match w.cuda.alloc_foreign(size.next_multiple_of(PAGE as usize), NCCL_MEM) {
             Ok(p) => {
                 // SAFETY: checked non-null out-pointer.
                 unsafe { *ptr = std::ptr::with_exposed_provenance_mut(p as usize) };
