@@ -293,6 +293,10 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         len: usize,
         release: impl FnOnce(CUdeviceptr) + Send + Sync + 'static,
     ) -> Self {
+        if len == 0 {
+            // Any address will do for no element: there is nothing to release.
+            return Self::owning(ctx, 0, 0, None);
+        }
         let mut b = Self::owning(ctx, ptr, len, None);
         if ptr != 0
             && let Some(a) = Arc::get_mut(&mut b.alloc)
@@ -328,7 +332,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// Gives up ownership: returns the address and length; the memory is no longer freed
     /// by this value (free it with `cuMemFree`, or `cuMemFreeAsync` if it was allocated
-    /// stream-ordered, once the work enqueued on it is done).
+    /// stream-ordered, or with its own allocator if it came from
+    /// [`from_raw_with`](Self::from_raw_with), once the work enqueued on it is done).
     ///
     /// Returns the buffer unchanged while a graph or an open group still uses the memory:
     /// then it is not this value's alone to give away.

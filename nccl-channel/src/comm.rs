@@ -85,6 +85,11 @@ impl CommShared {
         self.is_dead()
     }
 
+    /// Whether an open group of another thread holds the handle: no call may use it here.
+    pub(crate) fn grouped_elsewhere_pub(&self) -> bool {
+        self.grouped_elsewhere()
+    }
+
     /// Whether an open group still holds the handle (on any thread).
     fn in_group(&self) -> bool {
         self.grouped.load(Ordering::Acquire) > 0

@@ -169,6 +169,7 @@ impl Communicator {
 
     fn pooled<T: NcclType>(&self, buf: DeviceBuffer<T>, slot: Arc<Slot>) -> PooledBuffer<'_, T> {
         PooledBuffer {
+            origin: (buf.as_raw(), buf.len(), buf.context().clone()),
             buf: Some(buf),
             slot,
             pool: self.pool.free.clone(),
@@ -233,6 +234,9 @@ impl Communicator {
 pub struct PooledBuffer<'c, T: NcclType> {
     buf: Option<DeviceBuffer<T>>,
     slot: Arc<Slot>,
+    /// The memory handed out (address, length, context): `DerefMut` lets the caller swap
+    /// another buffer in, which the pool must not take for its own.
+    origin: (CUdeviceptr, usize, cuda_hal::Context),
     pool: Arc<Mutex<Free>>,
     _comm: PhantomData<&'c ()>,
 }
@@ -288,7 +292,10 @@ impl<T: NcclType> Drop for PooledBuffer<'_, T> {
         // The buffer, the slot's hold, and the registration's when registered: any other
         // owner is a graph or an open group that may still use the memory.
         let holders = 2 + usize::from(reg.is_some());
-        let reusable = Arc::strong_count(&self.slot) == 1
+        let (ptr, len, ctx) = &self.origin;
+        let reusable = (buf.as_raw(), buf.len()) == (*ptr, *len)
+            && buf.context() == ctx
+            && Arc::strong_count(&self.slot) == 1
             && buf.owners() == holders
             && reg
                 .as_ref()

@@ -4,11 +4,12 @@
 //!
 //! Both are typed so that the memory outlives its registration (the registration holds
 //! a shared owner of it, [`DeviceSlice::keep_alive`]) and the registration does not
-//! outlive its communicator (it borrows it). NCCL finds a registration by address when a
-//! collective is enqueued, so every collective of the communicator notes, on each
-//! registration its buffers overlap, the stream it runs on, and an open capture or group
-//! holds the registration: a registration is released only after the work that may use it
-//! is done, and never while a graph that recorded such work can still be launched.
+//! outlive its communicator (it borrows it). NCCL finds a registration by address (whole
+//! pages) when a collective is enqueued, so every collective of the communicator notes,
+//! on each registration whose pages its buffers overlap, the stream it runs on, and an
+//! open capture or group holds the registration: a registration is released only after
+//! the work that may use it is done, and never while a graph that recorded such work can
+//! still be launched.
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
@@ -54,8 +55,9 @@ pub(crate) enum Kind {
 pub(crate) struct Pending {
     kind: Kind,
     handle: usize,
-    /// Held, never read: the memory outlives the registration.
-    _memory: KeepAlive,
+    /// Held, never read: the memory outlives the registration (with, for a registration
+    /// NCCL handed out again, the memory of the ones it was handed out for).
+    memory: Vec<KeepAlive>,
     uses: StreamLog,
 }
 
@@ -100,11 +102,29 @@ impl Drop for RegShared {
     }
 }
 
+/// NCCL finds a local registration for any buffer within the host pages it covers
+/// (`ncclRegFind` rounds both out to pages), and hands out an existing registration again
+/// for a range it covers. The registry tracks whole pages of the largest host page size
+/// CUDA runs with, which covers every smaller one.
+const PAGE: u64 = 64 << 10;
+
+/// The range whose collectives may use a registration of `[start, start + bytes)`.
+fn pages(start: u64, bytes: usize) -> (u64, u64) {
+    let end = start.saturating_add(bytes as u64);
+    let end = end.checked_next_multiple_of(PAGE).unwrap_or(u64::MAX);
+    (start & !(PAGE - 1), end)
+}
+
+/// One registration in the registry: the range collectives may use it for, NCCL's
+/// handle of a local registration (shared by the registrations NCCL handed out again),
+/// and the registration.
+type Entry = (u64, u64, Option<usize>, Weak<RegShared>);
+
 /// The registrations of one communicator, by address range.
 #[derive(Default)]
 pub(crate) struct Registry {
     count: AtomicUsize,
-    list: RwLock<Vec<(u64, u64, Weak<RegShared>)>>,
+    list: RwLock<Vec<Entry>>,
     /// Releases handed over by other threads, done by the owner.
     deferred: Mutex<Vec<Pending>>,
     /// Pooled buffers that a collective may register.
@@ -113,10 +133,25 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    fn add(&self, r: &Arc<RegShared>) {
+    /// Adds `r`; `shared` is NCCL's handle of a local registration. When NCCL handed out
+    /// a live registration again, it keeps that one's range (which covers `r`'s) even
+    /// after the first holder releases it: so does the registry.
+    /// Returns the live registrations NCCL handed out as `r`.
+    fn add(&self, r: &Arc<RegShared>, shared: Option<usize>) -> Vec<Arc<RegShared>> {
+        let (mut start, mut end) = pages(r.start, r.bytes);
+        let mut same = Vec::new();
         let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
-        l.push((r.start, r.start + r.bytes as u64, Arc::downgrade(r)));
+        for (s, e, h, w) in l.iter() {
+            if shared.is_some() && *h == shared {
+                start = start.min(*s);
+                end = end.max(*e);
+                same.extend(w.upgrade());
+            }
+        }
+        l.push((start, end, shared, Arc::downgrade(r)));
         self.count.store(l.len(), Ordering::Release);
+        // Returned, not dropped here: the last owner's drop takes the list's lock.
+        same
     }
 
     fn remove(&self, r: &Arc<RegShared>) {
@@ -125,7 +160,7 @@ impl Registry {
 
     fn remove_ptr(&self, me: *const RegShared) {
         let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
-        l.retain(|(_, _, w)| w.as_ptr() != me);
+        l.retain(|(_, _, _, w)| w.as_ptr() != me);
         self.count.store(l.len(), Ordering::Release);
     }
 
@@ -147,8 +182,8 @@ impl Registry {
         let hits: Vec<Arc<RegShared>> = {
             let l = self.list.read().unwrap_or_else(|e| e.into_inner());
             l.iter()
-                .filter(|(s, e, _)| ptr < *e && *s < end)
-                .filter_map(|(_, _, w)| w.upgrade())
+                .filter(|(s, e, _, _)| ptr < *e && *s < end)
+                .filter_map(|(_, _, _, w)| w.upgrade())
                 .collect()
         };
         for r in hits {
@@ -191,6 +226,22 @@ impl Registry {
         self.has_deferred.store(false, Ordering::Release);
         std::mem::take(&mut *d)
     }
+}
+
+/// NCCL (2.28 and later) writes a window's handle at the outermost `ncclGroupEnd`: inside
+/// an open group the handle would be read before it is written (a window never released)
+/// and written later into memory that is gone. Refused.
+fn refuse_window_in_group(what: &'static str) -> Result<()> {
+    if cuda_hal::DeferScope::is_open() {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "called inside an open group: NCCL gives the window only when the \
+                      group ends; register windows outside groups (register_windows makes \
+                      its own)"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// What to register: the checks shared by both kinds.
@@ -290,7 +341,8 @@ impl Communicator {
     /// [`register_windows`](Self::register_windows)). With [`WindowFlags::COLL_SYMMETRIC`]
     /// collectives on it may use NCCL's symmetric kernels. NCCL needs memory from
     /// [`alloc_nccl`](Self::alloc_nccl) (or another cuMem allocation) at a 4096-byte
-    /// aligned offset; it reports other memory as an error.
+    /// aligned offset; it reports other memory as an error. Refused inside an open
+    /// group, where NCCL would give the window only at the group's end.
     #[doc(alias = "ncclCommWindowRegister")]
     #[doc(alias = "ncclCommWindowDeregister")]
     pub fn register_window<S: DeviceSlice + ?Sized>(
@@ -301,13 +353,15 @@ impl Communicator {
         let what = "Communicator::register_window";
         let (f, call) = optional!(self.nccl(), ncclCommWindowRegister)?;
         optional!(self.nccl(), ncclCommWindowDeregister)?;
+        refuse_window_in_group(what)?;
         let (ptr, bytes, memory) = target(self, what, mem)?;
         let raw = self.handle()?;
         let _g = self.context().bind()?;
         let mut win: ncclWindow_t = std::ptr::null_mut();
         // SAFETY: a live communicator; `ptr` is `bytes` bytes of its device's memory, kept
-        // allocated by `memory` until the window is released; `win` outlives the call
-        // (and, non-blocking, the poll in `check`).
+        // allocated by `memory` until the window is released; no group is open on this
+        // thread (checked above), so NCCL writes `win` before it returns (non-blocking:
+        // before the poll in `check` ends), and `win` outlives both.
         let rc = unsafe {
             f(
                 raw,
@@ -329,7 +383,8 @@ impl Communicator {
 
     /// Registers one window per rank, for one thread driving several ranks (a window
     /// registration waits for every rank): all calls in one NCCL group, handles read
-    /// after it ended. `ranks[i]` is a communicator and its memory.
+    /// after it ended. `ranks[i]` is a communicator and its memory. Refused inside an
+    /// open group (the handles would come only at its end).
     #[doc(alias = "ncclCommWindowRegister")]
     pub fn register_windows<'c, S: DeviceSlice + ?Sized>(
         ranks: &[(&'c Communicator, &S)],
@@ -341,6 +396,7 @@ impl Communicator {
         };
         let (f, call) = optional!(first.nccl(), ncclCommWindowRegister)?;
         optional!(first.nccl(), ncclCommWindowDeregister)?;
+        refuse_window_in_group(what)?;
         let mut targets = Vec::with_capacity(ranks.len());
         for (c, m) in ranks {
             if !Arc::ptr_eq(c.nccl(), first.nccl()) {
@@ -375,9 +431,16 @@ impl Communicator {
             }
         }
         let ended = group.end();
+        // Every rank is waited for, whatever fails: the windows NCCL made are adopted
+        // below and released on failure (a wait that fails aborts its rank, which
+        // releases that rank's window with it).
+        let mut waited = Result::Ok(());
         for (c, _) in ranks {
-            if !c.config().is_blocking() {
-                c.wait_async(call)?;
+            if !c.config().is_blocking()
+                && let Err(e) = c.wait_async(call)
+                && waited.is_ok()
+            {
+                waited = Err(e);
             }
         }
         let mut out = Vec::with_capacity(ranks.len());
@@ -395,6 +458,7 @@ impl Communicator {
         // On failure the windows made so far are released with `out`.
         issued?;
         ended?;
+        waited?;
         Ok(out)
     }
 
@@ -413,11 +477,25 @@ impl Communicator {
             pending: Mutex::new(Some(Pending {
                 kind,
                 handle,
-                _memory: memory,
+                memory: vec![memory],
                 uses: StreamLog::new(),
             })),
         });
-        self.shared().registry.add(&shared);
+        let nccl_shared = (kind == Kind::Local && handle != 0).then_some(handle);
+        let same = self.shared().registry.add(&shared, nccl_shared);
+        // NCCL keeps the first registration's memory registered until the last one it
+        // handed out is released: so must its memory stay.
+        let held: Vec<KeepAlive> = same
+            .iter()
+            .flat_map(|r| match &*crate::comm::lock(&r.pending) {
+                Some(p) => p.memory.clone(),
+                None => Vec::new(),
+            })
+            .collect();
+        if let Some(p) = &mut *crate::comm::lock(&shared.pending) {
+            p.memory.extend(held);
+        }
+        drop(same);
         Registration {
             shared: ManuallyDrop::new(shared),
             comm: self,
@@ -427,11 +505,13 @@ impl Communicator {
     /// Releases a registration now when nothing but its handle holds it: after the work
     /// that used it, through NCCL (unless the communicator is gone, which released it).
     pub(crate) fn release_registration(&self, shared: Arc<RegShared>) -> Result<()> {
-        self.shared().registry.remove(&shared);
         if Arc::strong_count(&shared) > 1 {
-            // A graph or an open group holds it: released when they let go.
+            // A graph or an open group holds it: released when they let go. Until then
+            // NCCL still resolves it for any collective on its memory, so it stays in the
+            // registry (its drop removes it) and later work is noted on it too.
             return Ok(());
         }
+        self.shared().registry.remove(&shared);
         let Some(p) = crate::comm::lock(&shared.pending).take() else {
             return Ok(());
         };
@@ -446,7 +526,8 @@ impl Communicator {
 
     /// Releases one registration on the owner's thread. On failure: the error, and the
     /// registration back when trying again later makes sense (`None`: NCCL refused the
-    /// release, so it keeps the memory, which is leaked).
+    /// release, so it keeps the memory, which is leaked, unless the communicator was
+    /// aborted for it, which released the registration).
     #[allow(clippy::result_large_err)] // cold path; the pending release must come back
     pub(crate) fn release_pending(
         &self,
@@ -455,6 +536,14 @@ impl Communicator {
         if self.is_aborted() {
             // NCCL released it with the communicator; the memory may go.
             return Ok(());
+        }
+        if self.shared().grouped_elsewhere_pub() {
+            // Another thread's open group holds the handle (NCCL allows one thread at a
+            // time): released by the owner's first call after that group.
+            let e = Error::GroupedElsewhere {
+                what: "Communicator",
+            };
+            return Err((e, Some(p)));
         }
         if let Err(e) = p.uses.synchronize() {
             return Err((e.into(), Some(p)));
@@ -486,8 +575,12 @@ impl Communicator {
             },
         };
         self.check(rc, call).map_err(|e| {
-            // NCCL may still hold the memory: never free it.
-            std::mem::forget(p);
+            if !self.is_aborted() {
+                // NCCL may still hold the memory: never free it.
+                std::mem::forget(p);
+            }
+            // Otherwise the abort that followed released it with the communicator: the
+            // memory may go (after its own work, as always).
             (e, None)
         })
     }

@@ -23,6 +23,8 @@ const INVALID: ncclResult_t = ncclResult_t::ncclInvalidArgument;
 const N: usize = 16;
 /// Bytes per buffer.
 const BYTES: usize = N * 4;
+/// NCCL registers and allocates whole pages (the mock's pages are 4 KiB).
+const PAGE: usize = 4096;
 
 /// A simulated machine with `devices` GPUs (their primary contexts) and its NCCL.
 struct Rig {
@@ -304,7 +306,7 @@ fn nccl_mem_free_while_a_collective_may_still_run_is_reported() {
     assert_eq!(
         v,
         [format!(
-            "ncclMemFree frees {p:#x}+{BYTES} while work enqueued on stream {:#x} (ncclAllReduce) may still run: the host did not wait for it",
+            "ncclMemFree frees {p:#x}+{PAGE} while work enqueued on stream {:#x} (ncclAllReduce) may still run: the host did not wait for it",
             s.addr()
         )]
     );
@@ -343,7 +345,8 @@ fn deregistering_a_buffer_a_collective_may_still_use_is_reported() {
     assert_eq!(
         v,
         [format!(
-            "ncclCommDeregister of registration {h:#x} ({p:#x}+{BYTES}): work enqueued on stream {:#x} (ncclAllReduce) may still use it: the host did not wait for it",
+            "ncclCommDeregister of registration {h:#x} ({:#x}+{PAGE}): work enqueued on stream {:#x} (ncclAllReduce) may still use it: the host did not wait for it",
+            p & !(PAGE as u64 - 1),
             s.addr()
         )]
     );
@@ -658,7 +661,8 @@ fn deregistering_a_buffer_a_graph_launch_may_still_use_is_reported() {
     assert_eq!(
         v,
         [format!(
-            "ncclCommDeregister of registration {h:#x} ({p:#x}+{BYTES}): work enqueued on stream {:#x} (ncclAllReduce) may still use it: the host did not wait for it",
+            "ncclCommDeregister of registration {h:#x} ({:#x}+{PAGE}): work enqueued on stream {:#x} (ncclAllReduce) may still use it: the host did not wait for it",
+            p & !(PAGE as u64 - 1),
             launch.addr()
         )]
     );

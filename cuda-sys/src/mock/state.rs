@@ -177,9 +177,19 @@ unsafe impl Send for Alloc {}
 
 pub(crate) const ALIGN: usize = 256;
 
+/// Whole pages (as a granularity-aligned allocation such as `ncclMemAlloc`'s is) are
+/// aligned to the page: no other allocation shares a page with them.
+pub(crate) const PAGE: usize = 4096;
+
 impl Alloc {
+    /// The layout of `len` bytes, the same at allocation and release.
     pub(crate) fn layout(len: usize) -> Option<std::alloc::Layout> {
-        std::alloc::Layout::from_size_align(len, ALIGN).ok()
+        let align = if len.is_multiple_of(PAGE) {
+            PAGE
+        } else {
+            ALIGN
+        };
+        std::alloc::Layout::from_size_align(len, align).ok()
     }
 }
 

@@ -4,6 +4,9 @@
 //! - NCCL memory is simulated device memory that only `ncclMemFree` releases (the
 //!   driver reports `cuMemFree` of it), from the host without waiting for the device:
 //!   uses the host has not waited for are reported, as are frees of registered memory.
+//! - A registration covers whole host pages, and registering a range an existing
+//!   registration of the communicator covers hands that one out again (counted, released
+//!   at the last deregistration), as NCCL does.
 //! - A registration or window pins its memory in the driver (freeing it first is
 //!   reported) and belongs to one communicator: deregistering it through another, twice,
 //!   or while work that used it may still run (the host has not waited for it) is
@@ -28,12 +31,21 @@ use crate::*;
 /// The allocator name NCCL memory carries in the driver.
 const NCCL_MEM: &str = "ncclMemAlloc";
 
+/// The host page size NCCL rounds local registrations to (`sysconf(_SC_PAGESIZE)` on the
+/// hosts the mock stands for).
+const PAGE: u64 = 4096;
+
 /// One live registration or window.
 pub(crate) struct Reg {
     pub(crate) comm: usize,
+    /// The range NCCL resolves it for: whole pages for a local registration, as
+    /// `ncclRegFind` looks them up.
     pub(crate) ptr: u64,
     pub(crate) len: usize,
     pub(crate) window: bool,
+    /// Registrations NCCL handed out as this one (`ncclCommRegister` of a range an
+    /// existing registration covers returns it again, counted): released at the last.
+    pub(crate) refs: usize,
     /// Where the work that used it stands on its streams: (stream key, stamp, call).
     pub(crate) uses: Vec<(usize, u64, &'static str)>,
 }
@@ -166,6 +178,13 @@ fn deregister(
         w.cuda.report(m.clone());
         return fail(s, ncclResult_t::ncclInvalidArgument, m);
     }
+    if let Some(r) = s.regs.get_mut(&h)
+        && r.refs > 1
+    {
+        // NCCL only drops a reference; the registration stays, with its range.
+        r.refs -= 1;
+        return ncclResult_t::ncclSuccess;
+    }
     let Some(r) = s.regs.remove(&h) else {
         return ncclResult_t::ncclInternalError;
     };
@@ -221,7 +240,8 @@ nccl_mock! {
         if ptr.is_null() || size == 0 {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: null pointer or size 0"));
         }
-        match w.cuda.alloc_foreign(size, NCCL_MEM) {
+        // NCCL allocates whole granules (cuMem): never a page shared with other memory.
+        match w.cuda.alloc_foreign(size.next_multiple_of(PAGE as usize), NCCL_MEM) {
             Ok(p) => {
                 // SAFETY: checked non-null out-pointer.
                 unsafe { *ptr = std::ptr::with_exposed_provenance_mut(p as usize) };
@@ -251,9 +271,28 @@ nccl_mock! {
         if let Err(rc) = check_memory(w, &mut s, CALL, buff.addr() as u64, size, device) {
             return rc;
         }
-        let r = s.handle(w.id);
-        s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: false, uses: Vec::new() });
-        w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL registration {r:#x} of communicator {h:#x} (ncclCommRegister)"));
+        // Whole pages, as NCCL registers them; an existing registration that covers them
+        // is handed out again (reference-counted).
+        let begin = buff.addr() as u64 & !(PAGE - 1);
+        let end = (buff.addr() as u64 + size as u64).next_multiple_of(PAGE);
+        let shared = s
+            .regs
+            .iter_mut()
+            .filter(|(_, x)| x.comm == h && !x.window && x.ptr <= begin && end <= x.ptr + x.len as u64)
+            .min_by_key(|(k, _)| **k)
+            .map(|(k, x)| {
+                x.refs += 1;
+                *k
+            });
+        let r = match shared {
+            Some(r) => r,
+            None => {
+                let r = s.handle(w.id);
+                s.regs.insert(r, Reg { comm: h, ptr: begin, len: (end - begin) as usize, window: false, refs: 1, uses: Vec::new() });
+                w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL registration {r:#x} of communicator {h:#x} (ncclCommRegister)"));
+                r
+            }
+        };
         // SAFETY: checked non-null out-pointer.
         unsafe { *handle = h2p(r) };
         ncclResult_t::ncclSuccess
@@ -306,7 +345,7 @@ nccl_mock! {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, m);
         }
         let r = s.handle(w.id);
-        s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, uses: Vec::new() });
+        s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, refs: 1, uses: Vec::new() });
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));
         // SAFETY: checked non-null out-pointer.
         unsafe { *win = h2p(r) };
