@@ -321,9 +321,6 @@ impl<'c, T: BenchVal> Memory<'c, T> {
             Memory::Window { win, .. } if !win.is_active() => Some(
                 "NCCL made no window (no symmetric memory support here): its rows are unregistered NCCL memory",
             ),
-            Memory::Pool(b) if !b.is_registered() => {
-                Some("the pool's memory is not registered (NCCL < 2.19): its rows are plain memory")
-            }
             _ => None,
         }
     }
@@ -770,6 +767,18 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
                     "# Avg bus bandwidth    : {:.3} (out of place, {coll}{mode})",
                     sum / rows.max(1) as f64
                 );
+            }
+            for (m, s, rv) in &mems {
+                if let (Memory::Pool(s), Memory::Pool(rv)) = (s, rv) {
+                    let yes = |b: bool| if b { "yes" } else { "no" };
+                    let _ = writeln!(
+                        out,
+                        "# mode {}: registered by {coll}: send {}, recv {}",
+                        m.name(),
+                        yes(s.is_registered()),
+                        yes(rv.is_registered())
+                    );
+                }
             }
             print!("{out}");
             out.clear();
