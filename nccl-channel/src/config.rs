@@ -333,11 +333,13 @@ nccl_fields! {
     /// The size of the CUDA thread-block clusters (cooperative group arrays) of NCCL's
     /// kernels, 0 to 8; NCCL's default is 4 from sm90 on, 0 before. NCCL 2.17.0.
     cga_cluster_size / get_cga_cluster_size: u32 => "cgaClusterSize";
-    /// The fewest CTAs (thread blocks, one per channel) NCCL uses per kernel, up to 32;
-    /// default 1. NCCL 2.17.0.
+    /// The fewest CTAs (thread blocks, one per channel) NCCL uses per kernel; default 1.
+    /// NCCL refuses a minimum without a [`max_ctas`](Self::max_ctas) at least as large,
+    /// which this crate checks first ([`Error::InvalidArgument`]). NCCL 2.17.0.
     min_ctas / get_min_ctas: u32 => "minCTAs";
-    /// The most CTAs NCCL uses per kernel, up to 32; default 32. Lower it to leave SMs to
-    /// overlapping computation. NCCL 2.17.0.
+    /// The most CTAs NCCL uses per kernel (NCCL caps it at its channel limit, 64 in 2.28);
+    /// NCCL's default is that limit. Lower it to leave SMs to overlapping computation:
+    /// registered buffers then lose the least (BENCHMARKS.md). NCCL 2.17.0.
     max_ctas / get_max_ctas: u32 => "maxCTAs";
     /// Whether communicators split from this one share its internal resources: cheaper
     /// splits, but aborting one of the family can make the others unusable. Default
@@ -506,12 +508,37 @@ impl RawConfig {
 }
 
 impl CommConfig {
+    /// NCCL's rule for CTA counts, checked before NCCL sees them: each at least 1, and a
+    /// minimum only with a maximum at least as large (NCCL compares the minimum with an
+    /// unset maximum as `INT_MIN` and refuses the config).
+    fn check_ctas(&self) -> Result<()> {
+        let problem = match (self.min_ctas, self.max_ctas) {
+            (Some(0), _) => Some("min_ctas must be at least 1".to_string()),
+            (_, Some(0)) => Some("max_ctas must be at least 1".to_string()),
+            (Some(min), None) => Some(format!(
+                "min_ctas({min}) needs max_ctas too (NCCL refuses a minimum without a maximum)"
+            )),
+            (Some(min), Some(max)) if min > max => {
+                Some(format!("min_ctas({min}) is above max_ctas({max})"))
+            }
+            _ => None,
+        };
+        match problem {
+            Some(problem) => Err(Error::InvalidArgument {
+                what: "CommConfig",
+                problem,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Lowers to `ncclConfig_t` for a library of `nccl_version`: every set field checked
     /// against the release that introduced it ([`Error::Unsupported`] naming
     /// `ncclConfig_t.<field>`) and converted to NCCL's `int` ([`Error::InvalidArgument`]
     /// for values that do not fit and names with a NUL byte); `version` is the older of
     /// this crate's header and the library, whose layout NCCL then reads.
     pub(crate) fn to_raw(&self, nccl_version: NcclVersion) -> Result<RawConfig> {
+        self.check_ctas()?;
         let loaded = nccl_version;
         let mut raw = NCCL_CONFIG_INITIALIZER;
         raw.version =

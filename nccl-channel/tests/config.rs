@@ -61,7 +61,8 @@ fn int_setters() -> Vec<(&'static str, Set, i32, Get)> {
         ),
         (
             "minCTAs",
-            |c| c.min_ctas(5),
+            // NCCL wants a maximum with a minimum.
+            |c| c.min_ctas(5).max_ctas(64),
             5,
             |c| c.get_min_ctas().map(|v| v as i32),
         ),
@@ -210,6 +211,7 @@ fn each_setter_reaches_its_own_field_and_no_other() {
         for (name, value) in ints(&seen.raw) {
             let expected = match name {
                 _ if name == field => want,
+                "maxCTAs" if field == "minCTAs" => 64,
                 "blocking" => 1, // always explicit on this path
                 _ => UNDEF,
             };
@@ -474,7 +476,7 @@ fn splits_inherit_the_parent_config_or_take_their_own() {
         (9, Some("parent"))
     );
 
-    let own = CommConfig::new().min_ctas(2).comm_name("child");
+    let own = CommConfig::new().min_ctas(2).max_ctas(4).comm_name("child");
     let child = parent.split_with(Some(0), 0, &own).unwrap().unwrap();
     assert_eq!(child.config(), &own);
     let seen = rig.world.config_of(child.as_raw()).unwrap();
@@ -484,7 +486,7 @@ fn splits_inherit_the_parent_config_or_take_their_own() {
             seen.raw.maxCTAs,
             seen.comm_name.as_deref()
         ),
-        (2, UNDEF, Some("child"))
+        (2, 4, Some("child"))
     );
 
     // A child in the other blocking mode is refused before NCCL is called.
@@ -545,5 +547,48 @@ fn split_with_a_field_newer_than_the_library_is_unsupported() {
     assert_eq!(rig.world.live().comms, 1);
     parent.close().unwrap();
     drop(ctx);
+    rig.assert_clean();
+}
+
+/// NCCL's rule for CTA counts is checked before NCCL: at least 1 each, a minimum only
+/// with a maximum, and not above it (NCCL compares a minimum with an unset maximum as
+/// INT_MIN and refuses the config; seen on NCCL 2.28.9).
+#[test]
+fn cta_counts_follow_nccls_rule_before_nccl_sees_them() {
+    let rig = Rig::new(1);
+    for (config, want) in [
+        (
+            CommConfig::new().min_ctas(32),
+            "min_ctas(32) needs max_ctas too",
+        ),
+        (
+            CommConfig::new().min_ctas(8).max_ctas(4),
+            "min_ctas(8) is above max_ctas(4)",
+        ),
+        (
+            CommConfig::new().min_ctas(0).max_ctas(4),
+            "min_ctas must be at least 1",
+        ),
+        (CommConfig::new().max_ctas(0), "max_ctas must be at least 1"),
+    ] {
+        match refused(&rig, &config) {
+            Error::InvalidArgument {
+                what: "CommConfig",
+                problem,
+            } => {
+                assert!(problem.starts_with(want), "{problem}")
+            }
+            other => panic!("{want}: {other:?}"),
+        }
+    }
+    assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 0);
+    for config in [
+        CommConfig::new().max_ctas(4),
+        CommConfig::new().min_ctas(4).max_ctas(4),
+    ] {
+        let (seen, _) = seen_by_nccl(&rig, &config);
+        let seen = seen.unwrap();
+        assert_eq!(seen.raw.maxCTAs, 4);
+    }
     rig.assert_clean();
 }

@@ -108,6 +108,17 @@ pub(super) unsafe fn read(
             seen.raw.blocking
         ));
     }
+    // NCCL's own rule (init.cc): positive when set, and min <= max compared as ints, so
+    // a min with an unset max (INT_MIN) is refused too.
+    let (min, max) = (seen.raw.minCTAs, seen.raw.maxCTAs);
+    if (min != NCCL_CONFIG_UNDEF_INT && min <= 0)
+        || (max != NCCL_CONFIG_UNDEF_INT && max <= 0)
+        || min > max
+    {
+        return Err(format!(
+            "Invalid config min/max channels attribute value {min}/{max}"
+        ));
+    }
     // SAFETY: NCCL's contract for non-NULL names (the caller's).
     seen.net_name = unsafe { copy_name(seen.raw.netName) };
     // SAFETY: as above.
@@ -169,6 +180,29 @@ mod tests {
     fn null_is_no_config() {
         // SAFETY: NULL is allowed.
         assert_eq!(unsafe { read(std::ptr::null(), LIB) }, Ok(None));
+    }
+
+    #[test]
+    fn cta_counts_follow_nccls_rule() {
+        let mut c = NCCL_CONFIG_INITIALIZER;
+        c.minCTAs = 32;
+        assert_eq!(
+            read_err(&c),
+            "Invalid config min/max channels attribute value 32/-2147483648"
+        );
+        c.maxCTAs = 16;
+        assert_eq!(
+            read_err(&c),
+            "Invalid config min/max channels attribute value 32/16"
+        );
+        c.maxCTAs = 32;
+        assert_eq!(read_ok(&c, crate::NCCL_VERSION_CODE as i32).raw.minCTAs, 32);
+        let mut c = NCCL_CONFIG_INITIALIZER;
+        c.maxCTAs = 0;
+        assert_eq!(
+            read_err(&c),
+            "Invalid config min/max channels attribute value -2147483648/0"
+        );
     }
 
     #[test]
