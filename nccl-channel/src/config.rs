@@ -337,7 +337,7 @@ nccl_fields! {
     /// NCCL refuses a minimum without a [`max_ctas`](Self::max_ctas) at least as large,
     /// which this crate checks first ([`Error::InvalidArgument`]). NCCL 2.17.0.
     min_ctas / get_min_ctas: u32 => "minCTAs";
-    /// The most CTAs NCCL uses per kernel (NCCL caps it at its channel limit, 64 in 2.28);
+    /// The most CTAs NCCL uses per kernel (NCCL caps it at its channel limit, `MAXCHANNELS`);
     /// NCCL's default is that limit. Lower it to leave SMs to overlapping computation:
     /// registered buffers then lose the least (BENCHMARKS.md). NCCL 2.17.0.
     max_ctas / get_max_ctas: u32 => "maxCTAs";
