@@ -13,6 +13,13 @@
 //!   through [`RawCollectives`] (`unsafe`); [`group`] / [`Group`] always end their group.
 //! * [`CommConfig`]: non-blocking mode with deadlines, and every `ncclConfig_t` field as a
 //!   typed setter checked against the release of the loaded NCCL.
+//! * Registered memory, NCCL's faster paths: [`Communicator::buffer`] (the default: a pool
+//!   of NCCL memory that registers itself for the collectives that gain, measured never
+//!   slower than plain buffers), [`alloc_nccl`] (`ncclMemAlloc`),
+//!   [`Communicator::register`] and [`Communicator::register_window`] (RAII handles that
+//!   borrow their communicator and hold their memory; released only after the work,
+//!   graphs and groups that may use them). Which suits which collective and size, measured
+//!   on 2 × H200: BENCHMARKS.md.
 //! * [`Channel`]: the default channel; NCCL is opened only when one is asked for with a
 //!   world size of at least 1.
 //!
