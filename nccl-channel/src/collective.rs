@@ -110,10 +110,12 @@ impl Communicator {
             });
         }
         buf.used_on(stream)?;
-        self.register_pooled(what, buf.device_ptr(), buf.size_bytes());
+        // Kept until the use is noted on the registration it may have made.
+        let registered = self.register_pooled(what, buf.device_ptr(), buf.size_bytes());
         self.shared()
             .registry
             .used(buf.device_ptr(), buf.size_bytes(), stream);
+        drop(registered);
         Ok(())
     }
 

@@ -180,28 +180,39 @@ impl Communicator {
     /// A collective `what` is about to use `[ptr, ptr + bytes)`: a pooled buffer that
     /// holds it and is not registered yet is registered now if the collective gains from
     /// it. Inside a group too: NCCL looks registrations up when the group ends.
+    ///
+    /// Returns the slot registered, which the caller keeps until the work's use of the
+    /// memory is noted ([`Registry::used`](crate::registration::Registry::used)): the
+    /// slot holds the new registration, and its pooled buffer may drop on another thread
+    /// meanwhile (when the memory was swapped out of it), which would release the
+    /// registration before NCCL's use of it is known.
     #[inline]
-    pub(crate) fn register_pooled(&self, what: &str, ptr: u64, bytes: usize) {
+    #[must_use]
+    pub(crate) fn register_pooled(&self, what: &str, ptr: u64, bytes: usize) -> Option<Arc<Slot>> {
         if bytes >= REGISTER_FROM && gains(what) && self.shared().registry.has_slots() {
-            self.register_pooled_slow(ptr, bytes);
+            self.register_pooled_slow(ptr, bytes)
+        } else {
+            None
         }
     }
 
     #[cold]
-    fn register_pooled_slow(&self, ptr: u64, bytes: usize) {
-        let Some(slot) = self.shared().registry.slot_of(ptr, bytes) else {
-            return;
-        };
-        let mut state = lock(&slot.reg);
-        if !matches!(*state, SlotReg::No) {
-            return;
+    fn register_pooled_slow(&self, ptr: u64, bytes: usize) -> Option<Arc<Slot>> {
+        let slot = self.shared().registry.slot_of(ptr, bytes)?;
+        if !matches!(*lock(&slot.reg), SlotReg::No) {
+            return None;
         }
-        *state = match self.register_range(slot.start, slot.bytes, slot.memory.clone()) {
+        // Not under the slot's lock: the registration may first release others (the
+        // owner's deferred releases), whose memory owners may run any code, e.g. wait
+        // for a thread that drops a pooled buffer of this slot, which takes the lock.
+        // Only this communicator's owner registers the slot, so nobody else changes it.
+        let reg = match self.register_range(slot.start, slot.bytes, slot.memory.clone()) {
             Ok(r) => SlotReg::Yes(r.into_shared()),
             Err(_) => SlotReg::Never,
         };
-        drop(state);
+        *lock(&slot.reg) = reg;
         self.shared().registry.forget_slot(Arc::as_ptr(&slot));
+        Some(slot)
     }
 
     /// How many free buffers the pool keeps.
