@@ -674,7 +674,12 @@ mod tests {
     #[test]
     fn too_large_values_and_undef_codes_are_refused() {
         let v = NcclVersion(NCCL_VERSION_CODE as i32);
-        let e = CommConfig::new().min_ctas(1 << 31).to_raw(v).err();
+        // With a maximum: a minimum alone is refused first (NCCL's rule, `check_ctas`).
+        let e = CommConfig::new()
+            .min_ctas(1 << 31)
+            .max_ctas(1 << 31)
+            .to_raw(v)
+            .err();
         assert_eq!(
             e,
             Some(Error::InvalidArgument {
