@@ -185,34 +185,46 @@ impl Communicator {
     /// memory is noted ([`Registry::used`](crate::registration::Registry::used)): the
     /// slot holds the new registration, and its pooled buffer may drop on another thread
     /// meanwhile (when the memory was swapped out of it), which would release the
-    /// registration before NCCL's use of it is known.
+    /// registration before NCCL's use of it is known. An error only when the attempt
+    /// left the communicator aborted (a failure NCCL cannot recover from, or an abort
+    /// asked for through an [`AbortHandle`](crate::AbortHandle) meanwhile): the
+    /// collective must not be issued then.
     #[inline]
-    #[must_use]
-    pub(crate) fn register_pooled(&self, what: &str, ptr: u64, bytes: usize) -> Option<Arc<Slot>> {
+    pub(crate) fn register_pooled(
+        &self,
+        what: &str,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<Option<Arc<Slot>>> {
         if bytes >= REGISTER_FROM && gains(what) && self.shared().registry.has_slots() {
             self.register_pooled_slow(ptr, bytes)
         } else {
-            None
+            Ok(None)
         }
     }
 
     #[cold]
-    fn register_pooled_slow(&self, ptr: u64, bytes: usize) -> Option<Arc<Slot>> {
-        let slot = self.shared().registry.slot_of(ptr, bytes)?;
+    fn register_pooled_slow(&self, ptr: u64, bytes: usize) -> Result<Option<Arc<Slot>>> {
+        let Some(slot) = self.shared().registry.slot_of(ptr, bytes) else {
+            return Ok(None);
+        };
         if !matches!(*lock(&slot.reg), SlotReg::No) {
-            return None;
+            return Ok(None);
         }
         // Not under the slot's lock: the registration may first release others (the
         // owner's deferred releases), whose memory owners may run any code, e.g. wait
         // for a thread that drops a pooled buffer of this slot, which takes the lock.
         // Only this communicator's owner registers the slot, so nobody else changes it.
-        let reg = match self.register_range(slot.start, slot.bytes, slot.memory.clone()) {
-            Ok(r) => SlotReg::Yes(r.into_shared()),
-            Err(_) => SlotReg::Never,
+        let (reg, failed) = match self.register_range(slot.start, slot.bytes, slot.memory.clone()) {
+            Ok(r) => (SlotReg::Yes(r.into_shared()), None),
+            Err(e) => (SlotReg::Never, Some(e)),
         };
         *lock(&slot.reg) = reg;
         self.shared().registry.forget_slot(Arc::as_ptr(&slot));
-        Some(slot)
+        match failed {
+            Some(e) if self.is_aborted() => Err(e),
+            _ => Ok(Some(slot)),
+        }
     }
 
     /// How many free buffers the pool keeps.

@@ -290,3 +290,48 @@ fn non_blocking_lazy_registration_trim_and_abort() {
     drop((s, ctx));
     rig.assert_clean();
 }
+
+/// A lazy registration that fails so that the communicator is aborted (NCCL's system
+/// error): the collective that triggered it must not then be issued on the freed
+/// communicator.
+#[test]
+fn a_lazy_registration_that_aborts_stops_its_collective() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig);
+    let s = Stream::new(&ctx).unwrap();
+    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    rig.world
+        .fail_next("ncclCommRegister", nccl_sys::ncclResult_t::ncclSystemError);
+    let r = comm.all_gather_in_place(&mut p, &s);
+    assert!(comm.is_aborted());
+    assert!(r.is_err(), "issued on an aborted communicator: {r:?}");
+    assert_eq!(rig.world.calls("ncclAllGather"), 0);
+    assert!(!p.is_registered());
+    drop(p);
+    drop((comm, s, ctx));
+    rig.assert_clean();
+}
+
+/// An abort asked for (from another thread, here from inside the collective's checks)
+/// after the collective's first state check: the lazy registration performs it, and the
+/// collective must not then use the freed communicator.
+#[test]
+fn an_abort_asked_for_during_a_collective_that_registers_stops_it() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig);
+    let s = Stream::new(&ctx).unwrap();
+    let handle = comm.abort_handle();
+    let send = OnUse {
+        buf: DeviceBuffer::zeroed(&ctx, MIB_F32).unwrap(),
+        on_use: Mutex::new(Some(Box::new(move || handle.abort()))),
+    };
+    let mut recv = comm.buffer::<f32>(MIB_F32).unwrap();
+    let r = comm.all_gather(&send, &mut *recv, &s);
+    assert!(r.is_err(), "issued on an aborted communicator: {r:?}");
+    assert!(comm.is_aborted());
+    assert_eq!(rig.world.calls("ncclAllGather"), 0);
+    s.synchronize().unwrap();
+    drop((recv, send));
+    drop((comm, s, ctx));
+    rig.assert_clean();
+}
