@@ -8,7 +8,7 @@
 //! Which collectives, from the measurements in BENCHMARKS.md (2 × H200 over NVLink,
 //! NCCL 2.28.3 and 2.28.9): local registration made all-gather, all-to-all and
 //! send/receive up to 1.3× faster from a few MiB on, left all-reduce, reduce and
-//! reduce-scatter unchanged, and made broadcast 4–11 % *slower* from 4 MiB on; NCCL
+//! reduce-scatter unchanged, and made broadcast 4–13 % *slower* from 2 MiB on; NCCL
 //! memory without registration changed nothing. So the pool registers a buffer only for
 //! the first three, and a buffer only ever broadcast or reduced stays unregistered NCCL
 //! memory, exactly as fast as plain memory. Windows are not the pool's: they win small
@@ -99,12 +99,14 @@ pub(crate) struct Pool {
 impl Communicator {
     /// A buffer of `len` elements from this communicator's pool of NCCL memory, which
     /// registers itself the first time a collective that gains from registration uses it
-    /// (see [`REGISTER_FROM`] and the table in BENCHMARKS.md): the default that is never
-    /// slower than plain memory. Its contents are whatever the last user left (like
-    /// [`DeviceBuffer::alloc`]). On drop it returns to the pool once no graph or open
-    /// group holds it (otherwise it is released like any buffer);
-    /// [`trim_pool`](Self::trim_pool) releases what the pool keeps. Plain memory where
-    /// the loaded NCCL has no NCCL memory (< 2.19).
+    /// (see [`REGISTER_FROM`] and the table in BENCHMARKS.md): the default, as fast as
+    /// plain memory or faster, except a buffer that an all-gather registered and that is
+    /// then broadcast (registered broadcasts are slower: give them their own buffer). Its
+    /// contents are whatever the last user left (like [`DeviceBuffer::alloc`]). On drop
+    /// it returns to the pool if nothing else holds it then (no graph, open group or
+    /// registration of yours; otherwise it is released like any buffer, after them), up
+    /// to 8 buffers of one type and length; [`trim_pool`](Self::trim_pool) releases what
+    /// the pool keeps. Plain memory where the loaded NCCL has no NCCL memory (< 2.19).
     ///
     /// ```
     /// # #[cfg(feature = "mock")] {
