@@ -335,3 +335,36 @@ fn an_abort_asked_for_during_a_collective_that_registers_stops_it() {
     drop((comm, s, ctx));
     rig.assert_clean();
 }
+
+/// A registration of yours on a pooled buffer shares NCCL's handle with the pool's: the
+/// buffer is not pooled while it lives, and each release waits for the work.
+#[test]
+fn a_registration_of_yours_shared_with_the_pools() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = one_rank(&rig);
+    let s = Stream::new(&ctx).unwrap();
+    // The pool's first, then yours.
+    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    comm.all_gather_in_place(&mut p, &s).unwrap();
+    let mine = comm.register(&*p).unwrap();
+    comm.all_gather_in_place(&mut p, &s).unwrap();
+    drop(p);
+    assert_eq!(comm.pooled_buffers(), 0, "your registration holds it");
+    drop(mine);
+    comm.async_error().unwrap();
+    // Yours first, then the pool's.
+    let mut q = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mine = comm.register(&*q).unwrap();
+    comm.all_gather_in_place(&mut q, &s).unwrap();
+    assert!(q.is_registered());
+    drop(mine);
+    comm.all_gather_in_place(&mut q, &s).unwrap();
+    drop(q);
+    // The pool's registration also holds the memory yours was made for (NCCL keeps it
+    // registered for both): not pooled again, released after its work.
+    assert_eq!(comm.pooled_buffers(), 0);
+    comm.async_error().unwrap();
+    s.synchronize().unwrap();
+    drop((comm, s, ctx));
+    rig.assert_clean();
+}
