@@ -133,6 +133,7 @@ fn the_recorded_config_is_what_the_library_and_the_version_know() {
     let mut c = NCCL_CONFIG_INITIALIZER;
     c.blocking = 1;
     c.minCTAs = 3;
+    c.maxCTAs = 3; // NCCL refuses a minimum without a maximum
     c.trafficClass = 6; // 2.26
     c.nvlsCTAs = 9; // 2.27
     c.nChannelsPerNetPeer = 4; // 2.28
@@ -153,7 +154,7 @@ fn the_recorded_config_is_what_the_library_and_the_version_know() {
     );
     assert_eq!(m.raw.nChannelsPerNetPeer, NCCL_CONFIG_UNDEF_INT);
     assert_eq!(m.raw.nvlsHostMode, NCCL_CONFIG_UNDEF_INT);
-    assert_eq!(m.raw.maxCTAs, NCCL_CONFIG_UNDEF_INT);
+    assert_eq!(m.raw.cgaClusterSize, NCCL_CONFIG_UNDEF_INT);
     assert_eq!(
         (m.net_name.as_deref(), m.comm_name.as_deref()),
         (Some("IB"), Some("dp"))
@@ -200,12 +201,13 @@ fn no_config_records_none_and_splits_inherit_or_take_their_own() {
 
     let mut own = NCCL_CONFIG_INITIALIZER;
     own.minCTAs = 2;
+    own.maxCTAs = 4; // not the parent's 12: a config of its own
     own.commName = c"child".as_ptr();
     let child = rig.split(parent, Some(&mut own));
     let m = seen(&rig.world, child);
     assert_eq!(
         (m.raw.minCTAs, m.raw.maxCTAs, m.comm_name.as_deref()),
-        (2, NCCL_CONFIG_UNDEF_INT, Some("child"))
+        (2, 4, Some("child"))
     );
 
     for comm in [child, inherited, parent, plain] {
