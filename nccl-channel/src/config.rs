@@ -374,8 +374,8 @@ nccl_fields! {
     /// documentation lists it from 2.31).
     rma_contexts / get_rma_contexts: u32 => "numRmaCtx";
     /// The most peers a rank talks to at once in point-to-point traffic (send/recv and
-    /// the collectives built on it: all-to-all, gather, scatter); 0 or more than the rank
-    /// count means the rank count. NCCL 2.30.3.
+    /// the collectives built on it: all-to-all, gather, scatter), at least 1 (NCCL refuses
+    /// 0); more than the rank count means the rank count. NCCL 2.30.3.
     max_p2p_peers / get_max_p2p_peers: u32 => "maxP2pPeers";
     /// `false`: NCCL no longer serialises this communicator's kernels at capture time;
     /// they go on the capture stream and the application orders them (needs
