@@ -20,14 +20,6 @@ use nccl_channel::{CommConfig, Communicator, REGISTER_FROM, ReduceOp, UniqueId, 
 
 const MIB_F32: usize = REGISTER_FROM / 4;
 
-fn one_rank(rig: &Rig) -> (Context, Communicator) {
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
-    (ctx, comm)
-}
-
 /// Memory whose first use on a stream runs `on_use` (user code inside a collective's
 /// checks), otherwise a `DeviceBuffer`.
 struct OnUse {
@@ -116,7 +108,7 @@ unsafe impl DeviceSlice for Hooked {
 #[test]
 fn a_pooled_buffer_dropped_during_its_lazy_registration() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let s2 = Stream::new(&ctx).unwrap();
 
@@ -183,7 +175,7 @@ fn a_pooled_buffer_dropped_during_its_lazy_registration() {
 #[test]
 fn lazy_registration_inside_a_group_and_a_drop_before_its_end() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     group(&rig.nccl, || {
         let mut p = comm.buffer::<f32>(MIB_F32)?;
@@ -208,7 +200,7 @@ fn lazy_registration_inside_a_group_and_a_drop_before_its_end() {
 #[test]
 fn lazy_registration_of_a_view_during_a_capture() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let s2 = Stream::new(&ctx).unwrap();
     let p = comm.buffer::<f32>(2 * MIB_F32).unwrap();
@@ -246,8 +238,8 @@ fn lazy_registration_of_a_view_during_a_capture() {
 #[test]
 fn another_communicators_collective_does_not_register_a_pooled_buffer() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig);
-    let (_, other) = one_rank(&rig);
+    let (ctx, comm) = rig.one_rank(0);
+    let (_, other) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
     other.all_gather_in_place(&mut p, &s).unwrap();
@@ -297,7 +289,7 @@ fn non_blocking_lazy_registration_trim_and_abort() {
 #[test]
 fn a_lazy_registration_that_aborts_stops_its_collective() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
     rig.world
@@ -318,7 +310,7 @@ fn a_lazy_registration_that_aborts_stops_its_collective() {
 #[test]
 fn an_abort_asked_for_during_a_collective_that_registers_stops_it() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let handle = comm.abort_handle();
     let send = OnUse {
@@ -341,7 +333,7 @@ fn an_abort_asked_for_during_a_collective_that_registers_stops_it() {
 #[test]
 fn a_registration_of_yours_shared_with_the_pools() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     // The pool's first, then yours.
     let mut p = comm.buffer::<f32>(MIB_F32).unwrap();

@@ -11,12 +11,6 @@ use cuda_hal::{CaptureMode, DeviceBuffer, DeviceView, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_sys::NcclVersion;
 
-fn contexts(rig: &Rig, n: usize) -> Vec<cuda_hal::Context> {
-    (0..n)
-        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
-        .collect()
-}
-
 #[test]
 fn registered_nccl_memory_all_reduces_and_is_released_after_its_work() {
     let rig = Rig::new(2);
@@ -43,10 +37,7 @@ fn registered_nccl_memory_all_reduces_and_is_released_after_its_work() {
 #[test]
 fn a_registration_keeps_its_memory_until_it_is_released() {
     let rig = Rig::new(1);
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     let b = comm.alloc_nccl::<u32>(64).unwrap();
     let reg = comm.register(&b.slice(16..32).unwrap()).unwrap();
     assert_eq!(reg.size_bytes(), 64);
@@ -65,10 +56,7 @@ fn a_registration_keeps_its_memory_until_it_is_released() {
 #[test]
 fn a_graph_keeps_the_registration_its_collectives_resolved() {
     let rig = Rig::new(1);
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<i32>(4).unwrap();
     b.copy_from_host(&[1, 2, 3, 4]).unwrap();
@@ -98,10 +86,7 @@ fn a_graph_keeps_the_registration_its_collectives_resolved() {
 #[test]
 fn a_graph_dropped_on_another_thread_hands_the_release_to_the_owner() {
     let rig = Rig::new(1);
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<f32>(16).unwrap();
     let reg = comm.register(&b).unwrap();
@@ -127,7 +112,7 @@ fn a_graph_dropped_on_another_thread_hands_the_release_to_the_owner() {
 #[test]
 fn grouped_work_keeps_the_registration_until_the_group_ends() {
     let rig = Rig::new(2);
-    let ctxs = contexts(&rig, 2);
+    let ctxs = rig.contexts(2);
     let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
     let streams: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
     let mut bufs: Vec<DeviceBuffer<i32>> = comms
@@ -168,7 +153,7 @@ fn grouped_work_keeps_the_registration_until_the_group_ends() {
 #[test]
 fn windows_are_registered_collectively_and_used_by_collectives() {
     let rig = Rig::new(2);
-    let ctxs = contexts(&rig, 2);
+    let ctxs = rig.contexts(2);
     let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
     let streams: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
     let mut bufs: Vec<DeviceBuffer<f32>> = comms
@@ -206,10 +191,7 @@ fn windows_are_registered_collectively_and_used_by_collectives() {
 #[test]
 fn window_on_plain_memory_is_nccls_invalid_argument() {
     let rig = Rig::new(1);
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     let plain = DeviceBuffer::<f32>::zeroed(&ctx, 1024).unwrap();
     match comm.register_window(&plain, WindowFlags::COLL_SYMMETRIC) {
         Err(Error::Nccl { call, code, .. }) => {
@@ -248,10 +230,7 @@ fn window_on_plain_memory_is_nccls_invalid_argument() {
 #[test]
 fn older_nccl_says_which_release_it_needs() {
     let rig = Rig::with_version(1, NcclVersion::new(2, 26, 5));
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     let b = comm.alloc_nccl::<f32>(1024).unwrap();
     match comm.register_window(&b, WindowFlags::COLL_SYMMETRIC) {
         Err(Error::Unsupported {
@@ -272,10 +251,7 @@ fn older_nccl_says_which_release_it_needs() {
     rig.assert_clean();
 
     let rig = Rig::with_version(1, NcclVersion::new(2, 18, 3));
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     match comm.alloc_nccl::<f32>(4) {
         Err(Error::Unsupported {
             feature, needed, ..
@@ -305,7 +281,7 @@ fn older_nccl_says_which_release_it_needs() {
 #[test]
 fn registering_what_cannot_be_held_or_is_elsewhere_is_refused() {
     let rig = Rig::new(2);
-    let ctxs = contexts(&rig, 2);
+    let ctxs = rig.contexts(2);
     let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
     let other = DeviceBuffer::<f32>::zeroed(&ctxs[1], 4).unwrap();
     assert!(matches!(
@@ -342,10 +318,7 @@ fn registering_what_cannot_be_held_or_is_elsewhere_is_refused() {
 fn the_pool_reuses_its_memory_and_registers_it_once_for_collectives_that_gain() {
     const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
     let rig = Rig::new(1);
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
     let mut addrs = Vec::new();
     for step in 0..4 {
@@ -426,10 +399,7 @@ fn the_pool_registers_only_for_collectives_and_sizes_that_gain() {
 #[test]
 fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
     let rig = Rig::new(1);
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
     let mut g = comm.buffer::<f32>(64).unwrap();
     let first = g.as_raw();
@@ -453,10 +423,7 @@ fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
 #[test]
 fn pooled_buffers_of_an_aborted_communicator_are_released() {
     let rig = Rig::new(1);
-    let ctx = contexts(&rig, 1).remove(0);
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
+    let (ctx, comm) = rig.one_rank(0);
     drop(comm.buffer::<u8>(100).unwrap());
     assert_eq!(comm.pooled_buffers(), 1);
     comm.abort().unwrap();

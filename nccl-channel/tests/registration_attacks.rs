@@ -13,14 +13,6 @@ use cuda_hal::{CaptureMode, DeviceBuffer, DeviceSlice, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, WindowFlags, group};
 use nccl_sys::ncclResult_t;
 
-fn one_rank(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
-    let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
-    let comm = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
-    (ctx, comm)
-}
-
 fn one_non_blocking(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
     let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
     let config = CommConfig::non_blocking(Duration::from_secs(5));
@@ -35,7 +27,7 @@ fn one_non_blocking(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicato
 #[test]
 fn a_registration_a_graph_holds_still_notes_later_work() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let s1 = Stream::new(&ctx).unwrap();
     let s2 = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<f32>(16).unwrap();
@@ -62,7 +54,7 @@ fn a_registration_a_graph_holds_still_notes_later_work() {
 #[test]
 fn a_registration_dropped_inside_a_group_waits_for_every_grouped_use() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let s1 = Stream::new(&ctx).unwrap();
     let s2 = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<i32>(8).unwrap();
@@ -87,7 +79,7 @@ fn a_registration_dropped_inside_a_group_waits_for_every_grouped_use() {
 #[test]
 fn trim_pool_is_refused_while_another_thread_groups_the_communicator() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     // A pooled buffer registered by an all-gather (the pool registers for those).
     let mut b = comm.buffer::<f32>(nccl_channel::REGISTER_FROM / 4).unwrap();
@@ -130,7 +122,7 @@ fn trim_pool_is_refused_while_another_thread_groups_the_communicator() {
 #[test]
 fn register_window_inside_an_open_group_is_refused() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let b = comm.alloc_nccl::<f32>(1024).unwrap();
     let r = group(&rig.nccl, || {
         comm.register_window(&b, WindowFlags::DEFAULT)
@@ -174,7 +166,7 @@ fn register_windows_releases_the_other_ranks_windows_when_a_wait_fails() {
 #[test]
 fn a_buffer_swapped_into_a_pooled_one_is_not_pooled() {
     let rig = Rig::new(2);
-    let (ctx0, comm) = one_rank(&rig, 0);
+    let (ctx0, comm) = rig.one_rank(0);
     let ctx1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
     let mut p = comm.buffer::<f32>(64).unwrap();
     let other = DeviceBuffer::<f32>::zeroed(&ctx1, 64).unwrap();
@@ -200,7 +192,7 @@ fn a_buffer_swapped_into_a_pooled_one_is_not_pooled() {
 #[test]
 fn the_release_waits_for_the_last_launch_of_the_graph_that_held_it() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let s1 = Stream::new(&ctx).unwrap();
     let s2 = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<f32>(16).unwrap();
@@ -281,7 +273,7 @@ fn from_raw_with_never_releases_an_empty_buffer() {
 #[test]
 fn a_collective_in_the_same_page_as_a_registration_is_waited_for() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<f32>(64).unwrap();
     let reg = comm.register(&b.slice(32..64).unwrap()).unwrap();
@@ -300,7 +292,7 @@ fn a_collective_in_the_same_page_as_a_registration_is_waited_for() {
 #[test]
 fn a_registration_nccl_shares_covers_the_range_it_was_shared_from() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<f32>(1 << 16).unwrap();
     let whole = comm.register(&b).unwrap();
@@ -321,7 +313,7 @@ fn a_registration_nccl_shares_covers_the_range_it_was_shared_from() {
 #[test]
 fn a_shared_registration_keeps_the_memory_it_was_made_for() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let mut bufs: Vec<DeviceBuffer<u8>> = (0..16)
         .map(|_| DeviceBuffer::zeroed(&ctx, 64).unwrap())
         .collect();
@@ -349,8 +341,8 @@ fn a_shared_registration_keeps_the_memory_it_was_made_for() {
 #[test]
 fn a_pooled_buffer_another_communicators_graph_uses_is_not_handed_out_again() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
-    let (_, other) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
+    let (_, other) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let mut p = comm.buffer::<f32>(64).unwrap();
     let first = p.as_raw();
@@ -374,7 +366,7 @@ fn a_pooled_buffer_another_communicators_graph_uses_is_not_handed_out_again() {
 #[test]
 fn a_failed_deregistration_that_aborts_frees_the_memory() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let b = comm.alloc_nccl::<f32>(16).unwrap();
     let reg = comm.register(&b).unwrap();
     rig.world
@@ -419,7 +411,7 @@ fn register_windows_with_a_failing_rank_releases_the_others_once() {
 #[test]
 fn pooled_buffers_dropped_on_other_threads() {
     let rig = Rig::new(1);
-    let (ctx, comm) = one_rank(&rig, 0);
+    let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     const N: usize = nccl_channel::REGISTER_FROM / 4;
     let mut p = comm.buffer::<f32>(N).unwrap();

@@ -6,18 +6,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::{CStr, c_void};
-use std::time::Duration;
 
-use cuda_sys::mock::{MockDriver, MockWorld};
-use cuda_sys::{CUcontext, CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode, Driver};
-use nccl_sys::mock::{MockNccl, MockNcclWorld};
+use cuda_sys::{CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode};
 use nccl_sys::{
-    NCCL_WIN_REQUIRED_ALIGNMENT, Nccl, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t,
+    NCCL_WIN_REQUIRED_ALIGNMENT, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t,
     ncclWindow_t,
 };
 
-const OK: CUresult = CUresult::CUDA_SUCCESS;
-const NCCL_OK: ncclResult_t = ncclResult_t::ncclSuccess;
+mod common;
+
+use common::{NCCL_OK, OK, Rig};
+
 const INVALID: ncclResult_t = ncclResult_t::ncclInvalidArgument;
 /// Elements per buffer (f32), 64 bytes.
 const N: usize = 16;
@@ -26,71 +25,17 @@ const BYTES: usize = N * 4;
 /// NCCL registers and allocates whole pages (the mock's pages are 4 KiB).
 const PAGE: usize = 4096;
 
-/// A simulated machine with `devices` GPUs (their primary contexts) and its NCCL.
-struct Rig {
-    driver: Driver,
-    gpus: MockWorld,
-    nccl: Nccl,
-    world: MockNcclWorld,
-    ctxs: Vec<CUcontext>,
+/// The common rig with device 0's context current.
+fn rig(devices: usize) -> Rig {
+    let rig = Rig::new(devices);
+    rig.on(0);
+    rig
 }
 
 impl Rig {
-    fn new(devices: usize) -> Rig {
-        let (driver, gpus) = MockDriver::with_devices(devices).build().unwrap();
-        let (nccl, world) = MockNccl::new(&gpus)
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap();
-        let f = driver.fns();
-        // SAFETY: mock driver call.
-        assert_eq!(unsafe { (f.cuInit)(0) }, OK);
-        let ctxs = (0..devices)
-            .map(|d| {
-                let mut ctx = std::ptr::null_mut();
-                // SAFETY: valid out-pointer, existing device.
-                let rc = unsafe { (f.cuDevicePrimaryCtxRetain)(&mut ctx, d as i32) };
-                assert_eq!(rc, OK);
-                ctx
-            })
-            .collect();
-        let rig = Rig {
-            driver,
-            gpus,
-            nccl,
-            world,
-            ctxs,
-        };
-        rig.on(0);
-        rig
-    }
-
-    /// Makes device `d`'s context current on this thread.
-    fn on(&self, d: usize) {
-        // SAFETY: a retained primary context.
-        let rc = unsafe { (self.driver.fns().cuCtxSetCurrent)(self.ctxs[d]) };
-        assert_eq!(rc, OK);
-    }
-
-    /// `n` communicators of one clique over devices 0..n (ncclCommInitAll).
-    fn comms(&self, n: usize) -> Vec<ncclComm_t> {
-        let mut comms = vec![std::ptr::null_mut(); n];
-        // SAFETY: room for `n` handles; NULL devlist means devices 0..n.
-        let rc = unsafe {
-            (self.nccl.fns().ncclCommInitAll)(comms.as_mut_ptr(), n as i32, std::ptr::null())
-        };
-        assert_eq!(rc, NCCL_OK);
-        comms
-    }
-
     /// A one-rank communicator on device 0.
     fn comm(&self) -> ncclComm_t {
         self.comms(1)[0]
-    }
-
-    fn destroy(&self, comm: ncclComm_t) {
-        // SAFETY: a live communicator.
-        assert_eq!(unsafe { (self.nccl.fns().ncclCommDestroy)(comm) }, NCCL_OK);
     }
 
     /// A stream in the current context.
@@ -229,7 +174,7 @@ fn dev(p: CUdeviceptr) -> *mut c_void {
 
 #[test]
 fn cu_mem_free_of_nccl_memory_is_refused_and_nccl_mem_free_releases_it() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let p = rig.mem_alloc(BYTES);
     assert_eq!(rig.cu_free(p), CUresult::CUDA_ERROR_INVALID_VALUE);
     assert_eq!(
@@ -249,7 +194,7 @@ fn cu_mem_free_of_nccl_memory_is_refused_and_nccl_mem_free_releases_it() {
 
 #[test]
 fn nccl_mem_free_of_registered_memory_is_reported_and_of_driver_memory_refused() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let comm = rig.comm();
     let p = rig.mem_alloc(BYTES);
     let h = rig.register(comm, p, BYTES);
@@ -284,7 +229,7 @@ fn nccl_mem_free_of_registered_memory_is_reported_and_of_driver_memory_refused()
 
 /// Frees NCCL memory that an all-reduce used, with or without waiting for its stream.
 fn mem_free_after_all_reduce(wait: bool) -> (Vec<String>, CUdeviceptr, CUstream) {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let comm = rig.comm();
     let s = rig.stream();
     let p = rig.mem_alloc(BYTES);
@@ -320,7 +265,7 @@ fn nccl_mem_free_after_the_host_waited_for_the_collective_is_fine() {
 
 /// Deregisters a buffer an all-reduce used, with or without waiting for its stream.
 fn deregister_after_all_reduce(wait: bool) -> (Vec<String>, CUdeviceptr, CUstream, usize) {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let comm = rig.comm();
     let s = rig.stream();
     let p = rig.cu_alloc(BYTES);
@@ -360,7 +305,7 @@ fn deregistering_after_the_host_waited_for_the_collective_is_fine() {
 
 #[test]
 fn a_captured_collective_whose_registration_was_released_before_launch_fails() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let comm = rig.comm();
     let s = rig.stream();
     let p = rig.cu_alloc(BYTES);
@@ -407,7 +352,7 @@ fn a_captured_collective_whose_registration_was_released_before_launch_fails() {
 
 #[test]
 fn deregistering_through_another_comm_twice_or_a_window_is_refused() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let (a, b) = (rig.comm(), rig.comm());
     let p = rig.mem_alloc(2 * NCCL_WIN_REQUIRED_ALIGNMENT as usize);
     let h = rig.register(a, p, BYTES);
@@ -452,7 +397,7 @@ fn deregistering_through_another_comm_twice_or_a_window_is_refused() {
 
 #[test]
 fn a_window_needs_nccl_memory() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let comm = rig.comm();
     let q = rig.cu_alloc(NCCL_WIN_REQUIRED_ALIGNMENT as usize);
     let (rc, win) = rig.window(comm, q, NCCL_WIN_REQUIRED_ALIGNMENT as usize);
@@ -473,7 +418,7 @@ fn a_window_needs_nccl_memory() {
 
 #[test]
 fn a_window_at_a_misaligned_offset_is_refused() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let comm = rig.comm();
     let align = NCCL_WIN_REQUIRED_ALIGNMENT as usize;
     let p = rig.mem_alloc(2 * align);
@@ -496,7 +441,7 @@ fn a_window_at_a_misaligned_offset_is_refused() {
 
 #[test]
 fn the_ranks_windows_must_have_one_size() {
-    let rig = Rig::new(2);
+    let rig = rig(2);
     let comms = rig.comms(2);
     let align = NCCL_WIN_REQUIRED_ALIGNMENT as usize;
     let mems: Vec<CUdeviceptr> = (0..2)
@@ -543,7 +488,7 @@ fn the_ranks_windows_must_have_one_size() {
 
 #[test]
 fn destroying_a_communicator_releases_its_registrations_and_windows() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let (a, b) = (rig.comm(), rig.comm());
     let align = NCCL_WIN_REQUIRED_ALIGNMENT as usize;
     let p = rig.mem_alloc(align);
@@ -575,7 +520,7 @@ fn destroying_a_communicator_releases_its_registrations_and_windows() {
 
 #[test]
 fn a_registration_does_not_attach_to_another_communicators_collectives() {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let (a, b) = (rig.comm(), rig.comm());
     let s = rig.stream();
     let p = rig.cu_alloc(BYTES);
@@ -621,7 +566,7 @@ fn a_registration_does_not_attach_to_another_communicators_collectives() {
 /// Replays an all-reduce captured on one stream on another, then deregisters its buffer,
 /// with or without waiting for the launch stream.
 fn deregister_after_graph_launch(wait: bool) -> (Vec<String>, CUdeviceptr, CUstream, usize) {
-    let rig = Rig::new(1);
+    let rig = rig(1);
     let comm = rig.comm();
     let (s, launch) = (rig.stream(), rig.stream());
     let p = rig.cu_alloc(BYTES);

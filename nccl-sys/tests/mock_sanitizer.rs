@@ -4,16 +4,20 @@
 #![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::ffi::c_void;
+
+use common::{NCCL_OK, OK, Rig};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
-use cuda_sys::mock::{MockDriver, MockWorld, QUARANTINE_BLOCKS};
-use cuda_sys::{CUcontext, CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode, Driver};
-use nccl_sys::mock::{MockNccl, MockNcclWorld};
+use cuda_sys::mock::{MockDriver, QUARANTINE_BLOCKS};
+use cuda_sys::{CUdeviceptr, CUresult, CUstream, CUstreamCaptureMode};
+use nccl_sys::mock::MockNccl;
 use nccl_sys::{
-    NCCL_CONFIG_INITIALIZER, NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclDataType_t,
-    ncclRedOp_t, ncclResult_t, ncclScalarResidence_t, ncclUniqueId,
+    NCCL_CONFIG_INITIALIZER, NCCL_SPLIT_NOCOLOR, ncclComm, ncclComm_t, ncclDataType_t, ncclRedOp_t,
+    ncclResult_t, ncclScalarResidence_t, ncclUniqueId,
 };
 
 /// Where NCCL writes a split's new communicator, possibly from another thread.
@@ -34,58 +38,10 @@ fn stored(slot: &Slot) -> ncclComm_t {
     got(slot)
 }
 
-const OK: CUresult = CUresult::CUDA_SUCCESS;
-const NCCL_OK: ncclResult_t = ncclResult_t::ncclSuccess;
 /// Elements per buffer (f32), 64 bytes.
 const N: usize = 16;
 
-/// A simulated machine with `devices` GPUs (their primary contexts) and its NCCL.
-struct Rig {
-    driver: Driver,
-    gpus: MockWorld,
-    nccl: Nccl,
-    world: MockNcclWorld,
-    ctxs: Vec<CUcontext>,
-}
-
 impl Rig {
-    /// Peers wait at most 30 s: long enough that a test which hung would be slow.
-    fn new(devices: usize) -> Rig {
-        Self::with_timeout(devices, Duration::from_secs(30))
-    }
-
-    /// Peers wait at most `timeout`, for tests of a peer that never comes.
-    fn with_timeout(devices: usize, timeout: Duration) -> Rig {
-        let (driver, gpus) = MockDriver::with_devices(devices).build().unwrap();
-        let (nccl, world) = MockNccl::new(&gpus).timeout(timeout).build().unwrap();
-        let f = driver.fns();
-        // SAFETY: mock driver call.
-        assert_eq!(unsafe { (f.cuInit)(0) }, OK);
-        let ctxs = (0..devices)
-            .map(|d| {
-                let mut ctx = std::ptr::null_mut();
-                // SAFETY: valid out-pointer, existing device.
-                let rc = unsafe { (f.cuDevicePrimaryCtxRetain)(&mut ctx, d as i32) };
-                assert_eq!(rc, OK);
-                ctx
-            })
-            .collect();
-        Rig {
-            driver,
-            gpus,
-            nccl,
-            world,
-            ctxs,
-        }
-    }
-
-    /// Makes device `d`'s context current on this thread.
-    fn on(&self, d: usize) {
-        // SAFETY: a retained primary context.
-        let rc = unsafe { (self.driver.fns().cuCtxSetCurrent)(self.ctxs[d]) };
-        assert_eq!(rc, OK);
-    }
-
     /// A stream and a send and a receive buffer (N f32 each) on device `d`; the send
     /// buffer holds `value`.
     fn buffers(&self, d: usize, value: f32) -> (CUstream, CUdeviceptr, CUdeviceptr) {
@@ -117,17 +73,6 @@ impl Rig {
     fn free(&self, p: CUdeviceptr) {
         // SAFETY: a live allocation.
         assert_eq!(unsafe { (self.driver.fns().cuMemFree)(p) }, OK);
-    }
-
-    /// `n` communicators of one clique over devices 0..n (ncclCommInitAll).
-    fn comms(&self, n: usize) -> Vec<ncclComm_t> {
-        let mut comms = vec![std::ptr::null_mut(); n];
-        // SAFETY: room for `n` handles; NULL devlist means devices 0..n.
-        let rc = unsafe {
-            (self.nccl.fns().ncclCommInitAll)(comms.as_mut_ptr(), n as i32, std::ptr::null())
-        };
-        assert_eq!(rc, NCCL_OK);
-        comms
     }
 
     fn all_reduce(
@@ -232,11 +177,6 @@ impl Rig {
             assert_eq!((self.nccl.fns().ncclCommUserRank)(comm, &mut r), NCCL_OK);
         }
         (n, r)
-    }
-
-    fn destroy(&self, comm: ncclComm_t) {
-        // SAFETY: a live communicator.
-        assert_eq!(unsafe { (self.nccl.fns().ncclCommDestroy)(comm) }, NCCL_OK);
     }
 }
 

@@ -65,6 +65,22 @@ impl Rig {
         })
     }
 
+    /// The primary contexts of devices 0..n.
+    pub fn contexts(&self, n: usize) -> Vec<cuda_hal::Context> {
+        (0..n)
+            .map(|d| self.cuda.device(d).unwrap().primary_context().unwrap())
+            .collect()
+    }
+
+    /// A one-rank communicator on `device` (ncclCommInitAll), with its context.
+    pub fn one_rank(&self, device: usize) -> (cuda_hal::Context, Communicator) {
+        let ctx = self.cuda.device(device).unwrap().primary_context().unwrap();
+        let comm = Communicator::init_all(&self.nccl, std::slice::from_ref(&ctx))
+            .unwrap()
+            .remove(0);
+        (ctx, comm)
+    }
+
     /// Asserts that nothing is left alive in either simulation.
     pub fn assert_clean(self) {
         let Rig {
