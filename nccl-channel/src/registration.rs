@@ -596,6 +596,11 @@ pub struct Registration<'c> {
     comm: &'c Communicator,
 }
 
+// Released through the communicator, on its thread: neither may leave it.
+static_assertions::assert_not_impl_any!(Registration<'static>: Send, Sync);
+static_assertions::assert_not_impl_any!(Window<'static>: Send, Sync);
+static_assertions::assert_impl_all!(WindowFlags: Send, Sync, Copy);
+
 impl std::fmt::Debug for Registration<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration")
