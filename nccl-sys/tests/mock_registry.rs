@@ -790,3 +790,34 @@ fn registering_memory_of_another_device_is_refused() {
     }
     rig.assert_clean();
 }
+
+#[test]
+fn with_windows_off_a_window_registration_succeeds_with_no_window() {
+    let (driver, gpus) = MockDriver::with_devices(1).build().unwrap();
+    let (nccl, world) = MockNccl::new(&gpus).windows(false).build().unwrap();
+    let f = driver.fns();
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: mock driver calls with valid out-pointers and an existing device.
+    unsafe {
+        assert_eq!((f.cuInit)(0), OK);
+        assert_eq!((f.cuDevicePrimaryCtxRetain)(&mut ctx, 0), OK);
+        assert_eq!((f.cuCtxSetCurrent)(ctx), OK);
+    }
+    let rig = Rig {
+        driver,
+        gpus,
+        nccl,
+        world,
+        ctxs: vec![ctx],
+    };
+    let comm = rig.comm();
+    let p = rig.mem_alloc(PAGE);
+    let (rc, win) = rig.window(comm, p, PAGE);
+    assert_eq!(rc, NCCL_OK);
+    assert!(win.is_null());
+    assert_eq!(rig.window_deregister(comm, win), NCCL_OK);
+    assert_eq!(rig.mem_free(p), NCCL_OK, "nothing holds it");
+    rig.assert_clean();
+    rig.destroy(comm);
+    assert!(rig.world.live().is_empty());
+}
