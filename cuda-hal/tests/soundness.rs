@@ -854,3 +854,94 @@ impl cuda_hal::Dependency for Gate {
         }
     }
 }
+
+/// `owners` counts the buffer and everything that holds its memory: a `KeepAlive` (an
+/// NCCL registration) and a graph whose work uses it.
+#[test]
+fn owners_counts_the_buffer_and_each_holder_of_its_memory() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let src = DeviceBuffer::from_slice(&ctx, &[3u8; 8]).unwrap();
+    let mut b = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    assert_eq!(b.owners(), 1);
+    let held = b.keep_alive();
+    assert_eq!(b.owners(), 2);
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    b.copy_from_async(&src, &s).unwrap();
+    let graph = s.end_capture().unwrap();
+    assert_eq!(b.owners(), 3, "and the graph");
+    drop(graph);
+    assert_eq!(b.owners(), 2);
+    drop(held);
+    assert_eq!(b.owners(), 1);
+    drop((b, src, s, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// `synchronize_uses` waits for each stream that used the memory, once, and for no other;
+/// refused while one of them is captured.
+#[test]
+fn synchronize_uses_waits_for_exactly_the_streams_that_used_the_memory() {
+    let (cuda, world, ctx) = rig();
+    let (a, c, idle) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let src = DeviceBuffer::from_slice(&ctx, &[5u8; 8]).unwrap();
+    let mut b = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    let syncs = || world.calls("cuStreamSynchronize");
+    let n = syncs();
+    b.synchronize_uses().unwrap();
+    assert_eq!(syncs() - n, 0, "never used on a stream");
+    b.copy_from_async(&src, &a).unwrap();
+    b.copy_from_async(&src, &c).unwrap();
+    b.copy_from_async(&src, &a).unwrap();
+    let n = syncs();
+    b.synchronize_uses().unwrap();
+    assert_eq!(syncs() - n, 2, "a and c");
+    c.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    assert_eq!(
+        b.synchronize_uses(),
+        Err(Error::Capturing {
+            what: "DeviceBuffer::synchronize_uses"
+        })
+    );
+    drop(c.end_capture().unwrap());
+    assert_eq!(b.to_vec().unwrap(), [5; 8]);
+    drop((b, src, a, c, idle, ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A `StreamLog` keeps each stream noted once, in order, and waits for exactly those.
+#[test]
+fn a_stream_log_notes_each_stream_once_and_waits_for_them() {
+    let (cuda, world, ctx) = rig();
+    let (a, c) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let log = cuda_hal::StreamLog::new();
+    assert_eq!(format!("{log:?}"), "StreamLog { streams: 0 }");
+    assert!(log.streams().is_empty());
+    for s in [&c, &c, &a, &c] {
+        log.note(s);
+    }
+    let raws: Vec<_> = log.streams().iter().map(Stream::as_raw).collect();
+    assert_eq!(raws, [c.as_raw(), a.as_raw()]);
+    assert_eq!(format!("{log:?}"), "StreamLog { streams: 2 }");
+    let n = world.calls("cuStreamSynchronize");
+    log.synchronize().unwrap();
+    assert_eq!(world.calls("cuStreamSynchronize") - n, 2);
+    a.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    assert_eq!(
+        log.synchronize(),
+        Err(Error::Capturing {
+            what: "StreamLog::synchronize"
+        })
+    );
+    drop(a.end_capture().unwrap());
+    drop(log);
+    drop((a, c, ctx, cuda));
+    assert_clean(&world);
+}

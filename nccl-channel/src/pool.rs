@@ -406,3 +406,46 @@ impl Slots {
         })
     }
 }
+
+#[cfg(all(test, feature = "mock"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+
+    use cuda_hal::{Cuda, Stream, mock::MockDriver};
+    use nccl_sys::mock::MockNccl;
+
+    use super::REGISTER_FROM;
+    use crate::Communicator;
+
+    /// Every collective skips the pool's lookup while the registry knows no pooled buffer
+    /// waiting for registration: it knows exactly the live, unregistered, non-empty ones.
+    #[test]
+    fn the_registry_knows_exactly_the_pooled_buffers_a_collective_may_register() {
+        let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1)).unwrap();
+        let (nccl, _world) = MockNccl::new(&gpus).build().unwrap();
+        let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+        let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))
+            .unwrap()
+            .remove(0);
+        let stream = Stream::new(&ctx).unwrap();
+        let has = || comm.shared().registry.has_slots();
+        assert!(!has(), "a new communicator");
+        let empty = comm.buffer::<f32>(0).unwrap();
+        assert!(!has(), "an empty buffer is never registered");
+        let mut a = comm.buffer::<f32>(REGISTER_FROM / 4).unwrap();
+        let b = comm.buffer::<f32>(REGISTER_FROM / 4).unwrap();
+        assert!(has());
+        comm.all_gather_in_place(&mut a, &stream).unwrap();
+        assert!(a.is_registered() && !b.is_registered());
+        assert!(has(), "b still may be registered");
+        drop(b);
+        assert!(has(), "b is pooled, still unregistered");
+        stream.synchronize().unwrap();
+        comm.trim_pool().unwrap();
+        assert!(!has(), "b is gone, a is registered");
+        drop((a, empty));
+        comm.trim_pool().unwrap();
+        assert!(!has());
+    }
+}

@@ -686,3 +686,52 @@ impl Window<'_> {
         self.0.deregister()
     }
 }
+
+#[cfg(all(test, feature = "mock"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    use cuda_hal::{CaptureMode, Cuda, Stream, mock::MockDriver};
+    use nccl_sys::mock::MockNccl;
+
+    use crate::{Communicator, ReduceOp};
+
+    /// Collectives look registrations up only while the registry holds some: it holds
+    /// exactly the live ones, and flags exactly the releases waiting for the owner.
+    #[test]
+    fn the_registry_holds_exactly_the_live_registrations_and_waiting_releases() {
+        let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1)).unwrap();
+        let (nccl, world) = MockNccl::new(&gpus).build().unwrap();
+        let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+        let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))
+            .unwrap()
+            .remove(0);
+        let registry = &comm.shared().registry;
+        let count = || registry.count.load(Ordering::Acquire);
+        assert_eq!((count(), registry.has_deferred()), (0, false));
+        let mut a = comm.alloc_nccl::<f32>(16).unwrap();
+        let b = comm.alloc_nccl::<f32>(16).unwrap();
+        let reg_a = comm.register(&a).unwrap();
+        let reg_b = comm.register(&b).unwrap();
+        assert_eq!(count(), 2);
+        drop(reg_b);
+        assert_eq!(count(), 1);
+
+        // A graph dropped on another thread hands the release to the owner.
+        let stream = Stream::new(&ctx).unwrap();
+        stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &stream)
+            .unwrap();
+        let graph = stream.end_capture().unwrap().instantiate().unwrap();
+        drop(reg_a);
+        assert_eq!((count(), registry.has_deferred()), (1, false));
+        std::thread::spawn(move || drop(graph)).join().unwrap();
+        assert_eq!((count(), registry.has_deferred()), (0, true));
+        comm.async_error().unwrap();
+        assert!(!registry.has_deferred());
+        assert_eq!(world.calls("ncclCommDeregister"), 2);
+        drop((a, b, stream));
+    }
+}

@@ -592,3 +592,17 @@ fn cta_counts_follow_nccls_rule_before_nccl_sees_them() {
     }
     rig.assert_clean();
 }
+
+#[test]
+fn combining_a_flag_already_set_keeps_it_set() {
+    // A union, not a toggle: a flag given twice stays set.
+    let p = CtaPolicy::EFFICIENCY | CtaPolicy::ZERO;
+    assert_eq!(p | CtaPolicy::ZERO, CtaPolicy(3));
+    assert_eq!(CtaPolicy::EFFICIENCY | CtaPolicy::EFFICIENCY, CtaPolicy(1));
+    let m = NvlsHostMode::DISABLE_TRANSPORT | NvlsHostMode::DISABLE_SYMMETRIC_MULTIMEM;
+    assert_eq!(m | NvlsHostMode::DISABLE_TRANSPORT, NvlsHostMode(3));
+    assert_eq!(
+        NvlsHostMode::DISABLE | NvlsHostMode::DISABLE_TRANSPORT,
+        NvlsHostMode::DISABLE
+    );
+}

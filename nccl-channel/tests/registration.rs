@@ -433,3 +433,329 @@ fn pooled_buffers_of_an_aborted_communicator_are_released() {
     drop(ctx);
     rig.assert_clean();
 }
+
+#[test]
+fn window_flags_are_a_bit_set() {
+    assert_eq!(
+        WindowFlags::COLL_SYMMETRIC | WindowFlags::STRICT_ORDERING,
+        WindowFlags(3)
+    );
+    assert_eq!(
+        WindowFlags::DEFAULT | WindowFlags::STRICT_ORDERING,
+        WindowFlags(2)
+    );
+    // A union: a flag given twice stays set.
+    assert_eq!(
+        WindowFlags::COLL_SYMMETRIC | WindowFlags::COLL_SYMMETRIC,
+        WindowFlags::COLL_SYMMETRIC
+    );
+}
+
+#[test]
+fn registrations_windows_and_pooled_buffers_describe_themselves() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let b = comm.alloc_nccl::<f32>(1024).unwrap();
+    let reg = comm.register(&b.slice(0..16).unwrap()).unwrap();
+    assert_eq!(
+        format!("{reg:?}"),
+        format!(
+            "Registration {{ ptr: {:#x}, bytes: 64, rank: 0 }}",
+            b.as_raw()
+        )
+    );
+    let win = comm.register_window(&b, WindowFlags::DEFAULT).unwrap();
+    assert_eq!(
+        format!("{win:?}"),
+        format!(
+            "Window {{ ptr: {:#x}, bytes: 4096, active: true }}",
+            b.as_raw()
+        )
+    );
+    let p = comm.buffer::<u8>(4).unwrap();
+    assert_eq!(
+        format!("{p:?}"),
+        format!(
+            "PooledBuffer {{ buffer: Some(DeviceBuffer {{ device: 0, ptr: {:#x}, len: 4 }}), \
+             registered: false }}",
+            p.as_raw()
+        )
+    );
+    drop((reg, win, p, b));
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_failed_window_release_is_reported_by_deregister() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let b = comm.alloc_nccl::<f32>(1024).unwrap();
+    let win = comm.register_window(&b, WindowFlags::DEFAULT).unwrap();
+    // A failure that aborts the communicator (which releases the window with it).
+    rig.world.fail_next(
+        "ncclCommWindowDeregister",
+        nccl_sys::ncclResult_t::ncclSystemError,
+    );
+    match win.deregister() {
+        Err(Error::Nccl { call, code, .. }) => {
+            assert_eq!(call, "ncclCommWindowDeregister");
+            assert_eq!(code, nccl_sys::ncclResult_t::ncclSystemError);
+        }
+        other => panic!("expected the deregistration's error, got {other:?}"),
+    }
+    assert!(comm.is_aborted());
+    drop(b);
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn the_pool_keeps_at_most_eight_buffers_of_one_shape() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let bufs: Vec<_> = (0..9).map(|_| comm.buffer::<u8>(16).unwrap()).collect();
+    assert_eq!(rig.world.calls("ncclMemAlloc"), 9);
+    drop(bufs);
+    assert_eq!(comm.pooled_buffers(), 8);
+    assert_eq!(rig.world.calls("ncclMemFree"), 1, "the ninth is freed");
+    comm.trim_pool().unwrap();
+    assert_eq!(rig.world.calls("ncclMemFree"), 9);
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_pooled_buffer_can_be_registered_by_hand() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let p = comm.buffer::<f32>(16).unwrap();
+    let reg = comm.register(&p).unwrap();
+    assert_eq!((reg.device_ptr(), reg.size_bytes()), (p.as_raw(), 64));
+    assert_eq!(rig.world.calls("ncclCommRegister"), 1);
+    drop(reg);
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    drop(p);
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn registering_one_pooled_buffer_leaves_the_others_registrable() {
+    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut a = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut b = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut c = comm.buffer::<f32>(MIB_F32).unwrap();
+    comm.all_gather_in_place(&mut b, &stream).unwrap();
+    assert_eq!(
+        (a.is_registered(), b.is_registered(), c.is_registered()),
+        (false, true, false)
+    );
+    comm.all_gather_in_place(&mut a, &stream).unwrap();
+    comm.all_gather_in_place(&mut c, &stream).unwrap();
+    assert_eq!(
+        (a.is_registered(), b.is_registered(), c.is_registered()),
+        (true, true, true)
+    );
+    assert_eq!(rig.world.calls("ncclCommRegister"), 3);
+    stream.synchronize().unwrap();
+    drop((a, b, c));
+    comm.trim_pool().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 3);
+    drop(comm);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_registered_pooled_buffer_of_an_aborted_communicator_is_not_pooled() {
+    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    comm.all_gather_in_place(&mut p, &stream).unwrap();
+    assert!(p.is_registered());
+    stream.synchronize().unwrap();
+    // A deregistration that fails aborts the communicator (NCCL released everything).
+    let other = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&other).unwrap();
+    rig.world.fail_next(
+        "ncclCommDeregister",
+        nccl_sys::ncclResult_t::ncclSystemError,
+    );
+    assert!(matches!(
+        reg.deregister(),
+        Err(Error::Nccl {
+            call: "ncclCommDeregister",
+            ..
+        })
+    ));
+    assert!(comm.is_aborted());
+    drop(p);
+    assert_eq!(
+        comm.pooled_buffers(),
+        0,
+        "its registration is gone with NCCL"
+    );
+    drop(other);
+    drop(comm);
+    assert_eq!(rig.world.calls("ncclMemFree"), 2);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_registration_keeps_only_its_own_memory() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let a = comm.alloc_nccl::<f32>(16).unwrap();
+    let b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg_a = comm.register(&a).unwrap();
+    let reg_b = comm.register(&b).unwrap();
+    let w = comm.alloc_nccl::<f32>(1024).unwrap();
+    let win = comm.register_window(&w, WindowFlags::DEFAULT).unwrap();
+    drop((reg_a, a));
+    // Neither the later registration nor the window holds the first one's memory.
+    assert_eq!(rig.world.calls("ncclMemFree"), 1);
+    drop((reg_b, b));
+    assert_eq!(rig.world.calls("ncclMemFree"), 2);
+    drop((win, w));
+    assert_eq!(rig.world.calls("ncclMemFree"), 3);
+    drop(comm);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+#[test]
+fn an_empty_collective_does_not_resolve_a_registration() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&b).unwrap();
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut b.slice_mut(4..4).unwrap(), ReduceOp::Sum, &stream)
+        .unwrap();
+    let graph = stream.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    // The graph touches no byte of it: the registration goes at once.
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    graph.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    drop((graph, b));
+    drop(comm);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+/// The registry rounds a registration out to 64 KiB pages: work that ends exactly where
+/// those pages begin, or begins exactly where they end, does not resolve it.
+#[test]
+fn work_just_outside_a_registrations_pages_does_not_hold_it() {
+    const PAGE: u64 = 64 << 10;
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(4 * PAGE as usize / 4).unwrap();
+    let base = b.as_raw();
+    // The first 64 KiB boundary after the start: a page with memory on both sides.
+    let start = (base + 1).next_multiple_of(PAGE);
+    let at = ((start - base) / 4) as usize;
+    let reg = comm.register(&b.slice(at..at + 1).unwrap()).unwrap();
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let before = at - 4..at;
+    let after = at + PAGE as usize / 4..at + PAGE as usize / 4 + 4;
+    for r in [before, after] {
+        comm.all_reduce_in_place(&mut b.slice_mut(r).unwrap(), ReduceOp::Sum, &stream)
+            .unwrap();
+    }
+    let graph = stream.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    graph.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    drop((graph, b));
+    drop(comm);
+    drop(stream);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+/// A synchronous copy from a pooled buffer into which stream-ordered memory was swapped
+/// waits for that memory's allocation first.
+#[test]
+fn a_synchronous_copy_from_a_pooled_buffer_waits_for_its_memory() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let pool = Stream::non_blocking(&ctx).unwrap();
+    let mut p = comm.buffer::<u32>(4).unwrap();
+    let ordered = DeviceBuffer::<u32>::alloc_on(&pool, 4).unwrap();
+    let mine = std::mem::replace(&mut *p, ordered);
+    let mut dst = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+    let syncs = rig.gpus.calls("cuStreamSynchronize");
+    dst.copy_from(&p).unwrap();
+    assert_eq!(
+        rig.gpus.calls("cuStreamSynchronize") - syncs,
+        2,
+        "the allocation stream, then the legacy one"
+    );
+    drop((p, dst, mine));
+    pool.synchronize().unwrap();
+    drop(comm);
+    drop(pool);
+    drop(ctx);
+    rig.assert_clean();
+}
+
+/// NCCL without windows (`NCCL_WIN_ENABLE=0`) succeeds with no window: the `Window` is
+/// inactive, collectives run as without it, and its drop releases nothing through NCCL.
+#[test]
+fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
+    let (cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1)).unwrap();
+    let (nccl, world) = nccl_sys::mock::MockNccl::new(&gpus)
+        .windows(false)
+        .build()
+        .unwrap();
+    let nccl = std::sync::Arc::new(nccl);
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut b = comm.alloc_nccl::<f32>(1024).unwrap();
+    b.fill(2.0).unwrap();
+    let win = comm
+        .register_window(&b, WindowFlags::COLL_SYMMETRIC)
+        .unwrap();
+    assert!(!win.is_active());
+    assert_eq!(
+        format!("{win:?}"),
+        format!(
+            "Window {{ ptr: {:#x}, bytes: 4096, active: false }}",
+            b.as_raw()
+        )
+    );
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
+        .unwrap();
+    win.deregister().unwrap();
+    assert_eq!(world.calls("ncclCommWindowRegister"), 1);
+    assert_eq!(world.calls("ncclCommWindowDeregister"), 0);
+    assert_eq!(b.to_vec().unwrap(), vec![2.0f32; 1024]);
+    drop(b);
+    assert_eq!(world.calls("ncclMemFree"), 1);
+    drop((comm, stream, ctx, nccl, cuda));
+    assert!(world.live().is_empty(), "{:?}", world.live());
+    assert!(gpus.live().is_empty(), "{:?}", gpus.live());
+    assert_eq!(gpus.violations(), Vec::<String>::new());
+}

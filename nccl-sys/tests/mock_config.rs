@@ -216,3 +216,19 @@ fn no_config_records_none_and_splits_inherit_or_take_their_own() {
     assert_eq!(rig.world.config_of(parent), None, "a freed handle has none");
     assert!(rig.world.live().is_empty());
 }
+
+#[test]
+fn a_field_of_exactly_the_librarys_release_is_kept() {
+    // 2.27.0 introduced nvlsCTAs and commName; 2.28.0 nChannelsPerNetPeer.
+    let rig = Rig::new(NcclVersion::new(2, 27, 0));
+    let mut c = NCCL_CONFIG_INITIALIZER;
+    c.nvlsCTAs = 9;
+    c.commName = c"exact".as_ptr();
+    c.nChannelsPerNetPeer = 4;
+    let (rc, comm) = rig.init(Some(&mut c));
+    assert_eq!(rc, ncclResult_t::ncclSuccess);
+    let m = seen(&rig.world, comm);
+    assert_eq!((m.raw.nvlsCTAs, m.comm_name.as_deref()), (9, Some("exact")));
+    assert_eq!(m.raw.nChannelsPerNetPeer, NCCL_CONFIG_UNDEF_INT);
+    rig.destroy(comm);
+}

@@ -618,3 +618,136 @@ fn deregistering_after_the_host_waited_for_the_graph_launch_is_fine() {
     let (v, ..) = deregister_after_graph_launch(true);
     assert!(v.is_empty(), "{v:?}");
 }
+
+/// In-place all-reduce of `n` f32 at `p` on `stream`.
+fn all_reduce_n(rig: &Rig, comm: ncclComm_t, p: CUdeviceptr, n: usize, s: CUstream) {
+    // SAFETY: the mock checks the buffer, communicator and stream.
+    let rc = unsafe {
+        (rig.nccl.fns().ncclAllReduce)(
+            p as *const c_void,
+            dev(p),
+            n,
+            ncclDataType_t::ncclFloat32,
+            ncclRedOp_t::ncclSum,
+            comm,
+            s,
+        )
+    };
+    assert_eq!(rc, NCCL_OK);
+}
+
+/// A registration covers whole pages and nothing else: only work that overlaps them
+/// (a byte or more) uses it, so only that work must be waited for before deregistering.
+#[test]
+fn only_work_that_overlaps_the_registered_pages_uses_the_registration() {
+    let rig = rig(1);
+    let comm = rig.comm();
+    let (near, inside) = (rig.stream(), rig.stream());
+    let m = rig.mem_alloc(3 * PAGE);
+    let elsewhere = rig.mem_alloc(PAGE);
+    let reg = m + PAGE as CUdeviceptr;
+    let h = rig.register(comm, reg + 16, BYTES);
+    // Ending where its page begins, beginning where it ends, no byte at all inside it,
+    // and other memory: none of it uses the registration.
+    all_reduce_n(&rig, comm, reg - BYTES as CUdeviceptr, N, near);
+    all_reduce_n(&rig, comm, reg + PAGE as CUdeviceptr, N, near);
+    all_reduce_n(&rig, comm, reg + 64, 0, near);
+    all_reduce_n(&rig, comm, elsewhere, N, near);
+    // From its first byte: uses it.
+    all_reduce_n(&rig, comm, reg, N, inside);
+    rig.assert_clean();
+    assert_eq!(rig.deregister(comm, h), NCCL_OK);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclCommDeregister of registration {:#x} ({reg:#x}+{PAGE}): work enqueued on stream {:#x} (ncclAllReduce) may still use it: the host did not wait for it",
+            h.addr(),
+            inside.addr()
+        )]
+    );
+    rig.sync(near);
+    rig.sync(inside);
+    assert_eq!(rig.mem_free(m), NCCL_OK);
+    assert_eq!(rig.mem_free(elsewhere), NCCL_OK);
+    rig.destroy(comm);
+    rig.assert_clean();
+}
+
+/// Registering a range an existing registration covers hands that one out again,
+/// counted: it stays registered (and its memory held) until the last deregistration.
+#[test]
+fn a_registration_handed_out_again_is_released_at_its_last_deregistration() {
+    let rig = rig(1);
+    let comm = rig.comm();
+    let p = rig.mem_alloc(PAGE);
+    let h = rig.register(comm, p, PAGE);
+    assert_eq!(
+        rig.register(comm, p + 64, BYTES),
+        h,
+        "covered: the same one"
+    );
+    assert_eq!(rig.register(comm, p, BYTES), h);
+    for _ in 0..2 {
+        assert_eq!(rig.deregister(comm, h), NCCL_OK);
+        rig.assert_clean();
+    }
+    assert_eq!(rig.mem_free(p), NCCL_OK);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclMemFree of {p:#x}: still held by NCCL registration {:#x} of communicator {:#x} (ncclCommRegister)",
+            h.addr(),
+            comm.addr()
+        )]
+    );
+    assert_eq!(rig.deregister(comm, h), NCCL_OK, "the last one");
+    rig.assert_clean();
+    assert_eq!(rig.deregister(comm, h), INVALID);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclCommDeregister: registration {:#x} was already released by ncclCommDeregister",
+            h.addr()
+        )]
+    );
+    rig.destroy(comm);
+    rig.assert_clean();
+}
+
+#[test]
+fn registering_memory_of_another_device_is_refused() {
+    let rig = rig(2);
+    let comms = rig.comms(2);
+    rig.on(1);
+    let q = rig.cu_alloc(BYTES);
+    let mut h = std::ptr::null_mut();
+    let f = rig.nccl.fns().ncclCommRegister.expect("ncclCommRegister");
+    // SAFETY: valid out-pointer; the mock checks the rest.
+    assert_eq!(unsafe { f(comms[0], dev(q), BYTES, &mut h) }, INVALID);
+    assert!(h.is_null());
+    assert_eq!(
+        rig.last_error(comms[0]),
+        "ncclCommRegister: memory of device 1, communicator of device 0"
+    );
+    assert_eq!(rig.cu_free(q), OK, "not pinned");
+    for c in comms {
+        rig.destroy(c);
+    }
+    rig.assert_clean();
+}
+
+#[test]
+fn with_windows_off_a_window_registration_succeeds_with_no_window() {
+    let rig = Rig::with_nccl(1, |n| n.windows(false));
+    rig.on(0);
+    let comm = rig.comm();
+    let p = rig.mem_alloc(PAGE);
+    let (rc, win) = rig.window(comm, p, PAGE);
+    assert_eq!(rc, NCCL_OK);
+    assert!(win.is_null());
+    assert_eq!(rig.window_deregister(comm, win), NCCL_OK);
+    assert_eq!(rig.mem_free(p), NCCL_OK, "nothing holds it");
+    rig.assert_clean();
+    rig.destroy(comm);
+    assert!(rig.world.live().is_empty());
+}

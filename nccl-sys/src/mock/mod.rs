@@ -104,6 +104,7 @@ pub struct MockNccl {
     version: NcclVersion,
     timeout: Duration,
     null_ops: bool,
+    windows: bool,
 }
 
 impl MockNccl {
@@ -114,6 +115,7 @@ impl MockNccl {
             version: NcclVersion(crate::NCCL_VERSION_CODE as i32),
             timeout: Duration::from_secs(60),
             null_ops: false,
+            windows: true,
         }
     }
 
@@ -121,6 +123,14 @@ impl MockNccl {
     /// costs only the call itself, for measuring the overhead of the layers above it.
     pub fn null_collectives(mut self, on: bool) -> Self {
         self.null_ops = on;
+        self
+    }
+
+    /// Whether `ncclCommWindowRegister` makes windows (default `true`). `false` is NCCL
+    /// with `NCCL_WIN_ENABLE=0`: the call checks its communicator and out-pointer, then
+    /// succeeds with a NULL window, which `ncclCommWindowDeregister` accepts.
+    pub fn windows(mut self, on: bool) -> Self {
+        self.windows = on;
         self
     }
 
@@ -144,6 +154,7 @@ impl MockNccl {
             version: self.version.0,
             timeout: self.timeout,
             null_ops: self.null_ops,
+            windows: self.windows,
             cuda: self.cuda,
             state: Mutex::new(state::State::default()),
             cond: Condvar::new(),
@@ -171,6 +182,7 @@ pub(crate) struct NWorld {
     pub(crate) version: i32,
     pub(crate) timeout: Duration,
     pub(crate) null_ops: bool,
+    pub(crate) windows: bool,
     pub(crate) cuda: MockWorld,
     pub(crate) state: Mutex<state::State>,
     pub(crate) cond: Condvar,

@@ -16,7 +16,9 @@
 //! - Window registration is collective: the ranks' n-th windows must have one size, and
 //!   the memory must come from `ncclMemAlloc` at a 4096-byte aligned offset, as NCCL
 //!   requires. The handle is written at the call (NCCL writes it at the group's end
-//!   inside a group; callers must not read it earlier either way).
+//!   inside a group; callers must not read it earlier either way). With windows off
+//!   ([`MockNccl::windows`](super::MockNccl::windows), NCCL's `NCCL_WIN_ENABLE=0`) the
+//!   call succeeds with a NULL window.
 //!
 //! Destroying or aborting a communicator releases its registrations and windows, as
 //! NCCL does.
@@ -312,6 +314,12 @@ nccl_mock! {
         };
         if win.is_null() {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: null window pointer"));
+        }
+        if !w.windows {
+            // NCCL_WIN_ENABLE=0: no window, and no error.
+            // SAFETY: checked non-null out-pointer.
+            unsafe { *win = std::ptr::null_mut() };
+            return ncclResult_t::ncclSuccess;
         }
         let (device, clique) = match s.comms.get(&h) {
             Some(c) => (c.device, c.clique.as_ref().map(|c| std::sync::Arc::as_ptr(c).addr()).unwrap_or(0)),

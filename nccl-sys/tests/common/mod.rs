@@ -30,8 +30,14 @@ impl Rig {
 
     /// Peers wait at most `timeout`, for tests of a peer that never comes.
     pub fn with_timeout(devices: usize, timeout: Duration) -> Rig {
+        Self::with_nccl(devices, |n| n.timeout(timeout))
+    }
+
+    /// The NCCL built as `nccl` says (its peers wait 30 s unless it says otherwise).
+    pub fn with_nccl(devices: usize, nccl: impl FnOnce(MockNccl) -> MockNccl) -> Rig {
         let (driver, gpus) = MockDriver::with_devices(devices).build().unwrap();
-        let (nccl, world) = MockNccl::new(&gpus).timeout(timeout).build().unwrap();
+        let builder = MockNccl::new(&gpus).timeout(Duration::from_secs(30));
+        let (nccl, world) = nccl(builder).build().unwrap();
         let f = driver.fns();
         // SAFETY: mock driver call.
         assert_eq!(unsafe { (f.cuInit)(0) }, OK);
