@@ -759,3 +759,43 @@ fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
     assert!(gpus.live().is_empty(), "{:?}", gpus.live());
     assert_eq!(gpus.violations(), Vec::<String>::new());
 }
+
+/// NCCL without local registration (`NCCL_LOCAL_REGISTER=0`) succeeds with no handle:
+/// such registrations are not one shared registration, each holds only its own memory,
+/// and their release calls nothing.
+#[test]
+fn registrations_nccl_declines_hold_only_their_own_memory() {
+    let (cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1)).unwrap();
+    let (nccl, world) = nccl_sys::mock::MockNccl::new(&gpus)
+        .local_registration(false)
+        .build()
+        .unwrap();
+    let nccl = std::sync::Arc::new(nccl);
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let stream = Stream::new(&ctx).unwrap();
+    let mut a = comm.alloc_nccl::<f32>(16).unwrap();
+    let b = comm.alloc_nccl::<f32>(16).unwrap();
+    a.fill(1.5).unwrap();
+    let reg_a = comm.register(&a).unwrap();
+    let reg_b = comm.register(&b).unwrap();
+    comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &stream)
+        .unwrap();
+    assert_eq!(a.to_vec().unwrap(), vec![1.5f32; 16]);
+    drop((reg_a, a));
+    assert_eq!(
+        world.calls("ncclMemFree"),
+        1,
+        "b's registration holds only b"
+    );
+    drop((reg_b, b));
+    assert_eq!(world.calls("ncclMemFree"), 2);
+    assert_eq!(world.calls("ncclCommRegister"), 2);
+    assert_eq!(world.calls("ncclCommDeregister"), 0, "nothing to release");
+    drop((comm, stream, ctx, nccl, cuda));
+    assert!(world.live().is_empty(), "{:?}", world.live());
+    assert!(gpus.live().is_empty(), "{:?}", gpus.live());
+    assert_eq!(gpus.violations(), Vec::<String>::new());
+}

@@ -751,3 +751,44 @@ fn with_windows_off_a_window_registration_succeeds_with_no_window() {
     rig.destroy(comm);
     assert!(rig.world.live().is_empty());
 }
+
+#[test]
+fn with_local_registration_off_a_registration_succeeds_with_no_handle() {
+    let (driver, gpus) = MockDriver::with_devices(1).build().unwrap();
+    let (nccl, world) = MockNccl::new(&gpus)
+        .local_registration(false)
+        .build()
+        .unwrap();
+    let f = driver.fns();
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: mock driver calls with valid out-pointers and an existing device.
+    unsafe {
+        assert_eq!((f.cuInit)(0), OK);
+        assert_eq!((f.cuDevicePrimaryCtxRetain)(&mut ctx, 0), OK);
+        assert_eq!((f.cuCtxSetCurrent)(ctx), OK);
+    }
+    let rig = Rig {
+        driver,
+        gpus,
+        nccl,
+        world,
+        ctxs: vec![ctx],
+    };
+    let comm = rig.comm();
+    let s = rig.stream();
+    let p = rig.cu_alloc(BYTES);
+    let mut h = std::ptr::dangling_mut();
+    let reg = rig.nccl.fns().ncclCommRegister.expect("ncclCommRegister");
+    // SAFETY: valid out-pointer; the mock checks the rest.
+    assert_eq!(unsafe { reg(comm, dev(p), BYTES, &mut h) }, NCCL_OK);
+    assert!(h.is_null());
+    // Nothing resolves it, holds the memory, or waits for it.
+    assert_eq!(rig.all_reduce(comm, p, s), NCCL_OK);
+    assert_eq!(rig.deregister(comm, h), NCCL_OK);
+    rig.assert_clean();
+    rig.sync(s);
+    assert_eq!(rig.cu_free(p), OK);
+    rig.destroy(comm);
+    rig.assert_clean();
+    assert!(rig.world.live().is_empty());
+}

@@ -105,6 +105,7 @@ pub struct MockNccl {
     timeout: Duration,
     null_ops: bool,
     windows: bool,
+    local_registration: bool,
 }
 
 impl MockNccl {
@@ -116,6 +117,7 @@ impl MockNccl {
             timeout: Duration::from_secs(60),
             null_ops: false,
             windows: true,
+            local_registration: true,
         }
     }
 
@@ -123,6 +125,14 @@ impl MockNccl {
     /// costs only the call itself, for measuring the overhead of the layers above it.
     pub fn null_collectives(mut self, on: bool) -> Self {
         self.null_ops = on;
+        self
+    }
+
+    /// Whether `ncclCommRegister` registers (default `true`). `false` is NCCL with
+    /// `NCCL_LOCAL_REGISTER=0`: the call checks its communicator and out-pointer, then
+    /// succeeds with a NULL handle, which `ncclCommDeregister` accepts.
+    pub fn local_registration(mut self, on: bool) -> Self {
+        self.local_registration = on;
         self
     }
 
@@ -155,6 +165,7 @@ impl MockNccl {
             timeout: self.timeout,
             null_ops: self.null_ops,
             windows: self.windows,
+            local_registration: self.local_registration,
             cuda: self.cuda,
             state: Mutex::new(state::State::default()),
             cond: Condvar::new(),
@@ -183,6 +194,7 @@ pub(crate) struct NWorld {
     pub(crate) timeout: Duration,
     pub(crate) null_ops: bool,
     pub(crate) windows: bool,
+    pub(crate) local_registration: bool,
     pub(crate) cuda: MockWorld,
     pub(crate) state: Mutex<state::State>,
     pub(crate) cond: Condvar,

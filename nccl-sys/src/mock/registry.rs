@@ -12,7 +12,9 @@
 //!   or while work that used it may still run (the host has not waited for it) is
 //!   reported. Work enqueued while a buffer was registered uses the registration when
 //!   it runs (NCCL resolved it at enqueue): if it was deregistered by then, that is
-//!   reported and the work fails like an illegal access.
+//!   reported and the work fails like an illegal access. With local registration off
+//!   ([`MockNccl::local_registration`](super::MockNccl::local_registration), NCCL's
+//!   `NCCL_LOCAL_REGISTER=0`) the call succeeds with a NULL handle.
 //! - Window registration is collective: the ranks' n-th windows must have one size, and
 //!   the memory must come from `ncclMemAlloc` at a 4096-byte aligned offset, as NCCL
 //!   requires. The handle is written at the call (NCCL writes it at the group's end
@@ -269,6 +271,12 @@ nccl_mock! {
         if handle.is_null() {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: null handle"));
         }
+        if !w.local_registration {
+            // NCCL_LOCAL_REGISTER=0: no registration, and no error.
+            // SAFETY: checked non-null out-pointer.
+            unsafe { *handle = std::ptr::null_mut() };
+            return ncclResult_t::ncclSuccess;
+        }
         let device = s.comms.get(&h).map(|c| c.device).unwrap_or(-1);
         if let Err(rc) = check_memory(w, &mut s, CALL, buff.addr() as u64, size, device) {
             return rc;
@@ -304,6 +312,9 @@ nccl_mock! {
             Ok(h) => h,
             Err(rc) => return rc,
         };
+        if handle.is_null() {
+            return ncclResult_t::ncclSuccess;
+        }
         deregister(w, &mut s, CALL, h, p2h(handle), false)
     }
     fn ncclCommWindowRegister = window_register(w, s, comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, flags: c_int) {
