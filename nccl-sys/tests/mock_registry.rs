@@ -754,26 +754,8 @@ fn with_windows_off_a_window_registration_succeeds_with_no_window() {
 
 #[test]
 fn with_local_registration_off_a_registration_succeeds_with_no_handle() {
-    let (driver, gpus) = MockDriver::with_devices(1).build().unwrap();
-    let (nccl, world) = MockNccl::new(&gpus)
-        .local_registration(false)
-        .build()
-        .unwrap();
-    let f = driver.fns();
-    let mut ctx = std::ptr::null_mut();
-    // SAFETY: mock driver calls with valid out-pointers and an existing device.
-    unsafe {
-        assert_eq!((f.cuInit)(0), OK);
-        assert_eq!((f.cuDevicePrimaryCtxRetain)(&mut ctx, 0), OK);
-        assert_eq!((f.cuCtxSetCurrent)(ctx), OK);
-    }
-    let rig = Rig {
-        driver,
-        gpus,
-        nccl,
-        world,
-        ctxs: vec![ctx],
-    };
+    let rig = Rig::with_nccl(1, |n| n.local_registration(false));
+    rig.on(0);
     let comm = rig.comm();
     let s = rig.stream();
     let p = rig.cu_alloc(BYTES);
