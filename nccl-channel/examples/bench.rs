@@ -143,7 +143,7 @@ impl Mem {
             Mem::Unregistered => "ncclMemAlloc, unregistered",
             Mem::Registered => "ncclMemAlloc + ncclCommRegister",
             Mem::Window => "ncclMemAlloc + ncclCommWindowRegister(COLL_SYMMETRIC)",
-            Mem::Pool => "the communicator's registered pool",
+            Mem::Pool => "the communicator's pool, registered by the collectives that gain",
         }
     }
 }
