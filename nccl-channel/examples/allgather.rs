@@ -5,12 +5,11 @@
 //! # Launcher: one rank per GPU (on a machine without a CUDA driver, on simulated devices)
 //! allgather --nprocs 2
 //! # One rank, configured by the environment (this crate's or IREE's variables)
-//! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 allgather --device cuda://0 &
-//! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=1 NCCL_COMM_ID=127.0.0.1:8000 allgather --device cuda://1
+//! IREE_CUDA_NCCL_NPROCS=2 NCCL_COMM_ID=127.0.0.1:8000 IREE_CUDA_NCCL_PROCID=0 allgather --device=cuda://0 &
+//! IREE_CUDA_NCCL_NPROCS=2 NCCL_COMM_ID=127.0.0.1:8000 IREE_CUDA_NCCL_PROCID=1 allgather --device=cuda://1
 //! ```
-//! Options: `--count N` (elements per rank, default 2), `--dtype i32|f32|i8|ui8|ui32|i64|ui64|f64`,
-//! `--collective all_gather|all_reduce|all_to_all|broadcast|reduce_scatter`,
-//! `--timeout SECONDS` (launcher: how long ranks may take, default 120).
+//! `allgather --help` lists the options (`--device` also takes `cuda://GPU-<uuid>`;
+//! `--opt value` and `--opt=value` both work).
 
 #[path = "support/launch.rs"]
 mod launch;
@@ -22,78 +21,51 @@ use std::time::Duration;
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, NcclType, ReduceOp, World};
 
-#[derive(Clone, Debug)]
+/// The all-gather demo of nccl-channel: one rank per process, configured by the
+/// environment, or `--nprocs N` to start N ranks here.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(name = "allgather", version)]
 struct Opts {
+    /// Start N ranks: one process per GPU, or threads on simulated devices without a
+    /// CUDA driver (for a world from the environment, leave it out).
+    #[arg(long, value_name = "N", value_parser = positive)]
     nprocs: Option<usize>,
+    /// The GPU of this rank: cuda://<index> or cuda://GPU-<uuid> (default: the rank's
+    /// local index).
+    #[arg(long, value_name = "cuda://<index>|cuda://GPU-<uuid>")]
     device: Option<String>,
+    /// Elements per rank.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = positive)]
     count: usize,
+    /// Element type.
+    #[arg(long, default_value = "i32", value_parser = ["i32", "f32", "i8", "ui8", "ui32", "i64", "ui64", "f64"])]
     dtype: String,
+    /// The collective to run.
+    #[arg(long, default_value = "all_gather", value_parser = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"])]
     collective: String,
+    /// Launcher: how long the ranks may take, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value = "120", value_parser = seconds)]
     timeout: Duration,
 }
 
-fn parse_args() -> Result<Opts, String> {
-    let mut o = Opts {
-        nprocs: None,
-        device: None,
-        count: 2,
-        dtype: "i32".into(),
-        collective: "all_gather".into(),
-        timeout: Duration::from_secs(120),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
-        match a.as_str() {
-            "--nprocs" => {
-                o.nprocs = Some(
-                    value("--nprocs")?
-                        .parse()
-                        .map_err(|_| "--nprocs expects a number")?,
-                )
-            }
-            "--device" => o.device = Some(value("--device")?),
-            "--count" => {
-                o.count = value("--count")?
-                    .parse()
-                    .map_err(|_| "--count expects a number")?
-            }
-            "--dtype" => o.dtype = value("--dtype")?,
-            "--collective" => o.collective = value("--collective")?,
-            "--timeout" => {
-                let s: f64 = value("--timeout")?
-                    .parse()
-                    .map_err(|_| "--timeout expects seconds")?;
-                o.timeout = Duration::from_secs_f64(s);
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("expects a number, not {s:?}")),
     }
-    if o.nprocs == Some(0) {
-        return Err("--nprocs must be at least 1".into());
-    }
-    if o.count == 0 {
-        return Err("--count must be at least 1".into());
-    }
-    Ok(o)
 }
 
-const USAGE: &str = "usage: allgather [--nprocs N] [--device cuda://<index>|cuda://GPU-<uuid>] \
-[--count N] [--dtype i32|f32|i8|ui8|ui32|i64|ui64|f64] \
-[--collective all_gather|all_reduce|all_to_all|broadcast|reduce_scatter] [--timeout SECONDS]";
+fn seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
+}
 
 fn main() -> ExitCode {
-    let opts = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("allgather: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    // `--help` and `--version` exit 0; a bad argument exits 2 with clap's message.
+    let opts = <Opts as clap::Parser>::parse();
     let world = match World::from_env() {
         Ok(w) => w,
         Err(e) => {
@@ -139,7 +111,7 @@ fn run_collective(comm: &Communicator, s: &Stream, o: &Opts) -> Result<String, S
         "i64" => typed::<i64>(comm, s, o, "i64"),
         "ui64" => typed::<u64>(comm, s, o, "ui64"),
         "f64" => typed::<f64>(comm, s, o, "f64"),
-        other => return Err(format!("unknown --dtype {other:?}; {USAGE}")),
+        other => return Err(format!("unknown --dtype {other:?}")),
     };
     r.map_err(|e| e.to_string())
 }

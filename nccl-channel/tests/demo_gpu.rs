@@ -27,7 +27,8 @@ fn launcher_runs_one_rank_per_gpu() {
     }
 }
 
-/// Starts two ranks by hand with `vars(rank)` and `--device device(rank)`; checks both.
+/// Starts two ranks by hand with `vars(rank)` and `--device=device(rank)` (the form of
+/// the scenario we reproduce); checks both.
 fn two_hand_started(
     label: &str,
     vars: &dyn Fn(usize) -> Vec<(String, String)>,
@@ -42,7 +43,7 @@ fn two_hand_started(
     let children: Vec<_> = (0..2)
         .map(|r| {
             let mut c = std::process::Command::new(demo_exe());
-            c.args(["--device", &device(r)])
+            c.arg(format!("--device={}", device(r)))
                 .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"))
                 .env("NCCL_NVLS_ENABLE", "0")
                 .stdout(std::process::Stdio::piped())
@@ -61,7 +62,7 @@ fn two_hand_started(
     for (r, o) in outs.iter().enumerate() {
         let out = String::from_utf8_lossy(&o.stdout);
         let err = String::from_utf8_lossy(&o.stderr);
-        println!("{label}, rank {r} (--device {}):\n{out}{err}", device(r));
+        println!("{label}, rank {r} (--device={}):\n{out}{err}", device(r));
         assert!(o.status.success(), "rank {r} failed");
         assert!(out.lines().any(|l| l == RESULT), "rank {r}: {out}");
     }

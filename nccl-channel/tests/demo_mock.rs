@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::demo::run_demo;
+use common::demo::{demo_exe, run_demo};
 
 /// Hides any real driver, so the demo takes the simulated path on every machine.
 fn no_driver() -> Vec<(&'static str, String)> {
@@ -96,10 +96,19 @@ fn other_collectives_counts_and_dtypes() {
 #[test]
 fn bad_options_and_no_world_fail_with_a_message() {
     for (args, needle) in [
-        (&["--nprocs", "0"][..], "--nprocs must be at least 1"),
-        (&["--nprocs", "x"][..], "--nprocs expects a number"),
-        (&["--bogus"][..], "unknown argument"),
-        (&["--nprocs", "2", "--dtype", "c64"][..], "unknown --dtype"),
+        (
+            &["--nprocs", "0"][..],
+            "invalid value '0' for '--nprocs <N>': must be at least 1",
+        ),
+        (
+            &["--nprocs=x"][..],
+            "invalid value 'x' for '--nprocs <N>': expects a number",
+        ),
+        (&["--bogus"][..], "unexpected argument '--bogus'"),
+        (
+            &["--nprocs", "2", "--dtype", "c64"][..],
+            "invalid value 'c64' for '--dtype <DTYPE>'",
+        ),
         (
             &[
                 "--nprocs",
@@ -125,4 +134,44 @@ fn bad_options_and_no_world_fail_with_a_message() {
         ],
     );
     assert!(!ok && err.contains("IREE_CUDA_NCCL_PROCID"), "{err}");
+}
+
+/// The command line behaves as users expect: `--help` and `--version` succeed (exit 0),
+/// `--opt=value` is the same as `--opt value`, a bad option exits 2 with the usage.
+#[test]
+fn the_command_line_takes_both_option_forms_and_helps() {
+    let (ok, out, _) = run_demo(&["--help"], &no_driver());
+    assert!(ok, "--help must exit 0");
+    assert!(out.contains("Usage: allgather [OPTIONS]"), "{out}");
+    assert!(
+        out.contains("--device <cuda://<index>|cuda://GPU-<uuid>>"),
+        "{out}"
+    );
+    let (ok, out, _) = run_demo(&["--version"], &no_driver());
+    assert!(ok);
+    assert_eq!(
+        out.trim(),
+        format!("allgather {}", env!("CARGO_PKG_VERSION"))
+    );
+    let (ok, out, err) = run_demo(
+        &[
+            "--nprocs=2",
+            "--count=3",
+            "--dtype=f32",
+            "--collective=all_reduce",
+        ],
+        &no_driver(),
+    );
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("[rank 1] 3xf32=[202 204 206]"), "{out}");
+    let out = std::process::Command::new(demo_exe())
+        .arg("--nprocs")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a value is required for '--nprocs <N>'") && err.contains("try '--help'"),
+        "{err}"
+    );
 }
