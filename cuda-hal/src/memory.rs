@@ -389,11 +389,9 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// Waits until the work enqueued so far on every stream that used the memory is done
     /// (refused while one of them is being captured: the wait would spoil the capture).
     pub fn synchronize_uses(&self) -> Result<()> {
-        for s in self.alloc.uses.streams() {
-            s.refuse_capture("DeviceBuffer::synchronize_uses")?;
-            s.synchronize()?;
-        }
-        Ok(())
+        self.alloc
+            .uses
+            .synchronize("DeviceBuffer::synchronize_uses")
     }
 
     /// Number of elements.

@@ -136,6 +136,16 @@ impl UseLog {
         lock(&self.streams).clone()
     }
 
+    /// Waits for the work enqueued so far on every noted stream; refused (`what` names
+    /// the caller) while one of them is being captured: the wait would spoil the capture.
+    pub(crate) fn synchronize(&self, what: &'static str) -> Result<()> {
+        for s in self.streams() {
+            s.refuse_capture(what)?;
+            s.synchronize()?;
+        }
+        Ok(())
+    }
+
     /// A log that starts with `streams`.
     pub(crate) fn with(streams: Vec<Stream>) -> UseLog {
         UseLog {
@@ -298,10 +308,6 @@ impl StreamLog {
     /// Waits until the work enqueued so far on every noted stream is done (refused while
     /// one of them is being captured: the wait would spoil the capture).
     pub fn synchronize(&self) -> Result<()> {
-        for s in self.0.streams() {
-            s.refuse_capture("StreamLog::synchronize")?;
-            s.synchronize()?;
-        }
-        Ok(())
+        self.0.synchronize("StreamLog::synchronize")
     }
 }

@@ -76,13 +76,9 @@ impl CommShared {
         self.registry.defer(p);
     }
 
-    fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::Acquire)
-    }
-
     /// Whether the handle was freed (aborted or destroyed).
-    pub(crate) fn is_dead_pub(&self) -> bool {
-        self.is_dead()
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
     }
 
     /// Whether an open group of another thread holds the handle: no call may use it here.

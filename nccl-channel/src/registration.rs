@@ -73,7 +73,7 @@ pub(crate) struct RegShared {
 impl RegShared {
     /// Whether its communicator is still alive (a dead one released it).
     pub(crate) fn is_live(&self) -> bool {
-        !self.comm.is_dead_pub()
+        !self.comm.is_dead()
     }
 
     fn note(&self, stream: &Stream) {
@@ -152,10 +152,6 @@ impl Registry {
         self.count.store(l.len(), Ordering::Release);
         // Returned, not dropped here: the last owner's drop takes the list's lock.
         same
-    }
-
-    fn remove(&self, r: &Arc<RegShared>) {
-        self.remove_ptr(Arc::as_ptr(r));
     }
 
     fn remove_ptr(&self, me: *const RegShared) {
@@ -511,7 +507,8 @@ impl Communicator {
             // registry (its drop removes it) and later work is noted on it too.
             return Ok(());
         }
-        self.shared().registry.remove(&shared);
+        // Nobody else holds it: its drop, at the end, takes it out of the registry (no
+        // collective of this communicator can run meanwhile: this is its thread).
         let Some(p) = crate::comm::lock(&shared.pending).take() else {
             return Ok(());
         };

@@ -113,8 +113,21 @@ fn symmetric_windows_on_two_gpus() {
         .collect();
     let pairs: Vec<_> = comms.iter().zip(bufs.iter()).collect();
     let wins = match Communicator::register_windows(&pairs, WindowFlags::COLL_SYMMETRIC) {
-        Err(Error::Unsupported { needed, found, .. }) => {
-            println!("skipped: windows need NCCL {needed}, this is {found}");
+        // Older than 2.27: the refusal must name the release (and nothing is registered).
+        Err(Error::Unsupported {
+            feature,
+            needed,
+            found,
+        }) => {
+            assert!(
+                nccl.version() < nccl_sys::NcclVersion::new(2, 27, 0),
+                "{found}"
+            );
+            assert_eq!(
+                (feature, needed.as_str()),
+                ("ncclCommWindowRegister", "2.27.0")
+            );
+            println!("NCCL {found}: windows refused, they need {needed}");
             return;
         }
         r => r.unwrap(),

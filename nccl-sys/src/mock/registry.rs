@@ -25,6 +25,7 @@
 //! Destroying or aborting a communicator releases its registrations and windows, as
 //! NCCL does.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 
 use super::NWorld;
@@ -50,8 +51,8 @@ pub(crate) struct Reg {
     /// Registrations NCCL handed out as this one (`ncclCommRegister` of a range an
     /// existing registration covers returns it again, counted): released at the last.
     pub(crate) refs: usize,
-    /// Where the work that used it stands on its streams: (stream key, stamp, call).
-    pub(crate) uses: Vec<(usize, u64, &'static str)>,
+    /// Where the newest work that used it stands on each stream: key -> (stamp, call).
+    pub(crate) uses: HashMap<usize, (u64, String)>,
 }
 
 impl Reg {
@@ -97,7 +98,7 @@ pub(super) fn admit(w: &NWorld, call: &str, regs: &[usize], pos: Option<(usize, 
         match s.regs.get_mut(h) {
             Some(r) => {
                 if let Some((key, stamp)) = pos {
-                    r.uses.push((key, stamp, leak_name(call)));
+                    r.uses.insert(key, (stamp, call.to_string()));
                 }
             }
             None => {
@@ -114,28 +115,6 @@ pub(super) fn admit(w: &NWorld, call: &str, regs: &[usize], pos: Option<(usize, 
         }
     }
     ok
-}
-
-/// Interns a report name (few distinct calls reach here).
-fn leak_name(call: &str) -> &'static str {
-    const KNOWN: [&str; 11] = [
-        "ncclAllReduce",
-        "ncclAllGather",
-        "ncclReduceScatter",
-        "ncclBroadcast",
-        "ncclBcast",
-        "ncclReduce",
-        "ncclAlltoAll",
-        "ncclGather",
-        "ncclScatter",
-        "ncclSend",
-        "ncclRecv",
-    ];
-    KNOWN
-        .iter()
-        .copied()
-        .find(|k| call.ends_with(k))
-        .unwrap_or("a collective")
 }
 
 /// Communicator `comm` was destroyed or aborted by `by`: NCCL releases its registrations
@@ -192,7 +171,9 @@ fn deregister(
     let Some(r) = s.regs.remove(&h) else {
         return ncclResult_t::ncclInternalError;
     };
-    for (key, stamp, used_by) in &r.uses {
+    let mut uses: Vec<_> = r.uses.iter().collect();
+    uses.sort_by_key(|(k, _)| **k);
+    for (key, (stamp, used_by)) in uses {
         if !w.cuda.host_waited_for(*key, *stamp) {
             w.cuda.report(format!(
                 "{call} of {what} {h:#x} ({:#x}+{}): work enqueued on stream {key:#x} ({used_by}) may still use it: the host did not wait for it",
@@ -298,7 +279,7 @@ nccl_mock! {
             Some(r) => r,
             None => {
                 let r = s.handle(w.id);
-                s.regs.insert(r, Reg { comm: h, ptr: begin, len: (end - begin) as usize, window: false, refs: 1, uses: Vec::new() });
+                s.regs.insert(r, Reg { comm: h, ptr: begin, len: (end - begin) as usize, window: false, refs: 1, uses: HashMap::new() });
                 w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL registration {r:#x} of communicator {h:#x} (ncclCommRegister)"));
                 r
             }
@@ -364,7 +345,7 @@ nccl_mock! {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, m);
         }
         let r = s.handle(w.id);
-        s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, refs: 1, uses: Vec::new() });
+        s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, refs: 1, uses: HashMap::new() });
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));
         // SAFETY: checked non-null out-pointer.
         unsafe { *win = h2p(r) };
