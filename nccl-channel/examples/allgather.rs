@@ -30,9 +30,14 @@ struct Opts {
     /// CUDA driver (for a world from the environment, leave it out).
     #[arg(long, value_name = "N", value_parser = positive)]
     nprocs: Option<usize>,
-    /// The GPU of this rank: cuda://<index> or cuda://GPU-<uuid> (default: the rank's
-    /// local index).
-    #[arg(long, value_name = "cuda://<index>|cuda://GPU-<uuid>")]
+    /// The GPU of this rank, for a world from the environment: cuda://<index>,
+    /// cuda://GPU-<uuid>, cuda://MIG-<uuid>, a PCI bus id cuda://0000:18:00.0, or cuda://
+    /// (default: the rank's local index). With --nprocs each rank takes its own GPU.
+    #[arg(
+        long,
+        value_name = "cuda://<index>|cuda://GPU-<uuid>",
+        conflicts_with = "nprocs"
+    )]
     device: Option<String>,
     /// Elements per rank.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = positive)]

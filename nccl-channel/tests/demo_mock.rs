@@ -164,6 +164,13 @@ fn the_command_line_takes_both_option_forms_and_helps() {
     );
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("[rank 1] 3xf32=[202 204 206]"), "{out}");
+    // --device names one rank's GPU; the launcher gives each rank its own.
+    let (ok, _, err) = run_demo(&["--nprocs=2", "--device=cuda://5"], &no_driver());
+    assert!(!ok);
+    assert!(
+        err.contains("the argument '--nprocs <N>' cannot be used with '--device"),
+        "{err}"
+    );
     let out = std::process::Command::new(demo_exe())
         .arg("--nprocs")
         .output()
