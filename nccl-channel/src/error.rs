@@ -124,6 +124,22 @@ pub enum Error {
         /// The OS error.
         message: String,
     },
+    /// Rank 0 could not hand its unique id to the other ranks over the network
+    /// ([`Rendezvous`](crate::Rendezvous)): nothing answered before the deadline,
+    /// something else answered, the ranks disagree on the world size, or rank 0 could not
+    /// listen. The message names the address and the variables it was derived from, so a
+    /// launcher's setting can be checked at a glance.
+    #[error("{service} at {address} (derived from {derived_from}) {problem}")]
+    Rendezvous {
+        /// Who serves the id there: `"rank 0's rendezvous"` or `"torchrun's TCPStore"`.
+        service: &'static str,
+        /// `host:port`.
+        address: String,
+        /// The environment variables (or `"code"`) the address came from.
+        derived_from: String,
+        /// What went wrong, with the operating system's error text where there is one.
+        problem: String,
+    },
     /// The communicator was aborted; it accepts no more work.
     #[error("the communicator was aborted")]
     Aborted,

@@ -1,0 +1,342 @@
+//! The rendezvous address from the launcher's environment: the rule of
+//! [`Rendezvous::from_lookup`](super::Rendezvous::from_lookup).
+
+use std::time::Duration;
+
+use super::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind, hostlist, parse_host_port};
+use crate::{Error, Result, World};
+
+/// The lowest port derived from a job's id ([`Rendezvous::from_env`](super::Rendezvous::from_env)).
+pub const PORT_BASE: u16 = 20000;
+
+/// How many ports derivation spreads jobs over, from [`PORT_BASE`]: 20000–31999, below
+/// Linux's ephemeral range (32768 on).
+pub const PORT_SPAN: u16 = 12000;
+
+/// The Slurm node-list variables, most specific first.
+const NODELISTS: [&str; 3] = [
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+];
+
+type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// One derived address before it becomes a [`Rendezvous`].
+struct Found {
+    kind: RendezvousKind,
+    host: String,
+    port: u16,
+    from: Vec<&'static str>,
+    key: String,
+}
+
+pub(super) fn derive(world: &World, lookup: Lookup<'_>) -> Result<Option<Rendezvous>> {
+    let get = |name: &str| {
+        lookup(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let timeout = timeout(&get)?;
+    let found = match find(world, &get)? {
+        Some(f) => f,
+        None => return Ok(None),
+    };
+    Ok(Some(Rendezvous::new(
+        found.kind,
+        found.host,
+        found.port,
+        found.from.join(", "),
+        found.key,
+        timeout,
+    )))
+}
+
+fn find(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+    if let Some(v) = get("NCCL_CHANNEL_RENDEZVOUS") {
+        let (host, port) = host_port("NCCL_CHANNEL_RENDEZVOUS", &v)?;
+        return Ok(Some(Found {
+            kind: RendezvousKind::RankZero,
+            host,
+            port,
+            from: vec!["NCCL_CHANNEL_RENDEZVOUS"],
+            key: job_key(world, get),
+        }));
+    }
+    if !matches!(world.source, "torchrun" | "Slurm" | "Open MPI" | "PMI") {
+        return Ok(None);
+    }
+    let master = master(get)?;
+    if world.source == "torchrun" && get("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True")
+    {
+        let Some((host, port)) = master else {
+            return Err(Error::Env {
+                variable: "TORCHELASTIC_USE_AGENT_STORE".into(),
+                value: "True".into(),
+                problem: "torchrun's agent store is at MASTER_ADDR:MASTER_PORT, and they are \
+                          not both set"
+                    .into(),
+            });
+        };
+        return Ok(Some(Found {
+            kind: RendezvousKind::TorchStore,
+            host,
+            port,
+            from: vec!["MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"],
+            key: job_key(world, get),
+        }));
+    }
+    if let Some((host, port)) = master {
+        return Ok(Some(Found {
+            kind: RendezvousKind::RankZero,
+            host,
+            port,
+            from: vec!["MASTER_ADDR", "MASTER_PORT"],
+            key: job_key(world, get),
+        }));
+    }
+    match world.source {
+        "Slurm" => slurm(world, get),
+        "Open MPI" => open_mpi(world, get),
+        "PMI" => pmi(world, get),
+        _ => Ok(None),
+    }
+}
+
+/// Slurm: the first host of the step's (or job's) node list, the Slurm port.
+fn slurm(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+    let Some((host, list_var)) = slurm_first_host(get)? else {
+        return Err(ask_for_master_addr(
+            "SLURM_NTASKS",
+            get,
+            "Slurm set no node list (SLURM_STEP_NODELIST, SLURM_JOB_NODELIST, SLURM_NODELIST), \
+             so rank 0's host is unknown; set MASTER_ADDR and MASTER_PORT",
+        ));
+    };
+    let Some((port, mut from)) = slurm_port(get) else {
+        return Err(ask_for_master_addr(
+            "SLURM_NTASKS",
+            get,
+            "SLURM_JOB_ID is not set, so no port can be derived; set MASTER_ADDR and MASTER_PORT",
+        ));
+    };
+    from.insert(0, list_var);
+    Ok(Some(Found {
+        kind: RendezvousKind::RankZero,
+        host,
+        port,
+        from,
+        key: job_key(world, get),
+    }))
+}
+
+/// Open MPI: loopback on one node, else MASTER_ADDR or Slurm's first host; the job's port.
+fn open_mpi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+    let (port, port_var) = if let Some(id) = get("OMPI_MCA_ess_base_jobid") {
+        (port_of(number(&id)), "OMPI_MCA_ess_base_jobid")
+    } else if let Some(ns) = get("PMIX_NAMESPACE") {
+        (port_of(fnv1a(ns.as_bytes())), "PMIX_NAMESPACE")
+    } else {
+        return Err(ask_for_master_addr(
+            "OMPI_COMM_WORLD_SIZE",
+            get,
+            "neither OMPI_MCA_ess_base_jobid nor PMIX_NAMESPACE is set, so no port can be \
+             derived; set MASTER_PORT as well",
+        ));
+    };
+    let one_node = get("OMPI_COMM_WORLD_LOCAL_SIZE").is_some_and(|l| l == world.size.to_string());
+    let (host, host_vars) = if one_node {
+        (
+            "127.0.0.1".to_string(),
+            vec!["OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"],
+        )
+    } else if let Some(addr) = get("MASTER_ADDR") {
+        (addr, vec!["MASTER_ADDR"])
+    } else if let Some((host, var)) = slurm_first_host(get)? {
+        (host, vec![var])
+    } else {
+        return Err(ask_for_master_addr(
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            get,
+            "Open MPI runs this job on several nodes and not inside Slurm, so rank 0's host \
+             is unknown; export it to every rank (mpirun -x MASTER_ADDR=<rank 0's host>)",
+        ));
+    };
+    let mut from = host_vars;
+    from.push(port_var);
+    Ok(Some(Found {
+        kind: RendezvousKind::RankZero,
+        host,
+        port,
+        from,
+        key: job_key(world, get),
+    }))
+}
+
+/// MPICH Hydra's PMI: loopback and the shared proxy's pid on one node; else Slurm's rule.
+fn pmi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+    let one_node = get("MPI_LOCALNRANKS").is_some_and(|l| l == world.size.to_string());
+    if one_node {
+        let parent = std::os::unix::process::parent_id();
+        return Ok(Some(Found {
+            kind: RendezvousKind::RankZero,
+            host: "127.0.0.1".into(),
+            port: port_of(u64::from(parent)),
+            from: vec!["MPI_LOCALNRANKS", "PMI_SIZE", "the parent process id"],
+            key: format!("pmi-{parent}"),
+        }));
+    }
+    let port = slurm_port(get);
+    if let (Some(addr), Some((port, mut from))) = (get("MASTER_ADDR"), port.clone()) {
+        from.insert(0, "MASTER_ADDR");
+        return Ok(Some(Found {
+            kind: RendezvousKind::RankZero,
+            host: addr,
+            port,
+            from,
+            key: job_key(world, get),
+        }));
+    }
+    if let (Some((host, var)), Some((port, mut from))) = (slurm_first_host(get)?, port) {
+        from.insert(0, var);
+        return Ok(Some(Found {
+            kind: RendezvousKind::RankZero,
+            host,
+            port,
+            from,
+            key: job_key(world, get),
+        }));
+    }
+    Err(ask_for_master_addr(
+        "PMI_SIZE",
+        get,
+        "the ranks run on several nodes (MPI_LOCALNRANKS differs from PMI_SIZE) and not \
+         inside Slurm, so rank 0's host is unknown; export MASTER_ADDR and MASTER_PORT to \
+         every rank (mpiexec -genv MASTER_ADDR <rank 0's host> -genv MASTER_PORT <port>)",
+    ))
+}
+
+/// The first host of the most specific Slurm node list set, and that list's variable.
+fn slurm_first_host(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(String, &'static str)>> {
+    for var in NODELISTS {
+        if let Some(list) = get(var) {
+            return match hostlist::first_host(&list) {
+                Some(host) => Ok(Some((host, var))),
+                None => Err(Error::Env {
+                    variable: var.into(),
+                    value: list,
+                    problem: "not a Slurm host list (like gpu[01-04,07],login1)".into(),
+                }),
+            };
+        }
+    }
+    Ok(None)
+}
+
+/// The Slurm port and its variables, `None` without `SLURM_JOB_ID`.
+fn slurm_port(get: &dyn Fn(&str) -> Option<String>) -> Option<(u16, Vec<&'static str>)> {
+    let job = number(&get("SLURM_JOB_ID")?);
+    let (step, from) = match get("SLURM_STEP_ID") {
+        Some(s) => (number(&s), vec!["SLURM_JOB_ID", "SLURM_STEP_ID"]),
+        None => (0, vec!["SLURM_JOB_ID"]),
+    };
+    Some((port_of(job.wrapping_mul(16).wrapping_add(step % 16)), from))
+}
+
+/// `PORT_BASE + n mod PORT_SPAN`.
+fn port_of(n: u64) -> u16 {
+    // The remainder is below PORT_SPAN, so the sum fits.
+    PORT_BASE + (n % u64::from(PORT_SPAN)) as u16
+}
+
+/// A decimal value as itself, anything else as its FNV-1a hash.
+fn number(text: &str) -> u64 {
+    text.parse::<u64>()
+        .unwrap_or_else(|_| fnv1a(text.as_bytes()))
+}
+
+/// 64-bit FNV-1a: stable across runs and platforms (unlike std's hasher).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// `MASTER_ADDR:MASTER_PORT` when both are set.
+fn master(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<(String, u16)>> {
+    let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) else {
+        return Ok(None);
+    };
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| Error::Env {
+            variable: "MASTER_PORT".into(),
+            value: port.clone(),
+            problem: "expected a port from 1 to 65535".into(),
+        })?;
+    let host = addr
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok(Some((host, port)))
+}
+
+fn host_port(variable: &str, value: &str) -> Result<(String, u16)> {
+    parse_host_port(value).ok_or_else(|| Error::Env {
+        variable: variable.into(),
+        value: value.into(),
+        problem: "expected host:port with a port from 1 to 65535 (IPv6 in brackets: [::1]:29500)"
+            .into(),
+    })
+}
+
+fn timeout(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration> {
+    let Some(text) = get("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT") else {
+        return Ok(DEFAULT_TIMEOUT);
+    };
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| Error::Env {
+            variable: "NCCL_CHANNEL_RENDEZVOUS_TIMEOUT".into(),
+            value: text,
+            problem: "expected a positive number of seconds".into(),
+        })
+}
+
+/// The identity every rank of the job shares, for the key.
+fn job_key(world: &World, get: &dyn Fn(&str) -> Option<String>) -> String {
+    if let Some(run) = get("TORCHELASTIC_RUN_ID") {
+        let attempt = get("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into());
+        return format!("torchrun-{run}-attempt_{attempt}");
+    }
+    if world.source == "Open MPI" {
+        if let Some(id) = get("OMPI_MCA_ess_base_jobid") {
+            return format!("ompi-{id}");
+        }
+        if let Some(ns) = get("PMIX_NAMESPACE") {
+            return format!("pmix-{ns}");
+        }
+    }
+    if let Some(job) = get("SLURM_JOB_ID") {
+        let step = get("SLURM_STEP_ID").unwrap_or_else(|| "none".into());
+        return format!("slurm-{job}.{step}");
+    }
+    "nccl-channel".into()
+}
+
+fn ask_for_master_addr(variable: &str, get: &dyn Fn(&str) -> Option<String>, why: &str) -> Error {
+    Error::Env {
+        variable: variable.into(),
+        value: get(variable).unwrap_or_default(),
+        problem: format!(
+            "{why} (or set NCCL_CHANNEL_RENDEZVOUS=host:port, rank 0's host and a free \
+             port, for every rank)"
+        ),
+    }
+}

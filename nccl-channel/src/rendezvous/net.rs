@@ -1,0 +1,101 @@
+//! Socket helpers shared by both protocols: name resolution, connecting with a limit,
+//! bounded line reads, and a readable form of unexpected bytes.
+
+use std::io::{self, BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// The most one blocking socket operation waits, so a silent peer never holds a rank past
+/// its deadline by more than this.
+pub(crate) const STEP: Duration = Duration::from_secs(5);
+
+/// The time left before `deadline`, at most [`STEP`], at least 1 ms (a zero timeout means
+/// "wait forever" to the socket API).
+pub(crate) fn step_until(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .min(STEP)
+        .max(Duration::from_millis(1))
+}
+
+/// Connects to the first address of `host:port` that accepts, each attempt limited to
+/// `limit`; the error is the last attempt's.
+pub(crate) fn connect(host: &str, port: u16, limit: Duration) -> io::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs()?.collect();
+    let mut last = io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{host} resolves to no address"),
+    );
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, limit) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(limit))?;
+                s.set_write_timeout(Some(limit))?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes (without the `\n`). `Ok(None)`:
+/// the peer closed the connection before sending anything. A line that is too long, or
+/// cut off by the peer closing, is an `InvalidData` error carrying what was read.
+pub(crate) fn read_line<R: Read>(r: &mut BufReader<R>, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    let n = r
+        .by_ref()
+        .take(max as u64 + 1)
+        .read_until(b'\n', &mut line)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("an unterminated or over-long line: {}", describe(&line)),
+        ));
+    }
+    line.pop();
+    Ok(Some(line))
+}
+
+/// Unexpected bytes, escaped and cut to 64 of them, for error messages.
+pub(crate) fn describe(bytes: &[u8]) -> String {
+    let shown: String = bytes
+        .iter()
+        .take(64)
+        .flat_map(|b| b.escape_ascii())
+        .map(char::from)
+        .collect();
+    if bytes.len() > 64 {
+        format!("\"{shown}\"… ({} bytes)", bytes.len())
+    } else {
+        format!("\"{shown}\"")
+    }
+}
+
+/// Whether an I/O error is a read or write timing out (the two kinds the platforms use).
+pub(crate) fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Growing pauses between attempts: 10 ms doubling to 500 ms, never past the deadline.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff(Duration::from_millis(10))
+    }
+
+    pub(crate) fn sleep(&mut self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(self.0.min(left));
+        self.0 = (self.0 * 2).min(Duration::from_millis(500));
+    }
+}

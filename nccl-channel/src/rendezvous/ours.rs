@@ -1,0 +1,440 @@
+//! nccl-channel's own rendezvous: rank 0 listens and serves the id; the others connect.
+//!
+//! One line each way, ASCII, at most [`MAX_LINE`] bytes:
+//!
+//! ```text
+//! rank r  → rank 0:  nccl-channel-rendezvous 1 hello <key> <rank> <size>
+//! rank 0  → rank r:  nccl-channel-rendezvous 1 id <256 hex digits>   (same key, size and a valid rank)
+//!                    nccl-channel-rendezvous 1 key <rank 0's key>    (another job or channel)
+//!                    nccl-channel-rendezvous 1 size <rank 0's size>  (the ranks disagree)
+//!                    nccl-channel-rendezvous 1 rank <rank 0's size>  (rank 0 or out of range)
+//! rank r  → rank 0:  nccl-channel-rendezvous 1 ack <rank>            (after an id)
+//! ```
+//!
+//! A peer that sends anything else, or nothing within [`STEP`](super::net::STEP), is
+//! dropped and rank 0 goes on serving. A rank that gets a `key` answer keeps retrying
+//! (an earlier channel or another job may still hold the port) until its deadline.
+
+use std::collections::BTreeSet;
+use std::io::{BufReader, ErrorKind, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::Rendezvous;
+use super::net::{self, Backoff, describe, read_line, step_until};
+use crate::{Result, UniqueId};
+
+const MAGIC: &str = "nccl-channel-rendezvous";
+const VERSION: u32 = 1;
+/// The longest line either side reads.
+pub(crate) const MAX_LINE: usize = 512;
+/// At most this many peers are talked to at once; more connections are closed unread.
+const MAX_HANDLERS: usize = 64;
+
+/// What a connecting rank says.
+#[derive(Debug, PartialEq, Eq)]
+struct Hello {
+    key: String,
+    rank: usize,
+    size: usize,
+}
+
+/// What rank 0 answers.
+#[derive(Debug, PartialEq, Eq)]
+enum Reply {
+    Id(UniqueId),
+    Key(String),
+    Size(usize),
+    Rank(usize),
+}
+
+fn hello_line(h: &Hello) -> String {
+    format!("{MAGIC} {VERSION} hello {} {} {}\n", h.key, h.rank, h.size)
+}
+
+fn reply_line(r: &Reply) -> String {
+    match r {
+        Reply::Id(id) => format!("{MAGIC} {VERSION} id {id}\n"),
+        Reply::Key(k) => format!("{MAGIC} {VERSION} key {k}\n"),
+        Reply::Size(n) => format!("{MAGIC} {VERSION} size {n}\n"),
+        Reply::Rank(n) => format!("{MAGIC} {VERSION} rank {n}\n"),
+    }
+}
+
+/// The words after `MAGIC VERSION`, if the line starts so.
+fn words(line: &[u8]) -> Option<Vec<&str>> {
+    let text = std::str::from_utf8(line).ok()?;
+    let mut w = text.split(' ');
+    if w.next()? != MAGIC || w.next()?.parse::<u32>().ok()? != VERSION {
+        return None;
+    }
+    Some(w.collect())
+}
+
+fn parse_hello(line: &[u8]) -> Option<Hello> {
+    match words(line)?.as_slice() {
+        ["hello", key, rank, size] if !key.is_empty() => Some(Hello {
+            key: key.to_string(),
+            rank: rank.parse().ok()?,
+            size: size.parse().ok()?,
+        }),
+        _ => None,
+    }
+}
+
+fn parse_reply(line: &[u8]) -> Option<Reply> {
+    match words(line)?.as_slice() {
+        ["id", hex] => hex.parse().ok().map(Reply::Id),
+        ["key", k] => Some(Reply::Key(k.to_string())),
+        ["size", n] => n.parse().ok().map(Reply::Size),
+        ["rank", n] => n.parse().ok().map(Reply::Rank),
+        _ => None,
+    }
+}
+
+fn parse_ack(line: &[u8]) -> Option<usize> {
+    match words(line)?.as_slice() {
+        ["ack", r] => r.parse().ok(),
+        _ => None,
+    }
+}
+
+/// What one connection to rank 0 came to.
+enum Outcome {
+    Served(usize),
+    WrongSize { rank: usize, size: usize },
+    Ignored(String),
+}
+
+/// Rank 0: listens, makes the id, serves it until every other rank confirmed.
+pub(super) fn serve(
+    rdv: &Rendezvous,
+    key: &str,
+    size: usize,
+    make: impl FnOnce() -> Result<UniqueId>,
+) -> Result<UniqueId> {
+    let deadline = Instant::now() + rdv.timeout;
+    let listener = listen(rdv, deadline)?;
+    let id = make()?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| rdv.error(format!("could not poll its socket: {e}")))?;
+    let key: Arc<str> = Arc::from(key);
+    let active = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let mut served = BTreeSet::new();
+    let mut ignored: Vec<String> = Vec::new();
+    loop {
+        while let Ok(outcome) = rx.try_recv() {
+            match outcome {
+                Outcome::Served(r) => {
+                    served.insert(r);
+                }
+                Outcome::WrongSize { rank, size: theirs } => {
+                    return Err(rdv.error(format!(
+                        "was reached by rank {rank} of a world of {theirs} ranks, but rank 0's \
+                         world has {size}; every rank must see the same world size"
+                    )));
+                }
+                Outcome::Ignored(why) => ignored.push(why),
+            }
+        }
+        if served.len() == size - 1 {
+            return Ok(id);
+        }
+        if Instant::now() >= deadline {
+            let missing: Vec<String> = (1..size)
+                .filter(|r| !served.contains(r))
+                .map(|r| r.to_string())
+                .collect();
+            let mut problem = format!(
+                "did not hear from rank{} {} within {:?}",
+                if missing.len() == 1 { "" } else { "s" },
+                missing.join(", "),
+                rdv.timeout
+            );
+            if let Some(last) = ignored.last() {
+                problem.push_str(&format!(
+                    " ({} other connection{} ignored, the last: {last})",
+                    ignored.len(),
+                    if ignored.len() == 1 { "" } else { "s" }
+                ));
+            }
+            return Err(rdv.error(problem));
+        }
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                if active.load(Ordering::Acquire) >= MAX_HANDLERS {
+                    ignored.push(format!("{peer}: too many connections at once"));
+                    continue;
+                }
+                active.fetch_add(1, Ordering::AcqRel);
+                let (key, tx, counter) = (key.clone(), tx.clone(), active.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("nccl-rendezvous".into())
+                    .spawn(move || {
+                        let outcome = handle(stream, peer, &key, size, &id, deadline);
+                        counter.fetch_sub(1, Ordering::AcqRel);
+                        // The receiver is gone once rank 0 returned: nothing to tell.
+                        let _ = tx.send(outcome);
+                    });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    ignored.push(format!("{peer}: no thread to serve it"));
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // A peer that gave up before accept (ECONNABORTED), or no descriptor to spare
+            // now (EMFILE): both may pass.
+            Err(e) => {
+                ignored.push(format!("accept failed: {e}"));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Binds the listening socket, retrying while the port is taken (an earlier channel's
+/// rank 0 may still be releasing it) until the deadline.
+fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
+    let port = rdv.port;
+    let candidates: Vec<SocketAddr> = match rdv.listens_on_loopback() {
+        Some(ip) => vec![SocketAddr::new(ip, port)],
+        None if rdv.host.parse::<Ipv4Addr>().is_ok() => {
+            vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)]
+        }
+        None => vec![
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+        ],
+    };
+    let mut backoff = Backoff::new();
+    loop {
+        let mut last = None;
+        for addr in &candidates {
+            match TcpListener::bind(addr) {
+                Ok(l) => return Ok(l),
+                Err(e) => {
+                    let in_use = e.kind() == ErrorKind::AddrInUse;
+                    last = Some((*addr, e));
+                    if in_use {
+                        break;
+                    }
+                }
+            }
+        }
+        let Some((addr, e)) = last else {
+            return Err(rdv.error("has no address to listen on"));
+        };
+        if e.kind() != ErrorKind::AddrInUse || Instant::now() >= deadline {
+            return Err(rdv.error(format!(
+                "could not listen on {addr}: {e}{}",
+                if e.kind() == ErrorKind::AddrInUse {
+                    format!(
+                        " (still taken after {:?}; choose another port with MASTER_PORT or \
+                         NCCL_CHANNEL_RENDEZVOUS)",
+                        rdv.timeout
+                    )
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        backoff.sleep(deadline);
+    }
+}
+
+/// Talks to one peer (on its own thread).
+fn handle(
+    stream: TcpStream,
+    peer: SocketAddr,
+    key: &str,
+    size: usize,
+    id: &UniqueId,
+    deadline: Instant,
+) -> Outcome {
+    let limit = step_until(deadline);
+    let setup = stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_read_timeout(Some(limit)))
+        .and_then(|()| stream.set_write_timeout(Some(limit)));
+    if let Err(e) = setup {
+        return Outcome::Ignored(format!("{peer}: {e}"));
+    }
+    let mut reader = BufReader::new(&stream);
+    let line = match read_line(&mut reader, MAX_LINE) {
+        Ok(Some(line)) => line,
+        Ok(None) => return Outcome::Ignored(format!("{peer} closed without a word")),
+        Err(e) => return Outcome::Ignored(format!("{peer}: {e}")),
+    };
+    let Some(hello) = parse_hello(&line) else {
+        return Outcome::Ignored(format!("{peer} sent {}", describe(&line)));
+    };
+    let (reply, outcome) = if hello.key != key {
+        (
+            Reply::Key(key.to_string()),
+            Outcome::Ignored(format!("{peer} asked for key {}", hello.key)),
+        )
+    } else if hello.size != size {
+        (
+            Reply::Size(size),
+            Outcome::WrongSize {
+                rank: hello.rank,
+                size: hello.size,
+            },
+        )
+    } else if hello.rank == 0 || hello.rank >= size {
+        (
+            Reply::Rank(size),
+            Outcome::Ignored(format!("{peer} claimed rank {}", hello.rank)),
+        )
+    } else {
+        (Reply::Id(*id), Outcome::Served(hello.rank))
+    };
+    if let Err(e) = (&stream).write_all(reply_line(&reply).as_bytes()) {
+        return Outcome::Ignored(format!("{peer}: {e}"));
+    }
+    if !matches!(outcome, Outcome::Served(_)) {
+        return outcome;
+    }
+    match read_line(&mut reader, MAX_LINE) {
+        Ok(Some(line)) if parse_ack(&line) == Some(hello.rank) => outcome,
+        _ => Outcome::Ignored(format!(
+            "{peer} (rank {}) did not confirm the id",
+            hello.rank
+        )),
+    }
+}
+
+/// What one attempt to reach rank 0 came to.
+enum Attempt {
+    Got(UniqueId),
+    /// Stop: retrying cannot help.
+    Fatal(crate::Error),
+    /// Try again; the text says what happened, for the deadline's error.
+    Retry(String),
+}
+
+/// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
+pub(super) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
+    let deadline = Instant::now() + rdv.timeout;
+    let hello = Hello {
+        key: key.to_string(),
+        rank,
+        size,
+    };
+    let mut backoff = Backoff::new();
+    loop {
+        let last = match attempt(rdv, &hello, deadline) {
+            Attempt::Got(id) => return Ok(id),
+            Attempt::Fatal(e) => return Err(e),
+            Attempt::Retry(why) => why,
+        };
+        if Instant::now() >= deadline {
+            return Err(rdv.error(format!(
+                "did not answer within {:?} (last attempt: {last})",
+                rdv.timeout
+            )));
+        }
+        backoff.sleep(deadline);
+    }
+}
+
+fn attempt(rdv: &Rendezvous, hello: &Hello, deadline: Instant) -> Attempt {
+    let stream = match net::connect(&rdv.host, rdv.port, step_until(deadline)) {
+        Ok(s) => s,
+        Err(e) => return Attempt::Retry(e.to_string()),
+    };
+    if let Err(e) = (&stream).write_all(hello_line(hello).as_bytes()) {
+        return Attempt::Retry(format!("sending the greeting: {e}"));
+    }
+    let mut reader = BufReader::new(&stream);
+    let line = match read_line(&mut reader, MAX_LINE) {
+        Ok(Some(line)) => line,
+        Ok(None) => {
+            return Attempt::Retry(
+                "something accepted the connection and closed it without a word".into(),
+            );
+        }
+        Err(e) if net::timed_out(&e) => {
+            return Attempt::Retry("something accepted the connection but sent nothing".into());
+        }
+        Err(e) => {
+            return Attempt::Retry(format!("something answered that is not a rendezvous: {e}"));
+        }
+    };
+    match parse_reply(&line) {
+        Some(Reply::Id(id)) => {
+            // Rank 0 counts this rank as served only on the ack; if it is lost, rank 0
+            // reports this rank missing at its deadline, which is the truth as it sees it.
+            let ack = format!("{MAGIC} {VERSION} ack {}\n", hello.rank);
+            let _ = (&stream).write_all(ack.as_bytes());
+            Attempt::Got(id)
+        }
+        Some(Reply::Key(theirs)) => Attempt::Retry(format!(
+            "a rendezvous for key {theirs} answered, not {} (another job, or an earlier \
+             channel still serving)",
+            hello.key
+        )),
+        Some(Reply::Size(theirs)) => Attempt::Fatal(rdv.error(format!(
+            "serves a world of {theirs} ranks, but rank {} has a world of {}; every rank must \
+             see the same world size",
+            hello.rank, hello.size
+        ))),
+        Some(Reply::Rank(theirs)) => Attempt::Fatal(rdv.error(format!(
+            "refused rank {}: ranks go from 1 to {} there",
+            hello.rank,
+            theirs.saturating_sub(1)
+        ))),
+        None => Attempt::Retry(format!(
+            "something answered that is not a rendezvous: {}",
+            describe(&line)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip_and_garbage_is_refused() {
+        let h = Hello {
+            key: "slurm-1.0#2".into(),
+            rank: 2,
+            size: 3,
+        };
+        let line = hello_line(&h);
+        assert_eq!(line, "nccl-channel-rendezvous 1 hello slurm-1.0#2 2 3\n");
+        assert_eq!(parse_hello(line.trim_end().as_bytes()), Some(h));
+        let id = UniqueId([0xab; 128]);
+        for r in [
+            Reply::Id(id),
+            Reply::Key("k".into()),
+            Reply::Size(4),
+            Reply::Rank(3),
+        ] {
+            let line = reply_line(&r);
+            assert_eq!(parse_reply(line.trim_end().as_bytes()), Some(r));
+        }
+        for bad in [
+            &b""[..],
+            b"GET / HTTP/1.1",
+            b"nccl-channel-rendezvous 2 hello k 1 3",
+            b"nccl-channel-rendezvous 1 hello k 1",
+            b"nccl-channel-rendezvous 1 hello k -1 3",
+            b"nccl-channel-rendezvous 1 hello  1 3",
+            b"nccl-channel-rendezvous 1 id 00",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(parse_hello(bad), None, "{bad:?}");
+            assert_eq!(parse_reply(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_ack(b"nccl-channel-rendezvous 1 ack 2"), Some(2));
+    }
+}
