@@ -8,7 +8,7 @@ use std::time::Duration;
 use cuda_hal::{Cuda, Stream};
 use nccl_sys::Nccl;
 
-use crate::{CommConfig, Communicator, Error, Result, UniqueId, World};
+use crate::{CommConfig, Communicator, Error, Rendezvous, Result, UniqueId, World};
 
 static NCCL: OnceLock<Result<Arc<Nccl>, nccl_sys::LoadError>> = OnceLock::new();
 
@@ -25,8 +25,11 @@ pub fn nccl_opened() -> bool {
 /// How the ranks agree on a unique id.
 #[derive(Debug, Clone, Default)]
 pub enum IdSource {
-    /// One rank: a fresh id. Several: [`IdSource::CommIdEnv`] if `NCCL_COMM_ID` is set,
-    /// else an error saying how to provide one.
+    /// One rank: a fresh id. Several: [`IdSource::CommIdEnv`] if `NCCL_COMM_ID` is set;
+    /// else the launcher's rendezvous ([`Rendezvous::from_env`]: `NCCL_CHANNEL_RENDEZVOUS`,
+    /// torchrun's `MASTER_ADDR`/`MASTER_PORT` or agent store, Slurm, Open MPI, MPICH),
+    /// where rank 0 generates the id and hands it to the others over TCP; else an error
+    /// saying how to provide one.
     #[default]
     Auto,
     /// Derived by every rank from `NCCL_COMM_ID=host:port` ([`UniqueId::from_comm_id`]).
@@ -40,6 +43,9 @@ pub enum IdSource {
         /// How long ranks other than 0 wait for it.
         timeout: Duration,
     },
+    /// Handed from rank 0 to the others over TCP ([`Rendezvous::exchange`]), at an address
+    /// given in code or derived from the environment.
+    Rendezvous(Rendezvous),
 }
 
 /// Builds a [`Channel`]; every part defaults to the environment.
@@ -97,7 +103,9 @@ impl ChannelBuilder {
     }
 
     /// Opens the channel: `Ok(None)` when no world is configured (NCCL is then not
-    /// opened), else joins the communicator on the chosen device.
+    /// opened), else agrees on a unique id with the other ranks (see [`IdSource`]; by
+    /// default `NCCL_COMM_ID`, else the launcher's [`Rendezvous`]) and joins the
+    /// communicator on the chosen device.
     pub fn build(self) -> Result<Option<Channel>> {
         let world = match self.world {
             Some(w) => w,
@@ -126,16 +134,23 @@ impl ChannelBuilder {
                 UniqueId::exchange_via_file(&nccl, &path, world.rank, timeout)?
             }
             IdSource::Auto if world.size == 1 => UniqueId::generate(&nccl)?,
+            IdSource::Rendezvous(rdv) => rdv.exchange(&nccl, world.rank, world.size)?,
             IdSource::Auto => {
                 if std::env::var("NCCL_COMM_ID").is_ok_and(|v| !v.trim().is_empty()) {
                     UniqueId::from_comm_id(&nccl)?
+                } else if let Some(rdv) = Rendezvous::from_env(&world)? {
+                    rdv.exchange(&nccl, world.rank, world.size)?
                 } else {
                     return Err(Error::InvalidArgument {
                         what: "ChannelBuilder::build",
                         problem: format!(
-                            "{} ranks need a shared unique id: set NCCL_COMM_ID=host:port \
-                             (rank 0's address), or pass one with IdSource::Given / IdSource::File",
-                            world.size
+                            "{} ranks ({} world) need a shared unique id and the environment \
+                             names no rendezvous: set NCCL_COMM_ID=host:port (rank 0's \
+                             address) or NCCL_CHANNEL_RENDEZVOUS=host:port (rank 0 serves the \
+                             id there), launch with torchrun, srun, mpirun or mpiexec (their \
+                             variables give one), or pass one with IdSource::Given / \
+                             IdSource::File / IdSource::Rendezvous",
+                            world.size, world.source
                         ),
                     });
                 }
