@@ -10,6 +10,7 @@
 pub mod demo;
 #[cfg(feature = "half")]
 pub mod matrix;
+pub mod tcpstore;
 
 use std::sync::Arc;
 

@@ -1,0 +1,179 @@
+//! A minimal server side of PyTorch's TCPStore protocol (as torchrun's agent hosts it), for
+//! testing nccl-channel's client without torch: the libuv server's rules (the first query
+//! must be VALIDATE with the magic number, else nothing is answered), and the queries the
+//! client uses: SET, GET, CHECK, WAIT, PING. Integers in the host's byte order, strings as
+//! a u64 length and the bytes (torch's TCPStore.cpp / TCPStoreBackend.hpp).
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+const VALIDATE: u8 = 0;
+const SET: u8 = 1;
+const GET: u8 = 3;
+const CHECK: u8 = 5;
+const WAIT: u8 = 6;
+const PING: u8 = 13;
+const MAGIC: u32 = 0x3C85_F7CE;
+
+#[derive(Default)]
+struct State {
+    data: Mutex<BTreeMap<String, Vec<u8>>>,
+    changed: Condvar,
+    /// Queries seen, by name, in order (VALIDATE, PING, SET key, ...).
+    log: Mutex<Vec<String>>,
+}
+
+/// A TCPStore server on 127.0.0.1 (an ephemeral port), serving until the process ends.
+pub struct TestStore {
+    pub port: u16,
+    state: Arc<State>,
+}
+
+impl TestStore {
+    pub fn start() -> TestStore {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(State::default());
+        let s = state.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let s = s.clone();
+                std::thread::spawn(move || serve(conn, &s));
+            }
+        });
+        TestStore { port, state }
+    }
+
+    /// The keys stored, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        self.state.data.lock().unwrap().keys().cloned().collect()
+    }
+
+    pub fn value(&self, key: &str) -> Option<Vec<u8>> {
+        self.state.data.lock().unwrap().get(key).cloned()
+    }
+
+    pub fn set(&self, key: &str, value: &[u8]) {
+        self.state
+            .data
+            .lock()
+            .unwrap()
+            .insert(key.into(), value.to_vec());
+        self.state.changed.notify_all();
+    }
+
+    /// The queries seen so far.
+    pub fn log(&self) -> Vec<String> {
+        self.state.log.lock().unwrap().clone()
+    }
+}
+
+fn read_n<const N: usize>(c: &mut TcpStream) -> Option<[u8; N]> {
+    let mut b = [0u8; N];
+    c.read_exact(&mut b).ok()?;
+    Some(b)
+}
+
+fn read_u64(c: &mut TcpStream) -> Option<u64> {
+    read_n::<8>(c).map(u64::from_ne_bytes)
+}
+
+fn read_bytes(c: &mut TcpStream) -> Option<Vec<u8>> {
+    let len = read_u64(c)?;
+    if len > 1 << 20 {
+        return None;
+    }
+    let mut v = vec![0u8; len as usize];
+    c.read_exact(&mut v).ok()?;
+    Some(v)
+}
+
+fn read_key(c: &mut TcpStream) -> Option<String> {
+    String::from_utf8(read_bytes(c)?).ok()
+}
+
+fn read_keys(c: &mut TcpStream) -> Option<Vec<String>> {
+    let n = read_u64(c)?;
+    if n > 1024 {
+        return None;
+    }
+    (0..n).map(|_| read_key(c)).collect()
+}
+
+fn serve(mut c: TcpStream, s: &State) -> Option<()> {
+    let log = |what: String| s.log.lock().unwrap().push(what);
+    // The libuv server answers nothing before a valid VALIDATE.
+    if read_n::<1>(&mut c)?[0] != VALIDATE || u32::from_ne_bytes(read_n::<4>(&mut c)?) != MAGIC {
+        log("refused".into());
+        return None;
+    }
+    log("VALIDATE".into());
+    loop {
+        let q = read_n::<1>(&mut c)?[0];
+        match q {
+            PING => {
+                let nonce = read_n::<4>(&mut c)?;
+                log("PING".into());
+                c.write_all(&nonce).ok()?;
+            }
+            SET => {
+                let key = read_key(&mut c)?;
+                let value = read_bytes(&mut c)?;
+                log(format!("SET {key}"));
+                s.data.lock().unwrap().insert(key, value);
+                s.changed.notify_all();
+            }
+            GET => {
+                let key = read_key(&mut c)?;
+                log(format!("GET {key}"));
+                let value = s
+                    .data
+                    .lock()
+                    .unwrap()
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_default();
+                let mut out = (value.len() as u64).to_ne_bytes().to_vec();
+                out.extend_from_slice(&value);
+                c.write_all(&out).ok()?;
+            }
+            CHECK => {
+                let keys = read_keys(&mut c)?;
+                log(format!("CHECK {}", keys.join(",")));
+                let data = s.data.lock().unwrap();
+                let ready = keys.iter().all(|k| data.contains_key(k));
+                drop(data);
+                c.write_all(&[if ready { 0 } else { 1 }]).ok()?;
+            }
+            WAIT => {
+                let keys = read_keys(&mut c)?;
+                log(format!("WAIT {}", keys.join(",")));
+                let mut data = s.data.lock().unwrap();
+                while !keys.iter().all(|k| data.contains_key(k)) {
+                    data = s
+                        .changed
+                        .wait_timeout(data, Duration::from_millis(100))
+                        .unwrap()
+                        .0;
+                }
+                drop(data);
+                c.write_all(&[0]).ok()?;
+            }
+            other => {
+                log(format!("unknown query {other}"));
+                return None;
+            }
+        }
+    }
+}

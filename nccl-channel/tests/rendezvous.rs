@@ -1,0 +1,1063 @@
+//! Rendezvous: three ranks (threads) agree on rank 0's id under torchrun (agent TCPStore
+//! and not), Slurm, Open MPI and MPICH-style environments read through `from_lookup`, then
+//! prove the id by an all-gather on the mock; every failure (rank 0 missing, a foreign
+//! server, a size mismatch, garbage peers) is a typed error naming the address; the
+//! derivation rule's table, precedence and port formula.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::type_complexity
+)]
+
+mod common;
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::Rig;
+use common::tcpstore::TestStore;
+use cuda_hal::{DeviceBuffer, Stream};
+use nccl_channel::{Communicator, Error, IdSource, Rendezvous, RendezvousKind, UniqueId, World};
+
+type Env = Vec<(String, String)>;
+
+fn env(pairs: &[(&str, &str)]) -> Env {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn lookup(env: &Env) -> impl Fn(&str) -> Option<String> + '_ {
+    |name| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+}
+
+fn derive(vars: &[(&str, &str)]) -> Result<Option<Rendezvous>, Error> {
+    let e = env(vars);
+    let world = World::from_lookup(lookup(&e))?.expect("a world");
+    Rendezvous::from_lookup(&world, lookup(&e))
+}
+
+/// A port free on 127.0.0.1 now, in the derived range (so Slurm ids can name it).
+fn free_port_in_range() -> u16 {
+    static NEXT: Mutex<u16> = Mutex::new(0);
+    let mut next = NEXT.lock().unwrap();
+    if *next == 0 {
+        *next = 20000 + (std::process::id() % 6000) as u16;
+    }
+    loop {
+        let p = *next;
+        *next = if p >= 31990 { 20000 } else { p + 7 };
+        if TcpListener::bind(("127.0.0.1", p)).is_ok() && TcpListener::bind(("0.0.0.0", p)).is_ok()
+        {
+            return p;
+        }
+    }
+}
+
+/// Slurm job and step ids whose derived port is `port`.
+fn slurm_ids(port: u16) -> (String, String) {
+    let n = u64::from(port - 20000);
+    ((n / 16).to_string(), (n % 16).to_string())
+}
+
+/// Runs `n` ranks as threads: each reads its environment, derives its rendezvous (checked
+/// by `check`), agrees on an id (rank 0's from the mock's ncclGetUniqueId), then inits a
+/// communicator with it and all-gathers. Returns every rank's id and rank 0's generated one.
+fn run_ranks(
+    n: usize,
+    env_of: impl Fn(usize) -> Env + Sync,
+    check: impl Fn(&Rendezvous) + Sync,
+) -> (Vec<UniqueId>, UniqueId) {
+    let rig = Rig::new(n);
+    let made: Mutex<Vec<UniqueId>> = Mutex::new(Vec::new());
+    let ids: Vec<UniqueId> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let (rig, made, env_of, check) = (&rig, &made, &env_of, &check);
+                s.spawn(move || {
+                    let e = env_of(rank);
+                    let world = World::from_lookup(lookup(&e)).unwrap().unwrap();
+                    assert_eq!((world.size, world.rank), (n, rank));
+                    let rdv = Rendezvous::from_lookup(&world, lookup(&e))
+                        .unwrap()
+                        .unwrap();
+                    check(&rdv);
+                    let id = rdv
+                        .exchange_with(rank, n, || {
+                            let id = UniqueId::generate(&rig.nccl)?;
+                            made.lock().unwrap().push(id);
+                            Ok(id)
+                        })
+                        .unwrap();
+                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
+                    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, n, rank).unwrap();
+                    let stream = Stream::new(&ctx).unwrap();
+                    let send = DeviceBuffer::from_slice(
+                        &ctx,
+                        &[rank as i32 * 10 + 1, rank as i32 * 10 + 2],
+                    )
+                    .unwrap();
+                    let mut recv = DeviceBuffer::<i32>::alloc(&ctx, 2 * n).unwrap();
+                    comm.all_gather(&send, &mut recv, &stream).unwrap();
+                    stream.synchronize().unwrap();
+                    let want: Vec<i32> = (0..n as i32)
+                        .flat_map(|r| [r * 10 + 1, r * 10 + 2])
+                        .collect();
+                    assert_eq!(recv.to_vec().unwrap(), want, "rank {rank}");
+                    drop((send, recv, stream));
+                    comm.close().unwrap();
+                    id
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let made = made.into_inner().unwrap();
+    assert_eq!(made.len(), 1, "rank 0 makes exactly one id");
+    rig.assert_clean();
+    (ids, made[0])
+}
+
+fn assert_all_equal(ids: &[UniqueId], made: UniqueId) {
+    assert!(ids.iter().all(|id| *id == made), "{ids:?} vs {made:?}");
+    assert_ne!(made, UniqueId([0; 128]));
+}
+
+#[test]
+fn torchrun_with_the_agent_store_goes_through_its_tcpstore() {
+    let store = TestStore::start();
+    let port = store.port.to_string();
+    let (ids, made) = run_ranks(
+        3,
+        |rank| {
+            let r = rank.to_string();
+            env(&[
+                ("WORLD_SIZE", "3"),
+                ("RANK", &r),
+                ("LOCAL_RANK", &r),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", &port),
+                ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+                ("TORCHELASTIC_RUN_ID", "run42"),
+                ("TORCHELASTIC_RESTART_COUNT", "1"),
+                ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "20"),
+            ])
+        },
+        |rdv| {
+            assert_eq!(rdv.kind(), RendezvousKind::TorchStore);
+            assert_eq!(rdv.address(), format!("127.0.0.1:{port}"));
+            assert_eq!(
+                rdv.derived_from(),
+                "MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE"
+            );
+            assert_eq!(rdv.get_key(), "torchrun-run42-attempt_1");
+            assert_eq!(rdv.get_timeout(), Duration::from_secs(20));
+        },
+    );
+    assert_all_equal(&ids, made);
+    let key = "/nccl-channel/torchrun-run42-attempt_1#0";
+    assert_eq!(
+        store.keys(),
+        [
+            key.to_string(),
+            format!("{key}/ack/1"),
+            format!("{key}/ack/2")
+        ]
+    );
+    let value = String::from_utf8(store.value(key).unwrap()).unwrap();
+    assert_eq!(value, format!("nccl-channel-rendezvous 1 3 {made}"));
+    let log = store.log();
+    // Every connection validates, then pings, before anything else.
+    assert_eq!(
+        log.iter().filter(|q| *q == "VALIDATE").count(),
+        3,
+        "{log:?}"
+    );
+    assert_eq!(log.iter().filter(|q| *q == "PING").count(), 3, "{log:?}");
+    assert!(!log.iter().any(|q| q == "refused"), "{log:?}");
+    assert_eq!(
+        log.iter().filter(|q| *q == &format!("GET {key}")).count(),
+        2
+    );
+}
+
+#[test]
+fn torchrun_without_the_agent_store_has_rank_0_serve_at_master_addr() {
+    let port = free_port_in_range().to_string();
+    let (ids, made) = run_ranks(
+        3,
+        |rank| {
+            let r = rank.to_string();
+            env(&[
+                ("WORLD_SIZE", "3"),
+                ("RANK", &r),
+                ("LOCAL_RANK", &r),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", &port),
+                ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+                ("TORCHELASTIC_RUN_ID", "none"),
+                ("TORCHELASTIC_RESTART_COUNT", "0"),
+                ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "20"),
+            ])
+        },
+        |rdv| {
+            assert_eq!(rdv.kind(), RendezvousKind::RankZero);
+            assert_eq!(rdv.address(), format!("127.0.0.1:{port}"));
+            assert_eq!(rdv.derived_from(), "MASTER_ADDR, MASTER_PORT");
+            assert_eq!(rdv.get_key(), "torchrun-none-attempt_0");
+        },
+    );
+    assert_all_equal(&ids, made);
+}
+
+#[test]
+fn slurm_ranks_meet_on_the_first_node_at_the_job_port() {
+    let port = free_port_in_range();
+    let (job, step) = slurm_ids(port);
+    let (ids, made) = run_ranks(
+        3,
+        |rank| {
+            let r = rank.to_string();
+            env(&[
+                ("SLURM_NTASKS", "3"),
+                ("SLURM_PROCID", &r),
+                ("SLURM_LOCALID", &r),
+                ("SLURM_JOB_NODELIST", "localhost"),
+                ("SLURM_JOB_ID", &job),
+                ("SLURM_STEP_ID", &step),
+                ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "20"),
+            ])
+        },
+        |rdv| {
+            assert_eq!(rdv.kind(), RendezvousKind::RankZero);
+            assert_eq!(rdv.address(), format!("localhost:{port}"));
+            assert_eq!(
+                rdv.derived_from(),
+                "SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID"
+            );
+            assert_eq!(rdv.get_key(), format!("slurm-{job}.{step}"));
+        },
+    );
+    assert_all_equal(&ids, made);
+}
+
+#[test]
+fn slurm_with_a_compressed_loopback_node_list() {
+    let port = free_port_in_range();
+    let (job, step) = slurm_ids(port);
+    let (ids, made) = run_ranks(
+        3,
+        |rank| {
+            let r = rank.to_string();
+            env(&[
+                ("SLURM_NTASKS", "3"),
+                ("SLURM_PROCID", &r),
+                ("SLURM_STEP_NODELIST", "127.0.0.[1-2]"),
+                ("SLURM_JOB_NODELIST", "elsewhere[1-4]"),
+                ("SLURM_JOB_ID", &job),
+                ("SLURM_STEP_ID", &step),
+                ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "20"),
+            ])
+        },
+        |rdv| {
+            assert_eq!(rdv.address(), format!("127.0.0.1:{port}"));
+            assert_eq!(
+                rdv.derived_from(),
+                "SLURM_STEP_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID"
+            );
+        },
+    );
+    assert_all_equal(&ids, made);
+}
+
+#[test]
+fn open_mpi_on_one_node_meets_on_loopback_at_the_job_port() {
+    let port = free_port_in_range();
+    let jobid = (u64::from(port - 20000) + 12000 * 7).to_string();
+    let (ids, made) = run_ranks(
+        3,
+        |rank| {
+            let r = rank.to_string();
+            env(&[
+                ("OMPI_COMM_WORLD_SIZE", "3"),
+                ("OMPI_COMM_WORLD_RANK", &r),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", &r),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "3"),
+                ("OMPI_MCA_ess_base_jobid", &jobid),
+                ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "20"),
+            ])
+        },
+        |rdv| {
+            assert_eq!(rdv.address(), format!("127.0.0.1:{port}"));
+            assert_eq!(
+                rdv.derived_from(),
+                "OMPI_COMM_WORLD_LOCAL_SIZE, OMPI_COMM_WORLD_SIZE, OMPI_MCA_ess_base_jobid"
+            );
+            assert_eq!(rdv.get_key(), format!("ompi-{jobid}"));
+        },
+    );
+    assert_all_equal(&ids, made);
+}
+
+#[test]
+fn pmi_on_one_node_meets_on_loopback_at_the_proxy_port() {
+    let port = 20000 + (std::os::unix::process::parent_id() % 12000) as u16;
+    let (ids, made) = run_ranks(
+        3,
+        |rank| {
+            let r = rank.to_string();
+            env(&[
+                ("PMI_SIZE", "3"),
+                ("PMI_RANK", &r),
+                ("MPI_LOCALNRANKS", "3"),
+                ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "20"),
+            ])
+        },
+        |rdv| {
+            assert_eq!(rdv.address(), format!("127.0.0.1:{port}"));
+            assert_eq!(
+                rdv.derived_from(),
+                "MPI_LOCALNRANKS, PMI_SIZE, the parent process id"
+            );
+            assert_eq!(
+                rdv.get_key(),
+                format!("pmi-{}", std::os::unix::process::parent_id())
+            );
+        },
+    );
+    assert_all_equal(&ids, made);
+}
+
+#[test]
+fn consecutive_exchanges_get_their_own_keys() {
+    let port = free_port_in_range();
+    let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .key("twice")
+        .timeout(Duration::from_secs(20));
+    for round in 0u8..3 {
+        let ids: Vec<UniqueId> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|rank| {
+                    let rdv = &rdv;
+                    s.spawn(move || rdv.exchange_with(rank, 3, || Ok(UniqueId([round + 1; 128]))))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
+        assert_eq!(ids, vec![UniqueId([round + 1; 128]); 3], "round {round}");
+    }
+}
+
+#[test]
+fn rank_0_never_coming_is_a_rendezvous_error_naming_the_address_and_derivation() {
+    let port = free_port_in_range();
+    let (job, step) = slurm_ids(port);
+    let e = env(&[
+        ("SLURM_NTASKS", "3"),
+        ("SLURM_PROCID", "2"),
+        ("SLURM_JOB_NODELIST", "127.0.0.1"),
+        ("SLURM_JOB_ID", &job),
+        ("SLURM_STEP_ID", &step),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "0.5"),
+    ]);
+    let world = World::from_lookup(lookup(&e)).unwrap().unwrap();
+    let rdv = Rendezvous::from_lookup(&world, lookup(&e))
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    let err = rdv
+        .exchange_with(2, 3, || panic!("only rank 0 makes the id"))
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    let Error::Rendezvous {
+        service,
+        address,
+        derived_from,
+        problem,
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(*service, "rank 0's rendezvous");
+    assert_eq!(*address, format!("127.0.0.1:{port}"));
+    assert_eq!(
+        derived_from,
+        "SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID"
+    );
+    assert!(
+        problem.starts_with("did not answer within 500ms (last attempt: "),
+        "{problem}"
+    );
+    assert!(problem.contains("refused"), "{problem}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "rank 0's rendezvous at 127.0.0.1:{port} (derived from SLURM_JOB_NODELIST, \
+             SLURM_JOB_ID, SLURM_STEP_ID) did not answer within 500ms"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn rank_0_reports_the_ranks_that_never_came() {
+    let port = free_port_in_range();
+    let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_millis(600));
+    let (r0, r2) = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 4, || Ok(UniqueId([3; 128]))));
+        let r2 = s.spawn(|| rdv.exchange_with(2, 4, || unreachable!()));
+        (r0.join().unwrap(), r2.join().unwrap())
+    });
+    assert_eq!(r2.unwrap(), UniqueId([3; 128]));
+    let err = r0.unwrap_err();
+    assert!(matches!(err, Error::Rendezvous { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "rank 0's rendezvous at 127.0.0.1:{port} (derived from code) did not hear from \
+             ranks 1, 3 within 600ms"
+        )
+    );
+}
+
+#[test]
+fn a_foreign_server_is_waited_out_then_named() {
+    let port = free_port_in_range();
+    let addr = format!("127.0.0.1:{port}");
+    let theirs = Rendezvous::tcp(&addr)
+        .unwrap()
+        .key("other-job")
+        .timeout(Duration::from_secs(3));
+    let mine = Rendezvous::tcp(&addr)
+        .unwrap()
+        .key("my-job")
+        .timeout(Duration::from_secs(1));
+    let (their_result, my_result, took) = std::thread::scope(|s| {
+        let server = s.spawn(|| theirs.exchange_with(0, 2, || Ok(UniqueId([9; 128]))));
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        let mine = mine.exchange_with(1, 2, || unreachable!());
+        let took = start.elapsed();
+        (server.join().unwrap(), mine, took)
+    });
+    // The client kept trying until its deadline, then said what answered.
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    let err = my_result.unwrap_err();
+    assert!(matches!(err, Error::Rendezvous { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "rank 0's rendezvous at {addr} (derived from code) did not answer within 1s \
+             (last attempt: a rendezvous for key other-job#0 answered, not my-job#0"
+        )),
+        "{text}"
+    );
+    // The foreign server never served its own rank 1, and saw who knocked.
+    let err = their_result.unwrap_err().to_string();
+    assert!(err.contains("did not hear from rank 1 within 3s"), "{err}");
+    assert!(err.contains("asked for key my-job#0"), "{err}");
+}
+
+#[test]
+fn a_size_mismatch_fails_at_once_on_both_sides() {
+    let port = free_port_in_range();
+    let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_secs(20));
+    let start = Instant::now();
+    let (r0, r1) = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 3, || Ok(UniqueId([1; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 4, || unreachable!()));
+        (r0.join().unwrap(), r1.join().unwrap())
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let e1 = r1.unwrap_err();
+    assert!(matches!(e1, Error::Rendezvous { .. }), "{e1:?}");
+    assert_eq!(
+        e1.to_string(),
+        format!(
+            "rank 0's rendezvous at 127.0.0.1:{port} (derived from code) serves a world of 3 \
+             ranks, but rank 1 has a world of 4; every rank must see the same world size"
+        )
+    );
+    let e0 = r0.unwrap_err();
+    assert!(
+        e0.to_string()
+            .contains("was reached by rank 1 of a world of 4 ranks, but rank 0's world has 3"),
+        "{e0}"
+    );
+}
+
+#[test]
+fn garbage_peers_are_ignored_and_the_real_ranks_served() {
+    let port = free_port_in_range();
+    let addr = format!("127.0.0.1:{port}");
+    let rdv = Rendezvous::tcp(&addr)
+        .unwrap()
+        .timeout(Duration::from_secs(20));
+    let start = Instant::now();
+    let ids = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 3, || Ok(UniqueId([5; 128]))));
+        // Garbage first: an HTTP request, a megabyte without a newline, a TCPStore
+        // handshake, a wrong-version greeting, a silent connection kept open.
+        let connect = || loop {
+            if let Ok(c) = TcpStream::connect(&addr) {
+                return c;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut silent = connect();
+        let _ = silent.write_all(b"");
+        for junk in [
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            vec![b'x'; 1 << 20],
+            vec![0, 0xce, 0xf7, 0x85, 0x3c, 13, 1, 2, 3, 4],
+            b"nccl-channel-rendezvous 2 hello k 1 3\n".to_vec(),
+            b"nccl-channel-rendezvous 1 hello nccl-channel#0 0 3\n".to_vec(),
+        ] {
+            let mut c = connect();
+            let _ = c.write_all(&junk);
+        }
+        let r1 = s.spawn(|| rdv.exchange_with(1, 3, || unreachable!()));
+        let r2 = s.spawn(|| rdv.exchange_with(2, 3, || unreachable!()));
+        let ids = [r0, r1, r2].map(|h| h.join().unwrap().unwrap());
+        drop(silent);
+        ids
+    });
+    assert_eq!(ids, [UniqueId([5; 128]); 3]);
+    // Rank 0 did not wait for the silent peer.
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn rank_0_names_the_garbage_it_ignored_when_a_rank_is_missing() {
+    let port = free_port_in_range();
+    let addr = format!("127.0.0.1:{port}");
+    let rdv = Rendezvous::tcp(&addr)
+        .unwrap()
+        .timeout(Duration::from_millis(700));
+    let err = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([5; 128]))));
+        loop {
+            if let Ok(mut c) = TcpStream::connect(&addr) {
+                c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        r0.join().unwrap().unwrap_err()
+    });
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "rank 0's rendezvous at {addr} (derived from code) did not hear from rank 1 within \
+             700ms (1 other connection ignored, the last: 127.0.0.1:"
+        )),
+        "{text}"
+    );
+    assert!(text.ends_with(" sent \"GET / HTTP/1.1\\r\")"), "{text}");
+}
+
+#[test]
+fn torch_store_without_rank_0_times_out_naming_the_key() {
+    let store = TestStore::start();
+    let port = store.port.to_string();
+    let e = env(&[
+        ("WORLD_SIZE", "2"),
+        ("RANK", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", &port),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ("TORCHELASTIC_RUN_ID", "lonely"),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "0.5"),
+    ]);
+    let world = World::from_lookup(lookup(&e)).unwrap().unwrap();
+    let rdv = Rendezvous::from_lookup(&world, lookup(&e))
+        .unwrap()
+        .unwrap();
+    let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(matches!(err, Error::Rendezvous { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "torchrun's TCPStore at 127.0.0.1:{port} (derived from MASTER_ADDR, MASTER_PORT, \
+             TORCHELASTIC_USE_AGENT_STORE) did not get the id from rank 0 (key \
+             /nccl-channel/torchrun-lonely-attempt_0#0) within 500ms"
+        )
+    );
+}
+
+#[test]
+fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
+    let store = TestStore::start();
+    let addr = format!("127.0.0.1:{}", store.port);
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .key("k")
+        .timeout(Duration::from_secs(5));
+    store.set("/nccl-channel/k#0", b"hello");
+    let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(
+        err.to_string().ends_with(
+            "holds under key /nccl-channel/k#0 something that is not a rendezvous value: \"hello\""
+        ),
+        "{err}"
+    );
+    store.set(
+        "/nccl-channel/k#1",
+        format!("nccl-channel-rendezvous 1 3 {}", UniqueId([1; 128])).as_bytes(),
+    );
+    let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("an id for a world of 3 ranks, but this rank's world has 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn something_that_is_not_a_tcpstore_is_named() {
+    // A server that answers the ping with the wrong bytes.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            let _ = c.write_all(b"HTTP/1.1 400 Bad\r\n");
+        }
+    });
+    let rdv = Rendezvous::torch_store(&addr.to_string())
+        .unwrap()
+        .timeout(Duration::from_millis(300));
+    let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("did not answer within 300ms (last attempt: something answered a TCPStore ping with \"HTTP\" instead of the nonce: not a TCPStore)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_channel_builder_takes_a_rendezvous() {
+    let rig = Rig::new(2);
+    let port = free_port_in_range();
+    let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_secs(20));
+    let out: Vec<Vec<i32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let (cuda, nccl, rdv) = (rig.cuda.clone(), rig.nccl.clone(), rdv.clone());
+                s.spawn(move || {
+                    let ch = nccl_channel::ChannelBuilder::new()
+                        .world(World::new(2, r).unwrap())
+                        .unique_id(IdSource::Rendezvous(rdv))
+                        .cuda(cuda)
+                        .nccl(nccl)
+                        .build()
+                        .unwrap()
+                        .unwrap();
+                    let ctx = ch.comm().context();
+                    let send = DeviceBuffer::from_slice(ctx, &[r as i32]).unwrap();
+                    let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2).unwrap();
+                    ch.comm().all_gather(&send, &mut recv, ch.stream()).unwrap();
+                    ch.stream().synchronize().unwrap();
+                    let v = recv.to_vec().unwrap();
+                    drop((send, recv));
+                    ch.close().unwrap();
+                    v
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(out, vec![vec![0, 1]; 2]);
+    rig.assert_clean();
+}
+
+#[test]
+fn without_a_rendezvous_the_builder_error_names_the_ways() {
+    let rig = Rig::new(2);
+    for var in ["NCCL_COMM_ID", "NCCL_CHANNEL_RENDEZVOUS"] {
+        assert!(
+            std::env::var_os(var).is_none(),
+            "this test needs {var} unset"
+        );
+    }
+    let e = nccl_channel::ChannelBuilder::new()
+        .world(World::new(2, 0).unwrap())
+        .cuda(rig.cuda.clone())
+        .nccl(rig.nccl.clone())
+        .build()
+        .unwrap_err();
+    let text = e.to_string();
+    for part in [
+        "NCCL_COMM_ID=host:port",
+        "NCCL_CHANNEL_RENDEZVOUS=host:port",
+        "torchrun, srun, mpirun or mpiexec",
+        "IdSource::Rendezvous",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    rig.assert_clean();
+}
+
+// ---- derivation -------------------------------------------------------------------------
+
+const SLURM: &[(&str, &str)] = &[
+    ("SLURM_NTASKS", "8"),
+    ("SLURM_PROCID", "3"),
+    ("SLURM_JOB_NODELIST", "gpu[01-04,07],login1"),
+    ("SLURM_JOB_ID", "123456"),
+    ("SLURM_STEP_ID", "0"),
+];
+
+fn with(
+    base: &[(&'static str, &'static str)],
+    extra: &[(&'static str, &'static str)],
+) -> Vec<(&'static str, &'static str)> {
+    let mut v: Vec<_> = base
+        .iter()
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .copied()
+        .collect();
+    v.extend_from_slice(extra);
+    v
+}
+
+fn addr_and_source(vars: &[(&str, &str)]) -> (String, String) {
+    let r = derive(vars).unwrap().unwrap();
+    (r.address(), r.derived_from().to_string())
+}
+
+#[test]
+fn precedence_explicit_then_master_addr_then_slurm() {
+    let all = with(
+        SLURM,
+        &[
+            ("NCCL_CHANNEL_RENDEZVOUS", "head:1111"),
+            ("MASTER_ADDR", "master"),
+            ("MASTER_PORT", "2222"),
+        ],
+    );
+    assert_eq!(
+        addr_and_source(&all),
+        ("head:1111".into(), "NCCL_CHANNEL_RENDEZVOUS".into())
+    );
+    let no_explicit: Vec<_> = all
+        .iter()
+        .filter(|(k, _)| *k != "NCCL_CHANNEL_RENDEZVOUS")
+        .copied()
+        .collect();
+    assert_eq!(
+        addr_and_source(&no_explicit),
+        ("master:2222".into(), "MASTER_ADDR, MASTER_PORT".into())
+    );
+    assert_eq!(
+        addr_and_source(SLURM),
+        (
+            "gpu01:27296".into(),
+            "SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID".into()
+        )
+    );
+    // MASTER_ADDR alone does not override Slurm (its port is not known).
+    assert_eq!(
+        addr_and_source(&with(SLURM, &[("MASTER_ADDR", "master")])).0,
+        "gpu01:27296"
+    );
+}
+
+#[test]
+fn slurm_node_lists_most_specific_first() {
+    let vars = with(
+        SLURM,
+        &[
+            ("SLURM_STEP_NODELIST", "step[3-4]"),
+            ("SLURM_NODELIST", "old[1-2]"),
+        ],
+    );
+    assert_eq!(addr_and_source(&vars).0, "step3:27296");
+    let vars: Vec<_> = with(SLURM, &[("SLURM_NODELIST", "old[1-2]")])
+        .into_iter()
+        .filter(|(k, _)| *k != "SLURM_JOB_NODELIST")
+        .collect();
+    assert_eq!(
+        addr_and_source(&vars),
+        (
+            "old1:27296".into(),
+            "SLURM_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID".into()
+        )
+    );
+    let bad = with(SLURM, &[("SLURM_JOB_NODELIST", "gpu[01-04")]);
+    let e = derive(&bad).unwrap_err();
+    assert!(
+        matches!(&e, Error::Env { variable, .. } if variable == "SLURM_JOB_NODELIST"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn slurm_port_formula_fixed_values() {
+    let cases: &[(&str, Option<&str>, u16)] = &[
+        ("123456", Some("0"), 27296),
+        ("123456", Some("1"), 27297),
+        ("123456", Some("17"), 27297),
+        ("123456", None, 27296),
+        ("750", Some("0"), 20000),
+        ("4294967294", Some("0"), 20704),
+        ("123456", Some("batch"), 27307),
+    ];
+    for (job, step, port) in cases {
+        let mut vars = vec![
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_JOB_NODELIST", "n1"),
+            ("SLURM_JOB_ID", *job),
+        ];
+        if let Some(s) = step {
+            vars.push(("SLURM_STEP_ID", s));
+        }
+        let r = derive(&vars).unwrap().unwrap();
+        assert_eq!(r.port(), *port, "job {job} step {step:?}");
+        assert!(
+            (nccl_channel::PORT_BASE..nccl_channel::PORT_BASE + nccl_channel::PORT_SPAN)
+                .contains(&r.port())
+        );
+    }
+    let e = derive(&[
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_PROCID", "1"),
+        ("SLURM_JOB_NODELIST", "n1"),
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("SLURM_JOB_ID is not set"), "{e}");
+}
+
+const OMPI_MULTI: &[(&str, &str)] = &[
+    ("OMPI_COMM_WORLD_SIZE", "8"),
+    ("OMPI_COMM_WORLD_RANK", "5"),
+    ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+    ("OMPI_MCA_ess_base_jobid", "2416508929"),
+];
+
+#[test]
+fn open_mpi_on_several_nodes_needs_a_host() {
+    let e = derive(OMPI_MULTI).unwrap_err();
+    let Error::Env {
+        variable, problem, ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(variable, "OMPI_COMM_WORLD_LOCAL_SIZE");
+    assert!(
+        problem.contains("mpirun -x MASTER_ADDR=<rank 0's host>"),
+        "{problem}"
+    );
+    assert!(
+        problem.contains("NCCL_CHANNEL_RENDEZVOUS=host:port"),
+        "{problem}"
+    );
+    // MASTER_ADDR alone is enough: the port comes from the job id.
+    assert_eq!(
+        addr_and_source(&with(OMPI_MULTI, &[("MASTER_ADDR", "node1")])),
+        (
+            "node1:28929".into(),
+            "MASTER_ADDR, OMPI_MCA_ess_base_jobid".into()
+        )
+    );
+    // mpirun inside Slurm: Slurm's first host.
+    assert_eq!(
+        addr_and_source(&with(
+            OMPI_MULTI,
+            &[("SLURM_JOB_NODELIST", "cn[0100-0103]")]
+        )),
+        (
+            "cn0100:28929".into(),
+            "SLURM_JOB_NODELIST, OMPI_MCA_ess_base_jobid".into()
+        )
+    );
+    // Open MPI 5: the PMIx namespace's hash.
+    let v5: Vec<_> = with(
+        OMPI_MULTI,
+        &[
+            ("PMIX_NAMESPACE", "prterun-node1-4242@1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"),
+        ],
+    )
+    .into_iter()
+    .filter(|(k, _)| *k != "OMPI_MCA_ess_base_jobid")
+    .collect();
+    assert_eq!(
+        addr_and_source(&v5),
+        (
+            "127.0.0.1:27189".into(),
+            "OMPI_COMM_WORLD_LOCAL_SIZE, OMPI_COMM_WORLD_SIZE, PMIX_NAMESPACE".into()
+        )
+    );
+}
+
+#[test]
+fn pmi_on_several_nodes_uses_slurm_or_asks() {
+    let pmi = [
+        ("PMI_SIZE", "4"),
+        ("PMI_RANK", "1"),
+        ("MPI_LOCALNRANKS", "2"),
+    ];
+    let e = derive(&pmi).unwrap_err();
+    assert!(
+        matches!(&e, Error::Env { variable, problem, .. }
+            if variable == "PMI_SIZE" && problem.contains("MASTER_ADDR")),
+        "{e:?}"
+    );
+    let in_slurm = with(
+        &pmi,
+        &[
+            ("SLURM_JOB_NODELIST", "gpu[01-02]"),
+            ("SLURM_JOB_ID", "123456"),
+            ("SLURM_STEP_ID", "1"),
+        ],
+    );
+    assert_eq!(
+        addr_and_source(&in_slurm),
+        (
+            "gpu01:27297".into(),
+            "SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID".into()
+        )
+    );
+}
+
+#[test]
+fn torchrun_rows() {
+    let base = [
+        ("WORLD_SIZE", "2"),
+        ("RANK", "1"),
+        ("MASTER_ADDR", "node0"),
+        ("MASTER_PORT", "29500"),
+    ];
+    let r = derive(&with(&base, &[("TORCHELASTIC_USE_AGENT_STORE", "True")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.kind(), RendezvousKind::TorchStore);
+    assert_eq!(r.address(), "node0:29500");
+    // torch compares with the string "True" exactly.
+    let r = derive(&with(&base, &[("TORCHELASTIC_USE_AGENT_STORE", "true")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.kind(), RendezvousKind::RankZero);
+    assert_eq!(r.derived_from(), "MASTER_ADDR, MASTER_PORT");
+    // No MASTER_ADDR: nothing to derive, or an error when the agent store is promised.
+    assert_eq!(derive(&[("WORLD_SIZE", "2"), ("RANK", "1")]).unwrap(), None);
+    let e = derive(&[
+        ("WORLD_SIZE", "2"),
+        ("RANK", "1"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::Env { variable, .. } if variable == "TORCHELASTIC_USE_AGENT_STORE"),
+        "{e:?}"
+    );
+    let e = derive(&with(&base, &[("MASTER_PORT", "0")])).unwrap_err();
+    assert!(
+        matches!(&e, Error::Env { variable, .. } if variable == "MASTER_PORT"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn our_own_and_irees_families_derive_nothing_but_the_explicit_variable() {
+    let noise = [
+        ("MASTER_ADDR", "m"),
+        ("MASTER_PORT", "1234"),
+        ("SLURM_JOB_NODELIST", "n1"),
+        ("SLURM_JOB_ID", "5"),
+    ];
+    for fam in [
+        [("NCCL_CHANNEL_NPROCS", "2"), ("NCCL_CHANNEL_PROCID", "1")],
+        [
+            ("IREE_CUDA_NCCL_NPROCS", "2"),
+            ("IREE_CUDA_NCCL_PROCID", "1"),
+        ],
+    ] {
+        assert_eq!(derive(&with(&fam, &noise)).unwrap(), None, "{fam:?}");
+        let r = derive(&with(
+            &with(&fam, &noise),
+            &[("NCCL_CHANNEL_RENDEZVOUS", "[::1]:4000")],
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.address(), r.host(), r.port()),
+            ("[::1]:4000".into(), "::1", 4000)
+        );
+    }
+    // A world given in code: the explicit variable only.
+    let w = World::new(2, 1).unwrap();
+    let e = env(&noise);
+    assert_eq!(Rendezvous::from_lookup(&w, lookup(&e)).unwrap(), None);
+}
+
+#[test]
+fn malformed_values_are_env_errors_and_the_timeout_is_read() {
+    for (var, value) in [
+        ("NCCL_CHANNEL_RENDEZVOUS", "nohost"),
+        ("NCCL_CHANNEL_RENDEZVOUS", "h:0"),
+        ("NCCL_CHANNEL_RENDEZVOUS", "::1:80"),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "-1"),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "soon"),
+    ] {
+        let vars = with(SLURM, &[(var, value)]);
+        let e = derive(&vars).unwrap_err();
+        assert!(
+            matches!(&e, Error::Env { variable, .. } if variable == var),
+            "{var}={value}: {e:?}"
+        );
+    }
+    let r = derive(&with(SLURM, &[("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "2.5")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.get_timeout(), Duration::from_millis(2500));
+    assert_eq!(
+        derive(SLURM).unwrap().unwrap().get_timeout(),
+        nccl_channel::DEFAULT_TIMEOUT
+    );
+    assert_eq!(nccl_channel::DEFAULT_TIMEOUT, Duration::from_secs(300));
+    assert!(matches!(
+        Rendezvous::tcp("no-port"),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn display_says_what_and_where_from() {
+    let r = derive(SLURM).unwrap().unwrap();
+    assert_eq!(
+        r.to_string(),
+        "rank 0's rendezvous at gpu01:27296 (derived from SLURM_JOB_NODELIST, SLURM_JOB_ID, \
+         SLURM_STEP_ID), key slurm-123456.0, timeout 300s"
+    );
+    let r = Rendezvous::torch_store("h:1").unwrap().key("a b/c");
+    assert_eq!(
+        r.to_string(),
+        "torchrun's TCPStore at h:1 (derived from code), key a_b/c, timeout 300s"
+    );
+}
