@@ -1,0 +1,120 @@
+//! The rendezvous with the real libnccl of NCCL 2.18.3 (the pinned wheel; no GPU needed):
+//! the release where ids derived from `NCCL_COMM_ID` differ between calls, so the
+//! environment alone cannot give ranks a shared id. Rank 0 makes one with the real
+//! `ncclGetUniqueId` and three ranks (threads) agree on it through the rendezvous.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nccl_channel::{Error, Rendezvous, UniqueId, World};
+use nccl_sys::NcclVersion;
+
+/// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).
+fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<nccl_sys::Nccl, nccl_sys::LoadError> {
+    // SAFETY: the pinned NCCL 2.18.3 wheel, checked by sha256 by scripts/wheel.
+    unsafe { nccl_sys::Nccl::load_from(path) }
+}
+
+fn libnccl_2_18() -> PathBuf {
+    if let Some(p) = std::env::var_os("NCCL_CHANNEL_TEST_LIBNCCL_2_18") {
+        return PathBuf::from(p);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/wheel"))
+        .args(["nvidia-nccl-cu12", "2.18.3"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("nvidia/nccl/lib/libnccl.so.2")
+}
+
+#[test]
+fn three_ranks_agree_on_a_real_nccl_2_18_id() {
+    let nccl = load_trusted(libnccl_2_18()).unwrap();
+    assert_eq!(nccl.version(), NcclVersion::new(2, 18, 3));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let made = Mutex::new(Vec::new());
+    let ids: Vec<UniqueId> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|rank| {
+                let (nccl, made, port) = (&nccl, &made, &port);
+                s.spawn(move || {
+                    let r = rank.to_string();
+                    let vars = [
+                        ("WORLD_SIZE", "3"),
+                        ("RANK", r.as_str()),
+                        ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", port.as_str()),
+                        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "60"),
+                    ];
+                    let lookup = |name: &str| {
+                        vars.iter()
+                            .find(|(k, _)| *k == name)
+                            .map(|(_, v)| v.to_string())
+                    };
+                    let world = World::from_lookup(lookup).unwrap().unwrap();
+                    let rdv = Rendezvous::from_lookup(&world, lookup).unwrap().unwrap();
+                    rdv.exchange_with(world.rank, world.size, || {
+                        let id = UniqueId::generate(nccl)?;
+                        made.lock().unwrap().push(id);
+                        Ok::<_, Error>(id)
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let made = made.into_inner().unwrap();
+    assert_eq!(made.len(), 1, "rank 0 made exactly one id");
+    assert_eq!(ids, vec![made[0]; 3]);
+    assert_ne!(
+        made[0],
+        UniqueId([0; 128]),
+        "ncclGetUniqueId gave an all-zero id"
+    );
+    println!(
+        "NCCL {}: 3 ranks share id {}…",
+        nccl.version(),
+        &made[0].to_string()[..32]
+    );
+}
+
+#[test]
+fn the_same_through_exchange_with_nccl() {
+    let nccl = load_trusted(libnccl_2_18()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_secs(60));
+    let ids: Vec<UniqueId> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|rank| {
+                let (nccl, rdv) = (&nccl, &rdv);
+                s.spawn(move || rdv.exchange(nccl, rank, 3).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(ids, vec![ids[0]; 3]);
+    assert_ne!(ids[0], UniqueId([0; 128]));
+}
