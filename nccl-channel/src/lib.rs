@@ -5,6 +5,11 @@
 //!   `IREE_CUDA_NCCL_*`, torchrun, Open MPI, PMI or Slurm variables ([`ENV_FAMILIES`]).
 //! * [`UniqueId`]: generated and shared as bytes or hex, derived from `NCCL_COMM_ID`, or
 //!   exchanged through a file.
+//! * [`Rendezvous`]: rank 0 hands its id to the others over TCP, at an address derived
+//!   from the launcher (torchrun's `MASTER_ADDR`/`MASTER_PORT` or its agent's TCPStore,
+//!   Slurm's node list and job id, Open MPI or MPICH on one node) or named with
+//!   `NCCL_CHANNEL_RENDEZVOUS=host:port`; no extra variable under those launchers, and it
+//!   works with every NCCL (on 2.18–2.21 `NCCL_COMM_ID` cannot give ranks one id).
 //! * [`Communicator`]: init by rank, all local devices at once, split and shrink (one rank,
 //!   or every local rank from one thread in one group); collectives typed over
 //!   [`NcclType`] with lengths, roots, peers, devices and types checked before any FFI
@@ -21,12 +26,14 @@
 //!   graphs and groups that may use them). Which suits which collective and size, measured
 //!   on 2 × H200: BENCHMARKS.md.
 //! * [`Channel`]: the default channel; NCCL is opened only when one is asked for with a
-//!   world size of at least 1.
+//!   world size of at least 1. Its ranks agree on an id through `NCCL_COMM_ID` when set,
+//!   else through the launcher's [`Rendezvous`] ([`IdSource`]).
 //!
 //! ```no_run
 //! use nccl_channel::{Channel, ReduceOp};
 //! use cuda_hal::DeviceBuffer;
 //! // NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 ...
+//! // or under a launcher, with nothing added: torchrun --nproc-per-node 2 ..., srun -n 2 ...
 //! if let Some(ch) = Channel::from_env()? {
 //!     let ctx = ch.comm().context();
 //!     let send = DeviceBuffer::from_slice(ctx, &[101i32, 102])?;

@@ -57,6 +57,14 @@ pub const ENV_FAMILIES: &[EnvFamily] = &[
 ];
 
 /// This process's place in the world.
+///
+/// Size and rank only: how the ranks then agree on a unique id is [`IdSource`]'s choice
+/// (by default `NCCL_COMM_ID`, else the launcher's rendezvous, which
+/// [`Rendezvous::from_env`] derives from this world's [`source`](World::source) and the
+/// launcher's other variables).
+///
+/// [`IdSource`]: crate::IdSource
+/// [`Rendezvous::from_env`]: crate::Rendezvous::from_env
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct World {
     /// Number of ranks (at least 1).
@@ -65,7 +73,8 @@ pub struct World {
     pub rank: usize,
     /// This process's rank on its node, when the launcher says.
     pub local_rank: Option<usize>,
-    /// Where it came from: `"code"` or a launcher's name.
+    /// Where it came from: `"code"` or a launcher's name ([`EnvFamily::launcher`]); it
+    /// picks the row of the rendezvous rule ([`Rendezvous::from_lookup`](crate::Rendezvous::from_lookup)).
     pub source: &'static str,
 }
 

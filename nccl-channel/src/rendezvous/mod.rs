@@ -86,7 +86,8 @@ impl Rendezvous {
     /// there. Rank 0 listens on every interface (`[::]`, else `0.0.0.0`) unless the host
     /// is `localhost` or a loopback address, which it listens on alone; see
     /// [`Rendezvous::from_env`] for why. The key is `nccl-channel`, the deadline
-    /// [`DEFAULT_TIMEOUT`].
+    /// [`DEFAULT_TIMEOUT`]. Like torch's `init_method="tcp://host:port"`.
+    #[doc(alias = "init_method")]
     pub fn tcp(address: &str) -> Result<Rendezvous> {
         Self::parsed(RendezvousKind::RankZero, address)
     }
