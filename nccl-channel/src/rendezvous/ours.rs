@@ -109,6 +109,20 @@ enum Outcome {
     Ignored(String),
 }
 
+/// Rank 0's tally of connections it did not serve.
+#[derive(Default)]
+struct Ignored {
+    count: usize,
+    last: Option<String>,
+}
+
+impl Ignored {
+    fn note(&mut self, why: String) {
+        self.count += 1;
+        self.last = Some(why);
+    }
+}
+
 /// Rank 0: listens, makes the id, serves it until every other rank confirmed.
 pub(super) fn serve(
     rdv: &Rendezvous,
@@ -126,7 +140,8 @@ pub(super) fn serve(
     let active = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::channel();
     let mut served = BTreeSet::new();
-    let mut ignored: Vec<String> = Vec::new();
+    // Connections that were not this rendezvous's ranks: how many, and the last one.
+    let mut ignored = Ignored::default();
     loop {
         while let Ok(outcome) = rx.try_recv() {
             match outcome {
@@ -139,7 +154,7 @@ pub(super) fn serve(
                          world has {size}; every rank must see the same world size"
                     )));
                 }
-                Outcome::Ignored(why) => ignored.push(why),
+                Outcome::Ignored(why) => ignored.note(why),
             }
         }
         if served.len() == size - 1 {
@@ -156,11 +171,11 @@ pub(super) fn serve(
                 missing.join(", "),
                 rdv.timeout
             );
-            if let Some(last) = ignored.last() {
+            if let Some(last) = &ignored.last {
                 problem.push_str(&format!(
                     " ({} other connection{} ignored, the last: {last})",
-                    ignored.len(),
-                    if ignored.len() == 1 { "" } else { "s" }
+                    ignored.count,
+                    if ignored.count == 1 { "" } else { "s" }
                 ));
             }
             return Err(rdv.error(problem));
@@ -168,7 +183,7 @@ pub(super) fn serve(
         match listener.accept() {
             Ok((stream, peer)) => {
                 if active.load(Ordering::Acquire) >= MAX_HANDLERS {
-                    ignored.push(format!("{peer}: too many connections at once"));
+                    ignored.note(format!("{peer}: too many connections at once"));
                     continue;
                 }
                 active.fetch_add(1, Ordering::AcqRel);
@@ -183,7 +198,7 @@ pub(super) fn serve(
                     });
                 if spawned.is_err() {
                     active.fetch_sub(1, Ordering::AcqRel);
-                    ignored.push(format!("{peer}: no thread to serve it"));
+                    ignored.note(format!("{peer}: no thread to serve it"));
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -192,7 +207,7 @@ pub(super) fn serve(
             // A peer that gave up before accept (ECONNABORTED), or no descriptor to spare
             // now (EMFILE): both may pass.
             Err(e) => {
-                ignored.push(format!("accept failed: {e}"));
+                ignored.note(format!("accept failed: {e}"));
                 std::thread::sleep(Duration::from_millis(20));
             }
         }

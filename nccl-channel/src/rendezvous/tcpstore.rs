@@ -17,7 +17,8 @@
 //! | `PING` | 13 | `u32` nonce | the same `u32` |
 //!
 //! Torch's own client sends `VALIDATE` then `PING` on connecting; so does this one, and a
-//! wrong or missing ping answer means something else listens there. Python's
+//! wrong or missing ping answer means something else listens there (or a torch whose store
+//! predates `PING`: those are not supported, and the error says the ping went unanswered). Python's
 //! `TCPStore.set("k", …)` sends the key `/k`; the keys here start with `/nccl-channel/` so
 //! they never meet torch's.
 
@@ -54,19 +55,25 @@ fn put_str(buf: &mut Vec<u8>, s: &[u8]) {
     buf.extend_from_slice(s);
 }
 
+/// One request: the query byte, then the key count and keys (`CHECK`, `WAIT`), then the
+/// length-prefixed arguments.
+fn request(query: u8, keys: Option<&[String]>, args: &[&[u8]]) -> Vec<u8> {
+    let mut buf = vec![query];
+    if let Some(keys) = keys {
+        buf.extend_from_slice(&(keys.len() as u64).to_ne_bytes());
+        for k in keys {
+            put_str(&mut buf, k.as_bytes());
+        }
+    }
+    for a in args {
+        put_str(&mut buf, a);
+    }
+    buf
+}
+
 impl Store {
     fn send(&mut self, query: u8, args: &[&[u8]], keys: Option<&[String]>) -> io::Result<()> {
-        let mut buf = vec![query];
-        if let Some(keys) = keys {
-            buf.extend_from_slice(&(keys.len() as u64).to_ne_bytes());
-            for k in keys {
-                put_str(&mut buf, k.as_bytes());
-            }
-        }
-        for a in args {
-            put_str(&mut buf, a);
-        }
-        self.stream.write_all(&buf)
+        self.stream.write_all(&request(query, keys, args))
     }
 
     fn read_u8(&mut self) -> io::Result<u8> {
@@ -283,4 +290,60 @@ fn parse_value(value: &[u8], size: usize) -> Result<UniqueId, String> {
         ));
     }
     hex.parse().map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_torchs_bytes() {
+        // SET "/k" = "v": type 1, u64 2, "/k", u64 1, "v" (little-endian hosts).
+        let set = request(SET, None, &[b"/k", b"v"]);
+        let mut want = vec![1u8];
+        want.extend_from_slice(&2u64.to_ne_bytes());
+        want.extend_from_slice(b"/k");
+        want.extend_from_slice(&1u64.to_ne_bytes());
+        want.extend_from_slice(b"v");
+        assert_eq!(set, want);
+        // WAIT ["/a", "/bc"]: type 6, u64 count 2, then each key.
+        let keys = ["/a".to_string(), "/bc".to_string()];
+        let wait = request(WAIT, Some(&keys), &[]);
+        let mut want = vec![6u8];
+        want.extend_from_slice(&2u64.to_ne_bytes());
+        want.extend_from_slice(&2u64.to_ne_bytes());
+        want.extend_from_slice(b"/a");
+        want.extend_from_slice(&3u64.to_ne_bytes());
+        want.extend_from_slice(b"/bc");
+        assert_eq!(wait, want);
+        assert_eq!((VALIDATE, GET, CHECK, PING), (0, 3, 5, 13));
+        if cfg!(target_endian = "little") {
+            assert_eq!(VALIDATION_MAGIC.to_ne_bytes(), [0xce, 0xf7, 0x85, 0x3c]);
+        }
+    }
+
+    #[test]
+    fn values_are_checked() {
+        let id = UniqueId([0x42; 128]);
+        let v = format!("{VALUE_MAGIC} 3 {id}");
+        assert_eq!(parse_value(v.as_bytes(), 3), Ok(id));
+        assert!(
+            parse_value(v.as_bytes(), 4)
+                .unwrap_err()
+                .contains("world of 3 ranks")
+        );
+        for bad in [
+            &b""[..],
+            b"nccl-channel-rendezvous 1 3",
+            b"\xff",
+            b"nccl-channel-rendezvous 1 x 00",
+        ] {
+            assert!(
+                parse_value(bad, 3)
+                    .unwrap_err()
+                    .contains("not a rendezvous value"),
+                "{bad:?}"
+            );
+        }
+    }
 }
