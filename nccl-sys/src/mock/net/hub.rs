@@ -50,7 +50,8 @@ pub(crate) fn start(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Res
         colls: HashMap::new(),
         sends: HashMap::new(),
         recvs: HashMap::new(),
-        threads: vec![acceptor],
+        acceptor: Some(acceptor),
+        threads: Vec::new(),
     };
     spawn("mock-nccl-hub", move || hub.run(&rx))?;
     Ok(local)
@@ -140,6 +141,8 @@ struct Hub {
     colls: HashMap<u64, Vec<Option<Part>>>,
     sends: HashMap<(usize, usize), VecDeque<P2p>>,
     recvs: HashMap<(usize, usize), VecDeque<P2p>>,
+    acceptor: Option<JoinHandle<()>>,
+    /// The connections' reader threads.
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -165,12 +168,20 @@ impl Hub {
                 }
             }
         }
-        self.accepting.store(false, Ordering::Release);
+        self.stop_accepting();
         for c in self.conns.values() {
             stop(&c.stream);
         }
         drop(self.events);
         for t in self.threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Closes the listener: stops the accept thread and joins it.
+    fn stop_accepting(&mut self) {
+        self.accepting.store(false, Ordering::Release);
+        if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }
     }
@@ -327,8 +338,9 @@ impl Hub {
         let missing = self.missing();
         if missing.is_empty() {
             self.formed = true;
-            // Nobody else may join: the port is free again.
-            self.accepting.store(false, Ordering::Release);
+            // Nobody else may join, and the port is free again before any rank learns
+            // the communicator formed (so the next one may bind it).
+            self.stop_accepting();
             let devices = self.ranks.iter().flatten().map(|r| r.1).collect();
             self.tell_ranks(&Msg::Welcome { devices });
         } else {
@@ -372,6 +384,10 @@ impl Hub {
             return;
         }
         self.gone.push(r);
+        if loud {
+            // First, so a peer's failed operation finds its asynchronous error set.
+            self.tell_ranks(&Msg::Gone { rank: r as u32 });
+        }
         let remote = ncclResult_t::ncclRemoteError;
         for (_, parts) in std::mem::take(&mut self.colls) {
             for p in parts.iter().flatten() {
@@ -398,9 +414,6 @@ impl Hub {
                     }
                 }
             }
-        }
-        if loud {
-            self.tell_ranks(&Msg::Gone { rank: r as u32 });
         }
     }
 

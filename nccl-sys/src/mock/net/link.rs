@@ -92,6 +92,12 @@ impl Link {
     ) -> Result<Link, ConnectError> {
         let stream = loop {
             match TcpStream::connect(addr) {
+                // Retrying a local port nobody listens on can connect a socket to itself
+                // (TCP simultaneous open): that is no hub.
+                Ok(s) if s.local_addr().ok() == s.peer_addr().ok() => {
+                    stop(&s);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 Ok(s) => break s,
                 Err(e) => {
                     if cancelled() {
@@ -145,6 +151,11 @@ impl Link {
                 let st = self.shared.lock();
                 if let Some(w) = st.welcome.clone() {
                     return w.map_err(|(rc, msg)| GatherError::Refused(rc, msg));
+                }
+                if st.closed && st.missing.is_none() {
+                    // Closed before the hub said a word: a listener that was closing (its
+                    // communicator had just formed). The caller connects again.
+                    return Err(GatherError::Unheard);
                 }
                 if st.closed {
                     return Err(GatherError::Lost("the hub closed the connection".into()));
@@ -370,6 +381,8 @@ pub(crate) enum ConnectError {
 pub(crate) enum GatherError {
     Refused(ncclResult_t, String),
     Lost(String),
+    /// The connection closed before the hub answered the hello.
+    Unheard,
     Timeout(Option<Vec<u32>>),
     Cancelled,
 }

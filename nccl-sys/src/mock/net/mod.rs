@@ -154,23 +154,50 @@ fn connect(
         let msg = format!("rank {rank}: init aborted");
         (ncclResult_t::ncclInvalidUsage, msg)
     };
-    let link = match Link::connect(addr, rank, deadline, cancelled) {
-        Ok(l) => l,
-        Err(ConnectError::Cancelled) => return Err(aborted()),
-        Err(ConnectError::Unreachable(e)) => {
-            let starter = if fixed {
-                "rank 0's init starts it (NCCL_COMM_ID)"
-            } else {
-                "the process that called ncclGetUniqueId runs it"
-            };
-            let msg = format!(
-                "rank {rank}: no hub at {addr} within {timeout:?} ({e}); {starter}, so rank 0 \
-                 and maybe others are missing"
-            );
-            return Err((system, msg));
-        }
+    let unreachable = |e: String| {
+        let starter = if fixed {
+            "rank 0's init starts it (NCCL_COMM_ID)"
+        } else {
+            "the process that called ncclGetUniqueId runs it"
+        };
+        let msg = format!(
+            "rank {rank}: no hub at {addr} within {timeout:?} ({e}); {starter}, so rank 0 and \
+             maybe others are missing"
+        );
+        (system, msg)
     };
-    match link.gather(nranks, device, deadline, cancelled) {
+    loop {
+        let link = match Link::connect(addr, rank, deadline, cancelled) {
+            Ok(l) => l,
+            Err(ConnectError::Cancelled) => return Err(aborted()),
+            Err(ConnectError::Unreachable(e)) => return Err(unreachable(e)),
+        };
+        let res = link.gather(nranks, device, deadline, cancelled);
+        if let Err(GatherError::Unheard) = res {
+            if Instant::now() >= deadline {
+                return Err(unreachable("the connection closed unanswered".into()));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            continue;
+        }
+        return formed(res, link, addr, (nranks, rank), timeout);
+    }
+}
+
+/// The clique of a finished gather, or the error and message.
+fn formed(
+    res: Result<Vec<i32>, GatherError>,
+    link: Link,
+    addr: &str,
+    (nranks, rank): (usize, usize),
+    timeout: std::time::Duration,
+) -> Result<Arc<Clique>, (ncclResult_t, String)> {
+    let system = ncclResult_t::ncclSystemError;
+    let aborted = || {
+        let msg = format!("rank {rank}: init aborted");
+        (ncclResult_t::ncclInvalidUsage, msg)
+    };
+    match res {
         Ok(devices) if devices.len() == nranks => Ok(Clique::networked(devices, link)),
         Ok(devices) => {
             let msg = format!(
@@ -182,6 +209,7 @@ fn connect(
         Err(GatherError::Refused(rc, msg)) => Err((rc, format!("{msg} (hub at {addr})"))),
         Err(GatherError::Lost(e)) => Err((system, format!("rank {rank}: hub at {addr}: {e}"))),
         Err(GatherError::Cancelled) => Err(aborted()),
+        Err(GatherError::Unheard) => Err((system, format!("rank {rank}: hub at {addr} unheard"))),
         Err(GatherError::Timeout(missing)) => {
             let missing = match missing {
                 Some(m) => format!("missing ranks {m:?}"),
