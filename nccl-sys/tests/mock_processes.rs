@@ -420,6 +420,38 @@ fn non_blocking_and_grouped_inits_form_one_communicator() {
 }
 
 #[test]
+fn aborting_a_rank_still_joining_ends_its_wait_and_leaks_nothing() {
+    let _g = serial();
+    let timeout = Duration::from_millis(500);
+    let id = hub_id(timeout);
+    let rig = process(Duration::from_secs(30));
+    let f = rig.nccl.fns();
+    let mut comm = std::ptr::null_mut();
+    let mut config = nccl_sys::NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    rig.on(0);
+    // SAFETY: valid out-pointer and config.
+    let rc =
+        unsafe { (f.ncclCommInitRankConfig)(&mut comm, 2, procs::id_from(id), 0, &mut config) };
+    assert_eq!(rc, ncclResult_t::ncclInProgress);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rig.world.live().pending_inits == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(rig.world.live().pending_inits, 1, "waiting at the hub");
+    let t = Instant::now();
+    rig.abort(comm);
+    // Its background join notices within moments, not at its 30 s timeout.
+    while !rig.world.live().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(rig.world.live().is_empty(), "{:?}", rig.world.live());
+    assert!(t.elapsed() < Duration::from_secs(5));
+    // The hub, left without ranks, ends after its own timeout.
+    assert_no_network_threads();
+}
+
+#[test]
 fn splits_across_processes_are_refused_cleanly() {
     let _g = serial();
     let timeout = Duration::from_secs(30);

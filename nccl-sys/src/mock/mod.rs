@@ -65,6 +65,20 @@
 //! [`MockNcclWorld::config_of`] shows what each communicator got (a NULL split config
 //! inherits the parent's).
 //!
+//! **Multi-process mode** ([`MockNccl::multi_process`], off by default): ranks started as
+//! separate processes, each with its own simulated driver and NCCL, form one
+//! communicator over loopback TCP, with the results of one process. As with NCCL's
+//! bootstrap, a *hub* coordinates each communicator: `ncclGetUniqueId` starts it on
+//! `127.0.0.1:0` and the id names its address (plain bytes any process can use), or,
+//! with `NCCL_COMM_ID=host:port`, rank 0's init starts it at that address. Each rank's
+//! part passes the same admission and sanitizer checks as in one process; then the rank
+//! reads its own input range through the driver, ships it to the hub, which computes
+//! every rank's output with the same code as the in-process mode, and writes the answer
+//! to its receive buffer through the driver. A peer that aborts, is destroyed or whose
+//! process goes makes what needs it fail with `ncclRemoteError`; splits and shrinks are
+//! not simulated across processes (`ncclInvalidUsage`). [`network_threads`] counts the
+//! mode's threads, for leak checks.
+//!
 //! ```
 //! use cuda_sys::mock::MockDriver;
 //! use nccl_sys::mock::MockNccl;

@@ -83,11 +83,12 @@ pub(crate) struct Link {
 
 impl Link {
     /// Connects to the hub at `addr`, retrying while it is not there yet, until
-    /// `deadline` or until `cancelled` says so. `Err`: why (for the last error).
+    /// `deadline` or until `cancelled` says so; a write waits at most `write_timeout`.
+    /// `Err`: why (for the last error).
     pub(crate) fn connect(
         addr: &str,
         rank: usize,
-        deadline: Instant,
+        (deadline, write_timeout): (Instant, Duration),
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Link, ConnectError> {
         let stream = loop {
@@ -111,6 +112,8 @@ impl Link {
             }
         };
         let _ = stream.set_nodelay(true);
+        // A hub that stopped reading (its process stopped) must not block a rank forever.
+        let _ = stream.set_write_timeout(Some(write_timeout));
         let reader_stream = stream
             .try_clone()
             .map_err(|e| ConnectError::Unreachable(e.to_string()))?;

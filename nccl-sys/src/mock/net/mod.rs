@@ -167,7 +167,7 @@ fn connect(
         (system, msg)
     };
     loop {
-        let link = match Link::connect(addr, rank, deadline, cancelled) {
+        let link = match Link::connect(addr, rank, (deadline, timeout), cancelled) {
             Ok(l) => l,
             Err(ConnectError::Cancelled) => return Err(aborted()),
             Err(ConnectError::Unreachable(e)) => return Err(unreachable(e)),
