@@ -655,6 +655,21 @@ pub(crate) fn input_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
     }
 }
 
+/// Bytes [`move_data`] writes to rank `rank`'s receive buffer (0: none): what a rank of
+/// the multi-process mode accepts from its hub.
+pub(crate) fn output_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
+    let root = rank == c.root.max(0) as usize;
+    match c.kind {
+        Kind::AllReduce | Kind::Broadcast | Kind::ReduceScatter | Kind::Scatter => {
+            bytes(c.count, c.dtype)
+        }
+        Kind::AllGather | Kind::AllToAll => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Reduce if root => bytes(c.count, c.dtype),
+        Kind::Gather if root => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Reduce | Kind::Gather => 0,
+    }
+}
+
 /// Reads every rank's `len` input bytes (each is read, so every illegal one is reported);
 /// `None` if any is illegal.
 fn read_all(mem: &mut impl Buffers, n: usize, len: usize) -> Option<Vec<Vec<u8>>> {
@@ -673,7 +688,8 @@ pub(crate) fn move_data(mem: &mut impl Buffers, parts: &[Contrib]) {
     let size = dtype::size_of(t).unwrap_or(1);
     let root = first.root as usize;
     let ops: Vec<Op> = parts.iter().map(|p| p.op).collect();
-    let chunk = count * size;
+    // Each input's length was checked against it, so it does not overflow.
+    let chunk = count.saturating_mul(size);
     match first.kind {
         Kind::AllReduce | Kind::Reduce => {
             let Some(inputs) = read_all(mem, n, chunk) else {

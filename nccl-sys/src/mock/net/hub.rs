@@ -19,8 +19,11 @@ use std::time::{Duration, Instant};
 
 use super::wire::{self, Msg};
 use super::{spawn, stop};
-use crate::mock::clique::{Buffers, Contrib, agree, move_data, p2p_refusal, results};
+use crate::mock::clique::{Buffers, Contrib, agree, input_bytes, move_data, p2p_refusal, results};
 use crate::{ncclDataType_t, ncclResult_t};
+
+/// The most ranks a hub takes (its tables grow with the count a hello claims).
+const MAX_RANKS: usize = 1 << 16;
 
 /// Starts a hub listening on `addr`; its actual address (port 0 picks one). Parts are
 /// waited for without end (each rank honours its own timeout); `timeout` bounds how long
@@ -312,6 +315,10 @@ impl Hub {
             let msg = "the communicator of this id already formed".to_string();
             return self.refuse(id, ncclResult_t::ncclInvalidUsage, msg);
         }
+        if nranks == 0 || nranks > MAX_RANKS {
+            let msg = format!("invalid rank {rank} or nranks {nranks}");
+            return self.refuse(id, ncclResult_t::ncclInvalidArgument, msg);
+        }
         let expected = *self.nranks.get_or_insert(nranks);
         if nranks != expected {
             let msg = format!("rank {rank} asked for {nranks} ranks, another rank for {expected}");
@@ -417,11 +424,16 @@ impl Hub {
         }
     }
 
-    fn coll(&mut self, r: usize, seq: u64, part: Part) {
+    fn coll(&mut self, r: usize, seq: u64, mut part: Part) {
         if !self.gone.is_empty() {
             return self.done(part.conn, part.op, ncclResult_t::ncclRemoteError, None);
         }
         let n = self.ranks.len();
+        if part.input.len() != input_bytes(&part.contrib, r, n) {
+            // Not what its part reads (a broken peer): the collective fails for all.
+            part.withdrawn = true;
+            part.input = Vec::new();
+        }
         let parts = self
             .colls
             .entry(seq)
@@ -544,4 +556,115 @@ fn run(parts: &[Part]) -> Vec<(ncclResult_t, Option<Vec<u8>>)> {
         .zip(mem.outputs)
         .map(|(rc, out)| (rc, if failed { None } else { out }))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::mock::clique::{Kind, Op};
+    use crate::ncclRedOp_t;
+
+    /// A hand-driven rank: speaks the wire protocol directly, as a broken peer could.
+    fn client(addr: SocketAddr) -> TcpStream {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+
+    fn hello(s: &TcpStream, nranks: u32, rank: u32) {
+        let m = Msg::Hello {
+            nranks,
+            rank,
+            device: 0,
+        };
+        wire::send(s, &m).unwrap();
+    }
+
+    /// The next message other than a `Waiting`.
+    fn answer(s: &TcpStream) -> Msg {
+        loop {
+            match wire::recv(s).unwrap() {
+                Msg::Waiting { .. } => {}
+                m => return m,
+            }
+        }
+    }
+
+    fn sum(count: usize) -> Contrib {
+        Contrib {
+            call: "ncclAllReduce",
+            kind: Kind::AllReduce,
+            send: 0,
+            recv: 0,
+            count,
+            dtype: ncclDataType_t::ncclInt32,
+            op: Op::Builtin(ncclRedOp_t::ncclSum),
+            root: 0,
+        }
+    }
+
+    fn coll(s: &TcpStream, op: u64, seq: u64, input: Vec<u8>) {
+        let m = Msg::Coll {
+            op,
+            seq,
+            part: sum(1),
+            withdrawn: false,
+            input,
+        };
+        wire::send(s, &m).unwrap();
+    }
+
+    #[test]
+    fn a_hub_survives_broken_ranks_and_computes_for_good_ones() {
+        let addr = start(("127.0.0.1", 0), Duration::from_secs(10)).unwrap();
+
+        // A hello claiming four billion ranks is refused, not allocated for.
+        let greedy = client(addr);
+        hello(&greedy, u32::MAX, 0);
+        let refused = ncclResult_t::ncclInvalidArgument.0;
+        assert!(matches!(answer(&greedy), Msg::Refused { rc, .. } if rc == refused));
+
+        let (a, b) = (client(addr), client(addr));
+        hello(&a, 2, 0);
+        hello(&b, 2, 1);
+        let welcome = Msg::Welcome {
+            devices: vec![0, 0],
+        };
+        assert_eq!(answer(&a), welcome);
+        assert_eq!(answer(&b), welcome);
+
+        // A part whose bytes are not what it reads fails the collective for everyone.
+        coll(&a, 1, 0, 5i32.to_le_bytes().to_vec());
+        coll(&b, 7, 0, vec![1, 2, 3]);
+        let remote = ncclResult_t::ncclRemoteError.0;
+        let failed = |op| Msg::Done {
+            op,
+            rc: remote,
+            data: None,
+        };
+        assert_eq!(answer(&a), failed(1));
+        assert_eq!(answer(&b), failed(7));
+
+        // Good parts: each rank gets the sum.
+        coll(&a, 2, 1, 5i32.to_le_bytes().to_vec());
+        coll(&b, 8, 1, 37i32.to_le_bytes().to_vec());
+        let sum = |op| Msg::Done {
+            op,
+            rc: 0,
+            data: Some(42i32.to_le_bytes().to_vec()),
+        };
+        assert_eq!(answer(&a), sum(2));
+        assert_eq!(answer(&b), sum(8));
+
+        // A rank that sends what no rank sends after its hello loses its connection;
+        // its peer hears it is gone and its waiting part fails.
+        coll(&a, 3, 2, 1i32.to_le_bytes().to_vec());
+        wire::send(&b, &Msg::Welcome { devices: vec![] }).unwrap();
+        assert_eq!(answer(&a), Msg::Gone { rank: 1 });
+        assert_eq!(answer(&a), failed(3));
+        // Later ones fail at once.
+        coll(&a, 4, 3, 1i32.to_le_bytes().to_vec());
+        assert_eq!(answer(&a), failed(4));
+    }
 }

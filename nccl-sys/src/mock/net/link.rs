@@ -16,13 +16,15 @@ use cuda_sys::mock::{MockWorld, WeakMockWorld};
 
 use super::wire::{self, Msg};
 use super::{spawn, stop};
-use crate::mock::clique::{Contrib, Done, input_bytes};
+use crate::mock::clique::{Contrib, Done, input_bytes, output_bytes};
 use crate::{ncclDataType_t, ncclResult_t};
 
 /// Where an answer's bytes go: a receive buffer of the rank's simulated device.
 struct Target {
     cuda: WeakMockWorld,
     ptr: u64,
+    /// The bytes the operation writes there: an answer of another size is refused.
+    len: usize,
     /// How the access is named in reports, e.g. `ncclAllGather on rank 1`.
     who: String,
 }
@@ -237,6 +239,7 @@ impl Link {
         let target = cuda.filter(|_| !withdrawn).map(|cuda| Target {
             cuda: cuda.downgrade(),
             ptr: c.recv as u64,
+            len: output_bytes(&c, rank, n),
             who,
         });
         // A part failed here still goes to the hub, withdrawn, so its peers fail too;
@@ -292,6 +295,7 @@ impl Link {
         let target = cuda.filter(|_| !is_send && !withdrawn).map(|cuda| Target {
             cuda: cuda.downgrade(),
             ptr: ptr as u64,
+            len,
             who,
         });
         let tracked = if withdrawn {
@@ -439,12 +443,17 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
                     && rc == ncclResult_t::ncclSuccess
                     && !data.is_empty()
                 {
-                    let written = t
-                        .cuda
-                        .upgrade()
-                        .is_some_and(|cuda| cuda.write_device(&t.who, t.ptr, data).is_ok());
-                    if !written {
-                        rc = ncclResult_t::ncclUnhandledCudaError;
+                    if data.len() != t.len {
+                        // Not what the operation writes: a broken hub; nothing is written.
+                        rc = ncclResult_t::ncclInternalError;
+                    } else {
+                        let written = t
+                            .cuda
+                            .upgrade()
+                            .is_some_and(|cuda| cuda.write_device(&t.who, t.ptr, data).is_ok());
+                        if !written {
+                            rc = ncclResult_t::ncclUnhandledCudaError;
+                        }
                     }
                 }
                 let _st = shared.lock();
