@@ -195,9 +195,11 @@ impl MockNccl {
     ///   its peers' asynchronous error say so; a destroyed one fails what still waits for
     ///   it the same way. Nothing waits past the timeout.
     /// - Not simulated across processes: splits and shrinks (they fail with
-    ///   `ncclInvalidUsage` and say so), and a receive buffer freed while the rank waited
-    ///   fails that rank only (its peers already have their data). `ncclCommInitAll` and
-    ///   ids of the in-process mode keep working within one process.
+    ///   `ncclInvalidUsage` and say so). A rank's input is read when its part is due, so
+    ///   a send buffer freed after that, while the part waits for its peers, goes
+    ///   unreported; a receive buffer freed meanwhile fails that rank only (its peers
+    ///   already have their data). `ncclCommInitAll` and ids of the in-process mode keep
+    ///   working within one process.
     ///
     /// Each communicator holds one connection and a reader thread, which end when it is
     /// destroyed or aborted; a hub ends when its last rank has gone, or after the timeout

@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::net::TcpStream;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cuda_sys::mock::{MockWorld, WeakMockWorld};
@@ -79,7 +78,6 @@ fn new_done(rc: Option<ncclResult_t>) -> Done {
 pub(crate) struct Link {
     shared: Arc<Shared>,
     stream: TcpStream,
-    reader: Option<JoinHandle<()>>,
     rank: usize,
 }
 
@@ -124,12 +122,11 @@ impl Link {
             cond: Condvar::new(),
         });
         let s2 = shared.clone();
-        let reader = spawn("mock-nccl-link", move || serve(reader_stream, &s2))
+        spawn("mock-nccl-link", move || serve(reader_stream, &s2))
             .map_err(|e| ConnectError::Unreachable(e.to_string()))?;
         Ok(Link {
             shared,
             stream,
-            reader: Some(reader),
             rank,
         })
     }
@@ -363,18 +360,15 @@ impl Link {
 }
 
 impl Drop for Link {
-    /// A destroyed communicator leaves (its peers' operations that need it fail), closes
-    /// the connection and joins its reader.
+    /// A destroyed communicator leaves (its peers' operations that need it fail) and
+    /// closes the connection, which ends the reader thread at once. It is not joined: the
+    /// last clique may go while the driver's lock is held (a graph dropping its captured
+    /// work), and the reader may be waiting for that lock to write an answer.
     fn drop(&mut self) {
         if !self.shared.lock().aborted {
             let _ = wire::send(&self.stream, &Msg::Leave);
         }
         stop(&self.stream);
-        if let Some(t) = self.reader.take()
-            && t.thread().id() != std::thread::current().id()
-        {
-            let _ = t.join();
-        }
     }
 }
 
