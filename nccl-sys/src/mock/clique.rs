@@ -14,6 +14,7 @@ use std::time::Instant;
 use cuda_sys::mock::MockWorld;
 
 use super::dtype::{self, V};
+use super::net::Link;
 use crate::{ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
 /// What a rank asks its peers to do together.
@@ -48,7 +49,7 @@ impl Op {
 }
 
 /// One rank's part of a collective.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Contrib {
     /// The C name of the rank's call, for reports.
     pub(crate) call: &'static str,
@@ -118,6 +119,9 @@ pub(crate) struct Clique {
     pub(crate) devices: Vec<i32>,
     state: Mutex<State>,
     cond: Condvar,
+    /// Multi-process mode: this one rank's connection to the hub, which matches the
+    /// parts of every rank instead of `state` (see [`super::net`]).
+    net: Option<Link>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -131,13 +135,34 @@ impl Clique {
             devices,
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
+            net: None,
         })
+    }
+
+    /// One rank of a communicator whose ranks live in several processes: its parts go
+    /// through `link` to the hub, which runs them with the same [`move_data`].
+    pub(crate) fn networked(devices: Vec<i32>, link: Link) -> Arc<Clique> {
+        Arc::new(Clique {
+            size: devices.len(),
+            devices,
+            state: Mutex::new(State::default()),
+            cond: Condvar::new(),
+            net: Some(link),
+        })
+    }
+
+    /// Whether its ranks live in several processes (multi-process mode).
+    pub(crate) fn is_networked(&self) -> bool {
+        self.net.is_some()
     }
 
     /// Marks `rank` gone: every pending and later operation that needs it (every
     /// collective, its sends and receives) fails with a remote error instead of waiting.
     /// Transfers between other ranks go on, as with NCCL.
     pub(crate) fn abort(&self, rank: usize) {
+        if let Some(link) = &self.net {
+            return link.abort();
+        }
         let mut st = lock(&self.state);
         st.aborted.push(rank);
         let fail = |d: &Done| {
@@ -164,6 +189,9 @@ impl Clique {
 
     /// Whether any rank was aborted (its peers' asynchronous error reports it).
     pub(crate) fn is_aborted(&self) -> bool {
+        if let Some(link) = &self.net {
+            return link.is_broken();
+        }
         !lock(&self.state).aborted.is_empty()
     }
 
@@ -181,6 +209,9 @@ impl Clique {
 
     /// `run`: the driver whose memory the collective moves, `None` to withdraw the part.
     fn submit_part(&self, seq: u64, rank: usize, c: Contrib, run: Option<&MockWorld>) -> Done {
+        if let Some(link) = &self.net {
+            return link.submit(seq, rank, self.size, c, run);
+        }
         let withdrawn = run.is_none();
         let done: Done = Arc::new(Mutex::new(None));
         let mut st = lock(&self.state);
@@ -255,6 +286,10 @@ impl Clique {
         dtype: ncclDataType_t,
         run: Option<&MockWorld>,
     ) -> Done {
+        if let Some(link) = &self.net {
+            let (peer, me) = if is_send { (dst, src) } else { (src, dst) };
+            return link.post(is_send, me, peer, ptr, count, dtype, run);
+        }
         let withdrawn = run.is_none();
         let done: Done = Arc::new(Mutex::new(None));
         let mut st = lock(&self.state);
@@ -277,17 +312,15 @@ impl Clique {
         match other {
             Some(o) => {
                 let (s, r) = if is_send { (&me, &o) } else { (&o, &me) };
-                let (send_rc, recv_rc) = match run {
-                    _ if s.withdrawn || r.withdrawn => {
-                        (ncclResult_t::ncclRemoteError, ncclResult_t::ncclRemoteError)
-                    }
-                    _ if s.count != r.count || s.dtype != r.dtype => (
-                        ncclResult_t::ncclInvalidUsage,
-                        ncclResult_t::ncclInvalidUsage,
-                    ),
+                let refusal = p2p_refusal(
+                    (s.count, s.dtype, s.withdrawn),
+                    (r.count, r.dtype, r.withdrawn),
+                );
+                let (send_rc, recv_rc) = match (refusal, run) {
+                    (Some(rc), _) => (rc, rc),
                     // Neither side withdrawn: this one came with the driver.
-                    Some(cuda) => transfer(cuda, (src, s), (dst, r)),
-                    None => (ncclResult_t::ncclRemoteError, ncclResult_t::ncclRemoteError),
+                    (None, Some(cuda)) => transfer(cuda, (src, s), (dst, r)),
+                    (None, None) => (ncclResult_t::ncclRemoteError, ncclResult_t::ncclRemoteError),
                 };
                 *lock(&s.done) = Some(send_rc);
                 *lock(&r.done) = Some(recv_rc);
@@ -317,6 +350,10 @@ impl Clique {
         excluded: &[usize],
         deadline: Instant,
     ) -> Result<SplitOut, ncclResult_t> {
+        if self.net.is_some() {
+            // Refused at the call (see `init::start_child`); never reached.
+            return Err(ncclResult_t::ncclInvalidUsage);
+        }
         let out: SplitSlot = Arc::new(Mutex::new(None));
         {
             let mut st = lock(&self.state);
@@ -401,6 +438,9 @@ impl Clique {
     /// Waits for `done` until `deadline` (an abort of a rank it needs completes it with an
     /// error); the deadline gives an error.
     pub(crate) fn wait(&self, done: &Done, deadline: Instant) -> ncclResult_t {
+        if let Some(link) = &self.net {
+            return link.wait(done, deadline);
+        }
         let mut st = lock(&self.state);
         loop {
             if let Some(rc) = *lock(done) {
@@ -420,6 +460,9 @@ impl Clique {
 
     /// Parts submitted and not yet matched (for leak checks).
     pub(crate) fn pending(&self) -> usize {
+        if let Some(link) = &self.net {
+            return link.pending();
+        }
         let st = lock(&self.state);
         st.colls.len()
             + st.sends.values().map(VecDeque::len).sum::<usize>()
@@ -457,16 +500,44 @@ fn bytes(count: usize, dtype: ncclDataType_t) -> usize {
     count.saturating_mul(dtype::size_of(dtype).unwrap_or(1))
 }
 
+/// Why a matched send and receive do not copy: either side withdrawn (`ncclRemoteError`)
+/// or they disagree on the count or type (`ncclInvalidUsage`, on both sides). `None`:
+/// they copy. One rule for both modes (the in-process clique and the hub).
+pub(crate) fn p2p_refusal(
+    (send_count, send_type, send_withdrawn): (usize, ncclDataType_t, bool),
+    (recv_count, recv_type, recv_withdrawn): (usize, ncclDataType_t, bool),
+) -> Option<ncclResult_t> {
+    if send_withdrawn || recv_withdrawn {
+        Some(ncclResult_t::ncclRemoteError)
+    } else if send_count != recv_count || send_type != recv_type {
+        Some(ncclResult_t::ncclInvalidUsage)
+    } else {
+        None
+    }
+}
+
+/// Where a collective reads its ranks' inputs and writes their outputs: the simulated
+/// device memory of one process ([`Memory`]), or the bytes the ranks of several processes
+/// shipped to their hub. [`move_data`] serves both, so both modes compute the same.
+pub(crate) trait Buffers {
+    /// `len` bytes of rank `rank`'s send buffer; `None` if they cannot be read (the rank
+    /// is then marked failed).
+    fn input(&mut self, rank: usize, len: usize) -> Option<Vec<u8>>;
+
+    /// Gives rank `rank`'s receive buffer `data`.
+    fn output(&mut self, rank: usize, data: &[u8]);
+}
+
 /// One collective's device memory, reached through the driver (checked and copied under
 /// its lock); remembers the ranks whose buffers were illegal.
 struct Memory<'a> {
     cuda: &'a MockWorld,
-    parts: &'a [(Contrib, Done)],
+    parts: &'a [Contrib],
     failed: Vec<bool>,
 }
 
 impl<'a> Memory<'a> {
-    fn new(cuda: &'a MockWorld, parts: &'a [(Contrib, Done)]) -> Self {
+    fn new(cuda: &'a MockWorld, parts: &'a [Contrib]) -> Self {
         Memory {
             cuda,
             parts,
@@ -476,19 +547,14 @@ impl<'a> Memory<'a> {
 
     /// How rank `rank`'s accesses are named in reports, e.g. `ncclAllReduce on rank 1`.
     fn who(&self, rank: usize) -> String {
-        format!("{} on rank {rank}", self.parts[rank].0.call)
+        format!("{} on rank {rank}", self.parts[rank].call)
     }
+}
 
-    /// Reads `count` elements of `dtype` at `ptr` for `rank`; `None` if illegal.
-    fn read(
-        &mut self,
-        rank: usize,
-        ptr: usize,
-        count: usize,
-        dtype: ncclDataType_t,
-    ) -> Option<Vec<u8>> {
-        let n = bytes(count, dtype);
-        match self.cuda.read_device(&self.who(rank), ptr as u64, n) {
+impl Buffers for Memory<'_> {
+    fn input(&mut self, rank: usize, len: usize) -> Option<Vec<u8>> {
+        let ptr = self.parts[rank].send as u64;
+        match self.cuda.read_device(&self.who(rank), ptr, len) {
             Ok(v) => Some(v),
             Err(_) => {
                 self.failed[rank] = true;
@@ -497,39 +563,26 @@ impl<'a> Memory<'a> {
         }
     }
 
-    /// Reads every rank's `count` elements at its send buffer (each is checked, so every
-    /// illegal one is reported); `None` if any is illegal.
-    fn read_sends(&mut self, count: usize, dtype: ncclDataType_t) -> Option<Vec<Vec<u8>>> {
-        let parts = self.parts;
-        let inputs: Vec<Option<Vec<u8>>> = parts
-            .iter()
-            .enumerate()
-            .map(|(r, p)| self.read(r, p.0.send, count, dtype))
-            .collect();
-        inputs.into_iter().collect()
-    }
-
-    /// Writes `data` to `rank`'s receive buffer.
-    fn write(&mut self, rank: usize, data: &[u8]) {
-        let ptr = self.parts[rank].0.recv as u64;
+    fn output(&mut self, rank: usize, data: &[u8]) {
+        let ptr = self.parts[rank].recv as u64;
         if self.cuda.write_device(&self.who(rank), ptr, data).is_err() {
             self.failed[rank] = true;
         }
     }
+}
 
-    /// Each rank's result: success, or `ncclUnhandledCudaError` for a rank whose buffer
-    /// was illegal and `ncclRemoteError` for its peers.
-    fn results(&self) -> Vec<ncclResult_t> {
-        let any = self.failed.iter().any(|f| *f);
-        self.failed
-            .iter()
-            .map(|&f| match (any, f) {
-                (false, _) => ncclResult_t::ncclSuccess,
-                (true, true) => ncclResult_t::ncclUnhandledCudaError,
-                (true, false) => ncclResult_t::ncclRemoteError,
-            })
-            .collect()
-    }
+/// Each rank's result given the ranks whose buffers failed: success, or
+/// `ncclUnhandledCudaError` for a failed rank and `ncclRemoteError` for its peers.
+pub(crate) fn results(failed: &[bool]) -> Vec<ncclResult_t> {
+    let any = failed.iter().any(|f| *f);
+    failed
+        .iter()
+        .map(|&f| match (any, f) {
+            (false, _) => ncclResult_t::ncclSuccess,
+            (true, true) => ncclResult_t::ncclUnhandledCudaError,
+            (true, false) => ncclResult_t::ncclRemoteError,
+        })
+        .collect()
 }
 
 /// Reduces element-wise `inputs` (one per rank, `count` elements each) with the ranks' ops.
@@ -562,95 +615,142 @@ fn reduce(inputs: &[Vec<u8>], ops: &[Op], count: usize, t: ncclDataType_t) -> Ve
     out
 }
 
+/// Whether every rank's part describes the same collective (kind, count, type, root, op
+/// kind); if not, every rank fails with `ncclInvalidUsage`.
+pub(crate) fn agree(parts: &[Contrib]) -> bool {
+    let Some(first) = parts.first() else {
+        return false;
+    };
+    parts.iter().all(|c| {
+        c.kind == first.kind
+            && c.count == first.count
+            && c.dtype == first.dtype
+            && c.root == first.root
+            && c.op.same_kind(&first.op)
+    })
+}
+
 /// Runs one collective given every rank's part (in rank order) on `cuda`'s device memory;
 /// each rank's result.
 fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Vec<ncclResult_t> {
-    let first = parts[0].0;
-    let n = parts.len();
-    for (c, _) in parts {
-        if c.kind != first.kind
-            || c.count != first.count
-            || c.dtype != first.dtype
-            || c.root != first.root
-            || !c.op.same_kind(&first.op)
-        {
-            return vec![ncclResult_t::ncclInvalidUsage; n];
-        }
+    let contribs: Vec<Contrib> = parts.iter().map(|p| p.0).collect();
+    if !agree(&contribs) {
+        return vec![ncclResult_t::ncclInvalidUsage; parts.len()];
     }
-    let mut mem = Memory::new(cuda, parts);
-    move_data(&mut mem, first, n);
-    mem.results()
+    let mut mem = Memory::new(cuda, &contribs);
+    move_data(&mut mem, &contribs);
+    results(&mem.failed)
 }
 
-/// The data movement of a collective whose parts agree (`first` is rank 0's); stops at
-/// the first illegal read (reported), writing nothing.
-fn move_data(mem: &mut Memory<'_>, first: Contrib, n: usize) {
+/// Bytes rank `rank` of `n` reads of its send buffer in collective `c` (0: none), as
+/// [`move_data`] reads them: the range a rank ships to the hub in the multi-process mode.
+pub(crate) fn input_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
+    let root = rank == c.root.max(0) as usize;
+    match c.kind {
+        Kind::AllReduce | Kind::Reduce | Kind::AllGather | Kind::Gather => bytes(c.count, c.dtype),
+        Kind::ReduceScatter | Kind::AllToAll => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Broadcast if root => bytes(c.count, c.dtype),
+        Kind::Scatter if root => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Broadcast | Kind::Scatter => 0,
+    }
+}
+
+/// Bytes [`move_data`] writes to rank `rank`'s receive buffer (0: none): what a rank of
+/// the multi-process mode accepts from its hub.
+pub(crate) fn output_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
+    let root = rank == c.root.max(0) as usize;
+    match c.kind {
+        Kind::AllReduce | Kind::Broadcast | Kind::ReduceScatter | Kind::Scatter => {
+            bytes(c.count, c.dtype)
+        }
+        Kind::AllGather | Kind::AllToAll => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Reduce if root => bytes(c.count, c.dtype),
+        Kind::Gather if root => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Reduce | Kind::Gather => 0,
+    }
+}
+
+/// Reads every rank's `len` input bytes (each is read, so every illegal one is reported);
+/// `None` if any is illegal.
+fn read_all(mem: &mut impl Buffers, n: usize, len: usize) -> Option<Vec<Vec<u8>>> {
+    let inputs: Vec<Option<Vec<u8>>> = (0..n).map(|r| mem.input(r, len)).collect();
+    inputs.into_iter().collect()
+}
+
+/// The data movement of a collective whose parts agree ([`agree`], one per rank in rank
+/// order); stops at the first illegal read, writing nothing.
+pub(crate) fn move_data(mem: &mut impl Buffers, parts: &[Contrib]) {
+    let Some(&first) = parts.first() else {
+        return;
+    };
+    let n = parts.len();
     let (t, count) = (first.dtype, first.count);
     let size = dtype::size_of(t).unwrap_or(1);
     let root = first.root as usize;
-    let parts = mem.parts;
-    let ops: Vec<Op> = parts.iter().map(|p| p.0.op).collect();
+    let ops: Vec<Op> = parts.iter().map(|p| p.op).collect();
+    // Each input's length was checked against it, so it does not overflow.
+    let chunk = count.saturating_mul(size);
     match first.kind {
         Kind::AllReduce | Kind::Reduce => {
-            let Some(inputs) = mem.read_sends(count, t) else {
+            let Some(inputs) = read_all(mem, n, chunk) else {
                 return;
             };
             let out = reduce(&inputs, &ops, count, t);
             for r in 0..n {
                 if first.kind == Kind::AllReduce || r == root {
-                    mem.write(r, &out);
+                    mem.output(r, &out);
                 }
             }
         }
         Kind::ReduceScatter => {
-            let Some(inputs) = mem.read_sends(count * n, t) else {
+            let Some(inputs) = read_all(mem, n, chunk * n) else {
                 return;
             };
             for r in 0..n {
-                let chunk: Vec<Vec<u8>> = inputs
+                let part: Vec<Vec<u8>> = inputs
                     .iter()
-                    .map(|i| i[r * count * size..(r + 1) * count * size].to_vec())
+                    .map(|i| i[r * chunk..(r + 1) * chunk].to_vec())
                     .collect();
-                mem.write(r, &reduce(&chunk, &ops, count, t));
+                mem.output(r, &reduce(&part, &ops, count, t));
             }
         }
         Kind::AllGather | Kind::Gather => {
-            let Some(inputs) = mem.read_sends(count, t) else {
+            let Some(inputs) = read_all(mem, n, chunk) else {
                 return;
             };
             let all = inputs.concat();
             for r in 0..n {
                 if first.kind == Kind::AllGather || r == root {
-                    mem.write(r, &all);
+                    mem.output(r, &all);
                 }
             }
         }
         Kind::Broadcast => {
-            let Some(data) = mem.read(root, parts[root].0.send, count, t) else {
+            let Some(data) = mem.input(root, chunk) else {
                 return;
             };
             for r in 0..n {
-                mem.write(r, &data);
+                mem.output(r, &data);
             }
         }
         Kind::Scatter => {
-            let Some(data) = mem.read(root, parts[root].0.send, count * n, t) else {
+            let Some(data) = mem.input(root, chunk * n) else {
                 return;
             };
             for r in 0..n {
-                mem.write(r, &data[r * count * size..(r + 1) * count * size]);
+                mem.output(r, &data[r * chunk..(r + 1) * chunk]);
             }
         }
         Kind::AllToAll => {
-            let Some(inputs) = mem.read_sends(count * n, t) else {
+            let Some(inputs) = read_all(mem, n, chunk * n) else {
                 return;
             };
             for r in 0..n {
                 let out: Vec<u8> = inputs
                     .iter()
-                    .flat_map(|i| i[r * count * size..(r + 1) * count * size].iter().copied())
+                    .flat_map(|i| i[r * chunk..(r + 1) * chunk].iter().copied())
                     .collect();
-                mem.write(r, &out);
+                mem.output(r, &out);
             }
         }
     }

@@ -20,13 +20,23 @@ use crate::*;
 
 /// Registers a rank of an init and returns its clique once every rank has come, or an
 /// error at the deadline.
+///
+/// In the multi-process mode a network id's ranks meet at its hub instead
+/// ([`super::net::join`]); `handle` is the communicator of a deferred or non-blocking
+/// init, whose abort cancels that wait.
 fn join_init(
     w: &NWorld,
     id: &[u8],
     nranks: usize,
     rank: usize,
     device: i32,
+    handle: Option<usize>,
 ) -> Result<Arc<Clique>, ncclResult_t> {
+    if w.multi_process
+        && let Some(res) = super::net::join(w, id, nranks, rank, device, handle)
+    {
+        return res;
+    }
     let deadline = Instant::now() + w.timeout;
     let mut s = w.lock();
     {
@@ -178,7 +188,7 @@ fn init_rank(
         std::thread::spawn(move || finish_init(&world, h, &key, n, r, device));
         return ncclResult_t::ncclInProgress;
     }
-    match join_init(w, &key, n, r, device) {
+    match join_init(w, &key, n, r, device, None) {
         Ok(clique) => {
             let mut s = w.lock();
             let h = s.new_comm(w, Some(clique), r, n, device);
@@ -202,7 +212,7 @@ pub(super) fn finish_init(
     r: usize,
     device: i32,
 ) -> ncclResult_t {
-    let res = join_init(w, key, n, r, device);
+    let res = join_init(w, key, n, r, device, Some(h));
     let mut s = w.lock();
     match (res, s.comms.get_mut(&h)) {
         (Ok(clique), Some(c)) => {
@@ -358,6 +368,13 @@ fn start_child(
         let msg = format!("{call}: the parent communicator is not initialised yet");
         return fail_call(w, &mut s, ncclResult_t::ncclInvalidUsage, msg);
     };
+    if clique.is_networked() {
+        let msg = format!(
+            "{call}: splits and shrinks are not simulated across processes \
+             (MockNccl::multi_process)"
+        );
+        return fail_call(w, &mut s, ncclResult_t::ncclInvalidUsage, msg);
+    }
     let grouped = in_group(w.id);
     if grouped && !group_mode(w.id, parent_blocking) {
         let msg = format!("{call}: blocking and non-blocking communicators in one group");
@@ -458,6 +475,14 @@ nccl_mock! {
                 let n = a.len().min(120);
                 bytes[8..8 + n].copy_from_slice(&a[..n]);
             }
+            // Multi-process mode: a hub for the ranks of this id (NCCL's bootstrap
+            // root); the id names its address.
+            _ if w.multi_process => match super::net::new_hub_id(w) {
+                Ok(id) => bytes = id,
+                Err(msg) => {
+                    return fail(&mut s, ncclResult_t::ncclSystemError, format!("{CALL}: {msg}"));
+                }
+            },
             _ => {
                 s.id_counter += 1;
                 bytes[..8].copy_from_slice(b"MOCKNCCL");

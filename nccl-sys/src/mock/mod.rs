@@ -65,6 +65,20 @@
 //! [`MockNcclWorld::config_of`] shows what each communicator got (a NULL split config
 //! inherits the parent's).
 //!
+//! **Multi-process mode** ([`MockNccl::multi_process`], off by default): ranks started as
+//! separate processes, each with its own simulated driver and NCCL, form one
+//! communicator over loopback TCP, with the results of one process. As with NCCL's
+//! bootstrap, a *hub* coordinates each communicator: `ncclGetUniqueId` starts it on
+//! `127.0.0.1:0` and the id names its address (plain bytes any process can use), or,
+//! with `NCCL_COMM_ID=host:port`, rank 0's init starts it at that address. Each rank's
+//! part passes the same admission and sanitizer checks as in one process; then the rank
+//! reads its own input range through the driver, ships it to the hub, which computes
+//! every rank's output with the same code as the in-process mode, and writes the answer
+//! to its receive buffer through the driver. A peer that aborts, is destroyed or whose
+//! process goes makes what needs it fail with `ncclRemoteError`; splits and shrinks are
+//! not simulated across processes (`ncclInvalidUsage`). [`network_threads`] counts the
+//! mode's threads, for leak checks.
+//!
 //! ```
 //! use cuda_sys::mock::MockDriver;
 //! use nccl_sys::mock::MockNccl;
@@ -82,6 +96,7 @@ mod config;
 mod dtype;
 mod group;
 mod init;
+mod net;
 mod query;
 mod redop;
 mod registry;
@@ -95,6 +110,7 @@ use cuda_sys::mock::{MockWorld, SlotGuard};
 use crate::{LoadError, Nccl, NcclVersion, ncclResult_t};
 
 pub use config::MockConfig;
+pub use net::network_threads;
 pub use state::LiveComms;
 
 /// Builder of a simulated NCCL.
@@ -106,6 +122,7 @@ pub struct MockNccl {
     null_ops: bool,
     windows: bool,
     local_registration: bool,
+    multi_process: bool,
 }
 
 impl MockNccl {
@@ -118,6 +135,7 @@ impl MockNccl {
             null_ops: false,
             windows: true,
             local_registration: true,
+            multi_process: false,
         }
     }
 
@@ -150,6 +168,92 @@ impl MockNccl {
         self
     }
 
+    /// Whether ranks may live in separate processes (default `false`: every rank of a
+    /// communicator is in this process, and nothing here changes).
+    ///
+    /// On, each process runs its own simulated driver and NCCL, and the ranks of one
+    /// unique id meet over loopback TCP, as NCCL's bootstrap does:
+    ///
+    /// - `ncclGetUniqueId` starts a *hub* (rank 0's coordinator) on `127.0.0.1:0`, and
+    ///   the id names its address (`MOCKNET1` and the address): plain bytes, usable in
+    ///   any process that can reach it. With `NCCL_COMM_ID=host:port` every call gives
+    ///   the same id naming that address, and rank 0's init starts the hub there (a port
+    ///   in use fails that init with `ncclSystemError`, the last error naming it).
+    /// - Inits connect to the hub, retrying until it is there, and complete once every
+    ///   rank came (blocking, non-blocking and grouped, as in one process). Ranks that
+    ///   disagree on the size, or a rank that comes twice, fail with `ncclInvalidUsage`;
+    ///   a rank still missing at the [`timeout`](MockNccl::timeout) fails the init with
+    ///   `ncclSystemError`, the last error naming the address and the missing ranks.
+    /// - Collectives and send/receive run through the same admission and sanitizer
+    ///   checks; when a part is due, the rank reads its own input range through
+    ///   [`MockWorld::read_device`] and ships it; the hub computes every rank's output
+    ///   with the code of the in-process mode, and each rank writes its own through
+    ///   [`MockWorld::write_device`]. The results, and the errors of parts that disagree
+    ///   or were withdrawn, are those of one process.
+    /// - A rank whose communicator is aborted, or whose process (connection) goes, makes
+    ///   every pending and later operation that needs it fail with `ncclRemoteError`, and
+    ///   its peers' asynchronous error say so; a destroyed one fails what still waits for
+    ///   it the same way. Nothing waits past the timeout.
+    /// - Not simulated across processes: splits and shrinks (they fail with
+    ///   `ncclInvalidUsage` and say so). A rank's input is read when its part is due, so
+    ///   a send buffer freed after that, while the part waits for its peers, goes
+    ///   unreported; a receive buffer freed meanwhile fails that rank only (its peers
+    ///   already have their data). `ncclCommInitAll` and ids of the in-process mode keep
+    ///   working within one process.
+    ///
+    /// Each communicator holds one connection and a reader thread, which end when it is
+    /// destroyed or aborted; a hub ends when its last rank has gone, or after the timeout
+    /// when no rank comes. [`network_threads`] counts them.
+    ///
+    /// Two "processes" in one test, each with its own driver and NCCL:
+    ///
+    /// ```
+    /// use cuda_sys::mock::MockDriver;
+    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_sys::{ncclComm_t, ncclResult_t, ncclUniqueId};
+    ///
+    /// let rank = |id: ncclUniqueId, r: i32| {
+    ///     let (driver, gpus) = MockDriver::with_devices(1).build().unwrap();
+    ///     let (nccl, world) = MockNccl::new(&gpus).multi_process(true).build().unwrap();
+    ///     let (cu, f) = (driver.fns(), nccl.fns());
+    ///     let mut comm: ncclComm_t = std::ptr::null_mut();
+    ///     let (mut ctx, mut stream, mut buf) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+    ///     let mut out = [0i32; 2];
+    ///     // SAFETY: simulated calls with valid out-pointers and sizes.
+    ///     unsafe {
+    ///         (cu.cuInit)(0);
+    ///         (cu.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+    ///         (cu.cuCtxSetCurrent)(ctx);
+    ///         (cu.cuStreamCreate)(&mut stream, 0);
+    ///         (cu.cuMemAlloc)(&mut buf, 8);
+    ///         let mine = 101 + r;
+    ///         (cu.cuMemcpyHtoD)(buf + 4 * r as u64, (&raw const mine).cast(), 4);
+    ///         assert_eq!((f.ncclCommInitRank)(&mut comm, 2, id, r), ncclResult_t::ncclSuccess);
+    ///         let at = (buf + 4 * r as u64) as *const std::ffi::c_void;
+    ///         let rc = (f.ncclAllGather)(at, buf as *mut _, 1, nccl_sys::ncclDataType_t::ncclInt32, comm, stream);
+    ///         assert_eq!(rc, ncclResult_t::ncclSuccess);
+    ///         (cu.cuMemcpyDtoH)(out.as_mut_ptr().cast(), buf, 8);
+    ///         assert_eq!((f.ncclCommDestroy)(comm), ncclResult_t::ncclSuccess);
+    ///     }
+    ///     assert!(world.live().is_empty());
+    ///     out
+    /// };
+    /// // Rank 0's process makes the id (and runs the hub); the bytes go to rank 1's.
+    /// let (_d, gpus) = MockDriver::with_devices(1).build()?;
+    /// let (nccl, _w) = MockNccl::new(&gpus).multi_process(true).build()?;
+    /// let mut id = ncclUniqueId { internal: [0; 128] };
+    /// // SAFETY: a valid out-pointer.
+    /// assert_eq!(unsafe { (nccl.fns().ncclGetUniqueId)(&mut id) }, ncclResult_t::ncclSuccess);
+    /// let peer = std::thread::spawn(move || rank(id, 1));
+    /// assert_eq!(rank(id, 0), [101, 102]);
+    /// assert_eq!(peer.join().unwrap(), [101, 102]);
+    /// # Ok::<(), cuda_sys::LoadError>(())
+    /// ```
+    pub fn multi_process(mut self, on: bool) -> Self {
+        self.multi_process = on;
+        self
+    }
+
     /// How long a rank waits for its peers before its call fails with `ncclSystemError`
     /// (a simulated hang that ends; real NCCL would wait forever). Default: 60 s.
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -166,6 +270,7 @@ impl MockNccl {
             null_ops: self.null_ops,
             windows: self.windows,
             local_registration: self.local_registration,
+            multi_process: self.multi_process,
             cuda: self.cuda,
             state: Mutex::new(state::State::default()),
             cond: Condvar::new(),
@@ -195,6 +300,7 @@ pub(crate) struct NWorld {
     pub(crate) null_ops: bool,
     pub(crate) windows: bool,
     pub(crate) local_registration: bool,
+    pub(crate) multi_process: bool,
     pub(crate) cuda: MockWorld,
     pub(crate) state: Mutex<state::State>,
     pub(crate) cond: Condvar,

@@ -110,6 +110,8 @@ pub(crate) struct State {
     pub(crate) win_seq: HashMap<usize, u64>,
     /// The size of the first rank's n-th window, per clique and n.
     pub(crate) win_sizes: HashMap<(usize, u64), usize>,
+    /// Ranks waiting for their hub in an init of the multi-process mode.
+    pub(crate) net_inits: usize,
 }
 
 impl State {
@@ -241,7 +243,8 @@ pub(super) fn live(w: &NWorld) -> LiveComms {
             .inits
             .values()
             .map(|i| i.devices.iter().flatten().count() - i.taken)
-            .sum(),
+            .sum::<usize>()
+            + s.net_inits,
         unmatched_operations: s
             .cliques
             .iter()
