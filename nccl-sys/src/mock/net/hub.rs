@@ -11,9 +11,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -25,12 +25,33 @@ use crate::{ncclDataType_t, ncclResult_t};
 /// The most ranks a hub takes (its tables grow with the count a hello claims).
 const MAX_RANKS: usize = 1 << 16;
 
+/// The hubs running in this process, by address. A rank of the hub's own process waits,
+/// when it leaves, until the hub has handled that (see [`is_local`]).
+static LOCAL: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+
+fn local() -> std::sync::MutexGuard<'static, Vec<SocketAddr>> {
+    LOCAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether a hub of this process listens at `addr`. The answers of an operation go out
+/// one rank after the other; a rank of the hub's process that got its answer first and
+/// then ended the process would take the hub, and its peers' answers, with it. So such a
+/// rank's leaving waits for the hub to acknowledge it, by which time every earlier answer
+/// is written.
+pub(crate) fn is_local(addr: &str) -> bool {
+    let Ok(addrs) = addr.to_socket_addrs() else {
+        return false;
+    };
+    let hubs = local();
+    addrs.into_iter().any(|a| hubs.contains(&a))
+}
+
 /// Starts a hub listening on `addr`; its actual address (port 0 picks one). Parts are
 /// waited for without end (each rank honours its own timeout); `timeout` bounds how long
 /// a hub without ranks, or a connection that says nothing, is kept.
 pub(crate) fn start(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
-    let local = listener.local_addr()?;
+    let local_addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let (tx, rx) = mpsc::channel();
     let accepting = Arc::new(AtomicBool::new(true));
@@ -56,8 +77,16 @@ pub(crate) fn start(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Res
         acceptor: Some(acceptor),
         threads: Vec::new(),
     };
-    spawn("mock-nccl-hub", move || hub.run(&rx))?;
-    Ok(local)
+    local().push(local_addr);
+    let started = spawn("mock-nccl-hub", move || {
+        hub.run(&rx);
+        local().retain(|a| *a != local_addr);
+    });
+    if let Err(e) = started {
+        local().retain(|a| *a != local_addr);
+        return Err(e);
+    }
+    Ok(local_addr)
 }
 
 /// What the hub's thread is told.
@@ -280,7 +309,13 @@ impl Hub {
                 self.p2p(r, is_send, peer as usize, p);
             }
             (Some(r), Msg::Abort) => self.lose(r, true),
-            (Some(r), Msg::Leave) => self.lose(r, false),
+            (Some(r), Msg::Leave) => {
+                self.lose(r, false);
+                // The acknowledgement: every answer before it is written (see `is_local`).
+                if let Some(c) = self.conns.get(&id) {
+                    stop(&c.stream);
+                }
+            }
             // Anything else is not how a rank talks: the connection goes.
             _ => {
                 if let Some(c) = self.conns.get(&id) {

@@ -34,6 +34,9 @@ struct Pending {
     target: Option<Target>,
 }
 
+/// The longest a rank of the hub's own process waits for the hub to acknowledge its leave.
+const LINGER: Duration = Duration::from_secs(10);
+
 /// What the reader thread and the rank's calls share.
 #[derive(Default)]
 struct State {
@@ -79,6 +82,9 @@ pub(crate) struct Link {
     shared: Arc<Shared>,
     stream: TcpStream,
     rank: usize,
+    /// The hub runs in this process: leaving waits for its acknowledgement, at most this
+    /// long ([`super::hub::is_local`] says why).
+    linger: Option<Duration>,
 }
 
 impl Link {
@@ -124,10 +130,12 @@ impl Link {
         let s2 = shared.clone();
         spawn("mock-nccl-link", move || serve(reader_stream, &s2))
             .map_err(|e| ConnectError::Unreachable(e.to_string()))?;
+        let linger = super::hub::is_local(addr).then(|| write_timeout.min(LINGER));
         Ok(Link {
             shared,
             stream,
             rank,
+            linger,
         })
     }
 
@@ -365,8 +373,25 @@ impl Drop for Link {
     /// last clique may go while the driver's lock is held (a graph dropping its captured
     /// work), and the reader may be waiting for that lock to write an answer.
     fn drop(&mut self) {
-        if !self.shared.lock().aborted {
-            let _ = wire::send(&self.stream, &Msg::Leave);
+        if !self.shared.lock().aborted
+            && wire::send(&self.stream, &Msg::Leave).is_ok()
+            && let Some(linger) = self.linger
+        {
+            // The hub closes the connection once it handled the leave.
+            let deadline = Instant::now() + linger;
+            let mut st = self.shared.lock();
+            while !st.closed {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                st = self
+                    .shared
+                    .cond
+                    .wait_timeout(st, deadline - now)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
         }
         stop(&self.stream);
     }
