@@ -7,7 +7,13 @@
 //! # One rank, configured by the environment (this crate's or IREE's variables)
 //! IREE_CUDA_NCCL_NPROCS=2 NCCL_COMM_ID=127.0.0.1:8000 IREE_CUDA_NCCL_PROCID=0 allgather --device=cuda://0 &
 //! IREE_CUDA_NCCL_NPROCS=2 NCCL_COMM_ID=127.0.0.1:8000 IREE_CUDA_NCCL_PROCID=1 allgather --device=cuda://1
+//! # Under a launcher: rank 0's unique id reaches the others through it (torchrun's store,
+//! # or an address derived from Slurm's, Open MPI's or PMI's variables)
+//! torchrun --no-python --nproc-per-node 2 allgather
+//! srun -n 2 allgather
 //! ```
+//! Without a CUDA driver every form runs on simulated devices, the ranks' data moving
+//! between the processes over loopback.
 //! `allgather --help` lists the options (`--device` also takes `cuda://GPU-<uuid>`;
 //! `--opt value` and `--opt=value` both work).
 
@@ -82,9 +88,10 @@ fn main() -> ExitCode {
         (Some(world), _) => run_rank_from_env(world, &opts),
         (None, Some(n)) => launch(n, &opts),
         (None, None) => Err(
-            "no world configured: pass --nprocs N, or set NCCL_CHANNEL_NPROCS/NCCL_CHANNEL_PROCID \
-             (or IREE_CUDA_NCCL_NPROCS/IREE_CUDA_NCCL_PROCID) and NCCL_COMM_ID=host:port; \
-             NCCL was not opened"
+            "no world configured: pass --nprocs N, start the ranks with a launcher (torchrun \
+             --no-python, srun, mpirun), or set NCCL_CHANNEL_NPROCS/NCCL_CHANNEL_PROCID (or \
+             IREE_CUDA_NCCL_NPROCS/IREE_CUDA_NCCL_PROCID) and NCCL_COMM_ID=host:port; NCCL was \
+             not opened"
                 .to_string(),
         ),
     };
@@ -97,12 +104,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// One rank, everything from the environment and `--device`.
+/// One rank, everything from the environment and `--device`: its first line says where
+/// it runs (a GPU, or a simulated device when there is no CUDA driver).
 fn run_rank_from_env(world: World, o: &Opts) -> Result<(), String> {
-    let ch = launch::rank_channel(world, o.device.as_deref())?;
+    let setup = launch::RankSetup {
+        device: o.device.clone(),
+        timeout: Some(o.timeout),
+        ..Default::default()
+    };
+    let rank = launch::rank_channel(world, &setup)?;
+    println!("{}", rank.line);
+    let ch = &rank.channel;
     let line = run_collective(ch.comm(), ch.stream(), o)?;
     println!("{line}");
-    ch.close().map_err(|e| e.to_string())
+    rank.close()
 }
 
 /// Dispatches on `--dtype`.
@@ -220,38 +235,27 @@ fn typed<T: DemoVal>(
     Ok(line)
 }
 
-/// The launcher: one process per GPU, or threads on simulated devices without a driver.
+/// The launcher: one process per rank, each on its own GPU, or on a simulated device when
+/// there is no CUDA driver (the simulated NCCL then moves data between the processes).
 fn launch(n: usize, o: &Opts) -> Result<(), String> {
-    match launch::machine(n)? {
-        launch::Machine::Gpus => {
-            let args: Vec<String> = [
-                "--count",
-                &o.count.to_string(),
-                "--dtype",
-                &o.dtype,
-                "--collective",
-                &o.collective,
-            ]
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
-            launch::processes(n, &args, o.timeout)
-        }
-        launch::Machine::Simulated(why) => {
-            println!(
-                "no CUDA driver ({why}): running {n} ranks on simulated devices (mock driver and NCCL, one thread per rank)"
-            );
-            let driver = cuda_hal::mock::MockDriver::with_devices(n);
-            launch::simulated(n, driver, o.timeout, |r, ch| {
-                let dev = ch.comm().context().device();
-                let uuid = dev.uuid().map_err(|e| e.to_string())?;
-                let line = run_collective(ch.comm(), ch.stream(), o)?;
-                println!(
-                    "[rank {r}] rank {r}/{n} on simulated GPU {} ({uuid})\n[rank {r}] {line}",
-                    dev.ordinal()
-                );
-                ch.close().map_err(|e| e.to_string())
-            })
-        }
+    if let launch::Machine::Simulated(why) = launch::machine(n)? {
+        println!(
+            "no CUDA driver ({why}): running {n} ranks on simulated devices, one process each \
+             (mock driver and NCCL, data moved between the processes over loopback)"
+        );
     }
+    let args: Vec<String> = [
+        "--count",
+        &o.count.to_string(),
+        "--dtype",
+        &o.dtype,
+        "--collective",
+        &o.collective,
+        "--timeout",
+        &o.timeout.as_secs_f64().to_string(),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    launch::processes(n, &args, o.timeout, launch::Output::Prefixed)
 }

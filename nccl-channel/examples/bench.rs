@@ -10,7 +10,9 @@
 //! Sizes are bytes of the whole buffer as nccl-tests counts them (all_gather: the gathered
 //! buffer; reduce_scatter and all_to_all: a rank's send buffer). `--threads N` (default: every
 //! local GPU): one process drives the GPUs, one thread each. `--nprocs N`: one process per
-//! GPU (this program starts them). `-G` captures the `-n` iterations of each size into a CUDA
+//! GPU (this program starts them, as the other examples' launcher does). Under torchrun,
+//! srun or mpirun (`torchrun --no-python --nproc-per-node 2 bench -c all`) each process is a
+//! rank configured by its launcher and rank 0 prints the table. `-G` captures the `-n` iterations of each size into a CUDA
 //! graph and times its replay. `-R` picks the memory the buffers live in (plain cuMemAlloc,
 //! NCCL memory registered locally or as a symmetric window, or the communicator's pool);
 //! with several modes each size runs once per mode and the table gets one row per mode
@@ -18,7 +20,10 @@
 //! says so: a smoke test, not a figure.
 
 use std::fmt::Write as _;
-use std::process::{Command, ExitCode};
+#[path = "support/launch.rs"]
+mod launch;
+
+use std::process::ExitCode;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
@@ -26,8 +31,8 @@ use clap::Parser;
 
 use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, DeviceViewMut, Event, Stream};
 use nccl_channel::{
-    ChannelBuilder, CommConfig, Communicator, CtaPolicy, NcclType, PooledBuffer, ReduceOp,
-    Registration, Result, UniqueId, Window, WindowFlags, World, group,
+    CommConfig, Communicator, CtaPolicy, NcclType, PooledBuffer, ReduceOp, Registration, Result,
+    UniqueId, Window, WindowFlags, World, group,
 };
 
 /// An nccl-tests-style benchmark of every collective through nccl-channel.
@@ -72,9 +77,14 @@ struct Opts {
     /// One process, one thread per GPU (default: every local GPU; 2 simulated devices).
     #[arg(long, conflicts_with = "nprocs")]
     threads: Option<usize>,
-    /// One process per GPU, started by this program.
+    /// One process per GPU (or simulated device), started by this program; each is
+    /// configured as under torchrun, rank 0 prints the table.
     #[arg(long)]
     nprocs: Option<usize>,
+    /// With --nprocs: seconds the ranks may take before they are stopped. Without a
+    /// driver: how long a simulated rank waits for the others.
+    #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = seconds_arg)]
+    timeout: std::time::Duration,
     /// Memory modes, a comma list or repeated: 0 plain cuMemAlloc buffers, 1 ncclMemAlloc
     /// registered with the communicator (ncclCommRegister), 2 ncclMemAlloc registered as a
     /// symmetric window (NCCL >= 2.27), pool the communicator's pool of registered memory.
@@ -97,6 +107,13 @@ struct Opts {
     /// how the modes an older NCCL lacks are skipped.
     #[arg(long, value_name = "X.Y.Z", value_parser = version_arg)]
     sim_nccl: Option<nccl_sys::NcclVersion>,
+}
+
+fn seconds_arg(s: &str) -> std::result::Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
 }
 
 fn version_arg(s: &str) -> std::result::Result<nccl_sys::NcclVersion, String> {
@@ -851,13 +868,38 @@ fn run_threads(cuda: &Cuda, nccl: &Arc<nccl_sys::Nccl>, n: usize, o: &Opts) -> R
     results.into_iter().collect()
 }
 
-/// A rank started by `--nprocs`: everything from the environment; `max_time` through NCCL.
-fn run_child(o: &Opts) -> Result<()> {
-    let mut builder = ChannelBuilder::new();
-    if let Some(c) = comm_config(o) {
-        builder = builder.config(c);
+/// A rank configured by its launcher (`--nprocs`, torchrun, srun, mpirun): everything from
+/// the environment, on a GPU or (without a driver) a simulated device; `max_time` through
+/// NCCL. Rank 0 prints the header and the table.
+fn run_child(world: World, o: &Opts) -> Result<()> {
+    let setup = launch::RankSetup {
+        config: comm_config(o),
+        sim_version: o.sim_nccl,
+        timeout: Some(o.timeout),
+        ..Default::default()
+    };
+    let rank = launch::rank_channel(world, &setup).map_err(|problem| {
+        nccl_channel::Error::InvalidArgument {
+            what: "bench rank",
+            problem,
+        }
+    })?;
+    let ch = &rank.channel;
+    if ch.comm().rank() == 0 {
+        let what = if rank.simulated() {
+            "; simulated devices: a smoke test, not a figure"
+        } else {
+            ""
+        };
+        println!(
+            "# nccl-channel bench, {} ranks from {}{what}",
+            ch.comm().size(),
+            world.source
+        );
+        println!("# {}", rank.line);
+        println!("# {}", std::env::args().collect::<Vec<_>>().join(" "));
+        print_setup(o);
     }
-    let ch = builder.build()?.ok_or(nccl_channel::Error::Aborted)?;
     let scratch = std::cell::RefCell::new(DeviceBuffer::<f64>::zeroed(ch.comm().context(), 1)?);
     let max_time = |v: f64| -> Result<f64> {
         let mut b = scratch.borrow_mut();
@@ -876,7 +918,11 @@ fn run_child(o: &Opts) -> Result<()> {
         o,
     )?;
     drop(scratch);
-    ch.close()
+    rank.close()
+        .map_err(|problem| nccl_channel::Error::InvalidArgument {
+            what: "bench rank",
+            problem,
+        })
 }
 
 fn main() -> ExitCode {
@@ -884,10 +930,10 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => e.exit(),
     };
-    let r = if World::from_env().ok().flatten().is_some() {
-        run_child(&o)
-    } else {
-        run_top(&o)
+    let r = match World::from_env() {
+        Ok(Some(world)) => run_child(world, &o),
+        Ok(None) => run_top(&o),
+        Err(e) => Err(e),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -899,6 +945,17 @@ fn main() -> ExitCode {
 }
 
 fn run_top(o: &Opts) -> Result<()> {
+    if let Some(n) = o.nprocs {
+        let machine =
+            launch::machine(n).map_err(|problem| nccl_channel::Error::InvalidArgument {
+                what: "bench launcher",
+                problem,
+            })?;
+        if let launch::Machine::Simulated(why) = machine {
+            println!("# no CUDA driver ({why}): {n} processes on simulated devices");
+        }
+        return launch(n, o);
+    }
     let t = Instant::now();
     let driver = Cuda::load();
     let driver_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -920,9 +977,6 @@ fn run_top(o: &Opts) -> Result<()> {
             );
             println!("# {}", std::env::args().collect::<Vec<_>>().join(" "));
             print_setup(o);
-            if let Some(n) = o.nprocs {
-                return launch(n, o);
-            }
             run_threads(&cuda, &nccl, o.threads.unwrap_or(gpus), o)
         }
         Err(e) => {
@@ -931,7 +985,7 @@ fn run_top(o: &Opts) -> Result<()> {
                 e.to_string().lines().next().unwrap_or_default()
             );
             print_setup(o);
-            let n = o.threads.or(o.nprocs).unwrap_or(2);
+            let n = o.threads.unwrap_or(2);
             let (cuda, gpus) = Cuda::mock(cuda_hal::mock::MockDriver::with_devices(n))?;
             let mut sim = nccl_sys::mock::MockNccl::new(&gpus);
             if let Some(v) = o.sim_nccl {
@@ -991,40 +1045,14 @@ fn print_setup(o: &Opts) {
     );
 }
 
-fn launch(n: usize, _o: &Opts) -> Result<()> {
-    let io = |e: std::io::Error| nccl_channel::Error::InvalidArgument {
-        what: "bench launcher",
-        problem: e.to_string(),
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(io)?
-        .port();
-    let exe = std::env::current_exe().map_err(io)?;
+/// `--nprocs N`: one process per rank through the examples' shared launcher; rank 0's
+/// output is the table.
+fn launch(n: usize, o: &Opts) -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut children = Vec::new();
-    for r in 0..n {
-        let mut c = Command::new(&exe);
-        c.args(&args)
-            .env("NCCL_CHANNEL_NPROCS", n.to_string())
-            .env("NCCL_CHANNEL_PROCID", r.to_string())
-            .env("NCCL_CHANNEL_LOCAL_PROCID", r.to_string())
-            .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"));
-        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-            c.env("NCCL_NVLS_ENABLE", "0");
-        }
-        children.push(c.spawn().map_err(io)?);
-    }
-    let mut ok = true;
-    for mut c in children {
-        ok &= c.wait().map_err(io)?.success();
-    }
-    if ok {
-        Ok(())
-    } else {
-        Err(nccl_channel::Error::InvalidArgument {
+    launch::processes(n, &args, o.timeout, launch::Output::Rank0).map_err(|problem| {
+        nccl_channel::Error::InvalidArgument {
             what: "bench launcher",
-            problem: "a rank failed".into(),
-        })
-    }
+            problem,
+        }
+    })
 }

@@ -116,7 +116,9 @@ fn main() -> ExitCode {
 fn launch(n: usize, o: &Opts) -> Result<(), String> {
     let timeout = Duration::from_secs_f64(o.timeout);
     match launch::machine(n)? {
-        launch::Machine::Gpus => launch::processes(n, &o.rank_args(), timeout),
+        launch::Machine::Gpus => {
+            launch::processes(n, &o.rank_args(), timeout, launch::Output::Prefixed)
+        }
         launch::Machine::Simulated(why) => {
             println!(
                 "no CUDA driver ({why}): {n} ranks on simulated devices, kernels run by their host twins"
@@ -135,9 +137,16 @@ fn launch(n: usize, o: &Opts) -> Result<(), String> {
 }
 
 fn rank_from_env(world: World, o: &Opts) -> Result<(), String> {
-    let ch = launch::rank_channel(world, o.device.as_deref())?;
-    train(&ch, o)?;
-    ch.close().map_err(|e| e.to_string())
+    let setup = launch::RankSetup {
+        device: o.device.clone(),
+        timeout: Some(Duration::from_secs_f64(o.timeout)),
+        sim_driver: Some(with_kernels),
+        ..Default::default()
+    };
+    let rank = launch::rank_channel(world, &setup)?;
+    println!("{}", rank.line);
+    train(&rank.channel, o)?;
+    rank.close()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,12 @@
-//! The examples' launcher: one process per GPU (each configured by the environment, as a
-//! user would start it by hand), or, with no CUDA driver, one thread per rank on simulated
-//! devices. Shared by the `allgather` and `data_parallel` examples.
+//! The examples' launcher, shared by `allgather`, `bench` and `data_parallel`.
+//!
+//! * [`rank_channel`]: one rank configured by its launcher's environment (ours, IREE's,
+//!   torchrun, Slurm, Open MPI, PMI): the GPU it was given, or with no CUDA driver a
+//!   simulated device whose NCCL reaches the other processes over loopback.
+//! * [`processes`]: `--nprocs N`, the one-machine shortcut: starts this executable `N`
+//!   times, one rank per GPU (or simulated device), as torchrun would.
+//! * [`simulated`]: `N` ranks as threads of this process on simulated devices (for
+//!   examples whose simulated kernels are bound to one driver).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -8,9 +14,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_hal::mock::MockDriver;
+use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{Cuda, cuda_sys};
-use nccl_channel::{Channel, ChannelBuilder, IdSource, UniqueId, World};
+use nccl_channel::{Channel, ChannelBuilder, CommConfig, IdSource, UniqueId, World};
+use nccl_sys::NcclVersion;
 use nccl_sys::mock::MockNccl;
 
 /// Where the ranks run.
@@ -19,6 +26,19 @@ pub(crate) enum Machine {
     Gpus,
     /// No CUDA driver: why, for the first line of output.
     Simulated(String),
+}
+
+/// Why the CUDA driver did not load, in one line.
+fn no_driver_reason(e: &cuda_hal::Error) -> String {
+    match e {
+        cuda_hal::Error::Load(cuda_sys::LoadError::NotFound { attempts, .. }) => {
+            match attempts.0.first() {
+                Some(first) => format!("{} places tried, first {first}", attempts.0.len()),
+                None => "no place to look for libcuda".to_string(),
+            }
+        }
+        other => other.to_string(),
+    }
 }
 
 /// Picks real GPUs when a driver loads (and refuses too few of them), else simulated ones.
@@ -33,51 +53,155 @@ pub(crate) fn machine(n: usize) -> Result<Machine, String> {
             }
             Ok(Machine::Gpus)
         }
-        Err(e) => Ok(Machine::Simulated(match &e {
-            cuda_hal::Error::Load(cuda_sys::LoadError::NotFound { attempts, .. }) => {
-                let first = attempts
-                    .0
-                    .first()
-                    .map(|a| a.to_string())
-                    .unwrap_or_default();
-                format!("{} places tried, first {first}", attempts.0.len())
-            }
-            other => other.to_string(),
-        })),
+        Err(e) => Ok(Machine::Simulated(no_driver_reason(&e))),
     }
 }
 
-/// One rank configured by the environment (and `--device`), announced with its GPU and
-/// the NCCL it loaded.
-pub(crate) fn rank_channel(world: World, device: Option<&str>) -> Result<Channel, String> {
+/// How a rank configured by the environment is set up.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RankSetup {
+    /// `--device`: the GPU (else the local rank's).
+    pub(crate) device: Option<String>,
+    /// The communicator's configuration.
+    pub(crate) config: Option<CommConfig>,
+    /// Without a driver: how long the simulated NCCL waits for the other processes.
+    pub(crate) timeout: Option<Duration>,
+    /// Without a driver: the version the simulated NCCL reports.
+    pub(crate) sim_version: Option<NcclVersion>,
+    /// Without a driver: what the simulated driver gets besides its devices (kernels).
+    pub(crate) sim_driver: Option<fn(MockDriver) -> MockDriver>,
+}
+
+/// One rank's channel and what it runs on.
+pub(crate) struct RankChannel {
+    pub(crate) channel: Channel,
+    /// `rank R/N on GPU I (uuid), NCCL V`, or the simulated equivalent.
+    pub(crate) line: String,
+    /// The simulated driver (with no CUDA driver): its sanitizer's reports are checked
+    /// by [`RankChannel::close`].
+    sim: Option<MockWorld>,
+}
+
+impl RankChannel {
+    /// Whether the rank runs on a simulated device.
+    pub(crate) fn simulated(&self) -> bool {
+        self.sim.is_some()
+    }
+
+    /// Closes the channel; on simulated devices, fails if the sanitizer saw an invalid access.
+    pub(crate) fn close(self) -> Result<(), String> {
+        self.channel.close().map_err(|e| e.to_string())?;
+        match self.sim {
+            Some(gpus) if !gpus.violations().is_empty() => Err(format!(
+                "the simulated driver's sanitizer reported:\n{}",
+                gpus.violations().join("\n")
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One rank configured by its launcher's environment: on the GPU `--device` names (else the
+/// local rank's); with no CUDA driver, on a simulated device of a simulated machine with a
+/// device per rank, whose NCCL moves data between the processes over loopback. The unique
+/// id comes as [`IdSource::Auto`] says (`NCCL_COMM_ID`, or the launcher's rendezvous).
+pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChannel, String> {
     let mut b = ChannelBuilder::new().world(world);
-    if let Some(d) = device {
-        b = b.device(d.to_string());
+    if let Some(d) = &setup.device {
+        b = b.device(d.clone());
     }
-    let ch = b.build().map_err(|e| e.to_string())?.ok_or("no world")?;
-    let dev = ch.comm().context().device();
-    println!(
-        "rank {}/{} on GPU {} ({}), NCCL {}",
-        ch.comm().rank(),
-        ch.comm().size(),
-        dev.ordinal(),
-        dev.uuid().map_err(|e| e.to_string())?,
-        ch.comm().nccl().version()
-    );
-    Ok(ch)
+    if let Some(c) = &setup.config {
+        b = b.config(c.clone());
+    }
+    let (b, sim) = match Cuda::load() {
+        Ok(cuda) => (b.cuda(cuda), None),
+        Err(e) => {
+            // Enough devices for the rank's own ordinal and for every rank of a one-node job.
+            let wanted = setup
+                .device
+                .as_deref()
+                .and_then(|d| d.strip_prefix("cuda://"))
+                .and_then(|d| d.parse::<usize>().ok())
+                .map_or(0, |d| d + 1);
+            let n = world.size.max(world.default_device() + 1).max(wanted);
+            let driver = MockDriver::with_devices(n);
+            let driver = match setup.sim_driver {
+                Some(f) => f(driver),
+                None => driver,
+            };
+            let (cuda, gpus) = Cuda::mock(driver).map_err(|e| e.to_string())?;
+            let mut nccl = MockNccl::new(&gpus).multi_process(true);
+            if let Some(t) = setup.timeout {
+                nccl = nccl.timeout(t);
+            }
+            if let Some(v) = setup.sim_version {
+                nccl = nccl.version(v);
+            }
+            let (nccl, _) = nccl.build().map_err(|e| e.to_string())?;
+            (
+                b.cuda(cuda).nccl(Arc::new(nccl)),
+                Some((gpus, no_driver_reason(&e))),
+            )
+        }
+    };
+    let channel = b.build().map_err(|e| e.to_string())?.ok_or("no world")?;
+    let (comm, dev) = (channel.comm(), channel.comm().context().device());
+    let uuid = dev.uuid().map_err(|e| e.to_string())?;
+    let (line, sim) = match sim {
+        None => (
+            format!(
+                "rank {}/{} on GPU {} ({uuid}), NCCL {}",
+                comm.rank(),
+                comm.size(),
+                dev.ordinal(),
+                comm.nccl().version()
+            ),
+            None,
+        ),
+        Some((gpus, why)) => (
+            format!(
+                "rank {}/{} on simulated GPU {} ({uuid}), simulated NCCL {} across processes \
+                 (no CUDA driver: {why})",
+                comm.rank(),
+                comm.size(),
+                dev.ordinal(),
+                comm.nccl().version()
+            ),
+            Some(gpus),
+        ),
+    };
+    Ok(RankChannel { channel, line, sim })
 }
 
-/// Starts this executable `n` times with `args`, rank `r` configured by
-/// `NCCL_CHANNEL_NPROCS/PROCID/LOCAL_PROCID` and a shared `NCCL_COMM_ID`; prefixes their
-/// output with the rank; stops every rank when one fails or `timeout` passes.
-pub(crate) fn processes(n: usize, args: &[String], timeout: Duration) -> Result<(), String> {
+/// How [`processes`] shows its ranks' output.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// Every line prefixed with `[rank R] `.
+    Prefixed,
+    /// Rank 0's lines as they are; the others' only on failure (a benchmark's table).
+    Rank0,
+}
+
+/// The one-machine launcher: starts this executable `n` times with `args`, rank `r`
+/// configured by `NCCL_CHANNEL_NPROCS/PROCID/LOCAL_PROCID` and a rendezvous address
+/// (`NCCL_CHANNEL_RENDEZVOUS`, where rank 0 serves the unique id); stops every rank when
+/// one fails or `timeout` passes. The ranks take GPUs, or simulated devices without a
+/// driver, as [`rank_channel`] says.
+pub(crate) fn processes(
+    n: usize,
+    args: &[String],
+    timeout: Duration,
+    output: Output,
+) -> Result<(), String> {
     let t = Instant::now();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map_err(|e| format!("no free port for NCCL_COMM_ID: {e}"))?
+        .map_err(|e| format!("no free port for the rendezvous: {e}"))?
         .port();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    println!("launching {n} ranks, one per GPU, NCCL_COMM_ID=127.0.0.1:{port}");
+    if output == Output::Prefixed {
+        println!("launching {n} ranks, rendezvous at 127.0.0.1:{port}");
+    }
     let mut children: Vec<Child> = Vec::new();
     let mut printers = Vec::new();
     for r in 0..n {
@@ -86,7 +210,8 @@ pub(crate) fn processes(n: usize, args: &[String], timeout: Duration) -> Result<
             .env("NCCL_CHANNEL_NPROCS", n.to_string())
             .env("NCCL_CHANNEL_PROCID", r.to_string())
             .env("NCCL_CHANNEL_LOCAL_PROCID", r.to_string())
-            .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"))
+            .env("NCCL_CHANNEL_RENDEZVOUS", format!("127.0.0.1:{port}"))
+            .env_remove("NCCL_COMM_ID")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
@@ -99,11 +224,16 @@ pub(crate) fn processes(n: usize, args: &[String], timeout: Duration) -> Result<
                 return Err(format!("starting rank {r}: {e}"));
             }
         };
+        let show = output == Output::Prefixed || r == 0;
         if let Some(out) = child.stdout.take() {
-            printers.push(std::thread::spawn(move || prefix(r, out, false)));
+            printers.push(std::thread::spawn(move || {
+                relay(r, out, false, show, output)
+            }));
         }
         if let Some(err) = child.stderr.take() {
-            printers.push(std::thread::spawn(move || prefix(r, err, true)));
+            printers.push(std::thread::spawn(move || {
+                relay(r, err, true, true, output)
+            }));
         }
         children.push(child);
     }
@@ -147,10 +277,12 @@ pub(crate) fn processes(n: usize, args: &[String], timeout: Duration) -> Result<
         let _ = p.join();
     }
     if failed.is_empty() {
-        println!(
-            "all {n} ranks succeeded in {:.2} s",
-            t.elapsed().as_secs_f64()
-        );
+        if output == Output::Prefixed {
+            println!(
+                "all {n} ranks succeeded in {:.2} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
         Ok(())
     } else {
         Err(failed.join("; "))
@@ -164,12 +296,18 @@ fn kill_all(children: &mut [Child]) {
     }
 }
 
-fn prefix(rank: usize, stream: impl std::io::Read, err: bool) {
+/// Copies a rank's output to ours: prefixed with the rank, or (rank 0 only) as it is.
+fn relay(rank: usize, stream: impl std::io::Read, err: bool, show: bool, output: Output) {
     for line in BufReader::new(stream).lines().map_while(Result::ok) {
-        if err {
-            eprintln!("[rank {rank}] {line}");
-        } else {
-            println!("[rank {rank}] {line}");
+        let line = match output {
+            Output::Prefixed => format!("[rank {rank}] {line}"),
+            Output::Rank0 if rank == 0 => line,
+            Output::Rank0 => format!("[rank {rank}] {line}"),
+        };
+        match (err, show) {
+            (true, _) => eprintln!("{line}"),
+            (false, true) => println!("{line}"),
+            (false, false) => {}
         }
     }
 }
