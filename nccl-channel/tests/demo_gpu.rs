@@ -110,3 +110,186 @@ fn two_ranks_by_uuid() {
         format!("cuda://{}", uuids[r])
     });
 }
+
+/// `python3 -m torch.distributed.run` (torchrun) from `$NCCL_CHANNEL_TORCH_PYTHON`, else
+/// torch's venv on the GPU machine, else `python3`.
+fn torchrun() -> std::process::Command {
+    let python = std::env::var_os("NCCL_CHANNEL_TORCH_PYTHON")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let venv = std::path::PathBuf::from("/opt/torch/.venv/bin/python3");
+            venv.exists().then_some(venv)
+        })
+        .unwrap_or_else(|| "python3".into());
+    let mut c = std::process::Command::new(python);
+    c.args(["-m", "torch.distributed.run"])
+        .env("NCCL_NVLS_ENABLE", "0")
+        .env_remove("NCCL_COMM_ID");
+    c
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `cmd`, prints what it printed under `label`, and returns (success, stdout).
+fn run_printed(label: &str, mut cmd: std::process::Command) -> (bool, String) {
+    let t = Instant::now();
+    let out = cmd.output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    println!("=== {label} ({:.2?}):\n{so}{se}", t.elapsed(),);
+    (out.status.success(), so)
+}
+
+/// torchrun starts the demo as any binary (`--no-python`), with static and c10d
+/// rendezvous: the ranks agree on the unique id through torchrun's store, with no variable
+/// of ours.
+#[test]
+#[ignore = "needs 2 GPUs and torch"]
+fn torchrun_runs_the_demo() {
+    let port = free_port().to_string();
+    let forms: [(&str, Vec<&str>); 2] = [
+        (
+            "torchrun static rendezvous",
+            vec![
+                "--nnodes",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port,
+            ],
+        ),
+        (
+            "torchrun --standalone (c10d rendezvous)",
+            vec!["--standalone"],
+        ),
+    ];
+    for (label, args) in forms {
+        let mut c = torchrun();
+        c.args(args)
+            .args(["--nproc-per-node", "2", "--no-python"])
+            .arg(demo_exe());
+        let (ok, out) = run_printed(label, c);
+        assert!(ok, "{label} failed");
+        assert_eq!(
+            out.lines().filter(|l| l.ends_with(RESULT)).count(),
+            2,
+            "{label}: {out}"
+        );
+        for r in 0..2 {
+            assert!(
+                out.contains(&format!("rank {r}/2 on GPU {r} (GPU-")),
+                "{label}: {out}"
+            );
+        }
+    }
+}
+
+/// The benchmark under torchrun: rank 0 prints the table, every size checked.
+#[test]
+#[ignore = "needs 2 GPUs and torch"]
+fn torchrun_runs_the_bench() {
+    let bench = common::demo::example_exe("bench", "NCCL_CHANNEL_BENCH");
+    let mut c = torchrun();
+    c.args(["--standalone", "--nproc-per-node", "2", "--no-python"])
+        .arg(bench)
+        .args([
+            "-c",
+            "all_reduce,all_gather",
+            "-b",
+            "8",
+            "-e",
+            "8M",
+            "-f",
+            "8",
+        ]);
+    let (ok, out) = run_printed("torchrun bench", c);
+    assert!(ok, "torchrun bench failed");
+    assert!(
+        out.contains("# nccl-channel bench, 2 ranks from torchrun"),
+        "{out}"
+    );
+    // One row per size and collective: 8 B .. 8 MiB by 8 is 8 sizes, two collectives.
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.split_whitespace().count() > 8)
+        .collect();
+    assert_eq!(rows.len(), 16, "{out}");
+}
+
+/// Two "nodes" on one host: one torchrun per node (`--nnodes 2 --node-rank 0|1`), one GPU
+/// each, NCCL kept off NVLink and shared memory so it goes through sockets as between
+/// machines.
+#[test]
+#[ignore = "needs 2 GPUs and torch"]
+fn torchrun_on_two_nodes_over_sockets() {
+    let port = free_port().to_string();
+    let nodes: Vec<_> = (0..2)
+        .map(|node| {
+            let mut c = torchrun();
+            c.args([
+                "--nnodes",
+                "2",
+                "--node-rank",
+                &node.to_string(),
+                "--nproc-per-node",
+                "1",
+            ])
+            .args([
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port,
+                "--no-python",
+            ])
+            .arg(demo_exe())
+            .env("CUDA_VISIBLE_DEVICES", node.to_string())
+            .env("NCCL_P2P_DISABLE", "1")
+            .env("NCCL_SHM_DISABLE", "1")
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "INIT,NET")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for (node, child) in nodes.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        // NCCL's INFO lines name the transport; keep the ones that say which.
+        let net: Vec<&str> = so
+            .lines()
+            .chain(se.lines())
+            .filter(|l| {
+                l.contains("via NET")
+                    || l.contains("Using network")
+                    || l.contains("P2P") && l.contains("disabled")
+            })
+            .take(6)
+            .collect();
+        let mine: Vec<&str> = so.lines().filter(|l| !l.contains("NCCL INFO")).collect();
+        println!("=== node {node}:\n{}\n{}", mine.join("\n"), net.join("\n"));
+        assert!(out.status.success(), "node {node} failed:\n{so}\n{se}");
+        assert!(
+            mine.iter().any(|l| l.ends_with(RESULT)),
+            "node {node}: {so}"
+        );
+        assert!(
+            so.lines()
+                .chain(se.lines())
+                .any(|l| l.contains("via NET/Socket")),
+            "node {node}: NCCL did not use sockets:\n{so}\n{se}"
+        );
+    }
+}

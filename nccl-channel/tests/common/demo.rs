@@ -39,7 +39,7 @@ pub fn example_exe(name: &str, var: &str) -> PathBuf {
             "--example",
             name,
             "--features",
-            "mock",
+            "mock half",
         ]);
         if release {
             cmd.arg("--release");
