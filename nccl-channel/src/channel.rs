@@ -127,19 +127,35 @@ impl ChannelBuilder {
             Some(n) => n,
             None => nccl()?,
         };
-        let id = match self.id {
-            IdSource::Given(id) => id,
-            IdSource::CommIdEnv => UniqueId::from_comm_id(&nccl)?,
-            IdSource::File { path, timeout } => {
-                UniqueId::exchange_via_file(&nccl, &path, world.rank, timeout)?
+        let comm_id = || std::env::var("NCCL_COMM_ID").unwrap_or_default();
+        let (id, id_origin) = match self.id {
+            IdSource::Given(id) => (id, "given in code".to_string()),
+            IdSource::CommIdEnv => (
+                UniqueId::from_comm_id(&nccl)?,
+                format!("derived from NCCL_COMM_ID={}", comm_id()),
+            ),
+            IdSource::File { path, timeout } => (
+                UniqueId::exchange_via_file(&nccl, &path, world.rank, timeout)?,
+                format!("exchanged through {}", path.display()),
+            ),
+            IdSource::Auto if world.size == 1 => {
+                (UniqueId::generate(&nccl)?, "generated (one rank)".into())
             }
-            IdSource::Auto if world.size == 1 => UniqueId::generate(&nccl)?,
-            IdSource::Rendezvous(rdv) => rdv.exchange(&nccl, world.rank, world.size)?,
+            IdSource::Rendezvous(rdv) => (
+                rdv.exchange(&nccl, world.rank, world.size)?,
+                rdv.to_string(),
+            ),
             IdSource::Auto => {
-                if std::env::var("NCCL_COMM_ID").is_ok_and(|v| !v.trim().is_empty()) {
-                    UniqueId::from_comm_id(&nccl)?
+                if !comm_id().trim().is_empty() {
+                    (
+                        UniqueId::from_comm_id(&nccl)?,
+                        format!("derived from NCCL_COMM_ID={}", comm_id()),
+                    )
                 } else if let Some(rdv) = Rendezvous::from_env(&world)? {
-                    rdv.exchange(&nccl, world.rank, world.size)?
+                    (
+                        rdv.exchange(&nccl, world.rank, world.size)?,
+                        rdv.to_string(),
+                    )
                 } else {
                     return Err(Error::InvalidArgument {
                         what: "ChannelBuilder::build",
@@ -163,6 +179,7 @@ impl ChannelBuilder {
             comm,
             stream,
             world,
+            id_origin,
         }))
     }
 }
@@ -173,6 +190,7 @@ pub struct Channel {
     comm: Communicator,
     stream: Stream,
     world: World,
+    id_origin: String,
 }
 
 impl Channel {
@@ -194,6 +212,13 @@ impl Channel {
     /// The world it was built for.
     pub fn world(&self) -> &World {
         &self.world
+    }
+
+    /// How the ranks agreed on the unique id, for logs: e.g. `derived from
+    /// NCCL_COMM_ID=127.0.0.1:8000`, or the [`Rendezvous`] used (`torchrun's TCPStore at
+    /// 127.0.0.1:29500 (derived from MASTER_ADDR, MASTER_PORT, ...), key ..., timeout 300s`).
+    pub fn id_origin(&self) -> &str {
+        &self.id_origin
     }
 
     /// Closes the communicator, reporting errors.

@@ -195,11 +195,20 @@ fn the_two_command_lines_verbatim_on_simulated_devices() {
     }
 }
 
-/// Three ranks per launcher, each configured only by that launcher's own variables.
-fn three_ranks(label: &str, env: impl Fn(usize) -> Vec<(String, String)>) {
+/// Three ranks per launcher, each configured only by that launcher's own variables; each
+/// says its id came through `origin`.
+fn three_ranks(label: &str, origin: &str, env: impl Fn(usize) -> Vec<(String, String)>) {
     let args = vec!["--collective=all_reduce".to_string(), "--count=3".into()];
     let outs = run_all((0..3).map(|r| (env(r), args.clone())).collect());
     assert_ranks(label, &outs, "3xi32=[303 306 309]");
+    for o in &outs {
+        let (out, _) = text(o);
+        let first = out.lines().next().unwrap_or_default();
+        assert!(
+            first.contains(&format!("unique id: {origin}")),
+            "{label}: {first}"
+        );
+    }
 }
 
 /// A job id that no other test run shares (it picks the derived port).
@@ -213,7 +222,9 @@ fn job_id() -> String {
 #[test]
 fn three_ranks_under_torchrun_without_an_agent_store() {
     let port = free_port();
-    three_ranks("torchrun", |r| {
+    let origin =
+        format!("rank 0's rendezvous at 127.0.0.1:{port} (derived from MASTER_ADDR, MASTER_PORT)");
+    three_ranks("torchrun", &origin, |r| {
         vars(&[
             ("WORLD_SIZE", "3".into()),
             ("RANK", r.to_string()),
@@ -232,7 +243,11 @@ fn three_ranks_under_torchrun_without_an_agent_store() {
 fn three_ranks_under_torchrun_through_its_agent_store() {
     let store = TestStore::start();
     let port = store.port;
-    three_ranks("torchrun agent store", |r| {
+    let origin = format!(
+        "torchrun's TCPStore at 127.0.0.1:{port} (derived from MASTER_ADDR, MASTER_PORT, \
+         TORCHELASTIC_USE_AGENT_STORE), key torchrun-demo-attempt_0"
+    );
+    three_ranks("torchrun agent store", &origin, |r| {
         vars(&[
             ("WORLD_SIZE", "3".into()),
             ("RANK", r.to_string()),
@@ -258,7 +273,12 @@ fn three_ranks_under_torchrun_through_its_agent_store() {
 #[test]
 fn three_ranks_under_slurm() {
     let job = job_id();
-    three_ranks("Slurm", |r| {
+    let origin = format!(
+        "rank 0's rendezvous at localhost:{} (derived from SLURM_STEP_NODELIST, SLURM_JOB_ID, \
+         SLURM_STEP_ID)",
+        20000 + (16 * job.parse::<u64>().unwrap()) % 12000
+    );
+    three_ranks("Slurm", &origin, |r| {
         vars(&[
             ("SLURM_NTASKS", "3".into()),
             ("SLURM_PROCID", r.to_string()),
@@ -274,7 +294,11 @@ fn three_ranks_under_slurm() {
 #[test]
 fn three_ranks_under_open_mpi() {
     let job = job_id();
-    three_ranks("Open MPI", |r| {
+    let origin = format!(
+        "rank 0's rendezvous at 127.0.0.1:{} (derived from",
+        20000 + job.parse::<u64>().unwrap() % 12000
+    );
+    three_ranks("Open MPI", &origin, |r| {
         vars(&[
             ("OMPI_COMM_WORLD_SIZE", "3".into()),
             ("OMPI_COMM_WORLD_RANK", r.to_string()),

@@ -675,6 +675,13 @@ fn the_channel_builder_takes_a_rendezvous() {
                         .build()
                         .unwrap()
                         .unwrap();
+                    assert_eq!(
+                        ch.id_origin(),
+                        format!(
+                            "rank 0's rendezvous at 127.0.0.1:{port} (derived from code), \
+                             key nccl-channel, timeout 20s"
+                        )
+                    );
                     let ctx = ch.comm().context();
                     let send = DeviceBuffer::from_slice(ctx, &[r as i32]).unwrap();
                     let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2).unwrap();

@@ -150,22 +150,24 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
     let (line, sim) = match sim {
         None => (
             format!(
-                "rank {}/{} on GPU {} ({uuid}), NCCL {}",
+                "rank {}/{} on GPU {} ({uuid}), NCCL {}, unique id: {}",
                 comm.rank(),
                 comm.size(),
                 dev.ordinal(),
-                comm.nccl().version()
+                comm.nccl().version(),
+                channel.id_origin()
             ),
             None,
         ),
         Some((gpus, why)) => (
             format!(
-                "rank {}/{} on simulated GPU {} ({uuid}), simulated NCCL {} across processes \
-                 (no CUDA driver: {why})",
+                "rank {}/{} on simulated GPU {} ({uuid}), simulated NCCL {} across processes, \
+                 unique id: {} (no CUDA driver: {why})",
                 comm.rank(),
                 comm.size(),
                 dev.ordinal(),
-                comm.nccl().version()
+                comm.nccl().version(),
+                channel.id_origin()
             ),
             Some(gpus),
         ),
