@@ -32,8 +32,8 @@ use nccl_channel::{Communicator, NcclType, ReduceOp, World};
 #[derive(Clone, Debug, clap::Parser)]
 #[command(name = "allgather", version)]
 struct Opts {
-    /// Start N ranks: one process per GPU, or threads on simulated devices without a
-    /// CUDA driver (for a world from the environment, leave it out).
+    /// Start N ranks, one process each: on its own GPU, or on a simulated device without a
+    /// CUDA driver (for a world from the environment or a launcher, leave it out).
     #[arg(long, value_name = "N", value_parser = positive)]
     nprocs: Option<usize>,
     /// The GPU of this rank, for a world from the environment: cuda://<index>,
@@ -54,7 +54,8 @@ struct Opts {
     /// The collective to run.
     #[arg(long, default_value = "all_gather", value_parser = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"])]
     collective: String,
-    /// Launcher: how long the ranks may take, in seconds.
+    /// How long a rank waits for the others (for the unique id from a launcher's rendezvous,
+    /// and on simulated devices in NCCL), and how long the ranks of --nprocs may take.
     #[arg(long, value_name = "SECONDS", default_value = "120", value_parser = seconds)]
     timeout: Duration,
 }
@@ -85,7 +86,8 @@ fn main() -> ExitCode {
         }
     };
     let result = match (world, opts.nprocs) {
-        (Some(world), _) => run_rank_from_env(world, &opts),
+        (Some(world), Some(_)) => Err(launch::nprocs_in_a_world(&world)),
+        (Some(world), None) => run_rank_from_env(world, &opts),
         (None, Some(n)) => launch(n, &opts),
         (None, None) => Err(
             "no world configured: pass --nprocs N, start the ranks with a launcher (torchrun \
@@ -200,9 +202,9 @@ fn typed<T: DemoVal>(
         "all_to_all" | "reduce_scatter" => {
             if count % n != 0 {
                 return Err(nccl_channel::Error::InvalidArgument {
-                    what: "allgather demo",
+                    what: "--count",
                     problem: format!(
-                        "--count {count} must be a multiple of the {n} ranks for {}",
+                        "{count} is not a multiple of the {n} ranks, which {} needs",
                         o.collective
                     ),
                 });
@@ -238,10 +240,17 @@ fn typed<T: DemoVal>(
 /// The launcher: one process per rank, each on its own GPU, or on a simulated device when
 /// there is no CUDA driver (the simulated NCCL then moves data between the processes).
 fn launch(n: usize, o: &Opts) -> Result<(), String> {
+    if matches!(o.collective.as_str(), "all_to_all" | "reduce_scatter") && o.count % n != 0 {
+        return Err(format!(
+            "--count: {} is not a multiple of the {n} ranks, which {} needs",
+            o.count, o.collective
+        ));
+    }
     if let launch::Machine::Simulated(why) = launch::machine(n)? {
         println!(
-            "no CUDA driver ({why}): running {n} ranks on simulated devices, one process each \
-             (mock driver and NCCL, data moved between the processes over loopback)"
+            "no CUDA driver ({why}): running {n} rank{} on simulated devices, one process each \
+             (mock driver and NCCL, data moved between the processes over loopback)",
+            if n == 1 { "" } else { "s" }
         );
     }
     let args: Vec<String> = [

@@ -931,6 +931,10 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let r = match World::from_env() {
+        Ok(Some(world)) if o.nprocs.is_some() => Err(nccl_channel::Error::InvalidArgument {
+            what: "--nprocs",
+            problem: launch::nprocs_in_a_world(&world),
+        }),
         Ok(Some(world)) => run_child(world, &o),
         Ok(None) => run_top(&o),
         Err(e) => Err(e),
@@ -1048,7 +1052,16 @@ fn print_setup(o: &Opts) {
 /// `--nprocs N`: one process per rank through the examples' shared launcher; rank 0's
 /// output is the table.
 fn launch(n: usize, o: &Opts) -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // The ranks get every option but the launcher's own.
+    let mut args: Vec<String> = Vec::new();
+    let mut given = std::env::args().skip(1);
+    while let Some(a) = given.next() {
+        match a.as_str() {
+            "--nprocs" => drop(given.next()),
+            _ if a.starts_with("--nprocs=") => {}
+            _ => args.push(a),
+        }
+    }
     launch::processes(n, &args, o.timeout, launch::Output::Rank0).map_err(|problem| {
         nccl_channel::Error::InvalidArgument {
             what: "bench launcher",

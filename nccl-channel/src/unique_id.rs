@@ -73,6 +73,14 @@ impl UniqueId {
                 problem: "not set; expected host:port (e.g. 127.0.0.1:8000)".into(),
             });
         }
+        if comm_id.trim() != comm_id {
+            return Err(Error::Env {
+                variable: "NCCL_COMM_ID".into(),
+                value: comm_id,
+                problem: "expected host:port without surrounding spaces (NCCL reads it as it is)"
+                    .into(),
+            });
+        }
         let port_ok = comm_id
             .rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));

@@ -44,6 +44,14 @@ fn comm_id_gives_identical_ids_and_bad_values_are_refused() {
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
     assert!(e.to_string().contains("host:port"), "{e}");
     // SAFETY: as above.
+    unsafe { std::env::set_var("NCCL_COMM_ID", " 127.0.0.1:8123") };
+    let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "environment variable NCCL_COMM_ID=\" 127.0.0.1:8123\": expected host:port without \
+         surrounding spaces (NCCL reads it as it is)"
+    );
+    // SAFETY: as above.
     unsafe { std::env::set_var("NCCL_COMM_ID", "127.0.0.1:8123") };
     let a = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap();
     let b = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap();

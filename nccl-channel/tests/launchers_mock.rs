@@ -398,3 +398,77 @@ fn the_bench_launches_processes_on_simulated_devices() {
     }
     assert!(!so.contains("[rank 1]"), "only rank 0 prints: {so}");
 }
+
+/// `--timeout` bounds the wait for rank 0's rendezvous too, and a rank that waits says so
+/// on stderr after a few seconds (it would otherwise be silent until its deadline).
+#[test]
+fn a_waiting_rank_says_what_it_waits_for_and_gives_up_at_its_timeout() {
+    let port = free_port();
+    let t = Instant::now();
+    let outs = run_all(vec![(
+        vars(&[
+            ("WORLD_SIZE", "2".into()),
+            ("RANK", "1".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.to_string()),
+        ]),
+        vec!["--timeout=6".into()],
+    )]);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(6) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    let (out, err) = text(&outs[0]);
+    assert!(!outs[0].status.success(), "{out}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "rank 1/2: still waiting for the unique id from rank 0's rendezvous at \
+                 127.0.0.1:{port} (derived from MASTER_ADDR, MASTER_PORT), key nccl-channel, \
+                 timeout 6s"
+            ),
+            format!(
+                "allgather: rank 0's rendezvous at 127.0.0.1:{port} (derived from MASTER_ADDR, \
+                 MASTER_PORT) did not answer within 6s (last attempt: Connection refused (os \
+                 error 111))"
+            ),
+        ],
+        "{err}"
+    );
+}
+
+/// `--device` beyond the simulated machine is refused with the list of its devices (it
+/// once sized the machine after the ordinal: memory without bound), and `--nprocs` in a
+/// process a launcher already made a rank is refused rather than ignored.
+#[test]
+fn a_device_beyond_the_machine_and_nprocs_inside_a_world_are_refused() {
+    let one = vars(&[
+        ("NCCL_CHANNEL_NPROCS", "1".into()),
+        ("NCCL_CHANNEL_PROCID", "0".into()),
+    ]);
+    let outs = run_all(vec![(
+        one.clone(),
+        vec!["--device=cuda://2147483648".into()],
+    )]);
+    let (out, err) = text(&outs[0]);
+    assert!(!outs[0].status.success(), "{out}");
+    assert!(
+        err.starts_with("allgather: no CUDA device matches cuda://2147483648; the devices are:\n  GPU 0: Mock GPU 0 (UUID: GPU-"),
+        "{err}"
+    );
+    // Within a machine's worth of devices, an ordinal past the world is simulated.
+    let outs = run_all(vec![(one.clone(), vec!["--device=cuda://7".into()])]);
+    let (out, _) = text(&outs[0]);
+    assert!(out.starts_with("rank 0/1 on simulated GPU 7 ("), "{out}");
+    let outs = run_all(vec![(one, vec!["--nprocs=2".into()])]);
+    let (_, err) = text(&outs[0]);
+    assert!(!outs[0].status.success());
+    assert_eq!(
+        err.trim(),
+        "allgather: --nprocs starts ranks itself, but this process is already rank 0 of 1 \
+         (nccl-channel variables): leave --nprocs out, or unset the launcher's variables"
+    );
+}

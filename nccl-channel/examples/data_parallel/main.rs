@@ -12,8 +12,8 @@
 //! f64, and reports the step time and the share of it spent in all-reduce.
 //!
 //! ```text
-//! # One rank per GPU (on a machine without a CUDA driver, threads on simulated devices,
-//! # whose kernels are the Rust twins below)
+//! # One rank per GPU (on a machine without a CUDA driver, on simulated devices, whose
+//! # kernels are the Rust twins below)
 //! data_parallel --nprocs 2
 //! # One rank, configured by the environment, as the allgather demo
 //! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://0 &
@@ -41,7 +41,8 @@ const BLOCK: u32 = 256;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "data_parallel")]
 struct Opts {
-    /// Ranks to launch, one per GPU (threads on simulated devices without a CUDA driver).
+    /// Ranks to launch, one process each: on its own GPU, or on a simulated device without a
+    /// CUDA driver.
     /// Without it, this process is one rank configured by the environment.
     #[arg(long)]
     nprocs: Option<usize>,
@@ -96,7 +97,8 @@ fn main() -> ExitCode {
     let o = Opts::parse();
     let result = match (World::from_env(), o.nprocs) {
         (Err(e), _) => Err(e.to_string()),
-        (Ok(Some(world)), _) => rank_from_env(world, &o),
+        (Ok(Some(world)), Some(_)) => Err(launch::nprocs_in_a_world(&world)),
+        (Ok(Some(world)), None) => rank_from_env(world, &o),
         (Ok(None), Some(n)) if n >= 1 => launch(n, &o),
         (Ok(None), _) => Err(
             "no world configured: pass --nprocs N (N >= 1), or set NCCL_CHANNEL_NPROCS/\
@@ -113,27 +115,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// One process per rank, each on its own GPU or, without a CUDA driver, on a simulated
+/// device whose kernels are their host twins.
 fn launch(n: usize, o: &Opts) -> Result<(), String> {
     let timeout = Duration::from_secs_f64(o.timeout);
-    match launch::machine(n)? {
-        launch::Machine::Gpus => {
-            launch::processes(n, &o.rank_args(), timeout, launch::Output::Prefixed)
-        }
-        launch::Machine::Simulated(why) => {
-            println!(
-                "no CUDA driver ({why}): {n} ranks on simulated devices, kernels run by their host twins"
-            );
-            launch::simulated(
-                n,
-                with_kernels(MockDriver::with_devices(n)),
-                timeout,
-                |_, ch| {
-                    train(&ch, o)?;
-                    ch.close().map_err(|e| e.to_string())
-                },
-            )
-        }
+    if let launch::Machine::Simulated(why) = launch::machine(n)? {
+        println!(
+            "no CUDA driver ({why}): {n} ranks on simulated devices, one process each, kernels \
+             run by their host twins"
+        );
     }
+    let mut args = o.rank_args();
+    args.push(format!("--timeout={}", o.timeout));
+    launch::processes(n, &args, timeout, launch::Output::Prefixed)
 }
 
 fn rank_from_env(world: World, o: &Opts) -> Result<(), String> {

@@ -5,8 +5,6 @@
 //!   simulated device whose NCCL reaches the other processes over loopback.
 //! * [`processes`]: `--nprocs N`, the one-machine shortcut: starts this executable `N`
 //!   times, one rank per GPU (or simulated device), as torchrun would.
-//! * [`simulated`]: `N` ranks as threads of this process on simulated devices (for
-//!   examples whose simulated kernels are bound to one driver).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -16,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{Cuda, cuda_sys};
-use nccl_channel::{Channel, ChannelBuilder, CommConfig, IdSource, UniqueId, World};
+use nccl_channel::{Channel, ChannelBuilder, CommConfig, IdSource, Rendezvous, World};
 use nccl_sys::NcclVersion;
 use nccl_sys::mock::MockNccl;
 
@@ -41,6 +39,14 @@ fn no_driver_reason(e: &cuda_hal::Error) -> String {
     }
 }
 
+/// The first 100 characters of `text`, with `…` if cut.
+fn short(text: &str) -> String {
+    match text.char_indices().nth(100) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
 /// Picks real GPUs when a driver loads (and refuses too few of them), else simulated ones.
 pub(crate) fn machine(n: usize) -> Result<Machine, String> {
     match Cuda::load() {
@@ -57,6 +63,19 @@ pub(crate) fn machine(n: usize) -> Result<Machine, String> {
     }
 }
 
+/// The most simulated devices a rank's machine gets for a `--device` ordinal beyond its
+/// world (a real node has a handful; the simulated ones are cheap, but not free).
+const MAX_SIMULATED: usize = 64;
+
+/// The refusal of `--nprocs` in a process its launcher already made a rank of a world.
+pub(crate) fn nprocs_in_a_world(world: &World) -> String {
+    format!(
+        "--nprocs starts ranks itself, but this process is already rank {} of {} ({} \
+         variables): leave --nprocs out, or unset the launcher's variables",
+        world.rank, world.size, world.source
+    )
+}
+
 /// How a rank configured by the environment is set up.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RankSetup {
@@ -64,7 +83,9 @@ pub(crate) struct RankSetup {
     pub(crate) device: Option<String>,
     /// The communicator's configuration.
     pub(crate) config: Option<CommConfig>,
-    /// Without a driver: how long the simulated NCCL waits for the other processes.
+    /// How long a rank waits for the others: for the unique id from a launcher's
+    /// rendezvous (unless `NCCL_CHANNEL_RENDEZVOUS_TIMEOUT` says), and without a driver in
+    /// the simulated NCCL.
     pub(crate) timeout: Option<Duration>,
     /// Without a driver: the version the simulated NCCL reports.
     pub(crate) sim_version: Option<NcclVersion>,
@@ -113,17 +134,24 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
     if let Some(c) = &setup.config {
         b = b.config(c.clone());
     }
-    let (b, sim) = match Cuda::load() {
+    let (mut b, sim) = match Cuda::load() {
         Ok(cuda) => (b.cuda(cuda), None),
         Err(e) => {
-            // Enough devices for the rank's own ordinal and for every rank of a one-node job.
+            // Enough devices for every rank of a one-node job and for the ordinal `--device`
+            // names, up to a machine's worth: a larger ordinal then matches no device and
+            // the selector's error lists the ones there are.
             let wanted = setup
                 .device
                 .as_deref()
                 .and_then(|d| d.strip_prefix("cuda://"))
                 .and_then(|d| d.parse::<usize>().ok())
-                .map_or(0, |d| d + 1);
-            let n = world.size.max(world.default_device() + 1).max(wanted);
+                .map_or(0, |d| d.saturating_add(1));
+            let n = world.size.max(world.default_device().saturating_add(1));
+            let n = if wanted <= MAX_SIMULATED.max(n) {
+                n.max(wanted)
+            } else {
+                n
+            };
             let driver = MockDriver::with_devices(n);
             let driver = match setup.sim_driver {
                 Some(f) => f(driver),
@@ -140,11 +168,42 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
             let (nccl, _) = nccl.build().map_err(|e| e.to_string())?;
             (
                 b.cuda(cuda).nccl(Arc::new(nccl)),
-                Some((gpus, no_driver_reason(&e))),
+                // The launcher's first line says why; a rank started alone says it briefly.
+                Some((
+                    gpus,
+                    match std::env::var_os("NCCL_CHANNEL_PROCID") {
+                        Some(_) => String::new(),
+                        None => format!(": {}", short(&no_driver_reason(&e))),
+                    },
+                )),
             )
         }
     };
-    let channel = b.build().map_err(|e| e.to_string())?.ok_or("no world")?;
+    // The launcher's rendezvous, if that is how the id comes, waits as long as the rank may.
+    let comm_id_set = std::env::var("NCCL_COMM_ID").is_ok_and(|v| !v.trim().is_empty());
+    let rendezvous = match comm_id_set {
+        true => None,
+        false => Rendezvous::from_env(&world).map_err(|e| e.to_string())?,
+    };
+    let rendezvous = rendezvous.map(|rdv| {
+        match (
+            std::env::var_os("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT"),
+            setup.timeout,
+        ) {
+            (None, Some(t)) => rdv.timeout(t),
+            _ => rdv,
+        }
+    });
+    let waiting_for = match (&rendezvous, comm_id_set) {
+        (Some(rdv), _) => format!("the unique id from {rdv}"),
+        (None, true) => "the other ranks (NCCL_COMM_ID)".to_string(),
+        (None, false) => "the other ranks".to_string(),
+    };
+    if let Some(rdv) = rendezvous {
+        b = b.unique_id(IdSource::Rendezvous(rdv));
+    }
+    let built = watched(world, &waiting_for, || b.build());
+    let channel = built.map_err(|e| e.to_string())?.ok_or("no world")?;
     let (comm, dev) = (channel.comm(), channel.comm().context().device());
     let uuid = dev.uuid().map_err(|e| e.to_string())?;
     let (line, sim) = match sim {
@@ -162,7 +221,7 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
         Some((gpus, why)) => (
             format!(
                 "rank {}/{} on simulated GPU {} ({uuid}), simulated NCCL {} across processes, \
-                 unique id: {} (no CUDA driver: {why})",
+                 unique id: {} (no CUDA driver{why})",
                 comm.rank(),
                 comm.size(),
                 dev.ordinal(),
@@ -174,6 +233,28 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
     };
     Ok(RankChannel { channel, line, sim })
 }
+
+/// Runs `f`; if it takes more than a few seconds, says once on stderr what the rank waits
+/// for (a rank whose peers or rank 0 never come would otherwise be silent until its deadline).
+fn watched<T>(world: World, waiting_for: &str, f: impl FnOnce() -> T) -> T {
+    let (done, rx) = std::sync::mpsc::channel::<()>();
+    let note = format!(
+        "rank {}/{}: still waiting for {waiting_for}",
+        world.rank, world.size
+    );
+    let watcher = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(NOTE_AFTER) {
+            eprintln!("{note}");
+        }
+    });
+    let out = f();
+    drop(done);
+    let _ = watcher.join();
+    out
+}
+
+/// When [`watched`] speaks up.
+const NOTE_AFTER: Duration = Duration::from_secs(5);
 
 /// How [`processes`] shows its ranks' output.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -202,7 +283,8 @@ pub(crate) fn processes(
         .port();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     if output == Output::Prefixed {
-        println!("launching {n} ranks, rendezvous at 127.0.0.1:{port}");
+        let ranks = if n == 1 { "rank" } else { "ranks" };
+        println!("launching {n} {ranks}, rendezvous at 127.0.0.1:{port}");
     }
     let mut children: Vec<Child> = Vec::new();
     let mut printers = Vec::new();
@@ -280,10 +362,12 @@ pub(crate) fn processes(
     }
     if failed.is_empty() {
         if output == Output::Prefixed {
-            println!(
-                "all {n} ranks succeeded in {:.2} s",
-                t.elapsed().as_secs_f64()
-            );
+            let ranks = if n == 1 {
+                "the rank"
+            } else {
+                &format!("all {n} ranks")
+            };
+            println!("{ranks} succeeded in {:.2} s", t.elapsed().as_secs_f64());
         }
         Ok(())
     } else {
@@ -311,66 +395,5 @@ fn relay(rank: usize, stream: impl std::io::Read, err: bool, show: bool, output:
             (false, true) => println!("{line}"),
             (false, false) => {}
         }
-    }
-}
-
-/// Runs `rank(r, channel)` for `n` ranks, one thread each, on a simulated machine of `n`
-/// devices built from `driver` (with the mock NCCL); rank `r` on device `r`.
-pub(crate) fn simulated(
-    n: usize,
-    driver: MockDriver,
-    timeout: Duration,
-    rank: impl Fn(usize, Channel) -> Result<(), String> + Sync,
-) -> Result<(), String> {
-    let t = Instant::now();
-    let (cuda, gpus) = Cuda::mock(driver).map_err(|e| e.to_string())?;
-    let (nccl, _world) = MockNccl::new(&gpus)
-        .timeout(timeout)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let nccl = Arc::new(nccl);
-    let id = UniqueId::generate(&nccl).map_err(|e| e.to_string())?;
-    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (cuda, nccl, rank) = (cuda.clone(), nccl.clone(), &rank);
-                s.spawn(move || -> Result<(), String> {
-                    let ch = ChannelBuilder::new()
-                        .world(World::new(n, r).map_err(|e| e.to_string())?)
-                        .device(format!("cuda://{r}"))
-                        .unique_id(IdSource::Given(id))
-                        .cuda(cuda)
-                        .nccl(nccl)
-                        .build()
-                        .map_err(|e| e.to_string())?
-                        .ok_or("no world")?;
-                    rank(r, ch)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or(Err("a rank panicked".into())))
-            .collect()
-    });
-    let failed: Vec<String> = results
-        .into_iter()
-        .enumerate()
-        .filter_map(|(r, x)| x.err().map(|e| format!("rank {r}: {e}")))
-        .collect();
-    let violations = gpus.violations();
-    if !violations.is_empty() {
-        return Err(format!(
-            "the simulated driver's sanitizer reported:\n{}",
-            violations.join("\n")
-        ));
-    }
-    if failed.is_empty() {
-        println!(
-            "all {n} ranks succeeded in {:.2} s (simulated)",
-            t.elapsed().as_secs_f64()
-        );
-        Ok(())
-    } else {
-        Err(failed.join("; "))
     }
 }
