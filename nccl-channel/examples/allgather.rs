@@ -240,7 +240,9 @@ fn typed<T: DemoVal>(
 /// The launcher: one process per rank, each on its own GPU, or on a simulated device when
 /// there is no CUDA driver (the simulated NCCL then moves data between the processes).
 fn launch(n: usize, o: &Opts) -> Result<(), String> {
-    if matches!(o.collective.as_str(), "all_to_all" | "reduce_scatter") && o.count % n != 0 {
+    if matches!(o.collective.as_str(), "all_to_all" | "reduce_scatter")
+        && !o.count.is_multiple_of(n)
+    {
         return Err(format!(
             "--count: {} is not a multiple of the {n} ranks, which {} needs",
             o.count, o.collective
