@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::{NCCL_OK, Rig};
 use nccl_sys::mock::{MockNccl, network_threads};
 use nccl_sys::{ncclRedOp_t, ncclResult_t};
-use procs::{Coll, SharedRig, id_address, process, script};
+use procs::{Coll, SharedRig, comm_id, free_port, hub_at, id_address, process, script};
 
 /// The tests of this file one at a time, so [`network_threads`] (process-wide) can be
 /// checked to fall back to zero after each.
@@ -163,21 +163,57 @@ fn a_rank_that_never_comes_times_out_naming_the_hub_and_the_missing_rank() {
 #[test]
 fn an_unreachable_hub_times_out_naming_its_address() {
     let _g = serial();
-    // A port nobody listens on (bound, then freed).
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
-    let mut id = [0u8; 128];
-    id[..8].copy_from_slice(b"MOCKNET1");
-    id[8..8 + addr.len()].copy_from_slice(addr.as_bytes());
+    // A port nobody listens on (below the ephemeral range: nothing takes it meanwhile).
+    let addr = free_port();
+    let id = hub_at(&addr);
     let rig = process(Duration::from_millis(300));
     let (rc, _) = rig.init_rank(0, id, 2, 1);
     assert_eq!(rc, ncclResult_t::ncclSystemError);
     let msg = rig.last_error();
     assert!(msg.contains(&format!("no hub at {addr}")), "{msg}");
     assert!(rig.world.live().is_empty());
+    assert_no_network_threads();
+}
+
+/// Regression: rank 0 of a fixed address (`NCCL_COMM_ID`) failed at once when the port
+/// was still held, as by a previous hub's listener that is closing. It now retries for a
+/// moment (at most 2 s, within its timeout).
+#[test]
+fn rank_0_waits_briefly_for_a_fixed_address_still_in_use() {
+    let _g = serial();
+    let addr = free_port();
+    let busy = std::net::TcpListener::bind(&addr).unwrap();
+    let id = comm_id(&addr);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(busy);
+    });
+    let out = ranks(2, Duration::from_secs(20), move |rig, r| {
+        let (rc, comm) = rig.init_rank(0, id, 2, r as i32);
+        assert_eq!(rc, NCCL_OK, "rank {r}: {}", rig.last_error());
+        let (rc, out) = rig.run(0, Coll::AllGather, &[101 + r as i32], 1, 2, 0, comm);
+        rig.destroy(comm);
+        (rc, out)
+    });
+    release.join().unwrap();
+    for o in out {
+        assert_eq!(o, (NCCL_OK, vec![101, 102]));
+    }
+
+    // A port that stays taken still fails, within the rank's timeout.
+    let busy = std::net::TcpListener::bind(&addr).unwrap();
+    let rig = process(Duration::from_millis(400));
+    let started = Instant::now();
+    let (rc, _) = rig.init_rank(0, id, 2, 0);
+    assert_eq!(rc, ncclResult_t::ncclSystemError);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let msg = rig.last_error();
+    assert!(
+        msg.contains(&format!("rank 0 cannot start the hub at {addr}")),
+        "{msg}"
+    );
+    assert!(msg.contains("after retrying"), "{msg}");
+    drop(busy);
     assert_no_network_threads();
 }
 
@@ -618,11 +654,6 @@ fn the_hub_process_ending_right_after_its_answer_still_answers_every_peer() {
             );
         }
     }
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
 }
 
 /// Starts both ranks as child processes of this test binary; their outputs.

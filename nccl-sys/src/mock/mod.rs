@@ -178,7 +178,9 @@ impl MockNccl {
     ///   the id names its address (`MOCKNET1` and the address): plain bytes, usable in
     ///   any process that can reach it. With `NCCL_COMM_ID=host:port` every call gives
     ///   the same id naming that address, and rank 0's init starts the hub there (a port
-    ///   in use fails that init with `ncclSystemError`, the last error naming it).
+    ///   in use is retried for up to 2 s, within the timeout, as the previous hub's
+    ///   listener there may be closing; one still in use then fails that init with
+    ///   `ncclSystemError`, the last error naming it).
     /// - Inits connect to the hub, retrying until it is there, and complete once every
     ///   rank came (blocking, non-blocking and grouped, as in one process). Ranks that
     ///   disagree on the size, or a rank that comes twice, fail with `ncclInvalidUsage`;

@@ -46,11 +46,49 @@ pub(crate) fn is_local(addr: &str) -> bool {
     addrs.into_iter().any(|a| hubs.contains(&a))
 }
 
+/// The longest rank 0 waits for a fixed hub address (`NCCL_COMM_ID`) that is in use.
+pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Binds `addr`; while it is in use (`AddrInUse`), retries until `retry_until` (`None`:
+/// fails at once). The error says how long it waited.
+fn bind(addr: impl ToSocketAddrs, retry_until: Option<Instant>) -> std::io::Result<TcpListener> {
+    let started = Instant::now();
+    loop {
+        match TcpListener::bind(&addr) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                let Some(until) = retry_until else {
+                    return Err(e);
+                };
+                let now = Instant::now();
+                if now >= until {
+                    let waited = now - started;
+                    let msg = format!("{e} (still, after retrying for {waited:.1?})");
+                    return Err(std::io::Error::new(e.kind(), msg));
+                }
+                std::thread::sleep((until - now).min(Duration::from_millis(20)));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Starts a hub listening on `addr`; its actual address (port 0 picks one). Parts are
 /// waited for without end (each rank honours its own timeout); `timeout` bounds how long
 /// a hub without ranks, or a connection that says nothing, is kept.
-pub(crate) fn start(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
+///
+/// `retry_until`: while `addr` is in use, binding is retried until then (`None`: it fails
+/// at once). Rank 0 of a fixed `NCCL_COMM_ID` retries briefly: the address may still be
+/// held by a listener that is closing, the previous hub's there (of this process, or of
+/// a process that is ending), or that of a hub whose communicator never formed, which
+/// closes at its timeout. Ports left in `TIME_WAIT` by earlier connections are no
+/// obstacle: `std` sets `SO_REUSEADDR` on listeners on Unix.
+pub(crate) fn start(
+    addr: impl ToSocketAddrs,
+    timeout: Duration,
+    retry_until: Option<Instant>,
+) -> std::io::Result<SocketAddr> {
+    let listener = bind(addr, retry_until)?;
     let local_addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let (tx, rx) = mpsc::channel();
@@ -652,7 +690,7 @@ mod tests {
 
     #[test]
     fn a_hub_survives_broken_ranks_and_computes_for_good_ones() {
-        let addr = start(("127.0.0.1", 0), Duration::from_secs(10)).unwrap();
+        let addr = start(("127.0.0.1", 0), Duration::from_secs(10), None).unwrap();
 
         // A hello claiming four billion ranks is refused, not allocated for.
         let greedy = client(addr);
