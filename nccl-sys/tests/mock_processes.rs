@@ -217,6 +217,66 @@ fn rank_0_waits_briefly_for_a_fixed_address_still_in_use() {
     assert_no_network_threads();
 }
 
+/// Sets the accept queue of `listener` to its minimum (Linux: one connection), so that
+/// once one connection waits in it, further connection attempts are dropped, as by a
+/// host that drops SYNs.
+#[cfg(target_os = "linux")]
+fn minimal_backlog(listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    unsafe extern "C" {
+        fn listen(fd: i32, backlog: i32) -> i32;
+    }
+    // SAFETY: `listen` on a socket this listener owns; calling it again on a listening
+    // socket only changes its backlog.
+    assert_eq!(unsafe { listen(listener.as_raw_fd(), 0) }, 0);
+}
+
+/// Regression: a rank connected with a blocking `TcpStream::connect`, which against a
+/// host that drops SYNs waits about two minutes (the kernel's SYN retries), past its
+/// timeout. Each attempt is now bounded by the time left.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_hub_host_that_drops_connection_attempts_times_out_on_time() {
+    let _g = serial();
+    let addr = free_port();
+    let listener = std::net::TcpListener::bind(&addr).unwrap();
+    minimal_backlog(&listener);
+    // Fills the accept queue (never accepted).
+    let _queued = std::net::TcpStream::connect(&addr).unwrap();
+    let rig = process(Duration::from_millis(500));
+    let started = Instant::now();
+    let (rc, _) = rig.init_rank(0, hub_at(&addr), 2, 1);
+    let took = started.elapsed();
+    assert_eq!(rc, ncclResult_t::ncclSystemError);
+    let msg = rig.last_error();
+    assert!(msg.contains(&format!("no hub at {addr}")), "{msg}");
+    assert!(took < Duration::from_secs(5), "{took:?}: {msg}");
+    assert!(rig.world.live().is_empty());
+
+    // An abort of a non-blocking init connecting there is heard between attempts (each
+    // at most 2 s), not at its 30 s timeout nor after the kernel's SYN retries.
+    let rig = process(Duration::from_secs(30));
+    let f = rig.nccl.fns();
+    let mut comm = std::ptr::null_mut();
+    let mut config = nccl_sys::NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    rig.on(0);
+    let id = procs::id_from(hub_at(&addr));
+    // SAFETY: valid out-pointer and config.
+    let rc = unsafe { (f.ncclCommInitRankConfig)(&mut comm, 2, id, 1, &mut config) };
+    assert_eq!(rc, ncclResult_t::ncclInProgress);
+    std::thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    rig.abort(comm);
+    while !rig.world.live().is_empty() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(rig.world.live().is_empty(), "{:?}", rig.world.live());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(listener);
+    assert_no_network_threads();
+}
+
 #[test]
 fn mismatched_sizes_and_a_rank_that_comes_twice_are_invalid_usage() {
     let _g = serial();
