@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::{NCCL_OK, Rig};
 use nccl_sys::mock::{MockNccl, network_threads};
 use nccl_sys::{ncclRedOp_t, ncclResult_t};
-use procs::{Coll, SharedRig, id_address, process, script};
+use procs::{Coll, SharedRig, comm_id, free_port, hub_at, id_address, process, script};
 
 /// The tests of this file one at a time, so [`network_threads`] (process-wide) can be
 /// checked to fall back to zero after each.
@@ -163,21 +163,117 @@ fn a_rank_that_never_comes_times_out_naming_the_hub_and_the_missing_rank() {
 #[test]
 fn an_unreachable_hub_times_out_naming_its_address() {
     let _g = serial();
-    // A port nobody listens on (bound, then freed).
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
-    let mut id = [0u8; 128];
-    id[..8].copy_from_slice(b"MOCKNET1");
-    id[8..8 + addr.len()].copy_from_slice(addr.as_bytes());
+    // A port nobody listens on (below the ephemeral range: nothing takes it meanwhile).
+    let addr = free_port();
+    let id = hub_at(&addr);
     let rig = process(Duration::from_millis(300));
     let (rc, _) = rig.init_rank(0, id, 2, 1);
     assert_eq!(rc, ncclResult_t::ncclSystemError);
     let msg = rig.last_error();
     assert!(msg.contains(&format!("no hub at {addr}")), "{msg}");
     assert!(rig.world.live().is_empty());
+    assert_no_network_threads();
+}
+
+/// Regression: rank 0 of a fixed address (`NCCL_COMM_ID`) failed at once when the port
+/// was still held, as by a previous hub's listener that is closing. It now retries for a
+/// moment (at most 2 s, within its timeout).
+#[test]
+fn rank_0_waits_briefly_for_a_fixed_address_still_in_use() {
+    let _g = serial();
+    let addr = free_port();
+    let busy = std::net::TcpListener::bind(&addr).unwrap();
+    let id = comm_id(&addr);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(busy);
+    });
+    let out = ranks(2, Duration::from_secs(20), move |rig, r| {
+        let (rc, comm) = rig.init_rank(0, id, 2, r as i32);
+        assert_eq!(rc, NCCL_OK, "rank {r}: {}", rig.last_error());
+        let (rc, out) = rig.run(0, Coll::AllGather, &[101 + r as i32], 1, 2, 0, comm);
+        rig.destroy(comm);
+        (rc, out)
+    });
+    release.join().unwrap();
+    for o in out {
+        assert_eq!(o, (NCCL_OK, vec![101, 102]));
+    }
+
+    // A port that stays taken still fails, within the rank's timeout.
+    let busy = std::net::TcpListener::bind(&addr).unwrap();
+    let rig = process(Duration::from_millis(400));
+    let started = Instant::now();
+    let (rc, _) = rig.init_rank(0, id, 2, 0);
+    assert_eq!(rc, ncclResult_t::ncclSystemError);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let msg = rig.last_error();
+    assert!(
+        msg.contains(&format!("rank 0 cannot start the hub at {addr}")),
+        "{msg}"
+    );
+    assert!(msg.contains("after retrying"), "{msg}");
+    drop(busy);
+    assert_no_network_threads();
+}
+
+/// Sets the accept queue of `listener` to its minimum (Linux: one connection), so that
+/// once one connection waits in it, further connection attempts are dropped, as by a
+/// host that drops SYNs.
+#[cfg(target_os = "linux")]
+fn minimal_backlog(listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    unsafe extern "C" {
+        fn listen(fd: i32, backlog: i32) -> i32;
+    }
+    // SAFETY: `listen` on a socket this listener owns; calling it again on a listening
+    // socket only changes its backlog.
+    assert_eq!(unsafe { listen(listener.as_raw_fd(), 0) }, 0);
+}
+
+/// Regression: a rank connected with a blocking `TcpStream::connect`, which against a
+/// host that drops SYNs waits about two minutes (the kernel's SYN retries), past its
+/// timeout. Each attempt is now bounded by the time left.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_hub_host_that_drops_connection_attempts_times_out_on_time() {
+    let _g = serial();
+    let addr = free_port();
+    let listener = std::net::TcpListener::bind(&addr).unwrap();
+    minimal_backlog(&listener);
+    // Fills the accept queue (never accepted).
+    let _queued = std::net::TcpStream::connect(&addr).unwrap();
+    let rig = process(Duration::from_millis(500));
+    let started = Instant::now();
+    let (rc, _) = rig.init_rank(0, hub_at(&addr), 2, 1);
+    let took = started.elapsed();
+    assert_eq!(rc, ncclResult_t::ncclSystemError);
+    let msg = rig.last_error();
+    assert!(msg.contains(&format!("no hub at {addr}")), "{msg}");
+    assert!(took < Duration::from_secs(5), "{took:?}: {msg}");
+    assert!(rig.world.live().is_empty());
+
+    // An abort of a non-blocking init connecting there is heard between attempts (each
+    // at most 2 s), not at its 30 s timeout nor after the kernel's SYN retries.
+    let rig = process(Duration::from_secs(30));
+    let f = rig.nccl.fns();
+    let mut comm = std::ptr::null_mut();
+    let mut config = nccl_sys::NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    rig.on(0);
+    let id = procs::id_from(hub_at(&addr));
+    // SAFETY: valid out-pointer and config.
+    let rc = unsafe { (f.ncclCommInitRankConfig)(&mut comm, 2, id, 1, &mut config) };
+    assert_eq!(rc, ncclResult_t::ncclInProgress);
+    std::thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    rig.abort(comm);
+    while !rig.world.live().is_empty() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(rig.world.live().is_empty(), "{:?}", rig.world.live());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(listener);
     assert_no_network_threads();
 }
 
@@ -618,11 +714,6 @@ fn the_hub_process_ending_right_after_its_answer_still_answers_every_peer() {
             );
         }
     }
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
 }
 
 /// Starts both ranks as child processes of this test binary; their outputs.

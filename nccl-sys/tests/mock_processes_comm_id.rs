@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::NCCL_OK;
 use nccl_sys::mock::network_threads;
 use nccl_sys::ncclResult_t;
-use procs::{Coll, id_address, process};
+use procs::{Coll, free_port, id_address, process};
 
 /// Both ranks of the fixed address all-gather `[101, 102]`; rank 1 comes first (it
 /// retries until rank 0's init has started the hub).
@@ -42,8 +42,9 @@ fn all_gather(id: [u8; 128]) {
 
 #[test]
 fn nccl_comm_id_names_the_hub_rank_0_starts() {
-    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = busy.local_addr().unwrap().to_string();
+    // Below the ephemeral range: nothing else takes the port once it is freed.
+    let addr = free_port();
+    let busy = std::net::TcpListener::bind(&addr).unwrap();
     // SAFETY: the only test of this binary sets it before it starts any thread of its
     // own, and nothing reads the environment concurrently.
     unsafe { std::env::set_var("NCCL_COMM_ID", &addr) };

@@ -178,12 +178,16 @@ impl MockNccl {
     ///   the id names its address (`MOCKNET1` and the address): plain bytes, usable in
     ///   any process that can reach it. With `NCCL_COMM_ID=host:port` every call gives
     ///   the same id naming that address, and rank 0's init starts the hub there (a port
-    ///   in use fails that init with `ncclSystemError`, the last error naming it).
-    /// - Inits connect to the hub, retrying until it is there, and complete once every
-    ///   rank came (blocking, non-blocking and grouped, as in one process). Ranks that
-    ///   disagree on the size, or a rank that comes twice, fail with `ncclInvalidUsage`;
-    ///   a rank still missing at the [`timeout`](MockNccl::timeout) fails the init with
-    ///   `ncclSystemError`, the last error naming the address and the missing ranks.
+    ///   in use is retried for up to 2 s, within the timeout, as the previous hub's
+    ///   listener there may be closing; one still in use then fails that init with
+    ///   `ncclSystemError`, the last error naming it).
+    /// - Inits connect to the hub, retrying until it is there (each attempt bounded by
+    ///   the time left, so a host that drops connection attempts does not hold an init
+    ///   past its timeout), and complete once every rank came (blocking, non-blocking
+    ///   and grouped, as in one process). Ranks that disagree on the size, or a rank
+    ///   that comes twice, fail with `ncclInvalidUsage`; a rank still missing at the
+    ///   [`timeout`](MockNccl::timeout) fails the init with `ncclSystemError`, the last
+    ///   error naming the address and the missing ranks.
     /// - Collectives and send/receive run through the same admission and sanitizer
     ///   checks; when a part is due, the rank reads its own input range through
     ///   [`MockWorld::read_device`] and ships it; the hub computes every rank's output

@@ -56,6 +56,54 @@ pub fn id_address(bytes: &[u8; 128]) -> String {
     String::from_utf8_lossy(&rest[..end]).into_owned()
 }
 
+/// A free loopback port for a fixed hub address (`NCCL_COMM_ID`), as `127.0.0.1:port`.
+///
+/// Picked below Linux's ephemeral range (32768-60999), in 20000-32000: a port the kernel
+/// hands out for `:0` (a hub of `ncclGetUniqueId`, any outgoing connection) and that this
+/// test then frees can be taken again by another socket of a parallel test before rank 0
+/// binds it ("Address already in use"); ports in this range are only taken by whoever
+/// names them. Each test process walks the range from a random start, so parallel copies
+/// of a test binary stay apart, and skips ports that are bound now.
+pub fn free_port() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::Mutex;
+    const LOW: u16 = 20000;
+    const SPAN: u16 = 12000;
+    static NEXT: Mutex<Option<u16>> = Mutex::new(None);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = next.unwrap_or_else(|| {
+        let random = RandomState::new().hash_one(std::process::id());
+        LOW + (random % u64::from(SPAN)) as u16
+    });
+    loop {
+        let port = p;
+        p = LOW + (p - LOW + 1) % SPAN;
+        let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
+        if free {
+            *next = Some(p);
+            return format!("127.0.0.1:{port}");
+        }
+    }
+}
+
+/// A multi-process id naming a fixed hub address, as `NCCL_COMM_ID` gives (rank 0's
+/// init starts the hub there).
+pub fn comm_id(addr: &str) -> [u8; 128] {
+    let mut id = [0u8; 128];
+    id[..8].copy_from_slice(b"MOCKADDR");
+    id[8..8 + addr.len()].copy_from_slice(addr.as_bytes());
+    id
+}
+
+/// A multi-process id naming a hub at `addr` that some process already runs.
+pub fn hub_at(addr: &str) -> [u8; 128] {
+    let mut id = [0u8; 128];
+    id[..8].copy_from_slice(b"MOCKNET1");
+    id[8..8 + addr.len()].copy_from_slice(addr.as_bytes());
+    id
+}
+
 /// A device element type and its NCCL name.
 pub trait El: Copy + Default + PartialEq + std::fmt::Debug + Send + 'static {
     const T: ncclDataType_t;

@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -25,12 +25,30 @@ use crate::{ncclDataType_t, ncclResult_t};
 /// The most ranks a hub takes (its tables grow with the count a hello claims).
 const MAX_RANKS: usize = 1 << 16;
 
-/// The hubs running in this process, by address. A rank of the hub's own process waits,
-/// when it leaves, until the hub has handled that (see [`is_local`]).
-static LOCAL: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+/// The hubs running in this process: each one's token (unique to it) and address. A rank
+/// of the hub's own process waits, when it leaves, until the hub has handled that (see
+/// [`is_local`]). Two hubs may share an address for a moment: a fixed `NCCL_COMM_ID`
+/// serves the next communicator as soon as the last one formed, while that one's hub
+/// still runs; each removes only its own entry when it ends.
+static LOCAL: Mutex<Vec<(u64, SocketAddr)>> = Mutex::new(Vec::new());
 
-fn local() -> std::sync::MutexGuard<'static, Vec<SocketAddr>> {
+/// The token of the next hub started in this process.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
+
+fn local() -> std::sync::MutexGuard<'static, Vec<(u64, SocketAddr)>> {
     LOCAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registers a hub listening at `addr`; its token.
+fn register(addr: SocketAddr) -> u64 {
+    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+    local().push((token, addr));
+    token
+}
+
+/// Removes the entry of the hub with `token` (and no other hub's, even at its address).
+fn unregister(token: u64) {
+    local().retain(|(t, _)| *t != token);
 }
 
 /// Whether a hub of this process listens at `addr`. The answers of an operation go out
@@ -43,14 +61,52 @@ pub(crate) fn is_local(addr: &str) -> bool {
         return false;
     };
     let hubs = local();
-    addrs.into_iter().any(|a| hubs.contains(&a))
+    addrs.into_iter().any(|a| hubs.iter().any(|(_, h)| *h == a))
+}
+
+/// The longest rank 0 waits for a fixed hub address (`NCCL_COMM_ID`) that is in use.
+pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Binds `addr`; while it is in use (`AddrInUse`), retries until `retry_until` (`None`:
+/// fails at once). The error says how long it waited.
+fn bind(addr: impl ToSocketAddrs, retry_until: Option<Instant>) -> std::io::Result<TcpListener> {
+    let started = Instant::now();
+    loop {
+        match TcpListener::bind(&addr) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                let Some(until) = retry_until else {
+                    return Err(e);
+                };
+                let now = Instant::now();
+                if now >= until {
+                    let waited = now - started;
+                    let msg = format!("{e} (still, after retrying for {waited:.1?})");
+                    return Err(std::io::Error::new(e.kind(), msg));
+                }
+                std::thread::sleep((until - now).min(Duration::from_millis(20)));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Starts a hub listening on `addr`; its actual address (port 0 picks one). Parts are
 /// waited for without end (each rank honours its own timeout); `timeout` bounds how long
 /// a hub without ranks, or a connection that says nothing, is kept.
-pub(crate) fn start(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
+///
+/// `retry_until`: while `addr` is in use, binding is retried until then (`None`: it fails
+/// at once). Rank 0 of a fixed `NCCL_COMM_ID` retries briefly: the address may still be
+/// held by a listener that is closing, the previous hub's there (of this process, or of
+/// a process that is ending), or that of a hub whose communicator never formed, which
+/// closes at its timeout. Ports left in `TIME_WAIT` by earlier connections are no
+/// obstacle: `std` sets `SO_REUSEADDR` on listeners on Unix.
+pub(crate) fn start(
+    addr: impl ToSocketAddrs,
+    timeout: Duration,
+    retry_until: Option<Instant>,
+) -> std::io::Result<SocketAddr> {
+    let listener = bind(addr, retry_until)?;
     let local_addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let (tx, rx) = mpsc::channel();
@@ -77,13 +133,13 @@ pub(crate) fn start(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Res
         acceptor: Some(acceptor),
         threads: Vec::new(),
     };
-    local().push(local_addr);
+    let token = register(local_addr);
     let started = spawn("mock-nccl-hub", move || {
         hub.run(&rx);
-        local().retain(|a| *a != local_addr);
+        unregister(token);
     });
     if let Err(e) = started {
-        local().retain(|a| *a != local_addr);
+        unregister(token);
         return Err(e);
     }
     Ok(local_addr)
@@ -652,7 +708,7 @@ mod tests {
 
     #[test]
     fn a_hub_survives_broken_ranks_and_computes_for_good_ones() {
-        let addr = start(("127.0.0.1", 0), Duration::from_secs(10)).unwrap();
+        let addr = start(("127.0.0.1", 0), Duration::from_secs(10), None).unwrap();
 
         // A hello claiming four billion ranks is refused, not allocated for.
         let greedy = client(addr);
@@ -701,5 +757,44 @@ mod tests {
         // Later ones fail at once.
         coll(&a, 4, 3, 1i32.to_le_bytes().to_vec());
         assert_eq!(answer(&a), failed(4));
+    }
+
+    /// Regression: a hub that ended removed every hub's entry at its address, so a hub
+    /// started there after the last one's communicator formed (a fixed `NCCL_COMM_ID`)
+    /// was no longer known as local once the old one ended, and its own ranks' leaves
+    /// stopped waiting for it.
+    #[test]
+    fn an_old_hub_ending_leaves_the_new_hub_at_its_address_registered() {
+        let entries = |addr: SocketAddr| local().iter().filter(|(_, a)| *a == addr).count();
+        let timeout = Duration::from_secs(10);
+        let old = start(("127.0.0.1", 0), timeout, None).unwrap();
+        let a = client(old);
+        hello(&a, 1, 0);
+        assert_eq!(answer(&a), Msg::Welcome { devices: vec![0] });
+        // Formed: the old hub no longer listens, and still runs while its rank is there.
+        let until = Instant::now() + Duration::from_secs(2);
+        let new = start(old, timeout, Some(until)).unwrap();
+        assert_eq!(new, old);
+        assert_eq!(entries(old), 2);
+        assert!(is_local(&old.to_string()));
+
+        // The old hub's rank goes, and so does the old hub.
+        drop(a);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while entries(old) == 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(entries(old), 1, "the new hub's entry went with the old hub");
+        assert!(is_local(&old.to_string()));
+
+        // The new hub serves its own communicator, then ends with it.
+        let b = client(new);
+        hello(&b, 1, 0);
+        assert_eq!(answer(&b), Msg::Welcome { devices: vec![0] });
+        drop(b);
+        while entries(old) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(entries(old), 0);
     }
 }

@@ -7,7 +7,7 @@
 //! waiting with `ncclRemoteError`.
 
 use std::collections::HashMap;
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -89,7 +89,8 @@ pub(crate) struct Link {
 
 impl Link {
     /// Connects to the hub at `addr`, retrying while it is not there yet, until
-    /// `deadline` or until `cancelled` says so; a write waits at most `write_timeout`.
+    /// `deadline` or until `cancelled` says so (checked between attempts, each at most
+    /// [`CONNECT_ATTEMPT`]); a write waits at most `write_timeout`.
     /// `Err`: why (for the last error).
     pub(crate) fn connect(
         addr: &str,
@@ -98,7 +99,7 @@ impl Link {
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Link, ConnectError> {
         let stream = loop {
-            match TcpStream::connect(addr) {
+            match connect_once(addr, deadline) {
                 // Retrying a local port nobody listens on can connect a socket to itself
                 // (TCP simultaneous open): that is no hub.
                 Ok(s) if s.local_addr().ok() == s.peer_addr().ok() => {
@@ -395,6 +396,31 @@ impl Drop for Link {
         }
         stop(&self.stream);
     }
+}
+
+/// The longest one connection attempt waits: a host that drops SYNs would otherwise keep
+/// `connect` for minutes (the kernel's SYN retries), past the deadline and deaf to a
+/// cancellation, which the caller checks between attempts.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
+
+/// One attempt to connect to `addr`: each address it resolves to in turn, each for at
+/// most the time left before `deadline` and [`CONNECT_ATTEMPT`]. The last error if none
+/// connects.
+fn connect_once(addr: &str, deadline: Instant) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // A zero timeout is refused: the last moment still gets one short try.
+        let wait = left.min(CONNECT_ATTEMPT).max(Duration::from_millis(1));
+        match TcpStream::connect_timeout(&a, wait) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        let msg = format!("{addr} resolves to no address");
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, msg)
+    }))
 }
 
 /// Why a rank could not reach its hub.

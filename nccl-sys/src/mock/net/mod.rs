@@ -75,7 +75,7 @@ fn stop(stream: &TcpStream) {
 
 /// The unique id of a new hub: `MOCKNET1` and its address (NUL-padded).
 pub(crate) fn new_hub_id(w: &NWorld) -> Result<[u8; 128], String> {
-    let addr = hub::start(("127.0.0.1", 0), w.timeout)
+    let addr = hub::start(("127.0.0.1", 0), w.timeout, None)
         .map_err(|e| format!("cannot start a hub on 127.0.0.1: {e}"))?;
     let mut id = [0u8; 128];
     id[..8].copy_from_slice(HUB_ID);
@@ -112,9 +112,11 @@ pub(crate) fn join(
 ) -> Option<Result<Arc<Clique>, ncclResult_t>> {
     let (addr, fixed) = address(id)?;
     let deadline = Instant::now() + w.timeout;
+    // An address in use may be a closing listener (see `hub::start`): retried briefly.
+    let retry_until = deadline.min(Instant::now() + hub::BIND_RETRY);
     if fixed
         && rank == 0
-        && let Err(e) = hub::start(addr.as_str(), w.timeout)
+        && let Err(e) = hub::start(addr.as_str(), w.timeout, Some(retry_until))
     {
         let msg = format!("rank 0 cannot start the hub at {addr} (NCCL_COMM_ID): {e}");
         return Some(Err(fail(&mut w.lock(), ncclResult_t::ncclSystemError, msg)));
