@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::demo::{demo_exe, run_demo};
+use common::demo::{demo_exe, free_port, run_demo};
 
 const RESULT: &str = "2x2xi32=[101 102][101 102]";
 
@@ -34,11 +34,7 @@ fn two_hand_started(
     vars: &dyn Fn(usize) -> Vec<(String, String)>,
     device: &dyn Fn(usize) -> String,
 ) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let t = Instant::now();
     let children: Vec<_> = (0..2)
         .map(|r| {
@@ -126,14 +122,6 @@ fn torchrun() -> std::process::Command {
         .env("NCCL_NVLS_ENABLE", "0")
         .env_remove("NCCL_COMM_ID");
     c
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs `cmd`, prints what it printed under `label`, and returns (success, stdout).

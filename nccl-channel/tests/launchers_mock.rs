@@ -11,18 +11,10 @@ mod common;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::demo::{demo_exe, example_exe};
+use common::demo::{demo_exe, example_exe, free_port};
 use common::tcpstore::TestStore;
 
 const RESULT: &str = "2x2xi32=[101 102][101 102]";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The demo as a new process with `env` (on top of a clean launcher environment and no
 /// CUDA driver) and `args`.

@@ -77,3 +77,30 @@ pub fn run_example(exe: PathBuf, args: &[&str], env: &[(&str, String)]) -> (bool
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A port free now, below Linux's ephemeral range (32768 and up): a port `bind(":0")` gave
+/// and released can be handed to another socket before the test's process binds it again,
+/// one chosen here cannot (nothing picks it at random). Each test process starts at a
+/// random place and walks up.
+pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::Mutex;
+    const LOW: u16 = 20000;
+    const SPAN: u16 = 12000;
+    static NEXT: Mutex<Option<u16>> = Mutex::new(None);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = next.unwrap_or_else(|| {
+        let random = RandomState::new().hash_one(std::process::id());
+        LOW + (random % u64::from(SPAN)) as u16
+    });
+    loop {
+        let port = p;
+        p = LOW + (p - LOW + 1) % SPAN;
+        let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
+        if free {
+            *next = Some(p);
+            return port;
+        }
+    }
+}
