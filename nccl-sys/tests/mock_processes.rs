@@ -280,35 +280,37 @@ fn a_hub_host_that_drops_connection_attempts_times_out_on_time() {
 #[test]
 fn mismatched_sizes_and_a_rank_that_comes_twice_are_invalid_usage() {
     let _g = serial();
-    let timeout = Duration::from_millis(800);
-    let id = hub_id(timeout);
-    let (b, c) = (process(timeout), process(timeout));
-    let t = std::thread::spawn(move || {
-        let a = process(timeout);
-        let (rc, _) = a.init_rank(0, id, 2, 0);
-        (rc, a.last_error())
-    });
-    // Let rank 0 say hello first, so the hub knows the size.
-    std::thread::sleep(Duration::from_millis(150));
-    let (rc, _) = b.init_rank(0, id, 3, 1);
-    assert_eq!(rc, ncclResult_t::ncclInvalidUsage);
-    assert!(
-        b.last_error()
-            .contains("rank 1 asked for 3 ranks, another rank for 2"),
-        "{}",
-        b.last_error()
-    );
-    let (rc, _) = c.init_rank(0, id, 2, 0);
-    assert_eq!(rc, ncclResult_t::ncclInvalidUsage);
-    assert!(
-        c.last_error().contains("rank 0 joined twice"),
-        "{}",
-        c.last_error()
-    );
-    // Rank 1 never came for real: rank 0 times out.
-    let (rc, msg) = t.join().unwrap();
-    assert_eq!(rc, ncclResult_t::ncclSystemError, "{msg}");
-    assert!(msg.contains("missing ranks [1]"), "{msg}");
+    // Long enough that a rank left waiting for its deadline fails the timing check below.
+    let timeout = Duration::from_secs(20);
+    for (label, nranks, rank, why) in [
+        (
+            "a size mismatch",
+            3,
+            1,
+            "rank 1 asked for 3 ranks, another rank for 2",
+        ),
+        ("a rank that comes twice", 2, 0, "rank 0 joined twice"),
+    ] {
+        let id = hub_id(timeout);
+        let b = process(timeout);
+        let t = std::thread::spawn(move || {
+            let a = process(timeout);
+            let started = Instant::now();
+            let (rc, _) = a.init_rank(0, id, 2, 0);
+            (rc, a.last_error(), started.elapsed())
+        });
+        // Let rank 0 say hello first, so the hub knows the size.
+        std::thread::sleep(Duration::from_millis(150));
+        let (rc, _) = b.init_rank(0, id, nranks, rank);
+        assert_eq!(rc, ncclResult_t::ncclInvalidUsage, "{label}");
+        assert!(b.last_error().contains(why), "{label}: {}", b.last_error());
+        // The rank that came first fails too, at once and with the same reason, instead of
+        // waiting out its deadline for a rank that did come.
+        let (rc, msg, waited) = t.join().unwrap();
+        assert_eq!(rc, ncclResult_t::ncclInvalidUsage, "{label}: {msg}");
+        assert!(msg.contains(why), "{label}: {msg}");
+        assert!(waited < Duration::from_secs(5), "{label}: {waited:?}");
+    }
     assert_no_network_threads();
 }
 

@@ -126,6 +126,7 @@ pub(crate) fn start(
         nranks: None,
         ranks: Vec::new(),
         formed: false,
+        failed: false,
         gone: Vec::new(),
         colls: HashMap::new(),
         sends: HashMap::new(),
@@ -224,6 +225,9 @@ struct Hub {
     ranks: Vec<Option<(usize, i32)>>,
     /// Every rank came; collectives run.
     formed: bool,
+    /// The ranks disagreed and their init failed: the id is spent, the hub ends once
+    /// their connections are gone.
+    failed: bool,
     /// Ranks that aborted, left or whose connection closed after the communicator formed.
     gone: Vec<usize>,
     colls: HashMap<u64, Vec<Option<Part>>>,
@@ -247,7 +251,7 @@ impl Hub {
             }
             if !self.conns.is_empty() {
                 idle_since = None;
-            } else if self.formed {
+            } else if self.formed || self.failed {
                 break;
             } else {
                 let since = *idle_since.get_or_insert_with(Instant::now);
@@ -413,7 +417,7 @@ impl Hub {
         let expected = *self.nranks.get_or_insert(nranks);
         if nranks != expected {
             let msg = format!("rank {rank} asked for {nranks} ranks, another rank for {expected}");
-            return self.refuse(id, ncclResult_t::ncclInvalidUsage, msg);
+            return self.fail_init(id, msg);
         }
         if self.ranks.len() != nranks {
             self.ranks = vec![None; nranks];
@@ -425,7 +429,7 @@ impl Hub {
             }
             Some(Some(_)) => {
                 let msg = format!("rank {rank} joined twice");
-                return self.refuse(id, ncclResult_t::ncclInvalidUsage, msg);
+                return self.fail_init(id, msg);
             }
             Some(None) => {}
         }
@@ -446,6 +450,24 @@ impl Hub {
         }
     }
 
+    /// Ranks disagree (on the size, or two say they are the same rank): the init fails for
+    /// every rank that came, as NCCL's bootstrap root gives up, rather than the others
+    /// waiting out their deadline for a rank that did come.
+    fn fail_init(&mut self, id: usize, msg: String) {
+        let rc = ncclResult_t::ncclInvalidUsage;
+        let joined: Vec<usize> = self.ranks.iter().flatten().map(|r| r.0).collect();
+        for conn in joined.into_iter().chain([id]) {
+            self.refuse(conn, rc, msg.clone());
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.rank = None;
+            }
+        }
+        self.ranks.clear();
+        self.nranks = None;
+        self.failed = true;
+        self.stop_accepting();
+    }
+
     fn closed(&mut self, id: usize) {
         let Some(c) = self.conns.remove(&id) else {
             return;
@@ -459,7 +481,9 @@ impl Hub {
             }
         } else {
             // A rank that gave up before everyone came frees its place.
-            self.ranks[r] = None;
+            if let Some(place) = self.ranks.get_mut(r) {
+                *place = None;
+            }
             if self.ranks.iter().all(Option::is_none) {
                 self.nranks = None;
                 self.ranks.clear();
