@@ -160,29 +160,41 @@ fn torchrun_with_the_agent_store_goes_through_its_tcpstore() {
     );
     assert_all_equal(&ids, made);
     let key = "/nccl-channel/torchrun-run42-attempt_1#0";
-    assert_eq!(
-        store.keys(),
-        [
-            key.to_string(),
-            format!("{key}/ack/1"),
-            format!("{key}/ack/2")
-        ]
-    );
-    let value = String::from_utf8(store.value(key).unwrap()).unwrap();
-    assert_eq!(value, format!("nccl-channel-rendezvous 1 3 {made}"));
     let log = store.log();
-    // Every connection validates, then pings, before anything else.
+    // Every connection validates, then checks a key (no PING: torch <= 2.4 has none),
+    // before anything else.
     assert_eq!(
         log.iter().filter(|q| *q == "VALIDATE").count(),
         3,
         "{log:?}"
     );
-    assert_eq!(log.iter().filter(|q| *q == "PING").count(), 3, "{log:?}");
+    assert_eq!(
+        log.iter().filter(|q| *q == "CHECK /nccl-channel").count(),
+        3,
+        "{log:?}"
+    );
     assert!(!log.iter().any(|q| q == "refused"), "{log:?}");
+    assert!(
+        log.iter().any(|q| q == &format!("SET {key}")),
+        "{log:?}"
+    );
     assert_eq!(
         log.iter().filter(|q| *q == &format!("GET {key}")).count(),
         2
     );
+    // Once every rank took the id, rank 0 removed it and the acks.
+    let deleted: Vec<&String> = log.iter().filter(|q| q.starts_with("DELETE ")).collect();
+    assert_eq!(
+        deleted,
+        [
+            format!("DELETE {key}"),
+            format!("DELETE {key}/ack/1"),
+            format!("DELETE {key}/ack/2")
+        ]
+        .iter()
+        .collect::<Vec<_>>()
+    );
+    assert_eq!(store.keys(), Vec::<String>::new());
 }
 
 #[test]
@@ -648,7 +660,7 @@ fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
 
 #[test]
 fn something_that_is_not_a_tcpstore_is_named() {
-    // A server that answers the ping with the wrong bytes.
+    // A server that answers the validating check with the wrong bytes.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -663,7 +675,10 @@ fn something_that_is_not_a_tcpstore_is_named() {
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
     let text = err.to_string();
     assert!(
-        text.contains("did not answer within 300ms (last attempt: something answered a TCPStore ping with \"HTTP\" instead of the nonce: not a TCPStore)"),
+        text.contains(
+            "did not answer within 300ms (last attempt: something answered a TCPStore check \
+             with \"H\" instead of 0 or 1: not a TCPStore)"
+        ),
         "{text}"
     );
 }
@@ -1163,8 +1178,118 @@ fn a_slow_server_does_not_keep_a_rank_past_its_deadline() {
     );
 }
 
+/// The same against the TCPStore client: a "store" that takes the validation and then
+/// answers every query a byte per second must not keep a rank past its deadline.
+#[test]
+fn a_slow_tcpstore_does_not_keep_a_rank_past_its_deadline() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            std::thread::spawn(move || {
+                // CHECK answers 1 (not ready), WAIT answers 0 (ready), GET's length
+                // arrives a byte per second: 8 bytes of 0x01 announce a huge value, so
+                // the length itself must be cut off by the deadline.
+                let mut buf = [0u8; 4096];
+                let _ = std::io::Read::read(&mut c, &mut buf);
+                let _ = c.write_all(&[1]);
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = std::io::Read::read(&mut c, &mut buf);
+                let _ = c.write_all(&[0]);
+                let _ = std::io::Read::read(&mut c, &mut buf);
+                for _ in 0..25 {
+                    if c.write_all(&[0]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            });
+        }
+    });
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .timeout(Duration::from_secs(2));
+    let t = Instant::now();
+    let r = rdv.exchange_with(1, 2, || unreachable!());
+    let took = t.elapsed();
+    assert!(r.is_err());
+    assert!(
+        took < Duration::from_secs(4),
+        "gave up after {took:?} (timeout 2 s): {r:?}"
+    );
+}
 
+/// torch <= 2.4's TCPStore (libuv and legacy alike) has no PING (query 13) and closes the
+/// connection on it; torchrun 2.4 sets TORCHELASTIC_USE_AGENT_STORE=True for its default
+/// (static) rendezvous. The test store closes on unknown queries and knows no PING.
+#[test]
+fn the_torch_store_client_works_with_a_store_without_ping() {
+    let store = TestStore::start();
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("torch24")
+        .timeout(Duration::from_secs(5));
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let rdv = &rdv;
+                s.spawn(move || rdv.exchange_with(r, 2, || Ok(UniqueId([2; 128]))))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([2; 128])),
+            "rank {r}: {id:?}"
+        );
+    }
+    let log = store.log();
+    assert!(!log.iter().any(|q| q.starts_with("unknown")), "{log:?}");
+}
 
+/// torchrun's agent store outlives the worker processes of one attempt: two programs run
+/// one after the other by the same workers (`torchrun --no-python sh -c './a; ./b'`) share
+/// TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT, and both number their first
+/// exchange #0. Rank 0 removes the id and the acks once every rank took the id, so the
+/// second program's rank 1 waits for its own rank 0 rather than taking the first's id.
+/// (The two "processes" are told apart by spelling the address differently, which
+/// restarts the per-process exchange numbering.)
+#[test]
+fn a_later_program_under_the_same_torchrun_attempt_does_not_get_a_stale_id() {
+    let store = TestStore::start();
+    let key = "torchrun-none-attempt_0";
+    let first = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key(key)
+        .timeout(Duration::from_secs(10));
+    std::thread::scope(|s| {
+        let a = s.spawn(|| first.exchange_with(0, 2, || Ok(UniqueId([0xa; 128]))));
+        let b = s.spawn(|| first.exchange_with(1, 2, || unreachable!()));
+        assert_eq!(a.join().unwrap().unwrap(), UniqueId([0xa; 128]));
+        assert_eq!(b.join().unwrap().unwrap(), UniqueId([0xa; 128]));
+    });
+    // The second program: its rank 0 comes a little later than its rank 1.
+    let second = Rendezvous::torch_store(&format!("localhost:{}", store.port))
+        .unwrap()
+        .key(key)
+        .timeout(Duration::from_secs(10));
+    let (r0, r1) = std::thread::scope(|s| {
+        let r1 = s.spawn(|| second.exchange_with(1, 2, || unreachable!()));
+        std::thread::sleep(Duration::from_millis(500));
+        let r0 = s.spawn(|| second.exchange_with(0, 2, || Ok(UniqueId([0xb; 128]))));
+        (r0.join().unwrap(), r1.join().unwrap())
+    });
+    assert_eq!(
+        r1.unwrap(),
+        UniqueId([0xb; 128]),
+        "rank 1 took the first program's id"
+    );
+    assert_eq!(r0.unwrap(), UniqueId([0xb; 128]));
+    assert_eq!(store.keys(), Vec::<String>::new());
+}
 
 /// One line from anyone must not stop rank 0: a greeting with the right key but another
 /// world size is answered `size 3` (that client fails at once), and rank 0 goes on

@@ -1,7 +1,7 @@
 //! Socket helpers shared by both protocols: name resolution, connecting with a limit,
 //! reads bounded in size and in time, and a readable form of unexpected bytes.
 
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,27 @@ pub(crate) fn read_line(
             ));
         }
     }
+}
+
+/// Fills `buf` from `stream`, all of it before `deadline` (see [`read_line`]). A peer that
+/// closes first is an `UnexpectedEof` error, a deadline passed a `TimedOut` one.
+pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        set_step(stream, deadline)?;
+        match (&*stream).read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the connection closed after {got} of {} bytes", buf.len()),
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Sets the read timeout to the time left before `deadline` (at most [`STEP`]); a deadline
