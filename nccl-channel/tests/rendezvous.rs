@@ -1360,3 +1360,45 @@ fn a_foreign_server_is_named_even_after_it_went_away() {
     assert!(text.contains("last attempt: "), "{text}");
     assert!(text.contains("refused"), "{text}");
 }
+
+#[test]
+fn nccl_channel_rendezvous_key_names_the_job() {
+    let base = [
+        ("NCCL_CHANNEL_NPROCS", "2"),
+        ("NCCL_CHANNEL_PROCID", "1"),
+        ("NCCL_CHANNEL_RENDEZVOUS", "127.0.0.1:4000"),
+    ];
+    let r = derive(&base).unwrap().unwrap();
+    assert_eq!(r.get_key(), "nccl-channel");
+    let r = derive(&with(
+        &base,
+        &[("NCCL_CHANNEL_RENDEZVOUS_KEY", "launch-1234-5678")],
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.get_key(), "launch-1234-5678");
+    assert_eq!(r.derived_from(), "NCCL_CHANNEL_RENDEZVOUS");
+    // Under torchrun too, the explicit key wins over the job's.
+    let r = derive(&[
+        ("WORLD_SIZE", "2"),
+        ("RANK", "0"),
+        ("TORCHELASTIC_RUN_ID", "r"),
+        ("NCCL_CHANNEL_RENDEZVOUS", "h:1"),
+        ("NCCL_CHANNEL_RENDEZVOUS_KEY", "mine"),
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.get_key(), "mine");
+    // Without NCCL_CHANNEL_RENDEZVOUS it is not read (the launcher's rows keep their key).
+    let r = derive(&[
+        ("WORLD_SIZE", "2"),
+        ("RANK", "0"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "1"),
+        ("TORCHELASTIC_RUN_ID", "r"),
+        ("NCCL_CHANNEL_RENDEZVOUS_KEY", "mine"),
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.get_key(), "torchrun-r-attempt_0");
+}

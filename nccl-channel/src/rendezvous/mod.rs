@@ -162,7 +162,7 @@ impl Rendezvous {
     ///
     /// | Launcher ([`World::source`]) | Condition | Address | Kind |
     /// |---|---|---|---|
-    /// | any | `NCCL_CHANNEL_RENDEZVOUS=host:port` | that | rank 0 serves |
+    /// | any | `NCCL_CHANNEL_RENDEZVOUS=host:port` (and `NCCL_CHANNEL_RENDEZVOUS_KEY`, the key) | that | rank 0 serves |
     /// | torchrun | `TORCHELASTIC_USE_AGENT_STORE=True` | `MASTER_ADDR:MASTER_PORT` | torchrun's TCPStore |
     /// | torchrun, Slurm, Open MPI, PMI | `MASTER_ADDR` and `MASTER_PORT` | `MASTER_ADDR:MASTER_PORT` | rank 0 serves |
     /// | Slurm | | first host of `SLURM_STEP_NODELIST`, else `SLURM_JOB_NODELIST`, else `SLURM_NODELIST` : Slurm port | rank 0 serves |
@@ -191,10 +191,13 @@ impl Rendezvous {
     /// distributions), and the others reach rank 0 through whatever address their name
     /// gives; a loopback host is listened on alone, so one-node jobs expose nothing.
     ///
-    /// The key (telling this job from another on the same port) comes from
-    /// `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT`, `SLURM_JOB_ID` and
-    /// `SLURM_STEP_ID`, `OMPI_MCA_ess_base_jobid`, `PMIX_NAMESPACE` or the parent process
-    /// (one-node PMI), whichever the row's launcher has. The deadline is
+    /// The key (telling this job from another on the same port) is
+    /// `NCCL_CHANNEL_RENDEZVOUS_KEY` when set alongside `NCCL_CHANNEL_RENDEZVOUS` (a
+    /// launcher of your own can pass a key unique to each launch there; it is not read
+    /// without `NCCL_CHANNEL_RENDEZVOUS`), else it comes from `TORCHELASTIC_RUN_ID` and
+    /// `TORCHELASTIC_RESTART_COUNT`, `SLURM_JOB_ID` and `SLURM_STEP_ID`,
+    /// `OMPI_MCA_ess_base_jobid`, `PMIX_NAMESPACE` or the parent process (one-node PMI),
+    /// whichever the row's launcher has, else it is `nccl-channel`. The deadline is
     /// `NCCL_CHANNEL_RENDEZVOUS_TIMEOUT` seconds, else [`DEFAULT_TIMEOUT`]. Malformed
     /// values (a port that is not 1–65535, an unparsable host list) are
     /// [`Error::Env`] naming the variable.
