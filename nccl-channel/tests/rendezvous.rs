@@ -174,10 +174,7 @@ fn torchrun_with_the_agent_store_goes_through_its_tcpstore() {
         "{log:?}"
     );
     assert!(!log.iter().any(|q| q == "refused"), "{log:?}");
-    assert!(
-        log.iter().any(|q| q == &format!("SET {key}")),
-        "{log:?}"
-    );
+    assert!(log.iter().any(|q| q == &format!("SET {key}")), "{log:?}");
     assert_eq!(
         log.iter().filter(|q| *q == &format!("GET {key}")).count(),
         2
@@ -1142,7 +1139,11 @@ fn slow_peers_cannot_hold_every_handler_of_rank_0() {
         Some(&UniqueId([4; 128])),
         "rank 1: {r1:?}; rank 0: {r0:?}"
     );
-    assert_eq!(r0.as_ref().ok(), Some(&UniqueId([4; 128])), "rank 0: {r0:?}");
+    assert_eq!(
+        r0.as_ref().ok(),
+        Some(&UniqueId([4; 128])),
+        "rank 0: {r0:?}"
+    );
     drop(slow);
 }
 
@@ -1309,8 +1310,7 @@ fn a_greeting_with_another_world_size_does_not_stop_rank_0() {
                 c.write_all(b"nccl-channel-rendezvous 1 hello sizes#0 1 4\n")
                     .unwrap();
                 let mut answer = String::new();
-                std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer)
-                    .unwrap();
+                std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer).unwrap();
                 break answer;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -1321,7 +1321,11 @@ fn a_greeting_with_another_world_size_does_not_stop_rank_0() {
         [r0, r1, r2].map(|h| h.join().unwrap())
     });
     for (r, id) in ids.iter().enumerate() {
-        assert_eq!(id.as_ref().ok(), Some(&UniqueId([6; 128])), "rank {r}: {id:?}");
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([6; 128])),
+            "rank {r}: {id:?}"
+        );
     }
 }
 

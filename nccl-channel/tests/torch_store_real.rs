@@ -98,7 +98,11 @@ fn exchange_twice(libuv: bool) {
         });
         assert_eq!(ids, vec![UniqueId([round; 128]); 3], "round {round}");
         let key = "/nccl-channel/real#0";
-        let keys = [key.to_string(), format!("{key}/ack/1"), format!("{key}/ack/2")];
+        let keys = [
+            key.to_string(),
+            format!("{key}/ack/1"),
+            format!("{key}/ack/2"),
+        ];
         assert_eq!(store.check(&keys), (0, vec![false; 3]), "round {round}");
     }
 }

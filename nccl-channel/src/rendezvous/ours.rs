@@ -194,7 +194,11 @@ pub(super) fn serve(
                     ignored.other_sizes,
                     if ignored.other_sizes == 1 { "" } else { "s" },
                     seen.join(", "),
-                    if ignored.other_sizes > seen.len() { ", …" } else { "" }
+                    if ignored.other_sizes > seen.len() {
+                        ", …"
+                    } else {
+                        ""
+                    }
                 ));
             }
             if let Some(last) = &ignored.last {
