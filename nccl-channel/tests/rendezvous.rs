@@ -41,16 +41,23 @@ fn derive(vars: &[(&str, &str)]) -> Result<Option<Rendezvous>, Error> {
     Rendezvous::from_lookup(&world, lookup(&e))
 }
 
-/// A port free on 127.0.0.1 now, in the derived range (so Slurm ids can name it).
+/// A port free on 127.0.0.1 now, in the derived range (so Slurm ids can name it). Each
+/// process starts at a place of its own (its pid and the time) and strides by 997, so
+/// that copies of this test run at once rarely try the same ports.
 fn free_port_in_range() -> u16 {
     static NEXT: Mutex<u16> = Mutex::new(0);
     let mut next = NEXT.lock().unwrap();
     if *next == 0 {
-        *next = 20000 + (std::process::id() % 6000) as u16;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let seed = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9) ^ u64::from(nanos);
+        *next = 20000 + (seed % 11990) as u16;
     }
     loop {
         let p = *next;
-        *next = if p >= 31990 { 20000 } else { p + 7 };
+        *next = 20000 + (p - 20000 + 997) % 11990;
         if TcpListener::bind(("127.0.0.1", p)).is_ok() && TcpListener::bind(("0.0.0.0", p)).is_ok()
         {
             return p;
