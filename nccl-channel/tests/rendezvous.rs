@@ -632,6 +632,12 @@ fn torch_store_without_rank_0_times_out_naming_the_key() {
              /nccl-channel/torchrun-lonely-attempt_0#0) within 500ms"
         )
     );
+    // The test store stops waiting for a client that has gone (its thread ends).
+    let t = Instant::now();
+    while !store.log().iter().any(|q| q.starts_with("WAIT abandoned")) {
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", store.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
