@@ -27,6 +27,16 @@ fn the_seed_scenario_on_simulated_devices() {
             "{out}"
         );
     }
+    // The launcher gives its ranks a key of this launch (NCCL_CHANNEL_RENDEZVOUS_KEY), the
+    // same for both, so that another launch on the same port is told apart.
+    let keys: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split(", key ").nth(1))
+        .filter_map(|rest| rest.split(',').next())
+        .collect();
+    assert_eq!(keys.len(), 2, "{out}");
+    assert!(keys[0].starts_with("launch-"), "{out}");
+    assert_eq!(keys[0], keys[1], "{out}");
 }
 
 #[test]

@@ -45,6 +45,7 @@ const LAUNCHER_VARS: &[&str] = &[
     "NCCL_CHANNEL_PROCID",
     "NCCL_CHANNEL_LOCAL_PROCID",
     "NCCL_CHANNEL_RENDEZVOUS",
+    "NCCL_CHANNEL_RENDEZVOUS_KEY",
     "IREE_CUDA_NCCL_NPROCS",
     "IREE_CUDA_NCCL_PROCID",
     "WORLD_SIZE",
@@ -251,15 +252,18 @@ fn three_ranks_under_torchrun_through_its_agent_store() {
             ("TORCHELASTIC_RESTART_COUNT", "0".into()),
         ])
     });
+    // The id went through the store, and rank 0 removed it and the acks once every rank
+    // took it (a later program under the same attempt must not read it).
     let key = "/nccl-channel/torchrun-demo-attempt_0#0";
+    let log = store.log();
+    assert!(log.contains(&format!("SET {key}")), "{log:?}");
     assert_eq!(
-        store.keys(),
-        [
-            key.to_string(),
-            format!("{key}/ack/1"),
-            format!("{key}/ack/2")
-        ]
+        log.iter().filter(|q| *q == &format!("GET {key}")).count(),
+        2,
+        "{log:?}"
     );
+    assert!(log.contains(&format!("DELETE {key}/ack/2")), "{log:?}");
+    assert_eq!(store.keys(), Vec::<String>::new());
 }
 
 #[test]

@@ -261,14 +261,16 @@ const NOTE_AFTER: Duration = Duration::from_secs(5);
 pub(crate) enum Output {
     /// Every line prefixed with `[rank R] `.
     Prefixed,
-    /// Rank 0's lines as they are; the others' only on failure (a benchmark's table).
+    /// Rank 0's lines as they are (a benchmark's table); the other ranks' standard output
+    /// is dropped, their standard error shown prefixed with `[rank R] `.
     Rank0,
 }
 
 /// The one-machine launcher: starts this executable `n` times with `args`, rank `r`
-/// configured by `NCCL_CHANNEL_NPROCS/PROCID/LOCAL_PROCID` and a rendezvous address
-/// (`NCCL_CHANNEL_RENDEZVOUS`, where rank 0 serves the unique id); stops every rank when
-/// one fails or `timeout` passes. The ranks take GPUs, or simulated devices without a
+/// configured by `NCCL_CHANNEL_NPROCS/PROCID/LOCAL_PROCID`, a rendezvous address
+/// (`NCCL_CHANNEL_RENDEZVOUS`, where rank 0 serves the unique id) and a key of this launch
+/// (`NCCL_CHANNEL_RENDEZVOUS_KEY`, so that ranks of another launch that find the same port
+/// are told apart); stops every rank when one fails or `timeout` passes. The ranks take GPUs, or simulated devices without a
 /// driver, as [`rank_channel`] says.
 pub(crate) fn processes(
     n: usize,
@@ -282,6 +284,13 @@ pub(crate) fn processes(
         .map_err(|e| format!("no free port for the rendezvous: {e}"))?
         .port();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let key = format!(
+        "launch-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
     if output == Output::Prefixed {
         let ranks = if n == 1 { "rank" } else { "ranks" };
         println!("launching {n} {ranks}, rendezvous at 127.0.0.1:{port}");
@@ -295,6 +304,7 @@ pub(crate) fn processes(
             .env("NCCL_CHANNEL_PROCID", r.to_string())
             .env("NCCL_CHANNEL_LOCAL_PROCID", r.to_string())
             .env("NCCL_CHANNEL_RENDEZVOUS", format!("127.0.0.1:{port}"))
+            .env("NCCL_CHANNEL_RENDEZVOUS_KEY", &key)
             .env_remove("NCCL_COMM_ID")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -60,7 +60,7 @@ fn find(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Fo
             host,
             port,
             from: vec!["NCCL_CHANNEL_RENDEZVOUS"],
-            key: job_key(world, get),
+            key: get("NCCL_CHANNEL_RENDEZVOUS_KEY").unwrap_or_else(|| job_key(world, get)),
         }));
     }
     if !matches!(world.source, "torchrun" | "Slurm" | "Open MPI" | "PMI") {

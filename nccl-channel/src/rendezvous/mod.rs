@@ -33,7 +33,12 @@ pub enum RendezvousKind {
     /// text protocol, with a key so that a server of another job is recognised).
     RankZero,
     /// torchrun's agent hosts a TCPStore there (`TORCHELASTIC_USE_AGENT_STORE=True`):
-    /// rank 0 `set`s the id under a key, the others `wait` for it and `get` it.
+    /// rank 0 `set`s the id under a key, the others `wait` for it and `get` it; once all
+    /// acknowledged it, rank 0 deletes it. Works with the stores of torch 2.4 and newer
+    /// (libuv and legacy servers), which torchrun hosts for its static rendezvous, and from
+    /// torch 2.5 for the c10d one (`--standalone`; torch 2.4 sets
+    /// `TORCHELASTIC_USE_AGENT_STORE=False` there, and rank 0 serves at
+    /// `MASTER_ADDR:MASTER_PORT`).
     #[doc(alias = "TCPStore")]
     TorchStore,
 }
@@ -49,6 +54,16 @@ pub enum RendezvousKind {
 ///
 /// Several exchanges through the same rendezvous (one per channel) never mix: each rank
 /// numbers its exchanges, and the n-th exchange of every rank uses the same key.
+///
+/// No single connection can make rank 0 fail: something that is not one of its ranks, or
+/// a rank with another world size (answered, so that it fails at once), is dropped and
+/// rank 0 goes on serving until its deadline, whose error names what it saw. Every read
+/// has a deadline, so a slow or silent peer holds neither side past its own.
+///
+/// The rendezvous is not authenticated, like NCCL's own bootstrap (`NCCL_COMM_ID`) and
+/// torch's TCPStore: anyone who can connect to the address can read the unique id (and so
+/// join or disturb the communicator's setup) or disturb the exchange. The key only tells
+/// jobs apart; it is no secret. Use it on a network you trust.
 ///
 /// ```
 /// # #[cfg(feature = "mock")] {
@@ -162,14 +177,14 @@ impl Rendezvous {
     ///
     /// | Launcher ([`World::source`]) | Condition | Address | Kind |
     /// |---|---|---|---|
-    /// | any | `NCCL_CHANNEL_RENDEZVOUS=host:port` | that | rank 0 serves |
+    /// | any | `NCCL_CHANNEL_RENDEZVOUS=host:port` (and `NCCL_CHANNEL_RENDEZVOUS_KEY`, the key) | that | rank 0 serves |
     /// | torchrun | `TORCHELASTIC_USE_AGENT_STORE=True` | `MASTER_ADDR:MASTER_PORT` | torchrun's TCPStore |
     /// | torchrun, Slurm, Open MPI, PMI | `MASTER_ADDR` and `MASTER_PORT` | `MASTER_ADDR:MASTER_PORT` | rank 0 serves |
     /// | Slurm | | first host of `SLURM_STEP_NODELIST`, else `SLURM_JOB_NODELIST`, else `SLURM_NODELIST` : Slurm port | rank 0 serves |
     /// | Open MPI | `OMPI_COMM_WORLD_LOCAL_SIZE == OMPI_COMM_WORLD_SIZE` (one node) | `127.0.0.1` : Open MPI port | rank 0 serves |
     /// | Open MPI | several nodes | `MASTER_ADDR`, else first host of the Slurm node list (mpirun inside Slurm), else an error asking for `MASTER_ADDR` : Open MPI port | rank 0 serves |
-    /// | PMI (MPICH Hydra) | `MPI_LOCALNRANKS == PMI_SIZE` (one node) | `127.0.0.1` : PMI port | rank 0 serves |
-    /// | PMI | several nodes | `MASTER_ADDR` : Slurm port, else first host of the Slurm node list : Slurm port, else an error asking for `MASTER_ADDR` | rank 0 serves |
+    /// | PMI (MPICH Hydra) | `MPI_LOCALNRANKS == PMI_SIZE` (one node); the ranks must be direct children of Hydra's proxy | `127.0.0.1` : PMI port | rank 0 serves |
+    /// | PMI | several nodes | `MASTER_ADDR` : Slurm port (`MASTER_ADDR` without `MASTER_PORT` needs a Slurm job id), else first host of the Slurm node list : Slurm port, else an error asking for `MASTER_ADDR` and `MASTER_PORT` | rank 0 serves |
     /// | nccl-channel, IREE, code | (no `NCCL_CHANNEL_RENDEZVOUS`) | none: these use `NCCL_COMM_ID` | |
     ///
     /// Ports, all in `PORT_BASE .. PORT_BASE + PORT_SPAN` (20000–31999: unprivileged and
@@ -182,19 +197,26 @@ impl Rendezvous {
     /// * Open MPI port = `20000 + OMPI_MCA_ess_base_jobid mod 12000`, else
     ///   `20000 + FNV-1a(PMIX_NAMESPACE) mod 12000`.
     /// * PMI port = `20000 + (parent process id) mod 12000`: Hydra starts all ranks of a
-    ///   node from one proxy, so they share their parent.
+    ///   node from one proxy, so they share their parent. Only if the ranks are the
+    ///   proxy's direct children: a wrapper (`mpiexec -n 4 sh -c '…; ./prog'`, a script
+    ///   that does not `exec` the program) gives each rank another parent, hence another
+    ///   port, and the ranks never meet; set `MASTER_ADDR` and `MASTER_PORT` then.
     ///
-    /// Task 0 of a Slurm step runs on the first node of the step, and mpirun places rank
-    /// 0 on the first node of the allocation, hence the first host. Rank 0 listens on
+    /// Task 0 of a Slurm step runs on the first node of the step (with Slurm's default
+    /// block distribution; set `MASTER_ADDR` and `MASTER_PORT` for another), and mpirun
+    /// places rank 0 on the first node of the allocation, hence the first host. Rank 0 listens on
     /// every interface rather than on the derived host: names often resolve differently
     /// on the node itself (`/etc/hosts` maps a node's own name to 127.0.1.1 on many
     /// distributions), and the others reach rank 0 through whatever address their name
     /// gives; a loopback host is listened on alone, so one-node jobs expose nothing.
     ///
-    /// The key (telling this job from another on the same port) comes from
-    /// `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT`, `SLURM_JOB_ID` and
-    /// `SLURM_STEP_ID`, `OMPI_MCA_ess_base_jobid`, `PMIX_NAMESPACE` or the parent process
-    /// (one-node PMI), whichever the row's launcher has. The deadline is
+    /// The key (telling this job from another on the same port) is
+    /// `NCCL_CHANNEL_RENDEZVOUS_KEY` when set alongside `NCCL_CHANNEL_RENDEZVOUS` (a
+    /// launcher of your own can pass a key unique to each launch there; it is not read
+    /// without `NCCL_CHANNEL_RENDEZVOUS`), else it comes from `TORCHELASTIC_RUN_ID` and
+    /// `TORCHELASTIC_RESTART_COUNT`, `SLURM_JOB_ID` and `SLURM_STEP_ID`,
+    /// `OMPI_MCA_ess_base_jobid`, `PMIX_NAMESPACE` or the parent process (one-node PMI),
+    /// whichever the row's launcher has, else it is `nccl-channel`. The deadline is
     /// `NCCL_CHANNEL_RENDEZVOUS_TIMEOUT` seconds, else [`DEFAULT_TIMEOUT`]. Malformed
     /// values (a port that is not 1–65535, an unparsable host list) are
     /// [`Error::Env`] naming the variable.

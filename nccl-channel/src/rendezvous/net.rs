@@ -1,5 +1,5 @@
 //! Socket helpers shared by both protocols: name resolution, connecting with a limit,
-//! bounded line reads, and a readable form of unexpected bytes.
+//! reads bounded in size and in time, and a readable form of unexpected bytes.
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -40,26 +40,82 @@ pub(crate) fn connect(host: &str, port: u16, limit: Duration) -> io::Result<TcpS
     Err(last)
 }
 
-/// Reads one `\n`-terminated line of at most `max` bytes (without the `\n`). `Ok(None)`:
-/// the peer closed the connection before sending anything. A line that is too long, or
-/// cut off by the peer closing, is an `InvalidData` error carrying what was read.
-pub(crate) fn read_line<R: Read>(r: &mut BufReader<R>, max: usize) -> io::Result<Option<Vec<u8>>> {
+/// Reads one `\n`-terminated line of at most `max` bytes (without the `\n`), all of it
+/// before `deadline`: the socket's read timeout is set to the time left (at most
+/// [`STEP`]) before every read, so a peer that trickles bytes cannot stretch the wait.
+/// `Ok(None)`: the peer closed the connection before sending anything. A line that is too
+/// long, or cut off by the peer closing, is an `InvalidData` error carrying what was read;
+/// one not complete by the deadline is a `TimedOut` error.
+pub(crate) fn read_line(
+    r: &mut BufReader<&TcpStream>,
+    max: usize,
+    deadline: Instant,
+) -> io::Result<Option<Vec<u8>>> {
     let mut line = Vec::new();
-    let n = r
-        .by_ref()
-        .take(max as u64 + 1)
-        .read_until(b'\n', &mut line)?;
-    if n == 0 {
-        return Ok(None);
+    loop {
+        set_step(r.get_ref(), deadline)?;
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            if line.is_empty() {
+                return Ok(None);
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("an unterminated line: {}", describe(&line)),
+            ));
+        }
+        let room = max + 1 - line.len();
+        let (take, done) = match buf.iter().take(room).position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len().min(room), false),
+        };
+        line.extend_from_slice(&buf[..take]);
+        r.consume(take);
+        if done {
+            line.pop();
+            return Ok(Some(line));
+        }
+        if line.len() > max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("an over-long line: {}", describe(&line)),
+            ));
+        }
     }
-    if line.last() != Some(&b'\n') {
+}
+
+/// Fills `buf` from `stream`, all of it before `deadline` (see [`read_line`]). A peer that
+/// closes first is an `UnexpectedEof` error, a deadline passed a `TimedOut` one.
+pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        set_step(stream, deadline)?;
+        match (&*stream).read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the connection closed after {got} of {} bytes", buf.len()),
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sets the read timeout to the time left before `deadline` (at most [`STEP`]); a deadline
+/// already passed is a `TimedOut` error.
+fn set_step(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
         return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("an unterminated or over-long line: {}", describe(&line)),
+            io::ErrorKind::TimedOut,
+            "the peer did not finish in time",
         ));
     }
-    line.pop();
-    Ok(Some(line))
+    stream.set_read_timeout(Some(left.min(STEP).max(Duration::from_millis(1))))
 }
 
 /// Unexpected bytes, escaped and cut to 64 of them, for error messages.
@@ -83,6 +139,15 @@ pub(crate) fn timed_out(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
     )
+}
+
+/// An attempt is not started with less than this left before the deadline: it could not
+/// finish, and its failure would hide what the earlier attempts met.
+pub(crate) const LAST_ATTEMPT: Duration = Duration::from_millis(50);
+
+/// Whether there is time for another attempt before `deadline`.
+pub(crate) fn time_for_attempt(deadline: Instant) -> bool {
+    deadline.saturating_duration_since(Instant::now()) >= LAST_ATTEMPT
 }
 
 /// Growing pauses between attempts: 10 ms doubling to 500 ms, never past the deadline.

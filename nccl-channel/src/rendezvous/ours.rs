@@ -11,9 +11,13 @@
 //! rank r  → rank 0:  nccl-channel-rendezvous 1 ack <rank>            (after an id)
 //! ```
 //!
-//! A peer that sends anything else, or nothing within [`STEP`](super::net::STEP), is
-//! dropped and rank 0 goes on serving. A rank that gets a `key` answer keeps retrying
-//! (an earlier channel or another job may still hold the port) until its deadline.
+//! A peer that sends anything else, or does not finish its lines within
+//! [`STEP`](super::net::STEP) of connecting, is dropped and rank 0 goes on serving; so is
+//! one that says `hello` with another world size (it is answered `size`, and fails at
+//! once on its side): no single connection can make rank 0 fail, only its deadline can,
+//! and that error names what it saw. A rank that gets a `key` answer keeps retrying (an
+//! earlier channel or another job may still hold the port) until its deadline, which then
+//! says that a foreign key answered.
 
 use std::collections::BTreeSet;
 use std::io::{BufReader, ErrorKind, Write};
@@ -24,7 +28,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::Rendezvous;
-use super::net::{self, Backoff, describe, read_line, step_until};
+use super::net::{self, Backoff, STEP, describe, read_line, step_until, time_for_attempt};
 use crate::{Result, UniqueId};
 
 const MAGIC: &str = "nccl-channel-rendezvous";
@@ -114,12 +118,23 @@ enum Outcome {
 struct Ignored {
     count: usize,
     last: Option<String>,
+    /// Greetings with this rendezvous's key but another world size: (rank, size), the
+    /// first few.
+    sizes: Vec<(usize, usize)>,
+    other_sizes: usize,
 }
 
 impl Ignored {
     fn note(&mut self, why: String) {
         self.count += 1;
         self.last = Some(why);
+    }
+
+    fn wrong_size(&mut self, rank: usize, size: usize) {
+        self.other_sizes += 1;
+        if self.sizes.len() < 4 {
+            self.sizes.push((rank, size));
+        }
     }
 }
 
@@ -148,12 +163,8 @@ pub(super) fn serve(
                 Outcome::Served(r) => {
                     served.insert(r);
                 }
-                Outcome::WrongSize { rank, size: theirs } => {
-                    return Err(rdv.error(format!(
-                        "was reached by rank {rank} of a world of {theirs} ranks, but rank 0's \
-                         world has {size}; every rank must see the same world size"
-                    )));
-                }
+                // Answered `size` and dropped: one line from anyone must not stop rank 0.
+                Outcome::WrongSize { rank, size: theirs } => ignored.wrong_size(rank, theirs),
                 Outcome::Ignored(why) => ignored.note(why),
             }
         }
@@ -171,6 +182,25 @@ pub(super) fn serve(
                 missing.join(", "),
                 rdv.timeout
             );
+            if !ignored.sizes.is_empty() {
+                let seen: Vec<String> = ignored
+                    .sizes
+                    .iter()
+                    .map(|(r, n)| format!("rank {r} of {n}"))
+                    .collect();
+                problem.push_str(&format!(
+                    "; {} greeting{} with another world size than rank 0's {size} ({}{}): \
+                     every rank must see the same world size",
+                    ignored.other_sizes,
+                    if ignored.other_sizes == 1 { "" } else { "s" },
+                    seen.join(", "),
+                    if ignored.other_sizes > seen.len() {
+                        ", …"
+                    } else {
+                        ""
+                    }
+                ));
+            }
             if let Some(last) = &ignored.last {
                 problem.push_str(&format!(
                     " ({} other connection{} ignored, the last: {last})",
@@ -264,7 +294,8 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
     }
 }
 
-/// Talks to one peer (on its own thread).
+/// Talks to one peer (on its own thread), for at most [`STEP`] in all: a peer that
+/// trickles its greeting a byte at a time cannot hold the handler longer.
 fn handle(
     stream: TcpStream,
     peer: SocketAddr,
@@ -273,6 +304,7 @@ fn handle(
     id: &UniqueId,
     deadline: Instant,
 ) -> Outcome {
+    let deadline = deadline.min(Instant::now() + STEP);
     let limit = step_until(deadline);
     let setup = stream
         .set_nonblocking(false)
@@ -282,7 +314,7 @@ fn handle(
         return Outcome::Ignored(format!("{peer}: {e}"));
     }
     let mut reader = BufReader::new(&stream);
-    let line = match read_line(&mut reader, MAX_LINE) {
+    let line = match read_line(&mut reader, MAX_LINE, deadline) {
         Ok(Some(line)) => line,
         Ok(None) => return Outcome::Ignored(format!("{peer} closed without a word")),
         Err(e) => return Outcome::Ignored(format!("{peer}: {e}")),
@@ -317,7 +349,7 @@ fn handle(
     if !matches!(outcome, Outcome::Served(_)) {
         return outcome;
     }
-    match read_line(&mut reader, MAX_LINE) {
+    match read_line(&mut reader, MAX_LINE, deadline) {
         Ok(Some(line)) if parse_ack(&line) == Some(hello.rank) => outcome,
         _ => Outcome::Ignored(format!(
             "{peer} (rank {}) did not confirm the id",
@@ -333,6 +365,8 @@ enum Attempt {
     Fatal(crate::Error),
     /// Try again; the text says what happened, for the deadline's error.
     Retry(String),
+    /// A rendezvous for another key answered: try again.
+    Foreign(String),
 }
 
 /// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
@@ -344,19 +378,34 @@ pub(super) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> 
         size,
     };
     let mut backoff = Backoff::new();
+    // A rendezvous of another key that answered: said in the deadline's error even when
+    // later attempts met something else (it may have gone away since).
+    let mut foreign: Option<String> = None;
     loop {
         let last = match attempt(rdv, &hello, deadline) {
             Attempt::Got(id) => return Ok(id),
             Attempt::Fatal(e) => return Err(e),
+            Attempt::Foreign(why) => {
+                foreign = Some(why.clone());
+                why
+            }
             Attempt::Retry(why) => why,
         };
-        if Instant::now() >= deadline {
-            return Err(rdv.error(format!(
-                "did not answer within {:?} (last attempt: {last})",
-                rdv.timeout
-            )));
-        }
         backoff.sleep(deadline);
+        if !time_for_attempt(deadline) {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            let problem = match foreign {
+                Some(f) if f != last => format!(
+                    "did not answer within {:?} ({f}; last attempt: {last})",
+                    rdv.timeout
+                ),
+                _ => format!(
+                    "did not answer within {:?} (last attempt: {last})",
+                    rdv.timeout
+                ),
+            };
+            return Err(rdv.error(problem));
+        }
     }
 }
 
@@ -368,8 +417,10 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, deadline: Instant) -> Attempt {
     if let Err(e) = (&stream).write_all(hello_line(hello).as_bytes()) {
         return Attempt::Retry(format!("sending the greeting: {e}"));
     }
+    // Rank 0 answers at once; something silent gets one STEP, then the next attempt.
+    let read_by = deadline.min(Instant::now() + STEP);
     let mut reader = BufReader::new(&stream);
-    let line = match read_line(&mut reader, MAX_LINE) {
+    let line = match read_line(&mut reader, MAX_LINE, read_by) {
         Ok(Some(line)) => line,
         Ok(None) => {
             return Attempt::Retry(
@@ -377,7 +428,9 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, deadline: Instant) -> Attempt {
             );
         }
         Err(e) if net::timed_out(&e) => {
-            return Attempt::Retry("something accepted the connection but sent nothing".into());
+            return Attempt::Retry(
+                "something accepted the connection but sent no complete answer in time".into(),
+            );
         }
         Err(e) => {
             return Attempt::Retry(format!("something answered that is not a rendezvous: {e}"));
@@ -391,7 +444,7 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, deadline: Instant) -> Attempt {
             let _ = (&stream).write_all(ack.as_bytes());
             Attempt::Got(id)
         }
-        Some(Reply::Key(theirs)) => Attempt::Retry(format!(
+        Some(Reply::Key(theirs)) => Attempt::Foreign(format!(
             "a rendezvous for key {theirs} answered, not {} (another job, or an earlier \
              channel still serving)",
             hello.key

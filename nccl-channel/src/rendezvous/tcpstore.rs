@@ -2,10 +2,11 @@
 //! `MASTER_ADDR:MASTER_PORT` when `TORCHELASTIC_USE_AGENT_STORE=True`.
 //!
 //! The wire format, as in `torch/csrc/distributed/c10d/TCPStore.cpp` (client),
-//! `TCPStoreBackend.hpp` (query types, magic number) and `TCPStoreLibUvBackend.cpp`
-//! (the default server since torch 2.4) of torch 2.5–2.8. Every request is one query-type
-//! byte and its arguments; integers are in the host's byte order (both ends run on the
-//! same kind of machine), a string or byte string is a `u64` length and the bytes:
+//! `TCPStoreBackend.hpp` (query types, magic number), `TCPStoreBackend.cpp` (the legacy
+//! server) and `TCPStoreLibUvBackend.cpp` (the default server since torch 2.4). Every
+//! request is one query-type byte and its arguments; integers are in the host's byte order
+//! (both ends run on the same kind of machine), a string or byte string is a `u64` length
+//! and the bytes:
 //!
 //! | Query | Byte | Arguments | Answer |
 //! |---|---|---|---|
@@ -14,20 +15,32 @@
 //! | `GET` | 3 | key | value |
 //! | `CHECK` | 5 | `u64` count, keys | `u8`: 0 ready, 1 not ready |
 //! | `WAIT` | 6 | `u64` count, keys | `u8` 0 (`STOP_WAITING`) once all keys exist |
-//! | `PING` | 13 | `u32` nonce | the same `u32` |
+//! | `DELETE_KEY` | 8 | key | `i64`: how many keys were removed (0 or 1) |
 //!
-//! Torch's own client sends `VALIDATE` then `PING` on connecting; so does this one, and a
-//! wrong or missing ping answer means something else listens there (or a torch whose store
-//! predates `PING`: those are not supported, and the error says the ping went unanswered). Python's
-//! `TCPStore.set("k", …)` sends the key `/k`; the keys here start with `/nccl-channel/` so
-//! they never meet torch's.
+//! Only queries every server since torch 2.4 answers are used: torch 2.5 added `PING` (13),
+//! which torch's own client sends after `VALIDATE`, but the servers of torch 2.4 and older
+//! close the connection on a query they do not know. A connection is validated with
+//! `VALIDATE` and a `CHECK` instead, whose one-byte answer (0 or 1) tells a TCPStore from
+//! something else listening there. Checked against the real servers of torch 2.4.1 and
+//! 2.5.1, libuv and legacy (`tests/torch_store_real.rs`, which checks any other release
+//! with `TORCH_PY`); from 2.4 to 2.5 the query types were only appended to. The keys here
+//! start with `/nccl-channel/`, apart from those of torch and torchrun.
+//!
+//! Every answer is read before a deadline (the socket's read timeout is set to the time
+//! left, at most [`STEP`](super::net::STEP), before every read), so a store that trickles
+//! its answers cannot keep a rank past its deadline.
+//!
+//! The agent store outlives the worker processes of one torchrun attempt, so rank 0
+//! deletes the id and the acknowledgements once every rank took the id: a second program
+//! run by the same workers (same run id and restart count, so the same key) waits for its
+//! own rank 0 instead of reading a stale id.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use super::Rendezvous;
-use super::net::{self, Backoff, describe, step_until};
+use super::net::{self, Backoff, STEP, describe, step_until, time_for_attempt};
 use crate::{Result, UniqueId};
 
 const VALIDATE: u8 = 0;
@@ -35,9 +48,10 @@ const SET: u8 = 1;
 const GET: u8 = 3;
 const CHECK: u8 = 5;
 const WAIT: u8 = 6;
-const PING: u8 = 13;
+const DELETE_KEY: u8 = 8;
 const VALIDATION_MAGIC: u32 = 0x3C85_F7CE;
 const READY: u8 = 0;
+const NOT_READY: u8 = 1;
 const STOP_WAITING: u8 = 0;
 /// The largest value read back (ours are under 400 bytes).
 const MAX_VALUE: u64 = 4096;
@@ -76,9 +90,10 @@ impl Store {
         self.stream.write_all(&request(query, keys, args))
     }
 
-    fn read_u8(&mut self) -> io::Result<u8> {
+    /// One byte, read before `deadline`.
+    fn read_u8(&mut self, deadline: Instant) -> io::Result<u8> {
         let mut b = [0u8; 1];
-        self.stream.read_exact(&mut b)?;
+        net::read_exact(&self.stream, &mut b, deadline)?;
         Ok(b[0])
     }
 
@@ -86,10 +101,10 @@ impl Store {
         self.send(SET, &[key.as_bytes(), value], None)
     }
 
-    fn get(&mut self, key: &str) -> io::Result<Vec<u8>> {
+    fn get(&mut self, key: &str, deadline: Instant) -> io::Result<Vec<u8>> {
         self.send(GET, &[key.as_bytes()], None)?;
         let mut len = [0u8; 8];
-        self.stream.read_exact(&mut len)?;
+        net::read_exact(&self.stream, &mut len, deadline)?;
         let len = u64::from_ne_bytes(len);
         if len > MAX_VALUE {
             return Err(io::Error::new(
@@ -98,13 +113,44 @@ impl Store {
             ));
         }
         let mut value = vec![0u8; len as usize];
-        self.stream.read_exact(&mut value)?;
+        net::read_exact(&self.stream, &mut value, deadline)?;
         Ok(value)
     }
 
-    fn check(&mut self, keys: &[String]) -> io::Result<bool> {
+    fn check(&mut self, keys: &[String], deadline: Instant) -> io::Result<bool> {
         self.send(CHECK, &[], Some(keys))?;
-        Ok(self.read_u8()? == READY)
+        match self.read_u8(deadline)? {
+            READY => Ok(true),
+            NOT_READY => Ok(false),
+            other => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("answered a check with {other} instead of 0 or 1"),
+            )),
+        }
+    }
+
+    /// Removes `keys`, each with its own `DELETE_KEY` (sent in batches, then the answers
+    /// read), before `deadline`.
+    fn delete(&mut self, keys: &[String], deadline: Instant) -> io::Result<()> {
+        for batch in keys.chunks(256) {
+            let mut buf = Vec::new();
+            for k in batch {
+                buf.extend_from_slice(&request(DELETE_KEY, None, &[k.as_bytes()]));
+            }
+            self.stream.write_all(&buf)?;
+            for k in batch {
+                let mut n = [0u8; 8];
+                net::read_exact(&self.stream, &mut n, deadline)?;
+                let n = i64::from_ne_bytes(n);
+                if !(0..=1).contains(&n) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("answered the deletion of {k} with {n} instead of 0 or 1"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `Ok(false)`: the keys did not all appear before `deadline`; the connection is then
@@ -113,7 +159,8 @@ impl Store {
         self.send(WAIT, &[], Some(keys))?;
         loop {
             self.stream.set_read_timeout(Some(step_until(deadline)))?;
-            match self.read_u8() {
+            let mut b = [0u8; 1];
+            match self.stream.read_exact(&mut b).map(|()| b[0]) {
                 Ok(STOP_WAITING) => return Ok(true),
                 Ok(other) => {
                     return Err(io::Error::new(
@@ -129,62 +176,61 @@ impl Store {
     }
 }
 
-/// Connects, validates and pings, retrying until the deadline; the error text says what
-/// the last attempt met.
-fn connect(rdv: &Rendezvous, deadline: Instant) -> Result<Store> {
+/// Connects and validates, retrying until the deadline (`within` is the time it was given,
+/// for the message); the error says what the last attempt met.
+fn connect(rdv: &Rendezvous, deadline: Instant, within: Duration) -> Result<Store, String> {
     let mut backoff = Backoff::new();
     loop {
         let last = match try_connect(rdv, deadline) {
             Ok(store) => return Ok(store),
             Err(why) => why,
         };
-        if Instant::now() >= deadline {
-            return Err(rdv.error(format!(
-                "did not answer within {:?} (last attempt: {last})",
-                rdv.timeout
-            )));
-        }
         backoff.sleep(deadline);
+        if !time_for_attempt(deadline) {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            return Err(format!(
+                "did not answer within {within:?} (last attempt: {last})"
+            ));
+        }
     }
 }
+
+/// The key the validating `CHECK` asks about (it is never set).
+const PROBE_KEY: &str = "/nccl-channel";
 
 fn try_connect(rdv: &Rendezvous, deadline: Instant) -> Result<Store, String> {
     let stream =
         net::connect(&rdv.host, rdv.port, step_until(deadline)).map_err(|e| e.to_string())?;
     let mut store = Store { stream };
-    let nonce = std::process::id();
     let mut hello = vec![VALIDATE];
     hello.extend_from_slice(&VALIDATION_MAGIC.to_ne_bytes());
-    hello.push(PING);
-    hello.extend_from_slice(&nonce.to_ne_bytes());
+    hello.extend_from_slice(&request(CHECK, Some(&[PROBE_KEY.to_string()]), &[]));
     store
         .stream
         .write_all(&hello)
         .map_err(|e| format!("sending the validation: {e}"))?;
-    let mut answer = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match store.stream.read(&mut answer[got..]) {
-            Ok(0) => {
-                return Err(format!(
-                    "something accepted the connection but closed it on a TCPStore ping{}",
-                    if got > 0 {
-                        format!(" after {}", describe(&answer[..got]))
-                    } else {
-                        String::new()
-                    }
-                ));
-            }
-            Ok(n) => got += n,
-            Err(e) if net::timed_out(&e) => {
-                return Err("something accepted the connection but did not answer a TCPStore ping (a torch older than 2.4, or not a TCPStore)".into());
-            }
-            Err(e) => return Err(format!("pinging: {e}")),
+    // A TCPStore answers at once; something silent gets one STEP, then the next attempt.
+    let read_by = deadline.min(Instant::now() + STEP);
+    let mut answer = [0u8; 1];
+    match net::read_exact(&store.stream, &mut answer, read_by) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(
+                "something accepted the connection but closed it on a TCPStore check".into(),
+            );
         }
+        Err(e) if net::timed_out(&e) => {
+            return Err(
+                "something accepted the connection but did not answer a TCPStore check in \
+                 time (not a TCPStore?)"
+                    .into(),
+            );
+        }
+        Err(e) => return Err(format!("validating: {e}")),
     }
-    if u32::from_ne_bytes(answer) != nonce {
+    if !matches!(answer[0], READY | NOT_READY) {
         return Err(format!(
-            "something answered a TCPStore ping with {} instead of the nonce: not a TCPStore",
+            "something answered a TCPStore check with {} instead of 0 or 1: not a TCPStore",
             describe(&answer)
         ));
     }
@@ -209,7 +255,7 @@ pub(super) fn publish(
     make: impl FnOnce() -> Result<UniqueId>,
 ) -> Result<UniqueId> {
     let deadline = Instant::now() + rdv.timeout;
-    let mut store = connect(rdv, deadline)?;
+    let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let id = make()?;
     let value = format!("{VALUE_MAGIC} {size} {id}");
     store
@@ -220,29 +266,55 @@ pub(super) fn publish(
         .wait(&acks, deadline)
         .map_err(|e| rdv.error(format!("failed waiting for the ranks: {e}")))?;
     if all {
+        // Every rank took the id: remove it and the acks, so that a later program under
+        // the same torchrun attempt (same key) does not read this stale id. The deletions
+        // get a second even when the wait ended at the deadline.
+        let mut keys = vec![store_key(key)];
+        keys.extend(acks);
+        store
+            .delete(&keys, deadline.max(Instant::now() + Duration::from_secs(1)))
+            .map_err(|e| {
+                rdv.error(format!(
+                    "could not remove the id (key {}) after every rank took it: {e}; a later \
+                     program under the same torchrun attempt could read it",
+                    store_key(key)
+                ))
+            })?;
         return Ok(id);
     }
-    // The pending wait spoils this connection; ask on a fresh one who is missing.
-    let mut fresh = connect(rdv, Instant::now() + Duration::from_secs(5))?;
-    let mut missing = Vec::new();
-    for (r, k) in (1..size).zip(&acks) {
-        if !fresh.check(std::slice::from_ref(k)).unwrap_or(false) {
-            missing.push(r.to_string());
-        }
-    }
-    Err(rdv.error(format!(
-        "did not see rank{} {} take the id (key {}) within {:?}",
-        if missing.len() == 1 { "" } else { "s" },
-        missing.join(", "),
+    let mut problem = format!(
+        "did not see every rank take the id (key {}) within {:?}",
         store_key(key),
         rdv.timeout
-    )))
+    );
+    // The pending wait spoils this connection; ask on a fresh one who is missing.
+    let ask = Duration::from_secs(5);
+    match connect(rdv, Instant::now() + ask, ask) {
+        Ok(mut fresh) => {
+            let by = Instant::now() + ask;
+            let mut missing = Vec::new();
+            for (r, k) in (1..size).zip(&acks) {
+                if !fresh.check(std::slice::from_ref(k), by).unwrap_or(false) {
+                    missing.push(r.to_string());
+                }
+            }
+            problem = format!(
+                "did not see rank{} {} take the id (key {}) within {:?}",
+                if missing.len() == 1 { "" } else { "s" },
+                missing.join(", "),
+                store_key(key),
+                rdv.timeout
+            );
+        }
+        Err(e) => problem.push_str(&format!(" (then, asked which ranks, it {e})")),
+    }
+    Err(rdv.error(problem))
 }
 
 /// Ranks other than 0: wait for the id, read it, acknowledge it.
 pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
     let deadline = Instant::now() + rdv.timeout;
-    let mut store = connect(rdv, deadline)?;
+    let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let skey = store_key(key);
     let there = store
         .wait(std::slice::from_ref(&skey), deadline)
@@ -253,12 +325,8 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
             rdv.timeout
         )));
     }
-    store
-        .stream
-        .set_read_timeout(Some(step_until(deadline)))
-        .ok();
     let value = store
-        .get(&skey)
+        .get(&skey, deadline)
         .map_err(|e| rdv.error(format!("failed reading key {skey}: {e}")))?;
     let id =
         parse_value(&value, size).map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
@@ -316,7 +384,7 @@ mod tests {
         want.extend_from_slice(&3u64.to_ne_bytes());
         want.extend_from_slice(b"/bc");
         assert_eq!(wait, want);
-        assert_eq!((VALIDATE, GET, CHECK, PING), (0, 3, 5, 13));
+        assert_eq!((VALIDATE, GET, CHECK, DELETE_KEY), (0, 3, 5, 8));
         if cfg!(target_endian = "little") {
             assert_eq!(VALIDATION_MAGIC.to_ne_bytes(), [0xce, 0xf7, 0x85, 0x3c]);
         }

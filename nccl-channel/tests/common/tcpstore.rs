@@ -1,8 +1,10 @@
 //! A minimal server side of PyTorch's TCPStore protocol (as torchrun's agent hosts it), for
 //! testing nccl-channel's client without torch: the libuv server's rules (the first query
 //! must be VALIDATE with the magic number, else nothing is answered), and the queries the
-//! client uses: SET, GET, CHECK, WAIT, PING. Integers in the host's byte order, strings as
-//! a u64 length and the bytes (torch's TCPStore.cpp / TCPStoreBackend.hpp).
+//! client uses: SET, GET, CHECK, WAIT, DELETE_KEY. Like torch 2.4 and older it knows no
+//! PING (query 13): an unknown query closes the connection, as both of torch's servers do.
+//! Integers in the host's byte order, strings as a u64 length and the bytes (torch's
+//! TCPStore.cpp / TCPStoreBackend.hpp).
 #![allow(
     dead_code,
     unreachable_pub,
@@ -22,14 +24,14 @@ const SET: u8 = 1;
 const GET: u8 = 3;
 const CHECK: u8 = 5;
 const WAIT: u8 = 6;
-const PING: u8 = 13;
+const DELETE_KEY: u8 = 8;
 const MAGIC: u32 = 0x3C85_F7CE;
 
 #[derive(Default)]
 struct State {
     data: Mutex<BTreeMap<String, Vec<u8>>>,
     changed: Condvar,
-    /// Queries seen, by name, in order (VALIDATE, PING, SET key, ...).
+    /// Queries seen, by name, in order (VALIDATE, SET key, ...).
     log: Mutex<Vec<String>>,
 }
 
@@ -111,6 +113,19 @@ fn read_keys(c: &mut TcpStream) -> Option<Vec<String>> {
     (0..n).map(|_| read_key(c)).collect()
 }
 
+/// Whether the client closed its end (a read would say end of file at once).
+fn gone(c: &TcpStream) -> bool {
+    if c.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let closed = match c.peek(&mut [0u8; 1]) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    closed || c.set_nonblocking(false).is_err()
+}
+
 fn serve(mut c: TcpStream, s: &State) -> Option<()> {
     let log = |what: String| s.log.lock().unwrap().push(what);
     // The libuv server answers nothing before a valid VALIDATE.
@@ -122,10 +137,11 @@ fn serve(mut c: TcpStream, s: &State) -> Option<()> {
     loop {
         let q = read_n::<1>(&mut c)?[0];
         match q {
-            PING => {
-                let nonce = read_n::<4>(&mut c)?;
-                log("PING".into());
-                c.write_all(&nonce).ok()?;
+            DELETE_KEY => {
+                let key = read_key(&mut c)?;
+                log(format!("DELETE {key}"));
+                let removed = s.data.lock().unwrap().remove(&key).is_some();
+                c.write_all(&i64::from(removed).to_ne_bytes()).ok()?;
             }
             SET => {
                 let key = read_key(&mut c)?;
@@ -166,6 +182,11 @@ fn serve(mut c: TcpStream, s: &State) -> Option<()> {
                         .wait_timeout(data, Duration::from_millis(100))
                         .unwrap()
                         .0;
+                    // A client that gave up and closed: stop waiting for it.
+                    if gone(&c) {
+                        log(format!("WAIT abandoned {}", keys.join(",")));
+                        return None;
+                    }
                 }
                 drop(data);
                 c.write_all(&[0]).ok()?;
