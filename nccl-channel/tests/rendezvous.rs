@@ -914,7 +914,7 @@ fn open_mpi_on_several_nodes_needs_a_host() {
     };
     assert_eq!(variable, "OMPI_COMM_WORLD_LOCAL_SIZE");
     assert!(
-        problem.contains("mpirun -x MASTER_ADDR=<rank 0's host>"),
+        problem.contains("export MASTER_ADDR=<rank 0's host> to every rank (mpirun -x"),
         "{problem}"
     );
     assert!(
@@ -958,6 +958,94 @@ fn open_mpi_on_several_nodes_needs_a_host() {
             "OMPI_COMM_WORLD_LOCAL_SIZE, OMPI_COMM_WORLD_SIZE, PMIX_NAMESPACE".into()
         )
     );
+}
+
+/// MASTER_PORT alone moves a derived host's port (what the "port taken" error advises), and
+/// the errors for a half-given address name what is missing.
+#[test]
+fn master_port_alone_moves_the_derived_port_and_half_addresses_are_named() {
+    assert_eq!(
+        addr_and_source(&with(SLURM, &[("MASTER_PORT", "29560")])),
+        (
+            "gpu01:29560".into(),
+            "SLURM_JOB_NODELIST, MASTER_PORT".into()
+        )
+    );
+    let ompi_one_node = [
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ("OMPI_MCA_ess_base_jobid", "77"),
+        ("MASTER_PORT", "29600"),
+    ];
+    assert_eq!(
+        addr_and_source(&ompi_one_node),
+        (
+            "127.0.0.1:29600".into(),
+            "OMPI_COMM_WORLD_LOCAL_SIZE, OMPI_COMM_WORLD_SIZE, MASTER_PORT".into()
+        )
+    );
+    let pmi_one_node = [
+        ("PMI_SIZE", "2"),
+        ("PMI_RANK", "0"),
+        ("MPI_LOCALNRANKS", "2"),
+        ("MASTER_PORT", "29601"),
+    ];
+    assert_eq!(
+        addr_and_source(&pmi_one_node),
+        (
+            "127.0.0.1:29601".into(),
+            "MPI_LOCALNRANKS, PMI_SIZE, MASTER_PORT".into()
+        )
+    );
+    let e = derive(&with(SLURM, &[("MASTER_PORT", "0")])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "environment variable MASTER_PORT=\"0\": expected a port from 1 to 65535"
+    );
+    // Open MPI without its local size: one node or several is unknown.
+    let e = derive(&[
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_MCA_ess_base_jobid", "77"),
+    ])
+    .unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "environment variable OMPI_COMM_WORLD_LOCAL_SIZE=\"\": it is not set, so whether \
+             the job runs on one node is unknown"
+        ),
+        "{e}"
+    );
+    // PMI on several nodes with a host but no port.
+    let e = derive(&[
+        ("PMI_SIZE", "4"),
+        ("PMI_RANK", "1"),
+        ("MPI_LOCALNRANKS", "2"),
+        ("MASTER_ADDR", "node0"),
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::Env { variable, value, problem }
+            if variable == "MASTER_ADDR" && value == "node0"
+                && problem.starts_with("it names rank 0's host, but no port is known")
+                && problem.contains("set MASTER_PORT too")),
+        "{e:?}"
+    );
+    // torchrun's variables with one of the two.
+    for (set, missing) in [
+        ("MASTER_ADDR", "MASTER_PORT"),
+        ("MASTER_PORT", "MASTER_ADDR"),
+    ] {
+        let e = derive(&[("WORLD_SIZE", "2"), ("RANK", "1"), (set, "29500")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "environment variable {set}=\"29500\": it is set but {missing} is not: rank 0 \
+                 serves the id at MASTER_ADDR:MASTER_PORT"
+            )
+        );
+    }
 }
 
 #[test]

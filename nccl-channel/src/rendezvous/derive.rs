@@ -95,6 +95,21 @@ fn find(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Fo
             key: job_key(world, get),
         }));
     }
+    if world.source == "torchrun" {
+        // torchrun sets both; one alone is a hand-made environment missing the other.
+        let (set, missing) = match (get("MASTER_ADDR"), get("MASTER_PORT")) {
+            (Some(v), None) => (("MASTER_ADDR", v), "MASTER_PORT"),
+            (None, Some(v)) => (("MASTER_PORT", v), "MASTER_ADDR"),
+            _ => return Ok(None),
+        };
+        return Err(Error::Env {
+            variable: set.0.into(),
+            value: set.1,
+            problem: format!(
+                "it is set but {missing} is not: rank 0 serves the id at MASTER_ADDR:MASTER_PORT"
+            ),
+        });
+    }
     match world.source {
         "Slurm" => slurm(world, get),
         "Open MPI" => open_mpi(world, get),
@@ -113,11 +128,16 @@ fn slurm(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<F
              so rank 0's host is unknown; set MASTER_ADDR and MASTER_PORT",
         ));
     };
-    let Some((port, mut from)) = slurm_port(get) else {
+    let port = match master_port(get)? {
+        Some(p) => Some((p, vec!["MASTER_PORT"])),
+        None => slurm_port(get),
+    };
+    let Some((port, mut from)) = port else {
         return Err(ask_for_master_addr(
             "SLURM_NTASKS",
             get,
-            "SLURM_JOB_ID is not set, so no port can be derived; set MASTER_ADDR and MASTER_PORT",
+            "SLURM_JOB_ID is not set, so no port can be derived; set MASTER_PORT (or \
+             MASTER_ADDR and MASTER_PORT)",
         ));
     };
     from.insert(0, list_var);
@@ -132,7 +152,9 @@ fn slurm(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<F
 
 /// Open MPI: loopback on one node, else MASTER_ADDR or Slurm's first host; the job's port.
 fn open_mpi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
-    let (port, port_var) = if let Some(id) = get("OMPI_MCA_ess_base_jobid") {
+    let (port, port_var) = if let Some(p) = master_port(get)? {
+        (p, "MASTER_PORT")
+    } else if let Some(id) = get("OMPI_MCA_ess_base_jobid") {
         (port_of(number(&id)), "OMPI_MCA_ess_base_jobid")
     } else if let Some(ns) = get("PMIX_NAMESPACE") {
         (port_of(fnv1a(ns.as_bytes())), "PMIX_NAMESPACE")
@@ -154,12 +176,23 @@ fn open_mpi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Optio
         (addr, vec!["MASTER_ADDR"])
     } else if let Some((host, var)) = slurm_first_host(get)? {
         (host, vec![var])
+    } else if get("OMPI_COMM_WORLD_LOCAL_SIZE").is_none() {
+        return Err(Error::Env {
+            variable: "OMPI_COMM_WORLD_LOCAL_SIZE".into(),
+            value: String::new(),
+            problem: "it is not set, so whether the job runs on one node is unknown, and no \
+                      Slurm node list names rank 0's host; export MASTER_ADDR=<rank 0's host> \
+                      to every rank (mpirun -x MASTER_ADDR=...), or set \
+                      NCCL_CHANNEL_RENDEZVOUS=host:port"
+                .into(),
+        });
     } else {
         return Err(ask_for_master_addr(
             "OMPI_COMM_WORLD_LOCAL_SIZE",
             get,
             "Open MPI runs this job on several nodes and not inside Slurm, so rank 0's host \
-             is unknown; export it to every rank (mpirun -x MASTER_ADDR=<rank 0's host>)",
+             is unknown; export MASTER_ADDR=<rank 0's host> to every rank (mpirun -x \
+             MASTER_ADDR=...)",
         ));
     };
     let mut from = host_vars;
@@ -176,6 +209,15 @@ fn open_mpi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Optio
 /// MPICH Hydra's PMI: loopback and the shared proxy's pid on one node; else Slurm's rule.
 fn pmi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     let one_node = get("MPI_LOCALNRANKS").is_some_and(|l| l == world.size.to_string());
+    if one_node && let Some(port) = master_port(get)? {
+        return Ok(Some(Found {
+            kind: RendezvousKind::RankZero,
+            host: "127.0.0.1".into(),
+            port,
+            from: vec!["MPI_LOCALNRANKS", "PMI_SIZE", "MASTER_PORT"],
+            key: job_key(world, get),
+        }));
+    }
     if one_node {
         let parent = std::os::unix::process::parent_id();
         return Ok(Some(Found {
@@ -207,10 +249,18 @@ fn pmi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Fou
             key: job_key(world, get),
         }));
     }
+    if get("MASTER_ADDR").is_some() {
+        return Err(ask_for_master_addr(
+            "MASTER_ADDR",
+            get,
+            "it names rank 0's host, but no port is known (no MASTER_PORT, and not inside \
+             Slurm); set MASTER_PORT too",
+        ));
+    }
     Err(ask_for_master_addr(
         "PMI_SIZE",
         get,
-        "the ranks run on several nodes (MPI_LOCALNRANKS differs from PMI_SIZE) and not \
+        "the ranks run on several nodes (MPI_LOCALNRANKS is not PMI_SIZE) and not \
          inside Slurm, so rank 0's host is unknown; export MASTER_ADDR and MASTER_PORT to \
          every rank (mpiexec -genv MASTER_ADDR <rank 0's host> -genv MASTER_PORT <port>)",
     ))
@@ -262,6 +312,22 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+/// `MASTER_PORT` alone: the port a derived host is served on instead of the derived port
+/// (the way out when that one is taken).
+fn master_port(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<u16>> {
+    let Some(port) = get("MASTER_PORT") else {
+        return Ok(None);
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(Some(p)),
+        _ => Err(Error::Env {
+            variable: "MASTER_PORT".into(),
+            value: port,
+            problem: "expected a port from 1 to 65535".into(),
+        }),
+    }
 }
 
 /// `MASTER_ADDR:MASTER_PORT` when both are set.

@@ -201,6 +201,8 @@ impl Rendezvous {
     ///   proxy's direct children: a wrapper (`mpiexec -n 4 sh -c '…; ./prog'`, a script
     ///   that does not `exec` the program) gives each rank another parent, hence another
     ///   port, and the ranks never meet; set `MASTER_ADDR` and `MASTER_PORT` then.
+    /// * `MASTER_PORT` alone replaces the derived port of the Slurm, Open MPI and PMI rows
+    ///   (the way out when the derived one is taken); the host stays the derived one.
     ///
     /// Task 0 of a Slurm step runs on the first node of the step (with Slurm's default
     /// block distribution; set `MASTER_ADDR` and `MASTER_PORT` for another), and mpirun

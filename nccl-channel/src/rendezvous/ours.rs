@@ -281,8 +281,8 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
                 "could not listen on {addr}: {e}{}",
                 if e.kind() == ErrorKind::AddrInUse {
                     format!(
-                        " (still taken after {:?}; choose another port with MASTER_PORT or \
-                         NCCL_CHANNEL_RENDEZVOUS)",
+                        " (still taken after {:?}; choose another port for every rank with \
+                         MASTER_PORT, or NCCL_CHANNEL_RENDEZVOUS=host:port)",
                         rdv.timeout
                     )
                 } else {
