@@ -157,7 +157,15 @@ impl Cuda {
     /// The device a selector string names: `cuda://`, `cuda://<ordinal>`,
     /// `cuda://GPU-<uuid>`, `cuda://MIG-<uuid>` or `cuda://<pci bus id>`.
     pub fn select(&self, selector: &str) -> Result<Device> {
+        // The error names the selector as written (`MIG-`, the case and dashes given).
         self.select_parsed(&selector.parse::<DeviceSelector>()?)
+            .map_err(|e| match e {
+                Error::NoSuchDevice { available, .. } => Error::NoSuchDevice {
+                    selector: selector.to_string(),
+                    available,
+                },
+                e => e,
+            })
     }
 
     /// The device a parsed selector names.

@@ -174,12 +174,20 @@ fn a_selector_matching_nothing_lists_the_devices() {
         for sel in [
             "cuda://2",
             "cuda://GPU-00000000-0000-0000-0000-000000000000",
+            "cuda://MIG-00000000-0000-0000-0000-000000000000",
+            "cuda://gpu-00000000000000000000000000000000",
             "cuda://0000:99:00.0",
         ] {
             let e = cuda.select(sel).unwrap_err();
-            let Error::NoSuchDevice { available, .. } = &e else {
+            let Error::NoSuchDevice {
+                available,
+                selector,
+            } = &e
+            else {
                 panic!("{sel}: {e}")
             };
+            // The selector as the user wrote it (a MIG UUID was once shown as GPU-...).
+            assert_eq!(selector, sel);
             assert_eq!(available.len(), 2);
             let msg = e.to_string();
             assert!(
