@@ -549,6 +549,9 @@ fn sizes(o: &Opts) -> Vec<usize> {
 struct Sample {
     us: [f64; 2],
     busbw: [f64; 2],
+    /// Bytes per µs / 1000 (GB/s), as nccl-tests' algbw: kept apart from busbw, whose
+    /// factor is 0 for one rank.
+    algbw: [f64; 2],
     wrong: [usize; 2],
 }
 
@@ -721,7 +724,8 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
                     let us = time(r, coll, &mut b, in_place, o)?;
                     sample.wrong[k] = (r.max_time)(wrong as f64)? as usize;
                     sample.us[k] = us;
-                    sample.busbw[k] = real_bytes as f64 / us / 1000.0 * bus_factor(coll, n);
+                    sample.algbw[k] = real_bytes as f64 / us / 1000.0;
+                    sample.busbw[k] = sample.algbw[k] * bus_factor(coll, n);
                 }
             }
             rows += 1;
@@ -742,8 +746,7 @@ fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
                             );
                             continue;
                         }
-                        let (us, busbw) = (s.us[k], s.busbw[k]);
-                        let algbw = busbw / bus_factor(coll, n);
+                        let (us, busbw, algbw) = (s.us[k], s.busbw[k], s.algbw[k]);
                         let _ = write!(
                             cols,
                             "   {us:>9.2} {algbw:>7.2} {busbw:>7.2} {:>6}",

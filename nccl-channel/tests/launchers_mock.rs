@@ -468,3 +468,28 @@ fn a_device_beyond_the_machine_and_nprocs_inside_a_world_are_refused() {
          (nccl-channel variables): leave --nprocs out, or unset the launcher's variables"
     );
 }
+
+/// One rank: nccl-tests' bus factor of all-reduce is 0 there; the algorithm bandwidth is
+/// still bytes over time (it was busbw / 0 = NaN).
+#[test]
+fn the_bench_on_one_rank_prints_numbers() {
+    let bench = example_exe("bench", "NCCL_CHANNEL_BENCH");
+    let env = vars(&[
+        ("NCCL_CHANNEL_NPROCS", "1".into()),
+        ("NCCL_CHANNEL_PROCID", "0".into()),
+    ]);
+    let args: Vec<String> = ["-b", "8", "-e", "64", "-f", "8", "-n", "1", "-w", "0"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let out = example(bench, &env, &args).output().unwrap();
+    let (so, se) = text(&out);
+    assert!(out.status.success(), "{so}\n{se}");
+    let rows: Vec<&str> = so.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 2, "{so}");
+    for row in rows {
+        assert!(!row.contains("NaN"), "{row}");
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!((f[6], f[7]), ("0.00", "0.00"), "{row}");
+    }
+}
