@@ -79,10 +79,11 @@ struct Opts {
     threads: Option<usize>,
     /// One process per GPU (or simulated device), started by this program; each is
     /// configured as under torchrun, rank 0 prints the table.
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     nprocs: Option<usize>,
-    /// With --nprocs: seconds the ranks may take before they are stopped. Without a
-    /// driver: how long a simulated rank waits for the others.
+    /// With --nprocs: seconds the ranks may take before they are stopped. A rank waits for
+    /// the others (the unique id, and without a driver the simulated NCCL) this long, at
+    /// most 300 s.
     #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = seconds_arg)]
     timeout: std::time::Duration,
     /// Memory modes, a comma list or repeated: 0 plain cuMemAlloc buffers, 1 ncclMemAlloc
@@ -107,6 +108,14 @@ struct Opts {
     /// how the modes an older NCCL lacks are skipped.
     #[arg(long, value_name = "X.Y.Z", value_parser = version_arg)]
     sim_nccl: Option<nccl_sys::NcclVersion>,
+}
+
+fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("expects a number, not {s:?}")),
+    }
 }
 
 fn seconds_arg(s: &str) -> std::result::Result<std::time::Duration, String> {
@@ -878,7 +887,8 @@ fn run_child(world: World, o: &Opts) -> Result<()> {
     let setup = launch::RankSetup {
         config: comm_config(o),
         sim_version: o.sim_nccl,
-        timeout: Some(o.timeout),
+        // The wait for the other ranks: --timeout, but not the hour a sweep may take.
+        timeout: Some(o.timeout.min(std::time::Duration::from_secs(300))),
         ..Default::default()
     };
     let rank = launch::rank_channel(world, &setup).map_err(|problem| {

@@ -424,7 +424,7 @@ fn a_waiting_rank_says_what_it_waits_for_and_gives_up_at_its_timeout() {
             format!(
                 "rank 1/2: still waiting for the unique id from rank 0's rendezvous at \
                  127.0.0.1:{port} (derived from MASTER_ADDR, MASTER_PORT), key nccl-channel, \
-                 timeout 6s"
+                 timeout 6s, or, once it came, for the other ranks to join NCCL"
             ),
             format!(
                 "allgather: rank 0's rendezvous at 127.0.0.1:{port} (derived from MASTER_ADDR, \
@@ -491,5 +491,39 @@ fn the_bench_on_one_rank_prints_numbers() {
         assert!(!row.contains("NaN"), "{row}");
         let f: Vec<&str> = row.split_whitespace().collect();
         assert_eq!((f[6], f[7]), ("0.00", "0.00"), "{row}");
+    }
+}
+
+/// Bad numbers are refused by the command line (exit 2), not launched or panicked on.
+#[test]
+fn bench_and_data_parallel_refuse_bad_numbers() {
+    let cases: [(&str, &str, &[&str], &str); 3] = [
+        (
+            "bench",
+            "NCCL_CHANNEL_BENCH",
+            &["--nprocs", "0"],
+            "invalid value '0' for '--nprocs <NPROCS>': must be at least 1",
+        ),
+        (
+            "data_parallel",
+            "NCCL_CHANNEL_DATA_PARALLEL",
+            &["--timeout=-1"],
+            "invalid value '-1' for '--timeout <TIMEOUT>': \"-1\" is not a positive number of seconds",
+        ),
+        (
+            "data_parallel",
+            "NCCL_CHANNEL_DATA_PARALLEL",
+            &["--timeout=NaN"],
+            "\"NaN\" is not a positive number of seconds",
+        ),
+    ];
+    for (name, var, args, want) in cases {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let out = example(example_exe(name, var), &[], &args)
+            .output()
+            .unwrap();
+        let (_, err) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {err}");
+        assert!(err.contains(want), "{name} {args:?}: {err}");
     }
 }

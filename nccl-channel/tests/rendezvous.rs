@@ -998,6 +998,22 @@ fn master_port_alone_moves_the_derived_port_and_half_addresses_are_named() {
             "MPI_LOCALNRANKS, PMI_SIZE, MASTER_PORT".into()
         )
     );
+    // PMI on several nodes inside Slurm: the first Slurm host, MASTER_PORT's port.
+    let pmi_in_slurm = [
+        ("PMI_SIZE", "4"),
+        ("PMI_RANK", "1"),
+        ("MPI_LOCALNRANKS", "2"),
+        ("SLURM_JOB_NODELIST", "gpu[01-02]"),
+        ("SLURM_JOB_ID", "123456"),
+        ("MASTER_PORT", "29602"),
+    ];
+    assert_eq!(
+        addr_and_source(&pmi_in_slurm),
+        (
+            "gpu01:29602".into(),
+            "SLURM_JOB_NODELIST, MASTER_PORT".into()
+        )
+    );
     let e = derive(&with(SLURM, &[("MASTER_PORT", "0")])).unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -70,9 +70,16 @@ struct Opts {
     /// Skip the host reference (it costs about as much as the training on one CPU core).
     #[arg(long)]
     no_reference: bool,
-    /// Seconds the launcher lets the ranks run.
-    #[arg(long, default_value_t = 300.0)]
+    /// Seconds the launcher lets the ranks run, and a rank waits for the others.
+    #[arg(long, default_value_t = 300.0, value_parser = positive_seconds)]
     timeout: f64,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
 }
 
 impl Opts {
@@ -121,8 +128,9 @@ fn launch(n: usize, o: &Opts) -> Result<(), String> {
     let timeout = Duration::from_secs_f64(o.timeout);
     if let launch::Machine::Simulated(why) = launch::machine(n)? {
         println!(
-            "no CUDA driver ({why}): {n} ranks on simulated devices, one process each, kernels \
-             run by their host twins"
+            "no CUDA driver ({why}): {n} rank{} on simulated devices, one process each, kernels \
+             run by their host twins",
+            if n == 1 { "" } else { "s" }
         );
     }
     let mut args = o.rank_args();

@@ -194,10 +194,16 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
             _ => rdv,
         }
     });
+    // One note for both phases (the id, then NCCL's init), worded for the rank's role.
     let waiting_for = match (&rendezvous, comm_id_set) {
-        (Some(rdv), _) => format!("the unique id from {rdv}"),
-        (None, true) => "the other ranks (NCCL_COMM_ID)".to_string(),
-        (None, false) => "the other ranks".to_string(),
+        (Some(rdv), _) if world.rank == 0 => {
+            format!("the other ranks (to take the unique id from {rdv}, then to join NCCL)")
+        }
+        (Some(rdv), _) => {
+            format!("the unique id from {rdv}, or, once it came, for the other ranks to join NCCL")
+        }
+        (None, true) => "the other ranks to join NCCL (NCCL_COMM_ID)".to_string(),
+        (None, false) => "the other ranks to join NCCL".to_string(),
     };
     if let Some(rdv) = rendezvous {
         b = b.unique_id(IdSource::Rendezvous(rdv));

@@ -228,7 +228,10 @@ fn pmi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Fou
             key: format!("pmi-{parent}"),
         }));
     }
-    let port = slurm_port(get);
+    let port = match master_port(get)? {
+        Some(p) => Some((p, vec!["MASTER_PORT"])),
+        None => slurm_port(get),
+    };
     if let (Some(addr), Some((port, mut from))) = (get("MASTER_ADDR"), port.clone()) {
         from.insert(0, "MASTER_ADDR");
         return Ok(Some(Found {

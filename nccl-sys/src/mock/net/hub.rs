@@ -126,7 +126,7 @@ pub(crate) fn start(
         nranks: None,
         ranks: Vec::new(),
         formed: false,
-        failed: false,
+        failed: None,
         gone: Vec::new(),
         colls: HashMap::new(),
         sends: HashMap::new(),
@@ -225,9 +225,9 @@ struct Hub {
     ranks: Vec<Option<(usize, i32)>>,
     /// Every rank came; collectives run.
     formed: bool,
-    /// The ranks disagreed and their init failed: the id is spent, the hub ends once
-    /// their connections are gone.
-    failed: bool,
+    /// The ranks disagreed and their init failed, why: the id is spent, a later hello is
+    /// refused with the same reason, and the hub ends once the connections are gone.
+    failed: Option<String>,
     /// Ranks that aborted, left or whose connection closed after the communicator formed.
     gone: Vec<usize>,
     colls: HashMap<u64, Vec<Option<Part>>>,
@@ -251,7 +251,7 @@ impl Hub {
             }
             if !self.conns.is_empty() {
                 idle_since = None;
-            } else if self.formed || self.failed {
+            } else if self.formed || self.failed.is_some() {
                 break;
             } else {
                 let since = *idle_since.get_or_insert_with(Instant::now);
@@ -406,6 +406,10 @@ impl Hub {
     }
 
     fn hello(&mut self, id: usize, nranks: usize, rank: usize, device: i32) {
+        if let Some(why) = &self.failed {
+            let msg = format!("this id's init already failed: {why}");
+            return self.refuse(id, ncclResult_t::ncclInvalidUsage, msg);
+        }
         if self.formed {
             let msg = "the communicator of this id already formed".to_string();
             return self.refuse(id, ncclResult_t::ncclInvalidUsage, msg);
@@ -464,7 +468,7 @@ impl Hub {
         }
         self.ranks.clear();
         self.nranks = None;
-        self.failed = true;
+        self.failed = Some(msg);
         self.stop_accepting();
     }
 
@@ -820,5 +824,32 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(entries(old), 0);
+    }
+
+    /// A rank connected before the ranks disagreed but says hello after: it is refused
+    /// with the reason at once, rather than starting a new gathering on the spent hub and
+    /// waiting out its deadline for "missing" ranks (found in review).
+    #[test]
+    fn a_hello_after_the_init_failed_is_refused_with_the_reason() {
+        let addr = start(("127.0.0.1", 0), Duration::from_secs(10), None).unwrap();
+        let a = client(addr);
+        let late = client(addr);
+        hello(&a, 3, 0);
+        std::thread::sleep(Duration::from_millis(100));
+        let b = client(addr);
+        hello(&b, 2, 1);
+        assert!(matches!(answer(&b), Msg::Refused { .. }));
+        assert!(matches!(answer(&a), Msg::Refused { .. }));
+        hello(&late, 3, 2);
+        match wire::recv(&late) {
+            Ok(Msg::Refused { rc, msg }) => {
+                assert_eq!(rc, ncclResult_t::ncclInvalidUsage.0);
+                assert_eq!(
+                    msg,
+                    "this id's init already failed: rank 1 asked for 2 ranks, another rank for 3"
+                );
+            }
+            other => panic!("the late rank got {other:?} instead of the refusal"),
+        }
     }
 }
