@@ -3,33 +3,12 @@
 //! because it sets NCCL_COMM_ID for the whole process.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+mod common;
 
-/// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).
-fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<nccl_sys::Nccl, nccl_sys::LoadError> {
-    // SAFETY: the pinned NCCL wheel, checked by sha256; a library that is not the real thing is what the test checks is refused.
-    unsafe { nccl_sys::Nccl::load_from(path) }
-}
+use common::wheel::{self, load_trusted};
 
-fn libnccl() -> PathBuf {
-    if let Some(p) = std::env::var_os("NCCL_SYS_TEST_LIBNCCL") {
-        return PathBuf::from(p);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let out = std::process::Command::new("bash")
-        .arg(root.join("scripts/wheel"))
-        .args(["nvidia-nccl-cu12", "2.32.3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("nvidia/nccl/lib/libnccl.so.2")
+fn libnccl() -> std::path::PathBuf {
+    wheel::libnccl("2.32.3", "NCCL_SYS_TEST_LIBNCCL")
 }
 
 #[test]

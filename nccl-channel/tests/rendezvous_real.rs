@@ -4,38 +4,18 @@
 //! `ncclGetUniqueId` and three ranks (threads) agree on it through the rendezvous.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use nccl_channel::{Error, Rendezvous, UniqueId, World};
 use nccl_sys::NcclVersion;
 
-/// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).
-fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<nccl_sys::Nccl, nccl_sys::LoadError> {
-    // SAFETY: the pinned NCCL 2.18.3 wheel, checked by sha256 by scripts/wheel.
-    unsafe { nccl_sys::Nccl::load_from(path) }
-}
+mod common;
 
-fn libnccl_2_18() -> PathBuf {
-    if let Some(p) = std::env::var_os("NCCL_CHANNEL_TEST_LIBNCCL_2_18") {
-        return PathBuf::from(p);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let out = std::process::Command::new("bash")
-        .arg(root.join("scripts/wheel"))
-        .args(["nvidia-nccl-cu12", "2.18.3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("nvidia/nccl/lib/libnccl.so.2")
+use common::wheel::{self, load_trusted};
+
+fn libnccl_2_18() -> std::path::PathBuf {
+    wheel::libnccl("2.18.3", "NCCL_CHANNEL_TEST_LIBNCCL_2_18")
 }
 
 #[test]

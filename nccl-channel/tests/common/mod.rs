@@ -11,6 +11,7 @@ pub mod demo;
 #[cfg(feature = "half")]
 pub mod matrix;
 pub mod tcpstore;
+pub mod wheel;
 
 use std::sync::Arc;
 
