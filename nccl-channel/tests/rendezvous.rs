@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::Rig;
-use common::tcpstore::TestStore;
+use common::tcpstore::{Faults, TestStore};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, IdSource, Rendezvous, RendezvousKind, UniqueId, World};
 
@@ -1506,4 +1506,261 @@ fn nccl_channel_rendezvous_key_names_the_job() {
     .unwrap()
     .unwrap();
     assert_eq!(r.get_key(), "torchrun-r-attempt_0");
+}
+
+/// A first program under a torchrun attempt whose rank 2 never came leaves its id and
+/// rank 1's acknowledgement in the agent store. A second program under the same attempt
+/// (same key; simulated here with `localhost`, whose exchange counter starts at 0 again)
+/// must not count the stale ack as rank 1's: rank 0 would delete the id and return as soon
+/// as rank 2 acknowledged, and rank 1, which had not read it yet, would wait out its
+/// deadline. (From review 15.)
+#[test]
+fn a_stale_ack_from_an_earlier_exchange_does_not_count_for_rank_0() {
+    let store = TestStore::start();
+    let first = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("stale")
+        .timeout(Duration::from_millis(1500));
+    std::thread::scope(|s| {
+        let r0 = s.spawn(|| first.exchange_with(0, 3, || Ok(UniqueId([1; 128]))));
+        let r1 = s.spawn(|| first.exchange_with(1, 3, || unreachable!()));
+        assert!(r0.join().unwrap().is_err(), "rank 2 never came");
+        assert_eq!(r1.join().unwrap().unwrap(), UniqueId([1; 128]));
+    });
+    eprintln!("left in the store: {:?}", store.keys());
+
+    let second = Rendezvous::torch_store(&format!("localhost:{}", store.port))
+        .unwrap()
+        .key("stale")
+        .timeout(Duration::from_secs(4));
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r0 = s.spawn(|| second.exchange_with(0, 3, || Ok(UniqueId([2; 128]))));
+        std::thread::sleep(Duration::from_millis(300));
+        let r2 = s.spawn(|| second.exchange_with(2, 3, || unreachable!()));
+        std::thread::sleep(Duration::from_millis(700));
+        let r1 = s.spawn(|| second.exchange_with(1, 3, || unreachable!()));
+        [r0, r1, r2]
+            .map(|h| h.join().unwrap())
+            .into_iter()
+            .collect()
+    });
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([2; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+}
+
+/// Once every rank acknowledged the id (and went on to init with it), a failed clean-up
+/// DELETE_KEY must not make rank 0 alone fail the exchange: its peers would be left in
+/// ncclCommInitRank waiting for a rank 0 that gave up. (From review 15, a scripted store.)
+#[test]
+fn a_failed_deletion_after_every_ack_does_not_fail_rank_0_scripted() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let Ok((mut c, _)) = listener.accept() else {
+            return;
+        };
+        let mut buf = [0u8; 4096];
+        let _ = std::io::Read::read(&mut c, &mut buf); // VALIDATE + CHECK
+        let _ = c.write_all(&[1]); // not ready: a TCPStore
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = std::io::Read::read(&mut c, &mut buf); // SET id, WAIT acks
+        let _ = c.write_all(&[0]); // every ack is there
+        let _ = std::io::Read::read(&mut c, &mut buf); // DELETE_KEY ...
+        // The store goes away before answering the deletion.
+    });
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .timeout(Duration::from_secs(3));
+    let r0 = rdv.exchange_with(0, 2, || Ok(UniqueId([5; 128])));
+    assert_eq!(r0.as_ref().ok(), Some(&UniqueId([5; 128])), "{r0:?}");
+}
+
+/// The same against the test store, whose deletion of a present key closes the
+/// connection: both ranks get the id, and the store still holds it (the clean-up failed).
+#[test]
+fn a_failed_deletion_after_every_ack_does_not_fail_rank_0() {
+    let store = TestStore::start_with(Faults {
+        refuse_deleting_present_keys: true,
+        ..Faults::default()
+    });
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("nodelete")
+        .timeout(Duration::from_secs(3));
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([5; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
+    });
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([5; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+    let log = store.log();
+    assert!(
+        log.iter()
+            .any(|q| q == "DELETE refused /nccl-channel/nodelete#0"),
+        "{log:?}"
+    );
+}
+
+/// The validation (VALIDATE + CHECK) must not take an echo server for a TCPStore, although
+/// VALIDATE's own first byte, 0, is a valid CHECK answer. (From review 15.)
+#[test]
+fn an_echo_server_is_not_a_tcpstore() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(c) = c else { continue };
+            std::thread::spawn(move || {
+                let mut r = c.try_clone().unwrap();
+                let mut w = c;
+                let _ = std::io::copy(&mut r, &mut w);
+            });
+        }
+    });
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .timeout(Duration::from_millis(800));
+    let e = rdv
+        .exchange_with(1, 2, || unreachable!())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a TCPStore"), "{e}");
+}
+
+/// When the last acknowledgement lands between rank 0's WAIT running out and its fresh
+/// CHECKs, rank 0 must not fail with "did not see ranks  take the id" (an empty list):
+/// every rank took the id and went on. (From review 15, a scripted store that never ends
+/// the WAIT and then reports every ack present.)
+#[test]
+fn rank_0_succeeds_when_every_ack_is_there_after_the_wait_ran_out_scripted() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut c, &mut buf); // VALIDATE + CHECK
+            let _ = c.write_all(&[1]);
+            if held.is_empty() {
+                held.push(c); // SET, WAIT: never answered
+                continue;
+            }
+            std::thread::spawn(move || {
+                // Every CHECK: ready.
+                while let Ok(n) = std::io::Read::read(&mut c, &mut buf) {
+                    if n == 0 || c.write_all(&[0]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .timeout(Duration::from_millis(500));
+    let r0 = rdv.exchange_with(0, 2, || Ok(UniqueId([3; 128])));
+    assert_eq!(r0.as_ref().ok(), Some(&UniqueId([3; 128])), "{r0:?}");
+}
+
+/// The same against the test store, whose WAIT for acknowledgements never ends: rank 1
+/// takes the id and acknowledges it, rank 0's wait runs out, its fresh look finds the ack,
+/// so it succeeds and cleans up, within a second of its deadline.
+#[test]
+fn rank_0_succeeds_when_every_ack_is_there_after_the_wait_ran_out() {
+    let store = TestStore::start_with(Faults {
+        ack_waits_never_end: true,
+        ..Faults::default()
+    });
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("late")
+        .timeout(Duration::from_millis(800));
+    let t = Instant::now();
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([3; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
+    });
+    let took = t.elapsed();
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([3; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+    assert!(took < Duration::from_millis(1800), "{took:?}");
+    assert_eq!(store.keys(), Vec::<String>::new());
+}
+
+/// The "port taken" error advises what moves the port: the address given in code, the
+/// variable NCCL_CHANNEL_RENDEZVOUS, or MASTER_PORT when the address was derived.
+#[test]
+fn the_port_taken_advice_names_where_the_address_came_from() {
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let taken = |rdv: Rendezvous| {
+        rdv.timeout(Duration::from_millis(200))
+            .exchange_with(0, 2, || Ok(UniqueId([1; 128])))
+            .unwrap_err()
+            .to_string()
+    };
+    let code = taken(Rendezvous::tcp(&addr).unwrap());
+    assert!(
+        code.ends_with(
+            "(still taken after 200ms; choose another port in the address given to \
+             Rendezvous::tcp)"
+        ),
+        "{code}"
+    );
+    assert!(!code.contains("MASTER_PORT"), "{code}");
+    let from_var = taken(
+        derive(&[
+            ("WORLD_SIZE", "2"),
+            ("RANK", "0"),
+            ("NCCL_CHANNEL_RENDEZVOUS", &addr),
+        ])
+        .unwrap()
+        .unwrap(),
+    );
+    assert!(
+        from_var.ends_with(
+            "(still taken after 200ms; choose another port for every rank in \
+             NCCL_CHANNEL_RENDEZVOUS)"
+        ),
+        "{from_var}"
+    );
+    assert!(!from_var.contains("MASTER_PORT"), "{from_var}");
+    let port_s = port.to_string();
+    let derived = taken(
+        derive(&[
+            ("WORLD_SIZE", "2"),
+            ("RANK", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port_s),
+        ])
+        .unwrap()
+        .unwrap(),
+    );
+    assert!(
+        derived.ends_with(
+            "(still taken after 200ms; choose another port for every rank with MASTER_PORT, \
+             or NCCL_CHANNEL_RENDEZVOUS=host:port)"
+        ),
+        "{derived}"
+    );
+    drop(held);
 }
