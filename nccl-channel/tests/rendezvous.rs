@@ -1635,7 +1635,41 @@ fn an_echo_server_is_not_a_tcpstore() {
         .exchange_with(1, 2, || unreachable!())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("not a TCPStore"), "{e}");
+    assert!(
+        e.contains("with 0 (ready) instead of 1: not a TCPStore (an echo server?)"),
+        "{e}"
+    );
+}
+
+/// Nor a server that answers the validation with a 1 and then more (a banner that starts
+/// with byte 1): a TCPStore answers the CHECK with one byte and nothing else.
+#[test]
+fn a_server_that_answers_more_than_one_byte_is_not_a_tcpstore() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut c, &mut buf);
+            let _ = c.write_all(b"\x01hello");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .timeout(Duration::from_millis(500));
+    let e = rdv
+        .exchange_with(1, 2, || unreachable!())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "something answered a TCPStore check with more than one byte (\"\\x01\" then \
+             \"hello\"): not a TCPStore"
+        ),
+        "{e}"
+    );
 }
 
 /// When the last acknowledgement lands between rank 0's WAIT running out and its fresh

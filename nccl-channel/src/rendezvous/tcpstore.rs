@@ -20,8 +20,9 @@
 //! Only queries every server since torch 2.4 answers are used: torch 2.5 added `PING` (13),
 //! which torch's own client sends after `VALIDATE`, but the servers of torch 2.4 and older
 //! close the connection on a query they do not know. A connection is validated with
-//! `VALIDATE` and a `CHECK` instead, whose one-byte answer (0 or 1) tells a TCPStore from
-//! something else listening there. Checked against the real servers of torch 2.4.1 and
+//! `VALIDATE` and a `CHECK` of a key that is never set instead: a TCPStore answers exactly
+//! one byte, 1 (not ready), and nothing more. An echo server answers 0 (`VALIDATE`'s own
+//! byte), and most other servers something that is not 1, or more bytes. Checked against the real servers of torch 2.4.1 and
 //! 2.5.1, libuv and legacy (`tests/torch_store_real.rs`, which checks any other release
 //! with `TORCH_PY`); from 2.4 to 2.5 the query types were only appended to. The keys here
 //! start with `/nccl-channel/`, apart from those of torch and torchrun.
@@ -195,7 +196,8 @@ fn connect(rdv: &Rendezvous, deadline: Instant, within: Duration) -> Result<Stor
     }
 }
 
-/// The key the validating `CHECK` asks about (it is never set).
+/// The key the validating `CHECK` asks about (it is never set: every key set here is under
+/// `/nccl-channel/`).
 const PROBE_KEY: &str = "/nccl-channel";
 
 fn try_connect(rdv: &Rendezvous, deadline: Instant) -> Result<Store, String> {
@@ -233,6 +235,36 @@ fn try_connect(rdv: &Rendezvous, deadline: Instant) -> Result<Store, String> {
             "something answered a TCPStore check with {} instead of 0 or 1: not a TCPStore",
             describe(&answer)
         ));
+    }
+    if answer[0] == READY {
+        return Err(format!(
+            "something answered a TCPStore check of {PROBE_KEY}, a key that is never set, \
+             with 0 (ready) instead of 1: not a TCPStore (an echo server?)"
+        ));
+    }
+    // A TCPStore sends nothing it was not asked for; whatever came with the answer (an
+    // echo, a banner) is not one.
+    let mut more = [0u8; 64];
+    let extra = store
+        .stream
+        .set_nonblocking(true)
+        .and_then(|()| store.stream.peek(&mut more));
+    store
+        .stream
+        .set_nonblocking(false)
+        .map_err(|e| format!("validating: {e}"))?;
+    match extra {
+        Ok(0) => return Err("something closed the connection after a TCPStore check".into()),
+        Ok(n) => {
+            return Err(format!(
+                "something answered a TCPStore check with more than one byte ({} then {}): \
+                 not a TCPStore",
+                describe(&answer),
+                describe(&more[..n])
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) => return Err(format!("validating: {e}")),
     }
     Ok(store)
 }
