@@ -36,6 +36,8 @@ pub struct Faults {
     /// A DELETE_KEY of a key that holds a value closes the connection instead of answering
     /// (deleting an absent key is answered 0 as usual).
     pub refuse_deleting_present_keys: bool,
+    /// A CHECK of an acknowledgement closes the connection instead of answering.
+    pub ack_checks_fail: bool,
 }
 
 #[derive(Default)]
@@ -193,6 +195,9 @@ fn serve(mut c: TcpStream, s: &State) -> Option<()> {
             CHECK => {
                 let keys = read_keys(&mut c)?;
                 log(format!("CHECK {}", keys.join(",")));
+                if s.faults.ack_checks_fail && keys.iter().any(|k| k.contains("/ack/")) {
+                    return None;
+                }
                 let data = s.data.lock().unwrap();
                 let ready = keys.iter().all(|k| data.contains_key(k));
                 drop(data);
