@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::Rig;
-use common::tcpstore::TestStore;
+use common::tcpstore::{Faults, TestStore};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, IdSource, Rendezvous, RendezvousKind, UniqueId, World};
 
@@ -186,18 +186,33 @@ fn torchrun_with_the_agent_store_goes_through_its_tcpstore() {
         log.iter().filter(|q| *q == &format!("GET {key}")).count(),
         2
     );
-    // Once every rank took the id, rank 0 removed it and the acks.
+    // Before storing the id, rank 0 removed what an earlier exchange under the key could
+    // have left; once every rank took the id, it removed it and the acks.
     let deleted: Vec<&String> = log.iter().filter(|q| q.starts_with("DELETE ")).collect();
+    let each = [
+        format!("DELETE {key}"),
+        format!("DELETE {key}/ack/1"),
+        format!("DELETE {key}/ack/2"),
+    ];
     assert_eq!(
         deleted,
-        [
-            format!("DELETE {key}"),
-            format!("DELETE {key}/ack/1"),
-            format!("DELETE {key}/ack/2")
-        ]
-        .iter()
-        .collect::<Vec<_>>()
+        each.iter().chain(&each).collect::<Vec<_>>(),
+        "{log:?}"
     );
+    let set = log.iter().position(|q| q == &format!("SET {key}")).unwrap();
+    assert!(
+        log[..set]
+            .iter()
+            .filter(|q| q.starts_with("DELETE "))
+            .count()
+            == 3,
+        "{log:?}"
+    );
+    // Rank 0 read both acks to compare their nonce with its own.
+    for r in 1..3 {
+        assert!(log.contains(&format!("GET {key}/ack/{r}")), "{log:?}");
+    }
+    assert_eq!(store.keys(), Vec::<String>::new());
     assert_eq!(store.keys(), Vec::<String>::new());
 }
 
@@ -658,13 +673,34 @@ fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
     );
     store.set(
         "/nccl-channel/k#1",
-        format!("nccl-channel-rendezvous 1 3 {}", UniqueId([1; 128])).as_bytes(),
+        format!(
+            "nccl-channel-rendezvous 2 3 0123456789abcdef {}",
+            UniqueId([1; 128])
+        )
+        .as_bytes(),
     );
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
     assert!(
         err.to_string()
             .contains("an id for a world of 3 ranks, but this rank's world has 2"),
         "{err}"
+    );
+    // A value of the version before nonces (a rank 0 of an older nccl-channel).
+    store.set(
+        "/nccl-channel/k#2",
+        format!("nccl-channel-rendezvous 1 2 {}", UniqueId([1; 128])).as_bytes(),
+    );
+    let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("a value of another version of nccl-channel's rendezvous"),
+        "{err}"
+    );
+    // No ack was written for a value refused.
+    assert!(
+        !store.keys().iter().any(|k| k.contains("/ack/")),
+        "{:?}",
+        store.keys()
     );
 }
 
@@ -1522,4 +1558,365 @@ fn nccl_channel_rendezvous_key_names_the_job() {
     .unwrap()
     .unwrap();
     assert_eq!(r.get_key(), "torchrun-r-attempt_0");
+}
+
+/// A first program under a torchrun attempt whose rank 2 never came leaves its id and
+/// rank 1's acknowledgement in the agent store. A second program under the same attempt
+/// (same key; simulated here with `localhost`, whose exchange counter starts at 0 again)
+/// must not count the stale ack as rank 1's: rank 0 would delete the id and return as soon
+/// as rank 2 acknowledged, and rank 1, which had not read it yet, would wait out its
+/// deadline. (From review 15.)
+#[test]
+fn a_stale_ack_from_an_earlier_exchange_does_not_count_for_rank_0() {
+    let store = TestStore::start();
+    let first = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("stale")
+        .timeout(Duration::from_millis(1500));
+    std::thread::scope(|s| {
+        let r0 = s.spawn(|| first.exchange_with(0, 3, || Ok(UniqueId([1; 128]))));
+        let r1 = s.spawn(|| first.exchange_with(1, 3, || unreachable!()));
+        assert!(r0.join().unwrap().is_err(), "rank 2 never came");
+        assert_eq!(r1.join().unwrap().unwrap(), UniqueId([1; 128]));
+    });
+    eprintln!("left in the store: {:?}", store.keys());
+
+    let second = Rendezvous::torch_store(&format!("localhost:{}", store.port))
+        .unwrap()
+        .key("stale")
+        .timeout(Duration::from_secs(4));
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r0 = s.spawn(|| second.exchange_with(0, 3, || Ok(UniqueId([2; 128]))));
+        std::thread::sleep(Duration::from_millis(300));
+        let r2 = s.spawn(|| second.exchange_with(2, 3, || unreachable!()));
+        std::thread::sleep(Duration::from_millis(700));
+        let r1 = s.spawn(|| second.exchange_with(1, 3, || unreachable!()));
+        [r0, r1, r2]
+            .map(|h| h.join().unwrap())
+            .into_iter()
+            .collect()
+    });
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([2; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+}
+
+/// Once every rank acknowledged the id (and went on to init with it), a failed clean-up
+/// DELETE_KEY must not make rank 0 alone fail the exchange: its peers would be left in
+/// ncclCommInitRank waiting for a rank 0 that gave up (from review 15). The test store's
+/// deletion of a present key closes the connection: both ranks get the id, and the store still holds it (the clean-up failed).
+#[test]
+fn a_failed_deletion_after_every_ack_does_not_fail_rank_0() {
+    let store = TestStore::start_with(Faults {
+        refuse_deleting_present_keys: true,
+        ..Faults::default()
+    });
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("nodelete")
+        .timeout(Duration::from_secs(3));
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([5; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
+    });
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([5; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+    let log = store.log();
+    assert!(
+        log.iter()
+            .any(|q| q == "DELETE refused /nccl-channel/nodelete#0"),
+        "{log:?}"
+    );
+    assert!(
+        store
+            .keys()
+            .contains(&"/nccl-channel/nodelete#0".to_string()),
+        "{:?}",
+        store.keys()
+    );
+}
+
+/// The validation (VALIDATE + CHECK) must not take an echo server for a TCPStore, although
+/// VALIDATE's own first byte, 0, is a valid CHECK answer. (From review 15.)
+#[test]
+fn an_echo_server_is_not_a_tcpstore() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(c) = c else { continue };
+            std::thread::spawn(move || {
+                let mut r = c.try_clone().unwrap();
+                let mut w = c;
+                let _ = std::io::copy(&mut r, &mut w);
+            });
+        }
+    });
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .timeout(Duration::from_millis(800));
+    let e = rdv
+        .exchange_with(1, 2, || unreachable!())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("with 0 (ready) instead of 1: not a TCPStore (an echo server?)"),
+        "{e}"
+    );
+}
+
+/// Nor a server that answers the validation with a 1 and then more (a banner that starts
+/// with byte 1): a TCPStore answers the CHECK with one byte and nothing else.
+#[test]
+fn a_server_that_answers_more_than_one_byte_is_not_a_tcpstore() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut c, &mut buf);
+            let _ = c.write_all(b"\x01hello");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .timeout(Duration::from_millis(500));
+    let e = rdv
+        .exchange_with(1, 2, || unreachable!())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "something answered a TCPStore check with more than one byte (\"\\x01\" then \
+             \"hello\"): not a TCPStore"
+        ),
+        "{e}"
+    );
+}
+
+/// When the last acknowledgement lands between rank 0's WAIT running out and its fresh
+/// look, rank 0 must not fail with "did not see ranks  take the id" (an empty list): every
+/// rank took the id and went on (from review 15). The test store's WAIT for
+/// acknowledgements never ends: rank 1
+/// takes the id and acknowledges it, rank 0's wait runs out, its fresh look finds the ack,
+/// so it succeeds and cleans up, within a second of its deadline.
+#[test]
+fn rank_0_succeeds_when_every_ack_is_there_after_the_wait_ran_out() {
+    let store = TestStore::start_with(Faults {
+        ack_waits_never_end: true,
+        ..Faults::default()
+    });
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("late")
+        .timeout(Duration::from_millis(800));
+    let t = Instant::now();
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([3; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
+    });
+    let took = t.elapsed();
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([3; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+    assert!(took < Duration::from_millis(1800), "{took:?}");
+    assert_eq!(store.keys(), Vec::<String>::new());
+}
+
+/// The "port taken" error advises what moves the port: the address given in code, the
+/// variable NCCL_CHANNEL_RENDEZVOUS, or MASTER_PORT when the address was derived.
+#[test]
+fn the_port_taken_advice_names_where_the_address_came_from() {
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let taken = |rdv: Rendezvous| {
+        rdv.timeout(Duration::from_millis(200))
+            .exchange_with(0, 2, || Ok(UniqueId([1; 128])))
+            .unwrap_err()
+            .to_string()
+    };
+    let code = taken(Rendezvous::tcp(&addr).unwrap());
+    assert!(
+        code.ends_with(
+            "(still taken after 200ms; choose another port in the address given to \
+             Rendezvous::tcp)"
+        ),
+        "{code}"
+    );
+    assert!(!code.contains("MASTER_PORT"), "{code}");
+    let from_var = taken(
+        derive(&[
+            ("WORLD_SIZE", "2"),
+            ("RANK", "0"),
+            ("NCCL_CHANNEL_RENDEZVOUS", &addr),
+        ])
+        .unwrap()
+        .unwrap(),
+    );
+    assert!(
+        from_var.ends_with(
+            "(still taken after 200ms; choose another port for every rank in \
+             NCCL_CHANNEL_RENDEZVOUS)"
+        ),
+        "{from_var}"
+    );
+    assert!(!from_var.contains("MASTER_PORT"), "{from_var}");
+    let port_s = port.to_string();
+    let derived = taken(
+        derive(&[
+            ("WORLD_SIZE", "2"),
+            ("RANK", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port_s),
+        ])
+        .unwrap()
+        .unwrap(),
+    );
+    assert!(
+        derived.ends_with(
+            "(still taken after 200ms; choose another port for every rank with MASTER_PORT, \
+             or NCCL_CHANNEL_RENDEZVOUS=host:port)"
+        ),
+        "{derived}"
+    );
+    drop(held);
+}
+
+/// Rank 0 of a TCPStore exchange names the ranks that did not acknowledge, removes its id
+/// (so that a later exchange under the key cannot read it), and is done within a second
+/// of its deadline.
+#[test]
+fn torch_store_rank_0_names_the_missing_rank_and_removes_its_id() {
+    let store = TestStore::start();
+    let port = store.port;
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .key("miss")
+        .timeout(Duration::from_millis(600));
+    let t = Instant::now();
+    let (r0, r1) = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 3, || Ok(UniqueId([4; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 3, || unreachable!()));
+        (r0.join().unwrap(), r1.join().unwrap())
+    });
+    let took = t.elapsed();
+    assert_eq!(r1.unwrap(), UniqueId([4; 128]));
+    assert_eq!(
+        r0.unwrap_err().to_string(),
+        format!(
+            "torchrun's TCPStore at 127.0.0.1:{port} (derived from code) did not see rank 2 \
+             take the id (key /nccl-channel/miss#0) within 600ms"
+        )
+    );
+    assert!(took < Duration::from_millis(1600), "{took:?}");
+    assert_eq!(store.keys(), Vec::<String>::new());
+}
+
+/// An ack of an earlier exchange that appears after rank 0 removed the old ones (a rank of
+/// that exchange acknowledging late) carries another nonce: rank 0 does not count it, and
+/// waits for this exchange's rank to overwrite it; if none does, its error says so.
+#[test]
+fn torch_store_rank_0_does_not_count_an_ack_with_another_nonce() {
+    let store = TestStore::start();
+    let port = store.port;
+    let key = "/nccl-channel/nonce#0";
+    let late_stale_ack = || {
+        let t = Instant::now();
+        while store.value(key).is_none() {
+            assert!(t.elapsed() < Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        store.set(&format!("{key}/ack/1"), b"0123456789abcdef");
+    };
+    // No rank 1 of this exchange: rank 0 fails, naming the foreign ack.
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .key("nonce")
+        .timeout(Duration::from_millis(700));
+    let r0 = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([6; 128]))));
+        late_stale_ack();
+        r0.join().unwrap()
+    });
+    assert_eq!(
+        r0.unwrap_err().to_string(),
+        format!(
+            "torchrun's TCPStore at 127.0.0.1:{port} (derived from code) did not see rank 1 \
+             take the id (key {key}) within 700ms (rank 1 acknowledged another exchange's id \
+             under that key: an earlier program's?)"
+        )
+    );
+    // Rank 1 comes after the foreign ack: both agree, rank 0 only once rank 1 took the id.
+    let rdv = Rendezvous::torch_store(&format!("localhost:{port}"))
+        .unwrap()
+        .key("nonce")
+        .timeout(Duration::from_secs(5));
+    let (r0, r1) = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([7; 128]))));
+        late_stale_ack();
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(!r0.is_finished(), "rank 0 counted the foreign ack");
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        (r0.join().unwrap(), r1.join().unwrap())
+    });
+    assert_eq!(r0.unwrap(), UniqueId([7; 128]));
+    assert_eq!(r1.unwrap(), UniqueId([7; 128]));
+    assert_eq!(store.keys(), Vec::<String>::new());
+}
+
+/// When rank 0's wait ran out and the store then fails a CHECK, rank 0 stops there and
+/// says the store could not be asked, rather than counting every rank as missing.
+#[test]
+fn torch_store_rank_0_stops_at_the_first_failed_check() {
+    let store = TestStore::start_with(Faults {
+        ack_waits_never_end: true,
+        ack_checks_fail: true,
+        ..Faults::default()
+    });
+    let port = store.port;
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .key("nocheck")
+        .timeout(Duration::from_millis(500));
+    let t = Instant::now();
+    let e = rdv
+        .exchange_with(0, 3, || Ok(UniqueId([8; 128])))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        e.starts_with(&format!(
+            "torchrun's TCPStore at 127.0.0.1:{port} (derived from code) did not see every \
+             rank take the id (key /nccl-channel/nocheck#0) within 500ms (then the store could \
+             not be asked which ranks: checking /nccl-channel/nocheck#0/ack/1: "
+        )),
+        "{e}"
+    );
+    let log = store.log();
+    let checks = log
+        .iter()
+        .filter(|q| q.starts_with("CHECK /nccl-channel/nocheck#0/ack/"));
+    assert_eq!(checks.count(), 1, "{log:?}");
 }

@@ -8,8 +8,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nccl_channel::{Rendezvous, UniqueId};
 
@@ -52,10 +53,15 @@ impl TorchStore {
         }
     }
 
-    /// How many keys the store holds, and whether each of `keys` is there, as torch's own
-    /// client sees them.
+    /// How many keys the store holds, and whether each of `keys` (as on the wire) is there,
+    /// as torch's own client sees them. Torch's client puts `/` before every key it is
+    /// given, so it is asked for each key without its leading `/`.
     fn check(&mut self, keys: &[String]) -> (usize, Vec<bool>) {
-        writeln!(self.stdin, "{}", keys.join(" ")).unwrap();
+        let asked: Vec<&str> = keys
+            .iter()
+            .map(|k| k.strip_prefix('/').expect("keys here start with /"))
+            .collect();
+        writeln!(self.stdin, "{}", asked.join(" ")).unwrap();
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         let mut words = line.split_whitespace();
@@ -107,6 +113,80 @@ fn exchange_twice(libuv: bool) {
     }
 }
 
+/// Sets `key` to `value` with a raw client of the store's protocol (VALIDATE, then SET),
+/// as a rank of an earlier exchange acknowledging late would.
+fn raw_set(port: u16, key: &str, value: &[u8]) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut buf = vec![0u8];
+    buf.extend_from_slice(&0x3C85_F7CEu32.to_ne_bytes());
+    buf.push(1);
+    for s in [key.as_bytes(), value] {
+        buf.extend_from_slice(&(s.len() as u64).to_ne_bytes());
+        buf.extend_from_slice(s);
+    }
+    c.write_all(&buf).unwrap();
+    // The store has the key once a later request on this connection is answered: CHECK.
+    c.write_all(&[5]).unwrap();
+    c.write_all(&1u64.to_ne_bytes()).unwrap();
+    c.write_all(&(key.len() as u64).to_ne_bytes()).unwrap();
+    c.write_all(key.as_bytes()).unwrap();
+    let mut answer = [9u8];
+    std::io::Read::read_exact(&mut c, &mut answer).unwrap();
+    assert_eq!(answer, [0], "{key} not set");
+}
+
+/// Rank 0's paths other than the plain one, against the real store: a rank that never
+/// comes (rank 0's wait runs out; it asks on a fresh connection with CHECK and GET, names
+/// the rank, and removes its id); an ack with another nonce written after rank 0 stored
+/// the id (rank 0 reads it again until this exchange's rank overwrites it).
+fn missing_rank_and_foreign_ack(libuv: bool) {
+    let mut store = TorchStore::start(libuv);
+    let port = store.port;
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .key("paths")
+        .timeout(Duration::from_millis(1500));
+    let (r0, r1) = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 3, || Ok(UniqueId([9; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 3, || unreachable!()));
+        (r0.join().unwrap(), r1.join().unwrap())
+    });
+    assert_eq!(r1.unwrap(), UniqueId([9; 128]));
+    let e = r0.unwrap_err().to_string();
+    assert!(
+        e.ends_with("did not see rank 2 take the id (key /nccl-channel/paths#0) within 1.5s"),
+        "{e}"
+    );
+    let key = "/nccl-channel/paths#0";
+    let keys = [
+        key.to_string(),
+        format!("{key}/ack/1"),
+        format!("{key}/ack/2"),
+    ];
+    assert_eq!(store.check(&keys), (0, vec![false; 3]));
+
+    let rdv = Rendezvous::torch_store(&format!("localhost:{port}"))
+        .unwrap()
+        .key("paths")
+        .timeout(Duration::from_secs(20));
+    let (r0, r1) = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([10; 128]))));
+        let t = Instant::now();
+        while !store.check(&[key.to_string()]).1[0] {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        raw_set(port, &format!("{key}/ack/1"), b"0123456789abcdef");
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!r0.is_finished(), "rank 0 counted the foreign ack");
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        (r0.join().unwrap(), r1.join().unwrap())
+    });
+    assert_eq!(r0.unwrap(), UniqueId([10; 128]));
+    assert_eq!(r1.unwrap(), UniqueId([10; 128]));
+    assert_eq!(store.check(&keys[..2]), (0, vec![false; 2]));
+}
+
 #[test]
 #[ignore = "needs torch: set TORCH_PY"]
 fn a_real_torch_store_libuv() {
@@ -117,4 +197,16 @@ fn a_real_torch_store_libuv() {
 #[ignore = "needs torch: set TORCH_PY"]
 fn a_real_torch_store_legacy() {
     exchange_twice(false);
+}
+
+#[test]
+#[ignore = "needs torch: set TORCH_PY"]
+fn a_real_torch_store_libuv_other_paths() {
+    missing_rank_and_foreign_ack(true);
+}
+
+#[test]
+#[ignore = "needs torch: set TORCH_PY"]
+fn a_real_torch_store_legacy_other_paths() {
+    missing_rank_and_foreign_ack(false);
 }

@@ -33,8 +33,9 @@ pub enum RendezvousKind {
     /// text protocol, with a key so that a server of another job is recognised).
     RankZero,
     /// torchrun's agent hosts a TCPStore there (`TORCHELASTIC_USE_AGENT_STORE=True`):
-    /// rank 0 `set`s the id under a key, the others `wait` for it and `get` it; once all
-    /// acknowledged it, rank 0 deletes it. Works with the stores of torch 2.4 and newer
+    /// rank 0 `set`s the id under a key (with a nonce, after removing what an earlier
+    /// exchange under that key left), the others `wait` for it, `get` it and acknowledge
+    /// it with the nonce; once all acknowledged it, rank 0 deletes it. Works with the stores of torch 2.4 and newer
     /// (libuv and legacy servers), which torchrun hosts for its static rendezvous, and from
     /// torch 2.5 for the c10d one (`--standalone`; torch 2.4 sets
     /// `TORCHELASTIC_USE_AGENT_STORE=False` there, and rank 0 serves at
@@ -58,7 +59,11 @@ pub enum RendezvousKind {
 /// No single connection can make rank 0 fail: something that is not one of its ranks, or
 /// a rank with another world size (answered, so that it fails at once), is dropped and
 /// rank 0 goes on serving until its deadline, whose error names what it saw. Every read
-/// has a deadline, so a slow or silent peer holds neither side past its own.
+/// has a deadline, so a slow or silent peer holds neither side past its own, with one
+/// bounded exception: rank 0 of a [`RendezvousKind::TorchStore`] exchange spends at most
+/// 1 s past its deadline removing the id from the store, or, when its wait ran out,
+/// asking the store on a fresh connection which ranks did not take the id (when every
+/// rank did, the last just then, the exchange succeeds).
 ///
 /// The rendezvous is not authenticated, like NCCL's own bootstrap (`NCCL_COMM_ID`) and
 /// torch's TCPStore: anyone who can connect to the address can read the unique id (and so

@@ -281,9 +281,9 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
                 "could not listen on {addr}: {e}{}",
                 if e.kind() == ErrorKind::AddrInUse {
                     format!(
-                        " (still taken after {:?}; choose another port for every rank with \
-                         MASTER_PORT, or NCCL_CHANNEL_RENDEZVOUS=host:port)",
-                        rdv.timeout
+                        " (still taken after {:?}; choose another port {})",
+                        rdv.timeout,
+                        port_advice(rdv)
                     )
                 } else {
                     String::new()
@@ -291,6 +291,16 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
             )));
         }
         backoff.sleep(deadline);
+    }
+}
+
+/// Where another port is chosen, by where the address came from: `MASTER_PORT` is read
+/// only when the address is derived from the launcher's variables.
+fn port_advice(rdv: &Rendezvous) -> &'static str {
+    match rdv.derived_from.as_str() {
+        "code" => "in the address given to Rendezvous::tcp",
+        "NCCL_CHANNEL_RENDEZVOUS" => "for every rank in NCCL_CHANNEL_RENDEZVOUS",
+        _ => "for every rank with MASTER_PORT, or NCCL_CHANNEL_RENDEZVOUS=host:port",
     }
 }
 

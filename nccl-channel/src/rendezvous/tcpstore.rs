@@ -20,8 +20,9 @@
 //! Only queries every server since torch 2.4 answers are used: torch 2.5 added `PING` (13),
 //! which torch's own client sends after `VALIDATE`, but the servers of torch 2.4 and older
 //! close the connection on a query they do not know. A connection is validated with
-//! `VALIDATE` and a `CHECK` instead, whose one-byte answer (0 or 1) tells a TCPStore from
-//! something else listening there. Checked against the real servers of torch 2.4.1 and
+//! `VALIDATE` and a `CHECK` of a key that is never set instead: a TCPStore answers exactly
+//! one byte, 1 (not ready), and nothing more. An echo server answers 0 (`VALIDATE`'s own
+//! byte), and most other servers something that is not 1, or more bytes. Checked against the real servers of torch 2.4.1 and
 //! 2.5.1, libuv and legacy (`tests/torch_store_real.rs`, which checks any other release
 //! with `TORCH_PY`); from 2.4 to 2.5 the query types were only appended to. The keys here
 //! start with `/nccl-channel/`, apart from those of torch and torchrun.
@@ -30,14 +31,32 @@
 //! left, at most [`STEP`](super::net::STEP), before every read), so a store that trickles
 //! its answers cannot keep a rank past its deadline.
 //!
+//! The exchange: rank 0 removes whatever an earlier exchange under the same key left (its
+//! id, its acknowledgements), then `SET`s `/nccl-channel/<key>` to a value carrying the id
+//! and a nonce of its own, and `WAIT`s for `<that>/ack/1` .. `/ack/<size-1>`; every other
+//! rank `WAIT`s for the id, `GET`s it, checks it is well-formed and for its world size, and
+//! `SET`s its ack to the nonce it read. Rank 0 `GET`s every ack and counts only those with
+//! its nonce: an ack with another one was written by a rank of an earlier exchange (after
+//! rank 0 removed the old ones), and rank 0 reads it again until the rank of this exchange
+//! overwrites it.
+//!
 //! The agent store outlives the worker processes of one torchrun attempt, so rank 0
-//! deletes the id and the acknowledgements once every rank took the id: a second program
+//! deletes the id and the acknowledgements once every rank took the id (a failed deletion
+//! then is a warning on stderr, not an error: the other ranks have gone on to
+//! `ncclCommInitRank`), and deletes the id, best-effort, when it fails: a second program
 //! run by the same workers (same run id and restart count, so the same key) waits for its
 //! own rank 0 instead of reading a stale id.
+//!
+//! When its `WAIT` runs out (or fails), rank 0 asks on a fresh connection which acks are
+//! missing; if none is (the last came just then), the exchange succeeds. This look and the
+//! clean-up take at most [`AFTER`] past the deadline.
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::Rendezvous;
 use super::net::{self, Backoff, STEP, describe, step_until, time_for_attempt};
@@ -55,8 +74,13 @@ const NOT_READY: u8 = 1;
 const STOP_WAITING: u8 = 0;
 /// The largest value read back (ours are under 400 bytes).
 const MAX_VALUE: u64 = 4096;
-/// What rank 0 stores: `MAGIC VERSION size hex-id`.
-const VALUE_MAGIC: &str = "nccl-channel-rendezvous 1";
+/// What rank 0 stores: `MAGIC VERSION size nonce hex-id` (version 1 had no nonce).
+const VALUE_MAGIC: &str = "nccl-channel-rendezvous 2";
+/// The most rank 0 spends past its deadline: removing the id and the acks, or asking the
+/// store on a fresh connection which ranks did not acknowledge the id.
+pub(crate) const AFTER: Duration = Duration::from_secs(1);
+/// How many requests go out before their answers are read.
+const BATCH: usize = 256;
 
 /// One validated connection to the store.
 struct Store {
@@ -103,6 +127,28 @@ impl Store {
 
     fn get(&mut self, key: &str, deadline: Instant) -> io::Result<Vec<u8>> {
         self.send(GET, &[key.as_bytes()], None)?;
+        self.read_value(deadline)
+    }
+
+    /// The values of `keys` (which must all exist: torch's legacy server drops the
+    /// connection on a `GET` of a missing key), asked in batches.
+    fn get_many(&mut self, keys: &[String], deadline: Instant) -> io::Result<Vec<Vec<u8>>> {
+        let mut values = Vec::with_capacity(keys.len());
+        for batch in keys.chunks(BATCH) {
+            let mut buf = Vec::new();
+            for k in batch {
+                buf.extend_from_slice(&request(GET, None, &[k.as_bytes()]));
+            }
+            self.stream.write_all(&buf)?;
+            for _ in batch {
+                values.push(self.read_value(deadline)?);
+            }
+        }
+        Ok(values)
+    }
+
+    /// A `GET`'s answer: a `u64` length and the bytes.
+    fn read_value(&mut self, deadline: Instant) -> io::Result<Vec<u8>> {
         let mut len = [0u8; 8];
         net::read_exact(&self.stream, &mut len, deadline)?;
         let len = u64::from_ne_bytes(len);
@@ -132,7 +178,7 @@ impl Store {
     /// Removes `keys`, each with its own `DELETE_KEY` (sent in batches, then the answers
     /// read), before `deadline`.
     fn delete(&mut self, keys: &[String], deadline: Instant) -> io::Result<()> {
-        for batch in keys.chunks(256) {
+        for batch in keys.chunks(BATCH) {
             let mut buf = Vec::new();
             for k in batch {
                 buf.extend_from_slice(&request(DELETE_KEY, None, &[k.as_bytes()]));
@@ -195,7 +241,8 @@ fn connect(rdv: &Rendezvous, deadline: Instant, within: Duration) -> Result<Stor
     }
 }
 
-/// The key the validating `CHECK` asks about (it is never set).
+/// The key the validating `CHECK` asks about (it is never set: every key set here is under
+/// `/nccl-channel/`).
 const PROBE_KEY: &str = "/nccl-channel";
 
 fn try_connect(rdv: &Rendezvous, deadline: Instant) -> Result<Store, String> {
@@ -234,6 +281,36 @@ fn try_connect(rdv: &Rendezvous, deadline: Instant) -> Result<Store, String> {
             describe(&answer)
         ));
     }
+    if answer[0] == READY {
+        return Err(format!(
+            "something answered a TCPStore check of {PROBE_KEY}, a key that is never set, \
+             with 0 (ready) instead of 1: not a TCPStore (an echo server?)"
+        ));
+    }
+    // A TCPStore sends nothing it was not asked for; whatever came with the answer (an
+    // echo, a banner) is not one.
+    let mut more = [0u8; 64];
+    let extra = store
+        .stream
+        .set_nonblocking(true)
+        .and_then(|()| store.stream.peek(&mut more));
+    store
+        .stream
+        .set_nonblocking(false)
+        .map_err(|e| format!("validating: {e}"))?;
+    match extra {
+        Ok(0) => return Err("something closed the connection after a TCPStore check".into()),
+        Ok(n) => {
+            return Err(format!(
+                "something answered a TCPStore check with more than one byte ({} then {}): \
+                 not a TCPStore",
+                describe(&answer),
+                describe(&more[..n])
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) => return Err(format!("validating: {e}")),
+    }
     Ok(store)
 }
 
@@ -247,7 +324,32 @@ fn ack_keys(key: &str, size: usize) -> Vec<String> {
         .collect()
 }
 
-/// Rank 0: stores the id, then waits until every other rank acknowledged it.
+/// A fresh nonce: 16 hex digits from a randomly keyed hash of the time, the process and
+/// a counter.
+fn new_nonce() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    format!("{:016x}", h.finish())
+}
+
+/// `rank 1`, `ranks 1, 3`.
+fn ranks(list: &[usize]) -> String {
+    let names: Vec<String> = list.iter().map(ToString::to_string).collect();
+    format!(
+        "rank{} {}",
+        if list.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    )
+}
+
+/// Rank 0: removes what an earlier exchange under the key left, stores the id with a
+/// fresh nonce, then waits until every other rank acknowledged it with that nonce.
 pub(super) fn publish(
     rdv: &Rendezvous,
     key: &str,
@@ -257,61 +359,167 @@ pub(super) fn publish(
     let deadline = Instant::now() + rdv.timeout;
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let id = make()?;
-    let value = format!("{VALUE_MAGIC} {size} {id}");
-    store
-        .set(&store_key(key), value.as_bytes())
-        .map_err(|e| rdv.error(format!("failed storing the id: {e}")))?;
+    let skey = store_key(key);
     let acks = ack_keys(key, size);
-    let all = store
-        .wait(&acks, deadline)
-        .map_err(|e| rdv.error(format!("failed waiting for the ranks: {e}")))?;
-    if all {
-        // Every rank took the id: remove it and the acks, so that a later program under
-        // the same torchrun attempt (same key) does not read this stale id. The deletions
-        // get a second even when the wait ended at the deadline.
-        let mut keys = vec![store_key(key)];
-        keys.extend(acks);
-        store
-            .delete(&keys, deadline.max(Instant::now() + Duration::from_secs(1)))
-            .map_err(|e| {
-                rdv.error(format!(
-                    "could not remove the id (key {}) after every rank took it: {e}; a later \
-                     program under the same torchrun attempt could read it",
-                    store_key(key)
-                ))
-            })?;
-        return Ok(id);
-    }
-    let mut problem = format!(
-        "did not see every rank take the id (key {}) within {:?}",
-        store_key(key),
-        rdv.timeout
-    );
-    // The pending wait spoils this connection; ask on a fresh one who is missing.
-    let ask = Duration::from_secs(5);
-    match connect(rdv, Instant::now() + ask, ask) {
-        Ok(mut fresh) => {
-            let by = Instant::now() + ask;
-            let mut missing = Vec::new();
-            for (r, k) in (1..size).zip(&acks) {
-                if !fresh.check(std::slice::from_ref(k), by).unwrap_or(false) {
-                    missing.push(r.to_string());
-                }
+    let mut every_key = vec![skey.clone()];
+    every_key.extend(acks.iter().cloned());
+    // An earlier exchange under this key (a program that failed, under the same torchrun
+    // attempt) may have left its id and acks: an old ack must not count for this one.
+    store.delete(&every_key, deadline).map_err(|e| {
+        rdv.error(format!(
+            "failed removing what an earlier exchange left under key {skey}: {e}"
+        ))
+    })?;
+    let nonce = new_nonce();
+    let value = format!("{VALUE_MAGIC} {size} {nonce} {id}");
+    // The ranks (1 ..) whose ack does not carry this exchange's nonce yet.
+    let mut unacked: Vec<usize> = (1..size).collect();
+    let waited = store
+        .set(&skey, value.as_bytes())
+        .map_err(|e| Some(format!("failed storing the id: {e}")))
+        .and_then(|()| wait_for_acks(&mut store, &acks, &mut unacked, &nonce, deadline));
+    if let Err(problem) = &waited {
+        // The connection is spoilt (a wait pending, or broken); look again on a fresh one.
+        let by = Instant::now() + AFTER;
+        let (fresh, looked) = look_again(rdv, &acks, &mut unacked, &nonce, by);
+        if looked.is_ok() && unacked.is_empty() {
+            // Every ack came, the last just as the wait ran out.
+            if let Some(mut fresh) = fresh {
+                clean_up(rdv, &mut fresh, &every_key, by);
             }
-            problem = format!(
-                "did not see rank{} {} take the id (key {}) within {:?}",
-                if missing.len() == 1 { "" } else { "s" },
-                missing.join(", "),
-                store_key(key),
-                rdv.timeout
-            );
+            return Ok(id);
         }
-        Err(e) => problem.push_str(&format!(" (then, asked which ranks, it {e})")),
+        // Best-effort: a later exchange under this key must not read this id.
+        if let Some(mut fresh) = fresh {
+            let _ = fresh.delete(&every_key, by);
+        }
+        let problem = match (problem, looked) {
+            (None, Ok(stale)) => missing(rdv, &skey, &unacked, &stale),
+            (Some(p), Ok(stale)) => format!("{p}; then {}", missing(rdv, &skey, &unacked, &stale)),
+            (None, Err(e)) => format!(
+                "did not see every rank take the id (key {skey}) within {:?} (then the store \
+                 could not be asked which ranks: {e})",
+                rdv.timeout
+            ),
+            (Some(p), Err(e)) => {
+                format!("{p} (then the store could not be asked which ranks took the id: {e})")
+            }
+        };
+        return Err(rdv.error(problem));
     }
-    Err(rdv.error(problem))
+    clean_up(rdv, &mut store, &every_key, Instant::now() + AFTER);
+    Ok(id)
 }
 
-/// Ranks other than 0: wait for the id, read it, acknowledge it.
+/// Waits until every rank in `unacked` acknowledged with `nonce`, removing them from it.
+/// `Err(None)`: the deadline passed; `Err(Some(problem))`: the store failed.
+fn wait_for_acks(
+    store: &mut Store,
+    acks: &[String],
+    unacked: &mut Vec<usize>,
+    nonce: &str,
+    deadline: Instant,
+) -> Result<(), Option<String>> {
+    let mut backoff = Backoff::new();
+    loop {
+        let pending: Vec<String> = unacked.iter().map(|r| acks[r - 1].clone()).collect();
+        let all = store
+            .wait(&pending, deadline)
+            .map_err(|e| Some(format!("failed waiting for the ranks: {e}")))?;
+        if !all {
+            return Err(None);
+        }
+        let values = store
+            .get_many(&pending, deadline)
+            .map_err(|e| Some(format!("failed reading the acknowledgements: {e}")))?;
+        let mut values = values.iter();
+        unacked.retain(|_| values.next().is_none_or(|v| v != nonce.as_bytes()));
+        if unacked.is_empty() {
+            return Ok(());
+        }
+        // Acks of an earlier exchange, written after this rank 0 removed the old ones:
+        // read them again until this exchange's ranks overwrite them.
+        backoff.sleep(deadline);
+        if !time_for_attempt(deadline) {
+            return Err(None);
+        }
+    }
+}
+
+/// On a fresh connection, by `by`: which of `unacked` acknowledged after all (removed from
+/// it). The connection (when one was made) and the ranks whose ack carries another nonce,
+/// or why the store could not be asked (stopping at the first failure).
+fn look_again(
+    rdv: &Rendezvous,
+    acks: &[String],
+    unacked: &mut Vec<usize>,
+    nonce: &str,
+    by: Instant,
+) -> (Option<Store>, Result<Vec<usize>, String>) {
+    let mut fresh = match connect(rdv, by, AFTER) {
+        Ok(fresh) => fresh,
+        Err(e) => return (None, Err(format!("it {e}"))),
+    };
+    let mut stale = Vec::new();
+    let mut still = Vec::new();
+    for &r in unacked.iter() {
+        let k = &acks[r - 1];
+        let present = match fresh.check(std::slice::from_ref(k), by) {
+            Ok(present) => present,
+            Err(e) => return (Some(fresh), Err(format!("checking {k}: {e}"))),
+        };
+        if !present {
+            still.push(r);
+            continue;
+        }
+        match fresh.get(k, by) {
+            Ok(v) if v == nonce.as_bytes() => {}
+            Ok(_) => {
+                stale.push(r);
+                still.push(r);
+            }
+            Err(e) => return (Some(fresh), Err(format!("reading {k}: {e}"))),
+        }
+    }
+    *unacked = still;
+    (Some(fresh), Ok(stale))
+}
+
+/// The error of a rank 0 that did not see `unacked` acknowledge; `stale`: those whose ack
+/// is another exchange's.
+fn missing(rdv: &Rendezvous, skey: &str, unacked: &[usize], stale: &[usize]) -> String {
+    let mut problem = format!(
+        "did not see {} take the id (key {skey}) within {:?}",
+        ranks(unacked),
+        rdv.timeout
+    );
+    if !stale.is_empty() {
+        problem.push_str(&format!(
+            " ({} acknowledged another exchange's id under that key: an earlier program's?)",
+            ranks(stale)
+        ));
+    }
+    problem
+}
+
+/// Every rank took the id: removes it and the acks, so that a later program under the same
+/// torchrun attempt (same key) does not read this stale id. A failure is one line on
+/// stderr, not an error: the other ranks have gone on with the id, and a later rank 0
+/// removes the keys before storing its own.
+fn clean_up(rdv: &Rendezvous, store: &mut Store, keys: &[String], by: Instant) {
+    if let Err(e) = store.delete(keys, by) {
+        eprintln!(
+            "nccl-channel: warning: {}",
+            rdv.error(format!(
+                "could not remove the id (key {}) after every rank took it: {e}; a rank of a \
+                 later program under the same key that comes before its rank 0 could read it",
+                keys[0]
+            ))
+        );
+    }
+}
+
+/// Ranks other than 0: wait for the id, read it, acknowledge it with its nonce.
 pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
     let deadline = Instant::now() + rdv.timeout;
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
@@ -328,16 +536,16 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
     let value = store
         .get(&skey, deadline)
         .map_err(|e| rdv.error(format!("failed reading key {skey}: {e}")))?;
-    let id =
+    let (id, nonce) =
         parse_value(&value, size).map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
     store
-        .set(&ack_keys(key, size)[rank - 1], b"1")
+        .set(&ack_keys(key, size)[rank - 1], nonce.as_bytes())
         .map_err(|e| rdv.error(format!("failed acknowledging the id: {e}")))?;
     Ok(id)
 }
 
-/// Rank 0's value: checks the format and the world size.
-fn parse_value(value: &[u8], size: usize) -> Result<UniqueId, String> {
+/// Rank 0's value: checks the format and the world size; the id and the nonce.
+fn parse_value(value: &[u8], size: usize) -> Result<(UniqueId, String), String> {
     let bad = || {
         format!(
             "something that is not a rendezvous value: {}",
@@ -345,19 +553,31 @@ fn parse_value(value: &[u8], size: usize) -> Result<UniqueId, String> {
         )
     };
     let text = std::str::from_utf8(value).map_err(|_| bad())?;
+    if text.starts_with("nccl-channel-rendezvous ") && !text.starts_with(VALUE_MAGIC) {
+        return Err(format!(
+            "a value of another version of nccl-channel's rendezvous ({}); every rank must \
+             run the same",
+            describe(value)
+        ));
+    }
     let rest = text.strip_prefix(VALUE_MAGIC).ok_or_else(bad)?;
     let mut words = rest.split_whitespace();
-    let (Some(n), Some(hex), None) = (words.next(), words.next(), words.next()) else {
+    let (Some(n), Some(nonce), Some(hex), None) =
+        (words.next(), words.next(), words.next(), words.next())
+    else {
         return Err(bad());
     };
     let n: usize = n.parse().map_err(|_| bad())?;
+    if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
     if n != size {
         return Err(format!(
             "an id for a world of {n} ranks, but this rank's world has {size}; every rank must \
              see the same world size"
         ));
     }
-    hex.parse().map_err(|_| bad())
+    Ok((hex.parse().map_err(|_| bad())?, nonce.to_string()))
 }
 
 #[cfg(test)]
@@ -393,8 +613,11 @@ mod tests {
     #[test]
     fn values_are_checked() {
         let id = UniqueId([0x42; 128]);
-        let v = format!("{VALUE_MAGIC} 3 {id}");
-        assert_eq!(parse_value(v.as_bytes(), 3), Ok(id));
+        let v = format!("{VALUE_MAGIC} 3 0123456789abcdef {id}");
+        assert_eq!(
+            parse_value(v.as_bytes(), 3),
+            Ok((id, "0123456789abcdef".to_string()))
+        );
         assert!(
             parse_value(v.as_bytes(), 4)
                 .unwrap_err()
@@ -402,9 +625,12 @@ mod tests {
         );
         for bad in [
             &b""[..],
-            b"nccl-channel-rendezvous 1 3",
+            b"nccl-channel-rendezvous 2 3",
             b"\xff",
-            b"nccl-channel-rendezvous 1 x 00",
+            b"nccl-channel-rendezvous 2 x 0123456789abcdef 00",
+            format!("{VALUE_MAGIC} 3 {id}").as_bytes(),
+            format!("{VALUE_MAGIC} 3 0123456789abcdeg {id}").as_bytes(),
+            format!("{VALUE_MAGIC} 3 0123456789abcdef0 {id}").as_bytes(),
         ] {
             assert!(
                 parse_value(bad, 3)
@@ -413,5 +639,13 @@ mod tests {
                 "{bad:?}"
             );
         }
+        let old = format!("nccl-channel-rendezvous 1 3 {id}");
+        assert!(
+            parse_value(old.as_bytes(), 3)
+                .unwrap_err()
+                .contains("another version")
+        );
+        assert_ne!(new_nonce(), new_nonce());
+        assert_eq!(new_nonce().len(), 16);
     }
 }

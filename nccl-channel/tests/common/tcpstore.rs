@@ -27,8 +27,22 @@ const WAIT: u8 = 6;
 const DELETE_KEY: u8 = 8;
 const MAGIC: u32 = 0x3C85_F7CE;
 
+/// Misbehaviours a test can ask of the store.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Faults {
+    /// A WAIT for acknowledgements only (every key holds `/ack/`) is never answered (until
+    /// the client goes): rank 0's wait runs out although the acks are there.
+    pub ack_waits_never_end: bool,
+    /// A DELETE_KEY of a key that holds a value closes the connection instead of answering
+    /// (deleting an absent key is answered 0 as usual).
+    pub refuse_deleting_present_keys: bool,
+    /// A CHECK of an acknowledgement closes the connection instead of answering.
+    pub ack_checks_fail: bool,
+}
+
 #[derive(Default)]
 struct State {
+    faults: Faults,
     data: Mutex<BTreeMap<String, Vec<u8>>>,
     changed: Condvar,
     /// Queries seen, by name, in order (VALIDATE, SET key, ...).
@@ -43,9 +57,17 @@ pub struct TestStore {
 
 impl TestStore {
     pub fn start() -> TestStore {
+        Self::start_with(Faults::default())
+    }
+
+    /// A store that misbehaves as `faults` says.
+    pub fn start_with(faults: Faults) -> TestStore {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            faults,
+            ..State::default()
+        });
         let s = state.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -139,6 +161,12 @@ fn serve(mut c: TcpStream, s: &State) -> Option<()> {
         match q {
             DELETE_KEY => {
                 let key = read_key(&mut c)?;
+                if s.faults.refuse_deleting_present_keys
+                    && s.data.lock().unwrap().contains_key(&key)
+                {
+                    log(format!("DELETE refused {key}"));
+                    return None;
+                }
                 log(format!("DELETE {key}"));
                 let removed = s.data.lock().unwrap().remove(&key).is_some();
                 c.write_all(&i64::from(removed).to_ne_bytes()).ok()?;
@@ -167,6 +195,9 @@ fn serve(mut c: TcpStream, s: &State) -> Option<()> {
             CHECK => {
                 let keys = read_keys(&mut c)?;
                 log(format!("CHECK {}", keys.join(",")));
+                if s.faults.ack_checks_fail && keys.iter().any(|k| k.contains("/ack/")) {
+                    return None;
+                }
                 let data = s.data.lock().unwrap();
                 let ready = keys.iter().all(|k| data.contains_key(k));
                 drop(data);
@@ -175,6 +206,13 @@ fn serve(mut c: TcpStream, s: &State) -> Option<()> {
             WAIT => {
                 let keys = read_keys(&mut c)?;
                 log(format!("WAIT {}", keys.join(",")));
+                if s.faults.ack_waits_never_end && keys.iter().all(|k| k.contains("/ack/")) {
+                    while !gone(&c) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    log(format!("WAIT abandoned {}", keys.join(",")));
+                    return None;
+                }
                 let mut data = s.data.lock().unwrap();
                 while !keys.iter().all(|k| data.contains_key(k)) {
                     data = s
