@@ -1208,6 +1208,9 @@ fn malformed_values_are_env_errors_and_the_timeout_is_read() {
         ("NCCL_CHANNEL_RENDEZVOUS", "h:0"),
         ("NCCL_CHANNEL_RENDEZVOUS", "::1:80"),
         ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "-1"),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "0"),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "1e9"),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "inf"),
         ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "soon"),
     ] {
         let vars = with(SLURM, &[(var, value)]);
@@ -1221,6 +1224,16 @@ fn malformed_values_are_env_errors_and_the_timeout_is_read() {
         .unwrap()
         .unwrap();
     assert_eq!(r.get_timeout(), Duration::from_millis(2500));
+    // The bounds: just above 0 and just below 1e9 seconds are taken.
+    for (text, want) in [
+        ("0.001", Duration::from_millis(1)),
+        ("999999999", Duration::from_secs(999_999_999)),
+    ] {
+        let r = derive(&with(SLURM, &[("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", text)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.get_timeout(), want, "{text}");
+    }
     assert_eq!(
         derive(SLURM).unwrap().unwrap().get_timeout(),
         nccl_channel::DEFAULT_TIMEOUT
