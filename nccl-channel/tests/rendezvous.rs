@@ -696,6 +696,22 @@ fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
             .contains("a value of another version of nccl-channel's rendezvous"),
         "{err}"
     );
+    // The largest value read is 4096 bytes (a rendezvous value is under 400): one of
+    // exactly 4096 is read and refused as not ours, one byte more is not even read.
+    store.set("/nccl-channel/k#3", &[b'x'; 4096]);
+    let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("something that is not a rendezvous value"),
+        "{err}"
+    );
+    store.set("/nccl-channel/k#4", &[b'x'; 4097]);
+    let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("a value of 4097 bytes, more than any rendezvous stores"),
+        "{err}"
+    );
     // No ack was written for a value refused.
     assert!(
         !store.keys().iter().any(|k| k.contains("/ack/")),
