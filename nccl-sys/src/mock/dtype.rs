@@ -2,7 +2,8 @@
 //!
 //! Values are decoded to a wide type, combined, and encoded back in the element's own
 //! precision after each step, as NCCL's kernels do (integers wrap in their own width;
-//! half, bfloat16 and fp8 round after every operation).
+//! half, bfloat16 and fp8 round after every operation; fp8 saturates, as NCCL's
+//! `__NV_SATFINITE` conversions do).
 
 use crate::{ncclDataType_t as D, ncclRedOp_t};
 
@@ -199,35 +200,34 @@ fn minifloat_decode(bits: u32, e: u32, m: u32, fn_style: bool) -> f32 {
     }
 }
 
-/// Encodes with round-to-nearest-even; e4m3fn saturates to its largest finite value.
+/// Encodes with round-to-nearest-even, saturating to the largest finite value (fp8 only:
+/// it searches all codes). NCCL converts every fp8 result with CUDA's `__NV_SATFINITE`
+/// (`__nv_fp8_e4m3(__half)`, `__nv_fp8_e5m2(__half)`), so an e5m2 result past 57344, an
+/// infinite one included, is 57344 too: only an infinite input that is copied keeps it.
 fn minifloat_encode(x: f32, e: u32, m: u32, fn_style: bool) -> u32 {
     let sign_bit = u32::from(x.is_sign_negative()) << (e + m);
     let max_exp = (1u32 << e) - 1;
     if x.is_nan() {
         return sign_bit | (max_exp << m) | ((1 << m) - 1);
     }
-    // Search the nearest representable value among all 256 codes (fp8 only).
-    let a = x.abs();
+    let codes = 1u32 << (e + m);
+    let finite = |code: &u32| minifloat_decode(*code, e, m, fn_style).is_finite();
+    // e4m3fn's largest is S.1111.110 (S.1111.111 is NaN), an IEEE-style one's S.11110.11.
+    let max_code = if fn_style {
+        (max_exp << m) | ((1 << m) - 2)
+    } else {
+        ((max_exp - 1) << m) | ((1 << m) - 1)
+    };
+    let max_finite = minifloat_decode(max_code, e, m, fn_style);
+    // Nearest finite value to the saturated magnitude, ties to the even code.
+    let a = x.abs().min(max_finite);
     let mut best = 0u32;
     let mut best_err = f32::INFINITY;
-    let codes = 1u32 << (e + m);
-    for code in 0..codes {
-        let v = minifloat_decode(code, e, m, fn_style);
-        if v.is_nan() || (v.is_infinite() && a.is_finite()) {
-            continue;
-        }
-        let err = (v - a).abs();
+    for code in (0..codes).filter(finite) {
+        let err = (minifloat_decode(code, e, m, fn_style) - a).abs();
         if err < best_err || (err == best_err && code & 1 == 0) {
             best = code;
             best_err = err;
-        }
-    }
-    if !fn_style && a.is_finite() {
-        // IEEE formats overflow to infinity past the largest finite value + half an ulp.
-        let max_finite = minifloat_decode(((max_exp - 1) << m) | ((1 << m) - 1), e, m, false);
-        let ulp = 2f32.powi((max_exp as i32 - 1) - ((1 << (e - 1)) - 1) - m as i32);
-        if a >= max_finite + ulp / 2.0 {
-            best = max_exp << m;
         }
     }
     sign_bit | best
@@ -293,7 +293,7 @@ mod tests {
             }
         }
         assert_eq!(round(D::ncclFloat8e4m3, V::F(1000.0)), V::F(448.0));
-        assert_eq!(round(D::ncclFloat8e5m2, V::F(1e6)), V::F(f64::INFINITY));
+        assert_eq!(round(D::ncclFloat8e5m2, V::F(1e6)), V::F(57344.0));
         assert_eq!(round(D::ncclFloat16, V::F(65504.0)), V::F(65504.0));
         assert_eq!(round(D::ncclFloat16, V::F(1e6)), V::F(f64::INFINITY));
         assert_eq!(
@@ -325,5 +325,29 @@ mod tests {
             combine(u, ncclRedOp_t::ncclMax, V::I(u64::MAX as i128), V::I(2)),
             V::I(u64::MAX as i128)
         );
+    }
+
+    /// NCCL's fp8 reductions convert with `__NV_SATFINITE`: e5m2 too stops at ±57344,
+    /// an infinite intermediate included (an infinity used to encode as 49152).
+    #[test]
+    fn e5m2_saturates_like_nccl() {
+        let t = D::ncclFloat8e5m2;
+        for (x, want) in [
+            (57344.0, 57344.0),
+            (61440.0, 57344.0),
+            (1e6, 57344.0),
+            (f64::INFINITY, 57344.0),
+            (f64::NEG_INFINITY, -57344.0),
+            (-1e9, -57344.0),
+        ] {
+            assert_eq!(round(t, V::F(x)), V::F(want), "{x}");
+        }
+        let inf = V::F(f64::INFINITY);
+        assert_eq!(
+            combine(t, ncclRedOp_t::ncclSum, inf, V::F(1.0)),
+            V::F(57344.0)
+        );
+        assert_eq!(round(D::ncclFloat8e4m3, inf), V::F(448.0));
+        assert!(matches!(round(t, V::F(f64::NAN)), V::F(x) if x.is_nan()));
     }
 }
