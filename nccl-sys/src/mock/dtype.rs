@@ -154,6 +154,13 @@ pub(crate) fn scale(t: D, a: V, s: V) -> V {
     }
 }
 
+/// The scalar a float `ncclAvg` pre-multiplies each rank's input by: 1/n rounded to the
+/// type, as NCCL's `hostToDevRedOp` computes it (`float(1.0/nRanks)` converted to the
+/// type; a double's is `1.0/nRanks`).
+pub(crate) fn avg_scalar(t: D, n: usize) -> V {
+    round(t, V::F(1.0 / n.max(1) as f64))
+}
+
 /// Integer average: the wrapped sum divided by `n`, truncating toward zero.
 pub(crate) fn divide(t: D, a: V, n: i128) -> V {
     match a {
