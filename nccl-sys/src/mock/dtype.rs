@@ -283,6 +283,14 @@ fn bf16_encode(x: f32) -> u16 {
     (bits.wrapping_add(round) >> 16) as u16
 }
 
+// Independent references shared with the integration tests.
+#[cfg(test)]
+#[path = "../../tests/common/ocp_fp8.rs"]
+mod ocp_fp8;
+#[cfg(test)]
+#[path = "../../tests/common/splitmix.rs"]
+mod splitmix;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,5 +364,146 @@ mod tests {
         );
         assert_eq!(round(D::ncclFloat8e4m3, inf), V::F(448.0));
         assert!(matches!(round(t, V::F(f64::NAN)), V::F(x) if x.is_nan()));
+    }
+
+    /// The value `get` decodes from one element's bytes, as f64.
+    fn value(t: D, bytes: &[u8]) -> f64 {
+        match get(t, bytes, 0) {
+            V::F(x) => x,
+            V::I(_) => panic!("{t:?} is a float type"),
+        }
+    }
+
+    /// `x` stored by `put` as type `t`, the element's bytes.
+    fn stored(t: D, x: f64) -> Vec<u8> {
+        let mut b = vec![0u8; size_of(t).unwrap_or(1)];
+        put(t, &mut b, 0, V::F(x));
+        b
+    }
+
+    /// Same value, NaN matching NaN and zeros matching by sign.
+    fn same(a: f64, b: f64) -> bool {
+        (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+    }
+
+    /// Every f16 and bf16 code decodes as the `half` crate decodes it, and (NaN aside)
+    /// stores back to the same code.
+    #[test]
+    fn every_f16_and_bf16_code_decodes_as_half_and_round_trips() {
+        for code in 0..=u16::MAX {
+            let b = code.to_ne_bytes();
+            let h = half::f16::from_bits(code).to_f64();
+            let bf = half::bf16::from_bits(code).to_f64();
+            assert!(same(value(D::ncclFloat16, &b), h), "f16 {code:#06x}");
+            assert!(same(value(D::ncclBfloat16, &b), bf), "bf16 {code:#06x}");
+            for (t, v) in [(D::ncclFloat16, h), (D::ncclBfloat16, bf)] {
+                let back = stored(t, v);
+                if v.is_nan() {
+                    assert!(value(t, &back).is_nan(), "{t:?} {code:#06x}");
+                } else {
+                    assert_eq!(back, b, "{t:?} {code:#06x} stores back");
+                }
+            }
+        }
+    }
+
+    /// Storing an f32 as f16 or bf16 rounds as `half` does (to nearest, ties to even):
+    /// every midpoint between two adjacent codes (the ties), and pseudo-random f32s.
+    #[test]
+    fn f16_and_bf16_store_rounds_as_half() {
+        let check = |x: f32| {
+            let h = half::f16::from_f32(x).to_f64();
+            let bf = half::bf16::from_f32(x).to_f64();
+            let x = f64::from(x);
+            assert!(
+                same(value(D::ncclFloat16, &stored(D::ncclFloat16, x)), h),
+                "f16 of {x:e}"
+            );
+            assert!(
+                same(value(D::ncclBfloat16, &stored(D::ncclBfloat16, x)), bf),
+                "bf16 of {x:e}"
+            );
+        };
+        for code in 0..0x7bffu16 {
+            let (a, b) = (half::f16::from_bits(code), half::f16::from_bits(code + 1));
+            // Exact in f32 (12 significant bits), either sign.
+            let mid = (a.to_f32() + b.to_f32()) / 2.0;
+            check(mid);
+            check(-mid);
+        }
+        for code in 0..0x7f7fu16 {
+            let (a, b) = (half::bf16::from_bits(code), half::bf16::from_bits(code + 1));
+            let mid = (a.to_f32() + b.to_f32()) / 2.0;
+            check(mid);
+            check(-mid);
+        }
+        let mut rng = super::splitmix::SplitMix(0x5eed_f16b);
+        for _ in 0..200_000 {
+            check(f32::from_bits(rng.next() as u32));
+        }
+    }
+
+    /// Every fp8 code decodes as the OCP spec's fields say, and stores back to the same
+    /// code; except NaN (stays NaN) and e5m2's infinities, which store as ±57344 since
+    /// results saturate as NCCL's do.
+    #[test]
+    fn every_fp8_code_decodes_as_the_ocp_spec_and_round_trips() {
+        for (t, spec) in [
+            (D::ncclFloat8e4m3, super::ocp_fp8::E4M3),
+            (D::ncclFloat8e5m2, super::ocp_fp8::E5M2),
+        ] {
+            for code in 0..=u8::MAX {
+                let v = spec.value(code);
+                assert!(same(value(t, &[code]), v), "{t:?} {code:#04x}");
+                let back = value(t, &stored(t, v));
+                if v.is_nan() {
+                    assert!(back.is_nan(), "{t:?} {code:#04x}");
+                } else if v.is_infinite() {
+                    assert_eq!(back, 57344f64.copysign(v), "{t:?} {code:#04x}");
+                } else {
+                    assert_eq!(stored(t, v), [code], "{t:?} {code:#04x} stores back");
+                }
+            }
+        }
+    }
+
+    /// Storing as fp8 rounds as the spec's table says (nearest, ties to even, saturating):
+    /// every midpoint between adjacent values, values past the largest, and
+    /// pseudo-random f32s across the range.
+    #[test]
+    fn fp8_store_rounds_as_the_ocp_spec() {
+        for (t, spec) in [
+            (D::ncclFloat8e4m3, super::ocp_fp8::E4M3),
+            (D::ncclFloat8e5m2, super::ocp_fp8::E5M2),
+        ] {
+            let check = |x: f64| {
+                let want = spec.round(x);
+                let got = value(t, &stored(t, x));
+                assert!(same(got, want), "{t:?} of {x:e}: {got} != {want}");
+            };
+            let mut values: Vec<f64> = (0..0x80u8)
+                .map(|c| spec.value(c))
+                .filter(|v| v.is_finite())
+                .collect();
+            values.sort_by(f64::total_cmp);
+            for w in values.windows(2) {
+                for x in [(w[0] + w[1]) / 2.0, w[0] * 0.75 + w[1] * 0.25, w[1]] {
+                    check(x);
+                    check(-x);
+                }
+            }
+            for x in [spec.max() * 1.03, spec.max() * 1.2, 1e6, f64::INFINITY] {
+                check(x);
+                check(-x);
+            }
+            let mut rng = super::splitmix::SplitMix(0xf8);
+            for _ in 0..20_000 {
+                // Magnitudes 2^-20 .. 2^20, any sign.
+                let e = rng.below(41) as i32 - 20;
+                let m = 1.0 + rng.below(1 << 20) as f64 / (1 << 20) as f64;
+                let s = if rng.next() & 1 == 1 { -1.0 } else { 1.0 };
+                check(f64::from((s * m * 2f64.powi(e)) as f32));
+            }
+        }
     }
 }
