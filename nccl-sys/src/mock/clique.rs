@@ -595,7 +595,7 @@ fn reduce(inputs: &[Vec<u8>], ops: &[Op], count: usize, t: ncclDataType_t) -> Ve
             let x = dtype::get(t, &inputs[r], i);
             match ops[r] {
                 Op::PreMul(s) => dtype::scale(t, x, s),
-                Op::Avg if dtype::is_float_type(t) => dtype::scale(t, x, V::F(1.0 / n as f64)),
+                Op::Avg if dtype::is_float_type(t) => dtype::scale(t, x, dtype::avg_scalar(t, n)),
                 _ => x,
             }
         };
@@ -752,6 +752,33 @@ pub(crate) fn move_data(mem: &mut impl Buffers, parts: &[Contrib]) {
                     .collect();
                 mem.output(r, &out);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ncclDataType_t as D;
+
+    /// NCCL's float `ncclAvg` is a pre-multiplied sum by 1/n rounded to the type
+    /// (`__float2half(float(1.0/nRanks))`, ...): with 3 ranks, 5 on rank 0 and 0 elsewhere
+    /// averages to round(5 * round(1/3)), not round(5/3).
+    #[test]
+    fn float_avg_premultiplies_by_one_over_n_rounded_to_the_type() {
+        for (t, want) in [
+            (D::ncclFloat16, 1.666015625),
+            (D::ncclBfloat16, 1.671875),
+            (D::ncclFloat8e4m3, 1.75),
+            (D::ncclFloat8e5m2, 1.5),
+        ] {
+            let input = |x: f64| {
+                let mut b = vec![0u8; dtype::size_of(t).unwrap_or(1)];
+                dtype::put(t, &mut b, 0, V::F(x));
+                b
+            };
+            let out = reduce(&[input(5.0), input(0.0), input(0.0)], &[Op::Avg; 3], 1, t);
+            assert_eq!(dtype::get(t, &out, 0), V::F(want), "{t:?}");
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Values are decoded to a wide type, combined, and encoded back in the element's own
 //! precision after each step, as NCCL's kernels do (integers wrap in their own width;
-//! half, bfloat16 and fp8 round after every operation).
+//! half, bfloat16 and fp8 round after every operation; fp8 saturates, as NCCL's
+//! `__NV_SATFINITE` conversions do).
 
 use crate::{ncclDataType_t as D, ncclRedOp_t};
 
@@ -153,6 +154,13 @@ pub(crate) fn scale(t: D, a: V, s: V) -> V {
     }
 }
 
+/// The scalar a float `ncclAvg` pre-multiplies each rank's input by: 1/n rounded to the
+/// type, as NCCL's `hostToDevRedOp` computes it (`float(1.0/nRanks)` converted to the
+/// type; a double's is `1.0/nRanks`).
+pub(crate) fn avg_scalar(t: D, n: usize) -> V {
+    round(t, V::F(1.0 / n.max(1) as f64))
+}
+
 /// Integer average: the wrapped sum divided by `n`, truncating toward zero.
 pub(crate) fn divide(t: D, a: V, n: i128) -> V {
     match a {
@@ -199,35 +207,34 @@ fn minifloat_decode(bits: u32, e: u32, m: u32, fn_style: bool) -> f32 {
     }
 }
 
-/// Encodes with round-to-nearest-even; e4m3fn saturates to its largest finite value.
+/// Encodes with round-to-nearest-even, saturating to the largest finite value (fp8 only:
+/// it searches all codes). NCCL converts every fp8 result with CUDA's `__NV_SATFINITE`
+/// (`__nv_fp8_e4m3(__half)`, `__nv_fp8_e5m2(__half)`), so an e5m2 result past 57344, an
+/// infinite one included, is 57344 too: only an infinite input that is copied keeps it.
 fn minifloat_encode(x: f32, e: u32, m: u32, fn_style: bool) -> u32 {
     let sign_bit = u32::from(x.is_sign_negative()) << (e + m);
     let max_exp = (1u32 << e) - 1;
     if x.is_nan() {
         return sign_bit | (max_exp << m) | ((1 << m) - 1);
     }
-    // Search the nearest representable value among all 256 codes (fp8 only).
-    let a = x.abs();
+    let codes = 1u32 << (e + m);
+    let finite = |code: &u32| minifloat_decode(*code, e, m, fn_style).is_finite();
+    // e4m3fn's largest is S.1111.110 (S.1111.111 is NaN), an IEEE-style one's S.11110.11.
+    let max_code = if fn_style {
+        (max_exp << m) | ((1 << m) - 2)
+    } else {
+        ((max_exp - 1) << m) | ((1 << m) - 1)
+    };
+    let max_finite = minifloat_decode(max_code, e, m, fn_style);
+    // Nearest finite value to the saturated magnitude, ties to the even code.
+    let a = x.abs().min(max_finite);
     let mut best = 0u32;
     let mut best_err = f32::INFINITY;
-    let codes = 1u32 << (e + m);
-    for code in 0..codes {
-        let v = minifloat_decode(code, e, m, fn_style);
-        if v.is_nan() || (v.is_infinite() && a.is_finite()) {
-            continue;
-        }
-        let err = (v - a).abs();
+    for code in (0..codes).filter(finite) {
+        let err = (minifloat_decode(code, e, m, fn_style) - a).abs();
         if err < best_err || (err == best_err && code & 1 == 0) {
             best = code;
             best_err = err;
-        }
-    }
-    if !fn_style && a.is_finite() {
-        // IEEE formats overflow to infinity past the largest finite value + half an ulp.
-        let max_finite = minifloat_decode(((max_exp - 1) << m) | ((1 << m) - 1), e, m, false);
-        let ulp = 2f32.powi((max_exp as i32 - 1) - ((1 << (e - 1)) - 1) - m as i32);
-        if a >= max_finite + ulp / 2.0 {
-            best = max_exp << m;
         }
     }
     sign_bit | best
@@ -276,6 +283,14 @@ fn bf16_encode(x: f32) -> u16 {
     (bits.wrapping_add(round) >> 16) as u16
 }
 
+// Independent references shared with the integration tests.
+#[cfg(test)]
+#[path = "../../tests/common/ocp_fp8.rs"]
+mod ocp_fp8;
+#[cfg(test)]
+#[path = "../../tests/common/splitmix.rs"]
+mod splitmix;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,7 +308,7 @@ mod tests {
             }
         }
         assert_eq!(round(D::ncclFloat8e4m3, V::F(1000.0)), V::F(448.0));
-        assert_eq!(round(D::ncclFloat8e5m2, V::F(1e6)), V::F(f64::INFINITY));
+        assert_eq!(round(D::ncclFloat8e5m2, V::F(1e6)), V::F(57344.0));
         assert_eq!(round(D::ncclFloat16, V::F(65504.0)), V::F(65504.0));
         assert_eq!(round(D::ncclFloat16, V::F(1e6)), V::F(f64::INFINITY));
         assert_eq!(
@@ -325,5 +340,170 @@ mod tests {
             combine(u, ncclRedOp_t::ncclMax, V::I(u64::MAX as i128), V::I(2)),
             V::I(u64::MAX as i128)
         );
+    }
+
+    /// NCCL's fp8 reductions convert with `__NV_SATFINITE`: e5m2 too stops at ±57344,
+    /// an infinite intermediate included (an infinity used to encode as 49152).
+    #[test]
+    fn e5m2_saturates_like_nccl() {
+        let t = D::ncclFloat8e5m2;
+        for (x, want) in [
+            (57344.0, 57344.0),
+            (61440.0, 57344.0),
+            (1e6, 57344.0),
+            (f64::INFINITY, 57344.0),
+            (f64::NEG_INFINITY, -57344.0),
+            (-1e9, -57344.0),
+        ] {
+            assert_eq!(round(t, V::F(x)), V::F(want), "{x}");
+        }
+        let inf = V::F(f64::INFINITY);
+        assert_eq!(
+            combine(t, ncclRedOp_t::ncclSum, inf, V::F(1.0)),
+            V::F(57344.0)
+        );
+        assert_eq!(round(D::ncclFloat8e4m3, inf), V::F(448.0));
+        assert!(matches!(round(t, V::F(f64::NAN)), V::F(x) if x.is_nan()));
+    }
+
+    /// The value `get` decodes from one element's bytes, as f64.
+    fn value(t: D, bytes: &[u8]) -> f64 {
+        match get(t, bytes, 0) {
+            V::F(x) => x,
+            V::I(_) => panic!("{t:?} is a float type"),
+        }
+    }
+
+    /// `x` stored by `put` as type `t`, the element's bytes.
+    fn stored(t: D, x: f64) -> Vec<u8> {
+        let mut b = vec![0u8; size_of(t).unwrap_or(1)];
+        put(t, &mut b, 0, V::F(x));
+        b
+    }
+
+    /// Same value, NaN matching NaN and zeros matching by sign.
+    fn same(a: f64, b: f64) -> bool {
+        (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+    }
+
+    /// Every f16 and bf16 code decodes as the `half` crate decodes it, and (NaN aside)
+    /// stores back to the same code.
+    #[test]
+    fn every_f16_and_bf16_code_decodes_as_half_and_round_trips() {
+        for code in 0..=u16::MAX {
+            let b = code.to_ne_bytes();
+            let h = half::f16::from_bits(code).to_f64();
+            let bf = half::bf16::from_bits(code).to_f64();
+            assert!(same(value(D::ncclFloat16, &b), h), "f16 {code:#06x}");
+            assert!(same(value(D::ncclBfloat16, &b), bf), "bf16 {code:#06x}");
+            for (t, v) in [(D::ncclFloat16, h), (D::ncclBfloat16, bf)] {
+                let back = stored(t, v);
+                if v.is_nan() {
+                    assert!(value(t, &back).is_nan(), "{t:?} {code:#06x}");
+                } else {
+                    assert_eq!(back, b, "{t:?} {code:#06x} stores back");
+                }
+            }
+        }
+    }
+
+    /// Storing an f32 as f16 or bf16 rounds as `half` does (to nearest, ties to even):
+    /// every midpoint between two adjacent codes (the ties), and pseudo-random f32s.
+    #[test]
+    fn f16_and_bf16_store_rounds_as_half() {
+        let check = |x: f32| {
+            let h = half::f16::from_f32(x).to_f64();
+            let bf = half::bf16::from_f32(x).to_f64();
+            let x = f64::from(x);
+            assert!(
+                same(value(D::ncclFloat16, &stored(D::ncclFloat16, x)), h),
+                "f16 of {x:e}"
+            );
+            assert!(
+                same(value(D::ncclBfloat16, &stored(D::ncclBfloat16, x)), bf),
+                "bf16 of {x:e}"
+            );
+        };
+        for code in 0..0x7bffu16 {
+            let (a, b) = (half::f16::from_bits(code), half::f16::from_bits(code + 1));
+            // Exact in f32 (12 significant bits), either sign.
+            let mid = (a.to_f32() + b.to_f32()) / 2.0;
+            check(mid);
+            check(-mid);
+        }
+        for code in 0..0x7f7fu16 {
+            let (a, b) = (half::bf16::from_bits(code), half::bf16::from_bits(code + 1));
+            let mid = (a.to_f32() + b.to_f32()) / 2.0;
+            check(mid);
+            check(-mid);
+        }
+        let mut rng = super::splitmix::SplitMix(0x5eed_f16b);
+        for _ in 0..200_000 {
+            check(f32::from_bits(rng.next() as u32));
+        }
+    }
+
+    /// Every fp8 code decodes as the OCP spec's fields say, and stores back to the same
+    /// code; except NaN (stays NaN) and e5m2's infinities, which store as ±57344 since
+    /// results saturate as NCCL's do.
+    #[test]
+    fn every_fp8_code_decodes_as_the_ocp_spec_and_round_trips() {
+        for (t, spec) in [
+            (D::ncclFloat8e4m3, super::ocp_fp8::E4M3),
+            (D::ncclFloat8e5m2, super::ocp_fp8::E5M2),
+        ] {
+            for code in 0..=u8::MAX {
+                let v = spec.value(code);
+                assert!(same(value(t, &[code]), v), "{t:?} {code:#04x}");
+                let back = value(t, &stored(t, v));
+                if v.is_nan() {
+                    assert!(back.is_nan(), "{t:?} {code:#04x}");
+                } else if v.is_infinite() {
+                    assert_eq!(back, 57344f64.copysign(v), "{t:?} {code:#04x}");
+                } else {
+                    assert_eq!(stored(t, v), [code], "{t:?} {code:#04x} stores back");
+                }
+            }
+        }
+    }
+
+    /// Storing as fp8 rounds as the spec's table says (nearest, ties to even, saturating):
+    /// every midpoint between adjacent values, values past the largest, and
+    /// pseudo-random f32s across the range.
+    #[test]
+    fn fp8_store_rounds_as_the_ocp_spec() {
+        for (t, spec) in [
+            (D::ncclFloat8e4m3, super::ocp_fp8::E4M3),
+            (D::ncclFloat8e5m2, super::ocp_fp8::E5M2),
+        ] {
+            let check = |x: f64| {
+                let want = spec.round(x);
+                let got = value(t, &stored(t, x));
+                assert!(same(got, want), "{t:?} of {x:e}: {got} != {want}");
+            };
+            let mut values: Vec<f64> = (0..0x80u8)
+                .map(|c| spec.value(c))
+                .filter(|v| v.is_finite())
+                .collect();
+            values.sort_by(f64::total_cmp);
+            for w in values.windows(2) {
+                for x in [(w[0] + w[1]) / 2.0, w[0] * 0.75 + w[1] * 0.25, w[1]] {
+                    check(x);
+                    check(-x);
+                }
+            }
+            for x in [spec.max() * 1.03, spec.max() * 1.2, 1e6, f64::INFINITY] {
+                check(x);
+                check(-x);
+            }
+            let mut rng = super::splitmix::SplitMix(0xf8);
+            for _ in 0..20_000 {
+                // Magnitudes 2^-20 .. 2^20, any sign.
+                let e = rng.below(41) as i32 - 20;
+                let m = 1.0 + rng.below(1 << 20) as f64 / (1 << 20) as f64;
+                let s = if rng.next() & 1 == 1 { -1.0 } else { 1.0 };
+                check(f64::from((s * m * 2f64.powi(e)) as f32));
+            }
+        }
     }
 }
