@@ -28,7 +28,8 @@ pub enum LoadError {
 }
 
 impl LoadError {
-    /// The attempts of a failed search (one for a named source).
+    /// The attempts of a failed search; empty for a named source, whose rejection is
+    /// [`LoadError::reason`].
     pub fn attempts(&self) -> Vec<Attempt> {
         match self {
             LoadError::NotFound { attempts, .. } => attempts.0.clone(),
@@ -42,5 +43,33 @@ impl LoadError {
             LoadError::Unusable { reason, .. } => Some(reason),
             LoadError::NotFound { .. } => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dylib::Step;
+
+    #[test]
+    fn attempts_and_reason_each_answer_for_their_variant() {
+        let tried = Attempt {
+            path: "/x/libcuda.so.1".into(),
+            step: Step::SystemDir,
+            reason: Reason::NoSuchFile,
+        };
+        let search = LoadError::NotFound {
+            library: "CUDA driver",
+            attempts: Attempts(vec![tried.clone()]),
+        };
+        assert_eq!(search.attempts(), vec![tried]);
+        assert_eq!(search.reason(), None);
+        let named = LoadError::Unusable {
+            library: "CUDA driver",
+            origin: "/y (explicit path)".into(),
+            reason: Reason::NoSuchFile,
+        };
+        assert!(named.attempts().is_empty());
+        assert_eq!(named.reason(), Some(&Reason::NoSuchFile));
     }
 }
