@@ -52,7 +52,8 @@ DONE:
 #[test]
 #[ignore = "needs a GPU"]
 fn saxpy_on_whole_buffers_and_views_with_checked_arguments() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let s = Stream::non_blocking(&ctx).unwrap();
     let module = Module::from_ptx(&ctx, SAXPY).unwrap();
@@ -169,7 +170,8 @@ fn saxpy_on_whole_buffers_and_views_with_checked_arguments() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_graph_keeps_its_module_and_memory() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let s = Stream::non_blocking(&ctx).unwrap();
     let module = Module::from_ptx(&ctx, SAXPY).unwrap();
@@ -195,7 +197,8 @@ fn a_graph_keeps_its_module_and_memory() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_library_gives_a_function_per_context() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let lib = Library::from_ptx(&cuda, SAXPY).unwrap();
     let kernel = lib.kernel("saxpy").unwrap();
     for d in 0..cuda.device_count().unwrap().min(2) {
