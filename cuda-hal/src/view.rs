@@ -533,24 +533,27 @@ mod tests {
                 len: 5
             }
         );
-        assert!(matches!(
+        assert_eq!(
             bounds(
                 "t",
                 (std::ops::Bound::Included(4), std::ops::Bound::Excluded(2)),
                 5
             ),
             Err(crate::Error::OutOfRange {
+                what: "t",
                 start: 4,
                 end: 2,
-                ..
+                len: 5
             })
-        ));
-        assert!(matches!(
+        );
+        assert_eq!(
             bounds("t", ..=usize::MAX, 5),
             Err(crate::Error::OutOfRange {
+                what: "t",
+                start: 0,
                 end: usize::MAX,
-                ..
+                len: 5
             })
-        ));
+        );
     }
 }

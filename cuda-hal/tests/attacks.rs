@@ -5,6 +5,7 @@
 #![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use cuda_hal::cuda_sys::CUresult;
 use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{
     CaptureMode, Context, Cuda, DeviceBuffer, DeviceRepr, DeviceView, LaunchConfig, Module, Stream,
@@ -185,8 +186,24 @@ fn attack_view_chunks_cover_exactly() {
     assert_eq!(c, vec![(0u32..10).collect::<Vec<_>>()]);
     let v: DeviceView<'_, u32> = b.slice(10..).unwrap();
     assert_eq!(v.chunks(3).unwrap().len(), 0);
-    assert!(b.slice(usize::MAX..).is_err());
-    assert!(b.split_at(11).is_err());
+    assert_eq!(
+        b.slice(usize::MAX..).unwrap_err(),
+        cuda_hal::Error::OutOfRange {
+            what: "DeviceView::slice",
+            start: usize::MAX,
+            end: 10,
+            len: 10
+        }
+    );
+    assert_eq!(
+        b.split_at(11).unwrap_err(),
+        cuda_hal::Error::OutOfRange {
+            what: "DeviceView::split_at",
+            start: 0,
+            end: 11,
+            len: 10
+        }
+    );
     drop((b, ctx, cuda));
     assert_clean(&world);
 }
@@ -204,9 +221,16 @@ fn an_overflowing_block_is_a_typed_error() {
     let s = Stream::new(&ctx).unwrap();
     // SAFETY: refused before the driver is called.
     let e = unsafe { f.launch(&s, c, (0u64, 0u64, 0u32)) }.unwrap_err();
-    assert!(
-        matches!(e, cuda_hal::Error::InvalidLaunchConfig { .. }),
-        "{e}"
+    assert_eq!(
+        e,
+        cuda_hal::Error::InvalidLaunchConfig {
+            kernel: "copy".into(),
+            config: c,
+            problem: format!(
+                "{} threads per block; the kernel allows at most 1024",
+                u64::MAX
+            )
+        }
     );
     assert_eq!(world.calls("cuLaunchKernel"), 0);
 }
@@ -219,8 +243,19 @@ fn attack_library_kernel_in_a_context_of_another_driver_is_refused() {
     let (_cuda_b, world_b, ctx_b) = rig();
     let lib = cuda_hal::Library::from_ptx(&cuda_a, PTX).unwrap();
     let k = lib.kernel("copy").unwrap();
-    assert!(k.function(&ctx_b).is_err());
-    assert!(lib.global::<u32>(&ctx_b, "table").is_err());
+    // World b does not know world a's handles: the driver's answer for any unknown one.
+    let e = k.function(&ctx_b).unwrap_err();
+    assert!(
+        matches!(&e, cuda_hal::Error::Driver { call: "cuKernelGetFunction", code, name, .. }
+            if *code == CUresult::CUDA_ERROR_INVALID_HANDLE && name == "CUDA_ERROR_INVALID_HANDLE"),
+        "{e}"
+    );
+    let e = lib.global::<u32>(&ctx_b, "table").unwrap_err();
+    assert!(
+        matches!(&e, cuda_hal::Error::Driver { call: "cuLibraryGetGlobal", code, name, .. }
+            if *code == CUresult::CUDA_ERROR_INVALID_HANDLE && name == "CUDA_ERROR_INVALID_HANDLE"),
+        "{e}"
+    );
     drop(k);
     drop(lib);
     assert!(

@@ -11,7 +11,8 @@ const GIB: usize = 1 << 30;
 #[test]
 #[ignore = "needs GPUs"]
 fn devices_match_nvidia_smi() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let ours: Vec<String> = cuda
         .devices()
         .unwrap()
@@ -37,7 +38,8 @@ fn devices_match_nvidia_smi() {
 #[test]
 #[ignore = "needs GPUs"]
 fn select_by_index_and_uuid() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     for d in cuda.devices().unwrap() {
         let by_index = cuda.select(&format!("cuda://{}", d.ordinal())).unwrap();
         let by_uuid = cuda
@@ -69,7 +71,8 @@ fn pattern(n: usize, seed: u32) -> Vec<u32> {
 #[test]
 #[ignore = "needs GPUs"]
 fn one_gib_round_trip_sync_and_stream_ordered_with_event_timing() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let n = GIB / 4;
     let host = pattern(n, 0xdead_beef);
@@ -112,7 +115,9 @@ fn one_gib_round_trip_sync_and_stream_ordered_with_event_timing() {
 #[test]
 #[ignore = "needs GPUs"]
 fn two_devices_from_one_thread() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
+    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
     let c0 = cuda.device(0).unwrap().primary_context().unwrap();
     let c1 = cuda.device(1).unwrap().primary_context().unwrap();
     let n = 64 << 20;
@@ -143,7 +148,8 @@ fn synchronous_fills_and_uploads_are_done_for_other_streams() {
     // Regression: a memset runs on the legacy default stream and returned before it had
     // finished; work on a non-blocking stream then read stale memory (seen in the bench's
     // correctness check at >= 128 MiB).
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let s = Stream::non_blocking(&ctx).unwrap();
     let n = GIB / 4;

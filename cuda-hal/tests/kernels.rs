@@ -336,7 +336,8 @@ fn memory_of_another_device_is_a_typed_error() {
             e,
             Error::WrongDevice {
                 what: "Function::launch",
-                ..
+                expected: 0,
+                found: 1
             }
         ),
         "{e}"
@@ -528,7 +529,16 @@ fn libraries_give_a_function_per_context() {
     assert_eq!(world.live().libraries, 1);
     let saxpy = lib.kernel("saxpy").unwrap();
     assert_eq!(saxpy.name(), "saxpy");
-    assert!(lib.kernel("missing").is_err());
+    let e = lib.kernel("missing").unwrap_err();
+    assert!(
+        matches!(&e, Error::Driver { call: "cuLibraryGetKernel", code, .. }
+            if *code == cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "cuLibraryGetKernel failed: CUDA_ERROR_NOT_FOUND (500): simulated driver: not found"
+    );
     let mut results = Vec::new();
     for device in cuda.devices().unwrap() {
         let ctx = device.primary_context().unwrap();

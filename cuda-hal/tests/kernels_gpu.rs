@@ -52,7 +52,8 @@ DONE:
 #[test]
 #[ignore = "needs a GPU"]
 fn saxpy_on_whole_buffers_and_views_with_checked_arguments() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let s = Stream::non_blocking(&ctx).unwrap();
     let module = Module::from_ptx(&ctx, SAXPY).unwrap();
@@ -149,7 +150,13 @@ fn saxpy_on_whole_buffers_and_views_with_checked_arguments() {
         )
     }
     .unwrap_err();
-    assert!(matches!(e, Error::InvalidLaunchConfig { .. }), "{e}");
+    assert!(
+        matches!(&e, Error::InvalidLaunchConfig { kernel, config, problem }
+            if kernel == "saxpy"
+                && *config == LaunchConfig::linear(1, 2048)
+                && problem.starts_with("2048 threads per block; the kernel allows at most ")),
+        "{e}"
+    );
     let occ = f.max_active_blocks_per_multiprocessor(256, 0).unwrap();
     let best = f.max_potential_block_size(0, 0).unwrap();
     println!(
@@ -163,7 +170,8 @@ fn saxpy_on_whole_buffers_and_views_with_checked_arguments() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_graph_keeps_its_module_and_memory() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let s = Stream::non_blocking(&ctx).unwrap();
     let module = Module::from_ptx(&ctx, SAXPY).unwrap();
@@ -189,7 +197,8 @@ fn a_graph_keeps_its_module_and_memory() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_library_gives_a_function_per_context() {
-    let cuda = Cuda::load().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let lib = Library::from_ptx(&cuda, SAXPY).unwrap();
     let kernel = lib.kernel("saxpy").unwrap();
     for d in 0..cuda.device_count().unwrap().min(2) {
@@ -203,8 +212,11 @@ fn a_library_gives_a_function_per_context() {
         s.synchronize().unwrap();
         assert_eq!(y.to_vec().unwrap(), [5.0 + d as f32; 4], "device {d}");
     }
-    assert!(matches!(
-        lib.kernel("nope").unwrap_err(),
-        Error::Driver { .. }
-    ));
+    // The driver's documented status for a name the library does not have.
+    let e = lib.kernel("nope").unwrap_err();
+    assert!(
+        matches!(&e, Error::Driver { call: "cuLibraryGetKernel", code, .. }
+            if *code == cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND),
+        "{e}"
+    );
 }

@@ -70,7 +70,10 @@ fn malformed_uuids_say_what_is_wrong() {
         ("GPU-5fdb056c-537e-3bd5-1c80-b2039499e8éé", "8-4-4-4-12"),
     ] {
         let e = text.parse::<DeviceUuid>().unwrap_err();
-        assert!(matches!(e, Error::InvalidUuid { .. }), "{text}: {e}");
+        assert!(
+            matches!(&e, Error::InvalidUuid { input, .. } if input == text),
+            "{text}: {e}"
+        );
         let msg = e.to_string();
         assert!(
             msg.contains(needle) && msg.contains("GPU-xxxxxxxx"),
@@ -136,7 +139,10 @@ fn every_malformed_selector_is_an_error_naming_the_expected_forms() {
         "cuda://0:0:0:0.0",
     ] {
         let e = bad.parse::<DeviceSelector>().unwrap_err();
-        assert!(matches!(e, Error::InvalidSelector { .. }), "{bad:?}: {e}");
+        assert!(
+            matches!(&e, Error::InvalidSelector { input, .. } if input == bad),
+            "{bad:?}: {e}"
+        );
         let msg = e.to_string();
         assert!(
             msg.contains("cuda://<ordinal>") && msg.contains("cuda://GPU-<uuid>"),
@@ -596,7 +602,9 @@ fn init_failures_are_errors() {
     w.fail_next("cuInit", CUresult::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH);
     let e = Cuda::from_driver(driver).unwrap_err();
     assert!(
-        e.to_string().contains("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"),
+        matches!(&e, Error::Driver { call: "cuInit", code, name, .. }
+            if *code == CUresult::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+                && name == "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"),
         "{e}"
     );
 }
@@ -628,16 +636,27 @@ fn events_time_stream_work() {
         let s = Stream::new(&ctx).unwrap();
         let (a, b) = (Event::new(&ctx).unwrap(), Event::new(&ctx).unwrap());
         s.record(&a).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
         let mut d = DeviceBuffer::<u8>::alloc(&ctx, 1 << 20).unwrap();
         d.copy_from_host_on(&vec![1u8; 1 << 20], &s).unwrap();
         s.record(&b).unwrap();
         b.synchronize().unwrap();
         assert!(b.is_complete().unwrap());
+        // The simulated events carry the host's clock when recorded: `b` was recorded at
+        // least 10 ms after `a`, the same span measured backwards is its exact negative,
+        // and an event measured against itself spans exactly 0.
         let ms = a.elapsed_ms(&b).unwrap();
-        assert!(ms >= 0.0, "{ms}");
+        assert!(ms >= 10.0, "{ms}");
+        assert_eq!(b.elapsed_ms(&a).unwrap(), -ms);
+        assert_eq!(a.elapsed_ms(&a).unwrap(), 0.0);
         let nt = Event::without_timing(&ctx).unwrap();
         s.record(&nt).unwrap();
-        assert!(matches!(a.elapsed_ms(&nt), Err(Error::Driver { .. })));
+        let e = a.elapsed_ms(&nt).unwrap_err();
+        assert!(
+            matches!(&e, Error::Driver { call: "cuEventElapsedTime", code, .. }
+                if *code == CUresult::CUDA_ERROR_INVALID_HANDLE),
+            "{e}"
+        );
         let other = Stream::new(&ctx).unwrap();
         other.wait_event(&b).unwrap();
         other.synchronize().unwrap();
@@ -714,8 +733,18 @@ fn graphs_capture_and_replay_stream_work() {
         s.begin_capture(cuda_hal::CaptureMode::ThreadLocal).unwrap();
         assert!(s.is_capturing().unwrap());
         // Synchronising inside a capture is refused and spoils it, as on a device.
-        assert!(dst.copy_from_on(&src, &s).is_err());
-        assert!(s.end_capture().is_err());
+        let e = dst.copy_from_on(&src, &s).unwrap_err();
+        assert!(
+            matches!(&e, Error::Driver { call: "cuStreamSynchronize", code, .. }
+                if *code == CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+            "{e}"
+        );
+        let e = s.end_capture().unwrap_err();
+        assert!(
+            matches!(&e, Error::Driver { call: "cuStreamEndCapture", code, .. }
+                if *code == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+            "{e}"
+        );
         s.begin_capture(cuda_hal::CaptureMode::ThreadLocal).unwrap();
         dst.copy_from_async(&src, &s).unwrap();
         let g = s.end_capture().unwrap();
@@ -786,6 +815,14 @@ fn old_and_new_drivers_from_one_build() {
         .version(11080)
         .build()
         .unwrap_err();
+    assert_eq!(
+        e.reason(),
+        Some(&cuda_sys::dylib::Reason::TooOld {
+            found: "11.8".into(),
+            minimum: "12.0".into()
+        }),
+        "{e}"
+    );
     assert!(
         e.to_string().contains("11.8") && e.to_string().contains("12.0"),
         "{e}"

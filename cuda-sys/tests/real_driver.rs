@@ -6,7 +6,8 @@ use cuda_sys::{CUresult, Driver, DriverFns};
 #[test]
 #[ignore = "needs a CUDA driver and a GPU"]
 fn every_entry_is_the_abi_variant_its_signature_names() {
-    let d = Driver::load().unwrap();
+    let d = Driver::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let lib = d.library().expect("loaded from a library");
     println!("driver {} from {}", d.version(), d.origin());
     for (name, pfn) in DriverFns::SIGNATURES {
@@ -28,7 +29,8 @@ fn every_entry_is_the_abi_variant_its_signature_names() {
 #[test]
 #[ignore = "needs a CUDA driver and a GPU"]
 fn init_and_count_devices() {
-    let d = Driver::load().unwrap();
+    let d = Driver::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     // SAFETY: plain driver calls with valid out-pointers.
     unsafe {
         assert_eq!((d.fns().cuInit)(0), CUresult::CUDA_SUCCESS);

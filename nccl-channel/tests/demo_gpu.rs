@@ -91,7 +91,9 @@ fn two_ranks_by_index_with_our_and_irees_variables() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_ranks_by_uuid() {
-    let cuda = cuda_hal::Cuda::load().unwrap();
+    let cuda = cuda_hal::Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
+    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
     let uuids: Vec<String> = cuda
         .devices()
         .unwrap()

@@ -28,8 +28,10 @@ fn report(label: &str, nccl: &nccl_sys::Nccl, bad: &[String], ranks: usize, t: I
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn every_collective_one_process_two_devices() {
-    let cuda = Cuda::load().unwrap();
-    let nccl = nccl_channel::nccl().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
+    let nccl = nccl_channel::nccl()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
     let n = cuda.device_count().unwrap().min(2);
     assert_eq!(n, 2, "needs two GPUs");
     let id = UniqueId::generate(&nccl).unwrap();
@@ -109,8 +111,11 @@ fn every_collective_two_processes_configured_by_env() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn init_all_from_one_thread_and_split() {
-    let cuda = Cuda::load().unwrap();
-    let nccl: Arc<_> = nccl_channel::nccl().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
+    let nccl: Arc<_> = nccl_channel::nccl()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
+    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
     let ctxs: Vec<_> = (0..2)
         .map(|i| cuda.device(i).unwrap().primary_context().unwrap())
         .collect();

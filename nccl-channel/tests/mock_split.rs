@@ -643,6 +643,7 @@ fn a_bind_failure_refuses_split_all_before_any_split() {
             &e,
             Error::Cuda(cuda_hal::Error::Driver {
                 call: "cuCtxGetCurrent",
+                code: cuda_hal::cuda_sys::CUresult::CUDA_ERROR_UNKNOWN,
                 ..
             })
         ),

@@ -1354,7 +1354,12 @@ fn a_slow_server_does_not_keep_a_rank_past_its_deadline() {
     let t = Instant::now();
     let r = rdv.exchange_with(1, 2, || unreachable!());
     let took = t.elapsed();
-    assert!(r.is_err());
+    assert!(
+        matches!(&r, Err(Error::Rendezvous { service: "rank 0's rendezvous", address, derived_from, problem })
+            if *address == addr && derived_from == "code"
+                && problem.starts_with("did not answer within 2s (")),
+        "{r:?}"
+    );
     assert!(
         took < Duration::from_secs(4),
         "gave up after {took:?} (timeout 2 s): {r:?}"
@@ -1396,7 +1401,14 @@ fn a_slow_tcpstore_does_not_keep_a_rank_past_its_deadline() {
     let t = Instant::now();
     let r = rdv.exchange_with(1, 2, || unreachable!());
     let took = t.elapsed();
-    assert!(r.is_err());
+    assert!(
+        // The value's length is cut off by the deadline: the read fails with the socket's
+        // timeout (EAGAIN on Linux).
+        matches!(&r, Err(Error::Rendezvous { service: "torchrun's TCPStore", address, derived_from, problem })
+            if *address == addr && derived_from == "code"
+                && problem.starts_with("failed reading key /nccl-channel/nccl-channel#0: ")),
+        "{r:?}"
+    );
     assert!(
         took < Duration::from_secs(4),
         "gave up after {took:?} (timeout 2 s): {r:?}"
@@ -1531,7 +1543,15 @@ fn a_foreign_server_is_named_even_after_it_went_away() {
         let mine = mine.exchange_with(1, 2, || unreachable!());
         (server.join().unwrap(), mine)
     });
-    assert!(their_result.is_err());
+    // Their rank 0 waited for its rank 1, which never came (ours is of another key).
+    let theirs = their_result.unwrap_err().to_string();
+    assert!(
+        theirs.starts_with(&format!(
+            "rank 0's rendezvous at {addr} (derived from code) did not hear from rank 1 \
+             within 400ms"
+        )),
+        "{theirs}"
+    );
     let text = my_result.unwrap_err().to_string();
     assert!(
         text.starts_with(&format!(
@@ -1605,7 +1625,16 @@ fn a_stale_ack_from_an_earlier_exchange_does_not_count_for_rank_0() {
     std::thread::scope(|s| {
         let r0 = s.spawn(|| first.exchange_with(0, 3, || Ok(UniqueId([1; 128]))));
         let r1 = s.spawn(|| first.exchange_with(1, 3, || unreachable!()));
-        assert!(r0.join().unwrap().is_err(), "rank 2 never came");
+        let e0 = r0.join().unwrap().unwrap_err();
+        assert_eq!(
+            e0.to_string(),
+            format!(
+                "torchrun's TCPStore at 127.0.0.1:{} (derived from code) did not see rank 2 \
+                 take the id (key /nccl-channel/stale#0) within 1.5s",
+                store.port
+            ),
+            "rank 2 never came"
+        );
         assert_eq!(r1.join().unwrap().unwrap(), UniqueId([1; 128]));
     });
     eprintln!("left in the store: {:?}", store.keys());

@@ -10,8 +10,11 @@ use nccl_channel::{Communicator, Error, ReduceOp, UniqueId};
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn shrink_away_a_rank_then_revoke() {
-    let cuda = Cuda::load().unwrap();
-    let nccl = nccl_channel::nccl().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
+    let nccl = nccl_channel::nccl()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
+    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
     println!("NCCL {} ({})", nccl.version(), nccl.origin());
     let id = UniqueId::generate(&nccl).unwrap();
     let barrier = Barrier::new(2);

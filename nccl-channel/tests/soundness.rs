@@ -148,6 +148,7 @@ fn nothing_reaches_nccl_after_an_abort() {
             e,
             Error::Nccl {
                 call: "ncclAllReduce",
+                code: ncclResult_t::ncclSystemError,
                 ..
             }
         ),
@@ -393,6 +394,7 @@ fn a_fatal_error_inside_a_group_aborts_after_it() {
             r,
             Err(Error::Nccl {
                 call: "ncclAllReduce",
+                code: ncclResult_t::ncclSystemError,
                 ..
             })
         ),
@@ -530,6 +532,7 @@ fn usage_errors_are_returned_and_keep_the_communicator() {
             e,
             Error::Nccl {
                 call: "ncclCommSplit",
+                code: ncclResult_t::ncclInvalidUsage,
                 ..
             }
         ),
@@ -576,6 +579,7 @@ fn a_failed_wait_for_a_split_aborts_the_parent_and_the_child() {
             e,
             Error::Nccl {
                 call: "ncclCommGetAsyncError",
+                code: ncclResult_t::ncclInternalError,
                 ..
             }
         ),
@@ -637,6 +641,7 @@ fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
             e,
             Error::Nccl {
                 call: "ncclAllReduce",
+                code: ncclResult_t::ncclInvalidArgument,
                 ..
             }
         ),
@@ -650,6 +655,7 @@ fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
             e,
             Error::Nccl {
                 call: "ncclCommSplit",
+                code: ncclResult_t::ncclInvalidUsage,
                 ..
             }
         ),

@@ -13,8 +13,10 @@ use nccl_sys::Nccl;
 const N: usize = 4 << 20; // 16 MiB of f32 per buffer
 
 fn two_gpus() -> (Cuda, Arc<Nccl>, Vec<Context>) {
-    let cuda = Cuda::load().unwrap();
-    let nccl = nccl_channel::nccl().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
+    let nccl = nccl_channel::nccl()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
     assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
     let ctxs = (0..2)
         .map(|d| cuda.device(d).unwrap().primary_context().unwrap())

@@ -12,8 +12,10 @@ use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, group};
 use nccl_sys::Nccl;
 
 fn two_gpus() -> (Arc<Nccl>, Vec<Context>) {
-    let cuda = Cuda::load().unwrap();
-    let nccl = nccl_channel::nccl().unwrap();
+    let cuda = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
+    let nccl = nccl_channel::nccl()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
     println!("NCCL {} ({})", nccl.version(), nccl.origin());
     assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
     let ctxs = (0..2)

@@ -838,8 +838,18 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         let b = client(addr);
         hello(&b, 2, 1);
-        assert!(matches!(answer(&b), Msg::Refused { .. }));
-        assert!(matches!(answer(&a), Msg::Refused { .. }));
+        let refused = |msg: &str| Msg::Refused {
+            rc: ncclResult_t::ncclInvalidUsage.0,
+            msg: msg.into(),
+        };
+        assert_eq!(
+            answer(&b),
+            refused("rank 1 asked for 2 ranks, another rank for 3")
+        );
+        assert_eq!(
+            answer(&a),
+            refused("rank 1 asked for 2 ranks, another rank for 3")
+        );
         hello(&late, 3, 2);
         match wire::recv(&late) {
             Ok(Msg::Refused { rc, msg }) => {

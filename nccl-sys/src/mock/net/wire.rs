@@ -540,8 +540,13 @@ mod tests {
         }
         .encode();
         // Every truncation and every single-byte corruption parses or fails cleanly.
+        let refusal = |b: &[u8]| Msg::decode(b).err().map(|e| e.0);
         for n in 0..good.len() {
-            assert!(Msg::decode(&good[..n]).is_err(), "prefix of {n} bytes");
+            assert_eq!(
+                refusal(&good[..n]).as_deref(),
+                Some("frame too short"),
+                "prefix of {n} bytes"
+            );
         }
         for i in 0..good.len() {
             for b in [0u8, 0x7f, 0xff] {
@@ -557,8 +562,14 @@ mod tests {
         let e = recv(&[0, 0, 0, 0x10, 1, 2][..]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         // Another version, an unknown tag and a wrong magic are refused.
-        assert!(Msg::decode(&[2, 7]).is_err());
-        assert!(Msg::decode(&[VERSION, 99]).is_err());
+        assert_eq!(
+            refusal(&[2, 7]),
+            Some(format!("protocol version 2, expected {VERSION}"))
+        );
+        assert_eq!(
+            refusal(&[VERSION, 99]).as_deref(),
+            Some("unknown message 99")
+        );
         let mut hello = Msg::Hello {
             nranks: 2,
             rank: 0,
@@ -566,12 +577,12 @@ mod tests {
         }
         .encode();
         hello[2] = b'X';
-        assert!(Msg::decode(&hello).is_err());
+        assert_eq!(refusal(&hello).as_deref(), Some("not a mock NCCL hello"));
         // A list claiming more entries than the frame holds.
         let mut w = Writer::default();
         w.u8(VERSION);
         w.u8(2);
         w.u64(u64::MAX / 2);
-        assert!(Msg::decode(&w.0).is_err());
+        assert_eq!(refusal(&w.0).as_deref(), Some("list longer than its frame"));
     }
 }
