@@ -51,10 +51,25 @@ pub(crate) fn read_line(
     max: usize,
     deadline: Instant,
 ) -> io::Result<Option<Vec<u8>>> {
+    read_line_in_steps(r, max, deadline, STEP)
+}
+
+/// [`read_line`] with socket reads of at most `step` each.
+fn read_line_in_steps(
+    r: &mut BufReader<&TcpStream>,
+    max: usize,
+    deadline: Instant,
+    step: Duration,
+) -> io::Result<Option<Vec<u8>>> {
     let mut line = Vec::new();
     loop {
-        set_step(r.get_ref(), deadline)?;
-        let buf = r.fill_buf()?;
+        set_step(r.get_ref(), deadline, step)?;
+        let buf = match r.fill_buf() {
+            Ok(buf) => buf,
+            // One step without bytes: the deadline, checked by `set_step`, decides.
+            Err(e) if timed_out(&e) || e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if buf.is_empty() {
             if line.is_empty() {
                 return Ok(None);
@@ -87,9 +102,19 @@ pub(crate) fn read_line(
 /// Fills `buf` from `stream`, all of it before `deadline` (see [`read_line`]). A peer that
 /// closes first is an `UnexpectedEof` error, a deadline passed a `TimedOut` one.
 pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    read_exact_in_steps(stream, buf, deadline, STEP)
+}
+
+/// [`read_exact`] with socket reads of at most `step` each.
+fn read_exact_in_steps(
+    stream: &TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    step: Duration,
+) -> io::Result<()> {
     let mut got = 0;
     while got < buf.len() {
-        set_step(stream, deadline)?;
+        set_step(stream, deadline, step)?;
         match (&*stream).read(&mut buf[got..]) {
             Ok(0) => {
                 return Err(io::Error::new(
@@ -98,24 +123,25 @@ pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8], deadline: Instant) 
                 ));
             }
             Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // One step without bytes: the deadline, checked by `set_step`, decides.
+            Err(e) if timed_out(&e) || e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
 }
 
-/// Sets the read timeout to the time left before `deadline` (at most [`STEP`]); a deadline
+/// Sets the read timeout to the time left before `deadline` (at most `step`); a deadline
 /// already passed is a `TimedOut` error.
-fn set_step(stream: &TcpStream, deadline: Instant) -> io::Result<()> {
+fn set_step(stream: &TcpStream, deadline: Instant, step: Duration) -> io::Result<()> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(io::Error::new(
             io::ErrorKind::TimedOut,
-            "the peer did not finish in time",
+            "the peer did not answer in time",
         ));
     }
-    stream.set_read_timeout(Some(left.min(STEP).max(Duration::from_millis(1))))
+    stream.set_read_timeout(Some(left.min(step).max(Duration::from_millis(1))))
 }
 
 /// Unexpected bytes, escaped and cut to 64 of them, for error messages.
@@ -162,5 +188,69 @@ impl Backoff {
         let left = deadline.saturating_duration_since(Instant::now());
         std::thread::sleep(self.0.min(left));
         self.0 = (self.0 * 2).min(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    /// A connected pair whose server side sends `bytes` after `delay`.
+    fn peer_sending_after(delay: Duration, bytes: &'static [u8]) -> TcpStream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            std::thread::sleep(delay);
+            let _ = s.write_all(bytes);
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        TcpStream::connect(addr).unwrap()
+    }
+
+    #[test]
+    fn a_read_waits_past_a_step_until_its_deadline() {
+        let step = Duration::from_millis(20);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let s = peer_sending_after(Duration::from_millis(200), b"abcd");
+        let mut buf = [0u8; 4];
+        read_exact_in_steps(&s, &mut buf, deadline, step).unwrap();
+        assert_eq!(&buf, b"abcd");
+        let s = peer_sending_after(Duration::from_millis(200), b"line\n");
+        let mut r = BufReader::new(&s);
+        let line = read_line_in_steps(&mut r, 16, deadline, step).unwrap();
+        assert_eq!(line.as_deref(), Some(&b"line"[..]));
+    }
+
+    #[test]
+    fn a_read_gives_up_at_its_deadline_saying_so() {
+        let step = Duration::from_millis(20);
+        let s = peer_sending_after(Duration::from_secs(5), b"late");
+        let mut buf = [0u8; 4];
+        let e = read_exact_in_steps(
+            &s,
+            &mut buf,
+            Instant::now() + Duration::from_millis(150),
+            step,
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.kind(), e.to_string()),
+            (
+                io::ErrorKind::TimedOut,
+                "the peer did not answer in time".to_string()
+            )
+        );
+        let mut r = BufReader::new(&s);
+        let e = read_line_in_steps(
+            &mut r,
+            16,
+            Instant::now() + Duration::from_millis(150),
+            step,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
     }
 }
