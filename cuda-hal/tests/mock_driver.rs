@@ -843,3 +843,42 @@ fn device_buffers_hand_their_memory_over_and_back() {
         assert_eq!(world.live().device_allocations, 0);
     });
 }
+
+#[test]
+fn devices_are_equal_only_to_the_same_ordinal_of_the_same_driver() {
+    let (cuda, _world) = two();
+    let (other, _other_world) = two();
+    let d0 = cuda.device(0).unwrap();
+    assert_eq!(d0, cuda.device(0).unwrap());
+    assert_ne!(d0, cuda.device(1).unwrap());
+    assert_ne!(d0, other.device(0).unwrap(), "another driver's device 0");
+    assert_eq!(
+        format!("{:?}", cuda.device(1).unwrap()),
+        "Device { ordinal: 1 }"
+    );
+    assert_eq!(
+        format!("{cuda:?}"),
+        format!(
+            "Cuda {{ version: {:?}, origin: {:?} }}",
+            cuda.version(),
+            cuda.driver().origin()
+        )
+    );
+}
+
+#[test]
+fn peer_access_is_between_two_devices() {
+    let (cuda, _world) = two();
+    let (d0, d1) = (cuda.device(0).unwrap(), cuda.device(1).unwrap());
+    // The simulated driver lets every device reach every other one, never itself.
+    assert!(d0.can_access_peer(&d1).unwrap());
+    assert!(!d0.can_access_peer(&d0).unwrap());
+}
+
+#[test]
+fn a_buffer_knows_its_size_in_bytes() {
+    let (cuda, _world) = two();
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    let b = DeviceBuffer::<u32>::zeroed(&ctx, 3).unwrap();
+    assert_eq!((b.len(), b.size_bytes()), (3, 12));
+}
