@@ -606,8 +606,10 @@ fn a_collective_whose_peer_never_joins_ends_at_the_deadline() {
             let ctx = rig.cuda.device(1).unwrap().primary_context().unwrap();
             let comm = Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, 1, config).unwrap();
             // Alive, but never joins the all-reduce, until rank 0's call is over (also
-            // released when rank 0 fails: the sender is dropped).
-            let _ = parked.recv();
+            // released when rank 0 fails: the sender is dropped). Leaves after 10 s in any
+            // case, so that a deadline ignored fails the test (NCCL's error, not a
+            // timeout) instead of hanging it.
+            let _ = parked.recv_timeout(Duration::from_secs(10));
             comm.abort().unwrap();
         });
         let release = release;
