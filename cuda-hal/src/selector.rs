@@ -64,7 +64,7 @@ impl FromStr for DeviceUuid {
             // Two hex digits: `from_str_radix` alone would also take `+f`.
             out[i] = parse_hex(text)
                 .map(|b| b as u8)
-                .ok_or_else(|| bad(&format!("{text:?} is not two hex digits")))?;
+                .ok_or_else(|| bad(&format!("{text:?} is not hexadecimal")))?;
         }
         Ok(DeviceUuid(out))
     }

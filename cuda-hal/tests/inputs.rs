@@ -17,7 +17,7 @@ fn signs_are_not_digits_in_selectors_uuids_and_bus_ids() {
         e,
         Error::InvalidUuid {
             input: uuid.into(),
-            problem: "\"+f\" is not two hex digits".into()
+            problem: "\"+f\" is not hexadecimal".into()
         }
     );
     let selector = format!("cuda://{uuid}");
