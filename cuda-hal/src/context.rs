@@ -52,6 +52,27 @@ impl PartialEq for Context {
 impl Eq for Context {}
 
 impl Context {
+    /// `Ok` when `other` is this context; else [`Error::WrongDevice`](crate::Error) with
+    /// both devices, or, when both are on the same device (a context of another `Cuda`
+    /// instance), [`Error::WrongContext`](crate::Error).
+    pub(crate) fn expect_same(&self, other: &Context, what: &'static str) -> Result<()> {
+        if self == other {
+            return Ok(());
+        }
+        let (expected, found) = (self.device().ordinal(), other.device().ordinal());
+        if expected == found {
+            return Err(crate::Error::WrongContext {
+                what,
+                device: found,
+            });
+        }
+        Err(crate::Error::WrongDevice {
+            what,
+            expected,
+            found,
+        })
+    }
+
     pub(crate) fn retain_primary(device: &Device) -> Result<Context> {
         let mut raw: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointer.

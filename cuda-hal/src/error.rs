@@ -97,6 +97,19 @@ pub enum Error {
         /// The device ordinal of the object passed.
         found: i32,
     },
+    /// Two objects that must share a context are on the same device but in different
+    /// contexts: one of them comes from another [`Cuda`](crate::Cuda) instance (a driver
+    /// loaded again, or another simulated machine).
+    #[error(
+        "{what}: the objects belong to different CUDA contexts (both on device {device}; \
+         another Cuda instance?): use objects of one context"
+    )]
+    WrongContext {
+        /// The operation.
+        what: &'static str,
+        /// The device ordinal both are on.
+        device: i32,
+    },
     /// A call that waits for its stream was made while a capture records that stream.
     #[error(
         "{what} waits for its stream, which is being captured into a graph; end the capture \

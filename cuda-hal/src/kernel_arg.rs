@@ -7,9 +7,7 @@ use std::mem::size_of;
 
 use cuda_sys::CUdeviceptr;
 
-use crate::{
-    DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Error, Result, Stream,
-};
+use crate::{DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Result, Stream};
 
 /// One kernel argument: what the kernel's parameter receives ([`Raw`](Self::Raw)), made
 /// for a launch on a stream.
@@ -74,13 +72,9 @@ unsafe impl<T: DeviceRepr> KernelArg for ByValue<T> {
 /// it used there, and gives its address.
 #[inline]
 fn memory<S: DeviceSlice + ?Sized>(s: &S, stream: &Stream) -> Result<CUdeviceptr> {
-    if s.context() != stream.context() {
-        return Err(Error::WrongDevice {
-            what: "kernel argument",
-            expected: stream.context().device().ordinal(),
-            found: s.context().device().ordinal(),
-        });
-    }
+    stream
+        .context()
+        .expect_same(s.context(), "kernel argument")?;
     s.used_on(stream)?;
     Ok(s.device_ptr())
 }

@@ -142,6 +142,7 @@ mod context;
 mod copy;
 mod cuda;
 mod device;
+mod digits;
 mod error;
 mod event;
 mod function;

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::digits::{parse_decimal, parse_hex};
 use crate::{Error, Result};
 
 /// A GPU's 16-byte UUID, displayed as `nvidia-smi -L` prints it.
@@ -60,8 +61,10 @@ impl FromStr for DeviceUuid {
         let mut out = [0u8; 16];
         for (i, chunk) in hex.as_bytes().chunks(2).enumerate() {
             let text = std::str::from_utf8(chunk).map_err(|_| bad("not ASCII"))?;
-            out[i] = u8::from_str_radix(text, 16)
-                .map_err(|_| bad(&format!("{text:?} is not hexadecimal")))?;
+            // Two hex digits: `from_str_radix` alone would also take `+f`.
+            out[i] = parse_hex(text)
+                .map(|b| b as u8)
+                .ok_or_else(|| bad(&format!("{text:?} is not hexadecimal")))?;
         }
         Ok(DeviceUuid(out))
     }
@@ -116,7 +119,7 @@ impl FromStr for PciBusId {
             if t.is_empty() || t.len() > max_len {
                 return Err(bad());
             }
-            u32::from_str_radix(t, 16).map_err(|_| bad())
+            parse_hex(t).ok_or_else(bad)
         };
         let bus = hex(bus, 2)?;
         let device = hex(device, 2)?;
@@ -171,10 +174,9 @@ impl FromStr for DeviceSelector {
             return Ok(DeviceSelector::Default);
         }
         if rest.bytes().all(|b| b.is_ascii_digit()) {
-            return rest
-                .parse::<usize>()
+            return parse_decimal::<usize>(rest)
                 .map(DeviceSelector::Ordinal)
-                .map_err(|_| bad(format!("ordinal {rest} is too large")));
+                .ok_or_else(|| bad(format!("ordinal {rest} is too large")));
         }
         if strip_prefix_ci(rest, "GPU-").is_some() || strip_prefix_ci(rest, "MIG-").is_some() {
             return rest

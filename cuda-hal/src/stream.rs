@@ -323,14 +323,6 @@ impl Stream {
     }
 
     pub(crate) fn same_context(&self, ctx: &Context, what: &'static str) -> Result<()> {
-        if self.inner.ctx == *ctx {
-            Ok(())
-        } else {
-            Err(Error::WrongDevice {
-                what,
-                expected: ctx.device().ordinal(),
-                found: self.inner.ctx.device().ordinal(),
-            })
-        }
+        ctx.expect_same(&self.inner.ctx, what)
     }
 }

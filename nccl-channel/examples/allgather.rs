@@ -61,10 +61,10 @@ struct Opts {
 }
 
 fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("expects a number, not {s:?}")),
+    match launch::parse_decimal::<usize>(s) {
+        Some(0) => Err("must be at least 1".into()),
+        Some(n) => Ok(n),
+        None => Err(format!("expects a number, not {s:?}")),
     }
 }
 

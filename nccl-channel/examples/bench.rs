@@ -111,10 +111,10 @@ struct Opts {
 }
 
 fn at_least_one(s: &str) -> std::result::Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("expects a number, not {s:?}")),
+    match launch::parse_decimal::<usize>(s) {
+        Some(0) => Err("must be at least 1".into()),
+        Some(n) => Ok(n),
+        None => Err(format!("expects a number, not {s:?}")),
     }
 }
 
@@ -128,7 +128,7 @@ fn seconds_arg(s: &str) -> std::result::Result<std::time::Duration, String> {
 fn version_arg(s: &str) -> std::result::Result<nccl_sys::NcclVersion, String> {
     let p: Vec<i32> = s
         .split('.')
-        .map(|x| x.parse().map_err(|_| format!("bad version {s:?}")))
+        .map(|x| launch::parse_decimal(x).ok_or_else(|| format!("bad version {s:?}")))
         .collect::<std::result::Result<_, _>>()?;
     match p[..] {
         [a, b, c] => Ok(nccl_sys::NcclVersion::new(a, b, c)),
@@ -225,8 +225,7 @@ fn size_arg(s: &str) -> std::result::Result<usize, String> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>()
-        .ok()
+    launch::parse_decimal::<usize>(num)
         .and_then(|n| n.checked_mul(mul))
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("bad size {s:?} (a positive number of bytes, suffix K, M or G)"))

@@ -72,14 +72,7 @@ impl Communicator {
         self.handle()?;
         let order = stream.enqueue_lock();
         self.hold_for(stream);
-        if stream.context() != self.context() {
-            return Err(Error::WrongDevice {
-                what,
-                object: "stream",
-                expected: self.device(),
-                found: stream.context().device().ordinal(),
-            });
-        }
+        self.same_context(what, "stream", stream.context())?;
         Ok(order)
     }
 
@@ -93,14 +86,7 @@ impl Communicator {
         expected: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if buf.context() != self.context() {
-            return Err(Error::WrongDevice {
-                what,
-                object: buffer,
-                expected: self.device(),
-                found: buf.device().ordinal(),
-            });
-        }
+        self.same_context(what, buffer, buf.context())?;
         if buf.len() != expected {
             return Err(Error::LengthMismatch {
                 what,
@@ -135,7 +121,8 @@ impl Communicator {
             return Err(Error::InvalidArgument {
                 what,
                 problem: format!(
-                    "the {buffer} buffer holds {len} elements, not a multiple of the {} ranks",
+                    "the {} holds {len} elements, not a multiple of the {} ranks",
+                    crate::error::buffer_name(buffer),
                     self.size()
                 ),
             });

@@ -564,6 +564,34 @@ impl Communicator {
         self.shared.live_raw().ok_or(Error::Aborted)
     }
 
+    /// `Ok` when `ctx` is the communicator's context; else [`Error::WrongDevice`] naming
+    /// the object's device, or, for another context on the same device (another
+    /// `cuda_hal::Cuda` instance), [`Error::WrongContext`].
+    pub(crate) fn same_context(
+        &self,
+        what: &'static str,
+        object: &'static str,
+        ctx: &Context,
+    ) -> Result<()> {
+        if ctx == self.context() {
+            return Ok(());
+        }
+        let found = ctx.device().ordinal();
+        if found == self.device() {
+            return Err(Error::WrongContext {
+                what,
+                object,
+                device: found,
+            });
+        }
+        Err(Error::WrongDevice {
+            what,
+            object,
+            expected: self.device(),
+            found,
+        })
+    }
+
     /// Notes, before enqueueing work on `stream`, that it needs this communicator: kept
     /// alive by an open capture or group.
     #[inline]

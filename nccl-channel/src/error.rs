@@ -65,11 +65,14 @@ pub enum Error {
         size: usize,
     },
     /// A buffer has the wrong number of elements.
-    #[error("{what}: the {buffer} buffer must hold {expected} elements, it holds {got}")]
+    #[error(
+        "{what}: the {} must hold {expected} elements, it holds {got}",
+        buffer_name(buffer)
+    )]
     LengthMismatch {
         /// The operation.
         what: &'static str,
-        /// Which buffer (`"send"`, `"recv"`).
+        /// Which buffer (`"send"`, `"recv"`, or `"buffer"` for an in-place operation's).
         buffer: &'static str,
         /// The length needed.
         expected: usize,
@@ -87,6 +90,23 @@ pub enum Error {
         expected: i32,
         /// The object's device.
         found: i32,
+    },
+    /// A buffer or stream is on the communicator's device but belongs to another CUDA
+    /// context: one of another [`cuda_hal::Cuda`] instance (a driver loaded again, or a
+    /// simulated machine of its own), whose memory and streams this communicator cannot
+    /// use. Make them from the context the communicator was made with.
+    #[error(
+        "{what}: the {object} belongs to another CUDA context than the communicator's (both \
+         are on device {device}; another cuda_hal::Cuda instance?): use the communicator's \
+         context"
+    )]
+    WrongContext {
+        /// The operation.
+        what: &'static str,
+        /// `"stream"`, `"send buffer"`, ...
+        object: &'static str,
+        /// The device both are on.
+        device: i32,
     },
     /// A required argument is missing or has no meaning here.
     #[error("{what}: {problem}")]
@@ -219,6 +239,15 @@ pub enum ParentsProblem {
         /// Its rank.
         rank: usize,
     },
+}
+
+/// `"send"` as `"send buffer"`; `"buffer"` (an in-place operation's one buffer) as itself.
+pub(crate) fn buffer_name(buffer: &str) -> String {
+    if buffer == "buffer" {
+        buffer.into()
+    } else {
+        format!("{buffer} buffer")
+    }
 }
 
 fn detail_suffix(detail: &str) -> String {

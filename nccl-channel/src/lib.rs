@@ -79,6 +79,7 @@ mod channel;
 mod collective;
 mod comm;
 mod config;
+mod decimal;
 mod error;
 mod group;
 mod memory;

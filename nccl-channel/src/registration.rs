@@ -246,14 +246,7 @@ fn target<S: DeviceSlice + ?Sized>(
     what: &'static str,
     mem: &S,
 ) -> Result<(u64, usize, KeepAlive)> {
-    if mem.context() != comm.context() {
-        return Err(Error::WrongDevice {
-            what,
-            object: "memory",
-            expected: comm.device(),
-            found: mem.device().ordinal(),
-        });
-    }
+    comm.same_context(what, "memory", mem.context())?;
     if mem.is_empty() {
         return Err(Error::InvalidArgument {
             what,

@@ -88,9 +88,12 @@ impl Communicator {
     /// asynchronous error while it waits. A failure, the deadline
     /// ([`CommConfig::timeout`](crate::CommConfig::timeout)) or an [`AbortHandle`] aborts
     /// the communicator and returns
-    /// an error; a dead peer thus gives an error instead of a hang.
+    /// an error; a dead peer thus gives an error instead of a hang. A stream of another
+    /// device or context than the communicator's is refused ([`Error::WrongDevice`],
+    /// [`Error::WrongContext`]), as the collectives refuse it.
     pub fn wait(&self, stream: &Stream) -> Result<()> {
         let raw = self.handle()?;
+        self.same_context("Communicator::wait", "stream", stream.context())?;
         let deadline = Instant::now() + self.config().get_timeout();
         let mut pause = Duration::from_micros(20);
         loop {

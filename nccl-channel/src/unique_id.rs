@@ -40,11 +40,15 @@ impl FromStr for UniqueId {
             )));
         }
         let mut out = [0u8; 128];
-        for (i, pair) in s.as_bytes().chunks(2).enumerate() {
-            let text =
-                std::str::from_utf8(pair).map_err(|_| Error::UniqueId("not ASCII hex".into()))?;
-            out[i] = u8::from_str_radix(text, 16)
-                .map_err(|_| Error::UniqueId(format!("{text:?} at offset {} is not hex", 2 * i)))?;
+        for (i, pair) in s.as_bytes().chunks_exact(2).enumerate() {
+            // Hex digits only: `from_str_radix` would also take a sign (`+f`).
+            out[i] = crate::decimal::hex_byte([pair[0], pair[1]]).ok_or_else(|| {
+                Error::UniqueId(format!(
+                    "{:?} at offset {} is not two hex digits (0-9, a-f, A-F)",
+                    String::from_utf8_lossy(pair),
+                    2 * i
+                ))
+            })?;
         }
         Ok(UniqueId(out))
     }
@@ -81,14 +85,11 @@ impl UniqueId {
                     .into(),
             });
         }
-        let port_ok = comm_id
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-        if !port_ok {
+        if let Err(problem) = crate::rendezvous::check_host_port(&comm_id) {
             return Err(Error::Env {
                 variable: "NCCL_COMM_ID".into(),
                 value: comm_id,
-                problem: "expected host:port with a port from 1 to 65535".into(),
+                problem,
             });
         }
         let a = Self::generate(nccl)?;

@@ -172,7 +172,7 @@ impl World {
 }
 
 fn parse(variable: &str, text: &str) -> Result<usize> {
-    text.trim().parse::<usize>().map_err(|_| Error::Env {
+    crate::decimal::parse_decimal::<usize>(text.trim()).ok_or_else(|| Error::Env {
         variable: variable.into(),
         value: text.into(),
         problem: "expected a non-negative integer".into(),

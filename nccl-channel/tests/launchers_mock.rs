@@ -497,12 +497,26 @@ fn the_bench_on_one_rank_prints_numbers() {
 /// Bad numbers are refused by the command line (exit 2), not launched or panicked on.
 #[test]
 fn bench_and_data_parallel_refuse_bad_numbers() {
-    let cases: [(&str, &str, &[&str], &str); 3] = [
+    let cases: [(&str, &str, &[&str], &str); 5] = [
         (
             "bench",
             "NCCL_CHANNEL_BENCH",
             &["--nprocs", "0"],
             "invalid value '0' for '--nprocs <NPROCS>': must be at least 1",
+        ),
+        // A sign is not a digit (Rust's integer parser alone takes `+2`).
+        (
+            "bench",
+            "NCCL_CHANNEL_BENCH",
+            &["--nprocs=+2"],
+            "invalid value '+2' for '--nprocs <NPROCS>': expects a number, not \"+2\"",
+        ),
+        (
+            "bench",
+            "NCCL_CHANNEL_BENCH",
+            &["-b", "+8"],
+            "invalid value '+8' for '-b <MIN>': bad size \"+8\" (a positive number of bytes, \
+             suffix K, M or G)",
         ),
         (
             "data_parallel",

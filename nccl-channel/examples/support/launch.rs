@@ -18,6 +18,16 @@ use nccl_channel::{Channel, ChannelBuilder, CommConfig, IdSource, Rendezvous, Wo
 use nccl_sys::NcclVersion;
 use nccl_sys::mock::MockNccl;
 
+/// `text` as a `T` when it is one or more ASCII decimal digits and nothing else: the
+/// integer `FromStr` of Rust also takes a leading `+`, which the examples refuse (as the
+/// library refuses it in the launcher's variables).
+pub(crate) fn parse_decimal<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// Where the ranks run.
 pub(crate) enum Machine {
     /// A CUDA driver with at least the ranks' number of GPUs.
@@ -144,7 +154,7 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
                 .device
                 .as_deref()
                 .and_then(|d| d.strip_prefix("cuda://"))
-                .and_then(|d| d.parse::<usize>().ok())
+                .and_then(parse_decimal::<usize>)
                 .map_or(0, |d| d.saturating_add(1));
             let n = world.size.max(world.default_device().saturating_add(1));
             let n = if wanted <= MAX_SIMULATED.max(n) {

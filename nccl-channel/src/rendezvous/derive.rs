@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind, hostlist, parse_host_port};
+use crate::decimal::{parse_decimal, parse_port, parse_seconds};
 use crate::{Error, Result, World};
 
 /// The lowest port derived from a job's id ([`Rendezvous::from_env`](super::Rendezvous::from_env)).
@@ -306,8 +307,7 @@ fn port_of(n: u64) -> u16 {
 
 /// A decimal value as itself, anything else as its FNV-1a hash.
 fn number(text: &str) -> u64 {
-    text.parse::<u64>()
-        .unwrap_or_else(|_| fnv1a(text.as_bytes()))
+    parse_decimal::<u64>(text).unwrap_or_else(|| fnv1a(text.as_bytes()))
 }
 
 /// 64-bit FNV-1a: stable across runs and platforms (unlike std's hasher).
@@ -323,9 +323,9 @@ fn master_port(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<u16>> {
     let Some(port) = get("MASTER_PORT") else {
         return Ok(None);
     };
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(Some(p)),
-        _ => Err(Error::Env {
+    match parse_port(&port) {
+        Some(p) => Ok(Some(p)),
+        None => Err(Error::Env {
             variable: "MASTER_PORT".into(),
             value: port,
             problem: "expected a port from 1 to 65535".into(),
@@ -338,15 +338,11 @@ fn master(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<(String, u16)>>
     let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) else {
         return Ok(None);
     };
-    let port = port
-        .parse::<u16>()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| Error::Env {
-            variable: "MASTER_PORT".into(),
-            value: port.clone(),
-            problem: "expected a port from 1 to 65535".into(),
-        })?;
+    let port = parse_port(&port).ok_or_else(|| Error::Env {
+        variable: "MASTER_PORT".into(),
+        value: port.clone(),
+        problem: "expected a port from 1 to 65535".into(),
+    })?;
     let host = addr
         .trim_start_matches('[')
         .trim_end_matches(']')
@@ -355,11 +351,13 @@ fn master(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<(String, u16)>>
 }
 
 fn host_port(variable: &str, value: &str) -> Result<(String, u16)> {
-    parse_host_port(value).ok_or_else(|| Error::Env {
+    parse_host_port(value).map_err(|detail| Error::Env {
         variable: variable.into(),
         value: value.into(),
-        problem: "expected host:port with a port from 1 to 65535 (IPv6 in brackets: [::1]:29500)"
-            .into(),
+        problem: format!(
+            "expected host:port with a port from 1 to 65535 (IPv6 in brackets: [::1]:29500): \
+             {detail}"
+        ),
     })
 }
 
@@ -367,8 +365,7 @@ fn timeout(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration> {
     let Some(text) = get("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT") else {
         return Ok(DEFAULT_TIMEOUT);
     };
-    text.parse::<f64>()
-        .ok()
+    parse_seconds(&text)
         .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
         .map(Duration::from_secs_f64)
         .ok_or_else(|| Error::Env {

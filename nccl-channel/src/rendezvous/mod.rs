@@ -120,11 +120,11 @@ impl Rendezvous {
     }
 
     fn parsed(kind: RendezvousKind, address: &str) -> Result<Rendezvous> {
-        let (host, port) = parse_host_port(address).ok_or_else(|| Error::InvalidArgument {
+        let (host, port) = parse_host_port(address).map_err(|detail| Error::InvalidArgument {
             what: "Rendezvous address",
             problem: format!(
                 "{address:?} is not host:port with a port from 1 to 65535 \
-                 (IPv6 addresses in brackets: [::1]:29500)"
+                 (IPv6 addresses in brackets: [::1]:29500): {detail}"
             ),
         })?;
         Ok(Self::new(
@@ -368,21 +368,45 @@ impl fmt::Display for Rendezvous {
     }
 }
 
-/// `host:port` or `[v6]:port` with a port from 1 to 65535.
-pub(crate) fn parse_host_port(text: &str) -> Option<(String, u16)> {
+/// `host:port` or `[v6]:port` with a port from 1 to 65535 in decimal digits; the error
+/// says what is wrong. A bare IPv6 address is refused: NCCL (`NCCL_COMM_ID`) reads up to
+/// the first colon as the host, so `a:b:c:8000` would not mean to NCCL what it means here.
+pub(crate) fn parse_host_port(text: &str) -> Result<(String, u16), String> {
     let text = text.trim();
-    let (host, port) = text.rsplit_once(':')?;
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err("there is no `:port`".into());
+    };
     let host = match host.strip_prefix('[') {
         Some(inner) => inner
-            .strip_suffix(']')?
-            .parse::<std::net::Ipv6Addr>()
-            .ok()?
+            .strip_suffix(']')
+            .and_then(|h| h.parse::<std::net::Ipv6Addr>().ok())
+            .ok_or_else(|| format!("{host:?} is not an IPv6 address in brackets"))?
             .to_string(),
-        None if host.contains(':') => return None,
+        None if host.contains(':') => {
+            return Err(format!(
+                "the host {host:?} has colons: NCCL reads up to the first colon as the host, \
+                 so an IPv6 address must be in brackets ([addr]:port)"
+            ));
+        }
+        None if host.contains(['[', ']']) => {
+            return Err(format!("the host {host:?} has unbalanced brackets"));
+        }
         None => host.to_string(),
     };
-    let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
-    (!host.is_empty()).then_some((host, port))
+    if host.is_empty() {
+        return Err("the host is empty".into());
+    }
+    let port = crate::decimal::parse_port(port).ok_or_else(|| {
+        format!("the port {port:?} is not a number from 1 to 65535 in decimal digits")
+    })?;
+    Ok((host, port))
+}
+
+/// `NCCL_COMM_ID`'s syntax, as [`parse_host_port`] checks it, with the problem to report.
+pub(crate) fn check_host_port(text: &str) -> Result<(), String> {
+    parse_host_port(text)
+        .map(drop)
+        .map_err(|detail| format!("expected host:port with a port from 1 to 65535: {detail}"))
 }
 
 fn sanitize_key(key: &str) -> String {

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use super::Rendezvous;
 use super::net::{self, Backoff, STEP, describe, read_line, step_until, time_for_attempt};
+use crate::decimal::parse_decimal;
 use crate::{Result, UniqueId};
 
 const MAGIC: &str = "nccl-channel-rendezvous";
@@ -72,7 +73,7 @@ fn reply_line(r: &Reply) -> String {
 fn words(line: &[u8]) -> Option<Vec<&str>> {
     let text = std::str::from_utf8(line).ok()?;
     let mut w = text.split(' ');
-    if w.next()? != MAGIC || w.next()?.parse::<u32>().ok()? != VERSION {
+    if w.next()? != MAGIC || parse_decimal::<u32>(w.next()?)? != VERSION {
         return None;
     }
     Some(w.collect())
@@ -82,8 +83,8 @@ fn parse_hello(line: &[u8]) -> Option<Hello> {
     match words(line)?.as_slice() {
         ["hello", key, rank, size] if !key.is_empty() => Some(Hello {
             key: key.to_string(),
-            rank: rank.parse().ok()?,
-            size: size.parse().ok()?,
+            rank: parse_decimal(rank)?,
+            size: parse_decimal(size)?,
         }),
         _ => None,
     }
@@ -93,15 +94,15 @@ fn parse_reply(line: &[u8]) -> Option<Reply> {
     match words(line)?.as_slice() {
         ["id", hex] => hex.parse().ok().map(Reply::Id),
         ["key", k] => Some(Reply::Key(k.to_string())),
-        ["size", n] => n.parse().ok().map(Reply::Size),
-        ["rank", n] => n.parse().ok().map(Reply::Rank),
+        ["size", n] => parse_decimal(n).map(Reply::Size),
+        ["rank", n] => parse_decimal(n).map(Reply::Rank),
         _ => None,
     }
 }
 
 fn parse_ack(line: &[u8]) -> Option<usize> {
     match words(line)?.as_slice() {
-        ["ack", r] => r.parse().ok(),
+        ["ack", r] => parse_decimal(r),
         _ => None,
     }
 }

@@ -60,6 +60,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::Rendezvous;
 use super::net::{self, Backoff, STEP, describe, step_until, time_for_attempt};
+use crate::decimal::parse_decimal;
 use crate::{Result, UniqueId};
 
 const VALIDATE: u8 = 0;
@@ -567,7 +568,7 @@ fn parse_value(value: &[u8], size: usize) -> Result<(UniqueId, String), String> 
     else {
         return Err(bad());
     };
-    let n: usize = n.parse().map_err(|_| bad())?;
+    let n: usize = parse_decimal(n).ok_or_else(bad)?;
     if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad());
     }
