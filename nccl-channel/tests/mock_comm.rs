@@ -273,7 +273,7 @@ fn bad_arguments_are_typed_errors_before_any_ffi_call() {
             Error::InvalidArgument {
                 what: "all_gather_in_place",
                 problem,
-            } if problem == "the buffer buffer holds 3 elements, not a multiple of the 2 ranks"
+            } if problem == "the buffer holds 3 elements, not a multiple of the 2 ranks"
         ),
         "{}",
         e[10]
