@@ -733,3 +733,38 @@ fn an_empty_global() {
     drop((module, ctx, cuda));
     assert_clean(&world);
 }
+
+/// What an NCCL registration holds through `DeviceSlice::keep_alive`: the memory of a
+/// buffer, of a view of one, and a module's global outlive their owners while it is held.
+#[test]
+fn keep_alive_holds_the_memory_past_its_owner() {
+    use cuda_hal::DeviceSlice;
+    let (cuda, world, ctx) = rig();
+    let buf = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3]).unwrap();
+    let held = DeviceSlice::keep_alive(&buf).expect("a buffer can be held");
+    let view_held = DeviceSlice::keep_alive(&buf.slice(1..).unwrap()).expect("so can its views");
+    drop(buf);
+    assert_eq!(
+        world.live().device_allocations,
+        1,
+        "held by the keep-alives"
+    );
+    drop(held);
+    assert_eq!(
+        world.live().device_allocations,
+        1,
+        "still held by the view's"
+    );
+    drop(view_held);
+    assert_eq!(world.live().device_allocations, 0);
+
+    let module = Module::from_ptx(&ctx, PTX).unwrap();
+    let held = DeviceSlice::keep_alive(&module.global::<u32>("table").unwrap())
+        .expect("a global can be held");
+    drop(module);
+    assert_eq!(world.live().modules, 1, "the global holds its module");
+    drop(held);
+    assert_eq!(world.live().modules, 0);
+    drop((ctx, cuda));
+    assert_clean(&world);
+}

@@ -882,3 +882,14 @@ fn a_buffer_knows_its_size_in_bytes() {
     let b = DeviceBuffer::<u32>::zeroed(&ctx, 3).unwrap();
     assert_eq!((b.len(), b.size_bytes()), (3, 12));
 }
+
+#[test]
+fn debug_output_of_uuids_and_pinned_buffers() {
+    let uuid = DeviceUuid(UUID_A);
+    assert_eq!(format!("{uuid:?}"), format!("DeviceUuid({uuid})"));
+    assert!(format!("{uuid}").starts_with("GPU-5fdb056c-"), "{uuid}");
+    let (cuda, _world) = two();
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    let p = PinnedBuffer::<u16>::zeroed(&ctx, 3).unwrap();
+    assert_eq!(format!("{p:?}"), "PinnedBuffer { len: 3 }");
+}
