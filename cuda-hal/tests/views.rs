@@ -74,6 +74,9 @@ fn splits_and_chunks_cover_the_buffer_without_overlap() {
     b.reborrow().slice_mut(3..).unwrap().copy_from(&a).unwrap();
     assert_eq!(b.to_vec().unwrap(), [1, 2, 2, -1, -2]);
     assert_eq!(buf.to_vec().unwrap(), [-1, -2, 1, 2, 2, -1, -2]);
+    let (a, b) = buf.split_at(2).unwrap();
+    assert_eq!(a.to_vec().unwrap(), [-1, -2]);
+    assert_eq!(b.to_vec().unwrap(), [1, 2, 2, -1, -2]);
     assert!(world.violations().is_empty());
 }
 
