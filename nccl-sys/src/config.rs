@@ -166,6 +166,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_sim_info_initializer_is_nccl_h_s() {
+        // nccl.h: { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION_CODE, NCCL_UNDEF_FLOAT }
+        // with NCCL_UNDEF_FLOAT -1.0f.
+        let i = NCCL_SIM_INFO_INITIALIZER;
+        assert_eq!(
+            (i.size, i.magic, i.version),
+            (
+                core::mem::size_of::<ncclSimInfo_t>(),
+                0x7468_5283,
+                NCCL_VERSION_CODE
+            )
+        );
+        assert_eq!(i.estimatedTime.to_bits(), (-1.0f32).to_bits());
+    }
+
+    #[test]
     fn the_table_covers_every_field_in_layout_order() {
         let mut end = core::mem::offset_of!(ncclConfig_t, blocking);
         for f in &CONFIG_FIELDS {
