@@ -3,7 +3,6 @@
 //! hub over loopback TCP. Most tests run each "process" on a thread of this test
 //! process, passing only the id's bytes; one re-executes this test binary so that two
 //! real OS processes talk.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -1,7 +1,6 @@
 //! The multi-process mode with `NCCL_COMM_ID`: the id names that address, and rank 0's
 //! init starts the hub there. Its own test binary, and a single test, because the
 //! environment is process-wide.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
