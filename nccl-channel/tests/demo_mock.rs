@@ -1,6 +1,5 @@
 //! The all-gather demo on a machine without a CUDA driver: the launcher runs its ranks on
 //! simulated devices and says so on its first line.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -1,7 +1,6 @@
 //! nccl-channel on real GPUs (`#[ignore]`d; run with `--include-ignored` on the GPU
 //! machine): every collective × data type × op, as one process driving the devices and as
 //! one process per device configured by the environment; init-all; split.
-#![cfg(feature = "half")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -3,7 +3,6 @@
 //! loopback. The ranks are configured as each launcher configures them (the scenario's two
 //! command lines verbatim, torchrun, Slurm, Open MPI, PMI) and find each other with no
 //! variable of ours.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

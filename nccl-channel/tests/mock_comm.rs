@@ -1,6 +1,5 @@
 //! Communicators on the simulated NCCL: init forms, split, fallbacks, groups, every bad
 //! input and injected fault, unique ids and the environment.
-#![cfg(feature = "half")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -4,7 +4,6 @@
 //! Ignored by default; run with `TORCH_PY=/path/to/python3 cargo test -p nccl-channel
 //! --all-features --test torch_store_real -- --ignored`. Run without `TORCH_PY`, it fails
 //! rather than passing without having checked anything.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Write};
