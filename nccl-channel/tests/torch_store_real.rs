@@ -8,10 +8,13 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use nccl_channel::{Rendezvous, UniqueId};
+
+#[path = "common/env.rs"]
+mod env;
 
 /// A torch TCPStore server in a python process, stopped when dropped.
 struct TorchStore {
@@ -30,7 +33,7 @@ impl TorchStore {
             )
         });
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/torch_store_server.py");
-        let mut child = Command::new(&py)
+        let mut child = env::scrubbed(&py)
             .args([script, if libuv { "1" } else { "0" }])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
