@@ -79,7 +79,7 @@ fn every_collective_two_processes_configured_by_env() {
     let t = Instant::now();
     let children: Vec<_> = (0..2)
         .map(|r| {
-            std::process::Command::new(&exe)
+            common::env::scrubbed_for_gpu(&exe)
                 .args([
                     "every_collective_two_processes_configured_by_env",
                     "--exact",
