@@ -2,7 +2,6 @@
 //! review, run against the simulated driver: `attack_*` tests are attacks the design
 //! withstands (each fails if the hold it relies on is removed); the others are the
 //! review's findings, fixed (each failed, or panicked, before its fix).
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cuda_hal::cuda_sys::CUresult;

@@ -1,10 +1,12 @@
 //! cuda-hal on real GPUs (`#[ignore]`d; run with `--include-ignored` on the GPU machine).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Command;
 use std::time::Instant;
 
 use cuda_hal::{Cuda, DeviceBuffer, Event, PinnedBuffer, Stream};
+
+#[path = "common/env.rs"]
+mod env;
 
 const GIB: usize = 1 << 30;
 
@@ -19,7 +21,7 @@ fn devices_match_nvidia_smi() {
         .iter()
         .map(|d| d.describe().unwrap())
         .collect();
-    let smi = Command::new("nvidia-smi")
+    let smi = env::scrubbed_for_gpu("nvidia-smi")
         .arg("-L")
         .output()
         .expect("nvidia-smi runs");

@@ -1,7 +1,6 @@
 //! Modules, libraries and kernel launches on the simulated driver, whose kernels are Rust
 //! functions that touch device memory through the sanitizer: right numbers, typed errors
 //! before anything is launched, and code and memory that outlive the work using them.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

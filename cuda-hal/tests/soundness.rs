@@ -2,7 +2,6 @@
 //! when work executes and every stream-ordered free against the streams that used the
 //! memory. Each test is a way safe code could once make the (simulated) GPU touch freed
 //! memory; the sanitizer reports it as a violation naming the call.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

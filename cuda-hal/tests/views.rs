@@ -2,7 +2,6 @@
 //! bad ranges are typed errors, and work on a view keeps the memory it belongs to alive
 //! exactly as work on the whole buffer does (the sanitizer checks every address when
 //! the work executes).
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -1,7 +1,6 @@
 //! The mock driver's API for simulations layered on it (the NCCL mock's `ncclMemAlloc`
 //! and registrations): memory of another allocator, holds on allocations, and where
 //! streams stand. Each check pins the exact report and value.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};

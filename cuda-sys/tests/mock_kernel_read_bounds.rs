@@ -5,7 +5,6 @@
 //! This binary's allocator records the largest request and refuses any above 1 GiB, so a
 //! regression (the result allocated before the check) fails the assertions here instead
 //! of taking the host's memory: the check is bounded either way.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,7 +1,6 @@
 //! Host-bound kernels on the mock driver, through the raw table: modules from PTX and
 //! binary images, launches (eager and captured), the sanitizer's checks of what kernels
 //! touch, unloads, function attributes, parameter layout, occupancy, libraries, faults.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::{CStr, c_void};

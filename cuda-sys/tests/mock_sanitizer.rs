@@ -1,7 +1,6 @@
 //! The mock driver as a sanitizer: use after free (also at graph replay), double frees,
 //! out-of-bounds and wrong-device ranges, and stream-ordered frees that are not ordered
 //! after work on other streams, each reported with the call, the address and the reason.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! Attacks from an adversarial review: kernels, views and communicators together, on the
 //! simulated driver and NCCL; each passes because the design holds. (The review's split
 //! and shrink findings are regression tests in `mock_split.rs`.)
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;

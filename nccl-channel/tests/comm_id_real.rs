@@ -1,37 +1,69 @@
 //! `NCCL_COMM_ID`-derived ids with the real libnccl of the pinned wheel (no GPU needed):
-//! every call gives the same id, so independent processes agree. Its own test process,
-//! because it sets NCCL_COMM_ID for the whole process.
+//! every call gives the same id, so independent processes agree. Each test runs in a child
+//! of this test binary whose environment has exactly the `NCCL_COMM_ID` it checks (and no
+//! launcher or NCCL variable of the caller's).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
+use std::ffi::OsStr;
+
 use common::wheel::{self, load_trusted};
 
+/// Names the library these tests use (or, in their child, the one the parent found).
+const LIBNCCL: &str = "NCCL_SYS_TEST_LIBNCCL";
+
 fn libnccl() -> std::path::PathBuf {
-    wheel::libnccl("2.32.3", "NCCL_SYS_TEST_LIBNCCL")
+    wheel::libnccl("2.32.3", LIBNCCL)
+}
+
+/// Runs test `name` in a child with `NCCL_COMM_ID=comm_id` (unset for `None`); in the
+/// child, returns the library.
+fn in_child(name: &str, comm_id: Option<&str>) -> Option<nccl_sys::Nccl> {
+    let lib = libnccl();
+    let mut env = vec![(LIBNCCL, lib.as_os_str())];
+    if let Some(v) = comm_id {
+        env.push(("NCCL_COMM_ID", OsStr::new(v)));
+    }
+    common::env::in_scrubbed_child(name, &env).then(|| load_trusted(lib).unwrap())
 }
 
 #[test]
-fn comm_id_gives_identical_ids_and_bad_values_are_refused() {
-    let nccl = load_trusted(libnccl()).unwrap();
-    // SAFETY: this test process has no other thread reading the environment now.
-    unsafe { std::env::remove_var("NCCL_COMM_ID") };
+fn an_unset_comm_id_is_refused() {
+    let Some(nccl) = in_child("an_unset_comm_id_is_refused", None) else {
+        return;
+    };
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
     assert!(e.to_string().contains("NCCL_COMM_ID"), "{e}");
-    // SAFETY: as above.
-    unsafe { std::env::set_var("NCCL_COMM_ID", "127.0.0.1") };
+}
+
+#[test]
+fn a_comm_id_without_a_port_is_refused() {
+    let Some(nccl) = in_child("a_comm_id_without_a_port_is_refused", Some("127.0.0.1")) else {
+        return;
+    };
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
     assert!(e.to_string().contains("host:port"), "{e}");
-    // SAFETY: as above.
-    unsafe { std::env::set_var("NCCL_COMM_ID", " 127.0.0.1:8123") };
+}
+
+#[test]
+fn a_comm_id_with_spaces_is_refused() {
+    let Some(nccl) = in_child("a_comm_id_with_spaces_is_refused", Some(" 127.0.0.1:8123")) else {
+        return;
+    };
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
     assert_eq!(
         e.to_string(),
         "environment variable NCCL_COMM_ID=\" 127.0.0.1:8123\": expected host:port without \
          surrounding spaces (NCCL reads it as it is)"
     );
-    // SAFETY: as above.
-    unsafe { std::env::set_var("NCCL_COMM_ID", "127.0.0.1:8123") };
+}
+
+#[test]
+fn comm_id_gives_identical_ids() {
+    let Some(nccl) = in_child("comm_id_gives_identical_ids", Some("127.0.0.1:8123")) else {
+        return;
+    };
     let a = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap();
     let b = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap();
     assert_eq!(a, b);

@@ -2,7 +2,6 @@
 //! (on simulated devices without a CUDA driver, where its kernels run as host twins; on
 //! two GPUs otherwise). The output is checked: the loss falls, the weights are equal on
 //! every rank, and the losses match the host's f64 reference.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

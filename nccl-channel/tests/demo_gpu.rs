@@ -7,7 +7,8 @@ mod common;
 
 use std::time::Instant;
 
-use common::demo::{demo_exe, free_port, run_demo};
+use common::demo::{demo_exe, free_port, run_demo_on_gpus};
+use common::env::scrubbed_for_gpu;
 
 const RESULT: &str = "2x2xi32=[101 102][101 102]";
 
@@ -15,7 +16,7 @@ const RESULT: &str = "2x2xi32=[101 102][101 102]";
 #[ignore = "needs 2 GPUs"]
 fn launcher_runs_one_rank_per_gpu() {
     let t = Instant::now();
-    let (ok, out, err) = run_demo(&["--nprocs", "2"], &[]);
+    let (ok, out, err) = run_demo_on_gpus(&["--nprocs", "2"], &[]);
     println!(
         "{out}{err}(launcher, {:.2?} from start to result)",
         t.elapsed()
@@ -38,7 +39,7 @@ fn two_hand_started(
     let t = Instant::now();
     let children: Vec<_> = (0..2)
         .map(|r| {
-            let mut c = std::process::Command::new(demo_exe());
+            let mut c = scrubbed_for_gpu(demo_exe());
             c.arg(format!("--device={}", device(r)))
                 .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"))
                 .env("NCCL_NVLS_ENABLE", "0")
@@ -119,10 +120,9 @@ fn torchrun() -> std::process::Command {
             venv.exists().then_some(venv)
         })
         .unwrap_or_else(|| "python3".into());
-    let mut c = std::process::Command::new(python);
+    let mut c = scrubbed_for_gpu(python);
     c.args(["-m", "torch.distributed.run"])
-        .env("NCCL_NVLS_ENABLE", "0")
-        .env_remove("NCCL_COMM_ID");
+        .env("NCCL_NVLS_ENABLE", "0");
     c
 }
 

@@ -1,6 +1,5 @@
 //! The all-gather demo on a machine without a CUDA driver: the launcher runs its ranks on
 //! simulated devices and says so on its first line.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -181,7 +180,7 @@ fn the_command_line_takes_both_option_forms_and_helps() {
         err.contains("the argument '--nprocs <N>' cannot be used with '--device"),
         "{err}"
     );
-    let out = std::process::Command::new(demo_exe())
+    let out = common::env::scrubbed(demo_exe())
         .arg("--nprocs")
         .output()
         .unwrap();

@@ -1,7 +1,6 @@
 //! nccl-channel on real GPUs (`#[ignore]`d; run with `--include-ignored` on the GPU
 //! machine): every collective × data type × op, as one process driving the devices and as
 //! one process per device configured by the environment; init-all; split.
-#![cfg(feature = "half")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -82,7 +81,7 @@ fn every_collective_two_processes_configured_by_env() {
     let t = Instant::now();
     let children: Vec<_> = (0..2)
         .map(|r| {
-            std::process::Command::new(&exe)
+            common::env::scrubbed_for_gpu(&exe)
                 .args([
                     "every_collective_two_processes_configured_by_env",
                     "--exact",

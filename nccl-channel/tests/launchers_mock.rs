@@ -3,7 +3,6 @@
 //! loopback. The ranks are configured as each launcher configures them (the scenario's two
 //! command lines verbatim, torchrun, Slurm, Open MPI, PMI) and find each other with no
 //! variable of ours.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -12,65 +11,29 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::demo::{demo_exe, example_exe, free_port};
+use common::env::scrubbed;
 use common::tcpstore::TestStore;
 
 const RESULT: &str = "2x2xi32=[101 102][101 102]";
 
-/// The demo as a new process with `env` (on top of a clean launcher environment and no
-/// CUDA driver) and `args`.
+/// The demo as a new process with `env` (on top of a scrubbed environment, see
+/// `common::env`, and no CUDA driver) and `args`.
 fn demo(env: &[(String, String)], args: &[String]) -> Command {
     example(demo_exe(), env, args)
 }
 
 /// As [`demo`], for any example.
 fn example(exe: std::path::PathBuf, env: &[(String, String)], args: &[String]) -> Command {
-    let mut c = Command::new(exe);
+    let mut c = scrubbed(exe);
     c.args(args)
         .env("CUDA_SYS_LIBRARY", "/nonexistent/libcuda.so.1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for var in LAUNCHER_VARS {
-        c.env_remove(var);
-    }
     for (k, v) in env {
         c.env(k, v);
     }
     c
 }
-
-/// Every variable a launcher might have left in the test's own environment.
-const LAUNCHER_VARS: &[&str] = &[
-    "NCCL_COMM_ID",
-    "NCCL_CHANNEL_NPROCS",
-    "NCCL_CHANNEL_PROCID",
-    "NCCL_CHANNEL_LOCAL_PROCID",
-    "NCCL_CHANNEL_RENDEZVOUS",
-    "NCCL_CHANNEL_RENDEZVOUS_KEY",
-    "IREE_CUDA_NCCL_NPROCS",
-    "IREE_CUDA_NCCL_PROCID",
-    "WORLD_SIZE",
-    "RANK",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RUN_ID",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMI_SIZE",
-    "PMI_RANK",
-    "MPI_LOCALNRANKS",
-    "SLURM_NTASKS",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_JOB_ID",
-    "SLURM_STEP_ID",
-    "SLURM_JOB_NODELIST",
-    "SLURM_STEP_NODELIST",
-    "SLURM_NODELIST",
-];
 
 /// One process to start: its environment and its arguments.
 type RankStart = (Vec<(String, String)>, Vec<String>);

@@ -1,6 +1,10 @@
-//! A process that never asks for a channel never opens libnccl. This file is its own test
-//! process, so nothing else here loads NCCL first.
+//! A process that never asks for a channel never opens libnccl. The check runs in a child
+//! of this test binary, a process of its own where nothing loads NCCL first, with no
+//! launcher or NCCL variable of the caller's.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "common/env.rs"]
+mod env;
 
 fn libnccl_mapped() -> bool {
     std::fs::read_to_string("/proc/self/maps")
@@ -11,6 +15,9 @@ fn libnccl_mapped() -> bool {
 
 #[test]
 fn no_world_no_nccl() {
+    if !env::in_scrubbed_child("no_world_no_nccl", &[]) {
+        return;
+    }
     for family in nccl_channel::ENV_FAMILIES {
         assert!(
             std::env::var_os(family.size).is_none(),

@@ -1,6 +1,5 @@
 //! Every collective × data type × op on the simulated NCCL, for world sizes 1 to 4 and 8,
 //! against host-computed results; then leak checks.
-#![cfg(feature = "half")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

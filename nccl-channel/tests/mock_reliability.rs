@@ -1,6 +1,5 @@
 //! Deadlines, aborts and faults on the simulated NCCL: a rank that never arrives, a peer
 //! that stops, an abort from another thread, injected errors; nothing leaks.
-#![cfg(feature = "half")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

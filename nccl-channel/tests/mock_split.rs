@@ -1,7 +1,6 @@
 //! Grouped split and shrink from one thread for every local rank
 //! (`Communicator::split_all` / `shrink_all`) on the simulated NCCL, which, like NCCL,
 //! writes a grouped split's new communicator only when the group ends.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

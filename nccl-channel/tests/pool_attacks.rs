@@ -2,7 +2,6 @@
 //! collective that gains from it), on the simulated driver and NCCL: registration inside
 //! groups and captures, views, other communicators, aborts, non-blocking communicators,
 //! and user code that runs in the middle of a registration.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

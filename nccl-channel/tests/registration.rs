@@ -1,7 +1,6 @@
 //! NCCL memory, buffer registrations, windows and the default pool, on the simulated
 //! driver and NCCL, whose sanitizers check when work runs that the memory and the
 //! registrations it resolved are still there, and that releases wait for that work.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

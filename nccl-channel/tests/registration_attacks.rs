@@ -1,7 +1,6 @@
 //! Attacks on registrations, windows and the pool from safe code, on the simulated driver
 //! and NCCL: each test is a way a release could come before the work that uses it, a
 //! release from the wrong thread, a leak, or a pool handing out the wrong memory.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

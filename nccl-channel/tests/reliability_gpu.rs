@@ -4,11 +4,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{ChannelBuilder, CommConfig, Error, ReduceOp, World};
+
+#[path = "common/env.rs"]
+mod env;
 
 const DEADLINE: Duration = Duration::from_secs(5);
 const WORKER: &str = "NCCL_CHANNEL_FAULT_WORKER";
@@ -98,7 +101,7 @@ fn worker_lonely_init() {
 }
 
 fn spawn(rank: usize, size: usize, port: u16, mode: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
+    env::scrubbed_for_gpu(std::env::current_exe().unwrap())
         .args([
             "faults_on_real_gpus",
             "--exact",

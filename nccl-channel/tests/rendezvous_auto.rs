@@ -1,8 +1,11 @@
 //! `IdSource::Auto` with several ranks and no `NCCL_COMM_ID` goes through the rendezvous the
-//! environment names. Its own test process, because it sets variables for the whole process.
+//! environment names. Run in a child of this test binary whose environment has exactly
+//! those variables (of the launcher and NCCL families).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+
+use std::ffi::OsStr;
 
 use common::Rig;
 use cuda_hal::DeviceBuffer;
@@ -15,11 +18,16 @@ fn auto_uses_nccl_channel_rendezvous_when_nccl_comm_id_is_unset() {
         .local_addr()
         .unwrap()
         .port();
-    // SAFETY: no other thread of this test process reads the environment yet.
-    unsafe {
-        std::env::remove_var("NCCL_COMM_ID");
-        std::env::set_var("NCCL_CHANNEL_RENDEZVOUS", format!("127.0.0.1:{port}"));
-        std::env::set_var("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "20");
+    // Chosen by the test's process and passed on; the child reads the variable.
+    let address = format!("127.0.0.1:{port}");
+    if !common::env::in_scrubbed_child(
+        "auto_uses_nccl_channel_rendezvous_when_nccl_comm_id_is_unset",
+        &[
+            ("NCCL_CHANNEL_RENDEZVOUS", OsStr::new(&address)),
+            ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", OsStr::new("20")),
+        ],
+    ) {
+        return;
     }
     let rig = Rig::new(2);
     let out: Vec<Vec<i32>> = std::thread::scope(|s| {

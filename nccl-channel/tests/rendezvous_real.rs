@@ -14,12 +14,25 @@ mod common;
 
 use common::wheel::{self, load_trusted};
 
+/// Names the library its own tests use (or, in their child, the one the parent found).
+const LIBNCCL_2_18: &str = "NCCL_CHANNEL_TEST_LIBNCCL_2_18";
+
 fn libnccl_2_18() -> std::path::PathBuf {
-    wheel::libnccl("2.18.3", "NCCL_CHANNEL_TEST_LIBNCCL_2_18")
+    wheel::libnccl("2.18.3", LIBNCCL_2_18)
+}
+
+/// Runs test `name` in a child without the caller's launcher and NCCL variables (the real
+/// `ncclGetUniqueId` reads `NCCL_COMM_ID`), giving it the library; `true` in the child.
+fn in_child(name: &str) -> bool {
+    let lib = libnccl_2_18();
+    common::env::in_scrubbed_child(name, &[(LIBNCCL_2_18, lib.as_os_str())])
 }
 
 #[test]
 fn three_ranks_agree_on_a_real_nccl_2_18_id() {
+    if !in_child("three_ranks_agree_on_a_real_nccl_2_18_id") {
+        return;
+    }
     let nccl = load_trusted(libnccl_2_18()).unwrap();
     assert_eq!(nccl.version(), NcclVersion::new(2, 18, 3));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -77,6 +90,9 @@ fn three_ranks_agree_on_a_real_nccl_2_18_id() {
 
 #[test]
 fn the_same_through_exchange_with_nccl() {
+    if !in_child("the_same_through_exchange_with_nccl") {
+        return;
+    }
     let nccl = load_trusted(libnccl_2_18()).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

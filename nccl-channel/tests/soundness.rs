@@ -2,7 +2,6 @@
 //! device addresses when work executes (stream order, graph replay, group end) and every
 //! call's communicator handle. Each test is a way safe code could once make NCCL touch
 //! freed memory or a freed communicator.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -4,15 +4,17 @@
 //! Ignored by default; run with `TORCH_PY=/path/to/python3 cargo test -p nccl-channel
 //! --all-features --test torch_store_real -- --ignored`. Run without `TORCH_PY`, it fails
 //! rather than passing without having checked anything.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use nccl_channel::{Rendezvous, UniqueId};
+
+#[path = "common/env.rs"]
+mod env;
 
 /// A torch TCPStore server in a python process, stopped when dropped.
 struct TorchStore {
@@ -31,7 +33,7 @@ impl TorchStore {
             )
         });
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/torch_store_server.py");
-        let mut child = Command::new(&py)
+        let mut child = env::scrubbed(&py)
             .args([script, if libuv { "1" } else { "0" }])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -1,6 +1,5 @@
 //! Collectives on views, on other crates' memory and on raw addresses, on the simulated
 //! driver and NCCL (whose sanitizers check every address when the work executes).
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -2,7 +2,6 @@
 //! `ncclInvalidArgument` and a last-error message, and each communicator keeps the
 //! configuration NCCL saw (fields newer than the library or the config's `version`
 //! unset; a split with a NULL config inherits its parent's). Raw table calls.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::CStr;

@@ -3,7 +3,6 @@
 //! hub over loopback TCP. Most tests run each "process" on a thread of this test
 //! process, passing only the id's bytes; one re-executes this test binary so that two
 //! real OS processes talk.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -51,6 +50,14 @@ fn ranks<T: Send + 'static>(
     threads.into_iter().map(|t| t.join().unwrap()).collect()
 }
 
+/// For a test whose ranks call `ncclGetUniqueId`, which reads `NCCL_COMM_ID` (with it, every
+/// id names that address): runs test `name` in a child of this binary without the caller's
+/// launcher and NCCL variables; `true` in that child. Tests that hold [`serial`] take it
+/// first, so that their children run one at a time too.
+fn in_own_child(name: &str) -> bool {
+    common::env::in_scrubbed_child(name, &[])
+}
+
 /// An id made by a process of its own (which then runs the hub), as with torchrun's
 /// rank 0 handing it to the others.
 fn hub_id(timeout: Duration) -> [u8; 128] {
@@ -63,6 +70,9 @@ fn hub_id(timeout: Duration) -> [u8; 128] {
 #[test]
 fn every_collective_matches_exact_values_across_two_and_three_processes() {
     let _g = serial();
+    if !in_own_child("every_collective_matches_exact_values_across_two_and_three_processes") {
+        return;
+    }
     for n in [2, 3] {
         let id = hub_id(Duration::from_secs(30));
         ranks(n, Duration::from_secs(30), move |rig, r| {
@@ -84,6 +94,9 @@ fn every_collective_matches_exact_values_across_two_and_three_processes() {
 /// The same script in one process (one NCCL, a thread per rank): both modes agree.
 #[test]
 fn the_same_script_passes_in_one_process() {
+    if !in_own_child("the_same_script_passes_in_one_process") {
+        return;
+    }
     for n in [2, 3] {
         let rig = std::sync::Arc::new(SharedRig(Rig::new(n)));
         let id = rig.unique_id();
@@ -106,6 +119,9 @@ fn the_same_script_passes_in_one_process() {
 #[test]
 fn several_ranks_of_one_multi_process_nccl_meet_at_the_hub_too() {
     let _g = serial();
+    if !in_own_child("several_ranks_of_one_multi_process_nccl_meet_at_the_hub_too") {
+        return;
+    }
     // One NCCL in multi-process mode driving two GPUs from threads: each rank still
     // talks to the hub.
     let rig = std::sync::Arc::new(SharedRig(Rig::with_nccl(2, |n| n.multi_process(true))));
@@ -132,6 +148,9 @@ fn several_ranks_of_one_multi_process_nccl_meet_at_the_hub_too() {
 #[test]
 fn a_rank_that_never_comes_times_out_naming_the_hub_and_the_missing_rank() {
     let _g = serial();
+    if !in_own_child("a_rank_that_never_comes_times_out_naming_the_hub_and_the_missing_rank") {
+        return;
+    }
     let timeout = Duration::from_millis(800);
     let id = hub_id(timeout);
     let addr = id_address(&id);
@@ -280,6 +299,9 @@ fn a_hub_host_that_drops_connection_attempts_times_out_on_time() {
 #[test]
 fn mismatched_sizes_and_a_rank_that_comes_twice_are_invalid_usage() {
     let _g = serial();
+    if !in_own_child("mismatched_sizes_and_a_rank_that_comes_twice_are_invalid_usage") {
+        return;
+    }
     // Long enough that a rank left waiting for its deadline fails the timing check below.
     let timeout = Duration::from_secs(20);
     for (label, nranks, rank, why) in [
@@ -317,6 +339,9 @@ fn mismatched_sizes_and_a_rank_that_comes_twice_are_invalid_usage() {
 #[test]
 fn a_peer_that_aborts_fails_the_others_with_a_remote_error_not_a_hang() {
     let _g = serial();
+    if !in_own_child("a_peer_that_aborts_fails_the_others_with_a_remote_error_not_a_hang") {
+        return;
+    }
     let timeout = Duration::from_secs(30);
     let id = hub_id(timeout);
     let out = ranks(2, timeout, move |rig, r| {
@@ -360,6 +385,9 @@ fn a_peer_that_aborts_fails_the_others_with_a_remote_error_not_a_hang() {
 #[test]
 fn a_peer_whose_nccl_goes_away_fails_the_waiting_rank_with_a_remote_error() {
     let _g = serial();
+    if !in_own_child("a_peer_whose_nccl_goes_away_fails_the_waiting_rank_with_a_remote_error") {
+        return;
+    }
     let timeout = Duration::from_secs(30);
     let id = hub_id(timeout);
     let out = ranks(2, timeout, move |rig, r| {
@@ -382,6 +410,9 @@ fn a_peer_whose_nccl_goes_away_fails_the_waiting_rank_with_a_remote_error() {
 #[test]
 fn a_send_whose_receiver_is_destroyed_fails_instead_of_hanging() {
     let _g = serial();
+    if !in_own_child("a_send_whose_receiver_is_destroyed_fails_instead_of_hanging") {
+        return;
+    }
     let timeout = Duration::from_secs(30);
     let id = hub_id(timeout);
     let out = ranks(2, timeout, move |rig, r| {
@@ -418,6 +449,9 @@ fn a_send_whose_receiver_is_destroyed_fails_instead_of_hanging() {
 #[test]
 fn a_part_the_sanitizer_refuses_fails_its_peers_with_a_remote_error() {
     let _g = serial();
+    if !in_own_child("a_part_the_sanitizer_refuses_fails_its_peers_with_a_remote_error") {
+        return;
+    }
     let timeout = Duration::from_secs(30);
     let id = hub_id(timeout);
     let out = ranks(2, timeout, move |rig, r| {
@@ -462,6 +496,9 @@ fn a_part_the_sanitizer_refuses_fails_its_peers_with_a_remote_error() {
 #[test]
 fn non_blocking_and_grouped_inits_form_one_communicator() {
     let _g = serial();
+    if !in_own_child("non_blocking_and_grouped_inits_form_one_communicator") {
+        return;
+    }
     let timeout = Duration::from_secs(30);
     let id = hub_id(timeout);
     let out = ranks(2, timeout, move |rig, r| {
@@ -520,6 +557,9 @@ fn non_blocking_and_grouped_inits_form_one_communicator() {
 #[test]
 fn aborting_a_rank_still_joining_ends_its_wait_and_leaks_nothing() {
     let _g = serial();
+    if !in_own_child("aborting_a_rank_still_joining_ends_its_wait_and_leaks_nothing") {
+        return;
+    }
     let timeout = Duration::from_millis(500);
     let id = hub_id(timeout);
     let rig = process(Duration::from_secs(30));
@@ -552,6 +592,9 @@ fn aborting_a_rank_still_joining_ends_its_wait_and_leaks_nothing() {
 #[test]
 fn splits_across_processes_are_refused_cleanly() {
     let _g = serial();
+    if !in_own_child("splits_across_processes_are_refused_cleanly") {
+        return;
+    }
     let timeout = Duration::from_secs(30);
     let id = hub_id(timeout);
     let out = ranks(2, timeout, move |rig, r| {
@@ -579,6 +622,9 @@ fn splits_across_processes_are_refused_cleanly() {
 
 #[test]
 fn garbage_clients_crash_neither_the_hub_nor_the_ranks() {
+    if !in_own_child("garbage_clients_crash_neither_the_hub_nor_the_ranks") {
+        return;
+    }
     use std::io::Write;
     let _g = serial();
     let timeout = Duration::from_secs(30);
@@ -611,6 +657,9 @@ fn garbage_clients_crash_neither_the_hub_nor_the_ranks() {
 
 #[test]
 fn the_in_process_mode_is_unchanged_when_multi_process_is_off() {
+    if !in_own_child("the_in_process_mode_is_unchanged_when_multi_process_is_off") {
+        return;
+    }
     // Default off: ids are the in-process ones, and no thread of the network mode runs.
     let (_driver, gpus) = cuda_sys::mock::MockDriver::with_devices(1).build().unwrap();
     let (nccl, _world) = MockNccl::new(&gpus).build().unwrap();
@@ -690,7 +739,7 @@ fn the_hub_process_ending_right_after_its_answer_still_answers_every_peer() {
         let addr = free_port();
         let children: Vec<_> = (0..n)
             .map(|r| {
-                std::process::Command::new(&exe)
+                common::env::scrubbed(&exe)
                     .args([
                         "--exact",
                         "child_process_rank",
@@ -724,7 +773,7 @@ fn two_children(crash: bool) -> Vec<String> {
     let addr = free_port();
     let children: Vec<_> = (0..2)
         .map(|r| {
-            let mut cmd = std::process::Command::new(&exe);
+            let mut cmd = common::env::scrubbed(&exe);
             cmd.args([
                 "--exact",
                 "child_process_rank",

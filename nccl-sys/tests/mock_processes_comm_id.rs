@@ -1,13 +1,13 @@
 //! The multi-process mode with `NCCL_COMM_ID`: the id names that address, and rank 0's
-//! init starts the hub there. Its own test binary, and a single test, because the
-//! environment is process-wide.
-#![cfg(feature = "mock")]
+//! init starts the hub there. The test runs in a child of this test binary whose
+//! environment sets `NCCL_COMM_ID` (and has no launcher or NCCL variable of the caller's).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 #[path = "common/procs.rs"]
 mod procs;
 
+use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
 use common::NCCL_OK;
@@ -44,10 +44,15 @@ fn all_gather(id: [u8; 128]) {
 fn nccl_comm_id_names_the_hub_rank_0_starts() {
     // Below the ephemeral range: nothing else takes the port once it is freed.
     let addr = free_port();
+    if !common::env::in_scrubbed_child(
+        "nccl_comm_id_names_the_hub_rank_0_starts",
+        &[("NCCL_COMM_ID", OsStr::new(&addr))],
+    ) {
+        return;
+    }
+    // The child's address is its parent's.
+    let addr = std::env::var("NCCL_COMM_ID").unwrap();
     let busy = std::net::TcpListener::bind(&addr).unwrap();
-    // SAFETY: the only test of this binary sets it before it starts any thread of its
-    // own, and nothing reads the environment concurrently.
-    unsafe { std::env::set_var("NCCL_COMM_ID", &addr) };
 
     // Every call, in every process, gives the same id naming the address.
     let (a, b) = (

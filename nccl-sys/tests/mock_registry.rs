@@ -2,7 +2,6 @@
 //! registrations (`ncclCommRegister`) and windows (`ncclCommWindowRegister`): one test
 //! per check, each pinning the exact report and return code. Raw table calls, so every
 //! check is the mock's own.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::{CStr, c_void};

@@ -1,7 +1,6 @@
 //! The NCCL mock as a sanitizer: grouped and captured operations checked when they run,
 //! calls with freed communicators, and split children that follow their parent's
 //! blocking mode. Raw table calls, so every check is the mock's own.
-#![cfg(feature = "mock")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -11,6 +11,9 @@ use std::process::Command;
 
 use nccl_sys::{Nccl, ncclResult_t, ncclUniqueId};
 
+#[path = "common/env.rs"]
+mod env;
+
 /// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).
 fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<Nccl, nccl_sys::LoadError> {
     // SAFETY: the pinned NCCL wheel, checked by sha256; a library that is not the real thing is what the test checks is refused.
@@ -60,6 +63,14 @@ fn load() -> Nccl {
     load_trusted(libnccl()).unwrap()
 }
 
+/// For a test that calls `ncclGetUniqueId`, which reads `NCCL_COMM_ID`: runs test `name` in
+/// a child of this binary without the caller's launcher and NCCL variables, handing it the
+/// library; `true` in that child.
+fn in_child(name: &str) -> bool {
+    let lib = libnccl();
+    env::in_scrubbed_child(name, &[("NCCL_SYS_TEST_LIBNCCL", lib.as_os_str())])
+}
+
 #[test]
 fn the_table_resolves_and_the_version_matches_the_wheel() {
     let n = load();
@@ -78,6 +89,9 @@ fn the_table_resolves_and_the_version_matches_the_wheel() {
 
 #[test]
 fn unique_ids_are_128_bytes_and_fresh() {
+    if !in_child("unique_ids_are_128_bytes_and_fresh") {
+        return;
+    }
     let n = load();
     let mut a = ncclUniqueId::default();
     let mut b = ncclUniqueId::default();
@@ -122,6 +136,9 @@ fn gpu_present() -> bool {
 
 #[test]
 fn init_without_a_gpu_returns_an_error_instead_of_crashing() {
+    if !in_child("init_without_a_gpu_returns_an_error_instead_of_crashing") {
+        return;
+    }
     let n = load();
     let mut id = ncclUniqueId::default();
     // SAFETY: valid out-pointer.
@@ -148,6 +165,9 @@ fn init_without_a_gpu_returns_an_error_instead_of_crashing() {
 
 #[test]
 fn dropping_a_loaded_nccl_while_its_threads_run_is_safe() {
+    if !in_child("dropping_a_loaded_nccl_while_its_threads_run_is_safe") {
+        return;
+    }
     // ncclGetUniqueId starts NCCL's bootstrap root thread. Unmapping the library under it
     // crashed the process before libraries were opened with RTLD_NODELETE.
     for _ in 0..3 {

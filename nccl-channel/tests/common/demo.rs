@@ -63,9 +63,22 @@ pub fn run_demo(args: &[&str], env: &[(&str, String)]) -> (bool, String, String)
     run_example(demo_exe(), args, env)
 }
 
-/// Runs `exe` with `args` and `env`; returns (success, stdout, stderr).
+/// As [`run_demo`] for a GPU test: `NCCL_SYS_LIBRARY` and `CUDA_SYS_LIBRARY` pass through.
+pub fn run_demo_on_gpus(args: &[&str], env: &[(&str, String)]) -> (bool, String, String) {
+    run(super::env::scrubbed_for_gpu(demo_exe()), args, env)
+}
+
+/// Runs `exe` with `args` and `env` (on top of a scrubbed environment, see
+/// [`super::env`]); returns (success, stdout, stderr).
 pub fn run_example(exe: PathBuf, args: &[&str], env: &[(&str, String)]) -> (bool, String, String) {
-    let mut cmd = std::process::Command::new(exe);
+    run(super::env::scrubbed(exe), args, env)
+}
+
+fn run(
+    mut cmd: std::process::Command,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> (bool, String, String) {
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);

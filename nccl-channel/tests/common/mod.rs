@@ -8,6 +8,7 @@
 )]
 
 pub mod demo;
+pub mod env;
 #[cfg(feature = "half")]
 pub mod matrix;
 pub mod tcpstore;

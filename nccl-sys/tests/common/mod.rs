@@ -3,6 +3,8 @@
 //! that every check a test sees is the mock's own.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
+pub mod env;
+
 use std::time::Duration;
 
 use cuda_sys::mock::{MockDriver, MockWorld};
