@@ -55,4 +55,12 @@ mod tests {
         assert_eq!(NcclVersion::MINIMUM.to_string(), "2.18.0");
         assert!(NcclVersion::new(2, 9, 0) > NcclVersion::new(2, 8, 9));
     }
+
+    #[test]
+    fn the_two_encodings_meet_at_10000() {
+        // Below 10000: major * 1000 + minor * 100 + patch; from 10000: major * 10000 + ...
+        assert_eq!(NcclVersion(9999).parts(), (9, 9, 99));
+        assert_eq!(NcclVersion(10000).parts(), (1, 0, 0));
+        assert_eq!(NcclVersion(10001).parts(), (1, 0, 1));
+    }
 }

@@ -1166,3 +1166,80 @@ fn a_device_scalar_freed_and_evicted_before_a_collective_uses_it_is_reported() {
     rig.destroy(comm);
     assert!(rig.world.violations().is_empty());
 }
+
+/// NCCL checks pointers and streams when a collective is called: a buffer or a stream of
+/// another device, or host memory, is `ncclInvalidArgument` (a stream the driver does not
+/// know, `ncclUnhandledCudaError`) at once, with nothing run; a right call then works.
+#[test]
+fn buffers_and_streams_of_another_device_are_refused_when_called() {
+    let rig = Rig::new(2);
+    let comms = rig.comms(2);
+    let (s0, send0, recv0) = rig.buffers(0, 1.0);
+    let (s1, send1, _recv1) = rig.buffers(1, 1.0);
+    let host = [0f32; N];
+    let cases: [(&str, (CUstream, CUdeviceptr, CUdeviceptr), ncclResult_t); 4] = [
+        (
+            "a send buffer of device 1",
+            (s0, send1, recv0),
+            ncclResult_t::ncclInvalidArgument,
+        ),
+        (
+            "a stream of device 1",
+            (s1, send0, recv0),
+            ncclResult_t::ncclInvalidArgument,
+        ),
+        (
+            "host memory",
+            (s0, host.as_ptr() as CUdeviceptr, recv0),
+            ncclResult_t::ncclInvalidArgument,
+        ),
+        (
+            "a stream the driver does not know",
+            (0xdead_0000 as CUstream, send0, recv0),
+            ncclResult_t::ncclUnhandledCudaError,
+        ),
+    ];
+    for (what, args, want) in cases {
+        assert_eq!(rig.all_reduce(comms[0], args), want, "{what}");
+        assert_eq!(rig.read(0, recv0), [0.0; N], "{what}: nothing ran");
+    }
+    let b1 = rig.buffers(1, 2.0);
+    let f = rig.nccl.fns();
+    // SAFETY: plain group calls.
+    unsafe {
+        assert_eq!((f.ncclGroupStart)(), NCCL_OK);
+        assert_eq!(rig.all_reduce(comms[0], (s0, send0, recv0)), NCCL_OK);
+        assert_eq!(rig.all_reduce(comms[1], b1), NCCL_OK);
+        assert_eq!((f.ncclGroupEnd)(), NCCL_OK);
+    }
+    assert_eq!(rig.read(0, recv0), [3.0; N]);
+    for c in comms {
+        rig.destroy(c);
+    }
+    assert!(rig.world.violations().is_empty());
+}
+
+/// A group of non-blocking communicators' collectives runs in the background, as NCCL's
+/// does: the group's end says `ncclInProgress`, each communicator's async error says so
+/// until the work is done, then the results are there.
+#[test]
+fn grouped_work_of_non_blocking_communicators_finishes_in_the_background() {
+    let rig = Rig::new(2);
+    let comms = nonblocking_pair(&rig);
+    let (b0, b1) = (rig.buffers(0, 1.0), rig.buffers(1, 2.0));
+    rig.group_start();
+    rig.on(0);
+    assert_eq!(rig.all_reduce(comms[0], b0), NCCL_OK);
+    rig.on(1);
+    assert_eq!(rig.all_reduce(comms[1], b1), NCCL_OK);
+    assert_eq!(rig.group_end(), ncclResult_t::ncclInProgress);
+    for c in comms {
+        assert_eq!(rig.wait_ready(c), NCCL_OK);
+    }
+    assert_eq!(rig.read(0, b0.2), [3.0; N]);
+    assert_eq!(rig.read(1, b1.2), [3.0; N]);
+    for c in comms {
+        rig.destroy(c);
+    }
+    rig.assert_clean();
+}
