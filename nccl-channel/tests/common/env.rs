@@ -69,6 +69,8 @@ pub fn scrub(cmd: &mut Command) -> &mut Command {
             cmd.env_remove(name);
         }
     }
+    // Whatever the caller set: NVLink SHARP (multicast) stays off on shared GPU hosts.
+    cmd.env("NCCL_NVLS_ENABLE", "0");
     cmd
 }
 
@@ -80,6 +82,8 @@ pub fn scrub_for_gpu(cmd: &mut Command) -> &mut Command {
             cmd.env_remove(name);
         }
     }
+    // Whatever the caller set: NVLink SHARP (multicast) stays off on shared GPU hosts.
+    cmd.env("NCCL_NVLS_ENABLE", "0");
     cmd
 }
 
