@@ -1243,3 +1243,500 @@ fn grouped_work_of_non_blocking_communicators_finishes_in_the_background() {
     }
     rig.assert_clean();
 }
+
+// ---------------------------------------------------------------------------------------
+// The byte ranges each collective checks and touches. Two ranks, f32, COUNT elements per
+// rank: every buffer is its own cuMemAlloc of exactly the bytes NCCL uses, so a buffer
+// one element short is a range that runs past the end of its allocation.
+
+/// Elements per rank in the range tests (not 2, so `count * size`, `count + size` and
+/// `count / size` all differ).
+const COUNT: usize = 4;
+/// Ranks in the range tests.
+const RANKS: usize = 2;
+
+/// One NCCL call of the range table; the point-to-point calls take the peer as `root`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coll {
+    AllReduce,
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    Gather,
+    Scatter,
+    Send,
+    Recv,
+}
+
+/// Which buffer a rooted collective uses on its root only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RootOnly {
+    /// Every rank uses both of its buffers (or the call has no root).
+    Neither,
+    /// The root alone reads a send buffer (Broadcast, Scatter).
+    Send,
+    /// The root alone gets a result (Reduce, Gather).
+    Recv,
+}
+
+/// A row of the table: the elements NCCL reads from the send buffer and writes to the
+/// receive buffer on a rank that uses them (0: the call has no such buffer).
+struct Shape {
+    coll: Coll,
+    name: &'static str,
+    send_n: usize,
+    recv_n: usize,
+    root_only: RootOnly,
+}
+
+const SHAPES: [Shape; 10] = [
+    // Same-sized buffers: every rank reduces COUNT into COUNT.
+    shape(Coll::AllReduce, "ncclAllReduce", 1, 1, RootOnly::Neither),
+    // The root's COUNT go to every rank.
+    shape(Coll::Broadcast, "ncclBroadcast", 1, 1, RootOnly::Send),
+    // Every rank's COUNT are summed into the root's COUNT.
+    shape(Coll::Reduce, "ncclReduce", 1, 1, RootOnly::Recv),
+    // Every rank's COUNT, concatenated on every rank.
+    shape(
+        Coll::AllGather,
+        "ncclAllGather",
+        1,
+        RANKS,
+        RootOnly::Neither,
+    ),
+    // COUNT per rank in, each rank's reduced COUNT out.
+    shape(
+        Coll::ReduceScatter,
+        "ncclReduceScatter",
+        RANKS,
+        1,
+        RootOnly::Neither,
+    ),
+    // COUNT to each rank out, COUNT from each rank in.
+    shape(
+        Coll::AllToAll,
+        "ncclAlltoAll",
+        RANKS,
+        RANKS,
+        RootOnly::Neither,
+    ),
+    // Every rank's COUNT, concatenated on the root.
+    shape(Coll::Gather, "ncclGather", 1, RANKS, RootOnly::Recv),
+    // The root's COUNT per rank, one part to each.
+    shape(Coll::Scatter, "ncclScatter", RANKS, 1, RootOnly::Send),
+    // Point to point: one buffer of COUNT.
+    shape(Coll::Send, "ncclSend", 1, 0, RootOnly::Neither),
+    shape(Coll::Recv, "ncclRecv", 0, 1, RootOnly::Neither),
+];
+
+/// A row whose sizes are `send` and `recv` times COUNT.
+const fn shape(coll: Coll, name: &'static str, send: usize, recv: usize, r: RootOnly) -> Shape {
+    Shape {
+        coll,
+        name,
+        send_n: send * COUNT,
+        recv_n: recv * COUNT,
+        root_only: r,
+    }
+}
+
+impl Shape {
+    fn rooted(&self) -> bool {
+        matches!(
+            self.coll,
+            Coll::Broadcast | Coll::Reduce | Coll::Gather | Coll::Scatter
+        )
+    }
+
+    fn p2p(&self) -> bool {
+        matches!(self.coll, Coll::Send | Coll::Recv)
+    }
+
+    /// The roots worth trying (0 alone when the call has none).
+    fn roots(&self) -> &'static [i32] {
+        if self.rooted() { &[0, 1] } else { &[0] }
+    }
+
+    /// Whether `rank` reads its send buffer with `root`.
+    fn send_used(&self, rank: usize, root: i32) -> bool {
+        self.send_n > 0 && (self.root_only != RootOnly::Send || rank == root as usize)
+    }
+
+    /// Whether `rank` writes its receive buffer with `root`.
+    fn recv_used(&self, rank: usize, root: i32) -> bool {
+        self.recv_n > 0 && (self.root_only != RootOnly::Recv || rank == root as usize)
+    }
+
+    /// What `rank`'s call is for a good run with `root`: the call itself, and the peer
+    /// a point-to-point call takes as its root (ranks 0 and 1 swap Send and Recv).
+    fn call_on(&self, rank: usize, root: i32) -> (Coll, i32) {
+        match (self.coll, rank) {
+            (Coll::Send, 1) => (Coll::Recv, 0),
+            (Coll::Recv, 1) => (Coll::Send, 0),
+            (Coll::Send | Coll::Recv, _) => (self.coll, 1),
+            (c, _) => (c, root),
+        }
+    }
+
+    /// Element `i` of `rank`'s send buffer in a good run.
+    fn input(rank: usize, i: usize) -> f32 {
+        (100 * rank + i) as f32
+    }
+
+    /// `rank`'s receive buffer after a good run with `root` (zeros where nothing is
+    /// written; the receive buffer of a Send row's rank 1 is its Recv).
+    fn expected(&self, rank: usize, root: i32) -> Vec<f32> {
+        let x = Self::input;
+        let root = root as usize;
+        let n = if self.p2p() { COUNT } else { self.recv_n };
+        (0..n)
+            .map(|i| match self.coll {
+                Coll::AllReduce => x(0, i) + x(1, i),
+                Coll::Reduce if rank == root => x(0, i) + x(1, i),
+                Coll::Gather if rank == root => x(i / COUNT, i % COUNT),
+                // Nothing is written off the root.
+                Coll::Reduce | Coll::Gather => 0.0,
+                Coll::Broadcast => x(root, i),
+                Coll::AllGather => x(i / COUNT, i % COUNT),
+                Coll::ReduceScatter => x(0, rank * COUNT + i) + x(1, rank * COUNT + i),
+                Coll::AllToAll => x(i / COUNT, rank * COUNT + i % COUNT),
+                Coll::Scatter => x(root, rank * COUNT + i),
+                // The receiving rank gets the sender's buffer; the sender nothing.
+                Coll::Send if rank == 1 => x(0, i),
+                Coll::Recv if rank == 0 => x(1, i),
+                Coll::Send | Coll::Recv => 0.0,
+            })
+            .collect()
+    }
+}
+
+/// One rank's buffers and stream for a range test.
+#[derive(Clone, Copy)]
+struct Bufs {
+    stream: CUstream,
+    send: CUdeviceptr,
+    recv: CUdeviceptr,
+}
+
+impl Rig {
+    /// A fresh allocation of exactly `n` f32 on device `d` holding `rank`'s inputs (0:
+    /// no allocation, a NULL pointer).
+    fn exact(&self, d: usize, n: usize, rank: usize) -> CUdeviceptr {
+        if n == 0 {
+            return 0;
+        }
+        self.on(d);
+        let f = self.driver.fns();
+        let data: Vec<f32> = (0..n).map(|i| Shape::input(rank, i)).collect();
+        let mut p = 0;
+        // SAFETY: valid out-pointer; `data` holds n f32.
+        unsafe {
+            assert_eq!((f.cuMemAlloc)(&mut p, n * 4), OK);
+            assert_eq!((f.cuMemcpyHtoD)(p, data.as_ptr().cast(), n * 4), OK);
+        }
+        assert_eq!(self.gpus.device_range(p, n * 4), Some(d as i32));
+        assert_eq!(
+            self.gpus.device_range(p, n * 4 + 1),
+            None,
+            "a range past the end of an allocation is not device memory"
+        );
+        p
+    }
+
+    /// A receive buffer of exactly `n` f32 on device `d`, zeroed (0: NULL).
+    fn zeroed(&self, d: usize, n: usize) -> CUdeviceptr {
+        let p = self.exact(d, n, 0);
+        if n > 0 {
+            // SAFETY: `p` holds n f32.
+            assert_eq!(unsafe { (self.driver.fns().cuMemsetD8)(p, 0, n * 4) }, OK);
+        }
+        p
+    }
+
+    /// Reads `n` f32 at `p` on device `d`.
+    fn read_n(&self, d: usize, p: CUdeviceptr, n: usize) -> Vec<f32> {
+        self.on(d);
+        let mut v = vec![0f32; n];
+        // SAFETY: `v` holds n f32.
+        let rc = unsafe { (self.driver.fns().cuMemcpyDtoH)(v.as_mut_ptr().cast(), p, n * 4) };
+        assert_eq!(rc, OK);
+        v
+    }
+
+    /// A stream on device `d`.
+    fn stream_on(&self, d: usize) -> CUstream {
+        self.on(d);
+        let mut s = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; device d's context is current.
+        assert_eq!(unsafe { (self.driver.fns().cuStreamCreate)(&mut s, 0) }, OK);
+        s
+    }
+
+    /// `coll` of COUNT f32 per rank on `comm` (sum where it reduces); `root` is the
+    /// peer of Send and Recv, which take `b.send` and `b.recv` respectively.
+    fn coll(&self, coll: Coll, comm: ncclComm_t, b: Bufs, root: i32) -> ncclResult_t {
+        self.coll_n(coll, comm, b, root, COUNT)
+    }
+
+    /// [`coll`](Self::coll) of `count` f32 per rank.
+    fn coll_n(&self, coll: Coll, comm: ncclComm_t, b: Bufs, root: i32, n: usize) -> ncclResult_t {
+        let f = self.nccl.fns();
+        let (send, recv) = (b.send as *const c_void, b.recv as *mut c_void);
+        let (t, sum, s) = (ncclDataType_t::ncclFloat32, ncclRedOp_t::ncclSum, b.stream);
+        let (all_to_all, gather, scatter) = (
+            f.ncclAlltoAll.expect("ncclAlltoAll"),
+            f.ncclGather.expect("ncclGather"),
+            f.ncclScatter.expect("ncclScatter"),
+        );
+        // SAFETY: device buffers (or NULL, or short ones: what the mock checks) and a
+        // stream of the communicator's device.
+        unsafe {
+            match coll {
+                Coll::AllReduce => (f.ncclAllReduce)(send, recv, n, t, sum, comm, s),
+                Coll::Broadcast => (f.ncclBroadcast)(send, recv, n, t, root, comm, s),
+                Coll::Reduce => (f.ncclReduce)(send, recv, n, t, sum, root, comm, s),
+                Coll::AllGather => (f.ncclAllGather)(send, recv, n, t, comm, s),
+                Coll::ReduceScatter => (f.ncclReduceScatter)(send, recv, n, t, sum, comm, s),
+                Coll::AllToAll => all_to_all(send, recv, n, t, comm, s),
+                Coll::Gather => gather(send, recv, n, t, root, comm, s),
+                Coll::Scatter => scatter(send, recv, n, t, root, comm, s),
+                Coll::Send => (f.ncclSend)(send, n, t, root, comm, s),
+                Coll::Recv => (f.ncclRecv)(recv, n, t, root, comm, s),
+            }
+        }
+    }
+
+    /// Rank `rank`'s exact buffers for a good run of `shape` with `root`.
+    fn good(&self, shape: &Shape, rank: usize, root: i32, stream: CUstream) -> Bufs {
+        let (coll, _) = shape.call_on(rank, root);
+        let own = |c: Coll| SHAPES.iter().find(|s| s.coll == c).unwrap();
+        let s = if shape.p2p() { own(coll) } else { shape };
+        Bufs {
+            stream,
+            send: self.exact(rank, s.send_n, rank),
+            recv: self.zeroed(rank, s.recv_n),
+        }
+    }
+
+    /// Runs `shape` with `root` in one group from this thread: rank 0 with `b0`, rank 1
+    /// with good buffers. Asserts success, rank 1's result and, with `check0`, rank 0's
+    /// (where it has a receive buffer); nothing may be reported.
+    fn run_pair(&self, shape: &Shape, comms: &[ncclComm_t], b0: Bufs, root: i32, check0: bool) {
+        let b1 = self.good(shape, 1, root, self.stream_on(1));
+        let what = format!("{} root/peer {root}", shape.name);
+        self.group_start();
+        for (rank, b) in [(0, b0), (1, b1)] {
+            let (coll, root) = shape.call_on(rank, root);
+            assert_eq!(self.coll(coll, comms[rank], b, root), NCCL_OK, "{what}");
+        }
+        assert_eq!(self.group_end(), NCCL_OK, "{what}: {}", self.last_error());
+        for (rank, b) in [(0, b0), (1, b1)] {
+            // SAFETY: a live stream.
+            let rc = unsafe { (self.driver.fns().cuStreamSynchronize)(b.stream) };
+            assert_eq!(rc, OK);
+            if b.recv != 0 && (rank == 1 || check0) {
+                let want = shape.expected(rank, root);
+                let got = self.read_n(rank, b.recv, want.len());
+                assert_eq!(got, want, "{what} on rank {rank}");
+            }
+        }
+        assert!(
+            self.world.violations().is_empty(),
+            "{what}: {:?}",
+            self.world.violations()
+        );
+    }
+}
+
+/// The range rig: two ranks whose peers give up after 5 s (a call the mock wrongly lets
+/// through waits for a peer that never comes), its communicators and rank 0's stream.
+fn range_rig() -> (Rig, Vec<ncclComm_t>, CUstream) {
+    let rig = Rig::with_timeout(RANKS, Duration::from_secs(5));
+    let comms = rig.comms(RANKS);
+    let s0 = rig.stream_on(0);
+    (rig, comms, s0)
+}
+
+fn range_rig_done(rig: &Rig, comms: Vec<ncclComm_t>) {
+    for c in comms {
+        rig.destroy(c);
+    }
+    rig.assert_clean();
+}
+
+/// (a) Buffers of exactly the bytes the table says: every call, every root, succeeds in
+/// one group from this thread and leaves the right data (zeros where nothing is due).
+#[test]
+fn every_call_with_buffers_of_exactly_the_bytes_it_uses_runs_and_is_right() {
+    let (rig, comms, s0) = range_rig();
+    for shape in &SHAPES {
+        for &root in shape.roots() {
+            let b0 = rig.good(shape, 0, root, s0);
+            rig.run_pair(shape, &comms, b0, root, true);
+        }
+    }
+    range_rig_done(&rig, comms);
+}
+
+/// (b) A buffer one element short runs past its allocation: refused with
+/// ncclInvalidArgument at the call (on rank 0 alone, so nothing waits for rank 1) when
+/// the call uses it on that rank, before anything reaches the sanitizer. A rooted
+/// collective uses the send (Broadcast, Scatter) or receive (Reduce, Gather) buffer on
+/// its root only: elsewhere a short or NULL one is accepted and the call runs.
+#[test]
+fn a_buffer_one_element_short_is_refused_exactly_where_the_call_uses_it() {
+    let (rig, comms, s0) = range_rig();
+    for shape in &SHAPES {
+        for &root in shape.roots() {
+            let (coll, arg) = shape.call_on(0, root);
+            for (name, n, used) in [
+                ("sendbuff", shape.send_n, shape.send_used(0, root)),
+                ("recvbuff", shape.recv_n, shape.recv_used(0, root)),
+            ] {
+                if n == 0 {
+                    continue;
+                }
+                let what = format!("{} root/peer {root}, {name} short", shape.name);
+                let short = rig.exact(0, n - 1, 0);
+                let with = |p: CUdeviceptr| {
+                    let mut b = rig.good(shape, 0, root, s0);
+                    if name == "sendbuff" {
+                        b.send = p;
+                    } else {
+                        b.recv = p;
+                    }
+                    b
+                };
+                if used {
+                    let rc = rig.coll(coll, comms[0], with(short), arg);
+                    assert_eq!(rc, ncclResult_t::ncclInvalidArgument, "{what}");
+                    assert_eq!(
+                        rig.last_error(),
+                        format!("{name} {short:#x} ({} bytes) is not device memory", n * 4),
+                        "{what}"
+                    );
+                    assert!(rig.world.violations().is_empty(), "{what}: at the call");
+                } else {
+                    for unused in [short, 0] {
+                        // Rank 0's receive buffer is only good to read if it is not this one.
+                        rig.run_pair(shape, &comms, with(unused), root, name == "sendbuff");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(rig.world.live().unmatched_operations, 0, "nothing waits");
+    range_rig_done(&rig, comms);
+}
+
+/// (c) Roots and peers are ranks of the clique: -1, the size and beyond are refused with
+/// ncclInvalidArgument at the call; the last rank is a good root or peer.
+#[test]
+fn roots_and_peers_outside_the_clique_are_refused() {
+    let (rig, comms, s0) = range_rig();
+    for shape in SHAPES.iter().filter(|s| s.rooted() || s.p2p()) {
+        let b0 = rig.good(shape, 0, 1, s0);
+        let (coll, _) = shape.call_on(0, 1);
+        let what = if shape.p2p() { "peer" } else { "root" };
+        for bad in [-1, RANKS as i32, RANKS as i32 + 1] {
+            let rc = rig.coll(coll, comms[0], b0, bad);
+            assert_eq!(
+                rc,
+                ncclResult_t::ncclInvalidArgument,
+                "{} {bad}",
+                shape.name
+            );
+            assert_eq!(
+                rig.last_error(),
+                format!("invalid {what} {bad} for {RANKS} ranks")
+            );
+        }
+        assert!(rig.world.violations().is_empty());
+        rig.run_pair(shape, &comms, b0, 1, true);
+    }
+    assert_eq!(rig.world.live().unmatched_operations, 0, "nothing waits");
+    range_rig_done(&rig, comms);
+}
+
+/// A grouped call whose buffer rank 0 frees before the group ends: the sanitizer reports
+/// the whole range the call touches, `COUNT * RANKS` f32 for an all-gather's receive
+/// buffer and a reduce-scatter's send buffer.
+#[test]
+fn a_grouped_call_whose_buffer_was_freed_is_reported_over_all_the_bytes_it_touches() {
+    for (coll, send) in [(Coll::AllGather, false), (Coll::ReduceScatter, true)] {
+        let (rig, comms, s0) = range_rig();
+        let shape = SHAPES.iter().find(|s| s.coll == coll).unwrap();
+        let b0 = rig.good(shape, 0, 0, s0);
+        let b1 = rig.good(shape, 1, 0, rig.stream_on(1));
+        rig.group_start();
+        assert_eq!(rig.coll(coll, comms[0], b0, 0), NCCL_OK);
+        assert_eq!(rig.coll(coll, comms[1], b1, 0), NCCL_OK);
+        let (p, touch) = if send {
+            (b0.send, "reads sendbuff")
+        } else {
+            (b0.recv, "writes recvbuff")
+        };
+        rig.free(p);
+        assert_eq!(rig.group_end(), ncclResult_t::ncclUnhandledCudaError);
+        assert_eq!(
+            rig.world.take_violations(),
+            [format!(
+                "ncclGroupEnd: {} {touch} {p:#x}+{}: freed by cuMemFree",
+                shape.name,
+                COUNT * RANKS * 4
+            )]
+        );
+        assert_eq!(rig.world.live().unmatched_operations, 0);
+        range_rig_done(&rig, comms);
+    }
+}
+
+/// NCCL resolves registrations over the whole range a call uses: one covering only the
+/// second page of an all-gather's receive buffer (a reduce-scatter's send buffer), two
+/// pages of f32, is used, so releasing it before the group ends fails the call.
+#[test]
+fn a_registration_of_the_last_page_a_call_uses_is_resolved_by_the_call() {
+    const PAGE: usize = 4096;
+    let n = PAGE / 4;
+    for (coll, name, send) in [
+        (Coll::AllGather, "ncclAllGather", false),
+        (Coll::ReduceScatter, "ncclReduceScatter", true),
+    ] {
+        let (rig, comms, s0) = range_rig();
+        let (send_n, recv_n) = if send { (2 * n, n) } else { (n, 2 * n) };
+        let bufs = |rank: usize, stream| Bufs {
+            stream,
+            send: rig.exact(rank, send_n, rank),
+            recv: rig.zeroed(rank, recv_n),
+        };
+        let (b0, b1) = (bufs(0, s0), bufs(1, rig.stream_on(1)));
+        let big = if send { b0.send } else { b0.recv };
+        assert_eq!(big % PAGE as u64, 0, "whole pages are page-aligned");
+        let register = rig.nccl.fns().ncclCommRegister.expect("ncclCommRegister");
+        let deregister = rig
+            .nccl
+            .fns()
+            .ncclCommDeregister
+            .expect("ncclCommDeregister");
+        let mut h = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the second page of a live two-page allocation.
+        let rc = unsafe { register(comms[0], (big + PAGE as u64) as *mut c_void, PAGE, &mut h) };
+        assert_eq!(rc, NCCL_OK);
+        rig.group_start();
+        assert_eq!(rig.coll_n(coll, comms[0], b0, 0, n), NCCL_OK);
+        assert_eq!(rig.coll_n(coll, comms[1], b1, 0, n), NCCL_OK);
+        // SAFETY: a live registration of the communicator; the work has not run.
+        assert_eq!(unsafe { deregister(comms[0], h) }, NCCL_OK);
+        assert_eq!(rig.group_end(), ncclResult_t::ncclUnhandledCudaError);
+        assert_eq!(
+            rig.world.take_violations(),
+            [format!(
+                "ncclGroupEnd: {name}: buffer registration {:#x} was released by ncclCommDeregister before the work ran",
+                h.addr()
+            )]
+        );
+        range_rig_done(&rig, comms);
+    }
+}
