@@ -444,3 +444,56 @@ integer_test!(int32_wraps_and_compares_as_signed, i32, D::ncclInt32);
 integer_test!(uint32_wraps_and_compares_as_unsigned, u32, D::ncclUint32);
 integer_test!(int64_wraps_and_compares_as_signed, i64, D::ncclInt64);
 integer_test!(uint64_wraps_and_compares_as_unsigned, u64, D::ncclUint64);
+
+/// The fp8 types came with NCCL 2.24: an older simulated NCCL refuses them, as the real
+/// one does (an unknown `ncclDataType_t`), and takes every older type.
+#[test]
+fn fp8_needs_nccl_2_24() {
+    use nccl_sys::{NcclVersion, ncclResult_t};
+    for (version, fp8_ok) in [((2, 23, 4), false), ((2, 24, 3), true)] {
+        let v = NcclVersion::new(version.0, version.1, version.2);
+        let rig = Rig::with_nccl(1, |m| m.version(v));
+        let comm = rig.comms(1)[0];
+        rig.on(0);
+        let f = rig.driver.fns();
+        let (mut s, mut buf): (cuda_sys::CUstream, CUdeviceptr) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid out-pointers.
+        unsafe {
+            assert_eq!((f.cuStreamCreate)(&mut s, 0), OK);
+            assert_eq!((f.cuMemAlloc)(&mut buf, 64), OK);
+        }
+        for t in [
+            D::ncclFloat8e4m3,
+            D::ncclFloat8e5m2,
+            D::ncclFloat32,
+            D::ncclUint8,
+        ] {
+            let is_fp8 = matches!(t, D::ncclFloat8e4m3 | D::ncclFloat8e5m2);
+            // SAFETY: 64 bytes of device memory hold 8 elements of any of these types.
+            let rc = unsafe {
+                (rig.nccl.fns().ncclAllReduce)(
+                    buf as *const c_void,
+                    buf as *mut c_void,
+                    8,
+                    t,
+                    Op::ncclMax,
+                    comm,
+                    s,
+                )
+            };
+            let want = if is_fp8 && !fp8_ok {
+                ncclResult_t::ncclInvalidArgument
+            } else {
+                NCCL_OK
+            };
+            assert_eq!(rc, want, "{t:?} on NCCL {v}");
+        }
+        // SAFETY: live handles.
+        unsafe {
+            assert_eq!((f.cuStreamSynchronize)(s), OK);
+            assert_eq!((f.cuMemFree)(buf), OK);
+            assert_eq!((f.cuStreamDestroy)(s), OK);
+        }
+        rig.destroy(comm);
+    }
+}
