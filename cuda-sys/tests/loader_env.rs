@@ -36,6 +36,11 @@ fn run_child(name: &str, env: &[(&str, &Path)]) -> String {
         "child {name} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A child that ran no test (renamed, ignored, filtered) would pass without checking.
+    assert!(
+        stdout.contains("1 passed"),
+        "child {name} ran no test:\n{stdout}"
+    );
     stdout
 }
 
@@ -124,11 +129,15 @@ fn an_empty_override_counts_as_unset() {
         .args(["--exact", "empty_override_child", "--nocapture"])
         .output()
         .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
+        "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran no test:\n{stdout}"
     );
 }
 

@@ -24,11 +24,16 @@ fn run_child(env: &[(&str, &Path)]) {
         cmd.env(k, v);
     }
     let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
+        "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // A child that ran no test (renamed, ignored, filtered) would pass without checking.
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran no test:\n{stdout}"
     );
 }
 

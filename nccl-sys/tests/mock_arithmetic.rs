@@ -495,5 +495,42 @@ fn fp8_needs_nccl_2_24() {
             assert_eq!((f.cuStreamDestroy)(s), OK);
         }
         rig.destroy(comm);
+
+/// One rank: NCCL copies the input for every op but a pre-multiplied sum (a float
+/// average is one), `ncclLaunchOneRank`'s `cudaMemcpyAsync`: an e5m2 infinity, a NaN's
+/// payload and every other code come back as they went, unrounded and unsaturated.
+#[test]
+fn one_rank_copies_its_input_bit_for_bit() {
+    let rig = Rig::new(1);
+    let e5m2: Vec<u8> = (0..COUNT)
+        .map(|i| [0x7c, 0xfc, 0x7d, 0xfe, 0x01][i % 5])
+        .collect();
+    let f16: Vec<u8> = (0..COUNT)
+        .flat_map(|i| [0x7c01u16, 0xfc00, 0x7e55, 0x3c00][i % 4].to_ne_bytes())
+        .collect();
+    let ints: Vec<u8> = (0..COUNT).map(|i| (i * 37) as u8).collect();
+    for (t, esize, input) in [
+        (D::ncclFloat8e5m2, 1, &e5m2),
+        (D::ncclFloat16, 2, &f16),
+        (D::ncclInt8, 1, &ints),
+    ] {
+        let mut ops = vec![Op::ncclSum, Op::ncclProd, Op::ncclMin, Op::ncclMax];
+        if t == D::ncclInt8 {
+            ops.push(Op::ncclAvg);
+        }
+        for op in ops {
+            for coll in [Coll::AllReduce, Coll::Reduce, Coll::ReduceScatter] {
+                let out = run(
+                    &rig,
+                    coll,
+                    t,
+                    esize,
+                    Red::Builtin(op),
+                    std::slice::from_ref(input),
+                    &[],
+                );
+                assert_eq!(out[0].as_ref(), Some(input), "{coll:?} {t:?} {op:?}");
+            }
+        }
     }
 }

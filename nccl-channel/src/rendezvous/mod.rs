@@ -403,8 +403,21 @@ pub(crate) fn parse_host_port(text: &str) -> Result<(String, u16), String> {
 }
 
 /// `NCCL_COMM_ID`'s syntax, as [`parse_host_port`] checks it, with the problem to report.
+/// NCCL also takes a link-local IPv6 address with its interface, `[fe80::1%eth0]:port`
+/// (an interface name of 1 to 15 bytes, `IFNAMSIZ`): the address is checked without it.
 pub(crate) fn check_host_port(text: &str) -> Result<(), String> {
-    parse_host_port(text)
+    let unzoned = match (text.strip_prefix('['), text.find('%'), text.find(']')) {
+        (Some(_), Some(pct), Some(close))
+            if 1 < pct
+                && pct + 1 < close
+                && close - pct - 1 < 16
+                && text[pct + 1..close].bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            format!("{}{}", &text[..pct], &text[close..])
+        }
+        _ => text.to_string(),
+    };
+    parse_host_port(&unzoned)
         .map(drop)
         .map_err(|detail| format!("expected host:port with a port from 1 to 65535: {detail}"))
 }
@@ -441,4 +454,52 @@ fn next_sequence(rdv: &Rendezvous, rank: usize) -> u64 {
     let seq = *n;
     *n += 1;
     seq
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NCCL reads `[addr%ifname]:port` in `NCCL_COMM_ID` as a link-local IPv6 address on
+    /// that interface (`ncclSocketGetAddrFromString`); it was taken before digits-only
+    /// checks, and must still be.
+    #[test]
+    fn a_comm_id_may_name_a_link_local_ipv6_address_with_its_interface() {
+        for ok in [
+            "[fe80::1%eth0]:29500",
+            "[fe80::1%enp129s0f1np1]:29500",
+            "[fe80::1]:29500",
+            "host:1",
+        ] {
+            assert_eq!(check_host_port(ok), Ok(()), "{ok}");
+        }
+        for (bad, detail) in [
+            (
+                "[fe80::1%]:29500",
+                "\"[fe80::1%]\" is not an IPv6 address in brackets",
+            ),
+            (
+                "[fe80::1%an-interface-name]:29500",
+                "\"[fe80::1%an-interface-name]\" is not an IPv6 address in brackets",
+            ),
+            (
+                "[%eth0]:29500",
+                "\"[%eth0]\" is not an IPv6 address in brackets",
+            ),
+            (
+                "[fe80::1%eth0]:+80",
+                "the port \"+80\" is not a number from 1 to 65535 in decimal digits",
+            ),
+        ] {
+            assert_eq!(
+                check_host_port(bad),
+                Err(format!(
+                    "expected host:port with a port from 1 to 65535: {detail}"
+                )),
+                "{bad}"
+            );
+        }
+        // Our own rendezvous connects with Rust's sockets, which take no interface name.
+        assert!(parse_host_port("[fe80::1%eth0]:29500").is_err());
+    }
 }
