@@ -495,6 +495,8 @@ fn fp8_needs_nccl_2_24() {
             assert_eq!((f.cuStreamDestroy)(s), OK);
         }
         rig.destroy(comm);
+    }
+}
 
 /// One rank: NCCL copies the input for every op but a pre-multiplied sum (a float
 /// average is one), `ncclLaunchOneRank`'s `cudaMemcpyAsync`: an e5m2 infinity, a NaN's
