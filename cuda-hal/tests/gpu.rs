@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use cuda_hal::{Cuda, DeviceBuffer, Event, PinnedBuffer, Stream};
 
-#[path = "common/env.rs"]
+#[path = "../../cuda-sys/tests/support/env.rs"]
 mod env;
 
 const GIB: usize = 1 << 30;

@@ -3,7 +3,7 @@
 //! launcher or NCCL variable of the caller's.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "common/env.rs"]
+#[path = "../../cuda-sys/tests/support/env.rs"]
 mod env;
 
 fn libnccl_mapped() -> bool {

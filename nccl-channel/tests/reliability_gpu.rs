@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{ChannelBuilder, CommConfig, Error, ReduceOp, World};
 
-#[path = "common/env.rs"]
+#[path = "../../cuda-sys/tests/support/env.rs"]
 mod env;
 
 const DEADLINE: Duration = Duration::from_secs(5);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nccl_channel::{Rendezvous, UniqueId};
 
-#[path = "common/env.rs"]
+#[path = "../../cuda-sys/tests/support/env.rs"]
 mod env;
 
 /// A torch TCPStore server in a python process, stopped when dropped.

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use nccl_sys::{Nccl, ncclResult_t, ncclUniqueId};
 
-#[path = "common/env.rs"]
+#[path = "../../cuda-sys/tests/support/env.rs"]
 mod env;
 
 /// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).

@@ -8,6 +8,7 @@
 )]
 
 pub mod demo;
+#[path = "../../../cuda-sys/tests/support/env.rs"]
 pub mod env;
 #[cfg(feature = "half")]
 pub mod matrix;

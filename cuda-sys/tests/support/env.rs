@@ -1,3 +1,5 @@
+//! Test support shared by the crates' tests (each includes this file by path).
+//!
 //! The environment of the processes a test starts: never the caller's launcher, NCCL or
 //! library settings. A test run inside a Slurm job, under torchrun, or with `NCCL_COMM_ID`
 //! or `NCCL_SYS_LIBRARY` exported must give the results it gives on a bare shell, so every
@@ -46,8 +48,12 @@ const NAMES: &[&str] = &[
 /// the test tooling reads.
 const KEPT_PREFIX: &str = "NCCL_RS_";
 
+/// The libraries' overrides, passed through to GPU tests' children (the GPU machine may
+/// name a different NCCL or driver on purpose).
+const LIBRARIES: &[&str] = &["NCCL_SYS_LIBRARY", "CUDA_SYS_LIBRARY"];
+
 /// Set in a child started by [`in_scrubbed_child`]: the name of the test it runs.
-const CHILD: &str = "NCCL_SYS_TEST_CHILD";
+const CHILD: &str = "NCCL_SHARED_TEST_CHILD";
 
 /// Whether a child of a test must not inherit `name` from the caller's environment.
 pub fn is_scrubbed(name: &OsStr) -> bool {
@@ -65,6 +71,21 @@ pub fn scrub(cmd: &mut Command) -> &mut Command {
             cmd.env_remove(name);
         }
     }
+    // Whatever the caller set: NVLink SHARP (multicast) stays off on shared GPU hosts.
+    cmd.env("NCCL_NVLS_ENABLE", "0");
+    cmd
+}
+
+/// As [`scrub`], but for a GPU test: `NCCL_SYS_LIBRARY` and `CUDA_SYS_LIBRARY` pass
+/// through unchanged.
+pub fn scrub_for_gpu(cmd: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if is_scrubbed(&name) && !LIBRARIES.iter().any(|l| name == *l) {
+            cmd.env_remove(name);
+        }
+    }
+    // Whatever the caller set: NVLink SHARP (multicast) stays off on shared GPU hosts.
+    cmd.env("NCCL_NVLS_ENABLE", "0");
     cmd
 }
 
@@ -72,6 +93,13 @@ pub fn scrub(cmd: &mut Command) -> &mut Command {
 pub fn scrubbed(program: impl AsRef<OsStr>) -> Command {
     let mut cmd = Command::new(program);
     scrub(&mut cmd);
+    cmd
+}
+
+/// `Command::new(program)` with a scrubbed environment for a GPU test.
+pub fn scrubbed_for_gpu(program: impl AsRef<OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    scrub_for_gpu(&mut cmd);
     cmd
 }
 
