@@ -536,3 +536,68 @@ fn one_rank_copies_its_input_bit_for_bit() {
         }
     }
 }
+
+/// Min and max of a NaN and a number give the number, as NCCL's kernels do (`fmaxf` and
+/// `fminf` for float and double, `__hmax`/`__hmin` for half, bfloat16 and fp8 through
+/// half); two NaNs give a NaN.
+#[test]
+fn min_and_max_take_the_number_over_a_nan() {
+    let rig = Rig::new(2);
+    // (type, element size, a NaN's code, 1.0's code), codes as little-endian u64.
+    let cases: [(D, usize, u64, u64); 6] = [
+        (D::ncclFloat32, 4, 0x7fc0_0000, 0x3f80_0000),
+        (
+            D::ncclFloat64,
+            8,
+            0x7ff8_0000_0000_0000,
+            0x3ff0_0000_0000_0000,
+        ),
+        (D::ncclFloat16, 2, 0x7e00, 0x3c00),
+        (D::ncclBfloat16, 2, 0x7fc0, 0x3f80),
+        (D::ncclFloat8e4m3, 1, 0x7f, 0x38),
+        (D::ncclFloat8e5m2, 1, 0x7e, 0x3c),
+    ];
+    let is_nan = |t: D, code: u64| match t {
+        D::ncclFloat32 => f32::from_bits(code as u32).is_nan(),
+        D::ncclFloat64 => f64::from_bits(code).is_nan(),
+        D::ncclFloat16 => half::f16::from_bits(code as u16).is_nan(),
+        D::ncclBfloat16 => half::bf16::from_bits(code as u16).is_nan(),
+        D::ncclFloat8e4m3 => code & 0x7f == 0x7f,
+        _ => code & 0x7c == 0x7c && code & 0x03 != 0,
+    };
+    let fill = |esize: usize, code: u64| -> Vec<u8> {
+        (0..COUNT)
+            .flat_map(|_| code.to_le_bytes()[..esize].to_vec())
+            .collect()
+    };
+    for (t, esize, nan, one) in cases {
+        for op in [Op::ncclMax, Op::ncclMin] {
+            for (inputs, want_nan) in [
+                ([fill(esize, nan), fill(esize, one)], false),
+                ([fill(esize, one), fill(esize, nan)], false),
+                ([fill(esize, nan), fill(esize, nan)], true),
+            ] {
+                let out = run(
+                    &rig,
+                    Coll::AllReduce,
+                    t,
+                    esize,
+                    Red::Builtin(op),
+                    &inputs,
+                    &[],
+                );
+                for got in out.iter().map(|o| o.as_ref().unwrap()) {
+                    let mut bytes = [0u8; 8];
+                    bytes[..esize].copy_from_slice(&got[..esize]);
+                    let code = u64::from_le_bytes(bytes);
+                    if want_nan {
+                        assert!(is_nan(t, code), "{t:?} {op:?} of two NaNs: {code:#x}");
+                    } else {
+                        assert_eq!(code, one, "{t:?} {op:?} of a NaN and 1.0");
+                        assert_eq!(got, &fill(esize, one), "{t:?} {op:?}: every element");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -121,20 +121,10 @@ pub(crate) fn combine(t: D, op: ncclRedOp_t, a: V, b: V) -> V {
         }),
         (V::F(x), V::F(y)) => V::F(match op {
             ncclRedOp_t::ncclProd => x * y,
-            ncclRedOp_t::ncclMax => {
-                if x.is_nan() || y.is_nan() {
-                    f64::NAN
-                } else {
-                    x.max(y)
-                }
-            }
-            ncclRedOp_t::ncclMin => {
-                if x.is_nan() || y.is_nan() {
-                    f64::NAN
-                } else {
-                    x.min(y)
-                }
-            }
+            // NCCL's fmaxf/fminf (float, double; half below sm_80) and __hmax/__hmin
+            // (half, bfloat16, fp8 through half): a NaN loses to a number, as with Rust's.
+            ncclRedOp_t::ncclMax => x.max(y),
+            ncclRedOp_t::ncclMin => x.min(y),
             _ => x + y,
         }),
         _ => a,
@@ -161,11 +151,12 @@ pub(crate) fn avg_scalar(t: D, n: usize) -> V {
     round(t, V::F(1.0 / n.max(1) as f64))
 }
 
-/// Integer average: the wrapped sum divided by `n`, truncating toward zero.
+/// Integer average: the wrapped sum divided by `n`, truncating toward zero. (A float
+/// average pre-multiplies instead: [`avg_scalar`].)
 pub(crate) fn divide(t: D, a: V, n: i128) -> V {
     match a {
         V::I(x) => round(t, V::I(x / n.max(1))),
-        V::F(x) => round(t, V::F(x / n.max(1) as f64)),
+        V::F(_) => a,
     }
 }
 
