@@ -450,7 +450,7 @@ integer_test!(uint64_wraps_and_compares_as_unsigned, u64, D::ncclUint64);
 #[test]
 fn fp8_needs_nccl_2_24() {
     use nccl_sys::{NcclVersion, ncclResult_t};
-    for (version, fp8_ok) in [((2, 23, 4), false), ((2, 24, 3), true)] {
+    for (version, fp8_ok) in [((2, 23, 4), false), ((2, 24, 0), true), ((2, 24, 3), true)] {
         let v = NcclVersion::new(version.0, version.1, version.2);
         let rig = Rig::with_nccl(1, |m| m.version(v));
         let comm = rig.comms(1)[0];

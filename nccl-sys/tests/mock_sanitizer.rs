@@ -1740,3 +1740,30 @@ fn a_registration_of_the_last_page_a_call_uses_is_resolved_by_the_call() {
         range_rig_done(&rig, comms);
     }
 }
+
+/// `ncclGetLastError` keeps the last failure: a collective that succeeds leaves it as it
+/// was (NCCL only writes it on an error).
+#[test]
+fn a_successful_collective_leaves_the_last_error_alone() {
+    let rig = Rig::new(1);
+    let comm = rig.comms(1)[0];
+    let b = rig.buffers(0, 2.0);
+    // SAFETY: a live communicator; the buffers are device memory of N f32.
+    let rc = unsafe {
+        (rig.nccl.fns().ncclBroadcast)(
+            b.1 as *const c_void,
+            b.2 as *mut c_void,
+            N,
+            ncclDataType_t::ncclFloat32,
+            5,
+            comm,
+            b.0,
+        )
+    };
+    assert_eq!(rc, ncclResult_t::ncclInvalidArgument);
+    assert_eq!(rig.last_error(), "invalid root 5 for 1 ranks");
+    assert_eq!(rig.all_reduce(comm, b), NCCL_OK);
+    assert_eq!(rig.read(0, b.2), [2.0; N]);
+    assert_eq!(rig.last_error(), "invalid root 5 for 1 ranks");
+    rig.destroy(comm);
+}
