@@ -1767,3 +1767,37 @@ fn a_successful_collective_leaves_the_last_error_alone() {
     assert_eq!(rig.last_error(), "invalid root 5 for 1 ranks");
     rig.destroy(comm);
 }
+
+/// The same for point to point: a grouped send (receive) whose buffer was freed before the
+/// group ended is reported over exactly the COUNT elements it reads (writes).
+#[test]
+fn a_grouped_send_or_recv_whose_buffer_was_freed_is_reported_over_its_bytes() {
+    for (coll, send) in [(Coll::Send, true), (Coll::Recv, false)] {
+        let (rig, comms, s0) = range_rig();
+        let shape = SHAPES.iter().find(|s| s.coll == coll).unwrap();
+        let b0 = rig.good(shape, 0, 0, s0);
+        let b1 = rig.good(shape, 1, 0, rig.stream_on(1));
+        rig.group_start();
+        for (rank, b) in [(0, b0), (1, b1)] {
+            let (c, peer) = shape.call_on(rank, 0);
+            assert_eq!(rig.coll(c, comms[rank], b, peer), NCCL_OK);
+        }
+        let (p, touch) = if send {
+            (b0.send, "reads sendbuff")
+        } else {
+            (b0.recv, "writes recvbuff")
+        };
+        rig.free(p);
+        assert_eq!(rig.group_end(), ncclResult_t::ncclUnhandledCudaError);
+        assert_eq!(
+            rig.world.take_violations(),
+            [format!(
+                "ncclGroupEnd: {} {touch} {p:#x}+{}: freed by cuMemFree",
+                shape.name,
+                COUNT * 4
+            )]
+        );
+        assert_eq!(rig.world.live().unmatched_operations, 0);
+        range_rig_done(&rig, comms);
+    }
+}
