@@ -583,3 +583,33 @@ fn a_channel_for_several_ranks_without_a_way_to_share_the_id_says_how() {
     assert!(e.to_string().contains("NCCL_COMM_ID=host:port"), "{e}");
     rig.assert_clean();
 }
+
+/// `Channel::close` waits for its stream and closes its communicator, reporting either's
+/// failure (here the injected one of the communicator's finalize).
+#[test]
+fn a_channel_close_reports_the_communicators_failure() {
+    let rig = Rig::new(1);
+    let ch = nccl_channel::ChannelBuilder::new()
+        .world(World::new(1, 0).unwrap())
+        .device("cuda://0")
+        .unique_id(IdSource::Given(UniqueId::generate(&rig.nccl).unwrap()))
+        .cuda(rig.cuda.clone())
+        .nccl(rig.nccl.clone())
+        .build()
+        .unwrap()
+        .unwrap();
+    rig.world
+        .fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
+    let e = ch.close().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Nccl {
+                call: "ncclCommFinalize",
+                code: ncclResult_t::ncclInternalError,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
