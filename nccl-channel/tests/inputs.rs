@@ -15,24 +15,7 @@ use nccl_channel::{
     CommConfig, Communicator, Error, Group, PORT_BASE, ReduceOp, Rendezvous, UniqueId, World,
 };
 
-type Env = Vec<(String, String)>;
-
-fn env(pairs: &[(&str, &str)]) -> Env {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn lookup(env: &Env) -> impl Fn(&str) -> Option<String> + '_ {
-    |name| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-}
-
-fn derive(vars: &[(&str, &str)]) -> Result<Option<Rendezvous>, Error> {
-    let e = env(vars);
-    let world = World::from_lookup(lookup(&e))?.expect("a world");
-    Rendezvous::from_lookup(&world, lookup(&e))
-}
+use common::lookup::{derive, env, lookup};
 
 fn env_error(variable: &str, value: &str, problem: &str) -> Error {
     Error::Env {

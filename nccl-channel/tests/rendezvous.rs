@@ -22,24 +22,7 @@ use common::tcpstore::{Faults, TestStore};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, IdSource, Rendezvous, RendezvousKind, UniqueId, World};
 
-type Env = Vec<(String, String)>;
-
-fn env(pairs: &[(&str, &str)]) -> Env {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn lookup(env: &Env) -> impl Fn(&str) -> Option<String> + '_ {
-    |name| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-}
-
-fn derive(vars: &[(&str, &str)]) -> Result<Option<Rendezvous>, Error> {
-    let e = env(vars);
-    let world = World::from_lookup(lookup(&e))?.expect("a world");
-    Rendezvous::from_lookup(&world, lookup(&e))
-}
+use common::lookup::{Env, derive, env, lookup};
 
 /// A port free on 127.0.0.1 now, in the derived range (so Slurm ids can name it). Each
 /// process starts at a place of its own (its pid and the time) and strides by 997, so

@@ -10,6 +10,7 @@
 pub mod demo;
 #[path = "../../../cuda-sys/tests/support/env.rs"]
 pub mod env;
+pub mod lookup;
 #[cfg(feature = "half")]
 pub mod matrix;
 pub mod tcpstore;
