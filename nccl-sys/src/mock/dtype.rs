@@ -287,6 +287,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn f16_rounds_up_into_infinity_past_its_largest_finite_value() {
+        // 65504 is f16's largest; from 65520 (half an ulp above) a sum rounds to infinity.
+        assert_eq!(round(D::ncclFloat16, V::F(65519.0)), V::F(65504.0));
+        assert_eq!(round(D::ncclFloat16, V::F(65520.0)), V::F(f64::INFINITY));
+        assert_eq!(
+            round(D::ncclFloat16, V::F(-65520.0)),
+            V::F(f64::NEG_INFINITY)
+        );
+        assert_eq!(round(D::ncclFloat16, V::F(1e6)), V::F(f64::INFINITY));
+    }
+
+    #[test]
     fn small_floats_round_trip_exactly() {
         for t in [
             D::ncclFloat16,
