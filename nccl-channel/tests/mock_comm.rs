@@ -613,3 +613,47 @@ fn a_channel_close_reports_the_communicators_failure() {
         "{e}"
     );
 }
+
+/// The builder's config reaches the communicator it builds.
+#[test]
+fn a_channel_builder_applies_its_config() {
+    let rig = Rig::new(1);
+    let ch = nccl_channel::ChannelBuilder::new()
+        .world(World::new(1, 0).unwrap())
+        .device("cuda://0")
+        .unique_id(IdSource::Given(UniqueId::generate(&rig.nccl).unwrap()))
+        .config(nccl_channel::CommConfig::non_blocking(Duration::from_secs(
+            7,
+        )))
+        .cuda(rig.cuda.clone())
+        .nccl(rig.nccl.clone())
+        .build()
+        .unwrap()
+        .unwrap();
+    assert!(!ch.comm().config().is_blocking());
+    assert_eq!(ch.comm().config().get_timeout(), Duration::from_secs(7));
+    ch.close().unwrap();
+}
+
+/// `Channel::from_env` in a world of one opens the driver (here one that cannot be
+/// loaded, so the error names it) rather than answering "no world".
+#[test]
+fn channel_from_env_in_a_world_opens_the_driver() {
+    let missing = std::ffi::OsStr::new("/nonexistent/libcuda.so.1");
+    let one = std::ffi::OsStr::new("1");
+    let zero = std::ffi::OsStr::new("0");
+    if !common::env::in_scrubbed_child(
+        "channel_from_env_in_a_world_opens_the_driver",
+        &[
+            ("IREE_CUDA_NCCL_NPROCS", one),
+            ("IREE_CUDA_NCCL_PROCID", zero),
+            ("CUDA_SYS_LIBRARY", missing),
+        ],
+    ) {
+        return;
+    }
+    match nccl_channel::Channel::from_env() {
+        Err(e) => assert!(e.to_string().contains("/nonexistent/libcuda.so.1"), "{e}"),
+        Ok(ch) => panic!("a world of one with no driver gave {:?}", ch.is_some()),
+    }
+}

@@ -468,6 +468,8 @@ mod tests {
         for ok in [
             "[fe80::1%eth0]:29500",
             "[fe80::1%enp129s0f1np1]:29500",
+            // IFNAMSIZ is 16 with the NUL: 15 bytes at most.
+            "[fe80::1%abcdefghijklmno]:29500",
             "[fe80::1]:29500",
             "host:1",
         ] {
@@ -481,6 +483,10 @@ mod tests {
             (
                 "[fe80::1%an-interface-name]:29500",
                 "\"[fe80::1%an-interface-name]\" is not an IPv6 address in brackets",
+            ),
+            (
+                "[fe80::1%abcdefghijklmnop]:29500",
+                "\"[fe80::1%abcdefghijklmnop]\" is not an IPv6 address in brackets",
             ),
             (
                 "[%eth0]:29500",
