@@ -75,6 +75,7 @@ macro_rules! optional {
     }};
 }
 
+mod backoff;
 mod channel;
 mod collective;
 mod comm;

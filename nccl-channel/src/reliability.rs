@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use cuda_hal::Stream;
 use nccl_sys::{Nccl, NcclFns, NcclVersion, ncclComm_t, ncclResult_t};
 
+use crate::backoff::Backoff;
 use crate::{Communicator, Error, Result, check};
 
 /// Aborts a communicator from another thread: the owner's current or next wait stops,
@@ -39,7 +40,7 @@ pub(crate) fn poll(
     timeout: Duration,
     abort: &AbortHandle,
 ) -> Result<()> {
-    let mut pause = Duration::from_micros(20);
+    let mut backoff = Backoff::poll();
     loop {
         let mut e = ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator and a valid out-pointer.
@@ -59,8 +60,7 @@ pub(crate) fn poll(
                 after: timeout,
             });
         }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(1));
+        std::thread::sleep(backoff.next_pause());
     }
 }
 
@@ -95,7 +95,7 @@ impl Communicator {
         let raw = self.handle()?;
         self.same_context("Communicator::wait", "stream", stream.context())?;
         let deadline = Instant::now() + self.config().get_timeout();
-        let mut pause = Duration::from_micros(20);
+        let mut backoff = Backoff::poll();
         loop {
             let mut e = ncclResult_t::ncclSuccess;
             // SAFETY: a live communicator and a valid out-pointer.
@@ -126,8 +126,7 @@ impl Communicator {
                     after: self.config().get_timeout(),
                 });
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            std::thread::sleep(backoff.next_pause());
         }
     }
 

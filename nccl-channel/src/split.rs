@@ -13,11 +13,12 @@
 use std::ffi::c_int;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cuda_hal::DeferScope;
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclResult_t};
 
+use crate::backoff::Backoff;
 use crate::reliability::poll;
 use crate::{CommConfig, Communicator, Error, ParentsProblem, Result, check};
 
@@ -241,7 +242,7 @@ fn make_children(
                 continue;
             }
             let timeout = p.config().get_timeout();
-            let mut pause = Duration::from_micros(20);
+            let mut backoff = Backoff::poll();
             while slots.get(i).is_null() {
                 if Instant::now() >= start + timeout || p.abort_flag().is_requested() {
                     p.abort_now();
@@ -252,8 +253,7 @@ fn make_children(
                     });
                     break;
                 }
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(1));
+                std::thread::sleep(backoff.next_pause());
             }
         }
     }

@@ -10,7 +10,7 @@ mod tcpstore;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -343,12 +343,23 @@ impl Rendezvous {
         }
     }
 
-    /// Whether rank 0 listens on the host alone (a loopback host) rather than everywhere.
-    fn listens_on_loopback(&self) -> Option<IpAddr> {
+    /// Where rank 0 listens, in order of preference: a loopback host on itself alone (no
+    /// other machine can reach it), an IPv4 host on every IPv4 address, any other host
+    /// (a name, an IPv6 address) on every IPv6 address (which takes IPv4 too where the
+    /// system maps it), else every IPv4 address (IPv6 disabled).
+    fn listen_addrs(&self) -> Vec<SocketAddr> {
+        let at = |ip: IpAddr| SocketAddr::new(ip, self.port);
         if self.host.eq_ignore_ascii_case("localhost") {
-            return Some(IpAddr::from([127, 0, 0, 1]));
+            return vec![at(Ipv4Addr::LOCALHOST.into())];
         }
-        self.host.parse::<IpAddr>().ok().filter(IpAddr::is_loopback)
+        match self.host.parse::<IpAddr>() {
+            Ok(ip) if ip.is_loopback() => vec![at(ip)],
+            Ok(IpAddr::V4(_)) => vec![at(Ipv4Addr::UNSPECIFIED.into())],
+            _ => vec![
+                at(Ipv6Addr::UNSPECIFIED.into()),
+                at(Ipv4Addr::UNSPECIFIED.into()),
+            ],
+        }
     }
 }
 
@@ -459,6 +470,31 @@ fn next_sequence(rdv: &Rendezvous, rank: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loopback host listens on itself alone; an IPv4 host on every IPv4 address; a
+    /// name or an IPv6 address on every IPv6 address, then every IPv4 one.
+    #[test]
+    fn rank_0_listens_where_the_host_can_be_reached() {
+        let table: &[(&str, &[&str])] = &[
+            ("localhost:7000", &["127.0.0.1:7000"]),
+            ("LOCALHOST:7000", &["127.0.0.1:7000"]),
+            ("127.0.0.1:7000", &["127.0.0.1:7000"]),
+            ("127.1.2.3:7000", &["127.1.2.3:7000"]),
+            ("[::1]:7000", &["[::1]:7000"]),
+            ("10.1.2.3:7000", &["0.0.0.0:7000"]),
+            ("node1:7000", &["[::]:7000", "0.0.0.0:7000"]),
+            ("[fe80::1]:7000", &["[::]:7000", "0.0.0.0:7000"]),
+        ];
+        for (addr, want) in table {
+            let got: Vec<String> = Rendezvous::tcp(addr)
+                .unwrap()
+                .listen_addrs()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            assert_eq!(got, *want, "{addr}");
+        }
+    }
 
     /// NCCL reads `[addr%ifname]:port` in `NCCL_COMM_ID` as a link-local IPv6 address on
     /// that interface (`ncclSocketGetAddrFromString`); it was taken before digits-only

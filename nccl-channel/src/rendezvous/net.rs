@@ -5,6 +5,8 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use crate::backoff::Backoff;
+
 /// The most one blocking socket operation waits, so a silent peer never holds a rank past
 /// its deadline by more than this.
 pub(crate) const STEP: Duration = Duration::from_secs(5);
@@ -176,19 +178,9 @@ pub(crate) fn time_for_attempt(deadline: Instant) -> bool {
     deadline.saturating_duration_since(Instant::now()) >= LAST_ATTEMPT
 }
 
-/// Growing pauses between attempts: 10 ms doubling to 500 ms, never past the deadline.
-pub(crate) struct Backoff(Duration);
-
-impl Backoff {
-    pub(crate) fn new() -> Self {
-        Backoff(Duration::from_millis(10))
-    }
-
-    pub(crate) fn sleep(&mut self, deadline: Instant) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        std::thread::sleep(self.0.min(left));
-        self.0 = (self.0 * 2).min(Duration::from_millis(500));
-    }
+/// Growing pauses between attempts: 10 ms doubling to 500 ms.
+pub(crate) fn attempts_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(10), Duration::from_millis(500))
 }
 
 #[cfg(test)]

@@ -21,14 +21,14 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufReader, ErrorKind, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::Rendezvous;
-use super::net::{self, Backoff, STEP, describe, read_line, step_until, time_for_attempt};
+use super::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
 use crate::decimal::parse_decimal;
 use crate::{Result, UniqueId};
 
@@ -248,18 +248,8 @@ pub(super) fn serve(
 /// Binds the listening socket, retrying while the port is taken (an earlier channel's
 /// rank 0 may still be releasing it) until the deadline.
 fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
-    let port = rdv.port;
-    let candidates: Vec<SocketAddr> = match rdv.listens_on_loopback() {
-        Some(ip) => vec![SocketAddr::new(ip, port)],
-        None if rdv.host.parse::<Ipv4Addr>().is_ok() => {
-            vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)]
-        }
-        None => vec![
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-        ],
-    };
-    let mut backoff = Backoff::new();
+    let candidates = rdv.listen_addrs();
+    let mut backoff = net::attempts_backoff();
     loop {
         let mut last = None;
         for addr in &candidates {
@@ -291,7 +281,7 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
                 }
             )));
         }
-        backoff.sleep(deadline);
+        std::thread::sleep(backoff.pause_until(deadline));
     }
 }
 
@@ -388,7 +378,7 @@ pub(super) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> 
         rank,
         size,
     };
-    let mut backoff = Backoff::new();
+    let mut backoff = net::attempts_backoff();
     // A rendezvous of another key that answered: said in the deadline's error even when
     // later attempts met something else (it may have gone away since).
     let mut foreign: Option<String> = None;
@@ -402,7 +392,7 @@ pub(super) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> 
             }
             Attempt::Retry(why) => why,
         };
-        backoff.sleep(deadline);
+        std::thread::sleep(backoff.pause_until(deadline));
         if !time_for_attempt(deadline) {
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
             let problem = match foreign {

@@ -59,7 +59,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::Rendezvous;
-use super::net::{self, Backoff, STEP, describe, step_until, time_for_attempt};
+use super::net::{self, STEP, describe, step_until, time_for_attempt};
 use crate::decimal::parse_decimal;
 use crate::{Result, UniqueId};
 
@@ -226,13 +226,13 @@ impl Store {
 /// Connects and validates, retrying until the deadline (`within` is the time it was given,
 /// for the message); the error says what the last attempt met.
 fn connect(rdv: &Rendezvous, deadline: Instant, within: Duration) -> Result<Store, String> {
-    let mut backoff = Backoff::new();
+    let mut backoff = net::attempts_backoff();
     loop {
         let last = match try_connect(rdv, deadline) {
             Ok(store) => return Ok(store),
             Err(why) => why,
         };
-        backoff.sleep(deadline);
+        std::thread::sleep(backoff.pause_until(deadline));
         if !time_for_attempt(deadline) {
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
             return Err(format!(
@@ -421,7 +421,7 @@ fn wait_for_acks(
     nonce: &str,
     deadline: Instant,
 ) -> Result<(), Option<String>> {
-    let mut backoff = Backoff::new();
+    let mut backoff = net::attempts_backoff();
     loop {
         let pending: Vec<String> = unacked.iter().map(|r| acks[r - 1].clone()).collect();
         let all = store
@@ -440,7 +440,7 @@ fn wait_for_acks(
         }
         // Acks of an earlier exchange, written after this rank 0 removed the old ones:
         // read them again until this exchange's ranks overwrite them.
-        backoff.sleep(deadline);
+        std::thread::sleep(backoff.pause_until(deadline));
         if !time_for_attempt(deadline) {
             return Err(None);
         }
