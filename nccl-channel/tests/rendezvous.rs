@@ -1340,7 +1340,8 @@ fn a_slow_server_does_not_keep_a_rank_past_its_deadline() {
     assert!(
         matches!(&r, Err(Error::Rendezvous { service: "rank 0's rendezvous", address, derived_from, problem })
             if *address == addr && derived_from == "code"
-                && problem.starts_with("did not answer within 2s (")),
+                && problem == "did not answer within 2s (last attempt: something accepted the \
+                               connection but sent no complete answer in time)"),
         "{r:?}"
     );
     assert!(
@@ -1504,6 +1505,47 @@ fn a_greeting_with_another_world_size_does_not_stop_rank_0() {
             "rank {r}: {id:?}"
         );
     }
+}
+
+/// Rank 0's deadline error names the first four greetings with another world size and
+/// counts the rest.
+#[test]
+fn rank_0_names_four_wrong_sizes_and_counts_the_rest() {
+    let port = free_port_in_range();
+    let addr = format!("127.0.0.1:{port}");
+    let rdv = Rendezvous::tcp(&addr)
+        .unwrap()
+        .key("five")
+        .timeout(Duration::from_secs(2));
+    let r0 = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 3, || Ok(UniqueId([6; 128]))));
+        for (rank, size) in [(1, 4), (2, 5), (1, 6), (2, 7), (1, 8)] {
+            let answer = loop {
+                if let Ok(mut c) = TcpStream::connect(&addr) {
+                    c.write_all(
+                        format!("nccl-channel-rendezvous 1 hello five#0 {rank} {size}\n")
+                            .as_bytes(),
+                    )
+                    .unwrap();
+                    let mut answer = String::new();
+                    std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer)
+                        .unwrap();
+                    break answer;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            assert_eq!(answer, "nccl-channel-rendezvous 1 size 3\n");
+        }
+        r0.join().unwrap()
+    });
+    assert_eq!(
+        r0.unwrap_err().to_string(),
+        format!(
+            "rank 0's rendezvous at {addr} (derived from code) did not hear from ranks 1, 2 \
+             within 2s; 5 greetings with another world size than rank 0's 3 (rank 1 of 4, \
+             rank 2 of 5, rank 1 of 6, rank 2 of 7, …): every rank must see the same world size"
+        )
+    );
 }
 
 /// A rendezvous for another key answered, then went away: the deadline error still says a
