@@ -132,6 +132,73 @@ fn a_peer_that_stops_gives_an_error_within_the_deadline_and_nothing_leaks() {
     rig.assert_clean();
 }
 
+/// Work still running when `wait` starts is waited for, not taken for a missed deadline:
+/// the simulated stream answers "not ready" a few times, then is idle.
+#[test]
+fn wait_polls_a_busy_stream_until_it_is_idle() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let st = Stream::new(&ctx).unwrap();
+    let a = DeviceBuffer::from_slice(&ctx, &[5u32; 4]).unwrap();
+    let mut b = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+    comm.all_reduce(&a, &mut b, ReduceOp::Sum, &st).unwrap();
+    let before = rig.gpus.calls("cuStreamQuery");
+    for _ in 0..3 {
+        rig.gpus.fail_next(
+            "cuStreamQuery",
+            cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_READY,
+        );
+    }
+    comm.wait(&st).unwrap();
+    // Three "not ready" answers, then the idle one.
+    assert_eq!(rig.gpus.calls("cuStreamQuery") - before, 4);
+    assert!(!comm.is_aborted());
+    assert_eq!(b.to_vec().unwrap(), [5; 4]);
+    drop((a, b, st, comm, ctx));
+    rig.assert_clean();
+}
+
+/// A stream that never becomes idle: `wait` gives up at the deadline and aborts.
+#[test]
+fn wait_on_a_stream_that_stays_busy_times_out_at_the_deadline() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(
+        &rig.nccl,
+        &ctx,
+        &id,
+        1,
+        0,
+        &CommConfig::non_blocking(DEADLINE),
+    )
+    .unwrap();
+    let st = Stream::new(&ctx).unwrap();
+    // More "not ready" answers than polls fit in the deadline, even at the shortest
+    // pause (20 µs).
+    for _ in 0..(DEADLINE.as_micros() / 20) {
+        rig.gpus.fail_next(
+            "cuStreamQuery",
+            cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_READY,
+        );
+    }
+    let t = Instant::now();
+    let e = comm.wait(&st).unwrap_err();
+    let took = t.elapsed();
+    rig.gpus.clear_faults();
+    assert_eq!(
+        e,
+        Error::Timeout {
+            what: "the stream work of rank 0 (communicator aborted)".into(),
+            after: DEADLINE,
+        }
+    );
+    assert!(took >= DEADLINE && took < DEADLINE + MARGIN, "{took:?}");
+    assert!(comm.is_aborted());
+    drop((st, comm, ctx));
+    rig.assert_clean();
+}
+
 #[test]
 fn an_abort_handle_stops_a_wait_from_another_thread() {
     let rig = Rig::new(2);
