@@ -382,9 +382,11 @@ impl Slots {
             .store(l.len(), std::sync::atomic::Ordering::Release);
     }
 
+    /// Removes `s`'s entry: every slot is forgotten as it drops (or once registered), so
+    /// the list holds no entry of a slot that is gone.
     pub(crate) fn forget(&self, s: *const Slot) {
         let mut l = lock(&self.list);
-        l.retain(|w| w.as_ptr() != s && w.strong_count() > 0);
+        l.retain(|w| w.as_ptr() != s);
         self.count
             .store(l.len(), std::sync::atomic::Ordering::Release);
     }
