@@ -296,6 +296,45 @@ fn deregistering_a_buffer_a_collective_may_still_use_is_reported() {
     );
 }
 
+/// A send whose buffer reaches into a registered page only with its last bytes still
+/// uses that registration: deregistering it before the host waited is reported. (A
+/// buffer is `count * size of the type` bytes: a shorter range would miss the page.)
+#[test]
+fn a_send_whose_tail_lies_in_a_registration_uses_it() {
+    let rig = rig(1);
+    let comm = rig.comm();
+    let s = rig.stream();
+    let p = rig.cu_alloc(3 * PAGE);
+    // The first page boundary inside the allocation, with room before and after it.
+    let page = (p + PAGE as u64) & !(PAGE as u64 - 1);
+    let send = page - 32;
+    let recv = page + PAGE as u64;
+    let h = rig.register(comm, page, 4);
+    let f = rig.nccl.fns();
+    let t = ncclDataType_t::ncclFloat32;
+    // SAFETY: N f32 of live device memory at each buffer; the mock checks the rest.
+    unsafe {
+        assert_eq!((f.ncclGroupStart)(), NCCL_OK);
+        assert_eq!((f.ncclSend)(dev(send), N, t, 0, comm, s), NCCL_OK);
+        assert_eq!((f.ncclRecv)(dev(recv), N, t, 0, comm, s), NCCL_OK);
+        assert_eq!((f.ncclGroupEnd)(), NCCL_OK);
+    }
+    rig.assert_clean();
+    assert_eq!(rig.deregister(comm, h), NCCL_OK, "reported, not refused");
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclCommDeregister of registration {:#x} ({page:#x}+{PAGE}): work enqueued on stream {:#x} (ncclGroupEnd: ncclSend) may still use it: the host did not wait for it",
+            h.addr(),
+            s.addr()
+        )]
+    );
+    rig.sync(s);
+    assert_eq!(rig.cu_free(p), OK);
+    rig.destroy(comm);
+    rig.assert_clean();
+}
+
 #[test]
 fn deregistering_after_the_host_waited_for_the_collective_is_fine() {
     let (v, ..) = deregister_after_all_reduce(true);
