@@ -186,3 +186,8 @@ pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};
 pub mod mock {
     pub use cuda_sys::mock::*;
 }
+
+// The README (the crate's registry page) runs as doctests, on the simulated devices.
+#[cfg(all(doctest, feature = "mock"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -153,3 +153,9 @@ fn nccl_error(
         detail,
     }
 }
+
+// The README (the crate's registry page) runs as doctests, on the simulated devices
+// (the dev-dependencies enable them).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

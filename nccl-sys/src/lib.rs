@@ -64,3 +64,8 @@ static_assertions::assert_eq_size!(cudaStream_t, cuda_sys::CUstream);
 static_assertions::const_assert_eq!(core::mem::offset_of!(ncclConfig_t, blocking), 16);
 static_assertions::assert_eq_size!(ncclConfig_t, [u8; 120]);
 static_assertions::assert_impl_all!(NcclFns: Send, Sync, Copy);
+
+// The README (the crate's registry page) runs as doctests, on the simulated devices.
+#[cfg(all(doctest, feature = "mock"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
