@@ -17,7 +17,8 @@ pub unsafe trait NcclType: DeviceRepr {
 }
 
 macro_rules! nccl_type {
-    ($($t:ty => $d:ident, $name:literal;)*) => { $(
+    ($($(#[$attr:meta])* $t:ty => $d:ident, $name:literal;)*) => { $(
+        $(#[$attr])*
         // SAFETY: the NCCL type of the same size and representation.
         unsafe impl NcclType for $t {
             const DTYPE: ncclDataType_t = ncclDataType_t::$d;
@@ -37,9 +38,14 @@ nccl_type! {
     f64 => ncclFloat64, "float64";
 }
 
-#[cfg(feature = "half")]
+// The attributes go on each impl: a `cfg` on the macro call would be gone by the time
+// rustdoc looks for it, and the impls would show no feature badge.
 nccl_type! {
+    #[cfg(feature = "half")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "half")))]
     half::f16 => ncclFloat16, "float16";
+    #[cfg(feature = "half")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "half")))]
     half::bf16 => ncclBfloat16, "bfloat16";
 }
 
