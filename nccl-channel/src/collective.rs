@@ -999,6 +999,37 @@ impl Communicator {
 
     /// Waits until every rank has reached this point: an all-reduce of one element on
     /// `stream`, then a stream synchronise.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use cuda_hal::{Cuda, Stream, mock::MockDriver};
+    /// use nccl_channel::{Communicator, UniqueId};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let arrived = AtomicUsize::new(0);
+    /// let seen = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..2)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl, arrived) = (&cuda, &nccl, &arrived);
+    ///             s.spawn(move || -> nccl_channel::Result<usize> {
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank(nccl, &ctx, &id, 2, rank)?;
+    ///                 let stream = Stream::new(&ctx)?;
+    ///                 arrived.fetch_add(1, Ordering::SeqCst);
+    ///                 comm.barrier(&stream)?;
+    ///                 Ok(arrived.load(Ordering::SeqCst)) // both have arrived by now
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(seen, [2, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         let order = self.check_stream("barrier", stream)?;
         let scratch = self.scratch()?;
