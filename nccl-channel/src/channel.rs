@@ -292,7 +292,6 @@ impl ChannelBuilder {
 /// ch.comm().all_reduce_in_place(&mut buf, ReduceOp::Sum, ch.stream())?;
 /// ch.stream().synchronize()?;
 /// assert_eq!(buf.to_vec()?, [1.5]);
-/// drop(buf);
 /// ch.close()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -487,6 +487,29 @@ impl Communicator {
     /// Takes ownership of a raw, blocking communicator of `ctx`'s device. Checks its
     /// device, reads its rank and size. On error the handle is destroyed.
     ///
+    /// For a handle made through the raw table ([`nccl_sys`]) or handed over by other code:
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::Communicator;
+    /// use nccl_sys::{mock::MockNccl, ncclComm_t, ncclResult_t};
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let mut raw: ncclComm_t = std::ptr::null_mut();
+    /// let devices = [0];
+    /// // SAFETY: room for one handle and one device ordinal.
+    /// let rc = unsafe { (nccl.fns().ncclCommInitAll)(&mut raw, 1, devices.as_ptr()) };
+    /// assert_eq!(rc, ncclResult_t::ncclSuccess);
+    /// // SAFETY: a live, initialised communicator of device 0 (`ctx`'s), made by `nccl`;
+    /// // nothing else owns it (`comm` destroys it).
+    /// let comm = unsafe { Communicator::from_raw(&nccl, &ctx, raw) }?;
+    /// assert_eq!((comm.rank(), comm.size()), (0, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Safety
     /// `raw` must be a live, initialised communicator made by `nccl`, owned by nobody else.
     pub unsafe fn from_raw(

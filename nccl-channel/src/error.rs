@@ -310,5 +310,21 @@ fn detail_suffix(detail: &str) -> String {
     }
 }
 
-/// `Result` with [`Error`].
+/// `Result` with [`Error`]. `?` turns the driver's errors ([`cuda_hal::Error`]) and
+/// NCCL's load errors into an [`Error`], so one function can mix both crates:
+///
+/// ```
+/// use cuda_hal::{Cuda, DeviceBuffer, mock::MockDriver};
+/// use nccl_channel::Error;
+///
+/// fn round_trip(cuda: &Cuda, device: usize) -> nccl_channel::Result<Vec<u8>> {
+///     let ctx = cuda.device(device)?.primary_context()?;
+///     let buf = DeviceBuffer::from_slice(&ctx, &[1u8, 2])?;
+///     Ok(buf.to_vec()?)
+/// }
+/// let (cuda, _gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// assert_eq!(round_trip(&cuda, 0)?, [1, 2]);
+/// assert!(matches!(round_trip(&cuda, 3), Err(Error::Cuda(_)))); // no device 3
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;

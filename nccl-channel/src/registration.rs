@@ -337,6 +337,24 @@ impl Communicator {
     /// [`alloc_nccl`](Self::alloc_nccl) (or another cuMem allocation) at a 4096-byte
     /// aligned offset; it reports other memory as an error. Refused inside an open
     /// group, where NCCL would give the window only at the group's end.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::{Communicator, WindowFlags};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))?.remove(0);
+    /// let buf = comm.alloc_nccl::<u8>(8192)?;
+    /// let window = comm.register_window(&buf.slice(4096..)?, WindowFlags::COLL_SYMMETRIC)?;
+    /// assert!(window.is_active());
+    /// assert_eq!((window.device_ptr(), window.size_bytes()), (buf.as_raw() + 4096, 4096));
+    /// window.deregister()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommWindowRegister")]
     #[doc(alias = "ncclCommWindowDeregister")]
     pub fn register_window<S: DeviceSlice + ?Sized>(
