@@ -23,6 +23,47 @@ pub fn nccl_opened() -> bool {
 }
 
 /// How the ranks agree on a unique id.
+///
+/// Here rank 0 serves the id on loopback and rank 1 fetches it
+/// ([`IdSource::Rendezvous`]); each rank is a thread with a simulated GPU.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use std::time::Duration;
+/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use nccl_channel::{ChannelBuilder, IdSource, Rendezvous, World};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// // A port free on this machine (a launcher would derive one for every rank).
+/// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+/// let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?.timeout(Duration::from_secs(30));
+/// let origins = std::thread::scope(|s| {
+///     let ranks: Vec<_> = (0..2)
+///         .map(|rank| {
+///             let (cuda, nccl, rdv) = (cuda.clone(), nccl.clone(), rdv.clone());
+///             s.spawn(move || -> nccl_channel::Result<String> {
+///                 let ch = ChannelBuilder::new()
+///                     .world(World::new(2, rank)?)
+///                     .cuda(cuda)
+///                     .nccl(nccl)
+///                     .unique_id(IdSource::Rendezvous(rdv))
+///                     .build()?
+///                     .expect("a world was given");
+///                 assert_eq!((ch.comm().rank(), ch.comm().size()), (rank, 2));
+///                 Ok(ch.id_origin().to_string())
+///             })
+///         })
+///         .collect();
+///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+/// })?;
+/// let origin = format!(
+///     "rank 0's rendezvous at 127.0.0.1:{port} (derived from code), key nccl-channel, timeout 30s"
+/// );
+/// assert_eq!(origins, [origin.clone(), origin]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 pub enum IdSource {
     /// One rank: a fresh id. Several: [`IdSource::CommIdEnv`] if `NCCL_COMM_ID` is set;
@@ -49,6 +90,49 @@ pub enum IdSource {
 }
 
 /// Builds a [`Channel`]; every part defaults to the environment.
+///
+/// Each part given in code is one the environment is not asked for: a program (or a
+/// test) that gives the [`World`] and the [`IdSource`] reads no launcher variable, and
+/// with a driver and an NCCL of its own loads no library. Two ranks, one thread each, on
+/// simulated GPUs:
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, DeviceBuffer, mock::MockDriver};
+/// use nccl_channel::{ChannelBuilder, IdSource, UniqueId, World};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// let id = UniqueId::generate(&nccl)?;
+/// let gathered = std::thread::scope(|s| {
+///     let ranks: Vec<_> = (0..2)
+///         .map(|rank| {
+///             let (cuda, nccl) = (cuda.clone(), nccl.clone());
+///             s.spawn(move || -> nccl_channel::Result<Vec<i32>> {
+///                 let ch = ChannelBuilder::new()
+///                     .world(World::new(2, rank)?)
+///                     .cuda(cuda)
+///                     .nccl(nccl)
+///                     .unique_id(IdSource::Given(id))
+///                     .build()?
+///                     .expect("a world was given");
+///                 // The device is the world's local rank, else its rank.
+///                 assert_eq!(ch.comm().context().device().ordinal(), rank as i32);
+///                 let ctx = ch.comm().context();
+///                 let send = DeviceBuffer::from_slice(ctx, &[101, 102])?;
+///                 let mut recv = DeviceBuffer::zeroed(ctx, 4)?;
+///                 ch.comm().all_gather(&send, &mut recv, ch.stream())?;
+///                 ch.stream().synchronize()?;
+///                 Ok(recv.to_vec()?)
+///             })
+///         })
+///         .collect();
+///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+/// })?;
+/// assert_eq!(gathered, [[101, 102, 101, 102], [101, 102, 101, 102]]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct ChannelBuilder {
     world: Option<World>,
@@ -185,6 +269,32 @@ impl ChannelBuilder {
 }
 
 /// A process's communicator with a stream of its own: what IREE calls the default channel.
+///
+/// [`Channel::from_env`] opens it from the launcher's environment (see the crate's
+/// front page); [`ChannelBuilder`] from code. A world of one rank needs no id exchange:
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, DeviceBuffer, mock::MockDriver};
+/// use nccl_channel::{ChannelBuilder, ReduceOp, World};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (nccl, _world) = MockNccl::new(&gpus).build()?;
+/// let ch = ChannelBuilder::new()
+///     .world(World::new(1, 0)?)
+///     .cuda(cuda)
+///     .nccl(Arc::new(nccl))
+///     .build()?
+///     .expect("a world was given");
+/// assert_eq!(ch.id_origin(), "generated (one rank)");
+/// let mut buf = DeviceBuffer::from_slice(ch.comm().context(), &[1.5f64])?;
+/// ch.comm().all_reduce_in_place(&mut buf, ReduceOp::Sum, ch.stream())?;
+/// ch.stream().synchronize()?;
+/// assert_eq!(buf.to_vec()?, [1.5]);
+/// ch.close()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Channel {
     comm: Communicator,
@@ -195,6 +305,17 @@ pub struct Channel {
 
 impl Channel {
     /// The default channel from the environment (`Ok(None)` when no world is configured).
+    ///
+    /// Not run here: it reads the process's environment and needs GPUs and libnccl.
+    ///
+    /// ```no_run
+    /// // NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 ./prog
+    /// match nccl_channel::Channel::from_env()? {
+    ///     Some(ch) => println!("rank {} of {}, id {}", ch.world().rank, ch.world().size, ch.id_origin()),
+    ///     None => println!("no world configured: running alone, NCCL not loaded"),
+    /// }
+    /// # Ok::<(), nccl_channel::Error>(())
+    /// ```
     pub fn from_env() -> Result<Option<Channel>> {
         ChannelBuilder::new().build()
     }

@@ -170,6 +170,38 @@ impl Communicator {
     }
 
     /// `recv = op(send of every rank)`; `send` and `recv` have the same length.
+    ///
+    /// ```
+    /// use nccl_channel::{ReduceOp, group};
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 20])?,
+    /// ];
+    /// let mut recv = [DeviceBuffer::zeroed(&ctxs[0], 2)?, DeviceBuffer::zeroed(&ctxs[1], 2)?];
+    /// group(&nccl, || {
+    ///     for r in 0..2 {
+    ///         comms[r].all_reduce(&send[r], &mut recv[r], ReduceOp::Sum, &streams[r])?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// for r in 0..2 {
+    ///     streams[r].synchronize()?;
+    ///     assert_eq!(recv[r].to_vec()?, [11, 22]);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclAllReduce")]
     pub fn all_reduce<T: NcclType>(
         &self,
@@ -228,6 +260,38 @@ impl Communicator {
     }
 
     /// `recv = concat(send of rank 0, …, send of rank n-1)`; `recv.len() == n * send.len()`.
+    ///
+    /// ```
+    /// use nccl_channel::group;
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 20])?,
+    /// ];
+    /// let mut recv = [DeviceBuffer::zeroed(&ctxs[0], 4)?, DeviceBuffer::zeroed(&ctxs[1], 4)?];
+    /// group(&nccl, || {
+    ///     for r in 0..2 {
+    ///         comms[r].all_gather(&send[r], &mut recv[r], &streams[r])?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// for r in 0..2 {
+    ///     streams[r].synchronize()?;
+    ///     assert_eq!(recv[r].to_vec()?, [1, 2, 10, 20]);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclAllGather")]
     pub fn all_gather<T: NcclType>(
         &self,
@@ -244,6 +308,38 @@ impl Communicator {
     }
 
     /// All-gather in place: this rank's part is `buf[rank * n / size ..][.. n / size]`.
+    ///
+    /// ```
+    /// use nccl_channel::group;
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// // Each rank writes its own part, at rank * 2; the rest is filled in.
+    /// let mut bufs = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2, 0, 0])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[0, 0, 10, 20])?,
+    /// ];
+    /// group(&nccl, || {
+    ///     for r in 0..2 {
+    ///         comms[r].all_gather_in_place(&mut bufs[r], &streams[r])?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// for r in 0..2 {
+    ///     streams[r].synchronize()?;
+    ///     assert_eq!(bufs[r].to_vec()?, [1, 2, 10, 20]);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn all_gather_in_place<T: NcclType>(
         &self,
         buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
@@ -275,6 +371,38 @@ impl Communicator {
 
     /// Rank `r` gets `op` over every rank's `send[r * m ..][.. m]`, `m = recv.len()`;
     /// `send.len() == n * recv.len()`.
+    ///
+    /// ```
+    /// use nccl_channel::{ReduceOp, group};
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2, 3, 4])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 20, 30, 40])?,
+    /// ];
+    /// let mut recv = [DeviceBuffer::zeroed(&ctxs[0], 2)?, DeviceBuffer::zeroed(&ctxs[1], 2)?];
+    /// group(&nccl, || {
+    ///     for r in 0..2 {
+    ///         comms[r].reduce_scatter(&send[r], &mut recv[r], ReduceOp::Sum, &streams[r])?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// streams[0].synchronize()?;
+    /// streams[1].synchronize()?;
+    /// assert_eq!(recv[0].to_vec()?, [11, 22]); // the sums of elements 0 and 1
+    /// assert_eq!(recv[1].to_vec()?, [33, 44]); // the sums of elements 2 and 3
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclReduceScatter")]
     pub fn reduce_scatter<T: NcclType>(
         &self,
@@ -335,6 +463,33 @@ impl Communicator {
 
     /// Copies `root`'s `send` into every rank's `recv`. Only the root passes `send`
     /// (same length as `recv`).
+    ///
+    /// ```
+    /// use nccl_channel::group;
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let src = DeviceBuffer::from_slice(&ctxs[0], &[7, 8, 9])?;
+    /// let mut recv = [DeviceBuffer::zeroed(&ctxs[0], 3)?, DeviceBuffer::zeroed(&ctxs[1], 3)?];
+    /// group(&nccl, || {
+    ///     comms[0].broadcast(Some(src.as_view()), &mut recv[0], 0, &streams[0])?; // the root
+    ///     comms[1].broadcast(None, &mut recv[1], 0, &streams[1])
+    /// })?;
+    /// for r in 0..2 {
+    ///     streams[r].synchronize()?;
+    ///     assert_eq!(recv[r].to_vec()?, [7, 8, 9]);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclBroadcast")]
     pub fn broadcast<T: NcclType>(
         &self,
@@ -419,6 +574,34 @@ impl Communicator {
     }
 
     /// `root`'s `recv = op(send of every rank)`. Only the root passes `recv`.
+    ///
+    /// ```
+    /// use nccl_channel::{ReduceOp, group};
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 20])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 2])?,
+    /// ];
+    /// let mut max = DeviceBuffer::zeroed(&ctxs[1], 2)?;
+    /// group(&nccl, || {
+    ///     comms[0].reduce(&send[0], None, ReduceOp::Max, 1, &streams[0])?;
+    ///     comms[1].reduce(&send[1], Some(max.as_view_mut()), ReduceOp::Max, 1, &streams[1]) // the root
+    /// })?;
+    /// streams[1].synchronize()?;
+    /// assert_eq!(max.to_vec()?, [10, 20]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclReduce")]
     pub fn reduce<T: NcclType>(
         &self,
@@ -505,6 +688,40 @@ impl Communicator {
     }
 
     /// Sends `buf` to `peer` (which must call [`recv`](Self::recv) with the same length).
+    ///
+    /// ```
+    /// use nccl_channel::group;
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// // The ranks swap their buffers: sends and receives of one step go in one group.
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 20])?,
+    /// ];
+    /// let mut recv = [DeviceBuffer::<i32>::zeroed(&ctxs[0], 2)?, DeviceBuffer::zeroed(&ctxs[1], 2)?];
+    /// group(&nccl, || {
+    ///     for r in 0..2 {
+    ///         comms[r].send(&send[r], 1 - r, &streams[r])?;
+    ///         comms[r].recv(&mut recv[r], 1 - r, &streams[r])?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// streams[0].synchronize()?;
+    /// streams[1].synchronize()?;
+    /// assert_eq!(recv[0].to_vec()?, [10, 20]);
+    /// assert_eq!(recv[1].to_vec()?, [1, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclSend")]
     pub fn send<T: NcclType>(
         &self,
@@ -519,7 +736,8 @@ impl Communicator {
         self.raw_send::<T>(at(buf), buf.len(), p, stream)
     }
 
-    /// Receives into `buf` from `peer`.
+    /// Receives into `buf` from `peer` (which must call [`send`](Self::send) with the same
+    /// length; see its example).
     #[doc(alias = "ncclRecv")]
     pub fn recv<T: NcclType>(
         &self,
@@ -570,6 +788,38 @@ impl Communicator {
 
     /// Rank `r` gets `send[r * m ..][.. m]` of every rank, in rank order; both buffers hold
     /// `n * m` elements. Native `ncclAlltoAll` on NCCL ≥ 2.28.3, grouped send/recv before.
+    ///
+    /// ```
+    /// use nccl_channel::group;
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2, 3, 4])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 20, 30, 40])?,
+    /// ];
+    /// let mut recv = [DeviceBuffer::zeroed(&ctxs[0], 4)?, DeviceBuffer::zeroed(&ctxs[1], 4)?];
+    /// group(&nccl, || {
+    ///     for r in 0..2 {
+    ///         comms[r].all_to_all(&send[r], &mut recv[r], &streams[r])?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// streams[0].synchronize()?;
+    /// streams[1].synchronize()?;
+    /// assert_eq!(recv[0].to_vec()?, [1, 2, 10, 20]); // every rank's first half
+    /// assert_eq!(recv[1].to_vec()?, [3, 4, 30, 40]); // every rank's second half
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclAlltoAll")]
     pub fn all_to_all<T: NcclType>(
         &self,
@@ -607,6 +857,34 @@ impl Communicator {
 
     /// The root's `recv` gets every rank's `send` in rank order (`n * m` elements). Only the
     /// root passes `recv`. Native `ncclGather` on NCCL ≥ 2.28.3, grouped send/recv before.
+    ///
+    /// ```
+    /// use nccl_channel::group;
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 20])?,
+    /// ];
+    /// let mut all = DeviceBuffer::zeroed(&ctxs[0], 4)?;
+    /// group(&nccl, || {
+    ///     comms[0].gather(&send[0], Some(all.as_view_mut()), 0, &streams[0])?; // the root
+    ///     comms[1].gather(&send[1], None, 0, &streams[1])
+    /// })?;
+    /// streams[0].synchronize()?;
+    /// assert_eq!(all.to_vec()?, [1, 2, 10, 20]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclGather")]
     pub fn gather<T: NcclType>(
         &self,
@@ -651,6 +929,33 @@ impl Communicator {
 
     /// Rank `r` gets the root's `send[r * m ..][.. m]`. Only the root passes `send`
     /// (`n * m` elements). Native `ncclScatter` on NCCL ≥ 2.28.3, grouped send/recv before.
+    ///
+    /// ```
+    /// use nccl_channel::group;
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// let src = DeviceBuffer::from_slice(&ctxs[0], &[1, 2, 10, 20])?;
+    /// let mut recv = [DeviceBuffer::zeroed(&ctxs[0], 2)?, DeviceBuffer::zeroed(&ctxs[1], 2)?];
+    /// group(&nccl, || {
+    ///     comms[0].scatter(Some(src.as_view()), &mut recv[0], 0, &streams[0])?; // the root
+    ///     comms[1].scatter(None, &mut recv[1], 0, &streams[1])
+    /// })?;
+    /// streams[0].synchronize()?;
+    /// streams[1].synchronize()?;
+    /// assert_eq!(recv[0].to_vec()?, [1, 2]);
+    /// assert_eq!(recv[1].to_vec()?, [10, 20]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclScatter")]
     pub fn scatter<T: NcclType>(
         &self,
@@ -694,6 +999,37 @@ impl Communicator {
 
     /// Waits until every rank has reached this point: an all-reduce of one element on
     /// `stream`, then a stream synchronise.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use cuda_hal::{Cuda, Stream, mock::MockDriver};
+    /// use nccl_channel::{Communicator, UniqueId};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let arrived = AtomicUsize::new(0);
+    /// let seen = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..2)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl, arrived) = (&cuda, &nccl, &arrived);
+    ///             s.spawn(move || -> nccl_channel::Result<usize> {
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank(nccl, &ctx, &id, 2, rank)?;
+    ///                 let stream = Stream::new(&ctx)?;
+    ///                 arrived.fetch_add(1, Ordering::SeqCst);
+    ///                 comm.barrier(&stream)?;
+    ///                 Ok(arrived.load(Ordering::SeqCst)) // both have arrived by now
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(seen, [2, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         let order = self.check_stream("barrier", stream)?;
         let scratch = self.scratch()?;

@@ -234,6 +234,40 @@ impl Drop for CommShared {
 /// system, remote, internal, CUDA or timeout error aborts it at once. Work that is not
 /// launched yet (an open group) or can be launched again (a captured graph) keeps the
 /// NCCL communicator alive past the drop; a graph refuses to launch once it was aborted.
+///
+/// A rank per thread or process joins with [`init_rank`](Self::init_rank) (the crate's
+/// quick start); one thread driving every local device makes them all with
+/// [`init_all`](Self::init_all) and launches their parts of a collective in one
+/// [`group`](crate::group), since each rank's part waits for the others':
+///
+/// ```
+/// use std::sync::Arc;
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use nccl_channel::{Communicator, ReduceOp, group};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (nccl, _world) = MockNccl::new(&gpus).build()?;
+/// let nccl = Arc::new(nccl);
+/// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+/// let comms = Communicator::init_all(&nccl, &ctxs)?;
+/// let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// let mut bufs = [
+///     DeviceBuffer::from_slice(&ctxs[0], &[1.0f32, 2.0])?,
+///     DeviceBuffer::from_slice(&ctxs[1], &[10.0f32, 20.0])?,
+/// ];
+/// group(&nccl, || {
+///     for ((comm, buf), stream) in comms.iter().zip(&mut bufs).zip(&streams) {
+///         comm.all_reduce_in_place(buf, ReduceOp::Sum, stream)?;
+///     }
+///     Ok(())
+/// })?;
+/// for (buf, stream) in bufs.iter().zip(&streams) {
+///     stream.synchronize()?;
+///     assert_eq!(buf.to_vec()?, [11.0, 22.0]);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Communicator {
     /// Dropped first: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
@@ -276,6 +310,36 @@ fn world_args(what: &'static str, size: usize, rank: usize) -> Result<(c_int, c_
 impl Communicator {
     /// Joins the communicator `id` as `rank` of `size`, on `ctx`'s device (blocking until
     /// every rank has joined).
+    ///
+    /// Every rank passes the same id, which rank 0 made with [`UniqueId::generate`] and
+    /// shared (as bytes, hex, a file or a [`Rendezvous`](crate::Rendezvous)). Each rank
+    /// calls it from its own thread or process: the call returns once all have come.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::{Communicator, UniqueId};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let joined = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..3)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl) = (&cuda, &nccl);
+    ///             s.spawn(move || -> nccl_channel::Result<(usize, usize)> {
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank(nccl, &ctx, &id, 3, rank)?;
+    ///                 Ok((comm.rank(), comm.size()))
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(joined, [(0, 3), (1, 3), (2, 3)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommInitRank")]
     pub fn init_rank(
         nccl: &Arc<Nccl>,
@@ -299,6 +363,28 @@ impl Communicator {
     /// [`Error::InvalidArgument`], both before anything is created. Non-blocking: waits
     /// for the other ranks at most the config's timeout, then aborts and returns
     /// [`Error::Timeout`] (a peer that never joins is an error, not a hang).
+    ///
+    /// Rank 1 never comes:
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let config = CommConfig::non_blocking(Duration::from_millis(200));
+    /// let e = Communicator::init_rank_with(&nccl, &ctx, &id, 2, 0, &config).unwrap_err();
+    /// assert_eq!(
+    ///     e,
+    ///     Error::Timeout { what: "ncclCommInitRankConfig".into(), after: Duration::from_millis(200) }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommInitRankConfig")]
     pub fn init_rank_with(
         nccl: &Arc<Nccl>,
@@ -349,6 +435,23 @@ impl Communicator {
     /// of every rank in one group), and split or shrink them together with
     /// [`split_all`](Self::split_all) and [`shrink_all`](Self::shrink_all), which make
     /// their own group: [`split`](Self::split) of one rank would wait for the others.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::Communicator;
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(4))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// // Devices 3 and 1, in that order: rank i is on contexts[i]'s device.
+    /// let ctxs = [cuda.device(3)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// let ranks: Vec<_> = comms.iter().map(|c| (c.rank(), c.size())).collect();
+    /// assert_eq!(ranks, [(0, 2), (1, 2)]);
+    /// assert!(comms[0].context() == &ctxs[0] && comms[1].context() == &ctxs[1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommInitAll")]
     pub fn init_all(nccl: &Arc<Nccl>, contexts: &[Context]) -> Result<Vec<Communicator>> {
         if contexts.is_empty() {
@@ -383,6 +486,29 @@ impl Communicator {
 
     /// Takes ownership of a raw, blocking communicator of `ctx`'s device. Checks its
     /// device, reads its rank and size. On error the handle is destroyed.
+    ///
+    /// For a handle made through the raw table ([`nccl_sys`]) or handed over by other code:
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::Communicator;
+    /// use nccl_sys::{mock::MockNccl, ncclComm_t, ncclResult_t};
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let mut raw: ncclComm_t = std::ptr::null_mut();
+    /// let devices = [0];
+    /// // SAFETY: room for one handle and one device ordinal.
+    /// let rc = unsafe { (nccl.fns().ncclCommInitAll)(&mut raw, 1, devices.as_ptr()) };
+    /// assert_eq!(rc, ncclResult_t::ncclSuccess);
+    /// // SAFETY: a live, initialised communicator of device 0 (`ctx`'s), made by `nccl`;
+    /// // nothing else owns it (`comm` destroys it).
+    /// let comm = unsafe { Communicator::from_raw(&nccl, &ctx, raw) }?;
+    /// assert_eq!((comm.rank(), comm.size()), (0, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Safety
     /// `raw` must be a live, initialised communicator made by `nccl`, owned by nobody else.
@@ -679,6 +805,25 @@ impl Communicator {
 
     /// Aborts: stops pending work without waiting for peers, and frees the communicator.
     /// Inside an open group the abort happens when the group ends.
+    ///
+    /// The way out of a communicator whose peers may be gone (a blocking
+    /// [`close`](Self::close) would wait for them). From another thread, or while this one
+    /// waits, use an [`AbortHandle`].
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, mock::MockDriver};
+    /// # use nccl_channel::Communicator;
+    /// # use nccl_sys::mock::MockNccl;
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (nccl, world) = MockNccl::new(&gpus).build()?;
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// let mut comms = Communicator::init_all(&Arc::new(nccl), &ctxs)?;
+    /// comms.pop().expect("rank 1").abort()?; // does not wait for rank 0
+    /// comms.pop().expect("rank 0").abort()?;
+    /// assert!(world.live().is_empty()); // the simulated NCCL holds no communicator
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
         if self.shared.in_group() {

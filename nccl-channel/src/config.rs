@@ -14,6 +14,15 @@ use crate::{Error, Result};
 
 /// NCCL's CTA policy (`NCCL_CTA_POLICY_*`), a bit set since NCCL 2.28: combine flags with
 /// `|`. Any value passes through, so flags of a newer NCCL can be given as raw bits.
+///
+/// ```
+/// use nccl_channel::{CommConfig, CtaPolicy};
+/// let policy = CtaPolicy::EFFICIENCY | CtaPolicy::ZERO;
+/// assert!(policy.contains(CtaPolicy::ZERO) && !CtaPolicy::ZERO.contains(policy));
+/// assert_eq!(policy, CtaPolicy(3));
+/// let config = CommConfig::new().cta_policy(policy);
+/// assert_eq!(config.get_cta_policy(), Some(policy));
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(transparent)]
 pub struct CtaPolicy(pub i32);
@@ -47,6 +56,27 @@ impl BitOr for CtaPolicy {
 
 /// Host-side Compute Fabric Transport support (`ncclHostCftMode_t`). Leave
 /// [`CommConfig::host_cft_mode`] unset for the library's default (`ncclHostCftDefault`).
+/// NCCL 2.31.2.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use nccl_channel::{CommConfig, Communicator, HostCftMode, UniqueId};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (nccl, world) = MockNccl::new(&gpus).build()?;
+/// let nccl = Arc::new(nccl);
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let config = CommConfig::new().host_cft_mode(HostCftMode::FALLBACK);
+/// let id = UniqueId::generate(&nccl)?;
+/// let comm = Communicator::init_rank_with(&nccl, &ctx, &id, 1, 0, &config)?;
+/// assert_eq!(comm.config().get_host_cft_mode(), Some(HostCftMode::FALLBACK));
+/// // What the (simulated) NCCL was given: ncclHostCftFallback.
+/// let seen = world.config_of(comm.as_raw()).expect("made with a config");
+/// assert_eq!(seen.raw.hostCftMode, HostCftMode::FALLBACK.0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[doc(alias = "ncclHostCftMode_t")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(transparent)]
@@ -66,7 +96,29 @@ impl HostCftMode {
 
 /// Which host-side NVLS (NVLink SHARP) components are disabled (`ncclNvlsHostMode_t`): a
 /// bit set, combine with `|`. Leave [`CommConfig::nvls_host_mode`] unset for the
-/// library's default (`ncclNvlsHostModeDefault`).
+/// library's default (`ncclNvlsHostModeDefault`). NCCL 2.32.3.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use nccl_channel::{CommConfig, Communicator, Error, NvlsHostMode, UniqueId};
+/// use nccl_sys::{NcclVersion, mock::MockNccl};
+///
+/// let mode = NvlsHostMode::DISABLE_TRANSPORT | NvlsHostMode::DISABLE_SYMMETRIC_MULTIMEM;
+/// assert_eq!(mode, NvlsHostMode(3));
+/// let config = CommConfig::new().nvls_host_mode(mode);
+/// assert_eq!(config.get_nvls_host_mode(), Some(mode));
+///
+/// // An NCCL older than the field refuses the config before anything is created.
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (nccl, _world) = MockNccl::new(&gpus).version(NcclVersion::new(2, 28, 9)).build()?;
+/// let nccl = Arc::new(nccl);
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let id = UniqueId::generate(&nccl)?;
+/// let e = Communicator::init_rank_with(&nccl, &ctx, &id, 1, 0, &config).unwrap_err();
+/// assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[doc(alias = "ncclNvlsHostMode_t")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(transparent)]

@@ -6,6 +6,40 @@ use std::time::Duration;
 use nccl_sys::{LoadError, ncclResult_t};
 
 /// Everything that can go wrong in `nccl-channel`.
+///
+/// Arguments are checked before any NCCL call, and the error says what to fix:
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use nccl_channel::{Communicator, Error, ReduceOp};
+/// use nccl_sys::{mock::MockNccl, ncclResult_t};
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (nccl, world) = MockNccl::new(&gpus).build()?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
+/// let stream = Stream::new(&ctx)?;
+/// let mut buf = DeviceBuffer::from_slice(&ctx, &[1i32, 2])?;
+///
+/// let e = comm.send(&buf, 5, &stream).unwrap_err();
+/// assert_eq!(e, Error::InvalidRank { what: "send", rank: 5, size: 1 });
+/// assert_eq!(e.to_string(), "send: rank 5 is out of range for a communicator of 1 ranks");
+///
+/// // A failure of NCCL itself keeps its status, and NCCL's message and detail. One that
+/// // leaves the communicator in doubt (here an internal error, injected by the simulated
+/// // NCCL) aborts it at once, so nothing waits later on a peer that may be gone.
+/// world.fail_next("ncclAllReduce", ncclResult_t::ncclInternalError);
+/// let e = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream).unwrap_err();
+/// assert!(matches!(
+///     &e,
+///     Error::Nccl { call: "ncclAllReduce", name, .. } if name == "ncclInternalError"
+/// ));
+/// assert!(comm.is_aborted());
+/// let again = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream);
+/// assert_eq!(again, Err(Error::Aborted));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -197,6 +231,24 @@ pub enum Error {
 
 /// Why communicators cannot go together into one grouped split or shrink
 /// ([`Error::GroupedParents`]); indexes are positions in the list given.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use nccl_channel::{Communicator, Error, ParentsProblem};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+/// let comms = Communicator::init_all(&nccl, &ctxs)?;
+/// // Rank 0 twice (rank 1 forgotten): refused before any split is issued.
+/// let e = Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[0], Some(0), 0)]);
+/// let problem = ParentsProblem::Duplicate { first: 0, again: 1 };
+/// assert_eq!(e.err(), Some(Error::GroupedParents { what: "Communicator::split_all", problem }));
+/// assert_eq!(problem.to_string(), "communicator 1 is communicator 0 again");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ParentsProblem {
@@ -258,5 +310,21 @@ fn detail_suffix(detail: &str) -> String {
     }
 }
 
-/// `Result` with [`Error`].
+/// `Result` with [`Error`]. `?` turns the driver's errors ([`cuda_hal::Error`]) and
+/// NCCL's load errors into an [`Error`], so one function can mix both crates:
+///
+/// ```
+/// use cuda_hal::{Cuda, DeviceBuffer, mock::MockDriver};
+/// use nccl_channel::Error;
+///
+/// fn round_trip(cuda: &Cuda, device: usize) -> nccl_channel::Result<Vec<u8>> {
+///     let ctx = cuda.device(device)?.primary_context()?;
+///     let buf = DeviceBuffer::from_slice(&ctx, &[1u8, 2])?;
+///     Ok(buf.to_vec()?)
+/// }
+/// let (cuda, _gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// assert_eq!(round_trip(&cuda, 0)?, [1, 2]);
+/// assert!(matches!(round_trip(&cuda, 3), Err(Error::Cuda(_)))); // no device 3
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;

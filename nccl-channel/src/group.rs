@@ -12,6 +12,37 @@ use crate::{Result, check};
 
 /// An open NCCL group. [`end`](Self::end) closes it and reports its error; dropping it
 /// closes it too, so a failing operation inside never leaves the group open.
+///
+/// One thread driving several ranks needs a group for each collective: each rank's part
+/// waits for the others', and the group launches them together at its end. (The
+/// [`group`] function does the same around a closure.)
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use nccl_channel::{Communicator, Group, ReduceOp};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+/// let comms = Communicator::init_all(&nccl, &ctxs)?;
+/// let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// let mut bufs = [
+///     DeviceBuffer::from_slice(&ctxs[0], &[3u64])?,
+///     DeviceBuffer::from_slice(&ctxs[1], &[5u64])?,
+/// ];
+/// let g = Group::start(&nccl)?;
+/// for r in 0..2 {
+///     comms[r].all_reduce_in_place(&mut bufs[r], ReduceOp::Prod, &streams[r])?;
+/// }
+/// g.end()?; // launches both ranks' parts
+/// for r in 0..2 {
+///     streams[r].synchronize()?;
+///     assert_eq!(bufs[r].to_vec()?, [15]);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use = "a group launches its operations when it ends"]
 pub struct Group<'a> {
     nccl: &'a Nccl,
@@ -68,6 +99,38 @@ impl Drop for Group<'_> {
 }
 
 /// Runs `f` inside a group. The group always ends; `f`'s error wins over the group's.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// # use nccl_sys::mock::MockNccl;
+/// use nccl_channel::{Communicator, Error, group};
+/// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+/// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+/// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// // Two ranks on this thread (`comms`, `ctxs`, `streams`, as in `Group`'s example).
+/// let mut bufs = [
+///     DeviceBuffer::from_slice(&ctxs[0], &[1u8, 0])?,
+///     DeviceBuffer::from_slice(&ctxs[1], &[0u8, 2])?,
+/// ];
+/// let peers = group(&nccl, || {
+///     for r in 0..2 {
+///         comms[r].all_gather_in_place(&mut bufs[r], &streams[r])?;
+///     }
+///     Ok(comms.len()) // the closure's value comes out of the group
+/// })?;
+/// assert_eq!(peers, 2);
+/// streams[1].synchronize()?;
+/// assert_eq!(bufs[1].to_vec()?, [1, 2]);
+///
+/// // An error inside still ends the group, and is the one returned.
+/// let r = group(&nccl, || comms[0].all_gather_in_place(&mut bufs[0], &streams[1]));
+/// // (Rank 0's communicator, rank 1's stream: refused before any NCCL call.)
+/// assert!(matches!(r, Err(Error::WrongDevice { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn group<R>(nccl: &Nccl, f: impl FnOnce() -> Result<R>) -> Result<R> {
     let g = Group::start(nccl)?;
     let r = f();

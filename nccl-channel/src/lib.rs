@@ -29,21 +29,84 @@
 //!   world size of at least 1. Its ranks agree on an id through `NCCL_COMM_ID` when set,
 //!   else through the launcher's [`Rendezvous`] ([`IdSource`]).
 //!
+//! # Quick start
+//!
+//! Two ranks all-gather `[101, 102]`, and each ends with `[101, 102, 101, 102]`. Here the
+//! two GPUs and NCCL are simulated (`cuda_hal::mock` and `nccl_sys::mock`, which the
+//! `mock` feature enables) and each rank is a thread; the data really moves through the simulated
+//! device memory, so this runs anywhere, with no GPU and no libnccl.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+//! use nccl_channel::{Communicator, UniqueId};
+//! use nccl_sys::mock::MockNccl;
+//!
+//! let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+//! let (nccl, _world) = MockNccl::new(&gpus).build()?;
+//! let nccl = Arc::new(nccl);
+//! // Rank 0 makes the id and hands it to the others (here they share memory).
+//! let id = UniqueId::generate(&nccl)?;
+//! let gathered = std::thread::scope(|s| {
+//!     let ranks: Vec<_> = (0..2)
+//!         .map(|rank| {
+//!             let (cuda, nccl) = (&cuda, &nccl);
+//!             s.spawn(move || -> nccl_channel::Result<Vec<i32>> {
+//!                 let ctx = cuda.device(rank)?.primary_context()?;
+//!                 let comm = Communicator::init_rank(nccl, &ctx, &id, 2, rank)?;
+//!                 let stream = Stream::new(&ctx)?;
+//!                 let send = DeviceBuffer::from_slice(&ctx, &[101, 102])?;
+//!                 let mut recv = DeviceBuffer::zeroed(&ctx, 2 * comm.size())?;
+//!                 comm.all_gather(&send, &mut recv, &stream)?;
+//!                 stream.synchronize()?;
+//!                 Ok(recv.to_vec()?)
+//!             })
+//!         })
+//!         .collect();
+//!     ranks
+//!         .into_iter()
+//!         .map(|r| r.join().expect("a rank panicked"))
+//!         .collect::<nccl_channel::Result<Vec<_>>>()
+//! })?;
+//! assert_eq!(gathered, [[101, 102, 101, 102], [101, 102, 101, 102]]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # On real GPUs
+//!
+//! Each rank is a process, started by a launcher; [`Channel::from_env`] reads the world
+//! from the launcher's variables, loads the CUDA driver and libnccl, picks the device of
+//! the local rank and agrees on the id with the other ranks. The rank's work is the same
+//! as above. (Not run here: it needs GPUs, libnccl and a launcher.)
+//!
 //! ```no_run
-//! use nccl_channel::{Channel, ReduceOp};
+//! use nccl_channel::Channel;
 //! use cuda_hal::DeviceBuffer;
-//! // NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 ...
-//! // or under a launcher, with nothing added: torchrun --nproc-per-node 2 ..., srun -n 2 ...
+//! // torchrun --nproc-per-node 2 ./prog, srun -n 2 ./prog, mpirun -n 2 ./prog, or by hand:
+//! // NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 ./prog (and 1)
 //! if let Some(ch) = Channel::from_env()? {
 //!     let ctx = ch.comm().context();
 //!     let send = DeviceBuffer::from_slice(ctx, &[101i32, 102])?;
-//!     let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2 * ch.comm().size())?;
+//!     let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2 * ch.comm().size())?;
 //!     ch.comm().all_gather(&send, &mut recv, ch.stream())?;
 //!     ch.stream().synchronize()?;
-//!     println!("{:?}", recv.to_vec()?);
+//!     assert_eq!(recv.to_vec()?, [101, 102].repeat(ch.comm().size()));
+//!     ch.close()?;
 //! }
 //! # Ok::<(), nccl_channel::Error>(())
 //! ```
+//!
+//! The same program can be tested without GPUs by building its channel from code:
+//! [`ChannelBuilder`] takes a [`World`], a simulated [`cuda_hal::Cuda`] and NCCL, and an
+//! [`IdSource`] (see [`Channel`]'s example).
+//!
+//! # Features
+//!
+//! * `mock`: the simulated driver and NCCL (`cuda_hal::mock`, `nccl_sys::mock`), for
+//!   tests without a GPU. The examples here run on them.
+//! * `half`: [`half::f16`](https://docs.rs/half) and `half::bf16` as [`NcclType`]s.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// Calls an NCCL table entry and checks its status; the error names the entry, so no call
 /// site spells a C name by hand. Use inside `unsafe`: `unsafe { nccl_call!(nccl, ncclX(..)) }`.

@@ -19,7 +19,6 @@ use crate::{Communicator, Error, Result};
 /// is uninitialised.
 ///
 /// ```
-/// # #[cfg(feature = "mock")] {
 /// use std::sync::Arc;
 /// use cuda_hal::{Cuda, mock::MockDriver};
 /// use nccl_sys::mock::MockNccl;
@@ -30,7 +29,6 @@ use crate::{Communicator, Error, Result};
 /// let mut buf = nccl_channel::alloc_nccl::<f32>(&Arc::new(nccl), &ctx, 4)?;
 /// buf.copy_from_host(&[1.0, 2.0, 3.0, 4.0])?;
 /// assert_eq!(buf.to_vec()?, [1.0, 2.0, 3.0, 4.0]);
-/// # }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[doc(alias = "ncclMemAlloc")]

@@ -109,7 +109,6 @@ impl Communicator {
     /// the pool keeps. Plain memory where the loaded NCCL has no NCCL memory (< 2.19).
     ///
     /// ```
-    /// # #[cfg(feature = "mock")] {
     /// # use std::sync::Arc;
     /// # use cuda_hal::{Cuda, mock::MockDriver};
     /// # use nccl_sys::mock::MockNccl;
@@ -125,7 +124,6 @@ impl Communicator {
     ///     comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
     /// }
     /// assert_eq!(comm.pooled_buffers(), 1);
-    /// # }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn buffer<T: NcclType>(&self, len: usize) -> Result<PooledBuffer<'_, T>> {
@@ -256,6 +254,41 @@ impl Communicator {
 /// A buffer from [`Communicator::buffer`]: a [`DeviceBuffer`] (through `Deref`) of NCCL
 /// memory, given back to the pool on drop. It borrows the communicator, whose
 /// registration it may use.
+///
+/// It registers itself when a collective that gains from registration (all-gather,
+/// all-to-all, send/receive) first uses at least [`REGISTER_FROM`] bytes of it, and
+/// stays registered in the pool; a buffer only all-reduced or broadcast does not.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, Stream, mock::MockDriver};
+/// use nccl_channel::{Communicator, REGISTER_FROM, ReduceOp};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (nccl, world) = MockNccl::new(&gpus).build()?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
+/// let stream = Stream::new(&ctx)?;
+/// let n = REGISTER_FROM / size_of::<f32>(); // 1 MiB of f32
+///
+/// let mut grads = comm.buffer::<f32>(n)?;
+/// grads.fill(0.5)?;
+/// comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
+/// assert!(!grads.is_registered()); // all-reduce gains nothing from it
+///
+/// let mut gathered = comm.buffer::<f32>(n)?; // a second buffer: `grads` is still out
+/// comm.all_gather(&grads, &mut gathered, &stream)?;
+/// assert!(gathered.is_registered() && grads.is_registered());
+/// stream.synchronize()?;
+/// assert_eq!(gathered.to_vec()?, vec![0.5; n]);
+///
+/// drop((grads, gathered)); // back to the pool, registered
+/// assert_eq!(comm.pooled_buffers(), 2);
+/// assert!(comm.buffer::<f32>(n)?.is_registered()); // handed out again as it was
+/// assert_eq!(world.calls("ncclCommRegister"), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct PooledBuffer<'c, T: NcclType> {
     buf: Option<DeviceBuffer<T>>,
     slot: Arc<Slot>,

@@ -21,24 +21,37 @@ use crate::{Communicator, NcclType, ReduceOp, Result};
 /// tracks raw addresses).
 ///
 /// ```
-/// # #[cfg(feature = "mock")] {
 /// # use std::sync::Arc;
-/// use cuda_hal::DeviceBuffer;
-/// use nccl_channel::{Communicator, ReduceOp};
-/// # let (cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
-/// # let (nccl, _w) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
-/// # let ctx = cuda.device(0)?.primary_context()?;
-/// # let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
-/// let stream = cuda_hal::Stream::new(&ctx)?;
-/// let mut buf = DeviceBuffer::from_slice(&ctx, &[1.0f32, 2.0])?;
-/// let addr = buf.as_raw(); // e.g. from another library
-/// // SAFETY: `buf` holds 2 f32 in the communicator's context and outlives the
-/// // synchronisation below; nothing captures or groups this stream.
-/// unsafe { comm.raw().all_reduce::<f32>(addr, addr, 2, ReduceOp::Sum, &stream)? };
-/// stream.synchronize()?;
-/// assert_eq!(buf.to_vec()?, [1.0, 2.0]); // one rank: the sum of one
-/// # let _ = &mut buf;
-/// # }
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use nccl_channel::{Communicator, ReduceOp, group};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+/// let comms = Communicator::init_all(&nccl, &ctxs)?;
+/// let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// // Memory another library owns; all this code has is its address.
+/// let bufs = [
+///     DeviceBuffer::from_slice(&ctxs[0], &[1.0f32, 2.0])?,
+///     DeviceBuffer::from_slice(&ctxs[1], &[10.0f32, 20.0])?,
+/// ];
+/// let addrs = [bufs[0].as_raw(), bufs[1].as_raw()];
+/// group(&nccl, || {
+///     for r in 0..2 {
+///         // SAFETY: `addrs[r]` is 2 f32 of device memory in the context of `comms[r]`;
+///         // `bufs` keeps it allocated past the group's end and the synchronisation
+///         // below, and nothing else touches it meanwhile; no capture is open.
+///         unsafe {
+///             comms[r].raw().all_reduce::<f32>(addrs[r], addrs[r], 2, ReduceOp::Sum, &streams[r])?
+///         };
+///     }
+///     Ok(())
+/// })?;
+/// for r in 0..2 {
+///     streams[r].synchronize()?;
+///     assert_eq!(bufs[r].to_vec()?, [11.0, 22.0]);
+/// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy)]

@@ -23,6 +23,13 @@ use crate::comm::CommShared;
 use crate::{Communicator, Error, Result};
 
 /// Flags of a window (`NCCL_WIN_*`), combined with `|`.
+///
+/// ```
+/// use nccl_channel::WindowFlags;
+/// let flags = WindowFlags::COLL_SYMMETRIC | WindowFlags::STRICT_ORDERING;
+/// assert_eq!(flags.0, nccl_sys::NCCL_WIN_COLL_SYMMETRIC as i32 | nccl_sys::NCCL_WIN_STRICT_ORDERING as i32);
+/// assert_eq!(WindowFlags::default(), WindowFlags::DEFAULT);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[repr(transparent)]
 pub struct WindowFlags(pub i32);
@@ -273,7 +280,6 @@ impl Communicator {
     /// dropped as usual) and is released on drop, after the work that may use it.
     ///
     /// ```
-    /// # #[cfg(feature = "mock")] {
     /// # use std::sync::Arc;
     /// # use cuda_hal::{Cuda, mock::MockDriver};
     /// # use nccl_sys::mock::MockNccl;
@@ -287,7 +293,6 @@ impl Communicator {
     /// let stream = cuda_hal::Stream::new(&ctx)?;
     /// comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
     /// drop(reg); // waits for the all-reduce, then ncclCommDeregister
-    /// # }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[doc(alias = "ncclCommRegister")]
@@ -332,6 +337,24 @@ impl Communicator {
     /// [`alloc_nccl`](Self::alloc_nccl) (or another cuMem allocation) at a 4096-byte
     /// aligned offset; it reports other memory as an error. Refused inside an open
     /// group, where NCCL would give the window only at the group's end.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::{Communicator, WindowFlags};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))?.remove(0);
+    /// let buf = comm.alloc_nccl::<u8>(8192)?;
+    /// let window = comm.register_window(&buf.slice(4096..)?, WindowFlags::COLL_SYMMETRIC)?;
+    /// assert!(window.is_active());
+    /// assert_eq!((window.device_ptr(), window.size_bytes()), (buf.as_raw() + 4096, 4096));
+    /// window.deregister()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommWindowRegister")]
     #[doc(alias = "ncclCommWindowDeregister")]
     pub fn register_window<S: DeviceSlice + ?Sized>(
@@ -579,6 +602,26 @@ impl Communicator {
 /// A buffer registration of one communicator ([`Communicator::register`]): deregistered
 /// on drop, once the work that may use it is done (later, if a graph or an open group
 /// still holds it). It holds the memory allocated until then.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use nccl_channel::Communicator;
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (nccl, world) = MockNccl::new(&gpus).build()?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
+/// let buf = comm.alloc_nccl::<u32>(64)?;
+/// let reg = comm.register(&buf.slice(16..32)?)?; // a part of a buffer, too
+/// assert_eq!((reg.device_ptr(), reg.size_bytes()), (buf.as_raw() + 64, 64));
+/// drop(buf); // the registration keeps the memory...
+/// assert_eq!(world.calls("ncclMemFree"), 0);
+/// reg.deregister()?; // ...until it is released
+/// assert_eq!((world.calls("ncclCommDeregister"), world.calls("ncclMemFree")), (1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use = "dropping it deregisters the memory at once"]
 pub struct Registration<'c> {
     /// Taken exactly once: by `drop` or by `into_shared`.
@@ -639,6 +682,43 @@ impl Drop for Registration<'_> {
 /// like a [`Registration`]. NCCL may decline a window (no symmetric memory support on
 /// this machine): then it is [`is_active`](Self::is_active)`() == false` and collectives
 /// simply run as without it.
+///
+/// Registering a window is collective; one thread driving several ranks registers all of
+/// theirs at once with [`Communicator::register_windows`]:
+///
+/// ```
+/// # use std::sync::Arc;
+/// use cuda_hal::{Cuda, Stream, mock::MockDriver};
+/// use nccl_channel::{Communicator, ReduceOp, WindowFlags, group};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+/// let comms = Communicator::init_all(&nccl, &ctxs)?;
+/// let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// // Windows need NCCL memory (or another cuMem allocation).
+/// let mut bufs = [comms[0].alloc_nccl::<f32>(1024)?, comms[1].alloc_nccl::<f32>(1024)?];
+/// bufs[0].fill(1.0)?;
+/// bufs[1].fill(2.0)?;
+/// let windows = Communicator::register_windows(
+///     &[(&comms[0], &bufs[0]), (&comms[1], &bufs[1])],
+///     WindowFlags::COLL_SYMMETRIC,
+/// )?;
+/// assert!(windows.iter().all(|w| w.is_active()));
+/// group(&nccl, || {
+///     for r in 0..2 {
+///         comms[r].all_reduce_in_place(&mut bufs[r], ReduceOp::Sum, &streams[r])?;
+///     }
+///     Ok(())
+/// })?;
+/// streams[0].synchronize()?;
+/// assert_eq!(bufs[0].to_vec()?, vec![3.0; 1024]);
+/// for w in windows {
+///     w.deregister()?;
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use = "dropping it deregisters the window at once"]
 pub struct Window<'c>(Registration<'c>);
 

@@ -12,6 +12,44 @@ use crate::{Communicator, Error, Result, check};
 
 /// Aborts a communicator from another thread: the owner's current or next wait stops,
 /// aborts the communicator and returns [`Error::Aborted`]. Cheap to clone.
+///
+/// A watchdog's tool: here rank 1 never joins rank 0's all-reduce, and a watchdog thread
+/// stops rank 0's wait long before its 30 s deadline.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use std::time::Duration;
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId};
+/// use nccl_sys::mock::MockNccl;
+///
+/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+/// let id = UniqueId::generate(&nccl)?;
+/// let config = CommConfig::non_blocking(Duration::from_secs(30));
+/// let join = |rank: usize| -> nccl_channel::Result<(Communicator, Stream)> {
+///     let ctx = cuda.device(rank)?.primary_context()?;
+///     let comm = Communicator::init_rank_with(&nccl, &ctx, &id, 2, rank, &config)?;
+///     Ok((comm, Stream::new(&ctx)?))
+/// };
+/// std::thread::scope(|s| -> nccl_channel::Result<()> {
+///     let peer = s.spawn(|| join(1)); // joins, then never takes part
+///     let (comm, stream) = join(0)?;
+///     let _idle_peer = peer.join().expect("rank 1 panicked")?;
+///
+///     let watchdog = comm.abort_handle();
+///     s.spawn(move || {
+///         std::thread::sleep(Duration::from_millis(100));
+///         watchdog.abort();
+///     });
+///     let mut buf = DeviceBuffer::from_slice(comm.context(), &[1i32])?;
+///     let r = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream);
+///     assert_eq!(r, Err(Error::Aborted));
+///     assert!(comm.is_aborted());
+///     Ok(())
+/// })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct AbortHandle {
     flag: Arc<AtomicBool>,
@@ -91,6 +129,41 @@ impl Communicator {
     /// an error; a dead peer thus gives an error instead of a hang. A stream of another
     /// device or context than the communicator's is refused ([`Error::WrongDevice`],
     /// [`Error::WrongContext`]), as the collectives refuse it.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// use nccl_channel::{CommConfig, Communicator, ReduceOp, UniqueId};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// // Non-blocking, with 10 s for any one wait: a dead peer is an error, not a hang.
+    /// let config = CommConfig::non_blocking(Duration::from_secs(10));
+    /// let sums = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..2)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl, config) = (&cuda, &nccl, &config);
+    ///             s.spawn(move || -> nccl_channel::Result<Vec<u64>> {
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank_with(nccl, &ctx, &id, 2, rank, config)?;
+    ///                 let stream = Stream::new(&ctx)?;
+    ///                 let mut buf = DeviceBuffer::from_slice(&ctx, &[rank as u64 + 1; 3])?;
+    ///                 comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
+    ///                 comm.wait(&stream)?; // instead of stream.synchronize()
+    ///                 let sum = buf.to_vec()?;
+    ///                 comm.close()?;
+    ///                 Ok(sum)
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(sums, [[3, 3, 3], [3, 3, 3]]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait(&self, stream: &Stream) -> Result<()> {
         let raw = self.handle()?;
         self.same_context("Communicator::wait", "stream", stream.context())?;

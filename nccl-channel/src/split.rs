@@ -353,6 +353,36 @@ impl Communicator {
     /// local ranks driven from one thread split together with
     /// [`split_all`](Self::split_all); inside an open group this returns
     /// [`Error::SplitInGroup`].
+    ///
+    /// Ranks 0 and 1 of three form a communicator of their own; rank 2 opts out:
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::{Communicator, UniqueId};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let children = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..3)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl) = (&cuda, &nccl);
+    ///             s.spawn(move || -> nccl_channel::Result<Option<(usize, usize)>> {
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank(nccl, &ctx, &id, 3, rank)?;
+    ///                 let color = (rank < 2).then_some(7);
+    ///                 let child = comm.split(color, 0)?;
+    ///                 Ok(child.map(|c| (c.rank(), c.size())))
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(children, [Some((0, 2)), Some((1, 2)), None]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommSplit")]
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
         self.split_one(color, key, None)
@@ -363,6 +393,24 @@ impl Communicator {
     /// It must keep this communicator's blocking mode (else [`Error::InvalidArgument`]):
     /// NCCL completes a split as its parent's work. Its fields are checked against the
     /// loaded NCCL as [`init_rank_with`](Self::init_rank_with) does, before the split.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::{CommConfig, Communicator};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let (nccl, world) = MockNccl::new(&gpus).build()?;
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
+    /// let config = CommConfig::new().comm_name("experts").max_ctas(4);
+    /// let child = comm.split_with(Some(0), 0, &config)?.expect("a color was given");
+    /// assert_eq!(child.config().get_comm_name(), Some("experts"));
+    /// let seen = world.config_of(child.as_raw()).expect("split with a config");
+    /// assert_eq!((seen.comm_name.as_deref(), seen.raw.maxCTAs), (Some("experts"), 4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommSplit")]
     pub fn split_with(
         &self,
@@ -510,6 +558,44 @@ impl Communicator {
     /// non-blocking shrink waits as [`split`](Self::split) does. Several local ranks
     /// driven from one thread shrink together with [`shrink_all`](Self::shrink_all);
     /// inside an open group this returns [`Error::SplitInGroup`].
+    ///
+    /// Rank 1 of three dies; the others carry on as ranks 0 and 1 of two:
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// use nccl_channel::{Communicator, ReduceOp, UniqueId};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let survivors = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..3)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl) = (&cuda, &nccl);
+    ///             s.spawn(move || -> nccl_channel::Result<Option<(usize, usize, Vec<i32>)>> {
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank(nccl, &ctx, &id, 3, rank)?;
+    ///                 if rank == 1 {
+    ///                     comm.abort()?; // lost
+    ///                     return Ok(None);
+    ///                 }
+    ///                 let small = comm.shrink(&[1])?;
+    ///                 let stream = Stream::new(&ctx)?;
+    ///                 let mut buf = DeviceBuffer::from_slice(&ctx, &[rank as i32])?;
+    ///                 small.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
+    ///                 stream.synchronize()?;
+    ///                 Ok(Some((small.rank(), small.size(), buf.to_vec()?)))
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// // Old ranks 0 and 2 are ranks 0 and 1 now, and sum 0 + 2.
+    /// assert_eq!(survivors, [Some((0, 2, vec![2])), None, Some((1, 2, vec![2]))]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclCommShrink")]
     pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
         self.handle()?;

@@ -11,6 +11,33 @@ use nccl_sys::{Nccl, ncclUniqueId};
 use crate::{Error, Result};
 
 /// The 128 bytes that let ranks find each other (`ncclUniqueId`).
+///
+/// Rank 0 makes one ([`generate`](Self::generate)) and every rank passes it to
+/// [`Communicator::init_rank`](crate::Communicator::init_rank); how it travels is the
+/// program's choice: as bytes ([`as_bytes`](Self::as_bytes), `UniqueId(bytes)`), as 256
+/// hex digits (`Display`, `FromStr`: fits an environment variable or a command line),
+/// through a file ([`exchange_via_file`](Self::exchange_via_file)), or over TCP
+/// ([`Rendezvous`](crate::Rendezvous)).
+///
+/// ```
+/// use nccl_channel::{Error, UniqueId};
+/// # let (_cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (nccl, _world) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
+/// let id = UniqueId::generate(&nccl)?; // on rank 0 (`nccl`: a simulated NCCL here)
+///
+/// let hex = id.to_string();
+/// assert_eq!(hex.len(), 256);
+/// assert_eq!(hex.parse::<UniqueId>()?, id);
+/// let bytes: [u8; 128] = *id.as_bytes();
+/// assert_eq!(UniqueId(bytes), id);
+///
+/// assert_eq!(UniqueId([0xab; 128]).to_string(), "ab".repeat(128));
+/// assert_eq!(
+///     "not hex".parse::<UniqueId>(),
+///     Err(Error::UniqueId("expected 256 hex digits, got 7 characters".into()))
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UniqueId(pub [u8; 128]);
 
@@ -106,6 +133,29 @@ impl UniqueId {
     /// Exchanges an id through a file on a shared file system: rank 0 generates one and
     /// writes it atomically (write + rename); the other ranks wait for the file, up to
     /// `timeout`. Remove the file before a new run, or use a fresh path per run.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nccl_channel::UniqueId;
+    /// # let (_cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (nccl, _world) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
+    /// // A fresh path for this run (on a cluster: on a shared file system).
+    /// let path = std::env::temp_dir().join(format!("nccl-id-{}", std::process::id()));
+    /// let ids = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..2)
+    ///         .map(|rank| {
+    ///             let (nccl, path) = (&nccl, &path);
+    ///             s.spawn(move || {
+    ///                 UniqueId::exchange_via_file(nccl, path, rank, Duration::from_secs(30))
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(ids[0], ids[1]);
+    /// std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn exchange_via_file(
         nccl: &Nccl,
         path: &Path,

@@ -3,6 +3,16 @@
 use crate::{Error, Result};
 
 /// One launcher's variables: world size, rank, and (optionally) local rank.
+///
+/// [`ENV_FAMILIES`] lists them in the order [`World::from_env`] tries them:
+///
+/// ```
+/// use nccl_channel::ENV_FAMILIES;
+/// let torchrun = ENV_FAMILIES.iter().find(|f| f.launcher == "torchrun").expect("listed");
+/// assert_eq!((torchrun.size, torchrun.rank, torchrun.local_rank), ("WORLD_SIZE", "RANK", Some("LOCAL_RANK")));
+/// let order: Vec<_> = ENV_FAMILIES.iter().map(|f| f.launcher).collect();
+/// assert_eq!(order, ["nccl-channel", "IREE", "torchrun", "Open MPI", "PMI", "Slurm"]);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EnvFamily {
     /// Who sets these variables.
@@ -62,6 +72,24 @@ pub const ENV_FAMILIES: &[EnvFamily] = &[
 /// (by default `NCCL_COMM_ID`, else the launcher's rendezvous, which
 /// [`Rendezvous::from_env`] derives from this world's [`source`](World::source) and the
 /// launcher's other variables).
+///
+/// ```
+/// use nccl_channel::World;
+/// // From code: rank 2 of 4, on this node's device 0.
+/// let w = World::new(4, 2)?.with_local_rank(0);
+/// assert_eq!((w.size, w.rank, w.default_device(), w.source), (4, 2, 0, "code"));
+///
+/// // From a launcher's variables, here torchrun's given as a list (`World::from_env`
+/// // reads the process's own).
+/// let env = [("WORLD_SIZE", "8"), ("RANK", "5"), ("LOCAL_RANK", "1")];
+/// let lookup = |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+/// let w = World::from_lookup(lookup)?.expect("torchrun's variables are set");
+/// assert_eq!(w, World { size: 8, rank: 5, local_rank: Some(1), source: "torchrun" });
+///
+/// // Nothing set: no world, so no NCCL needed.
+/// assert_eq!(World::from_lookup(|_| None)?, None);
+/// # Ok::<(), nccl_channel::Error>(())
+/// ```
 ///
 /// [`IdSource`]: crate::IdSource
 /// [`Rendezvous::from_env`]: crate::Rendezvous::from_env

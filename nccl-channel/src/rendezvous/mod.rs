@@ -26,6 +26,15 @@ pub use derive::{PORT_BASE, PORT_SPAN};
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Who serves the id at a [`Rendezvous`]'s address.
+///
+/// ```
+/// use nccl_channel::{Rendezvous, RendezvousKind};
+/// // Naming an address connects to nothing yet.
+/// let store = Rendezvous::torch_store("127.0.0.1:29500")?;
+/// assert_eq!(store.kind(), RendezvousKind::TorchStore);
+/// assert_eq!(Rendezvous::tcp("node1:29500")?.kind(), RendezvousKind::RankZero);
+/// # Ok::<(), nccl_channel::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RendezvousKind {
@@ -71,7 +80,6 @@ pub enum RendezvousKind {
 /// jobs apart; it is no secret. Use it on a network you trust.
 ///
 /// ```
-/// # #[cfg(feature = "mock")] {
 /// use std::time::Duration;
 /// use nccl_channel::{Rendezvous, UniqueId};
 /// # let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -86,7 +94,6 @@ pub enum RendezvousKind {
 ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, _>>()
 /// })?;
 /// assert_eq!(ids, vec![UniqueId([7; 128]); 3]);
-/// # }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,6 +262,37 @@ impl Rendezvous {
     /// Agrees on a unique id with the other ranks: rank 0 generates one with
     /// `ncclGetUniqueId` and hands it over; the others receive it. One rank: a fresh id,
     /// no network.
+    ///
+    /// Two ranks, one thread each, agree on an id over loopback and join with it:
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use nccl_channel::{Communicator, Rendezvous};
+    /// use nccl_sys::mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    /// let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?.timeout(Duration::from_secs(30));
+    /// let joined = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..2)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl, rdv) = (&cuda, &nccl, &rdv);
+    ///             s.spawn(move || -> nccl_channel::Result<(usize, usize)> {
+    ///                 let id = rdv.exchange(nccl, rank, 2)?; // rank 0 serves, rank 1 fetches
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank(nccl, &ctx, &id, 2, rank)?;
+    ///                 Ok((comm.rank(), comm.size()))
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(joined, [(0, 2), (1, 2)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[doc(alias = "ncclGetUniqueId")]
     pub fn exchange(&self, nccl: &Nccl, rank: usize, size: usize) -> Result<UniqueId> {
         self.exchange_with(rank, size, || UniqueId::generate(nccl))
