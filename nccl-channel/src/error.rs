@@ -24,7 +24,7 @@ use nccl_sys::{LoadError, ncclResult_t};
 ///
 /// let e = comm.send(&buf, 5, &stream).unwrap_err();
 /// assert_eq!(e, Error::InvalidRank { what: "send", rank: 5, size: 1 });
-/// assert_eq!(e.to_string(), "send: rank 5 is out of range for a communicator of 1 ranks");
+/// assert_eq!(e.to_string(), "send: rank 5 is out of range for a communicator of 1 rank");
 ///
 /// // A failure of NCCL itself keeps its status, and NCCL's message and detail. One that
 /// // leaves the communicator in doubt (here an internal error, injected by the simulated
@@ -89,7 +89,10 @@ pub enum Error {
         comm_id: String,
     },
     /// A rank, root or peer is out of range.
-    #[error("{what}: rank {rank} is out of range for a communicator of {size} ranks")]
+    #[error(
+        "{what}: rank {rank} is out of range for a communicator of {size} rank{}",
+        if *size == 1 { "" } else { "s" }
+    )]
     InvalidRank {
         /// The operation and the argument.
         what: &'static str,
