@@ -37,7 +37,11 @@ pub unsafe trait KernelArg {
 }
 
 macro_rules! scalar_arg {
-    ($($t:ty),*) => { $(
+    ($attrs:tt => $($t:ty),*) => { $(
+        scalar_arg!(@one $attrs $t);
+    )* };
+    (@one [$(#[$attr:meta])*] $t:ty) => {
+        $(#[$attr])*
         // SAFETY: a number, not an address.
         unsafe impl KernelArg for $t {
             type Raw = $t;
@@ -46,12 +50,13 @@ macro_rules! scalar_arg {
                 Ok(*self)
             }
         }
-    )* };
+    };
 }
-scalar_arg!(i8, u8, i16, u16, i32, u32, i64, u64, f32, f64);
+scalar_arg!([] => i8, u8, i16, u16, i32, u32, i64, u64, f32, f64);
 
+// The badge on docs.rs: the expanded impls do not carry the invocation's `cfg`.
 #[cfg(feature = "half")]
-scalar_arg!(half::f16, half::bf16);
+scalar_arg!([#[cfg_attr(docsrs, doc(cfg(feature = "half")))]] => half::f16, half::bf16);
 
 /// A value of a plain-data type passed by value (a struct the kernel takes as one
 /// parameter). Its layout must match the kernel's: `#[repr(C)]` with the same fields.

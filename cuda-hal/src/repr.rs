@@ -8,12 +8,17 @@
 pub unsafe trait DeviceRepr: Copy + Send + Sync + 'static {}
 
 macro_rules! device_repr {
-    ($($t:ty),*) => { $(
+    ($attrs:tt => $($t:ty),*) => { $(
+        device_repr!(@one $attrs $t);
+    )* };
+    (@one [$(#[$attr:meta])*] $t:ty) => {
+        $(#[$attr])*
         // SAFETY: a primitive number: no padding, every bit pattern valid.
         unsafe impl DeviceRepr for $t {}
-    )* };
+    };
 }
-device_repr!(i8, u8, i16, u16, i32, u32, i64, u64, f32, f64, isize, usize);
+device_repr!([] => i8, u8, i16, u16, i32, u32, i64, u64, f32, f64, isize, usize);
 
+// The badge on docs.rs: the expanded impls do not carry the invocation's `cfg`.
 #[cfg(feature = "half")]
-device_repr!(half::f16, half::bf16);
+device_repr!([#[cfg_attr(docsrs, doc(cfg(feature = "half")))]] => half::f16, half::bf16);

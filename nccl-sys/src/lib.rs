@@ -21,6 +21,8 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[allow(
     non_camel_case_types,
     non_snake_case,
