@@ -2,6 +2,29 @@
 
 /// Plain data that can be copied to and from a device byte for byte.
 ///
+/// Implemented for the primitive numbers (and `half::f16` / `half::bf16` with the `half`
+/// feature); a `#[repr(C)]` struct of them without padding can implement it too:
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, DeviceRepr};
+///
+/// #[repr(C)]
+/// #[derive(Clone, Copy, Debug, PartialEq)]
+/// struct Point {
+///     x: f32,
+///     y: f32,
+/// }
+/// // SAFETY: two `f32`s, no padding, no pointers; every bit pattern is a valid `Point`.
+/// unsafe impl DeviceRepr for Point {}
+///
+/// # let (cuda, _world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let points = DeviceBuffer::from_slice(&ctx, &[Point { x: 1.0, y: 2.0 }])?;
+/// assert_eq!(points.size_bytes(), 8);
+/// assert_eq!(points.to_vec()?, [Point { x: 1.0, y: 2.0 }]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
+///
 /// # Safety
 /// Implementors must be `Copy`, have no padding and no pointers, and every bit pattern
 /// must be a valid value (device memory may hold anything, e.g. after an allocation).
