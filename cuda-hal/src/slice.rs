@@ -48,7 +48,6 @@ use crate::{Context, Device, DeviceRepr, KeepAlive, Result, Stream};
 /// // SAFETY: the memory is writable, and `&mut Tensor` is its only writer.
 /// unsafe impl cuda_hal::DeviceSliceMut for Tensor {}
 ///
-/// # #[cfg(feature = "mock")] {
 /// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let mut t = Tensor { data: DeviceBuffer::zeroed(&ctx, 6)?, shape: vec![2, 3] };
@@ -57,7 +56,6 @@ use crate::{Context, Device, DeviceRepr, KeepAlive, Result, Stream};
 /// let mut rows = cuda_hal::DeviceViewMut::new(&mut t).split_at_mut(3)?;
 /// rows.1.copy_from(&src)?;
 /// assert_eq!(t.data.to_vec()?, [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
-/// # }
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 ///
