@@ -135,8 +135,15 @@
 //! follow the same rules; the compiler keeps a view from outliving its buffer. The [`mock`] driver checks all of this when work executes: a freed,
 //! out-of-bounds or foreign address, and a stream-ordered free not ordered after the work
 //! that used the memory, are reported as violations naming the call.
+//!
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Without the feature these are not there: their links go to the published docs.
+#![cfg_attr(
+    not(feature = "mock"),
+    doc = "[`mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/mock/index.html\n\
+           [`Cuda::mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/struct.Cuda.html#method.mock"
+)]
 
 /// Calls a driver-table entry and checks its status; the error names the entry, so no
 /// call site spells a C name by hand. Use inside `unsafe` (the call's contract is the

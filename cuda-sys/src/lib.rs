@@ -56,8 +56,14 @@
 //!
 //! * `mock`: [`mock`], a simulated driver (devices, memory, streams, graphs, kernels
 //!   bound to Rust functions) that doubles as a sanitizer, for tests without a GPU.
+//!
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Without the feature the module is not there: its links go to the published docs.
+#![cfg_attr(
+    not(feature = "mock"),
+    doc = "[`mock`]: https://docs.rs/cuda-dl-sys/latest/cuda_sys/mock/index.html"
+)]
 
 #[allow(
     non_camel_case_types,

@@ -82,8 +82,14 @@
 //!
 //! * `mock`: [`mock`], a simulated NCCL over `cuda-sys`'s simulated driver (and that
 //!   crate's `mock` feature), which checks the lifetimes of asynchronous work.
+//!
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Without the feature the module is not there: its links go to the published docs.
+#![cfg_attr(
+    not(feature = "mock"),
+    doc = "[`mock`]: https://docs.rs/nccl-sys/latest/nccl_sys/mock/index.html"
+)]
 
 #[allow(
     non_camel_case_types,
