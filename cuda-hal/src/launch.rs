@@ -116,14 +116,17 @@ impl Function<'_> {
     /// stream.synchronize()?;
     /// assert_eq!(data.to_vec()?, [3.0, 6.0]);
     ///
-    /// // SAFETY: refused before the driver is called.
+    /// // SAFETY: refused before the driver is called (and the simulated kernel's memory
+    /// // accesses are checked anyway).
     /// let too_few = unsafe { scale.launch(&stream, LaunchConfig::linear(1, 32), (&mut data, 2u64)) };
     /// assert_eq!(too_few, Err(Error::KernelArgumentCount { kernel: "scale".into(), expected: 3, got: 2 }));
     /// // `n` as a u32 where the kernel takes 8 bytes.
-    /// // SAFETY: refused before the driver is called.
+    /// // SAFETY: refused before the driver is called (and the simulated kernel's memory
+    /// // accesses are checked anyway).
     /// let narrow = unsafe { scale.launch(&stream, LaunchConfig::linear(1, 32), (&mut data, 2u32, 3.0f32)) };
     /// assert!(matches!(narrow, Err(Error::KernelArgumentSize { index: 1, expected: 8, got: 4, .. })));
-    /// // SAFETY: refused before the driver is called.
+    /// // SAFETY: refused before the driver is called (and the simulated kernel's memory
+    /// // accesses are checked anyway).
     /// let huge = unsafe { scale.launch(&stream, LaunchConfig::linear(1, 2048), (&mut data, 2u64, 3.0f32)) };
     /// assert!(matches!(huge, Err(Error::InvalidLaunchConfig { .. })));
     /// assert_eq!(world.calls("cuLaunchKernel"), 1);

@@ -130,4 +130,24 @@ pub unsafe trait DeviceSlice: Sync {
 /// # Safety
 /// The memory is writable device memory (not a read-only mapping), and whoever holds
 /// `&mut` of the value may have the device write it.
+///
+/// Generic code that writes device memory takes it (see [`DeviceSlice`] for an
+/// implementation):
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, DeviceSliceMut, DeviceViewMut, Result};
+///
+/// /// Clears whatever device memory of `u32`s it is given.
+/// fn clear<S: DeviceSliceMut<Elem = u32>>(memory: &mut S) -> Result<()> {
+///     DeviceViewMut::new(memory).fill(0)
+/// }
+/// # let (cuda, _world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3, 4])?;
+/// clear(&mut buf.slice_mut(1..3)?)?;
+/// assert_eq!(buf.to_vec()?, [1, 0, 0, 4]);
+/// clear(&mut buf)?;
+/// assert_eq!(buf.to_vec()?, [0; 4]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub unsafe trait DeviceSliceMut: DeviceSlice {}

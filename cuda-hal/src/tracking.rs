@@ -252,7 +252,8 @@ thread_local! {
 ///     let _group = DeferScope::open(); // right after ncclGroupStart
 ///     assert!(DeferScope::is_open());
 ///     let mut tmp = DeviceBuffer::<u8>::zeroed(&ctx, 16)?;
-///     tmp.fill_async(1, &stream)?; // in an NCCL group, work is only recorded here
+///     // Enqueued here; NCCL's grouped calls are only recorded until the group ends.
+///     tmp.fill_async(1, &stream)?;
 ///     drop(tmp);
 ///     assert_eq!(world.live().device_allocations, 1, "held for the group");
 /// } // right after ncclGroupEnd
