@@ -23,6 +23,28 @@ impl Drop for Inner {
 }
 
 /// A device's primary context. Clones share one retain; the last drop releases it.
+///
+/// Everything made in a context (memory, streams, events, modules) holds it, so it is
+/// released only after them:
+///
+/// ```
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, DeviceBuffer};
+///
+/// let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let gpu = cuda.device(0)?;
+/// let ctx = gpu.primary_context()?;
+/// assert_eq!(gpu.primary_context()?, ctx, "one primary context per device");
+/// assert_eq!(ctx.device(), &gpu);
+/// let buf = DeviceBuffer::from_slice(&ctx, &[7u8; 16])?;
+/// ctx.synchronize()?;
+/// drop(ctx);
+/// assert_eq!(world.live().context_retains, 1, "the buffer still holds it");
+/// assert_eq!(buf.to_vec()?, [7; 16]);
+/// drop(buf);
+/// assert_eq!(world.live().context_retains, 0);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<Inner>,
@@ -110,6 +132,33 @@ impl Context {
     /// one current before is current again. Cheap when it is already current (one driver
     /// call, and nothing to undo); otherwise it is pushed on the thread's context stack
     /// and popped by the guard, so the guard never names a context it does not own.
+    ///
+    /// For calls made through the raw table, which act on the current context:
+    ///
+    /// ```
+    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_hal::Cuda;
+    ///
+    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (c0, c1) = (cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?);
+    /// let current = || {
+    ///     let mut ctx = std::ptr::null_mut();
+    ///     // SAFETY: a valid out-pointer.
+    ///     cuda.check(unsafe { (cuda.fns().cuCtxGetCurrent)(&mut ctx) }, "cuCtxGetCurrent")
+    ///         .map(|()| ctx)
+    /// };
+    /// {
+    ///     let _on0 = c0.bind()?;
+    ///     assert_eq!(current()?, c0.as_raw());
+    ///     {
+    ///         let on1 = c1.bind()?;
+    ///         assert_eq!(on1.context(), &c1);
+    ///         assert_eq!(current()?, c1.as_raw());
+    ///     }
+    ///     assert_eq!(current()?, c0.as_raw(), "the guard restored the one before");
+    /// }
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[doc(alias = "cuCtxPushCurrent")]
     #[doc(alias = "cuCtxPopCurrent")]
     pub fn bind(&self) -> Result<CurrentGuard<'_>> {
@@ -151,7 +200,18 @@ impl Context {
 /// Keeps a context current on this thread; the previous one is current again on drop. Not
 /// `Send`: "current" is a property of the thread. Guards dropped out of order leave the
 /// right context current once all are gone; this crate's own calls never rely on a guard
-/// they did not make.
+/// they did not make. See [`Context::bind`] for an example.
+///
+/// ```compile_fail
+/// # let (cuda, _world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let guard = ctx.bind()?;
+/// // "Current" belongs to this thread: the guard cannot be sent to another.
+/// std::thread::scope(|s| {
+///     s.spawn(move || drop(guard));
+/// });
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub struct CurrentGuard<'a> {
     ctx: &'a Context,
     pushed: bool,

@@ -10,6 +10,22 @@ use crate::selector::DeviceSelector;
 use crate::{DeviceUuid, Error, Result};
 
 /// The CUDA driver, loaded once and initialised (`cuInit`). Clones share it.
+///
+/// The way to the devices, by ordinal, UUID, PCI bus id or selector string:
+///
+/// ```
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::Cuda;
+///
+/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2).version(12080))?;
+/// assert_eq!(cuda.version().to_string(), "12.8");
+/// let names: Vec<String> = cuda.devices()?.iter().map(|d| d.name()).collect::<Result<_, _>>()?;
+/// assert_eq!(names, ["Mock GPU 0", "Mock GPU 1"]);
+/// let second = cuda.device(1)?;
+/// assert_eq!(cuda.device_by_uuid(&second.uuid()?)?, second);
+/// assert_eq!(cuda.select(&format!("cuda://{}", second.pci_bus_id()?))?, second);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Cuda {
     inner: Arc<Driver>,
@@ -29,6 +45,21 @@ impl std::fmt::Debug for Cuda {
 impl Cuda {
     /// The process-wide driver: searched for and initialised on the first call (see
     /// [`Driver::load`]); later calls return the same driver, or the same error.
+    ///
+    /// Both answers are typed, so a program can fall back when there is no GPU (this
+    /// runs on machines with and without one):
+    ///
+    /// ```
+    /// use cuda_hal::{Cuda, Error};
+    /// match Cuda::load() {
+    ///     Ok(cuda) => assert!(cuda.version().major() >= 12),
+    ///     // No usable libcuda: every path tried is in the message.
+    ///     Err(Error::Load(e)) => assert!(!e.to_string().is_empty()),
+    ///     // A driver without a device: `cuInit` says why.
+    ///     Err(Error::Driver { call, .. }) => assert_eq!(call, "cuInit"),
+    ///     Err(e) => panic!("unexpected: {e}"),
+    /// }
+    /// ```
     #[doc(alias = "cuInit")]
     pub fn load() -> Result<Cuda> {
         static SHARED: OnceLock<Result<Cuda>> = OnceLock::new();
@@ -38,6 +69,16 @@ impl Cuda {
     }
 
     /// Initialises a driver loaded some other way (a path, a mock) with `cuInit(0)`.
+    ///
+    /// ```
+    /// use cuda_hal::cuda_sys::mock::MockDriver;
+    /// use cuda_hal::Cuda;
+    /// let (driver, world) = MockDriver::with_devices(1).build()?;
+    /// let cuda = Cuda::from_driver(driver)?;
+    /// assert_eq!(cuda.driver().origin(), "mock driver");
+    /// assert_eq!(world.calls("cuInit"), 1);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn from_driver(driver: Driver) -> Result<Cuda> {
         let cuda = Cuda {
             inner: Arc::new(driver),
@@ -48,6 +89,18 @@ impl Cuda {
     }
 
     /// A simulated driver (feature `mock`): the `Cuda` and the handle that steers it.
+    ///
+    /// ```
+    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_hal::{Cuda, DeviceBuffer};
+    /// let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 100)?;
+    /// assert_eq!(world.used_memory(0), 100);
+    /// drop(buf);
+    /// assert_eq!(world.used_memory(0), 0);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[cfg(feature = "mock")]
     pub fn mock(builder: cuda_sys::mock::MockDriver) -> Result<(Cuda, cuda_sys::mock::MockWorld)> {
         let (driver, world) = builder.build()?;
@@ -71,7 +124,30 @@ impl Cuda {
         self.inner.version()
     }
 
-    /// Turns a status into a `Result`, with the driver's name and message for failures.
+    /// Turns a status into a `Result`, with the driver's name and message for failures:
+    /// for calls made through the raw table.
+    ///
+    /// ```
+    /// use cuda_hal::cuda_sys::CUresult;
+    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_hal::{Cuda, Error};
+    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let mut n = 0;
+    /// // SAFETY: a valid out-pointer.
+    /// cuda.check(unsafe { (cuda.fns().cuDeviceGetCount)(&mut n) }, "cuDeviceGetCount")?;
+    /// assert_eq!(n, 1);
+    /// let e = cuda.check(CUresult::CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc").unwrap_err();
+    /// assert_eq!(
+    ///     e,
+    ///     Error::Driver {
+    ///         call: "cuMemAlloc",
+    ///         code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+    ///         name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+    ///         message: "simulated driver: out of memory".into(),
+    ///     }
+    /// );
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[inline]
     pub fn check(&self, rc: CUresult, call: &'static str) -> Result<()> {
         if rc == CUresult::CUDA_SUCCESS {
@@ -105,6 +181,18 @@ impl Cuda {
     }
 
     /// An optional table entry, or [`Error::Unsupported`] naming the version it needs.
+    ///
+    /// ```
+    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_hal::{Cuda, Error};
+    /// // cuStreamGetDevice came with CUDA 12.8.
+    /// let (old, _w) = Cuda::mock(MockDriver::with_devices(1).version(12040))?;
+    /// let missing = old.require(old.fns().cuStreamGetDevice, "cuStreamGetDevice");
+    /// assert!(matches!(missing, Err(Error::Unsupported { .. })));
+    /// let (new, _w) = Cuda::mock(MockDriver::with_devices(1).version(12080))?;
+    /// assert!(new.require(new.fns().cuStreamGetDevice, "cuStreamGetDevice").is_ok());
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn require<F: Copy>(&self, entry: Option<F>, function: &'static str) -> Result<F> {
         entry.ok_or_else(|| {
             let needed = DriverFns::OPTIONAL
@@ -129,7 +217,21 @@ impl Cuda {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    /// The device with this ordinal.
+    /// The device with this ordinal ([`Error::NoSuchDevice`], listing the devices there
+    /// are, past the last).
+    ///
+    /// ```
+    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_hal::{Cuda, Error};
+    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// assert_eq!(cuda.device(0)?.ordinal(), 0);
+    /// let Err(Error::NoSuchDevice { selector, available }) = cuda.device(3) else {
+    ///     panic!("there is one device");
+    /// };
+    /// assert_eq!(selector, "ordinal 3");
+    /// assert_eq!(available, ["GPU 0: Mock GPU 0 (UUID: GPU-5fdb056c-537e-3bd5-1c80-b2039499e800)"]);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[doc(alias = "cuDeviceGet")]
     pub fn device(&self, ordinal: usize) -> Result<Device> {
         let count = self.device_count()?;
@@ -156,6 +258,21 @@ impl Cuda {
 
     /// The device a selector string names: `cuda://`, `cuda://<ordinal>`,
     /// `cuda://GPU-<uuid>`, `cuda://MIG-<uuid>` or `cuda://<pci bus id>`.
+    ///
+    /// ```
+    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_hal::{Cuda, Error};
+    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let one = cuda.device(1)?;
+    /// assert_eq!(cuda.select("cuda://")?.ordinal(), 0);
+    /// assert_eq!(cuda.select("cuda://1")?, one);
+    /// assert_eq!(cuda.select("cuda://GPU-5fdb056c-537e-3bd5-1c80-b2039499e801")?, one);
+    /// assert_eq!(cuda.select("cuda://0000:19:00.0")?, one);
+    /// // Malformed, or well formed but absent: typed errors that say which.
+    /// assert!(matches!(cuda.select("gpu:1"), Err(Error::InvalidSelector { .. })));
+    /// assert!(matches!(cuda.select("cuda://7"), Err(Error::NoSuchDevice { .. })));
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn select(&self, selector: &str) -> Result<Device> {
         // The error names the selector as written (`MIG-`, the case and dashes given).
         self.select_parsed(&selector.parse::<DeviceSelector>()?)
@@ -169,6 +286,15 @@ impl Cuda {
     }
 
     /// The device a parsed selector names.
+    ///
+    /// ```
+    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_hal::{Cuda, DeviceSelector};
+    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let wanted: DeviceSelector = "cuda://1".parse()?;
+    /// assert_eq!(cuda.select_parsed(&wanted)?.ordinal(), 1);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn select_parsed(&self, selector: &DeviceSelector) -> Result<Device> {
         match selector {
             DeviceSelector::Default => {

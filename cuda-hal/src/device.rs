@@ -7,6 +7,27 @@ use cuda_sys::{CUdevice, CUdevice_attribute, CUuuid};
 use crate::{Context, Cuda, DeviceUuid, PciBusId, Result};
 
 /// One CUDA device.
+///
+/// ```
+/// use cuda_hal::cuda_sys::CUdevice_attribute;
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::Cuda;
+///
+/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let gpu = cuda.device(1)?;
+/// assert_eq!(gpu.name()?, "Mock GPU 1");
+/// assert_eq!(gpu.total_memory()?, 16 << 30);
+/// assert_eq!(gpu.compute_capability()?, (9, 0));
+/// assert_eq!(gpu.pci_bus_id()?.to_string(), "00000000:19:00.0");
+/// let sms = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+/// assert_eq!(gpu.attribute(sms)?, 132);
+/// assert!(gpu.can_access_peer(&cuda.device(0)?)?);
+/// assert_eq!(
+///     gpu.describe()?,
+///     "GPU 1: Mock GPU 1 (UUID: GPU-5fdb056c-537e-3bd5-1c80-b2039499e801)"
+/// );
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Device {
     cuda: Cuda,

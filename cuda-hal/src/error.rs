@@ -5,6 +5,29 @@ use cuda_sys::{CUresult, LoadError};
 use crate::LaunchConfig;
 
 /// Everything that can go wrong in `cuda-hal`.
+///
+/// Driver failures keep the driver's status, name and message; the crate's own checks,
+/// made before anything reaches the driver, have variants of their own:
+///
+/// ```
+/// use cuda_hal::cuda_sys::CUresult;
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, DeviceBuffer, Error};
+///
+/// let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// world.fail_next("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+/// let Err(Error::Driver { call, code, name, .. }) = DeviceBuffer::<f32>::alloc(&ctx, 1024) else {
+///     panic!("the simulated driver was told to fail");
+/// };
+/// assert_eq!((call, code, name.as_str()), ("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY"));
+///
+/// let buf = DeviceBuffer::<f32>::zeroed(&ctx, 4)?;
+/// let e = buf.slice(2..6).unwrap_err();
+/// assert_eq!(e, Error::OutOfRange { what: "DeviceView::slice", start: 2, end: 6, len: 4 });
+/// assert_eq!(e.to_string(), "DeviceView::slice: the range 2..6 does not fit in 4 elements");
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -208,4 +231,14 @@ fn list(items: &[String]) -> String {
 }
 
 /// `Result` with [`Error`].
+///
+/// ```
+/// use cuda_hal::{Cuda, Result};
+/// fn devices(cuda: &Cuda) -> Result<usize> {
+///     cuda.device_count()
+/// }
+/// let (cuda, _world) = Cuda::mock(cuda_hal::mock::MockDriver::with_devices(3))?;
+/// assert_eq!(devices(&cuda)?, 3);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;

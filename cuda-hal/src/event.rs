@@ -8,7 +8,23 @@ use cuda_sys::{CUevent, CUevent_flags, CUresult};
 use crate::tracking::{CaptureLog, lock};
 use crate::{Context, Result, Stream};
 
-/// A CUDA event of one context.
+/// A CUDA event of one context: a point in a stream's work that the host or another
+/// stream can wait for.
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, Event, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::new(&ctx)?;
+/// let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 8)?;
+/// buf.fill_async(0.25, &stream)?;
+/// let done = Event::new(&ctx)?;
+/// stream.record(&done)?; // the same as done.record(&stream)
+/// done.synchronize()?;
+/// assert!(done.is_complete()?);
+/// assert_eq!(buf.to_vec()?, [0.25; 8]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub struct Event {
     ctx: Context,
     raw: CUevent,

@@ -13,6 +13,27 @@ use crate::{Context, Error, Result};
 /// A kernel of a loaded [`Module`](crate::Module) or [`Library`](crate::Library), in one
 /// context. It borrows the code it belongs to, so it cannot outlive it; launches keep the
 /// code loaded until they have run (see [`launch`](Self::launch)).
+///
+/// Its attributes and occupancy, from the driver (here the simulated one's):
+///
+/// ```
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, Module};
+/// let ptx = ".version 8.0\n.target sm_90\n\
+///            .visible .entry saxpy(.param .u32 n, .param .f32 a, .param .u64 x, .param .u64 y) { ret; }\n";
+/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}))?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let module = Module::from_ptx(&ctx, ptx)?;
+/// let saxpy = module.function("saxpy")?;
+/// assert_eq!(saxpy.name(), "saxpy");
+/// assert_eq!(saxpy.max_threads_per_block()?, 1024);
+/// assert_eq!(saxpy.num_registers()?, 32);
+/// assert_eq!(saxpy.static_shared_mem_bytes()?, 0);
+/// assert_eq!(saxpy.max_dynamic_shared_mem()?, 48 << 10);
+/// assert_eq!(saxpy.ptx_version()?, (9, 0));
+/// assert_eq!(saxpy.max_active_blocks_per_multiprocessor(256, 0)?, 8);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Function<'a> {
     pub(crate) code: &'a Code,
@@ -44,7 +65,23 @@ impl fmt::Debug for Function<'_> {
     }
 }
 
-/// Where a kernel parameter lies in the kernel's parameter buffer.
+/// Where a kernel parameter lies in the kernel's parameter buffer
+/// ([`Function::param_info`], driver ≥ 12.4).
+///
+/// ```
+/// use cuda_hal::ParamInfo;
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, Module};
+/// let ptx = ".version 8.0\n.target sm_90\n\
+///            .visible .entry saxpy(.param .u32 n, .param .f32 a, .param .u64 x, .param .u64 y) { ret; }\n";
+/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}))?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let module = Module::from_ptx(&ctx, ptx)?;
+/// let saxpy = module.function("saxpy")?;
+/// let sizes: Vec<usize> = saxpy.param_info()?.iter().map(|p: &ParamInfo| p.size).collect();
+/// assert_eq!(sizes, [4, 4, 8, 8]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ParamInfo {
     /// Offset in bytes.
@@ -55,6 +92,24 @@ pub struct ParamInfo {
 
 /// The block size that gives a kernel the most resident threads, with the smallest grid
 /// that fills the device at that size ([`Function::max_potential_block_size`]).
+///
+/// ```
+/// use cuda_hal::BlockSize;
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, Module};
+/// let ptx = ".version 8.0\n.target sm_90\n\
+///            .visible .entry saxpy(.param .u32 n, .param .f32 a, .param .u64 x, .param .u64 y) { ret; }\n";
+/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}))?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let module = Module::from_ptx(&ctx, ptx)?;
+/// let saxpy = module.function("saxpy")?;
+/// // The simulated device has 132 multiprocessors, each holding 2048 threads.
+/// let best = saxpy.max_potential_block_size(0, 0)?;
+/// assert_eq!(best, BlockSize { min_grid_size: 2 * 132, block_size: 1024 });
+/// let capped = saxpy.max_potential_block_size(0, 256)?;
+/// assert_eq!(capped, BlockSize { min_grid_size: 8 * 132, block_size: 256 });
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockSize {
     /// Blocks needed to fill every multiprocessor.

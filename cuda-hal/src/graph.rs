@@ -16,6 +16,18 @@ use crate::tracking::{CaptureLog, Dependency, KeepAlive, gated, lock};
 use crate::{Context, Error, Result, Stream};
 
 /// How a capture treats unsafe calls from other threads (`CUstreamCaptureMode`).
+///
+/// ```
+/// use cuda_hal::{CaptureMode, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// for mode in [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
+///     stream.begin_capture(mode)?;
+///     assert_eq!(stream.end_capture()?.dependencies(), 0, "nothing was recorded");
+/// }
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaptureMode {
     /// Unsafe calls from any thread fail while any capture is running.
@@ -40,6 +52,30 @@ impl Stream {
     /// Starts recording the work enqueued on this stream instead of running it. What the
     /// recorded work uses is kept alive by the graph [`end_capture`](Self::end_capture)
     /// returns.
+    ///
+    /// ```
+    /// use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// let input = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3])?;
+    /// let mut output = DeviceBuffer::<u32>::zeroed(&ctx, 3)?;
+    /// stream.begin_capture(CaptureMode::ThreadLocal)?;
+    /// assert!(stream.is_capturing()?);
+    /// output.copy_from_async(&input, &stream)?;
+    /// let graph = stream.end_capture()?;
+    /// assert_eq!(graph.dependencies(), 2, "both buffers");
+    /// assert_eq!(output.to_vec()?, [0, 0, 0], "captured, not run");
+    /// let exec = graph.instantiate()?;
+    /// drop((graph, input)); // the executable graph keeps the input's memory
+    /// exec.launch(&stream)?;
+    /// stream.synchronize()?;
+    /// assert_eq!(output.to_vec()?, [1, 2, 3]);
+    /// assert_eq!(world.live().device_allocations, 2);
+    /// drop(exec);
+    /// assert_eq!(world.live().device_allocations, 1, "the input went with the graph");
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[doc(alias = "cuStreamBeginCapture")]
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
         let _excl = self.capture_lock();
@@ -114,7 +150,26 @@ impl Stream {
     }
 }
 
-/// A captured graph. It owns what its work uses (see the module docs).
+/// A captured graph. It owns what its work uses (see [`Stream::begin_capture`] for a
+/// whole capture).
+///
+/// One capture at a time per stream, and only this crate's captures can end here:
+///
+/// ```
+/// use cuda_hal::{CaptureMode, Error, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// assert_eq!(stream.end_capture().unwrap_err(), Error::ForeignCapture { what: "end_capture" });
+/// stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// let twice = stream.begin_capture(CaptureMode::ThreadLocal);
+/// assert_eq!(twice, Err(Error::Capturing { what: "begin_capture" }));
+/// let graph = stream.end_capture()?;
+/// let (a, b) = (graph.instantiate()?, graph.instantiate()?); // any number of them
+/// a.launch(&stream)?;
+/// b.launch(&stream)?;
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub struct Graph {
     ctx: Context,
     raw: CUgraph,
@@ -218,6 +273,29 @@ impl Drop for ExecInner {
 
 /// An executable graph: replays the captured work. It owns what the work uses. Not
 /// `Sync`: the driver does not serialise calls on one graph object.
+///
+/// Each launch replays the work with the memory it was captured with, so a graph is
+/// fed by updating its inputs in place:
+///
+/// ```
+/// use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let mut input = DeviceBuffer::<u32>::zeroed(&ctx, 2)?;
+/// let mut total = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
+/// stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// total.slice_mut(..2)?.copy_from_async(&input, &stream)?;
+/// total.slice_mut(2..)?.fill_async(9, &stream)?;
+/// let exec = stream.end_capture()?.instantiate()?;
+/// for step in 1..=3 {
+///     input.copy_from_host(&[step, step * 10])?;
+///     exec.launch(&stream)?;
+///     stream.synchronize()?;
+/// }
+/// assert_eq!(total.to_vec()?, [3, 30, 9, 9]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub struct GraphExec {
     inner: Arc<ExecInner>,
     _not_sync: PhantomData<Cell<()>>,

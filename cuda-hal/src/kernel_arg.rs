@@ -25,6 +25,47 @@ use crate::{DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, 
 /// deferred by an open group: as [`DeviceSlice::used_on`] does, which is what the impls
 /// here call. What the kernel does with the values is
 /// [`Function::launch`](crate::Function::launch)'s caller's promise.
+///
+/// A type of one's own can be an argument, e.g. an enum the kernel takes as a `u32`:
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, KernelArg, LaunchConfig, Module, Result, Stream};
+///
+/// #[derive(Clone, Copy)]
+/// enum Op {
+///     Double = 0,
+///     Negate = 1,
+/// }
+/// // SAFETY: a number, not an address.
+/// unsafe impl KernelArg for Op {
+///     type Raw = u32;
+///     fn prepare(&self, _stream: &Stream) -> Result<u32> {
+///         Ok(*self as u32)
+///     }
+/// }
+///
+/// let ptx = ".version 8.0\n.target sm_90\n.visible .entry apply(.param .u64 x, .param .u32 n, .param .u32 op) { ret; }\n";
+/// let driver = cuda_hal::mock::MockDriver::with_devices(1).kernel("apply", &[8, 4, 4], |k| {
+///     let (x, n, op) = (k.param::<u64>(0), k.param::<u32>(1), k.param::<u32>(2));
+///     let v: Vec<i32> = k.read::<i32>(x, n as usize).iter().map(|v| if op == 0 { 2 * v } else { -v }).collect();
+///     k.write(x, &v);
+/// });
+/// let (cuda, _world) = cuda_hal::Cuda::mock(driver)?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let module = Module::from_ptx(&ctx, ptx)?;
+/// let apply = module.function("apply")?;
+/// let stream = Stream::new(&ctx)?;
+/// let mut x = DeviceBuffer::from_slice(&ctx, &[1i32, -2, 3])?;
+/// let shape = LaunchConfig::for_elements(3, 128);
+/// // SAFETY: `apply` reads and writes `n` i32s at `x`, and takes `op` as a u32.
+/// unsafe {
+///     apply.launch(&stream, shape, (&mut x, 3u32, Op::Double))?;
+///     apply.launch(&stream, shape, (&mut x, 3u32, Op::Negate))?;
+/// }
+/// stream.synchronize()?;
+/// assert_eq!(x.to_vec()?, [-2, 4, -6]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub unsafe trait KernelArg {
     /// The parameter's value, copied by the driver at launch.
     type Raw: DeviceRepr;
@@ -37,7 +78,11 @@ pub unsafe trait KernelArg {
 }
 
 macro_rules! scalar_arg {
-    ($($t:ty),*) => { $(
+    ($attrs:tt => $($t:ty),*) => { $(
+        scalar_arg!(@one $attrs $t);
+    )* };
+    (@one [$(#[$attr:meta])*] $t:ty) => {
+        $(#[$attr])*
         // SAFETY: a number, not an address.
         unsafe impl KernelArg for $t {
             type Raw = $t;
@@ -46,15 +91,51 @@ macro_rules! scalar_arg {
                 Ok(*self)
             }
         }
-    )* };
+    };
 }
-scalar_arg!(i8, u8, i16, u16, i32, u32, i64, u64, f32, f64);
+scalar_arg!([] => i8, u8, i16, u16, i32, u32, i64, u64, f32, f64);
 
+// The badge on docs.rs: the expanded impls do not carry the invocation's `cfg`.
 #[cfg(feature = "half")]
-scalar_arg!(half::f16, half::bf16);
+scalar_arg!([#[cfg_attr(docsrs, doc(cfg(feature = "half")))]] => half::f16, half::bf16);
 
 /// A value of a plain-data type passed by value (a struct the kernel takes as one
 /// parameter). Its layout must match the kernel's: `#[repr(C)]` with the same fields.
+///
+/// ```
+/// use cuda_hal::{ByValue, DeviceBuffer, DeviceRepr, LaunchConfig, Module, Stream};
+///
+/// /// `struct Affine { float a, b; }` on the device.
+/// #[repr(C)]
+/// #[derive(Clone, Copy)]
+/// struct Affine {
+///     a: f32,
+///     b: f32,
+/// }
+/// // SAFETY: two `f32`s, no padding; every bit pattern is a valid value.
+/// unsafe impl DeviceRepr for Affine {}
+///
+/// let ptx = ".version 8.0\n.target sm_90\n.visible .entry affine(.param .u64 x, .param .u32 n, .param .align 4 .b8 f[8]) { ret; }\n";
+/// let driver = cuda_hal::mock::MockDriver::with_devices(1).kernel("affine", &[8, 4, 8], |k| {
+///     let (x, n) = (k.param::<u64>(0), k.param::<u32>(1) as usize);
+///     let f = k.param_bytes(2).to_vec();
+///     let (a, b) = (f32::from_ne_bytes([f[0], f[1], f[2], f[3]]), f32::from_ne_bytes([f[4], f[5], f[6], f[7]]));
+///     let v: Vec<f32> = k.read::<f32>(x, n).iter().map(|x| a * x + b).collect();
+///     k.write(x, &v);
+/// });
+/// let (cuda, _world) = cuda_hal::Cuda::mock(driver)?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let module = Module::from_ptx(&ctx, ptx)?;
+/// let affine = module.function("affine")?;
+/// let stream = Stream::new(&ctx)?;
+/// let mut x = DeviceBuffer::from_slice(&ctx, &[0.0f32, 1.0, 2.0])?;
+/// let f = ByValue(Affine { a: 2.0, b: 0.5 });
+/// // SAFETY: `affine` reads and writes `n` floats at `x`, and takes an `Affine` by value.
+/// unsafe { affine.launch(&stream, LaunchConfig::linear(1, 32), (&mut x, 3u32, f)) }?;
+/// stream.synchronize()?;
+/// assert_eq!(x.to_vec()?, [0.5, 2.5, 4.5]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ByValue<T: DeviceRepr>(pub T);
 
@@ -121,6 +202,16 @@ mod sealed {
 
 /// All the arguments of one launch: `()` and tuples of up to 12 [`KernelArg`]s. Sealed:
 /// the packing it does is what makes the launch's parameter pointers valid.
+///
+/// What a launch checks against the kernel's parameters:
+///
+/// ```
+/// use cuda_hal::{ByValue, DeviceBuffer, DeviceView, KernelArgs};
+/// // Numbers are their own width; device memory is an 8-byte address.
+/// assert_eq!(<(u32, f32, &DeviceBuffer<f64>) as KernelArgs>::SIZES, [4, 4, 8]);
+/// assert_eq!(<(DeviceView<'_, u8>, ByValue<u16>) as KernelArgs>::SIZES, [8, 2]);
+/// assert!(<() as KernelArgs>::SIZES.is_empty());
+/// ```
 pub trait KernelArgs: sealed::Sealed {
     /// Each argument's size in bytes, in order.
     const SIZES: &'static [usize];

@@ -94,6 +94,44 @@ impl Function<'_> {
     /// kernel reaches other than through buffers and views (an address passed as a `u64`
     /// or inside a [`ByValue`](crate::ByValue) struct) is not tracked: the caller keeps it
     /// allocated for as long as the kernel, or a graph that captured it, may run.
+    ///
+    /// Mistakes the crate can see are typed errors, and nothing is launched:
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Error, LaunchConfig, Module, Stream};
+    /// # let ptx = ".version 8.0\n.target sm_90\n.visible .entry scale(.param .u64 p, .param .u64 n, .param .f32 by) { ret; }\n";
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1).kernel("scale", &[8, 8, 4], |k| {
+    /// #     let (p, n, by) = (k.param::<u64>(0), k.param::<u64>(1), k.param::<f32>(2));
+    /// #     let v: Vec<f32> = k.read::<f32>(p, n as usize).iter().map(|x| x * by).collect();
+    /// #     k.write(p, &v);
+    /// # }))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// // scale(p: *mut f32, n: u64, by: f32) multiplies n floats at p by `by`.
+    /// let module = Module::from_ptx(&ctx, ptx)?;
+    /// let scale = module.function("scale")?;
+    /// let stream = Stream::new(&ctx)?;
+    /// let mut data = DeviceBuffer::from_slice(&ctx, &[1.0f32, 2.0])?;
+    /// // SAFETY: `scale` reads and writes 2 floats at its first argument.
+    /// unsafe { scale.launch(&stream, LaunchConfig::linear(1, 32), (&mut data, 2u64, 3.0f32)) }?;
+    /// stream.synchronize()?;
+    /// assert_eq!(data.to_vec()?, [3.0, 6.0]);
+    ///
+    /// // SAFETY: refused before the driver is called (and the simulated kernel's memory
+    /// // accesses are checked anyway).
+    /// let too_few = unsafe { scale.launch(&stream, LaunchConfig::linear(1, 32), (&mut data, 2u64)) };
+    /// assert_eq!(too_few, Err(Error::KernelArgumentCount { kernel: "scale".into(), expected: 3, got: 2 }));
+    /// // `n` as a u32 where the kernel takes 8 bytes.
+    /// // SAFETY: refused before the driver is called (and the simulated kernel's memory
+    /// // accesses are checked anyway).
+    /// let narrow = unsafe { scale.launch(&stream, LaunchConfig::linear(1, 32), (&mut data, 2u32, 3.0f32)) };
+    /// assert!(matches!(narrow, Err(Error::KernelArgumentSize { index: 1, expected: 8, got: 4, .. })));
+    /// // SAFETY: refused before the driver is called (and the simulated kernel's memory
+    /// // accesses are checked anyway).
+    /// let huge = unsafe { scale.launch(&stream, LaunchConfig::linear(1, 2048), (&mut data, 2u64, 3.0f32)) };
+    /// assert!(matches!(huge, Err(Error::InvalidLaunchConfig { .. })));
+    /// assert_eq!(world.calls("cuLaunchKernel"), 1);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[doc(alias = "cuLaunchKernel")]
     pub unsafe fn launch<A: KernelArgs>(
         &self,

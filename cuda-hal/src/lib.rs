@@ -22,6 +22,33 @@
 //! and its message. Drops never panic, and memory, streams and events hold their context,
 //! so they are released before it.
 //!
+//! # Quick start
+//!
+//! With the `mock` feature, [`Cuda::mock`] builds the same API over a simulated driver
+//! ([`mock`]), for tests on machines without a GPU; every example in these docs runs on
+//! it. The simulated machine also checks that nothing leaked and nothing was misused:
+//!
+//! ```
+//! use cuda_hal::mock::MockDriver;
+//! use cuda_hal::{Cuda, DeviceBuffer, Stream};
+//!
+//! let (cuda, world) = Cuda::mock(MockDriver::with_devices(2))?;
+//! assert_eq!(cuda.device_count()?, 2);
+//! let gpu = cuda.select("cuda://1")?;
+//! let ctx = gpu.primary_context()?;
+//! let stream = Stream::new(&ctx)?;
+//! let mut buf = DeviceBuffer::from_slice(&ctx, &[1.0f32, 2.0, 3.0, 4.0])?;
+//! buf.slice_mut(2..)?.fill_async(0.5, &stream)?;
+//! stream.synchronize()?;
+//! assert_eq!(buf.to_vec()?, [1.0, 2.0, 0.5, 0.5]);
+//! drop((buf, stream, ctx, gpu, cuda));
+//! assert!(world.live().is_empty() && world.violations().is_empty());
+//! # Ok::<(), cuda_hal::Error>(())
+//! ```
+//!
+//! On a machine with a GPU the same code starts from [`Cuda::load`] (`no_run`: it needs
+//! a GPU):
+//!
 //! ```no_run
 //! use cuda_hal::{Cuda, DeviceBuffer};
 //! let cuda = Cuda::load()?;
@@ -32,8 +59,11 @@
 //! # Ok::<(), cuda_hal::Error>(())
 //! ```
 //!
-//! With the `mock` feature, [`Cuda::mock`] builds the same API over a simulated driver
-//! ([`mock`]), for tests on machines without a GPU.
+//! # Features
+//!
+//! * `mock`: [`Cuda::mock`] and [`mock`], the simulated driver of `cuda-sys`.
+//! * `half`: `half::f16` and `half::bf16` as [`DeviceRepr`] element types and
+//!   [`KernelArg`]s.
 //!
 //! # Safety: the memory model for asynchronous work
 //!
@@ -105,6 +135,15 @@
 //! follow the same rules; the compiler keeps a view from outliving its buffer. The [`mock`] driver checks all of this when work executes: a freed,
 //! out-of-bounds or foreign address, and a stream-ordered free not ordered after the work
 //! that used the memory, are reported as violations naming the call.
+//!
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Without the feature these are not there: their links go to the published docs.
+#![cfg_attr(
+    not(feature = "mock"),
+    doc = "[`mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/mock/index.html\n\
+           [`Cuda::mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/struct.Cuda.html#method.mock"
+)]
 
 /// Calls a driver-table entry and checks its status; the error names the entry, so no
 /// call site spells a C name by hand. Use inside `unsafe` (the call's contract is the
@@ -182,6 +221,15 @@ pub use tracking::{DeferScope, Dependency, KeepAlive, StreamLog};
 pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};
 
 /// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].
+///
+/// ```
+/// use cuda_hal::mock::{MockDevice, MockDriver};
+/// use cuda_hal::Cuda;
+/// let (cuda, world) = Cuda::mock(MockDriver::new().device(MockDevice::new("Mock A100").compute_capability(8, 0)))?;
+/// assert_eq!(cuda.device(0)?.compute_capability()?, (8, 0));
+/// assert_eq!(world.devices()[0].name, "Mock A100");
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[cfg(feature = "mock")]
 pub mod mock {
     pub use cuda_sys::mock::*;

@@ -17,7 +17,6 @@ use crate::{Context, Cuda, DeviceRepr, Error, Function, Global, Result};
 /// launched its kernels keeps it loaded, as for a [`Module`](crate::Module).
 ///
 /// ```
-/// # #[cfg(feature = "mock")] {
 /// use cuda_hal::mock::MockDriver;
 /// use cuda_hal::{Cuda, Library};
 /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2).kernel("noop", &[], |_| {}))?;
@@ -27,7 +26,6 @@ use crate::{Context, Cuda, DeviceRepr, Error, Function, Global, Result};
 ///     let f = noop.function(&device.primary_context()?)?;
 ///     assert_eq!(f.max_threads_per_block()?, 1024);
 /// }
-/// # }
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 pub struct Library {
@@ -141,6 +139,19 @@ impl Library {
 
 /// A kernel of a [`Library`], not yet tied to a context: [`function`](Self::function)
 /// gives its [`Function`] in one.
+///
+/// ```
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, Library};
+/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2).kernel("noop", &[], |_| {}))?;
+/// let lib = Library::from_ptx(&cuda, ".version 8.0\n.target sm_90\n.entry noop() { ret; }")?;
+/// let noop = lib.kernel("noop")?;
+/// assert_eq!(noop.name(), "noop");
+/// let on1 = noop.function(&cuda.device(1)?.primary_context()?)?;
+/// assert_eq!((on1.name(), on1.context().device().ordinal()), ("noop", 1));
+/// assert!(lib.kernel("missing").is_err());
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Kernel<'a> {
     code: &'a Code,

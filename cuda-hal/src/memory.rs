@@ -195,6 +195,27 @@ impl Drop for Allocation {
 /// async copies, graph launches) is noted with [`used_on`](Self::used_on): dropping the
 /// buffer then frees the memory only after that work, and captured or grouped work keeps
 /// the memory itself alive (see the crate's Safety section).
+///
+/// ```
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, DeviceBuffer};
+///
+/// let (cuda, world) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (c0, c1) = (cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?);
+/// let mut a = DeviceBuffer::from_slice(&c0, &[1u32, 2, 3, 4])?;
+/// assert_eq!((a.len(), a.size_bytes(), a.device().ordinal()), (4, 16, 0));
+/// a.copy_from_host(&[5, 6, 7, 8])?;
+/// let mut b = DeviceBuffer::<u32>::alloc(&c1, 4)?;
+/// b.copy_from(&a)?; // across devices: a peer copy
+/// let mut back = [0; 4];
+/// b.copy_to_host(&mut back)?;
+/// assert_eq!(back, [5, 6, 7, 8]);
+/// b.memset_bytes(0x01)?;
+/// assert_eq!(b.to_vec()?, [0x0101_0101; 4]);
+/// drop((a, b));
+/// assert_eq!((world.used_memory(0), world.used_memory(1)), (0, 0));
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub struct DeviceBuffer<T: DeviceRepr> {
     alloc: Arc<Allocation>,
     /// A copy of `alloc.ptr`, read on every call.
@@ -237,6 +258,24 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     }
 
     /// Allocates `len` elements in stream order on `stream` (freed on it too).
+    ///
+    /// Memory for work on that stream without a device-wide synchronisation; its use
+    /// elsewhere is ordered after the allocation by the crate.
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// let mut scratch = DeviceBuffer::<f32>::alloc_on(&stream, 256)?;
+    /// scratch.fill_async(1.5, &stream)?;
+    /// assert_eq!(scratch.to_vec()?[255], 1.5);
+    /// drop(scratch); // cuMemFreeAsync on `stream`
+    /// stream.synchronize()?;
+    /// assert_eq!(world.used_memory(0), 0);
+    /// assert!(world.violations().is_empty());
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[doc(alias = "cuMemAllocAsync")]
     pub fn alloc_on(stream: &Stream, len: usize) -> Result<Self> {
         let ctx = stream.context();
@@ -287,6 +326,38 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// `ptr` must be device memory of `ctx`, readable and writable from it, of at least
     /// `len * size_of::<T>()` bytes (or anything with `len == 0`), owned by nobody else
     /// until `release` is called; `release` must free exactly that memory and nothing else.
+    ///
+    /// Memory of another allocator (here the simulated driver's stand-in for
+    /// `ncclMemAlloc`), released by it once the work using it is done:
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let ptr = {
+    ///     let _current = ctx.bind()?;
+    ///     world.alloc_foreign(64, "myAlloc").expect("a context is current")
+    /// };
+    /// let released = Arc::new(Mutex::new(Vec::new()));
+    /// let log = released.clone();
+    /// let allocator = world.clone();
+    /// // SAFETY: 64 bytes of device memory of `ctx`, for 16 `u32`s, owned by nothing else
+    /// // until the release frees exactly it.
+    /// let mut buf = unsafe {
+    ///     DeviceBuffer::<u32>::from_raw_with(&ctx, ptr, 16, move |p| {
+    ///         log.lock().unwrap().push(p);
+    ///         allocator.free_foreign(p, "myFree", "myAlloc").expect("its own memory");
+    ///     })
+    /// };
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// buf.fill_async(3, &stream)?;
+    /// assert_eq!(buf.to_vec()?, [3; 16]);
+    /// drop(buf); // waits for `stream`, then releases
+    /// assert_eq!(*released.lock().unwrap(), [ptr]);
+    /// assert!(world.violations().is_empty());
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub unsafe fn from_raw_with(
         ctx: &Context,
         ptr: CUdeviceptr,
@@ -326,6 +397,23 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// # Safety
     /// `ptr` must be a live `cuMemAlloc` allocation of `ctx` of at least `len * size_of::<T>()`
     /// bytes (or 0 with `len == 0`), owned by nobody else.
+    ///
+    /// [`into_raw`](Self::into_raw) is the way back:
+    ///
+    /// ```
+    /// use cuda_hal::DeviceBuffer;
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let buf = DeviceBuffer::from_slice(&ctx, &[1u16, 2, 3])?;
+    /// let Ok((ptr, len)) = buf.into_raw() else { panic!("nothing else holds it") };
+    /// assert_eq!(world.live().device_allocations, 1, "given away, not freed");
+    /// // SAFETY: the `cuMemAlloc` allocation of `ctx` just given up, 3 `u16`s long.
+    /// let again = unsafe { DeviceBuffer::<u16>::from_raw(&ctx, ptr, len) };
+    /// assert_eq!(again.to_vec()?, [1, 2, 3]);
+    /// drop(again);
+    /// assert_eq!(world.live().device_allocations, 0);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub unsafe fn from_raw(ctx: &Context, ptr: CUdeviceptr, len: usize) -> Self {
         Self::owning(ctx, ptr, len, None)
     }
@@ -375,6 +463,20 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     }
 
     /// A shared owner of the memory: it is not freed while the returned value lives.
+    ///
+    /// ```
+    /// use cuda_hal::DeviceBuffer;
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 32)?;
+    /// let held = buf.keep_alive();
+    /// assert_eq!(buf.owners(), 2);
+    /// drop(buf);
+    /// assert_eq!(world.used_memory(0), 32, "still held");
+    /// drop(held);
+    /// assert_eq!(world.used_memory(0), 0);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.alloc.clone())
     }
@@ -388,6 +490,19 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// Waits until the work enqueued so far on every stream that used the memory is done
     /// (refused while one of them is being captured: the wait would spoil the capture).
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let (s1, s2) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+    /// let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 8)?;
+    /// buf.slice_mut(..4)?.fill_async(1, &s1)?;
+    /// buf.slice_mut(4..)?.fill_async(2, &s2)?;
+    /// buf.synchronize_uses()?; // both streams, and only those
+    /// assert!(s1.is_idle()? && s2.is_idle()?);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn synchronize_uses(&self) -> Result<()> {
         self.alloc
             .uses
@@ -502,6 +617,24 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// Uploads `src` on `stream`, in stream order, and waits for the stream. Refused
     /// while the stream is captured; no capture can begin until the wait is over.
+    ///
+    /// ```
+    /// use cuda_hal::{CaptureMode, DeviceBuffer, Error, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// let mut buf = DeviceBuffer::<i64>::zeroed(&ctx, 2)?;
+    /// buf.copy_from_host_on(&[-4, 4], &stream)?;
+    /// let mut back = [0; 2];
+    /// buf.copy_to_host_on(&mut back, &stream)?;
+    /// assert_eq!(back, [-4, 4]);
+    /// // A capture would keep the host slice for the graph's later launches: refused.
+    /// stream.begin_capture(CaptureMode::ThreadLocal)?;
+    /// let refused = buf.copy_from_host_on(&[1, 2], &stream);
+    /// assert_eq!(refused, Err(Error::Capturing { what: "copy_from_host_on" }));
+    /// drop(stream.end_capture()?);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn copy_from_host_on(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         self.as_view_mut().copy_from_host_on(src, stream)
     }
@@ -548,6 +681,21 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// inside a graph capture). Safe, unlike the host copies: both sides are noted as used
     /// on `stream`, so dropping either waits for the copy, and a capture keeps both alive
     /// for the graph.
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// let src = DeviceBuffer::from_slice(&ctx, &[1.0f32, 2.0, 3.0])?;
+    /// let mut dst = DeviceBuffer::<f32>::zeroed(&ctx, 3)?;
+    /// dst.copy_from_async(&src, &stream)?;
+    /// drop(src); // freed only after the copy
+    /// stream.synchronize()?;
+    /// assert_eq!(dst.to_vec()?, [1.0, 2.0, 3.0]);
+    /// assert!(world.violations().is_empty());
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[doc(alias = "cuMemcpyDtoDAsync")]
     pub fn copy_from_async<S: DeviceSlice<Elem = T> + ?Sized>(
         &mut self,

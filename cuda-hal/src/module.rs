@@ -22,7 +22,6 @@ use crate::{
 /// section), and never while a graph that launches it lives.
 ///
 /// ```
-/// # #[cfg(feature = "mock")] {
 /// use cuda_hal::mock::MockDriver;
 /// use cuda_hal::{Cuda, DeviceBuffer, LaunchConfig, Module, Stream};
 /// // Without a GPU: the simulated driver runs `scale` as a Rust function.
@@ -43,7 +42,6 @@ use crate::{
 /// unsafe { scale.launch(&stream, LaunchConfig::for_elements(3, 128), (&mut data, n, 10.0f32)) }?;
 /// stream.synchronize()?;
 /// assert_eq!(data.to_vec()?, [10.0, 20.0, 30.0]);
-/// # }
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 pub struct Module {
@@ -174,6 +172,24 @@ impl Module {
 /// writer (as for any memory a kernel is given). Contents races are never undefined
 /// behaviour here ([`DeviceRepr`]); the memory's life is what is guarded: work that uses
 /// a global keeps its code loaded.
+///
+/// ```
+/// use cuda_hal::mock::MockDriver;
+/// use cuda_hal::{Cuda, DeviceBuffer, Module};
+/// // The simulated driver gives every module a 16-byte global `table`.
+/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).global("table", 16))?;
+/// let ctx = cuda.device(0)?.primary_context()?;
+/// let module = Module::from_ptx(&ctx, ".version 8.0\n.target sm_90\n.global .u32 table[4];\n")?;
+/// let mut table = module.global::<u32>("table")?;
+/// assert_eq!(table.len(), 4);
+/// table.copy_from_host(&[1, 2, 3, 4])?;
+/// // Device memory like any other: views, copies, kernel arguments.
+/// let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 2)?;
+/// out.copy_from(&table.as_view().slice(2..)?)?;
+/// assert_eq!(out.to_vec()?, [3, 4]);
+/// assert_eq!(module.global::<u64>("table")?.len(), 2);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub struct Global<'a, T: DeviceRepr> {
     code: &'a Code,
     ctx: Context,

@@ -5,6 +5,27 @@ use std::ops::{Deref, DerefMut};
 use crate::{Context, DeviceRepr, Error, Result};
 
 /// `len` elements of `T` in page-locked host memory, zero-initialised. Derefs to a slice.
+///
+/// The host side of copies that overlap with other work: an `*_async` copy returns at
+/// once, and the pinned buffer is the memory the caller keeps unchanged meanwhile.
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, PinnedBuffer, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let mut host = PinnedBuffer::<u32>::zeroed(&ctx, 4)?;
+/// assert_eq!(*host, [0; 4]);
+/// host.copy_from_slice(&[1, 2, 3, 4]);
+/// let mut dev = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
+/// // SAFETY: `host` is neither changed nor dropped before the stream is synchronised.
+/// unsafe { dev.copy_from_host_async(&host, &stream) }?;
+/// stream.synchronize()?;
+/// assert_eq!(dev.to_vec()?, [1, 2, 3, 4]);
+/// drop(host);
+/// assert_eq!(world.live().host_allocations, 0);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub struct PinnedBuffer<T: DeviceRepr> {
     ctx: Context,
     ptr: *mut T,

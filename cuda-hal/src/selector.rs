@@ -7,6 +7,17 @@ use crate::digits::{parse_decimal, parse_hex};
 use crate::{Error, Result};
 
 /// A GPU's 16-byte UUID, displayed as `nvidia-smi -L` prints it.
+///
+/// ```
+/// use cuda_hal::DeviceUuid;
+/// let u: DeviceUuid = "GPU-5fdb056c-537e-3bd5-1c80-b2039499e800".parse()?;
+/// assert_eq!(u.0[..2], [0x5f, 0xdb]);
+/// assert_eq!(u.to_string(), "GPU-5fdb056c-537e-3bd5-1c80-b2039499e800");
+/// // The `MIG-` prefix, any case, and no dashes are accepted too.
+/// assert_eq!("5FDB056C537E3BD51C80B2039499E800".parse::<DeviceUuid>()?, u);
+/// assert!("GPU-5fdb".parse::<DeviceUuid>().is_err());
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct DeviceUuid(pub [u8; 16]);
 
@@ -77,6 +88,15 @@ fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
 }
 
 /// A PCI bus id: domain, bus, device, function.
+///
+/// ```
+/// use cuda_hal::PciBusId;
+/// let id: PciBusId = "18:00.0".parse()?;
+/// assert_eq!(id, PciBusId { domain: 0, bus: 0x18, device: 0, function: 0 });
+/// assert_eq!(id.to_string(), "00000000:18:00.0");
+/// assert!("18:00".parse::<PciBusId>().is_err(), "the function is missing");
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
 pub struct PciBusId {
     /// PCI domain.
@@ -136,7 +156,21 @@ impl FromStr for PciBusId {
     }
 }
 
-/// Which device a `cuda://...` selector names.
+/// Which device a `cuda://...` selector names (see [`Cuda::select`](crate::Cuda::select)).
+///
+/// ```
+/// use cuda_hal::{DeviceSelector, Error};
+/// assert_eq!("cuda://".parse::<DeviceSelector>()?, DeviceSelector::Default);
+/// assert_eq!("cuda://3".parse::<DeviceSelector>()?, DeviceSelector::Ordinal(3));
+/// let by_bus: DeviceSelector = "cuda://0000:18:00.0".parse()?;
+/// assert!(matches!(by_bus, DeviceSelector::PciBusId(p) if p.bus == 0x18));
+/// assert_eq!(by_bus.to_string(), "cuda://00000000:18:00.0");
+/// let Err(Error::InvalidSelector { input, problem }) = "cuda://gpu1".parse::<DeviceSelector>() else {
+///     panic!("not a selector");
+/// };
+/// assert_eq!((input.as_str(), problem.as_str()), ("cuda://gpu1", "\"gpu1\" is not an ordinal, a UUID or a PCI bus id"));
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum DeviceSelector {
     /// `cuda://`: the default device (ordinal 0).

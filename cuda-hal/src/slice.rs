@@ -48,7 +48,6 @@ use crate::{Context, Device, DeviceRepr, KeepAlive, Result, Stream};
 /// // SAFETY: the memory is writable, and `&mut Tensor` is its only writer.
 /// unsafe impl cuda_hal::DeviceSliceMut for Tensor {}
 ///
-/// # #[cfg(feature = "mock")] {
 /// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let mut t = Tensor { data: DeviceBuffer::zeroed(&ctx, 6)?, shape: vec![2, 3] };
@@ -57,7 +56,6 @@ use crate::{Context, Device, DeviceRepr, KeepAlive, Result, Stream};
 /// let mut rows = cuda_hal::DeviceViewMut::new(&mut t).split_at_mut(3)?;
 /// rows.1.copy_from(&src)?;
 /// assert_eq!(t.data.to_vec()?, [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
-/// # }
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 ///
@@ -132,4 +130,24 @@ pub unsafe trait DeviceSlice: Sync {
 /// # Safety
 /// The memory is writable device memory (not a read-only mapping), and whoever holds
 /// `&mut` of the value may have the device write it.
+///
+/// Generic code that writes device memory takes it (see [`DeviceSlice`] for an
+/// implementation):
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, DeviceSliceMut, DeviceViewMut, Result};
+///
+/// /// Clears whatever device memory of `u32`s it is given.
+/// fn clear<S: DeviceSliceMut<Elem = u32>>(memory: &mut S) -> Result<()> {
+///     DeviceViewMut::new(memory).fill(0)
+/// }
+/// # let (cuda, _world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3, 4])?;
+/// clear(&mut buf.slice_mut(1..3)?)?;
+/// assert_eq!(buf.to_vec()?, [1, 0, 0, 4]);
+/// clear(&mut buf)?;
+/// assert_eq!(buf.to_vec()?, [0; 4]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub unsafe trait DeviceSliceMut: DeviceSlice {}

@@ -53,6 +53,29 @@ impl Drop for Inner {
 }
 
 /// Held while work is noted and enqueued on a stream ([`Stream::enqueue_lock`]).
+///
+/// How code that enqueues work on a buffer's raw address itself keeps the crate's
+/// promises: under the lock, note the memory used on the stream, then enqueue.
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 64)?;
+/// {
+///     let _order = stream.enqueue_lock();
+///     // Its free now waits for the memset, and a capture would hold the memory.
+///     buf.used_on(&stream)?;
+///     let f = cuda.fns().cuMemsetD8Async;
+///     // SAFETY: 64 bytes of live device memory of the stream's context, noted as used.
+///     let rc = unsafe { f(buf.as_raw(), 0xab, 64, stream.as_raw()) };
+///     cuda.check(rc, "cuMemsetD8Async")?;
+/// }
+/// stream.synchronize()?;
+/// assert_eq!(buf.to_vec()?, [0xab; 64]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[must_use = "the lock orders captures only while it is held"]
 pub struct EnqueueLock<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
 
@@ -63,6 +86,28 @@ impl std::fmt::Debug for EnqueueLock<'_> {
 }
 
 /// A CUDA stream in a context. Clones share the stream; the last drop destroys it.
+///
+/// Work on one stream runs in order; across streams, an [`Event`] orders it:
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, Event, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let (producer, consumer) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+/// let mut a = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
+/// let mut b = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
+/// a.fill_async(7, &producer)?;
+/// let filled = Event::without_timing(&ctx)?;
+/// producer.record(&filled)?;
+/// consumer.wait_event(&filled)?; // the copy below runs after the fill
+/// b.copy_from_async(&a, &consumer)?;
+/// consumer.synchronize()?;
+/// assert!(consumer.is_idle()?);
+/// assert_eq!(b.to_vec()?, [7; 4]);
+/// assert_eq!(consumer.device_ordinal()?, 0);
+/// assert!(world.violations().is_empty());
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Stream {
     inner: Arc<Inner>,
@@ -102,6 +147,19 @@ impl Stream {
     }
 
     /// The context's legacy default stream (the null handle; never destroyed).
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let legacy = Stream::legacy_default(&ctx);
+    /// assert!(legacy.as_raw().is_null());
+    /// let mut buf = DeviceBuffer::<u16>::zeroed(&ctx, 3)?;
+    /// buf.fill_async(9, &legacy)?;
+    /// legacy.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, [9; 3]);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub fn legacy_default(ctx: &Context) -> Stream {
         Stream {
             inner: Arc::new(Inner::new(ctx, std::ptr::null_mut(), false)),
@@ -117,6 +175,29 @@ impl Stream {
     /// clones (or joined to such a capture with [`Stream::wait_event`]): work this crate
     /// enqueues on a stream captured behind its back is not kept alive for the graph (see
     /// the crate's Safety section).
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let mut raw = std::ptr::null_mut();
+    /// {
+    ///     let _current = ctx.bind()?;
+    ///     // SAFETY: a valid out-pointer, with `ctx` current.
+    ///     let rc = unsafe { (cuda.fns().cuStreamCreate)(&mut raw, 0) };
+    ///     cuda.check(rc, "cuStreamCreate")?;
+    /// }
+    /// // SAFETY: a stream of `ctx`, destroyed by nothing else (owned), and captured only
+    /// // through the returned value.
+    /// let stream = unsafe { Stream::from_raw(&ctx, raw, true) };
+    /// let mut buf = DeviceBuffer::<i32>::zeroed(&ctx, 2)?;
+    /// buf.fill_async(-1, &stream)?;
+    /// stream.synchronize()?;
+    /// assert_eq!(buf.to_vec()?, [-1, -1]);
+    /// drop((buf, stream)); // the buffer's use log holds the stream too
+    /// assert_eq!(world.live().streams, 0, "owned: destroyed with the value");
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub unsafe fn from_raw(ctx: &Context, raw: CUstream, owned: bool) -> Stream {
         Stream {
             inner: Arc::new(Inner::new(ctx, raw, owned)),

@@ -19,6 +19,51 @@ use crate::{Result, Stream};
 /// The methods are called while this crate holds a stream's order lock or a thread's
 /// group state: they must not call back into this crate's stream, event, graph or group
 /// functions (that could deadlock), and should return quickly.
+///
+/// A handle another library can revoke (as an NCCL communicator can be aborted), held by
+/// a graph that captured work using it; the graph refuses to launch once it is gone:
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use cuda_hal::{CaptureMode, Dependency, DeviceBuffer, Error, KeepAlive, Result, Stream};
+///
+/// #[derive(Default)]
+/// struct Revocable {
+///     revoked: AtomicBool,
+/// }
+/// impl Dependency for Revocable {
+///     fn gated(&self) -> bool {
+///         true
+///     }
+///     fn while_usable(&self, launch: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+///         // A real one also keeps the handle from going until `launch` returns.
+///         if self.revoked.load(Ordering::Acquire) {
+///             return Err(Error::Unusable { what: "the handle was revoked".into() });
+///         }
+///         launch()
+///     }
+/// }
+///
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let handle = Arc::new(Revocable::default());
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
+/// stream.begin_capture(CaptureMode::ThreadLocal)?;
+/// {
+///     // What a library does as it enqueues work that uses its handle.
+///     let _order = stream.enqueue_lock();
+///     stream.hold(|| KeepAlive::new(handle.clone()));
+/// }
+/// buf.fill_async(1, &stream)?;
+/// let exec = stream.end_capture()?.instantiate()?;
+/// exec.launch(&stream)?;
+/// handle.revoked.store(true, Ordering::Release);
+/// let refused = exec.launch(&stream);
+/// assert_eq!(refused, Err(Error::Unusable { what: "the handle was revoked".into() }));
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 pub trait Dependency: Send + Sync + 'static {
     /// Whether [`while_usable`](Self::while_usable) can refuse (a communicator that was
     /// aborted): graphs ask only those before each launch.
@@ -55,6 +100,22 @@ pub trait Dependency: Send + Sync + 'static {
 
 /// A shared owner of a [`Dependency`]: while one exists, the memory or handle it names is
 /// not released. Cheap to clone.
+///
+/// Any [`DeviceSlice`](crate::DeviceSlice) that can be held gives one; a view's holds its
+/// whole allocation:
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, DeviceSlice};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 64)?;
+/// let held = buf.slice(..8)?.keep_alive().expect("a buffer's memory can be held");
+/// drop(buf);
+/// assert_eq!(world.used_memory(0), 64);
+/// drop(held);
+/// assert_eq!(world.used_memory(0), 0);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct KeepAlive(Arc<dyn Dependency>);
 
@@ -181,6 +242,25 @@ thread_local! {
 /// outermost one closes. Open it right after the library's group start succeeded and
 /// drop it right after the group end, on the same thread: it is not `Send`. A scope that
 /// is leaked (`mem::forget`) keeps what it holds alive for the life of the thread.
+///
+/// ```
+/// use cuda_hal::{DeferScope, DeviceBuffer, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// {
+///     let _group = DeferScope::open(); // right after ncclGroupStart
+///     assert!(DeferScope::is_open());
+///     let mut tmp = DeviceBuffer::<u8>::zeroed(&ctx, 16)?;
+///     // Enqueued here; NCCL's grouped calls are only recorded until the group ends.
+///     tmp.fill_async(1, &stream)?;
+///     drop(tmp);
+///     assert_eq!(world.live().device_allocations, 1, "held for the group");
+/// } // right after ncclGroupEnd
+/// assert!(!DeferScope::is_open());
+/// assert_eq!(world.live().device_allocations, 0);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[must_use = "the scope defers releases only while it is alive"]
 pub struct DeferScope {
     _not_send: PhantomData<*const ()>,
@@ -277,6 +357,20 @@ impl CaptureLog {
 /// The streams whose work used something another crate owns (an NCCL registration, a
 /// framework's handle), so that its release can wait for exactly that work. The same
 /// log this crate keeps for each allocation; noting the stream noted last is one load.
+///
+/// ```
+/// use cuda_hal::{Stream, StreamLog};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let (s1, s2) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+/// let log = StreamLog::new();
+/// for s in [&s1, &s2, &s1] {
+///     log.note(s); // before each enqueue that uses the thing
+/// }
+/// assert_eq!(log.streams().len(), 2);
+/// log.synchronize()?; // before releasing it
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Default)]
 pub struct StreamLog(UseLog);
 

@@ -104,7 +104,6 @@ fn advance<T>(ptr: CUdeviceptr, elems: usize) -> CUdeviceptr {
 /// alive.
 ///
 /// ```
-/// # #[cfg(feature = "mock")] {
 /// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// use cuda_hal::DeviceBuffer;
@@ -117,7 +116,6 @@ fn advance<T>(ptr: CUdeviceptr, elems: usize) -> CUdeviceptr {
 ///     .map(|c| c.to_vec().map(|v| v.iter().sum()))
 ///     .collect::<Result<_, _>>()?;
 /// assert_eq!(sums, [3, 7, 5]);
-/// # }
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 pub struct DeviceView<'a, T: DeviceRepr> {
@@ -136,7 +134,6 @@ pub struct DeviceView<'a, T: DeviceRepr> {
 /// [`DeviceView`].
 ///
 /// ```
-/// # #[cfg(feature = "mock")] {
 /// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// use cuda_hal::DeviceBuffer;
@@ -147,7 +144,6 @@ pub struct DeviceView<'a, T: DeviceRepr> {
 /// let (left, mut right) = buf.split_at_mut(3)?;
 /// right.reborrow().slice_mut(..1)?.copy_from(&left.into_view().slice(..1)?)?;
 /// assert_eq!(buf.to_vec()?, [1, 1, 2, 1, 3, 3]);
-/// # }
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 pub struct DeviceViewMut<'a, T: DeviceRepr> {
@@ -206,6 +202,22 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
     /// and it stays allocated until all work enqueued with this view (or views made of it)
     /// has run, including the launches of graphs captured with it and work deferred by a
     /// group, which may run after `'a` (see [`DeviceSlice`]'s Safety section).
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, DeviceView};
+    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// // Memory another library allocated and keeps, known only by its address.
+    /// let theirs = DeviceBuffer::from_slice(&ctx, &[4i32, 5, 6])?;
+    /// let ptr = theirs.as_raw();
+    /// // SAFETY: 3 readable `i32`s of `ctx` at `ptr`, allocated until `theirs` goes,
+    /// // after every use of the view below (all synchronous).
+    /// let view = unsafe { DeviceView::<i32>::from_raw_parts(&ctx, ptr, 3) };
+    /// let mut mine = DeviceBuffer::<i32>::zeroed(&ctx, 2)?;
+    /// mine.copy_from(&view.slice(1..)?)?;
+    /// assert_eq!(mine.to_vec()?, [5, 6]);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     pub unsafe fn from_raw_parts(ctx: &'a Context, ptr: CUdeviceptr, len: usize) -> Self {
         DeviceView {
             base: Base::Raw(ctx),
@@ -353,6 +365,18 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
 }
 
 /// The views of [`DeviceView::chunks`].
+///
+/// ```
+/// use cuda_hal::DeviceBuffer;
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let buf = DeviceBuffer::from_slice(&ctx, &[1u8, 2, 3, 4, 5, 6, 7])?;
+/// let chunks = buf.chunks(3)?;
+/// assert_eq!(chunks.len(), 3);
+/// let lens: Vec<usize> = chunks.map(|c| c.len()).collect();
+/// assert_eq!(lens, [3, 3, 1]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Chunks<'a, T: DeviceRepr> {
     rest: DeviceView<'a, T>,
@@ -387,7 +411,22 @@ impl<'a, T: DeviceRepr> Iterator for Chunks<'a, T> {
 
 impl<T: DeviceRepr> ExactSizeIterator for Chunks<'_, T> {}
 
-/// The views of [`DeviceViewMut::chunks_mut`].
+/// The views of [`DeviceViewMut::chunks_mut`]: disjoint, so each can be written on its
+/// own stream.
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, Stream};
+/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let streams = [Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?];
+/// let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 6)?;
+/// for (i, mut part) in buf.chunks_mut(3)?.enumerate() {
+///     part.fill_async(10 + i as u32, &streams[i])?;
+/// }
+/// buf.synchronize_uses()?;
+/// assert_eq!(buf.to_vec()?, [10, 10, 10, 11, 11, 11]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct ChunksMut<'a, T: DeviceRepr> {
     rest: Option<DeviceViewMut<'a, T>>,

@@ -12,11 +12,26 @@ use crate::fns::{DriverFns, MINIMUM_DRIVER_VERSION, PINNED_API_VERSION};
 use crate::{CUresult, LoadError, PFN_cuDriverGetVersion, PFN_cuGetProcAddress_v2};
 
 /// Environment variable naming the driver library to load instead of searching.
+///
+/// ```
+/// assert_eq!(cuda_sys::DRIVER_PATH_ENV, "CUDA_SYS_LIBRARY");
+/// ```
 pub const DRIVER_PATH_ENV: &str = "CUDA_SYS_LIBRARY";
 
 const LIBRARY: &str = "CUDA driver";
 
 /// A CUDA API version as `cuDriverGetVersion` reports it (`12040` is 12.4).
+///
+/// Ordered like the numbers, so version gates are plain comparisons:
+///
+/// ```
+/// use cuda_sys::{DriverVersion, MINIMUM_DRIVER_VERSION};
+/// let v = DriverVersion(12040);
+/// assert_eq!((v.major(), v.minor()), (12, 4));
+/// assert_eq!(v.to_string(), "12.4");
+/// assert!(v >= DriverVersion(MINIMUM_DRIVER_VERSION));
+/// assert!(v < DriverVersion(13000));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DriverVersion(pub i32);
 
@@ -40,7 +55,32 @@ impl fmt::Display for DriverVersion {
 /// The loaded driver: its function table, its version and the library that backs it.
 ///
 /// Built by [`Driver::load`] (search), [`Driver::load_from`] (one path) or
-/// [`Driver::from_resolver`] (any resolver: this is how mock tables are made).
+/// [`Driver::from_resolver`] (any resolver: this is how mock tables are made). Calls go
+/// straight through [`fns`](Self::fns); the table is checked for completeness when the
+/// driver is built, never at the call.
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// use cuda_sys::{CUdeviceptr, CUresult};
+///
+/// let (driver, world) = MockDriver::with_devices(1).build()?;
+/// assert!(driver.library().is_none(), "a resolver's table has no library behind it");
+/// let f = driver.fns();
+/// let (mut ctx, mut ptr): (_, CUdeviceptr) = (std::ptr::null_mut(), 0);
+/// // SAFETY: valid out-pointers; the context is current before the allocation, which is
+/// // freed once.
+/// unsafe {
+///     assert_eq!((f.cuInit)(0), CUresult::CUDA_SUCCESS);
+///     assert_eq!((f.cuDevicePrimaryCtxRetain)(&mut ctx, 0), CUresult::CUDA_SUCCESS);
+///     assert_eq!((f.cuCtxSetCurrent)(ctx), CUresult::CUDA_SUCCESS);
+///     assert_eq!((f.cuMemAlloc)(&mut ptr, 1024), CUresult::CUDA_SUCCESS);
+///     assert_eq!(world.used_memory(0), 1024);
+///     assert_eq!((f.cuMemFree)(ptr), CUresult::CUDA_SUCCESS);
+///     assert_eq!((f.cuDevicePrimaryCtxRelease)(0), CUresult::CUDA_SUCCESS);
+/// }
+/// assert!(world.live().is_empty());
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 pub struct Driver {
     fns: DriverFns,
     version: DriverVersion,
@@ -70,6 +110,20 @@ impl Driver {
     /// `$CUDA_SYS_LIBRARY` is trusted input, like `LD_LIBRARY_PATH` or `LD_PRELOAD`: whoever
     /// sets the environment of a process already decides what code it runs. The library it
     /// names is opened and trusted to be a CUDA driver, exactly as [`Driver::load_from`] does.
+    ///
+    /// Either way the answer is typed: a driver, or an error that says what was tried
+    /// (this runs on machines with and without a GPU).
+    ///
+    /// ```
+    /// use cuda_sys::{Driver, DriverVersion, LoadError, MINIMUM_DRIVER_VERSION};
+    /// match Driver::load() {
+    ///     Ok(driver) => assert!(driver.version() >= DriverVersion(MINIMUM_DRIVER_VERSION)),
+    ///     // The search: every candidate with why it was rejected.
+    ///     Err(e @ LoadError::NotFound { .. }) => assert!(!e.attempts().is_empty()),
+    ///     // `$CUDA_SYS_LIBRARY` named a library that cannot be used.
+    ///     Err(e) => assert!(e.reason().is_some()),
+    /// }
+    /// ```
     pub fn load() -> Result<Driver, LoadError> {
         if let Some(c) = dylib::env_path(DRIVER_PATH_ENV) {
             return Self::load_candidate(&c).map_err(|reason| unusable(&c, reason));
@@ -88,12 +142,32 @@ impl Driver {
     /// Opening a library runs its initialisers, and its symbols are called through the
     /// driver API's signatures: `path` must name a genuine CUDA driver library (or one that
     /// implements the driver API faithfully), as with `libloading::Library::new`.
+    ///
+    /// ```
+    /// use cuda_sys::dylib::Reason;
+    /// use cuda_sys::Driver;
+    /// // SAFETY: a path that does not exist is refused before anything is opened.
+    /// let err = unsafe { Driver::load_from("/no/such/dir/libcuda.so.1") }.unwrap_err();
+    /// assert_eq!(err.reason(), Some(&Reason::NoSuchFile));
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "CUDA driver from /no/such/dir/libcuda.so.1 (explicit path) cannot be used: no such file"
+    /// );
+    /// ```
     pub unsafe fn load_from(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
         let c = Candidate::new(path.as_ref(), Step::Explicit);
         Self::load_candidate(&c).map_err(|reason| unusable(&c, reason))
     }
 
     /// The automatic search list (without the environment override), in order.
+    ///
+    /// ```
+    /// use cuda_sys::dylib::Step;
+    /// let list = cuda_sys::Driver::search_list();
+    /// assert_eq!(list[0].path.to_str(), Some("libcuda.so.1"));
+    /// assert_eq!(list[0].step, Step::DynamicLoader);
+    /// assert!(list.iter().any(|c| c.step == Step::SystemDir));
+    /// ```
     pub fn search_list() -> Vec<Candidate> {
         let mut list = vec![
             Candidate::new("libcuda.so.1", Step::DynamicLoader),
@@ -164,6 +238,34 @@ impl Driver {
     /// # Safety
     /// Every non-null address the resolver returns must be a function with the signature
     /// that [`DriverFns`] declares for that name, valid for the life of the `Driver`.
+    ///
+    /// A resolver that knows only `cuDriverGetVersion` gives a driver that is refused,
+    /// naming the first required entry it lacks:
+    ///
+    /// ```
+    /// use std::ffi::{CStr, c_int, c_void};
+    /// use cuda_sys::dylib::Reason;
+    /// use cuda_sys::{CUresult, Driver};
+    ///
+    /// unsafe extern "C" fn get_version(version: *mut c_int) -> CUresult {
+    ///     // SAFETY: the loader passes a valid out-pointer.
+    ///     unsafe { *version = 12040 };
+    ///     CUresult::CUDA_SUCCESS
+    /// }
+    /// let resolve = |name: &CStr, _api_version: i32| -> *const c_void {
+    ///     match name.to_bytes() {
+    ///         b"cuDriverGetVersion" => get_version as *const c_void,
+    ///         _ => std::ptr::null(),
+    ///     }
+    /// };
+    /// // SAFETY: the one address returned has `PFN_cuDriverGetVersion`'s signature.
+    /// let err = unsafe { Driver::from_resolver("half a driver", resolve) }.unwrap_err();
+    /// assert_eq!(err.reason(), Some(&Reason::MissingSymbol("cuInit".into())));
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "CUDA driver from half a driver cannot be used: required symbol `cuInit` is missing"
+    /// );
+    /// ```
     pub unsafe fn from_resolver(
         name: &str,
         mut resolve: impl FnMut(&CStr, i32) -> *const c_void,

@@ -2,6 +2,34 @@
 //!
 //! Shared by this crate (libcuda) and `nccl-sys` (libnccl), so that both search the same
 //! way and fail the same way: an error that lists each path tried and why it failed.
+//!
+//! A search is a list of [`Candidate`]s tried in order by [`first_usable`]; each rejected
+//! one becomes an [`Attempt`] with its [`Reason`]:
+//!
+//! ```
+//! use std::path::PathBuf;
+//! use cuda_sys::dylib::{Candidate, Reason, Step, first_usable};
+//!
+//! let candidates = [
+//!     Candidate::new("/opt/none/libfoo.so.1", Step::SystemDir),
+//!     Candidate::new("libfoo.so.1", Step::DynamicLoader),
+//! ];
+//! // Accept only what the dynamic loader would find.
+//! let accept = |c: &Candidate| match c.step {
+//!     Step::DynamicLoader => Ok(c.path.clone()),
+//!     _ => Err(Reason::NoSuchFile),
+//! };
+//! assert_eq!(first_usable(candidates.clone(), accept), Ok(PathBuf::from("libfoo.so.1")));
+//!
+//! let nothing = |_: &Candidate| -> Result<PathBuf, Reason> { Err(Reason::NoSuchFile) };
+//! let attempts = first_usable(candidates, nothing).unwrap_err();
+//! assert_eq!(attempts.0.len(), 2);
+//! assert_eq!(
+//!     attempts.to_string(),
+//!     "\n  /opt/none/libfoo.so.1 (system dir): no such file\
+//!      \n  libfoo.so.1 (dynamic loader): no such file"
+//! );
+//! ```
 
 use std::ffi::{CStr, OsString, c_void};
 use std::fmt;
@@ -10,6 +38,12 @@ use std::path::{Path, PathBuf};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 /// Where a candidate path came from, so an error can say why it was tried.
+///
+/// ```
+/// use cuda_sys::dylib::Step;
+/// assert_eq!(Step::EnvOverride("CUDA_SYS_LIBRARY").to_string(), "$CUDA_SYS_LIBRARY");
+/// assert_eq!(Step::PythonPackage.to_string(), "pip package");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Step {
@@ -38,6 +72,16 @@ impl fmt::Display for Step {
 }
 
 /// Why one candidate library was not used.
+///
+/// ```
+/// use cuda_sys::dylib::Reason;
+/// let old = Reason::TooOld { found: "2.17.1".into(), minimum: "2.18.0".into() };
+/// assert_eq!(old.to_string(), "version 2.17.1 is older than the minimum supported 2.18.0");
+/// assert_eq!(
+///     Reason::MissingSymbol("cuInit".into()).to_string(),
+///     "required symbol `cuInit` is missing"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Reason {
@@ -76,6 +120,16 @@ impl fmt::Display for Reason {
 }
 
 /// One candidate that was tried, and why it was rejected.
+///
+/// ```
+/// use cuda_sys::dylib::{Attempt, Reason, Step};
+/// let a = Attempt {
+///     path: "/usr/lib64/libcuda.so.1".into(),
+///     step: Step::SystemDir,
+///     reason: Reason::NoSuchFile,
+/// };
+/// assert_eq!(a.to_string(), "/usr/lib64/libcuda.so.1 (system dir): no such file");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
     /// The path or soname handed to the loader.
@@ -98,7 +152,12 @@ impl fmt::Display for Attempt {
     }
 }
 
-/// The attempts of a search, displayed one per line.
+/// The attempts of a search, displayed one per line (see the [module](self) example).
+///
+/// ```
+/// use cuda_sys::dylib::Attempts;
+/// assert_eq!(Attempts::default().to_string(), "\n  (no candidate paths)");
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attempts(pub Vec<Attempt>);
 
@@ -115,6 +174,12 @@ impl fmt::Display for Attempts {
 }
 
 /// A candidate library path with the step that produced it.
+///
+/// ```
+/// use cuda_sys::dylib::{Candidate, Step};
+/// let c = Candidate::new("libnccl.so.2", Step::DynamicLoader);
+/// assert_eq!((c.path.to_str(), c.step), (Some("libnccl.so.2"), Step::DynamicLoader));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     /// Path (absolute) or bare soname (resolved by the dynamic loader).
@@ -142,6 +207,25 @@ const RTLD_NODELETE: i32 = 0x1000;
 /// libcuda and libnccl start threads of their own (NCCL's bootstrap root thread runs after
 /// `ncclGetUniqueId` returns) and register exit handlers; unmapping them under those would
 /// crash the process. Loading the same path again returns the same mapped library.
+///
+/// ```
+/// use std::path::Path;
+/// use cuda_sys::dylib::{OpenLibrary, Reason};
+///
+/// // The C library is loaded in every process already (glibc's soname).
+/// let libc = OpenLibrary::open(Path::new("libc.so.6")).map_err(|r| r.to_string())?;
+/// assert!(!libc.symbol(c"getpid").is_null());
+/// assert!(libc.symbol(c"no_such_symbol_here").is_null());
+/// assert_eq!(libc.path(), Path::new("libc.so.6"));
+///
+/// // A path that does not exist is refused before the loader is asked.
+/// let missing = OpenLibrary::open(Path::new("/no/such/libcuda.so.1")).unwrap_err();
+/// assert_eq!(missing, Reason::NoSuchFile);
+/// // A bare name the loader cannot find: its message.
+/// let unknown = OpenLibrary::open(Path::new("libno-such-library.so.0")).unwrap_err();
+/// assert!(matches!(unknown, Reason::Open(msg) if msg.contains("libno-such-library.so.0")));
+/// # Ok::<(), String>(())
+/// ```
 #[derive(Debug)]
 pub struct OpenLibrary {
     lib: Library,
@@ -191,6 +275,11 @@ fn loader_message(e: &libloading::Error) -> String {
 }
 
 /// Reads an environment variable that names a library; empty counts as unset.
+///
+/// ```
+/// use cuda_sys::dylib::env_path;
+/// assert_eq!(env_path("CUDA_SYS_DOC_EXAMPLE_NEVER_SET"), None);
+/// ```
 pub fn env_path(var: &'static str) -> Option<Candidate> {
     let value: OsString = std::env::var_os(var)?;
     if value.is_empty() {

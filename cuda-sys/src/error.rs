@@ -3,6 +3,32 @@
 use crate::dylib::{Attempt, Attempts, Reason};
 
 /// Why a library (libcuda, libnccl) or a resolver could not give a usable function table.
+///
+/// A search that found nothing usable is [`NotFound`](Self::NotFound), with every
+/// candidate; a source the caller named is [`Unusable`](Self::Unusable), with its reason.
+/// Too old a driver, for instance:
+///
+/// ```
+/// use cuda_sys::LoadError;
+/// use cuda_sys::dylib::Reason;
+/// use cuda_sys::mock::MockDriver;
+///
+/// let err = MockDriver::with_devices(1).version(11080).build().unwrap_err();
+/// let LoadError::Unusable { library, origin, reason } = &err else {
+///     panic!("a named source is never searched: {err}");
+/// };
+/// assert_eq!((*library, origin.as_str()), ("CUDA driver", "mock driver"));
+/// assert_eq!(
+///     *reason,
+///     Reason::TooOld { found: "11.8".into(), minimum: "12.0".into() }
+/// );
+/// assert!(err.attempts().is_empty());
+/// assert_eq!(
+///     err.to_string(),
+///     "CUDA driver from mock driver cannot be used: \
+///      version 11.8 is older than the minimum supported 12.0"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {

@@ -8,9 +8,19 @@ use crate::*;
 /// program compiled against CUDA 12.0 would call, e.g. `cuMemAlloc_v2`, never the 3.x-era
 /// `cuMemAlloc` that a plain `dlsym("cuMemAlloc")` returns. The signatures come from the
 /// CUDA 12.9 header, whose default names keep the 12.0 ABI for every function 12.0 had.
+///
+/// ```
+/// use cuda_sys::{DriverFns, DriverVersion, PINNED_API_VERSION};
+/// assert_eq!(DriverVersion(PINNED_API_VERSION).to_string(), "12.0");
+/// // `cuMemAlloc` is the `_v2` ABI variant (64-bit sizes) at that version.
+/// let sig = DriverFns::SIGNATURES.iter().find(|(name, _)| *name == "cuMemAlloc");
+/// assert_eq!(sig, Some(&("cuMemAlloc", "PFN_cuMemAlloc_v2")));
+/// ```
 pub const PINNED_API_VERSION: i32 = 12000;
 
-/// The oldest driver API version this crate loads (CUDA 12.0, driver 525).
+/// The oldest driver API version this crate loads (CUDA 12.0, driver 525); an older one
+/// is refused with [`LoadError::Unusable`](crate::LoadError::Unusable) and
+/// [`Reason::TooOld`](crate::dylib::Reason::TooOld).
 pub const MINIMUM_DRIVER_VERSION: i32 = 12000;
 
 crate::fn_table! {
@@ -19,6 +29,25 @@ crate::fn_table! {
     /// Field names are the API names; each field's type is the signature of the ABI
     /// variant that `cuGetProcAddress` returns for it at [`PINNED_API_VERSION`]
     /// (optional entries: at the version that introduced them).
+    ///
+    /// Optional entries are `Option`s: `None` on a driver older than the version that
+    /// introduced them, as on this simulated 12.4 driver:
+    ///
+    /// ```
+    /// use cuda_sys::DriverFns;
+    /// use cuda_sys::mock::MockDriver;
+    ///
+    /// let (driver, _world) = MockDriver::with_devices(1).version(12040).build()?;
+    /// let fns: &DriverFns = driver.fns();
+    /// assert!(fns.cuFuncGetParamInfo.is_some(), "new in 12.4");
+    /// assert!(fns.cuStreamGetDevice.is_none(), "new in 12.8");
+    /// assert!(DriverFns::OPTIONAL.contains(&("cuStreamGetDevice", 12080)));
+    /// assert!(fns.optional_present().contains(&("cuStreamGetDevice", false)));
+    /// assert!(DriverFns::REQUIRED.contains(&"cuMemAlloc"));
+    /// assert!(fns.address_of("cuMemAlloc").is_some());
+    /// assert_eq!(fns.address_of("cuNoSuchFunction"), None);
+    /// # Ok::<(), cuda_sys::LoadError>(())
+    /// ```
     pub struct DriverFns;
     min = PINNED_API_VERSION;
     required {

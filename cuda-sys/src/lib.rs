@@ -13,6 +13,33 @@
 //!
 //! Nothing here needs CUDA at build time, so the crate builds and documents anywhere.
 //!
+//! # Quick start
+//!
+//! The table is the same whether it comes from `libcuda.so.1` or from the simulated
+//! driver of the `mock` feature ([`mock`]), which runs anywhere: this example does.
+//!
+//! ```
+//! use cuda_sys::mock::MockDriver;
+//! use cuda_sys::{CUresult, DriverVersion};
+//!
+//! let (driver, world) = MockDriver::with_devices(2).version(12040).build()?;
+//! assert_eq!(driver.version(), DriverVersion(12040));
+//! assert_eq!(driver.origin(), "mock driver");
+//! let f = driver.fns();
+//! let mut count = 0;
+//! // SAFETY: cuInit(0) has no preconditions; `count` is a valid out-pointer.
+//! unsafe {
+//!     assert_eq!((f.cuInit)(0), CUresult::CUDA_SUCCESS);
+//!     assert_eq!((f.cuDeviceGetCount)(&mut count), CUresult::CUDA_SUCCESS);
+//! }
+//! assert_eq!(count, 2);
+//! assert_eq!(world.calls("cuDeviceGetCount"), 1);
+//! # Ok::<(), cuda_sys::LoadError>(())
+//! ```
+//!
+//! Loading the real driver is one call; it fails with a [`LoadError`] that lists every
+//! path tried when there is none (`no_run`: the output depends on the machine).
+//!
 //! ```no_run
 //! let driver = cuda_sys::Driver::load()?;
 //! println!("CUDA driver {} from {}", driver.version(), driver.origin());
@@ -24,6 +51,19 @@
 //! }
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
+//!
+//! # Features
+//!
+//! * `mock`: [`mock`], a simulated driver (devices, memory, streams, graphs, kernels
+//!   bound to Rust functions) that doubles as a sanitizer, for tests without a GPU.
+//!
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Without the feature the module is not there: its links go to the published docs.
+#![cfg_attr(
+    not(feature = "mock"),
+    doc = "[`mock`]: https://docs.rs/cuda-dl-sys/latest/cuda_sys/mock/index.html"
+)]
 
 #[allow(
     non_camel_case_types,

@@ -9,6 +9,25 @@
 use std::ffi::CStr;
 
 /// A resolver: given a symbol name and the API version it is wanted at, its address, or null.
+///
+/// What a table's `load_with` asks, entry by entry; a resolver that finds nothing fails
+/// at the first required entry:
+///
+/// ```
+/// use std::ffi::CStr;
+/// use cuda_sys::{DriverFns, PINNED_API_VERSION, Resolver};
+///
+/// let mut asked = Vec::new();
+/// let mut nothing = |name: &CStr, version: i32| {
+///     asked.push((name.to_owned(), version));
+///     std::ptr::null()
+/// };
+/// let resolver: &mut Resolver<'_> = &mut nothing;
+/// // SAFETY: a resolver that returns no address makes no signature promise.
+/// let table = unsafe { DriverFns::load_with(PINNED_API_VERSION, resolver) };
+/// assert_eq!(table.err(), Some("cuInit"));
+/// assert_eq!(asked, [(c"cuInit".to_owned(), PINNED_API_VERSION)]);
+/// ```
 pub type Resolver<'a> = dyn FnMut(&CStr, i32) -> *const core::ffi::c_void + 'a;
 
 /// Turns a NUL-terminated literal into a `&CStr` at compile time (used by `fn_table!`).

@@ -6,12 +6,28 @@ use crate::{
 use core::ffi::c_int;
 
 /// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): "not set, let NCCL choose".
+///
+/// ```
+/// use nccl_sys::{NCCL_CONFIG_INITIALIZER, NCCL_CONFIG_UNDEF_INT};
+/// assert_eq!(NCCL_CONFIG_UNDEF_INT, i32::MIN);
+/// assert_eq!(NCCL_CONFIG_INITIALIZER.minCTAs, NCCL_CONFIG_UNDEF_INT);
+/// ```
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
 /// `NCCL_CONFIG_INITIALIZER`: every field unset, sized and versioned for the 2.32 layout.
 ///
 /// NCCL copies `min(size, its own sizeof)` bytes and ignores fields newer than `version`,
 /// so this value is valid for every supported library.
+///
+/// Start from it and set what matters, as C code does with the macro:
+///
+/// ```
+/// use nccl_sys::{NCCL_CONFIG_INITIALIZER, NCCL_CONFIG_UNDEF_INT, ncclConfig_t};
+/// let config = ncclConfig_t { blocking: 0, minCTAs: 4, ..NCCL_CONFIG_INITIALIZER };
+/// assert_eq!(config.size, size_of::<ncclConfig_t>());
+/// assert_eq!(config.maxCTAs, NCCL_CONFIG_UNDEF_INT);
+/// assert!(config.netName.is_null());
+/// ```
 pub const NCCL_CONFIG_INITIALIZER: ncclConfig_t = ncclConfig_t {
     size: core::mem::size_of::<ncclConfig_t>(),
     magic: NCCL_API_MAGIC,
@@ -42,6 +58,12 @@ pub const NCCL_CONFIG_INITIALIZER: ncclConfig_t = ncclConfig_t {
 };
 
 /// `NCCL_COLLCONFIG_INITIALIZER` (NCCL 2.31+ per-collective configuration).
+///
+/// ```
+/// use nccl_sys::{NCCL_COLLCONFIG_INITIALIZER, NCCL_CONFIG_UNDEF_INT, ncclCollConfig_t};
+/// let c = ncclCollConfig_t { maxCTAs: 8, ..NCCL_COLLCONFIG_INITIALIZER };
+/// assert_eq!((c.minCTAs, c.forceAlgSelection), (NCCL_CONFIG_UNDEF_INT, 1));
+/// ```
 pub const NCCL_COLLCONFIG_INITIALIZER: ncclCollConfig_t = ncclCollConfig_t {
     size: core::mem::size_of::<ncclCollConfig_t>(),
     magic: NCCL_API_MAGIC,
@@ -59,6 +81,11 @@ pub const NCCL_COLLCONFIG_INITIALIZER: ncclCollConfig_t = ncclCollConfig_t {
 };
 
 /// `NCCL_SIM_INFO_INITIALIZER` (for `ncclGroupSimulateEnd`).
+///
+/// ```
+/// let info = nccl_sys::NCCL_SIM_INFO_INITIALIZER;
+/// assert_eq!(info.estimatedTime, -1.0, "not simulated yet");
+/// ```
 pub const NCCL_SIM_INFO_INITIALIZER: ncclSimInfo_t = ncclSimInfo_t {
     size: core::mem::size_of::<ncclSimInfo_t>(),
     magic: 0x7468_5283,
@@ -72,6 +99,21 @@ pub const NCCL_SIM_INFO_INITIALIZER: ncclSimInfo_t = ncclSimInfo_t {
 /// NCCL appends fields and never reorders them, so the fields a release knows are a
 /// prefix of [`CONFIG_FIELDS`], and a library ignores the fields newer than itself (or
 /// than the config's `version`).
+///
+/// What a config must hold for a library of a given release:
+///
+/// ```
+/// use nccl_sys::{CONFIG_FIELDS, ConfigField, NcclVersion};
+/// let comm_name = ConfigField::named("commName").expect("nccl.h has it");
+/// assert_eq!(comm_name.since, NcclVersion::new(2, 27, 0));
+/// assert_eq!(comm_name.size, size_of::<*const std::ffi::c_char>());
+/// // sizeof(ncclConfig_t) in the headers of 2.18 and 2.27.
+/// assert_eq!(ConfigField::layout_size(NcclVersion::new(2, 18, 3)), 48);
+/// assert_eq!(ConfigField::layout_size(NcclVersion::new(2, 27, 3)), 72);
+/// // The fields a release knows are a prefix of the table.
+/// let known = CONFIG_FIELDS.iter().take_while(|f| f.since <= NcclVersion::new(2, 18, 3));
+/// assert_eq!(known.map(|f| f.name).collect::<Vec<_>>(), ["blocking", "cgaClusterSize", "minCTAs", "maxCTAs", "netName", "splitShare"]);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfigField {
     /// The C field name (`"minCTAs"`).

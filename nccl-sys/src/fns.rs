@@ -16,6 +16,24 @@ const MIN: i32 = NcclVersion::MINIMUM.0;
 
 cuda_sys::fn_table! {
     /// The NCCL functions, resolved at run time with `dlsym`.
+    ///
+    /// Entries newer than [`NcclVersion::MINIMUM`] are `Option`s, present only when the
+    /// library reports the release that introduced them:
+    ///
+    /// ```
+    /// use cuda_sys::mock::MockDriver;
+    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_sys::{NcclFns, NcclVersion};
+    ///
+    /// let (_driver, gpus) = MockDriver::with_devices(1).build()?;
+    /// let (nccl, _world) = MockNccl::new(&gpus).version(NcclVersion::new(2, 21, 5)).build()?;
+    /// let fns: &NcclFns = nccl.fns();
+    /// assert!(fns.ncclMemAlloc.is_some(), "since 2.19");
+    /// assert!(fns.ncclCommShrink.is_none(), "since 2.27");
+    /// assert!(NcclFns::OPTIONAL.contains(&("ncclCommShrink", NcclVersion::new(2, 27, 0).0)));
+    /// assert!(NcclFns::REQUIRED.contains(&"ncclAllReduce"));
+    /// # Ok::<(), nccl_sys::LoadError>(())
+    /// ```
     pub struct NcclFns;
     min = MIN;
     required {

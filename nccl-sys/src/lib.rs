@@ -11,6 +11,63 @@
 //!   on `ncclGetVersion`. Every signature is a `PFN_<symbol>` type.
 //! * **Mock tables**: [`Nccl::from_resolver`] takes any `(name, version) -> address` closure.
 //!
+//! # Quick start
+//!
+//! The table is the same whether it comes from `libnccl.so.2` or from the simulated NCCL
+//! of the `mock` feature ([`mock`]), which runs anywhere, on `cuda-sys`'s simulated
+//! devices: this example does. One thread drives two ranks, so their calls go in a
+//! group, as with NCCL.
+//!
+//! ```
+//! use std::ffi::c_void;
+//! use cuda_sys::mock::MockDriver;
+//! use nccl_sys::mock::MockNccl;
+//! use nccl_sys::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+//!
+//! let (driver, gpus) = MockDriver::with_devices(2).build()?;
+//! let (nccl, world) = MockNccl::new(&gpus).build()?;
+//! let (cu, f, ok) = (driver.fns(), nccl.fns(), ncclResult_t::ncclSuccess);
+//! let mut comms: [ncclComm_t; 2] = [std::ptr::null_mut(); 2];
+//! let (mut ctxs, mut streams, mut bufs) = ([std::ptr::null_mut(); 2], [std::ptr::null_mut(); 2], [0u64; 2]);
+//! let mut sums = [[0f32; 3]; 2];
+//! // SAFETY: simulated calls with valid out-pointers, each rank's context current for
+//! // its calls, its own stream, and buffers of the 12 bytes (3 floats) each call reads
+//! // or writes.
+//! unsafe {
+//!     (cu.cuInit)(0);
+//!     // One communicator per device (NULL: devices 0 and 1).
+//!     assert_eq!((f.ncclCommInitAll)(comms.as_mut_ptr(), 2, std::ptr::null()), ok);
+//!     for d in 0..2 {
+//!         (cu.cuDevicePrimaryCtxRetain)(&mut ctxs[d], d as i32);
+//!         (cu.cuCtxSetCurrent)(ctxs[d]);
+//!         (cu.cuStreamCreate)(&mut streams[d], 0);
+//!         (cu.cuMemAlloc)(&mut bufs[d], 12);
+//!         let mine = [d as f32 + 1.0; 3];
+//!         (cu.cuMemcpyHtoD)(bufs[d], mine.as_ptr().cast(), 12);
+//!     }
+//!     assert_eq!((f.ncclGroupStart)(), ok);
+//!     for d in 0..2 {
+//!         (cu.cuCtxSetCurrent)(ctxs[d]);
+//!         let p = bufs[d] as *mut c_void;
+//!         let (float, sum) = (ncclDataType_t::ncclFloat32, ncclRedOp_t::ncclSum);
+//!         assert_eq!((f.ncclAllReduce)(p, p, 3, float, sum, comms[d], streams[d]), ok);
+//!     }
+//!     assert_eq!((f.ncclGroupEnd)(), ok);
+//!     for d in 0..2 {
+//!         (cu.cuCtxSetCurrent)(ctxs[d]);
+//!         (cu.cuStreamSynchronize)(streams[d]);
+//!         (cu.cuMemcpyDtoH)(sums[d].as_mut_ptr().cast(), bufs[d], 12);
+//!         assert_eq!((f.ncclCommDestroy)(comms[d]), ok);
+//!     }
+//! }
+//! assert_eq!(sums, [[3.0; 3]; 2]);
+//! assert!(world.live().is_empty());
+//! assert!(world.violations().is_empty());
+//! # Ok::<(), nccl_sys::LoadError>(())
+//! ```
+//!
+//! Loading the real library is one call (`no_run`: the answer depends on the machine):
+//!
 //! ```no_run
 //! let nccl = nccl_sys::Nccl::load()?;
 //! println!("NCCL {} from {}", nccl.version(), nccl.origin());
@@ -20,6 +77,19 @@
 //! println!("{}", nccl.error_string(rc));
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
+//!
+//! # Features
+//!
+//! * `mock`: [`mock`], a simulated NCCL over `cuda-sys`'s simulated driver (and that
+//!   crate's `mock` feature), which checks the lifetimes of asynchronous work.
+//!
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Without the feature the module is not there: its links go to the published docs.
+#![cfg_attr(
+    not(feature = "mock"),
+    doc = "[`mock`]: https://docs.rs/nccl-sys/latest/nccl_sys/mock/index.html"
+)]
 
 #[allow(
     non_camel_case_types,

@@ -12,6 +12,10 @@ use cuda_sys::dylib::{self, Candidate, OpenLibrary, Reason, Step};
 use crate::{NcclFns, NcclVersion, PFN_ncclGetVersion, ncclResult_t};
 
 /// Environment variable naming the NCCL library to load instead of searching.
+///
+/// ```
+/// assert_eq!(nccl_sys::NCCL_PATH_ENV, "NCCL_SYS_LIBRARY");
+/// ```
 pub const NCCL_PATH_ENV: &str = "NCCL_SYS_LIBRARY";
 
 const LIBRARY: &str = "NCCL";
@@ -20,6 +24,24 @@ const LIBRARY: &str = "NCCL";
 ///
 /// Nothing is opened until one of the constructors is called; the safe layer calls them
 /// only when a channel is asked for.
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// use nccl_sys::mock::MockNccl;
+/// use nccl_sys::{NcclVersion, ncclResult_t, ncclUniqueId};
+///
+/// let (_driver, gpus) = MockDriver::with_devices(1).build()?;
+/// let (nccl, _world) = MockNccl::new(&gpus).version(NcclVersion::new(2, 21, 5)).build()?;
+/// assert_eq!(nccl.version().to_string(), "2.21.5");
+/// assert_eq!(nccl.origin(), "mock NCCL");
+/// assert!(nccl.library().is_none());
+/// let mut id = ncclUniqueId::default();
+/// // SAFETY: a valid out-pointer.
+/// assert_eq!(unsafe { (nccl.fns().ncclGetUniqueId)(&mut id) }, ncclResult_t::ncclSuccess);
+/// let text = nccl.error_string(ncclResult_t::ncclInvalidArgument);
+/// assert_eq!(text, "invalid argument (simulated)");
+/// # Ok::<(), nccl_sys::LoadError>(())
+/// ```
 pub struct Nccl {
     fns: NcclFns,
     version: NcclVersion,
@@ -50,6 +72,19 @@ impl Nccl {
     /// `$NCCL_SYS_LIBRARY` is trusted input, like `LD_LIBRARY_PATH` or `LD_PRELOAD`: whoever
     /// sets the environment of a process already decides what code it runs. The library it
     /// names is opened and trusted to be NCCL, exactly as [`Nccl::load_from`] does.
+    ///
+    /// Either way the answer is typed (this runs with and without an NCCL installed):
+    ///
+    /// ```
+    /// use nccl_sys::{LoadError, Nccl, NcclVersion};
+    /// match Nccl::load() {
+    ///     Ok(nccl) => assert!(nccl.version() >= NcclVersion::MINIMUM),
+    ///     // The search: every candidate with why it was rejected.
+    ///     Err(e @ LoadError::NotFound { .. }) => assert!(!e.attempts().is_empty()),
+    ///     // `$NCCL_SYS_LIBRARY` named a library that cannot be used.
+    ///     Err(e) => assert!(e.reason().is_some()),
+    /// }
+    /// ```
     pub fn load() -> Result<Nccl, LoadError> {
         if let Some(c) = dylib::env_path(NCCL_PATH_ENV) {
             return Self::load_candidate(&c).map_err(|reason| unusable(&c, reason));
@@ -68,12 +103,29 @@ impl Nccl {
     /// Opening a library runs its initialisers, and its symbols are called through NCCL's
     /// signatures: `path` must name a genuine NCCL library (or one that implements NCCL's
     /// API faithfully), as with `libloading::Library::new`.
+    ///
+    /// ```no_run
+    /// // `no_run`: it needs an NCCL wheel installed at this path.
+    /// let path = "/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2";
+    /// // SAFETY: the path names a genuine NCCL library.
+    /// let nccl = unsafe { nccl_sys::Nccl::load_from(path) }?;
+    /// println!("NCCL {} from {}", nccl.version(), nccl.origin());
+    /// # Ok::<(), nccl_sys::LoadError>(())
+    /// ```
     pub unsafe fn load_from(path: impl AsRef<Path>) -> Result<Nccl, LoadError> {
         let c = Candidate::new(path.as_ref(), Step::Explicit);
         Self::load_candidate(&c).map_err(|reason| unusable(&c, reason))
     }
 
     /// The automatic search list (without the environment override), in order.
+    ///
+    /// ```
+    /// use cuda_sys::dylib::Step;
+    /// let list = nccl_sys::Nccl::search_list();
+    /// assert_eq!(list[0].path.to_str(), Some("libnccl.so.2"));
+    /// assert_eq!(list[0].step, Step::DynamicLoader);
+    /// assert!(list.iter().any(|c| c.step == Step::SystemDir));
+    /// ```
     pub fn search_list() -> Vec<Candidate> {
         let mut list = vec![
             Candidate::new("libnccl.so.2", Step::DynamicLoader),
@@ -126,6 +178,33 @@ impl Nccl {
     /// # Safety
     /// Every non-null address the resolver returns must be a function with the signature
     /// that [`NcclFns`] declares for that name, valid for the life of the `Nccl`.
+    ///
+    /// A library older than [`NcclVersion::MINIMUM`] is refused before anything else is
+    /// resolved:
+    ///
+    /// ```
+    /// use std::ffi::{CStr, c_int, c_void};
+    /// use cuda_sys::dylib::Reason;
+    /// use nccl_sys::{Nccl, ncclResult_t};
+    ///
+    /// unsafe extern "C" fn get_version(version: *mut c_int) -> ncclResult_t {
+    ///     // SAFETY: the loader passes a valid out-pointer.
+    ///     unsafe { *version = 21705 };
+    ///     ncclResult_t::ncclSuccess
+    /// }
+    /// let resolve = |name: &CStr, _version: i32| -> *const c_void {
+    ///     match name.to_bytes() {
+    ///         b"ncclGetVersion" => get_version as *const c_void,
+    ///         _ => std::ptr::null(),
+    ///     }
+    /// };
+    /// // SAFETY: the one address returned has `PFN_ncclGetVersion`'s signature.
+    /// let err = unsafe { Nccl::from_resolver("an old NCCL", resolve) }.unwrap_err();
+    /// assert_eq!(
+    ///     err.reason(),
+    ///     Some(&Reason::TooOld { found: "2.17.5".into(), minimum: "2.18.0".into() })
+    /// );
+    /// ```
     pub unsafe fn from_resolver(
         name: &str,
         mut resolve: impl FnMut(&CStr, i32) -> *const c_void,

@@ -3,6 +3,19 @@
 use std::fmt;
 
 /// An NCCL version as `ncclGetVersion` reports it (`22803` is 2.28.3, `23203` is 2.32.3).
+///
+/// The code changed its encoding after 2.8; [`new`](Self::new) and
+/// [`parts`](Self::parts) follow both, and versions compare as releases:
+///
+/// ```
+/// use nccl_sys::NcclVersion;
+/// let v = NcclVersion::new(2, 28, 3);
+/// assert_eq!(v, NcclVersion(22803));
+/// assert_eq!(NcclVersion::new(2, 8, 4), NcclVersion(2804));
+/// assert_eq!(NcclVersion(2804).parts(), (2, 8, 4));
+/// assert_eq!(v.to_string(), "2.28.3");
+/// assert!(v >= NcclVersion::MINIMUM && NcclVersion::MINIMUM.to_string() == "2.18.0");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NcclVersion(pub i32);
 

@@ -9,6 +9,27 @@ use super::stream::stream_key;
 use crate::{CUresult, CUstream};
 
 /// One live device allocation, as [`MockWorld::allocation_of`] describes it.
+///
+/// ```
+/// use cuda_sys::mock::{AllocationInfo, MockDriver};
+/// let (driver, world) = MockDriver::with_devices(1).build()?;
+/// let f = driver.fns();
+/// let mut ctx = std::ptr::null_mut();
+/// // SAFETY: a valid out-pointer; the retained context is made current.
+/// unsafe {
+///     (f.cuInit)(0);
+///     (f.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+///     (f.cuCtxSetCurrent)(ctx);
+/// }
+/// // Memory of another allocator (as `ncclMemAlloc` has), which only it may free.
+/// let p = world.alloc_foreign(4096, "myAlloc").expect("a context is current");
+/// let info = AllocationInfo { start: p, len: 4096, device: 0, foreign: Some("myAlloc") };
+/// assert_eq!(world.allocation_of(p + 100, 8), Some(info));
+/// assert_eq!(world.allocation_of(p + 4090, 8), None, "runs past its end");
+/// assert_eq!(world.free_foreign(p, "myFree", "myAlloc"), Ok(()));
+/// assert_eq!(world.allocation_of(p, 1), None);
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocationInfo {
     /// Its first byte.

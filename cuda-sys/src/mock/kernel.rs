@@ -38,6 +38,26 @@ mod sealed {
 
 /// A primitive number, valid for any bit pattern: what a host-bound kernel may read from
 /// its parameters and from device memory, and write to device memory. Sealed.
+///
+/// Generic host kernels are written over it:
+///
+/// ```
+/// use cuda_sys::mock::{KernelCall, MockDriver, Plain};
+///
+/// /// `x[i] += x[i]` for the `n` elements at `x`: parameters (x: ptr, n: u32).
+/// fn double<T: Plain + std::ops::Add<Output = T>>(k: &mut KernelCall<'_>) {
+///     let (x, n) = (k.param::<u64>(0), k.param::<u32>(1) as usize);
+///     let v: Vec<T> = k.read::<T>(x, n).into_iter().map(|v| v + v).collect();
+///     k.write(x, &v);
+/// }
+/// let (_driver, _world) = MockDriver::with_devices(1)
+///     .kernel("double_f32", &[8, 4], double::<f32>)
+///     .kernel("double_i64", &[8, 4], double::<i64>)
+///     .build()?;
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
+///
+/// (See [`MockDriver::kernel`](super::MockDriver::kernel) for a launch.)
 pub trait Plain: Copy + Default + Send + Sync + 'static + sealed::Sealed {}
 
 macro_rules! plain {
@@ -74,6 +94,52 @@ pub(crate) struct Launch {
 /// length is reported like any illegal range. Legal accesses are recorded as uses of the
 /// memory, so a free not ordered after the kernel is reported. The kernel runs once per
 /// launch, not once per thread: it loops over its elements itself.
+///
+/// One element per thread of the launch; a grid larger than the buffer writes past its
+/// end, which faults the launch instead of corrupting memory:
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// use cuda_sys::{CUdeviceptr, CUresult};
+///
+/// let (driver, world) = MockDriver::with_devices(1)
+///     .kernel("iota", &[8], |k| {
+///         assert_eq!((k.name(), k.param_count(), k.device()), ("iota", 1, 0));
+///         let out = k.param::<u64>(0);
+///         let n = k.threads() as u32; // grid × block
+///         k.write(out, &(0..n).collect::<Vec<u32>>());
+///     })
+///     .build()?;
+/// let f = driver.fns();
+/// let ptx = c".version 8.0\n.target sm_90\n.visible .entry iota(.param .u64 out) { ret; }";
+/// let ok = CUresult::CUDA_SUCCESS;
+/// let mut got = [0u32; 8];
+/// // SAFETY: valid out-pointers and live handles; one parameter pointer, to a device
+/// // address (8 bytes, as declared); the simulated kernel's accesses are checked.
+/// let (fits, too_big) = unsafe {
+///     let (mut ctx, mut module, mut func) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+///     assert_eq!((f.cuInit)(0), ok);
+///     assert_eq!((f.cuDevicePrimaryCtxRetain)(&mut ctx, 0), ok);
+///     assert_eq!((f.cuCtxSetCurrent)(ctx), ok);
+///     assert_eq!((f.cuModuleLoadData)(&mut module, ptx.as_ptr().cast()), ok);
+///     assert_eq!((f.cuModuleGetFunction)(&mut func, module, c"iota".as_ptr()), ok);
+///     let mut out: CUdeviceptr = 0;
+///     assert_eq!((f.cuMemAlloc)(&mut out, 32), ok);
+///     let mut params = [(&raw mut out).cast()];
+///     let (stream, extra) = (std::ptr::null_mut(), std::ptr::null_mut());
+///     // 2 blocks of 4 threads: 8 u32s, the whole buffer.
+///     let fits = (f.cuLaunchKernel)(func, 2, 1, 1, 4, 1, 1, 0, stream, params.as_mut_ptr(), extra);
+///     assert_eq!((f.cuMemcpyDtoH)(got.as_mut_ptr().cast(), out, 32), ok);
+///     // 4 blocks of 4: 16 u32s, twice the buffer.
+///     let too_big = (f.cuLaunchKernel)(func, 4, 1, 1, 4, 1, 1, 0, stream, params.as_mut_ptr(), extra);
+///     (fits, too_big)
+/// };
+/// assert_eq!((fits, too_big), (ok, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+/// assert_eq!(got, [0, 1, 2, 3, 4, 5, 6, 7]);
+/// let found = world.take_violations();
+/// assert!(found.len() == 1 && found[0].starts_with("cuLaunchKernel iota writes"), "{found:?}");
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 pub struct KernelCall<'a> {
     world: &'a World,
     launch: &'a Launch,

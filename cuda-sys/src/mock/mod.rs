@@ -288,6 +288,39 @@ impl World {
 
 /// Test-side handle of a simulated machine: faults, call counts, live handles, and the
 /// sanitizer's reports.
+///
+/// A failure injected into one call, then a use after free, which the sanitizer refuses
+/// and reports instead of touching the memory:
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// use cuda_sys::{CUdeviceptr, CUresult};
+///
+/// let (driver, world) = MockDriver::with_devices(1).build()?;
+/// let f = driver.fns();
+/// let (mut ctx, mut p): (_, CUdeviceptr) = (std::ptr::null_mut(), 0);
+/// let mut out = [0u8; 64];
+/// world.fail_next("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+/// // SAFETY: valid out-pointers, a current context, and host memory of 64 bytes; the
+/// // simulated driver checks every device address, so the copy from freed memory is
+/// // refused without touching anything.
+/// unsafe {
+///     (f.cuInit)(0);
+///     (f.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+///     (f.cuCtxSetCurrent)(ctx);
+///     assert_eq!((f.cuMemAlloc)(&mut p, 64), CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+///     assert_eq!((f.cuMemAlloc)(&mut p, 64), CUresult::CUDA_SUCCESS);
+///     assert_eq!(world.live().device_allocations, 1);
+///     assert_eq!((f.cuMemFree)(p), CUresult::CUDA_SUCCESS);
+///     let rc = (f.cuMemcpyDtoH)(out.as_mut_ptr().cast(), p, 64);
+///     assert_eq!(rc, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+///     (f.cuDevicePrimaryCtxRelease)(0);
+/// }
+/// assert_eq!(world.calls("cuMemAlloc"), 2);
+/// assert_eq!(world.take_violations(), [format!("cuMemcpyDtoH reads {p:#x}+64: freed by cuMemFree")]);
+/// assert!(world.live().is_empty());
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 #[derive(Clone)]
 pub struct MockWorld {
     world: Arc<World>,
@@ -295,6 +328,16 @@ pub struct MockWorld {
 
 /// A [`MockWorld`] that does not keep the simulated machine alive
 /// ([`MockWorld::downgrade`]).
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// let (driver, world) = MockDriver::with_devices(1).build()?;
+/// let weak = world.downgrade();
+/// assert_eq!(weak.upgrade().map(|w| w.devices().len()), Some(1));
+/// drop((driver, world));
+/// assert!(weak.upgrade().is_none(), "the machine went with its last owner");
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct WeakMockWorld {
     world: Weak<World>,

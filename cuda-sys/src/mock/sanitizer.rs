@@ -18,6 +18,36 @@ use super::state::{Alloc, State};
 use crate::CUresult;
 
 /// A device range an op reads or writes, checked when the op executes.
+///
+/// How a simulation layered on the mock driver (the NCCL mock) has its own work checked:
+///
+/// ```
+/// use std::sync::Arc;
+/// use cuda_sys::mock::{MockDriver, Touch};
+/// use cuda_sys::{CUdeviceptr, CUresult};
+///
+/// let (driver, world) = MockDriver::with_devices(1).build()?;
+/// let f = driver.fns();
+/// let (mut ctx, mut p): (_, CUdeviceptr) = (std::ptr::null_mut(), 0);
+/// // SAFETY: valid out-pointers and a current context.
+/// unsafe {
+///     (f.cuInit)(0);
+///     (f.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+///     (f.cuCtxSetCurrent)(ctx);
+///     (f.cuMemAlloc)(&mut p, 64);
+/// }
+/// let legacy = std::ptr::null_mut(); // the current context's legacy default stream
+/// let op = Arc::new(|| CUresult::CUDA_SUCCESS);
+/// let fits = vec![Touch { ptr: p, len: 64, what: "writes" }];
+/// assert_eq!(world.enqueue_op(legacy, "myCopy", fits, op.clone()), CUresult::CUDA_SUCCESS);
+/// let past_the_end = vec![Touch { ptr: p + 32, len: 64, what: "writes" }];
+/// let rc = world.enqueue_op(legacy, "myCopy", past_the_end, op);
+/// assert_eq!(rc, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+/// let found = world.take_violations();
+/// assert_eq!(found.len(), 1);
+/// assert!(found[0].starts_with(&format!("myCopy writes {:#x}+64", p + 32)), "{found:?}");
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Touch {
     /// Device address of the first byte.

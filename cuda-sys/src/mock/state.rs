@@ -11,6 +11,33 @@ use super::stream::Op;
 use crate::CUresult;
 
 /// One simulated device.
+///
+/// ```
+/// use std::ffi::{CStr, c_char};
+/// use cuda_sys::CUresult;
+/// use cuda_sys::mock::{MockDevice, MockDriver};
+///
+/// let gpu = MockDevice::new("Mock H200")
+///     .memory(141 << 30)
+///     .compute_capability(9, 0)
+///     .pci(0, 0x1b, 0)
+///     .uuid([7; 16]);
+/// let (driver, world) = MockDriver::new().device(gpu).build()?;
+/// assert_eq!(world.devices()[0].name, "Mock H200");
+/// let f = driver.fns();
+/// let (mut bytes, mut bus) = (0usize, [0 as c_char; 32]);
+/// // SAFETY: valid out-pointers; the bus id buffer holds the 32 bytes passed.
+/// unsafe {
+///     assert_eq!((f.cuInit)(0), CUresult::CUDA_SUCCESS);
+///     assert_eq!((f.cuDeviceTotalMem)(&mut bytes, 0), CUresult::CUDA_SUCCESS);
+///     assert_eq!((f.cuDeviceGetPCIBusId)(bus.as_mut_ptr(), 32, 0), CUresult::CUDA_SUCCESS);
+/// }
+/// assert_eq!(bytes, 141 << 30);
+/// // SAFETY: the driver wrote a NUL-terminated string into the buffer.
+/// let bus = unsafe { CStr::from_ptr(bus.as_ptr()) };
+/// assert_eq!(bus.to_str(), Ok("00000000:1B:00.0"));
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MockDevice {
     /// Name returned by `cuDeviceGetName`.
@@ -85,6 +112,29 @@ impl MockDevice {
 }
 
 /// Counts of live simulated handles; all zero when nothing leaked.
+///
+/// ```
+/// use cuda_sys::mock::{LiveHandles, MockDriver};
+/// let (driver, world) = MockDriver::with_devices(1).build()?;
+/// let f = driver.fns();
+/// let (mut ctx, mut stream) = (std::ptr::null_mut(), std::ptr::null_mut());
+/// // SAFETY: valid out-pointers and a current context.
+/// unsafe {
+///     (f.cuInit)(0);
+///     (f.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+///     (f.cuCtxSetCurrent)(ctx);
+///     (f.cuStreamCreate)(&mut stream, 0);
+/// }
+/// let expected = LiveHandles { context_retains: 1, streams: 1, ..LiveHandles::default() };
+/// assert_eq!(world.live(), expected);
+/// // SAFETY: the stream is destroyed once, then the retain released once.
+/// unsafe {
+///     (f.cuStreamDestroy)(stream);
+///     (f.cuDevicePrimaryCtxRelease)(0);
+/// }
+/// assert!(world.live().is_empty());
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LiveHandles {
     /// Primary-context retains not yet released.

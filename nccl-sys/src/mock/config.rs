@@ -13,6 +13,35 @@ use crate::{
 /// caller's `ncclConfig_t` with every field the library or the config's `version` does
 /// not know reset to unset (`NCCL_CONFIG_UNDEF_INT`, NULL), and the two strings copied
 /// out (`raw.netName` and `raw.commName` are always NULL here).
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// use nccl_sys::mock::MockNccl;
+/// use nccl_sys::{NCCL_CONFIG_INITIALIZER, ncclConfig_t, ncclResult_t, ncclUniqueId};
+///
+/// let (driver, gpus) = MockDriver::with_devices(1).build()?;
+/// let (nccl, world) = MockNccl::new(&gpus).build()?;
+/// let (cu, f) = (driver.fns(), nccl.fns());
+/// let mut config = ncclConfig_t { blocking: 1, commName: c"trainer".as_ptr(), ..NCCL_CONFIG_INITIALIZER };
+/// let (mut id, mut comm, mut ctx) = (ncclUniqueId::default(), std::ptr::null_mut(), std::ptr::null_mut());
+/// // SAFETY: valid out-pointers, device 0's context current, and a config whose name
+/// // outlives the call; the communicator is destroyed once.
+/// let seen = unsafe {
+///     (cu.cuInit)(0);
+///     (cu.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+///     (cu.cuCtxSetCurrent)(ctx);
+///     assert_eq!((f.ncclGetUniqueId)(&mut id), ncclResult_t::ncclSuccess);
+///     let rc = (f.ncclCommInitRankConfig)(&mut comm, 1, id, 0, &mut config);
+///     assert_eq!(rc, ncclResult_t::ncclSuccess);
+///     let seen = world.config_of(comm).expect("made with a config");
+///     (f.ncclCommDestroy)(comm);
+///     seen
+/// };
+/// assert_eq!(seen.blocking(), Some(true));
+/// assert_eq!(seen.comm_name.as_deref(), Some("trainer"));
+/// assert_eq!(seen.raw.minCTAs, nccl_sys::NCCL_CONFIG_UNDEF_INT);
+/// # Ok::<(), nccl_sys::LoadError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MockConfig {
     /// The fields; `size`, `magic` and `version` as the caller passed them.

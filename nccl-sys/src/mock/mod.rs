@@ -317,6 +317,37 @@ impl NWorld {
 }
 
 /// Test-side handle of a simulated NCCL: faults, call counts, live handles, violations.
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// use nccl_sys::mock::{LiveComms, MockNccl};
+/// use nccl_sys::ncclResult_t;
+///
+/// let (driver, gpus) = MockDriver::with_devices(2).build()?;
+/// let (nccl, world) = MockNccl::new(&gpus).build()?;
+/// let f = nccl.fns();
+/// let mut comms = [std::ptr::null_mut(); 2];
+/// world.fail_next("ncclCommInitAll", ncclResult_t::ncclSystemError);
+/// // SAFETY: the simulated driver is initialised; room for two handles, for devices 0
+/// // and 1 (NULL list); each live communicator is destroyed once.
+/// unsafe {
+///     (driver.fns().cuInit)(0);
+///     let init = |comms: &mut [_; 2]| (f.ncclCommInitAll)(comms.as_mut_ptr(), 2, std::ptr::null());
+///     assert_eq!(init(&mut comms), ncclResult_t::ncclSystemError, "the injected fault");
+///     assert_eq!(init(&mut comms), ncclResult_t::ncclSuccess);
+///     assert_eq!(world.live(), LiveComms { comms: 2, ..LiveComms::default() });
+///     for c in comms {
+///         assert_eq!((f.ncclCommDestroy)(c), ncclResult_t::ncclSuccess);
+///     }
+///     // A destroyed communicator is remembered: using it again is reported.
+///     let mut rank = 0;
+///     assert_eq!((f.ncclCommUserRank)(comms[0], &mut rank), ncclResult_t::ncclInvalidArgument);
+/// }
+/// assert_eq!(world.calls("ncclCommInitAll"), 2);
+/// assert!(world.live().is_empty());
+/// assert_eq!(world.take_violations().len(), 1);
+/// # Ok::<(), nccl_sys::LoadError>(())
+/// ```
 #[derive(Clone)]
 pub struct MockNcclWorld {
     world: Arc<NWorld>,

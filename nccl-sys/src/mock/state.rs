@@ -10,7 +10,15 @@ use super::clique::{Clique, Done};
 use super::config::MockConfig;
 use crate::{ncclComm_t, ncclDataType_t, ncclResult_t};
 
-/// Live simulated NCCL objects; all zero when nothing leaked.
+/// Live simulated NCCL objects; all zero when nothing leaked (see
+/// [`MockNcclWorld`](super::MockNcclWorld) for one that counts two communicators).
+///
+/// ```
+/// use nccl_sys::mock::LiveComms;
+/// let leaked = LiveComms { comms: 1, ..LiveComms::default() };
+/// assert!(!leaked.is_empty());
+/// assert!(LiveComms::default().is_empty());
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LiveComms {
     /// Communicators not destroyed or aborted.
