@@ -236,6 +236,6 @@ pub mod mock {
 }
 
 // The README (the crate's registry page) runs as doctests, on the simulated devices.
-#[cfg(all(doctest, feature = "mock"))]
+#[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

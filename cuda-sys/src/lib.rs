@@ -103,6 +103,6 @@ static_assertions::assert_eq_size!(CUstream, *mut core::ffi::c_void);
 static_assertions::assert_impl_all!(DriverFns: Send, Sync, Copy);
 
 // The README (the crate's registry page) runs as doctests, on the simulated devices.
-#[cfg(all(doctest, feature = "mock"))]
+#[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

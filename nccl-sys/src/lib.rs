@@ -136,6 +136,6 @@ static_assertions::assert_eq_size!(ncclConfig_t, [u8; 120]);
 static_assertions::assert_impl_all!(NcclFns: Send, Sync, Copy);
 
 // The README (the crate's registry page) runs as doctests, on the simulated devices.
-#[cfg(all(doctest, feature = "mock"))]
+#[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
