@@ -129,14 +129,14 @@ impl Context {
         })
     }
 
-    /// Free and total device memory in bytes, as the driver sees them now.
+    /// Free and total device memory, as the driver sees them now.
     #[doc(alias = "cuMemGetInfo")]
-    pub fn memory_info(&self) -> Result<(usize, usize)> {
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
         let _g = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the context is current.
         unsafe { call!(self.cuda(), cuMemGetInfo(&mut free, &mut total)) }?;
-        Ok((free, total))
+        Ok(MemoryInfo { free, total })
     }
 
     /// Waits for all work in the context.
@@ -146,6 +146,17 @@ impl Context {
         // SAFETY: a context is current.
         unsafe { call!(self.cuda(), cuCtxSynchronize()) }
     }
+}
+
+/// A device's memory in bytes ([`Context::memory_info`]), named so that free and total
+/// cannot be swapped.
+#[doc(alias = "cuMemGetInfo")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free now (other processes and contexts allocate from the same memory).
+    pub free: usize,
+    /// The device's memory.
+    pub total: usize,
 }
 
 /// Keeps a context current on this thread; the previous one is current again on drop. Not

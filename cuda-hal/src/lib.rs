@@ -160,7 +160,7 @@ mod stream;
 mod tracking;
 mod view;
 
-pub use context::{Context, CurrentGuard};
+pub use context::{Context, CurrentGuard, MemoryInfo};
 pub use cuda::Cuda;
 pub use cuda_sys;
 pub use device::Device;

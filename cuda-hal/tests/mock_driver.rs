@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cuda_hal::{
-    Cuda, DeviceBuffer, DeviceSelector, DeviceUuid, Error, Event, PinnedBuffer, Stream,
+    Cuda, DeviceBuffer, DeviceSelector, DeviceUuid, Error, Event, MemoryInfo, PinnedBuffer, Stream,
 };
 use cuda_sys::CUresult;
 use cuda_sys::mock::{MockDevice, MockDriver, MockWorld};
@@ -765,12 +765,18 @@ fn graphs_capture_and_replay_stream_work() {
 fn memory_info_follows_allocations() {
     leak_checked(|cuda, _| {
         let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-        let (free0, total) = ctx.memory_info().unwrap();
+        let MemoryInfo { free: free0, total } = ctx.memory_info().unwrap();
         assert_eq!(free0, total);
         let b = DeviceBuffer::<u8>::alloc(&ctx, 1 << 20).unwrap();
-        assert_eq!(ctx.memory_info().unwrap().0, free0 - (1 << 20));
+        assert_eq!(
+            ctx.memory_info().unwrap(),
+            MemoryInfo {
+                free: free0 - (1 << 20),
+                total
+            }
+        );
         drop(b);
-        assert_eq!(ctx.memory_info().unwrap().0, free0);
+        assert_eq!(ctx.memory_info().unwrap().free, free0);
     });
 }
 
