@@ -190,6 +190,16 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// `cuEventElapsedTime` gave no duration: a negative time (the end event completed
+    /// before the start event), or one that is not finite.
+    #[error(
+        "cuEventElapsedTime gave {ms} ms, which is no duration: the end event completed before \
+         the start event, or the time is not finite"
+    )]
+    InvalidElapsed {
+        /// The driver's value, in milliseconds.
+        ms: f32,
+    },
     /// A size in bytes does not fit in `usize`.
     #[error("size overflow: {count} elements of {size} bytes each")]
     SizeOverflow {

@@ -513,7 +513,7 @@ fn every_injected_fault_surfaces_typed_and_leaks_nothing() {
             let (a, b, s) = (Event::new(&x)?, Event::new(&x)?, Stream::new(&x)?);
             a.record(&s)?;
             b.record(&s)?;
-            a.elapsed_ms(&b).map(drop)
+            a.elapsed(&b).map(drop)
         }),
         ("cuMemAlloc", |c| {
             DeviceBuffer::<u8>::alloc(&c.device(0)?.primary_context()?, 8).map(drop)
@@ -645,13 +645,21 @@ fn events_time_stream_work() {
         // The simulated events carry the host's clock when recorded: `b` was recorded at
         // least 10 ms after `a`, the same span measured backwards is its exact negative,
         // and an event measured against itself spans exactly 0.
-        let ms = a.elapsed_ms(&b).unwrap();
-        assert!(ms >= 10.0, "{ms}");
-        assert_eq!(b.elapsed_ms(&a).unwrap(), -ms);
-        assert_eq!(a.elapsed_ms(&a).unwrap(), 0.0);
+        let d = a.elapsed(&b).unwrap();
+        assert!(d >= std::time::Duration::from_millis(10), "{d:?}");
+        assert_eq!(a.elapsed(&a).unwrap(), std::time::Duration::ZERO);
+        // Backwards the driver gives a negative time: an error with that value, no panic.
+        match b.elapsed(&a).unwrap_err() {
+            Error::InvalidElapsed { ms } => {
+                assert!(ms <= -10.0, "{ms}");
+                let ns = (f64::from(-ms) * 1e6).round() as u64;
+                assert_eq!(a.elapsed(&b).unwrap().as_nanos(), u128::from(ns));
+            }
+            e => panic!("{e}"),
+        }
         let nt = Event::without_timing(&ctx).unwrap();
         s.record(&nt).unwrap();
-        let e = a.elapsed_ms(&nt).unwrap_err();
+        let e = a.elapsed(&nt).unwrap_err();
         assert!(
             matches!(&e, Error::Driver { call: "cuEventElapsedTime", code, .. }
                 if *code == CUresult::CUDA_ERROR_INVALID_HANDLE),

@@ -524,7 +524,7 @@ fn time<T: BenchVal>(
         exec.launch(r.stream)?;
         r.stream.record(&end)?;
         end.synchronize()?;
-        start.elapsed_ms(&end)? as f64 * 1000.0 / o.iters as f64
+        start.elapsed(&end)?.as_secs_f64() * 1e6 / o.iters as f64
     } else {
         r.stream.record(&start)?;
         for _ in 0..o.iters {
@@ -532,7 +532,7 @@ fn time<T: BenchVal>(
         }
         r.stream.record(&end)?;
         end.synchronize()?;
-        start.elapsed_ms(&end)? as f64 * 1000.0 / o.iters as f64
+        start.elapsed(&end)?.as_secs_f64() * 1e6 / o.iters as f64
     };
     (r.max_time)(us)
 }
