@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::ThreadId;
 use std::time::Instant;
 
-use cuda_hal::{Context, Dependency, DeviceBuffer, KeepAlive, Stream};
+use cuda_hal::{Context, Dependency, Device, DeviceBuffer, KeepAlive, Stream};
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
 use crate::config::CommConfig;
@@ -484,10 +484,11 @@ impl Communicator {
         self.shared.size
     }
 
-    /// The device ordinal (`ncclCommCuDevice`).
+    /// The device the communicator runs on (`ncclCommCuDevice`; its ordinal is
+    /// `device().ordinal()`), as for buffers and contexts.
     #[doc(alias = "ncclCommCuDevice")]
-    pub fn device(&self) -> i32 {
-        self.shared.ctx.device().ordinal()
+    pub fn device(&self) -> &Device {
+        self.shared.ctx.device()
     }
 
     /// The context the communicator belongs to.
@@ -576,8 +577,8 @@ impl Communicator {
         if ctx == self.context() {
             return Ok(());
         }
-        let found = ctx.device().ordinal();
-        if found == self.device() {
+        let (expected, found) = (self.device().ordinal(), ctx.device().ordinal());
+        if found == expected {
             return Err(Error::WrongContext {
                 what,
                 object,
@@ -587,7 +588,7 @@ impl Communicator {
         Err(Error::WrongDevice {
             what,
             object,
-            expected: self.device(),
+            expected,
             found,
         })
     }

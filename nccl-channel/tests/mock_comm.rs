@@ -23,7 +23,7 @@ fn init_all_from_one_thread_with_groups() {
     assert_eq!(
         comms
             .iter()
-            .map(|c| (c.rank(), c.size(), c.device()))
+            .map(|c| (c.rank(), c.size(), c.device().ordinal()))
             .collect::<Vec<_>>(),
         [(0, 3, 0), (1, 3, 1), (2, 3, 2)]
     );
@@ -545,7 +545,7 @@ fn channel_builder_on_the_mock() {
                         .build()
                         .unwrap()
                         .unwrap();
-                    assert_eq!(ch.comm().device(), 1 - r as i32);
+                    assert_eq!(ch.comm().device().ordinal(), 1 - r as i32);
                     let ctx = ch.comm().context();
                     let send = DeviceBuffer::from_slice(ctx, &[101, 102]).unwrap();
                     let mut recv = DeviceBuffer::<i32>::alloc(ctx, 4).unwrap();
