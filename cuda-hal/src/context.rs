@@ -52,10 +52,16 @@ impl PartialEq for Context {
 impl Eq for Context {}
 
 impl Context {
-    /// `Ok` when `other` is this context; else [`Error::WrongDevice`](crate::Error) with
-    /// both devices, or, when both are on the same device (a context of another `Cuda`
-    /// instance), [`Error::WrongContext`](crate::Error).
-    pub(crate) fn expect_same(&self, other: &Context, what: &'static str) -> Result<()> {
+    /// `Ok` when `other` (the `object` passed to `what`) is this context; else
+    /// [`Error::WrongDevice`](crate::Error) with both devices, or, when both are on the
+    /// same device (a context of another `Cuda` instance),
+    /// [`Error::WrongContext`](crate::Error).
+    pub(crate) fn expect_same(
+        &self,
+        other: &Context,
+        what: &'static str,
+        object: &'static str,
+    ) -> Result<()> {
         if self == other {
             return Ok(());
         }
@@ -63,11 +69,13 @@ impl Context {
         if expected == found {
             return Err(crate::Error::WrongContext {
                 what,
+                object,
                 device: found,
             });
         }
         Err(crate::Error::WrongDevice {
             what,
+            object,
             expected,
             found,
         })

@@ -113,7 +113,7 @@ impl Cuda {
                 .map(|(_, v)| DriverVersion(*v).to_string())
                 .unwrap_or_else(|| "newer".into());
             Error::Unsupported {
-                function,
+                feature: function,
                 needed,
                 found: self.version().to_string(),
             }

@@ -74,7 +74,7 @@ unsafe impl<T: DeviceRepr> KernelArg for ByValue<T> {
 fn memory<S: DeviceSlice + ?Sized>(s: &S, stream: &Stream) -> Result<CUdeviceptr> {
     stream
         .context()
-        .expect_same(s.context(), "kernel argument")?;
+        .expect_same(s.context(), "Function::launch", "kernel argument")?;
     s.used_on(stream)?;
     Ok(s.device_ptr())
 }

@@ -322,7 +322,9 @@ impl Stream {
         }
     }
 
+    /// `Ok` when the stream belongs to `ctx` (the context `what` needs); else the
+    /// stream is the object of the wrong device or context.
     pub(crate) fn same_context(&self, ctx: &Context, what: &'static str) -> Result<()> {
-        ctx.expect_same(&self.inner.ctx, what)
+        ctx.expect_same(&self.inner.ctx, what, "stream")
     }
 }

@@ -384,9 +384,14 @@ fn length_and_device_mismatches_are_typed_errors() {
             e,
             Error::LengthMismatch {
                 what: "copy_from_host",
+                buffer: "host",
                 expected: 4,
                 got: 3
             }
+        );
+        assert_eq!(
+            e.to_string(),
+            "copy_from_host: the host buffer must hold 4 elements, it holds 3"
         );
         assert!(matches!(
             b.copy_to_host(&mut [0; 5]),
@@ -403,9 +408,14 @@ fn length_and_device_mismatches_are_typed_errors() {
             e,
             Error::WrongDevice {
                 what: "copy_from_host_async",
+                object: "stream",
                 expected: 0,
                 found: 1
             }
+        );
+        assert_eq!(
+            e.to_string(),
+            "copy_from_host_async: the stream is on device 1, expected device 0"
         );
         let ev = Event::new(&c0).unwrap();
         assert!(matches!(s1.record(&ev), Err(Error::WrongDevice { .. })));
@@ -618,7 +628,7 @@ fn functions_newer_than_the_driver_are_unsupported_with_the_version() {
     assert_eq!(
         e,
         Error::Unsupported {
-            function: "cuStreamGetDevice",
+            feature: "cuStreamGetDevice",
             needed: "12.8".into(),
             found: "12.4".into()
         }
