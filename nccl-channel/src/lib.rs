@@ -97,7 +97,7 @@ mod world;
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
 pub use comm::Communicator;
 pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
-pub use error::{Error, ParentsProblem, Result};
+pub use error::{Error, IoError, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use memory::alloc_nccl;
 pub use pool::{PooledBuffer, REGISTER_FROM};

@@ -115,7 +115,7 @@ impl UniqueId {
         let io = |what: &'static str, e: std::io::Error| Error::Io {
             what,
             path: path.display().to_string(),
-            message: e.to_string(),
+            source: e.into(),
         };
         if rank == 0 {
             let id = Self::generate(nccl)?;

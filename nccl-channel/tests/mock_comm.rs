@@ -523,6 +523,28 @@ fn unique_ids_through_a_file() {
         UniqueId::exchange_via_file(&rig.nccl, &dir.join("bad"), 1, Duration::from_secs(1)),
         Err(Error::UniqueId(_))
     ));
+    // Rank 0 cannot write into a directory that does not exist: the OS error is the
+    // source, whole.
+    let unwritable = dir.join("no-such-dir").join("id");
+    let e =
+        UniqueId::exchange_via_file(&rig.nccl, &unwritable, 0, Duration::from_secs(1)).unwrap_err();
+    let Error::Io { what, path, source } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        (*what, path.as_str(), source.kind()),
+        (
+            "writing",
+            unwritable.display().to_string().as_str(),
+            std::io::ErrorKind::NotFound
+        )
+    );
+    let io = std::error::Error::source(&e)
+        .and_then(|s| s.downcast_ref::<nccl_channel::IoError>())
+        .unwrap();
+    assert_eq!(io.get().kind(), std::io::ErrorKind::NotFound);
+    assert_eq!(io.get().raw_os_error(), Some(2), "ENOENT");
+    assert_eq!(e.to_string(), format!("writing {}: {}", path, io.get()));
     std::fs::remove_dir_all(&dir).unwrap();
     rig.assert_clean();
 }

@@ -335,11 +335,22 @@ impl Rendezvous {
 
     /// An [`Error::Rendezvous`] about this rendezvous.
     fn error(&self, problem: impl Into<String>) -> Error {
+        self.error_from(problem.into(), None)
+    }
+
+    /// An [`Error::Rendezvous`] caused by the operating system's error `e` (whose text
+    /// `problem` includes), kept as its source.
+    fn io_error(&self, problem: impl Into<String>, e: std::io::Error) -> Error {
+        self.error_from(problem.into(), Some(e.into()))
+    }
+
+    fn error_from(&self, problem: String, source: Option<crate::IoError>) -> Error {
         Error::Rendezvous {
             service: self.service(),
             address: self.address(),
             derived_from: self.derived_from.clone(),
-            problem: problem.into(),
+            problem,
+            source,
         }
     }
 
