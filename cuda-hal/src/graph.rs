@@ -16,7 +16,9 @@ use crate::tracking::{CaptureLog, Dependency, KeepAlive, gated, lock};
 use crate::{Context, Error, Result, Stream};
 
 /// How a capture treats unsafe calls from other threads (`CUstreamCaptureMode`).
+/// Non-exhaustive: CUDA may add modes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CaptureMode {
     /// Unsafe calls from any thread fail while any capture is running.
     Global,

@@ -136,8 +136,10 @@ impl FromStr for PciBusId {
     }
 }
 
-/// Which device a `cuda://...` selector names.
+/// Which device a `cuda://...` selector names. Non-exhaustive: more ways to name a
+/// device may come.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum DeviceSelector {
     /// `cuda://`: the default device (ordinal 0).
     Default,

@@ -22,8 +22,9 @@ pub fn nccl_opened() -> bool {
     NCCL.get().is_some()
 }
 
-/// How the ranks agree on a unique id.
+/// How the ranks agree on a unique id. Non-exhaustive: more exchanges may come.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub enum IdSource {
     /// One rank: a fresh id. Several: [`IdSource::CommIdEnv`] if `NCCL_COMM_ID` is set;
     /// else the launcher's rendezvous ([`Rendezvous::from_env`]: `NCCL_CHANNEL_RENDEZVOUS`,

@@ -72,8 +72,9 @@ unsafe impl NcclType for Fp8E5M2 {
     const NAME: &'static str = "fp8e5m2";
 }
 
-/// A reduction.
+/// A reduction. Non-exhaustive: NCCL may add reductions.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum ReduceOp<T> {
     /// Sum.
     Sum,
