@@ -181,6 +181,11 @@ pub use stream::{EnqueueLock, Stream};
 pub use tracking::{DeferScope, Dependency, KeepAlive, StreamLog};
 pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};
 
+/// The `half` crate (feature `half`), whose `f16` and `bf16` are element types here: name
+/// them as `cuda_hal::half::f16` without adding `half` (and matching its version) yourself.
+#[cfg(feature = "half")]
+pub use half;
+
 /// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].
 #[cfg(feature = "mock")]
 pub mod mock {

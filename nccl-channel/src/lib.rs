@@ -112,6 +112,11 @@ pub use world::{ENV_FAMILIES, EnvFamily, World};
 pub use cuda_hal;
 pub use nccl_sys;
 
+/// The `half` crate (feature `half`), whose `f16` and `bf16` are [`NcclType`]s: name them
+/// as `nccl_channel::half::f16` without adding `half` (and matching its version) yourself.
+#[cfg(feature = "half")]
+pub use half;
+
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
 /// Turns an NCCL status into a `Result`, with NCCL's message and last-error detail.
