@@ -106,6 +106,8 @@
 //! out-of-bounds or foreign address, and a stream-ordered free not ordered after the work
 //! that used the memory, are reported as violations naming the call.
 
+#![warn(missing_debug_implementations)]
+
 /// Calls a driver-table entry and checks its status; the error names the entry, so no
 /// call site spells a C name by hand. Use inside `unsafe` (the call's contract is the
 /// caller's): `unsafe { call!(cuda, cuMemAlloc(&mut p, n)) }`.

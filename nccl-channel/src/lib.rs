@@ -45,6 +45,8 @@
 //! # Ok::<(), nccl_channel::Error>(())
 //! ```
 
+#![warn(missing_debug_implementations)]
+
 /// Calls an NCCL table entry and checks its status; the error names the entry, so no call
 /// site spells a C name by hand. Use inside `unsafe`: `unsafe { nccl_call!(nccl, ncclX(..)) }`.
 macro_rules! nccl_call {
