@@ -34,7 +34,7 @@ unsafe impl Send for Inner {}
 // SAFETY: as above; no interior mutability.
 unsafe impl Sync for Inner {}
 
-static_assertions::assert_impl_all!(Context: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Context: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -187,6 +187,7 @@ impl std::fmt::Debug for CurrentGuard<'_> {
 }
 
 static_assertions::assert_not_impl_any!(CurrentGuard<'static>: Send, Sync);
+static_assertions::assert_impl_all!(CurrentGuard<'static>: std::fmt::Debug);
 
 impl CurrentGuard<'_> {
     /// The context this guard keeps current.

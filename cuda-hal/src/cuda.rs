@@ -15,7 +15,7 @@ pub struct Cuda {
     inner: Arc<Driver>,
 }
 
-static_assertions::assert_impl_all!(Cuda: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Cuda: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

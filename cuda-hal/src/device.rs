@@ -14,7 +14,7 @@ pub struct Device {
     ordinal: i32,
 }
 
-static_assertions::assert_impl_all!(Device: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Device: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

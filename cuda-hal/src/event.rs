@@ -24,6 +24,8 @@ unsafe impl Send for Event {}
 // SAFETY: as above; the only interior mutability is the capture slot, behind a mutex.
 unsafe impl Sync for Event {}
 
+static_assertions::assert_impl_all!(Event: Send, Sync, std::fmt::Debug);
+
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Event")

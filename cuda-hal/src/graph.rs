@@ -127,6 +127,8 @@ pub struct Graph {
 // instantiation only reads the graph); what it holds is `Send + Sync`.
 unsafe impl Send for Graph {}
 
+static_assertions::assert_impl_all!(Graph: Send, std::fmt::Debug);
+
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
@@ -225,7 +227,7 @@ pub struct GraphExec {
     _not_sync: PhantomData<Cell<()>>,
 }
 
-static_assertions::assert_impl_all!(GraphExec: Send);
+static_assertions::assert_impl_all!(GraphExec: Send, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(GraphExec: Sync);
 
 impl std::fmt::Debug for GraphExec {

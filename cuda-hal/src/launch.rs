@@ -23,7 +23,7 @@ pub struct LaunchConfig {
     pub shared_mem_bytes: u32,
 }
 
-static_assertions::assert_impl_all!(LaunchConfig: Send, Sync, Copy);
+static_assertions::assert_impl_all!(LaunchConfig: Send, Sync, Copy, std::fmt::Debug);
 
 impl LaunchConfig {
     /// A grid of `grid` blocks of `block` threads, without dynamic shared memory.

@@ -34,7 +34,7 @@ pub struct Library {
     code: Code,
 }
 
-static_assertions::assert_impl_all!(Library: Send, Sync);
+static_assertions::assert_impl_all!(Library: Send, Sync, std::fmt::Debug);
 
 impl fmt::Debug for Library {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -153,7 +153,7 @@ unsafe impl Send for Kernel<'_> {}
 // SAFETY: as above; nothing is mutated through `&Kernel`.
 unsafe impl Sync for Kernel<'_> {}
 
-static_assertions::assert_impl_all!(Kernel<'static>: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Kernel<'static>: Send, Sync, Clone, std::fmt::Debug);
 
 impl fmt::Debug for Kernel<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -203,7 +203,7 @@ pub struct DeviceBuffer<T: DeviceRepr> {
     _t: PhantomData<T>,
 }
 
-static_assertions::assert_impl_all!(DeviceBuffer<f32>: Send, Sync);
+static_assertions::assert_impl_all!(DeviceBuffer<f32>: Send, Sync, std::fmt::Debug);
 
 impl<T: DeviceRepr> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -51,7 +51,7 @@ pub struct Module {
     ctx: Context,
 }
 
-static_assertions::assert_impl_all!(Module: Send, Sync);
+static_assertions::assert_impl_all!(Module: Send, Sync, std::fmt::Debug);
 
 impl fmt::Debug for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -182,7 +182,7 @@ pub struct Global<'a, T: DeviceRepr> {
     _t: PhantomData<T>,
 }
 
-static_assertions::assert_impl_all!(Global<'static, f32>: Send, Sync);
+static_assertions::assert_impl_all!(Global<'static, f32>: Send, Sync, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(Global<'static, f32>: Clone);
 
 impl<T: DeviceRepr> fmt::Debug for Global<'_, T> {

@@ -68,7 +68,7 @@ pub struct Stream {
     inner: Arc<Inner>,
 }
 
-static_assertions::assert_impl_all!(Stream: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Stream: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -258,7 +258,8 @@ impl Drop for DeferScope {
 }
 
 static_assertions::assert_not_impl_any!(DeferScope: Send, Sync);
-static_assertions::assert_impl_all!(KeepAlive: Send, Sync, Clone);
+static_assertions::assert_impl_all!(DeferScope: std::fmt::Debug);
+static_assertions::assert_impl_all!(KeepAlive: Send, Sync, Clone, std::fmt::Debug);
 
 /// What a stream being captured has recorded so far, and so must keep alive: moved into
 /// the graph when the capture ends.

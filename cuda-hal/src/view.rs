@@ -157,8 +157,8 @@ pub struct DeviceViewMut<'a, T: DeviceRepr> {
     _exclusive: PhantomData<&'a mut [T]>,
 }
 
-static_assertions::assert_impl_all!(DeviceView<'static, f32>: Send, Sync, Copy);
-static_assertions::assert_impl_all!(DeviceViewMut<'static, f32>: Send, Sync);
+static_assertions::assert_impl_all!(DeviceView<'static, f32>: Send, Sync, Copy, std::fmt::Debug);
+static_assertions::assert_impl_all!(DeviceViewMut<'static, f32>: Send, Sync, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(DeviceViewMut<'static, f32>: Clone);
 
 impl<T: DeviceRepr> Clone for DeviceView<'_, T> {

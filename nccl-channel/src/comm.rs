@@ -244,7 +244,7 @@ pub struct Communicator {
     _not_sync: PhantomData<Cell<()>>,
 }
 
-static_assertions::assert_impl_all!(Communicator: Send);
+static_assertions::assert_impl_all!(Communicator: Send, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(Communicator: Sync);
 
 impl std::fmt::Debug for Communicator {

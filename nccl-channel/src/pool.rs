@@ -266,7 +266,7 @@ pub struct PooledBuffer<'c, T: NcclType> {
     _comm: PhantomData<&'c ()>,
 }
 
-static_assertions::assert_impl_all!(PooledBuffer<'static, f32>: Send, Sync);
+static_assertions::assert_impl_all!(PooledBuffer<'static, f32>: Send, Sync, std::fmt::Debug);
 
 impl<T: NcclType> std::fmt::Debug for PooledBuffer<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -588,8 +588,10 @@ pub struct Registration<'c> {
 
 // Released through the communicator, on its thread: neither may leave it.
 static_assertions::assert_not_impl_any!(Registration<'static>: Send, Sync);
+static_assertions::assert_impl_all!(Registration<'static>: std::fmt::Debug);
 static_assertions::assert_not_impl_any!(Window<'static>: Send, Sync);
-static_assertions::assert_impl_all!(WindowFlags: Send, Sync, Copy);
+static_assertions::assert_impl_all!(Window<'static>: std::fmt::Debug);
+static_assertions::assert_impl_all!(WindowFlags: Send, Sync, Copy, std::fmt::Debug);
 
 impl std::fmt::Debug for Registration<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

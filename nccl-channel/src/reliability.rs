@@ -17,7 +17,7 @@ pub struct AbortHandle {
     flag: Arc<AtomicBool>,
 }
 
-static_assertions::assert_impl_all!(AbortHandle: Send, Sync);
+static_assertions::assert_impl_all!(AbortHandle: Send, Sync, std::fmt::Debug);
 
 impl AbortHandle {
     /// Requests the abort.

@@ -99,7 +99,7 @@ pub struct Rendezvous {
     timeout: Duration,
 }
 
-static_assertions::assert_impl_all!(Rendezvous: Send, Sync);
+static_assertions::assert_impl_all!(Rendezvous: Send, Sync, std::fmt::Debug);
 
 impl Rendezvous {
     /// Rank 0 serves the id at `address` (`host:port`, `[v6]:port`); the others connect
