@@ -171,6 +171,7 @@ pub struct MemoryInfo {
 /// `Send`: "current" is a property of the thread. Guards dropped out of order leave the
 /// right context current once all are gone; this crate's own calls never rely on a guard
 /// they did not make.
+#[must_use = "the context is current only while the guard lives"]
 pub struct CurrentGuard<'a> {
     ctx: &'a Context,
     pushed: bool,

@@ -14,6 +14,7 @@ use crate::{Error, Function, KernelArgs, Result, Stream};
 /// assert_eq!(LaunchConfig::new([8, 8, 1], [16, 16, 1]).threads_per_block(), 256);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use = "a launch configuration does nothing until it is passed to a launch"]
 pub struct LaunchConfig {
     /// Blocks in x, y, z.
     pub grid: [u32; 3],

@@ -51,6 +51,7 @@ pub enum IdSource {
 
 /// Builds a [`Channel`]; every part defaults to the environment.
 #[derive(Debug, Clone, Default)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct ChannelBuilder {
     world: Option<World>,
     device: Option<String>,

@@ -103,6 +103,7 @@ impl World {
     }
 
     /// Sets the local rank (the default device ordinal).
+    #[must_use = "it returns the changed world and leaves the original alone"]
     pub fn with_local_rank(mut self, local_rank: usize) -> World {
         self.local_rank = Some(local_rank);
         self

@@ -90,6 +90,7 @@ pub enum RendezvousKind {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a rendezvous does nothing until it is used for an exchange"]
 pub struct Rendezvous {
     kind: RendezvousKind,
     host: String,
