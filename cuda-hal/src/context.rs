@@ -99,17 +99,20 @@ impl Context {
     }
 
     /// The device the context belongs to.
+    #[must_use]
     pub fn device(&self) -> &Device {
         &self.inner.device
     }
 
     /// The driver.
     #[inline]
+    #[must_use]
     pub fn cuda(&self) -> &Cuda {
         self.inner.device.cuda()
     }
 
     /// The raw handle.
+    #[must_use]
     pub fn as_raw(&self) -> CUcontext {
         self.inner.raw
     }
@@ -192,6 +195,7 @@ static_assertions::assert_impl_all!(CurrentGuard<'static>: std::fmt::Debug);
 
 impl CurrentGuard<'_> {
     /// The context this guard keeps current.
+    #[must_use]
     pub fn context(&self) -> &Context {
         self.ctx
     }

@@ -72,6 +72,7 @@ fn pattern<T: DeviceRepr>(value: T) -> Pattern {
 impl<T: DeviceRepr> DeviceView<'_, T> {
     /// Size in bytes.
     #[inline]
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.len() * size_of::<T>()
     }
@@ -173,6 +174,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
 impl<T: DeviceRepr> DeviceViewMut<'_, T> {
     /// Size in bytes.
     #[inline]
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.len() * size_of::<T>()
     }

@@ -55,18 +55,21 @@ impl Cuda {
     }
 
     /// The raw driver (function table, version, origin).
+    #[must_use]
     pub fn driver(&self) -> &Driver {
         &self.inner
     }
 
     /// The raw function table.
     #[inline]
+    #[must_use]
     pub fn fns(&self) -> &DriverFns {
         self.inner.fns()
     }
 
     /// The driver's CUDA version.
     #[doc(alias = "cuDriverGetVersion")]
+    #[must_use]
     pub fn version(&self) -> DriverVersion {
         self.inner.version()
     }
@@ -83,6 +86,7 @@ impl Cuda {
 
     /// The [`Error::Driver`] for a failed status.
     #[cold]
+    #[must_use]
     pub fn error(&self, code: CUresult, call: &'static str) -> Error {
         let text = |f: cuda_sys::PFN_cuGetErrorName| {
             let mut p: *const std::ffi::c_char = std::ptr::null();

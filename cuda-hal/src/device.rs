@@ -44,16 +44,19 @@ impl Device {
     }
 
     /// The driver this device belongs to.
+    #[must_use]
     pub fn cuda(&self) -> &Cuda {
         &self.cuda
     }
 
     /// The device ordinal.
+    #[must_use]
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
 
     /// The raw `CUdevice`.
+    #[must_use]
     pub fn as_raw(&self) -> CUdevice {
         self.raw
     }

@@ -162,6 +162,7 @@ impl Graph {
     }
 
     /// How many buffers, communicators and other dependencies the graph keeps alive.
+    #[must_use]
     pub fn dependencies(&self) -> usize {
         self.held.len()
     }

@@ -58,6 +58,7 @@ impl LaunchConfig {
     /// Threads in one block.
     /// (Saturating: three `u32`s can multiply past `u64::MAX`; the launch refuses such a
     /// block anyway.)
+    #[must_use]
     pub fn threads_per_block(&self) -> u64 {
         self.block
             .iter()

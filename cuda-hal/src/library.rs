@@ -127,6 +127,7 @@ impl Library {
     }
 
     /// The raw handle (valid while the library lives).
+    #[must_use]
     pub fn as_raw(&self) -> CUlibrary {
         self.raw()
     }
@@ -174,11 +175,13 @@ impl<'a> Kernel<'a> {
     }
 
     /// The kernel's name.
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The raw handle (valid while the library lives).
+    #[must_use]
     pub fn as_raw(&self) -> CUkernel {
         self.raw
     }

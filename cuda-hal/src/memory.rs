@@ -326,6 +326,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// # Safety
     /// `ptr` must be a live `cuMemAlloc` allocation of `ctx` of at least `len * size_of::<T>()`
     /// bytes (or 0 with `len == 0`), owned by nobody else.
+    #[must_use = "dropping the buffer frees the memory"]
     pub unsafe fn from_raw(ctx: &Context, ptr: CUdeviceptr, len: usize) -> Self {
         Self::owning(ctx, ptr, len, None)
     }
@@ -375,6 +376,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     }
 
     /// A shared owner of the memory: it is not freed while the returned value lives.
+    #[must_use = "the memory is held only while the KeepAlive lives"]
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.alloc.clone())
     }
@@ -382,6 +384,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// How many owners the memory has: this buffer, plus each graph, open group or
     /// [`KeepAlive`] (e.g. an NCCL registration) that holds it. A pool may hand memory to
     /// a new user only when it is the sole owner: a graph could launch work on it again.
+    #[must_use]
     pub fn owners(&self) -> usize {
         Arc::strong_count(&self.alloc)
     }
@@ -396,42 +399,49 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// Number of elements.
     #[inline]
+    #[must_use]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether it holds no element.
     #[inline]
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Size in bytes.
     #[inline]
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.len * size_of::<T>()
     }
 
     /// The raw device address (0 for an empty buffer).
     #[inline]
+    #[must_use]
     pub fn as_raw(&self) -> CUdeviceptr {
         self.ptr
     }
 
     /// The context the memory lives in.
     #[inline]
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.alloc.ctx
     }
 
     /// The device the memory lives on.
     #[inline]
+    #[must_use]
     pub fn device(&self) -> &Device {
         self.alloc.ctx.device()
     }
 
     /// A shared view of all elements.
     #[inline]
+    #[must_use]
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView::new(self)
     }

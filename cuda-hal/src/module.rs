@@ -148,11 +148,13 @@ impl Module {
     }
 
     /// The context the module is loaded in.
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.ctx
     }
 
     /// The raw handle (valid while the module lives).
+    #[must_use]
     pub fn as_raw(&self) -> CUmodule {
         self.raw()
     }
@@ -222,26 +224,31 @@ impl<'a, T: DeviceRepr> Global<'a, T> {
     }
 
     /// Number of elements.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether it holds no element.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The device address.
+    #[must_use]
     pub fn as_raw(&self) -> CUdeviceptr {
         self.ptr
     }
 
     /// The context the memory belongs to.
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.ctx
     }
 
     /// A view of all of it.
+    #[must_use]
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView::new(self)
     }

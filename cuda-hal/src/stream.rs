@@ -102,6 +102,7 @@ impl Stream {
     }
 
     /// The context's legacy default stream (the null handle; never destroyed).
+    #[must_use]
     pub fn legacy_default(ctx: &Context) -> Stream {
         Stream {
             inner: Arc::new(Inner::new(ctx, std::ptr::null_mut(), false)),
@@ -223,12 +224,14 @@ impl Stream {
 
     /// The raw handle (to pass to other CUDA libraries, e.g. NCCL).
     #[inline]
+    #[must_use]
     pub fn as_raw(&self) -> CUstream {
         self.inner.raw
     }
 
     /// The stream's context.
     #[inline]
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.inner.ctx
     }

@@ -205,6 +205,7 @@ impl DeferScope {
 
     /// Whether a scope is open on this thread.
     #[inline]
+    #[must_use]
     pub fn is_open() -> bool {
         // `try_with`: false while the thread's storage is being torn down.
         DEFERRED.try_with(|d| d.borrow().depth > 0).unwrap_or(false)
@@ -291,6 +292,7 @@ impl std::fmt::Debug for StreamLog {
 
 impl StreamLog {
     /// An empty log.
+    #[must_use]
     pub fn new() -> StreamLog {
         StreamLog::default()
     }

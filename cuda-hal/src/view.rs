@@ -206,6 +206,7 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
     /// and it stays allocated until all work enqueued with this view (or views made of it)
     /// has run, including the launches of graphs captured with it and work deferred by a
     /// group, which may run after `'a` (see [`DeviceSlice`]'s Safety section).
+    #[must_use]
     pub unsafe fn from_raw_parts(ctx: &'a Context, ptr: CUdeviceptr, len: usize) -> Self {
         DeviceView {
             base: Base::Raw(ctx),
@@ -270,6 +271,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     /// As for [`DeviceView::from_raw_parts`], and the memory is writable, and nothing
     /// else writes or reads it through the host for `'a` without ordering against the
     /// work enqueued with this view.
+    #[must_use]
     pub unsafe fn from_raw_parts(ctx: &'a Context, ptr: CUdeviceptr, len: usize) -> Self {
         DeviceViewMut {
             base: Base::Raw(ctx),
@@ -280,6 +282,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     }
 
     /// A shared view of the same elements, for as long as this one is borrowed.
+    #[must_use]
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView {
             base: self.base,
@@ -289,6 +292,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     }
 
     /// Turns this view into a shared one for the rest of `'a`.
+    #[must_use]
     pub fn into_view(self) -> DeviceView<'a, T> {
         DeviceView {
             base: self.base,

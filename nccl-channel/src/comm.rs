@@ -509,6 +509,7 @@ impl Communicator {
 
     /// A shared owner of the NCCL communicator (for code that enqueues work on it through
     /// the raw table and must keep it alive, see [`cuda_hal::Stream::hold`]).
+    #[must_use = "the communicator is held only while the KeepAlive lives"]
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.shared.clone())
     }

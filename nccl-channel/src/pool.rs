@@ -280,6 +280,7 @@ impl<T: NcclType> std::fmt::Debug for PooledBuffer<'_, T> {
 impl<T: NcclType> PooledBuffer<'_, T> {
     /// Whether the memory is registered with the communicator by now (a collective that
     /// gains from it used the buffer; never where NCCL cannot register).
+    #[must_use]
     pub fn is_registered(&self) -> bool {
         matches!(*lock(&self.slot.reg), SlotReg::Yes(_))
     }

@@ -605,11 +605,13 @@ impl std::fmt::Debug for Registration<'_> {
 
 impl Registration<'_> {
     /// The registered address.
+    #[must_use]
     pub fn device_ptr(&self) -> u64 {
         self.shared.start
     }
 
     /// The registered size in bytes.
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.shared.bytes
     }
@@ -656,6 +658,7 @@ impl std::fmt::Debug for Window<'_> {
 
 impl Window<'_> {
     /// Whether NCCL made a window (it returns none where it has no symmetric support).
+    #[must_use]
     pub fn is_active(&self) -> bool {
         crate::comm::lock(&self.0.shared.pending)
             .as_ref()
@@ -663,11 +666,13 @@ impl Window<'_> {
     }
 
     /// The registered address.
+    #[must_use]
     pub fn device_ptr(&self) -> u64 {
         self.0.device_ptr()
     }
 
     /// The registered size in bytes.
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.0.size_bytes()
     }

@@ -26,6 +26,7 @@ impl AbortHandle {
     }
 
     /// Whether an abort was requested.
+    #[must_use]
     pub fn is_requested(&self) -> bool {
         self.flag.load(Ordering::Acquire)
     }
@@ -80,6 +81,7 @@ pub(crate) fn unsupported(nccl: &Nccl, function: &'static str) -> Error {
 
 impl Communicator {
     /// A handle that aborts this communicator from another thread.
+    #[must_use]
     pub fn abort_handle(&self) -> AbortHandle {
         self.abort_flag().clone()
     }

@@ -142,11 +142,13 @@ impl UniqueId {
     }
 
     /// From NCCL's struct.
+    #[must_use]
     pub fn from_raw(id: &ncclUniqueId) -> UniqueId {
         UniqueId(id.internal.map(|c| c as u8))
     }
 
     /// As NCCL's struct.
+    #[must_use]
     pub fn to_raw(&self) -> ncclUniqueId {
         ncclUniqueId {
             internal: self.0.map(|b| b as core::ffi::c_char),
@@ -154,6 +156,7 @@ impl UniqueId {
     }
 
     /// The raw bytes.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8; 128] {
         &self.0
     }

@@ -110,6 +110,7 @@ impl World {
     }
 
     /// The device ordinal this rank uses by default: the local rank, else the rank.
+    #[must_use]
     pub fn default_device(&self) -> usize {
         self.local_rank.unwrap_or(self.rank)
     }

@@ -289,11 +289,13 @@ impl Rendezvous {
     }
 
     /// What serves the id.
+    #[must_use]
     pub fn kind(&self) -> RendezvousKind {
         self.kind
     }
 
     /// `host:port` (an IPv6 host in brackets).
+    #[must_use]
     pub fn address(&self) -> String {
         if self.host.parse::<std::net::Ipv6Addr>().is_ok() {
             format!("[{}]:{}", self.host, self.port)
@@ -303,26 +305,31 @@ impl Rendezvous {
     }
 
     /// The host part of the address.
+    #[must_use]
     pub fn host(&self) -> &str {
         &self.host
     }
 
     /// The port part of the address.
+    #[must_use]
     pub fn port(&self) -> u16 {
         self.port
     }
 
     /// The variables the address came from (`"code"` for [`Rendezvous::tcp`]).
+    #[must_use]
     pub fn derived_from(&self) -> &str {
         &self.derived_from
     }
 
     /// The key (before the per-exchange sequence number).
+    #[must_use]
     pub fn get_key(&self) -> &str {
         &self.key
     }
 
     /// The deadline of an exchange.
+    #[must_use]
     pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
