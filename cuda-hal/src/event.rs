@@ -145,14 +145,21 @@ impl Event {
 fn duration_from_ms(ms: f32) -> Option<Duration> {
     let ns = f64::from(ms) * 1e6;
     // `u64::MAX as f64` is 2^64, one past the largest u64: `<` keeps the cast exact.
-    #[allow(clippy::cast_precision_loss)]
     let limit = u64::MAX as f64;
     if !(ns >= 0.0 && ns < limit) {
         return None;
     }
     // In range and non-negative (NaN failed the test above), so the cast keeps the value.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Some(Duration::from_nanos(ns.round() as u64))
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.ctx.bind() {
+            // SAFETY: created by us, destroyed once.
+            let _ = unsafe { (self.ctx.cuda().fns().cuEventDestroy)(self.raw) };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -186,15 +193,6 @@ mod tests {
             f32::MAX,
         ] {
             assert_eq!(duration_from_ms(ms), None, "{ms}");
-        }
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        if let Ok(_g) = self.ctx.bind() {
-            // SAFETY: created by us, destroyed once.
-            let _ = unsafe { (self.ctx.cuda().fns().cuEventDestroy)(self.raw) };
         }
     }
 }
