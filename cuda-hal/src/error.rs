@@ -195,10 +195,10 @@ pub enum Error {
         problem: String,
     },
     /// `cuEventElapsedTime` gave no duration: a negative time (the end event completed
-    /// before the start event), or one that is not finite.
+    /// before the start event), or one that is not finite or beyond `u64` nanoseconds.
     #[error(
         "cuEventElapsedTime gave {ms} ms, which is no duration: the end event completed before \
-         the start event, or the time is not finite"
+         the start event, or the time is not finite or too large"
     )]
     InvalidElapsed {
         /// The driver's value, in milliseconds.
