@@ -56,7 +56,7 @@ unsafe impl Send for Inner {}
 // SAFETY: as above; no interior mutability.
 unsafe impl Sync for Inner {}
 
-static_assertions::assert_impl_all!(Context: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Context: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,10 +74,16 @@ impl PartialEq for Context {
 impl Eq for Context {}
 
 impl Context {
-    /// `Ok` when `other` is this context; else [`Error::WrongDevice`](crate::Error) with
-    /// both devices, or, when both are on the same device (a context of another `Cuda`
-    /// instance), [`Error::WrongContext`](crate::Error).
-    pub(crate) fn expect_same(&self, other: &Context, what: &'static str) -> Result<()> {
+    /// `Ok` when `other` (the `object` passed to `what`) is this context; else
+    /// [`Error::WrongDevice`](crate::Error) with both devices, or, when both are on the
+    /// same device (a context of another `Cuda` instance),
+    /// [`Error::WrongContext`](crate::Error).
+    pub(crate) fn expect_same(
+        &self,
+        other: &Context,
+        what: &'static str,
+        object: &'static str,
+    ) -> Result<()> {
         if self == other {
             return Ok(());
         }
@@ -85,11 +91,13 @@ impl Context {
         if expected == found {
             return Err(crate::Error::WrongContext {
                 what,
+                object,
                 device: found,
             });
         }
         Err(crate::Error::WrongDevice {
             what,
+            object,
             expected,
             found,
         })
@@ -113,17 +121,20 @@ impl Context {
     }
 
     /// The device the context belongs to.
+    #[must_use]
     pub fn device(&self) -> &Device {
         &self.inner.device
     }
 
     /// The driver.
     #[inline]
+    #[must_use]
     pub fn cuda(&self) -> &Cuda {
         self.inner.device.cuda()
     }
 
     /// The raw handle.
+    #[must_use]
     pub fn as_raw(&self) -> CUcontext {
         self.inner.raw
     }
@@ -178,14 +189,14 @@ impl Context {
         })
     }
 
-    /// Free and total device memory in bytes, as the driver sees them now.
+    /// Free and total device memory, as the driver sees them now.
     #[doc(alias = "cuMemGetInfo")]
-    pub fn memory_info(&self) -> Result<(usize, usize)> {
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
         let _g = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the context is current.
         unsafe { call!(self.cuda(), cuMemGetInfo(&mut free, &mut total)) }?;
-        Ok((free, total))
+        Ok(MemoryInfo { free, total })
     }
 
     /// Waits for all work in the context.
@@ -195,6 +206,17 @@ impl Context {
         // SAFETY: a context is current.
         unsafe { call!(self.cuda(), cuCtxSynchronize()) }
     }
+}
+
+/// A device's memory in bytes ([`Context::memory_info`]), named so that free and total
+/// cannot be swapped.
+#[doc(alias = "cuMemGetInfo")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free now (other processes and contexts allocate from the same memory).
+    pub free: usize,
+    /// The device's memory.
+    pub total: usize,
 }
 
 /// Keeps a context current on this thread; the previous one is current again on drop. Not
@@ -212,6 +234,7 @@ impl Context {
 /// });
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
+#[must_use = "the context is current only while the guard lives"]
 pub struct CurrentGuard<'a> {
     ctx: &'a Context,
     pushed: bool,
@@ -228,9 +251,11 @@ impl std::fmt::Debug for CurrentGuard<'_> {
 }
 
 static_assertions::assert_not_impl_any!(CurrentGuard<'static>: Send, Sync);
+static_assertions::assert_impl_all!(CurrentGuard<'static>: std::fmt::Debug);
 
 impl CurrentGuard<'_> {
     /// The context this guard keeps current.
+    #[must_use]
     pub fn context(&self) -> &Context {
         self.ctx
     }

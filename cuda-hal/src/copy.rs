@@ -12,12 +12,15 @@ use std::mem::size_of;
 
 use crate::{Context, DeviceRepr, DeviceSlice, DeviceView, DeviceViewMut, Error, Result, Stream};
 
-fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+/// `Ok` when the `buffer` given holds `got` elements, the `expected` of the memory it is
+/// copied to or from.
+fn check_len(what: &'static str, buffer: &'static str, expected: usize, got: usize) -> Result<()> {
     if expected == got {
         Ok(())
     } else {
         Err(Error::LengthMismatch {
             what,
+            buffer,
             expected,
             got,
         })
@@ -69,6 +72,7 @@ fn pattern<T: DeviceRepr>(value: T) -> Pattern {
 impl<T: DeviceRepr> DeviceView<'_, T> {
     /// Size in bytes.
     #[inline]
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.len() * size_of::<T>()
     }
@@ -76,7 +80,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
     /// Downloads into `dst` (same length).
     #[doc(alias = "cuMemcpyDtoH")]
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
-        check_len("copy_to_host", self.len(), dst.len())?;
+        check_len("copy_to_host", "host", self.len(), dst.len())?;
         // SAFETY: `dst` is `len` initialised elements, so also `len` writable slots.
         unsafe { self.download(dst.as_mut_ptr()) }
     }
@@ -144,7 +148,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
     /// # Safety
     /// As for [`copy_to_host_async`](Self::copy_to_host_async).
     unsafe fn download_locked(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
-        check_len("copy_to_host_async", self.len(), dst.len())?;
+        check_len("copy_to_host_async", "host", self.len(), dst.len())?;
         stream.same_context(self.context(), "copy_to_host_async")?;
         if self.is_empty() {
             return Ok(());
@@ -170,6 +174,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
 impl<T: DeviceRepr> DeviceViewMut<'_, T> {
     /// Size in bytes.
     #[inline]
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.len() * size_of::<T>()
     }
@@ -187,7 +192,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
     /// Uploads `src` (same length).
     #[doc(alias = "cuMemcpyHtoD")]
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
-        check_len("copy_from_host", self.len(), src.len())?;
+        check_len("copy_from_host", "host", self.len(), src.len())?;
         if self.is_empty() {
             return Ok(());
         }
@@ -209,7 +214,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
     /// `cuMemcpyPeer`.
     #[doc(alias = "cuMemcpyDtoD")]
     pub fn copy_from<S: DeviceSlice<Elem = T> + ?Sized>(&mut self, src: &S) -> Result<()> {
-        check_len("copy_from", self.len(), src.len())?;
+        check_len("copy_from", "source", self.len(), src.len())?;
         if self.is_empty() {
             return Ok(());
         }
@@ -273,7 +278,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
     /// # Safety
     /// As for [`copy_from_host_async`](Self::copy_from_host_async).
     unsafe fn upload_locked(&mut self, src: &[T], stream: &Stream) -> Result<()> {
-        check_len("copy_from_host_async", self.len(), src.len())?;
+        check_len("copy_from_host_async", "host", self.len(), src.len())?;
         stream.same_context(self.context(), "copy_from_host_async")?;
         if self.is_empty() {
             return Ok(());
@@ -315,7 +320,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
         src: &S,
         stream: &Stream,
     ) -> Result<()> {
-        check_len("copy_from_async", self.len(), src.len())?;
+        check_len("copy_from_async", "source", self.len(), src.len())?;
         let ctx = self.context();
         stream.same_context(ctx, "copy_from_async")?;
         if self.is_empty() {

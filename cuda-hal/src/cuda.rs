@@ -31,7 +31,7 @@ pub struct Cuda {
     inner: Arc<Driver>,
 }
 
-static_assertions::assert_impl_all!(Cuda: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Cuda: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -108,18 +108,21 @@ impl Cuda {
     }
 
     /// The raw driver (function table, version, origin).
+    #[must_use]
     pub fn driver(&self) -> &Driver {
         &self.inner
     }
 
     /// The raw function table.
     #[inline]
+    #[must_use]
     pub fn fns(&self) -> &DriverFns {
         self.inner.fns()
     }
 
     /// The driver's CUDA version.
     #[doc(alias = "cuDriverGetVersion")]
+    #[must_use]
     pub fn version(&self) -> DriverVersion {
         self.inner.version()
     }
@@ -159,6 +162,7 @@ impl Cuda {
 
     /// The [`Error::Driver`] for a failed status.
     #[cold]
+    #[must_use]
     pub fn error(&self, code: CUresult, call: &'static str) -> Error {
         let text = |f: cuda_sys::PFN_cuGetErrorName| {
             let mut p: *const std::ffi::c_char = std::ptr::null();
@@ -201,7 +205,7 @@ impl Cuda {
                 .map(|(_, v)| DriverVersion(*v).to_string())
                 .unwrap_or_else(|| "newer".into());
             Error::Unsupported {
-                function,
+                feature: function,
                 needed,
                 found: self.version().to_string(),
             }

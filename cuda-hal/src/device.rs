@@ -35,7 +35,7 @@ pub struct Device {
     ordinal: i32,
 }
 
-static_assertions::assert_impl_all!(Device: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Device: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,16 +65,19 @@ impl Device {
     }
 
     /// The driver this device belongs to.
+    #[must_use]
     pub fn cuda(&self) -> &Cuda {
         &self.cuda
     }
 
     /// The device ordinal.
+    #[must_use]
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }
 
     /// The raw `CUdevice`.
+    #[must_use]
     pub fn as_raw(&self) -> CUdevice {
         self.raw
     }

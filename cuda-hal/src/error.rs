@@ -89,47 +89,51 @@ pub enum Error {
         available: Vec<String>,
     },
     /// The loaded driver is too old for a function.
-    #[error("{function} needs a CUDA {needed} driver; the loaded driver is CUDA {found}")]
+    #[error("{feature} needs a CUDA {needed} driver; the loaded driver is CUDA {found}")]
     Unsupported {
-        /// The driver function.
-        function: &'static str,
-        /// The CUDA version that introduced it.
+        /// What is missing: the driver function (`"cuStreamGetDevice"`).
+        feature: &'static str,
+        /// The first CUDA version that has it.
         needed: String,
         /// The loaded driver's version.
         found: String,
     },
-    /// Host and device lengths differ.
-    #[error(
-        "length mismatch in {what}: the buffer holds {expected} elements, the other side {got}"
-    )]
+    /// A buffer has the wrong number of elements.
+    #[error("{what}: the {buffer} buffer must hold {expected} elements, it holds {got}")]
     LengthMismatch {
         /// The operation.
         what: &'static str,
-        /// The buffer's element count.
+        /// Which buffer: `"host"` (a host slice) or `"source"` (a device copy's source).
+        buffer: &'static str,
+        /// The length needed (that of the memory written or read).
         expected: usize,
-        /// The other side's element count.
+        /// The length given.
         got: usize,
     },
-    /// Two objects that must share a device (or context) do not.
-    #[error("{what}: expected an object of device {expected}, got one of device {found}")]
+    /// An object passed belongs to another device than the one the operation needs.
+    #[error("{what}: the {object} is on device {found}, expected device {expected}")]
     WrongDevice {
         /// The operation.
         what: &'static str,
+        /// `"stream"`, `"kernel argument"`, ...
+        object: &'static str,
         /// The device ordinal the operation needs.
         expected: i32,
         /// The device ordinal of the object passed.
         found: i32,
     },
-    /// Two objects that must share a context are on the same device but in different
-    /// contexts: one of them comes from another [`Cuda`](crate::Cuda) instance (a driver
-    /// loaded again, or another simulated machine).
+    /// An object passed is on the right device but in another context: it comes from
+    /// another [`Cuda`](crate::Cuda) instance (a driver loaded again, or another
+    /// simulated machine).
     #[error(
-        "{what}: the objects belong to different CUDA contexts (both on device {device}; \
+        "{what}: the {object} belongs to another CUDA context (both are on device {device}; \
          another Cuda instance?): use objects of one context"
     )]
     WrongContext {
         /// The operation.
         what: &'static str,
+        /// `"stream"`, `"kernel argument"`, ...
+        object: &'static str,
         /// The device ordinal both are on.
         device: i32,
     },
@@ -212,6 +216,16 @@ pub enum Error {
         config: LaunchConfig,
         /// What is wrong with it.
         problem: String,
+    },
+    /// `cuEventElapsedTime` gave no duration: a negative time (the end event completed
+    /// before the start event), or one that is not finite or beyond `u64` nanoseconds.
+    #[error(
+        "cuEventElapsedTime gave {ms} ms, which is no duration: the end event completed before \
+         the start event, or the time is not finite or too large"
+    )]
+    InvalidElapsed {
+        /// The driver's value, in milliseconds.
+        ms: f32,
     },
     /// A size in bytes does not fit in `usize`.
     #[error("size overflow: {count} elements of {size} bytes each")]

@@ -2,11 +2,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cuda_sys::{CUevent, CUevent_flags, CUresult};
 
 use crate::tracking::{CaptureLog, lock};
-use crate::{Context, Result, Stream};
+use crate::{Context, Error, Result, Stream};
 
 /// A CUDA event of one context: a point in a stream's work that the host or another
 /// stream can wait for.
@@ -38,6 +39,8 @@ pub struct Event {
 unsafe impl Send for Event {}
 // SAFETY: as above; the only interior mutability is the capture slot, behind a mutex.
 unsafe impl Sync for Event {}
+
+static_assertions::assert_impl_all!(Event: Send, Sync, std::fmt::Debug);
 
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,9 +135,15 @@ impl Event {
         Ok(true)
     }
 
-    /// Milliseconds from `self` to `end` (both recorded, both timing events).
+    /// The time from `self` to `end` (both recorded, both timing events), to the
+    /// driver's resolution of about half a microsecond.
+    ///
+    /// The driver measures in `f32` milliseconds, and gives a negative value when `end`
+    /// completed before `self`: that, or a value that is not a finite number of
+    /// nanoseconds within `u64`, is [`Error::InvalidElapsed`] with the raw value, never a
+    /// panic or a clamped duration.
     #[doc(alias = "cuEventElapsedTime")]
-    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+    pub fn elapsed(&self, end: &Event) -> Result<Duration> {
         let mut ms = 0f32;
         // SAFETY: valid events and out-pointer.
         unsafe {
@@ -143,8 +152,21 @@ impl Event {
                 cuEventElapsedTime(&mut ms, self.raw, end.raw)
             )
         }?;
-        Ok(ms)
+        duration_from_ms(ms).ok_or(Error::InvalidElapsed { ms })
     }
+}
+
+/// `ms` milliseconds, rounded to the nanosecond; `None` for a negative, non-finite or
+/// too large value (where `Duration::from_secs_f32` would panic).
+fn duration_from_ms(ms: f32) -> Option<Duration> {
+    let ns = f64::from(ms) * 1e6;
+    // `u64::MAX as f64` is 2^64, one past the largest u64: `<` keeps the cast exact.
+    let limit = u64::MAX as f64;
+    if !(ns >= 0.0 && ns < limit) {
+        return None;
+    }
+    // In range and non-negative (NaN failed the test above), so the cast keeps the value.
+    Some(Duration::from_nanos(ns.round() as u64))
 }
 
 impl Drop for Event {
@@ -152,6 +174,41 @@ impl Drop for Event {
         if let Ok(_g) = self.ctx.bind() {
             // SAFETY: created by us, destroyed once.
             let _ = unsafe { (self.ctx.cuda().fns().cuEventDestroy)(self.raw) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_become_a_duration_rounded_to_the_nanosecond() {
+        assert_eq!(duration_from_ms(0.0), Some(Duration::ZERO));
+        assert_eq!(duration_from_ms(-0.0), Some(Duration::ZERO));
+        assert_eq!(duration_from_ms(1.5), Some(Duration::from_micros(1500)));
+        assert_eq!(duration_from_ms(0.0005), Some(Duration::from_nanos(500)));
+        assert_eq!(duration_from_ms(2500.0), Some(Duration::from_millis(2500)));
+        // 2^64 ns is one past what a u64 holds: the largest f32 below it converts, the
+        // next one up does not.
+        assert_eq!(
+            duration_from_ms(18_446_744_027_136.0),
+            Some(Duration::from_nanos(18_446_744_027_136_000_000))
+        );
+        assert_eq!(duration_from_ms(18_446_746_124_288.0), None);
+    }
+
+    #[test]
+    fn negative_and_non_finite_milliseconds_are_no_duration() {
+        for ms in [
+            -0.001,
+            -1.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+        ] {
+            assert_eq!(duration_from_ms(ms), None, "{ms}");
         }
     }
 }

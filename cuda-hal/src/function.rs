@@ -54,7 +54,7 @@ unsafe impl Sync for Function<'_> {}
 
 // Deliberate: a function (and a library's kernel) may be shared with and launched from
 // any thread; launches serialise on the stream's order lock.
-static_assertions::assert_impl_all!(Function<'static>: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Function<'static>: Send, Sync, Clone, std::fmt::Debug);
 
 impl fmt::Debug for Function<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -17,6 +17,8 @@ use crate::{Context, Error, Result, Stream};
 
 /// How a capture treats unsafe calls from other threads (`CUstreamCaptureMode`).
 ///
+/// Non-exhaustive: CUDA may add modes.
+///
 /// ```
 /// use cuda_hal::{CaptureMode, Stream};
 /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
@@ -29,6 +31,7 @@ use crate::{Context, Error, Result, Stream};
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CaptureMode {
     /// Unsafe calls from any thread fail while any capture is running.
     Global,
@@ -180,6 +183,8 @@ pub struct Graph {
 // instantiation only reads the graph); what it holds is `Send + Sync`.
 unsafe impl Send for Graph {}
 
+static_assertions::assert_impl_all!(Graph: Send, std::fmt::Debug);
+
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
@@ -213,6 +218,7 @@ impl Graph {
     }
 
     /// How many buffers, communicators and other dependencies the graph keeps alive.
+    #[must_use]
     pub fn dependencies(&self) -> usize {
         self.held.len()
     }
@@ -301,7 +307,7 @@ pub struct GraphExec {
     _not_sync: PhantomData<Cell<()>>,
 }
 
-static_assertions::assert_impl_all!(GraphExec: Send);
+static_assertions::assert_impl_all!(GraphExec: Send, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(GraphExec: Sync);
 
 impl std::fmt::Debug for GraphExec {

@@ -155,7 +155,7 @@ unsafe impl<T: DeviceRepr> KernelArg for ByValue<T> {
 fn memory<S: DeviceSlice + ?Sized>(s: &S, stream: &Stream) -> Result<CUdeviceptr> {
     stream
         .context()
-        .expect_same(s.context(), "kernel argument")?;
+        .expect_same(s.context(), "Function::launch", "kernel argument")?;
     s.used_on(stream)?;
     Ok(s.device_ptr())
 }
@@ -277,7 +277,7 @@ tuple_args!(10: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
 tuple_args!(11: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
 tuple_args!(12: A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
 
-static_assertions::assert_impl_all!(ByValue<f64>: Send, Sync, Copy);
+static_assertions::assert_impl_all!(ByValue<f64>: Send, Sync, Copy, std::fmt::Debug);
 
 #[cfg(test)]
 mod tests {

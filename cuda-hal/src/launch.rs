@@ -14,6 +14,7 @@ use crate::{Error, Function, KernelArgs, Result, Stream};
 /// assert_eq!(LaunchConfig::new([8, 8, 1], [16, 16, 1]).threads_per_block(), 256);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use = "a launch configuration does nothing until it is passed to a launch"]
 pub struct LaunchConfig {
     /// Blocks in x, y, z.
     pub grid: [u32; 3],
@@ -23,7 +24,7 @@ pub struct LaunchConfig {
     pub shared_mem_bytes: u32,
 }
 
-static_assertions::assert_impl_all!(LaunchConfig: Send, Sync, Copy);
+static_assertions::assert_impl_all!(LaunchConfig: Send, Sync, Copy, std::fmt::Debug);
 
 impl LaunchConfig {
     /// A grid of `grid` blocks of `block` threads, without dynamic shared memory.
@@ -57,6 +58,7 @@ impl LaunchConfig {
     /// Threads in one block.
     /// (Saturating: three `u32`s can multiply past `u64::MAX`; the launch refuses such a
     /// block anyway.)
+    #[must_use]
     pub fn threads_per_block(&self) -> u64 {
         self.block
             .iter()

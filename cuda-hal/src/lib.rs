@@ -145,6 +145,8 @@
            [`Cuda::mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/struct.Cuda.html#method.mock"
 )]
 
+#![warn(missing_debug_implementations)]
+
 /// Calls a driver-table entry and checks its status; the error names the entry, so no
 /// call site spells a C name by hand. Use inside `unsafe` (the call's contract is the
 /// caller's): `unsafe { call!(cuda, cuMemAlloc(&mut p, n)) }`.
@@ -199,7 +201,7 @@ mod stream;
 mod tracking;
 mod view;
 
-pub use context::{Context, CurrentGuard};
+pub use context::{Context, CurrentGuard, MemoryInfo};
 pub use cuda::Cuda;
 pub use cuda_sys;
 pub use device::Device;
@@ -219,6 +221,11 @@ pub use slice::{DeviceSlice, DeviceSliceMut};
 pub use stream::{EnqueueLock, Stream};
 pub use tracking::{DeferScope, Dependency, KeepAlive, StreamLog};
 pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};
+
+/// The `half` crate (feature `half`), whose `f16` and `bf16` are element types here: name
+/// them as `cuda_hal::half::f16` without adding `half` (and matching its version) yourself.
+#[cfg(feature = "half")]
+pub use half;
 
 /// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].
 ///

@@ -32,7 +32,7 @@ pub struct Library {
     code: Code,
 }
 
-static_assertions::assert_impl_all!(Library: Send, Sync);
+static_assertions::assert_impl_all!(Library: Send, Sync, std::fmt::Debug);
 
 impl fmt::Debug for Library {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -125,6 +125,7 @@ impl Library {
     }
 
     /// The raw handle (valid while the library lives).
+    #[must_use]
     pub fn as_raw(&self) -> CUlibrary {
         self.raw()
     }
@@ -164,7 +165,7 @@ unsafe impl Send for Kernel<'_> {}
 // SAFETY: as above; nothing is mutated through `&Kernel`.
 unsafe impl Sync for Kernel<'_> {}
 
-static_assertions::assert_impl_all!(Kernel<'static>: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Kernel<'static>: Send, Sync, Clone, std::fmt::Debug);
 
 impl fmt::Debug for Kernel<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -185,11 +186,13 @@ impl<'a> Kernel<'a> {
     }
 
     /// The kernel's name.
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The raw handle (valid while the library lives).
+    #[must_use]
     pub fn as_raw(&self) -> CUkernel {
         self.raw
     }

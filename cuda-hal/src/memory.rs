@@ -224,7 +224,7 @@ pub struct DeviceBuffer<T: DeviceRepr> {
     _t: PhantomData<T>,
 }
 
-static_assertions::assert_impl_all!(DeviceBuffer<f32>: Send, Sync);
+static_assertions::assert_impl_all!(DeviceBuffer<f32>: Send, Sync, std::fmt::Debug);
 
 impl<T: DeviceRepr> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -414,6 +414,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// assert_eq!(world.live().device_allocations, 0);
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
+    #[must_use = "dropping the buffer frees the memory"]
     pub unsafe fn from_raw(ctx: &Context, ptr: CUdeviceptr, len: usize) -> Self {
         Self::owning(ctx, ptr, len, None)
     }
@@ -477,6 +478,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// assert_eq!(world.used_memory(0), 0);
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
+    #[must_use = "the memory is held only while the KeepAlive lives"]
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.alloc.clone())
     }
@@ -484,6 +486,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// How many owners the memory has: this buffer, plus each graph, open group or
     /// [`KeepAlive`] (e.g. an NCCL registration) that holds it. A pool may hand memory to
     /// a new user only when it is the sole owner: a graph could launch work on it again.
+    #[must_use]
     pub fn owners(&self) -> usize {
         Arc::strong_count(&self.alloc)
     }
@@ -511,42 +514,49 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// Number of elements.
     #[inline]
+    #[must_use]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether it holds no element.
     #[inline]
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Size in bytes.
     #[inline]
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.len * size_of::<T>()
     }
 
     /// The raw device address (0 for an empty buffer).
     #[inline]
+    #[must_use]
     pub fn as_raw(&self) -> CUdeviceptr {
         self.ptr
     }
 
     /// The context the memory lives in.
     #[inline]
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.alloc.ctx
     }
 
     /// The device the memory lives on.
     #[inline]
+    #[must_use]
     pub fn device(&self) -> &Device {
         self.alloc.ctx.device()
     }
 
     /// A shared view of all elements.
     #[inline]
+    #[must_use]
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView::new(self)
     }

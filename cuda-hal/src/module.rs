@@ -49,7 +49,7 @@ pub struct Module {
     ctx: Context,
 }
 
-static_assertions::assert_impl_all!(Module: Send, Sync);
+static_assertions::assert_impl_all!(Module: Send, Sync, std::fmt::Debug);
 
 impl fmt::Debug for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -146,11 +146,13 @@ impl Module {
     }
 
     /// The context the module is loaded in.
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.ctx
     }
 
     /// The raw handle (valid while the module lives).
+    #[must_use]
     pub fn as_raw(&self) -> CUmodule {
         self.raw()
     }
@@ -198,7 +200,7 @@ pub struct Global<'a, T: DeviceRepr> {
     _t: PhantomData<T>,
 }
 
-static_assertions::assert_impl_all!(Global<'static, f32>: Send, Sync);
+static_assertions::assert_impl_all!(Global<'static, f32>: Send, Sync, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(Global<'static, f32>: Clone);
 
 impl<T: DeviceRepr> fmt::Debug for Global<'_, T> {
@@ -238,26 +240,31 @@ impl<'a, T: DeviceRepr> Global<'a, T> {
     }
 
     /// Number of elements.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether it holds no element.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The device address.
+    #[must_use]
     pub fn as_raw(&self) -> CUdeviceptr {
         self.ptr
     }
 
     /// The context the memory belongs to.
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.ctx
     }
 
     /// A view of all of it.
+    #[must_use]
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView::new(self)
     }

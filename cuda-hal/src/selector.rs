@@ -158,6 +158,8 @@ impl FromStr for PciBusId {
 
 /// Which device a `cuda://...` selector names (see [`Cuda::select`](crate::Cuda::select)).
 ///
+/// Non-exhaustive: more ways to name a device may come.
+///
 /// ```
 /// use cuda_hal::{DeviceSelector, Error};
 /// assert_eq!("cuda://".parse::<DeviceSelector>()?, DeviceSelector::Default);
@@ -172,6 +174,7 @@ impl FromStr for PciBusId {
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum DeviceSelector {
     /// `cuda://`: the default device (ordinal 0).
     Default,

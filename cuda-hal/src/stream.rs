@@ -113,7 +113,7 @@ pub struct Stream {
     inner: Arc<Inner>,
 }
 
-static_assertions::assert_impl_all!(Stream: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Stream: Send, Sync, Clone, std::fmt::Debug);
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -160,6 +160,7 @@ impl Stream {
     /// assert_eq!(buf.to_vec()?, [9; 3]);
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
+    #[must_use]
     pub fn legacy_default(ctx: &Context) -> Stream {
         Stream {
             inner: Arc::new(Inner::new(ctx, std::ptr::null_mut(), false)),
@@ -304,12 +305,14 @@ impl Stream {
 
     /// The raw handle (to pass to other CUDA libraries, e.g. NCCL).
     #[inline]
+    #[must_use]
     pub fn as_raw(&self) -> CUstream {
         self.inner.raw
     }
 
     /// The stream's context.
     #[inline]
+    #[must_use]
     pub fn context(&self) -> &Context {
         &self.inner.ctx
     }
@@ -403,7 +406,9 @@ impl Stream {
         }
     }
 
+    /// `Ok` when the stream belongs to `ctx` (the context `what` needs); else the
+    /// stream is the object of the wrong device or context.
     pub(crate) fn same_context(&self, ctx: &Context, what: &'static str) -> Result<()> {
-        ctx.expect_same(&self.inner.ctx, what)
+        ctx.expect_same(&self.inner.ctx, what, "stream")
     }
 }

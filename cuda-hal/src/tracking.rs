@@ -285,6 +285,7 @@ impl DeferScope {
 
     /// Whether a scope is open on this thread.
     #[inline]
+    #[must_use]
     pub fn is_open() -> bool {
         // `try_with`: false while the thread's storage is being torn down.
         DEFERRED.try_with(|d| d.borrow().depth > 0).unwrap_or(false)
@@ -338,7 +339,8 @@ impl Drop for DeferScope {
 }
 
 static_assertions::assert_not_impl_any!(DeferScope: Send, Sync);
-static_assertions::assert_impl_all!(KeepAlive: Send, Sync, Clone);
+static_assertions::assert_impl_all!(DeferScope: std::fmt::Debug);
+static_assertions::assert_impl_all!(KeepAlive: Send, Sync, Clone, std::fmt::Debug);
 
 /// What a stream being captured has recorded so far, and so must keep alive: moved into
 /// the graph when the capture ends.
@@ -384,6 +386,7 @@ impl std::fmt::Debug for StreamLog {
 
 impl StreamLog {
     /// An empty log.
+    #[must_use]
     pub fn new() -> StreamLog {
         StreamLog::default()
     }

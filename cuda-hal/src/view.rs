@@ -153,8 +153,8 @@ pub struct DeviceViewMut<'a, T: DeviceRepr> {
     _exclusive: PhantomData<&'a mut [T]>,
 }
 
-static_assertions::assert_impl_all!(DeviceView<'static, f32>: Send, Sync, Copy);
-static_assertions::assert_impl_all!(DeviceViewMut<'static, f32>: Send, Sync);
+static_assertions::assert_impl_all!(DeviceView<'static, f32>: Send, Sync, Copy, std::fmt::Debug);
+static_assertions::assert_impl_all!(DeviceViewMut<'static, f32>: Send, Sync, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(DeviceViewMut<'static, f32>: Clone);
 
 impl<T: DeviceRepr> Clone for DeviceView<'_, T> {
@@ -218,6 +218,7 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
     /// assert_eq!(mine.to_vec()?, [5, 6]);
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
+    #[must_use]
     pub unsafe fn from_raw_parts(ctx: &'a Context, ptr: CUdeviceptr, len: usize) -> Self {
         DeviceView {
             base: Base::Raw(ctx),
@@ -282,6 +283,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     /// As for [`DeviceView::from_raw_parts`], and the memory is writable, and nothing
     /// else writes or reads it through the host for `'a` without ordering against the
     /// work enqueued with this view.
+    #[must_use]
     pub unsafe fn from_raw_parts(ctx: &'a Context, ptr: CUdeviceptr, len: usize) -> Self {
         DeviceViewMut {
             base: Base::Raw(ctx),
@@ -292,6 +294,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     }
 
     /// A shared view of the same elements, for as long as this one is borrowed.
+    #[must_use]
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView {
             base: self.base,
@@ -301,6 +304,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     }
 
     /// Turns this view into a shared one for the rest of `'a`.
+    #[must_use]
     pub fn into_view(self) -> DeviceView<'a, T> {
         DeviceView {
             base: self.base,

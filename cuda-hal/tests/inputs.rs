@@ -100,12 +100,13 @@ fn an_object_of_another_cuda_instance_names_the_context() {
         e,
         Error::WrongContext {
             what: "Event::record",
+            object: "stream",
             device: 0
         }
     );
     assert_eq!(
         e.to_string(),
-        "Event::record: the objects belong to different CUDA contexts (both on device 0; \
+        "Event::record: the stream belongs to another CUDA context (both are on device 0; \
          another Cuda instance?): use objects of one context"
     );
     // Another device is still named as such.
@@ -113,6 +114,7 @@ fn an_object_of_another_cuda_instance_names_the_context() {
         event.record(&Stream::new(&ctx1).unwrap()).unwrap_err(),
         Error::WrongDevice {
             what: "Event::record",
+            object: "stream",
             expected: 0,
             found: 1
         }
@@ -124,6 +126,7 @@ fn an_object_of_another_cuda_instance_names_the_context() {
         dst.copy_from_async(&src, &foreign).unwrap_err(),
         Error::WrongContext {
             what: "copy_from_async",
+            object: "stream",
             device: 0
         }
     );
@@ -132,6 +135,11 @@ fn an_object_of_another_cuda_instance_names_the_context() {
 fn mismatch(what: &'static str, expected: usize, got: usize) -> Error {
     Error::LengthMismatch {
         what,
+        buffer: if what.contains("host") {
+            "host"
+        } else {
+            "source"
+        },
         expected,
         got,
     }

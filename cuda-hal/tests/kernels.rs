@@ -320,7 +320,8 @@ fn memory_of_another_device_is_a_typed_error() {
     assert_eq!(
         e,
         Error::WrongDevice {
-            what: "kernel argument",
+            what: "Function::launch",
+            object: "kernel argument",
             expected: 0,
             found: 1
         }
@@ -335,6 +336,7 @@ fn memory_of_another_device_is_a_typed_error() {
             e,
             Error::WrongDevice {
                 what: "Function::launch",
+                object: "stream",
                 expected: 0,
                 found: 1
             }
@@ -462,9 +464,9 @@ fn without_param_info_launches_are_not_checked_against_parameters() {
     let saxpy = module.function("saxpy").unwrap();
     match saxpy.param_info() {
         Err(Error::Unsupported {
-            function, needed, ..
+            feature, needed, ..
         }) => {
-            assert_eq!((function, needed.as_str()), ("cuFuncGetParamInfo", "12.4"))
+            assert_eq!((feature, needed.as_str()), ("cuFuncGetParamInfo", "12.4"))
         }
         other => panic!("{other:?}"),
     }

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cuda_hal::{
-    Cuda, DeviceBuffer, DeviceSelector, DeviceUuid, Error, Event, PinnedBuffer, Stream,
+    Cuda, DeviceBuffer, DeviceSelector, DeviceUuid, Error, Event, MemoryInfo, PinnedBuffer, Stream,
 };
 use cuda_sys::CUresult;
 use cuda_sys::mock::{MockDevice, MockDriver, MockWorld};
@@ -384,9 +384,14 @@ fn length_and_device_mismatches_are_typed_errors() {
             e,
             Error::LengthMismatch {
                 what: "copy_from_host",
+                buffer: "host",
                 expected: 4,
                 got: 3
             }
+        );
+        assert_eq!(
+            e.to_string(),
+            "copy_from_host: the host buffer must hold 4 elements, it holds 3"
         );
         assert!(matches!(
             b.copy_to_host(&mut [0; 5]),
@@ -403,9 +408,14 @@ fn length_and_device_mismatches_are_typed_errors() {
             e,
             Error::WrongDevice {
                 what: "copy_from_host_async",
+                object: "stream",
                 expected: 0,
                 found: 1
             }
+        );
+        assert_eq!(
+            e.to_string(),
+            "copy_from_host_async: the stream is on device 1, expected device 0"
         );
         let ev = Event::new(&c0).unwrap();
         assert!(matches!(s1.record(&ev), Err(Error::WrongDevice { .. })));
@@ -513,7 +523,7 @@ fn every_injected_fault_surfaces_typed_and_leaks_nothing() {
             let (a, b, s) = (Event::new(&x)?, Event::new(&x)?, Stream::new(&x)?);
             a.record(&s)?;
             b.record(&s)?;
-            a.elapsed_ms(&b).map(drop)
+            a.elapsed(&b).map(drop)
         }),
         ("cuMemAlloc", |c| {
             DeviceBuffer::<u8>::alloc(&c.device(0)?.primary_context()?, 8).map(drop)
@@ -618,7 +628,7 @@ fn functions_newer_than_the_driver_are_unsupported_with_the_version() {
     assert_eq!(
         e,
         Error::Unsupported {
-            function: "cuStreamGetDevice",
+            feature: "cuStreamGetDevice",
             needed: "12.8".into(),
             found: "12.4".into()
         }
@@ -645,13 +655,21 @@ fn events_time_stream_work() {
         // The simulated events carry the host's clock when recorded: `b` was recorded at
         // least 10 ms after `a`, the same span measured backwards is its exact negative,
         // and an event measured against itself spans exactly 0.
-        let ms = a.elapsed_ms(&b).unwrap();
-        assert!(ms >= 10.0, "{ms}");
-        assert_eq!(b.elapsed_ms(&a).unwrap(), -ms);
-        assert_eq!(a.elapsed_ms(&a).unwrap(), 0.0);
+        let d = a.elapsed(&b).unwrap();
+        assert!(d >= std::time::Duration::from_millis(10), "{d:?}");
+        assert_eq!(a.elapsed(&a).unwrap(), std::time::Duration::ZERO);
+        // Backwards the driver gives a negative time: an error with that value, no panic.
+        match b.elapsed(&a).unwrap_err() {
+            Error::InvalidElapsed { ms } => {
+                assert!(ms <= -10.0, "{ms}");
+                let ns = (f64::from(-ms) * 1e6).round() as u64;
+                assert_eq!(a.elapsed(&b).unwrap().as_nanos(), u128::from(ns));
+            }
+            e => panic!("{e}"),
+        }
         let nt = Event::without_timing(&ctx).unwrap();
         s.record(&nt).unwrap();
-        let e = a.elapsed_ms(&nt).unwrap_err();
+        let e = a.elapsed(&nt).unwrap_err();
         assert!(
             matches!(&e, Error::Driver { call: "cuEventElapsedTime", code, .. }
                 if *code == CUresult::CUDA_ERROR_INVALID_HANDLE),
@@ -765,12 +783,18 @@ fn graphs_capture_and_replay_stream_work() {
 fn memory_info_follows_allocations() {
     leak_checked(|cuda, _| {
         let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-        let (free0, total) = ctx.memory_info().unwrap();
+        let MemoryInfo { free: free0, total } = ctx.memory_info().unwrap();
         assert_eq!(free0, total);
         let b = DeviceBuffer::<u8>::alloc(&ctx, 1 << 20).unwrap();
-        assert_eq!(ctx.memory_info().unwrap().0, free0 - (1 << 20));
+        assert_eq!(
+            ctx.memory_info().unwrap(),
+            MemoryInfo {
+                free: free0 - (1 << 20),
+                total
+            }
+        );
         drop(b);
-        assert_eq!(ctx.memory_info().unwrap().0, free0);
+        assert_eq!(ctx.memory_info().unwrap().free, free0);
     });
 }
 

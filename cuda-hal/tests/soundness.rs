@@ -394,6 +394,7 @@ fn a_graph_launches_only_on_its_own_context() {
         e.launch(&s1).unwrap_err(),
         Error::WrongDevice {
             what: "GraphExec::launch",
+            object: "stream",
             expected: 0,
             found: 1
         }

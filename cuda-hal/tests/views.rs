@@ -123,6 +123,7 @@ fn bad_ranges_and_chunk_sizes_are_typed_errors() {
             .unwrap_err(),
         Error::LengthMismatch {
             what: "copy_from_host",
+            buffer: "host",
             expected: 2,
             got: 3
         }
@@ -144,6 +145,7 @@ fn bad_ranges_and_chunk_sizes_are_typed_errors() {
         wide.fill_async(0.0, &other).unwrap_err(),
         Error::WrongDevice {
             what: "fill_async",
+            object: "stream",
             expected: 0,
             found: 1
         }

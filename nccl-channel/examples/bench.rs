@@ -30,6 +30,7 @@ use std::time::Instant;
 use clap::Parser;
 
 use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, DeviceViewMut, Event, Stream};
+use nccl_channel::half::{bf16, f16};
 use nccl_channel::{
     CommConfig, Communicator, CtaPolicy, NcclType, PooledBuffer, ReduceOp, Registration, Result,
     UniqueId, Window, WindowFlags, World, group,
@@ -263,14 +264,14 @@ trait BenchVal: NcclType + PartialEq + std::fmt::Debug {
 }
 macro_rules! bv { ($($t:ty),*) => { $( impl BenchVal for $t { fn from_f(v: f64) -> Self { v as $t } } )* } }
 bv!(i8, u8, i32, f32, f64);
-impl BenchVal for half::f16 {
+impl BenchVal for f16 {
     fn from_f(v: f64) -> Self {
-        half::f16::from_f64(v)
+        f16::from_f64(v)
     }
 }
-impl BenchVal for half::bf16 {
+impl BenchVal for bf16 {
     fn from_f(v: f64) -> Self {
-        half::bf16::from_f64(v)
+        bf16::from_f64(v)
     }
 }
 
@@ -524,7 +525,7 @@ fn time<T: BenchVal>(
         exec.launch(r.stream)?;
         r.stream.record(&end)?;
         end.synchronize()?;
-        start.elapsed_ms(&end)? as f64 * 1000.0 / o.iters as f64
+        start.elapsed(&end)?.as_secs_f64() * 1e6 / o.iters as f64
     } else {
         r.stream.record(&start)?;
         for _ in 0..o.iters {
@@ -532,7 +533,7 @@ fn time<T: BenchVal>(
         }
         r.stream.record(&end)?;
         end.synchronize()?;
-        start.elapsed_ms(&end)? as f64 * 1000.0 / o.iters as f64
+        start.elapsed(&end)?.as_secs_f64() * 1e6 / o.iters as f64
     };
     (r.max_time)(us)
 }
@@ -820,8 +821,8 @@ fn run_rank(r: &Rank, o: &Opts) -> Result<()> {
     match o.dtype.as_str() {
         "float" => run_type::<f32>(r, o, &mut out),
         "double" => run_type::<f64>(r, o, &mut out),
-        "half" => run_type::<half::f16>(r, o, &mut out),
-        "bfloat16" => run_type::<half::bf16>(r, o, &mut out),
+        "half" => run_type::<f16>(r, o, &mut out),
+        "bfloat16" => run_type::<bf16>(r, o, &mut out),
         "int32" => run_type::<i32>(r, o, &mut out),
         "int8" => run_type::<i8>(r, o, &mut out),
         "uint8" => run_type::<u8>(r, o, &mut out),

@@ -24,6 +24,8 @@ pub fn nccl_opened() -> bool {
 
 /// How the ranks agree on a unique id.
 ///
+/// Non-exhaustive: more exchanges may come.
+///
 /// Here rank 0 serves the id on loopback and rank 1 fetches it
 /// ([`IdSource::Rendezvous`]); each rank is a thread with a simulated GPU.
 ///
@@ -65,6 +67,7 @@ pub fn nccl_opened() -> bool {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub enum IdSource {
     /// One rank: a fresh id. Several: [`IdSource::CommIdEnv`] if `NCCL_COMM_ID` is set;
     /// else the launcher's rendezvous ([`Rendezvous::from_env`]: `NCCL_CHANNEL_RENDEZVOUS`,
@@ -134,6 +137,7 @@ pub enum IdSource {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Default)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct ChannelBuilder {
     world: Option<World>,
     device: Option<String>,

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::ThreadId;
 use std::time::Instant;
 
-use cuda_hal::{Context, Dependency, DeviceBuffer, KeepAlive, Stream};
+use cuda_hal::{Context, Dependency, Device, DeviceBuffer, KeepAlive, Stream};
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
 use crate::config::CommConfig;
@@ -278,7 +278,7 @@ pub struct Communicator {
     _not_sync: PhantomData<Cell<()>>,
 }
 
-static_assertions::assert_impl_all!(Communicator: Send);
+static_assertions::assert_impl_all!(Communicator: Send, std::fmt::Debug);
 static_assertions::assert_not_impl_any!(Communicator: Sync);
 
 impl std::fmt::Debug for Communicator {
@@ -610,10 +610,11 @@ impl Communicator {
         self.shared.size
     }
 
-    /// The device ordinal (`ncclCommCuDevice`).
+    /// The device the communicator runs on (`ncclCommCuDevice`; its ordinal is
+    /// `device().ordinal()`), as for buffers and contexts.
     #[doc(alias = "ncclCommCuDevice")]
-    pub fn device(&self) -> i32 {
-        self.shared.ctx.device().ordinal()
+    pub fn device(&self) -> &Device {
+        self.shared.ctx.device()
     }
 
     /// The context the communicator belongs to.
@@ -634,6 +635,7 @@ impl Communicator {
 
     /// A shared owner of the NCCL communicator (for code that enqueues work on it through
     /// the raw table and must keep it alive, see [`cuda_hal::Stream::hold`]).
+    #[must_use = "the communicator is held only while the KeepAlive lives"]
     pub fn keep_alive(&self) -> KeepAlive {
         KeepAlive::new(self.shared.clone())
     }
@@ -702,8 +704,8 @@ impl Communicator {
         if ctx == self.context() {
             return Ok(());
         }
-        let found = ctx.device().ordinal();
-        if found == self.device() {
+        let (expected, found) = (self.device().ordinal(), ctx.device().ordinal());
+        if found == expected {
             return Err(Error::WrongContext {
                 what,
                 object,
@@ -713,7 +715,7 @@ impl Communicator {
         Err(Error::WrongDevice {
             what,
             object,
-            expected: self.device(),
+            expected,
             found,
         })
     }

@@ -41,6 +41,7 @@ impl CtaPolicy {
     pub const ZERO: CtaPolicy = CtaPolicy(nccl_sys::NCCL_CTA_POLICY_ZERO as i32);
 
     /// Whether every flag of `other` is set.
+    #[must_use]
     pub const fn contains(self, other: CtaPolicy) -> bool {
         self.0 & other.0 == other.0
     }
@@ -307,11 +308,13 @@ impl CommConfig {
     }
 
     /// Whether the communicator is blocking (see [`blocking`](Self::blocking)).
+    #[must_use]
     pub fn is_blocking(&self) -> bool {
         self.blocking
     }
 
     /// The deadline for each wait (see [`timeout`](Self::timeout)).
+    #[must_use]
     pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
@@ -326,6 +329,7 @@ impl CommConfig {
     }
 
     /// The network module set with [`net_name`](Self::net_name).
+    #[must_use]
     pub fn get_net_name(&self) -> Option<&str> {
         self.net_name.as_deref()
     }
@@ -339,6 +343,7 @@ impl CommConfig {
     }
 
     /// The name set with [`comm_name`](Self::comm_name).
+    #[must_use]
     pub fn get_comm_name(&self) -> Option<&str> {
         self.comm_name.as_deref()
     }

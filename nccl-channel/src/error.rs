@@ -1,6 +1,9 @@
 //! The error type: NCCL failures keep the `ncclResult_t`, its name, NCCL's message and
 //! `ncclGetLastError`'s detail.
 
+use std::fmt;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nccl_sys::{LoadError, ncclResult_t};
@@ -172,14 +175,15 @@ pub enum Error {
         after: Duration,
     },
     /// A file-system operation of the unique-id exchange failed.
-    #[error("{what} {path}: {message}")]
+    #[error("{what} {path}: {source}")]
     Io {
         /// The operation.
         what: &'static str,
         /// The file.
         path: String,
-        /// The OS error.
-        message: String,
+        /// The operating system's error, also [`source`](std::error::Error::source).
+        #[source]
+        source: IoError,
     },
     /// Rank 0 could not hand its unique id to the other ranks over the network
     /// ([`Rendezvous`](crate::Rendezvous)): nothing answered before the deadline,
@@ -196,6 +200,11 @@ pub enum Error {
         derived_from: String,
         /// What went wrong, with the operating system's error text where there is one.
         problem: String,
+        /// The operating system's error, when one alone made the exchange fail (also
+        /// [`source`](std::error::Error::source)); `None` when the failure is a protocol's
+        /// or a deadline's, or sums up several attempts.
+        #[source]
+        source: Option<IoError>,
     },
     /// The communicator was aborted; it accepts no more work.
     #[error("the communicator was aborted")]
@@ -296,6 +305,58 @@ pub enum ParentsProblem {
     },
 }
 
+/// An [`io::Error`] kept whole as the source of an [`Error`]: shared, so that `Error`
+/// stays `Clone`, and equal to another when their kinds and messages are (`io::Error`
+/// has no `PartialEq`). It displays as the `io::Error` and passes on its source;
+/// [`get`](Self::get) gives the error itself.
+#[derive(Debug, Clone)]
+pub struct IoError(Arc<io::Error>);
+
+impl IoError {
+    /// The error itself.
+    #[must_use]
+    pub fn get(&self) -> &io::Error {
+        &self.0
+    }
+
+    /// Its kind.
+    #[must_use]
+    pub fn kind(&self) -> io::ErrorKind {
+        self.0.kind()
+    }
+}
+
+impl From<io::Error> for IoError {
+    fn from(e: io::Error) -> IoError {
+        IoError(Arc::new(e))
+    }
+}
+
+impl AsRef<io::Error> for IoError {
+    fn as_ref(&self) -> &io::Error {
+        &self.0
+    }
+}
+
+impl PartialEq for IoError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.0.kind() == other.0.kind() && self.0.to_string() == other.0.to_string())
+    }
+}
+
+impl fmt::Display for IoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for IoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 /// `"send"` as `"send buffer"`; `"buffer"` (an in-place operation's one buffer) as itself.
 pub(crate) fn buffer_name(buffer: &str) -> String {
     if buffer == "buffer" {
@@ -331,3 +392,38 @@ fn detail_suffix(detail: &str) -> String {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_are_equal_by_kind_and_message() {
+        let e = |kind, text: &str| IoError::from(io::Error::new(kind, text.to_string()));
+        let a = e(io::ErrorKind::NotFound, "gone");
+        assert_eq!(a, a.clone());
+        assert_eq!(a, e(io::ErrorKind::NotFound, "gone"));
+        assert_ne!(a, e(io::ErrorKind::NotFound, "elsewhere"));
+        assert_ne!(a, e(io::ErrorKind::PermissionDenied, "gone"));
+        assert_eq!(a.to_string(), "gone");
+        assert_eq!(a.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn an_io_variant_has_the_io_error_as_its_source() {
+        let os = io::Error::from_raw_os_error(13);
+        let text = os.to_string();
+        let e = Error::Io {
+            what: "reading",
+            path: "/id".into(),
+            source: os.into(),
+        };
+        let source = std::error::Error::source(&e).unwrap();
+        let io = source.downcast_ref::<IoError>().unwrap();
+        assert_eq!(io.get().raw_os_error(), Some(13));
+        assert_eq!(io.kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(e.to_string(), format!("reading /id: {text}"));
+        // The io::Error's own source (none here) is passed on, not invented.
+        assert!(std::error::Error::source(io).is_none());
+    }
+}

@@ -53,6 +53,7 @@ pub struct Group<'a> {
 }
 
 static_assertions::assert_not_impl_any!(Group<'static>: Send, Sync);
+static_assertions::assert_impl_all!(Group<'static>: std::fmt::Debug);
 
 impl std::fmt::Debug for Group<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -108,6 +108,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#![warn(missing_debug_implementations)]
+
 /// Calls an NCCL table entry and checks its status; the error names the entry, so no call
 /// site spells a C name by hand. Use inside `unsafe`: `unsafe { nccl_call!(nccl, ncclX(..)) }`.
 macro_rules! nccl_call {
@@ -160,7 +162,7 @@ mod world;
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
 pub use comm::Communicator;
 pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
-pub use error::{Error, ParentsProblem, Result};
+pub use error::{Error, IoError, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use memory::alloc_nccl;
 pub use pool::{PooledBuffer, REGISTER_FROM};
@@ -174,6 +176,11 @@ pub use world::{ENV_FAMILIES, EnvFamily, World};
 
 pub use cuda_hal;
 pub use nccl_sys;
+
+/// The `half` crate (feature `half`), whose `f16` and `bf16` are [`NcclType`]s: name them
+/// as `nccl_channel::half::f16` without adding `half` (and matching its version) yourself.
+#[cfg(feature = "half")]
+pub use half;
 
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 

@@ -299,7 +299,7 @@ pub struct PooledBuffer<'c, T: NcclType> {
     _comm: PhantomData<&'c ()>,
 }
 
-static_assertions::assert_impl_all!(PooledBuffer<'static, f32>: Send, Sync);
+static_assertions::assert_impl_all!(PooledBuffer<'static, f32>: Send, Sync, std::fmt::Debug);
 
 impl<T: NcclType> std::fmt::Debug for PooledBuffer<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -313,6 +313,7 @@ impl<T: NcclType> std::fmt::Debug for PooledBuffer<'_, T> {
 impl<T: NcclType> PooledBuffer<'_, T> {
     /// Whether the memory is registered with the communicator by now (a collective that
     /// gains from it used the buffer; never where NCCL cannot register).
+    #[must_use]
     pub fn is_registered(&self) -> bool {
         matches!(*lock(&self.slot.reg), SlotReg::Yes(_))
     }

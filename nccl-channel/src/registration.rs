@@ -631,8 +631,10 @@ pub struct Registration<'c> {
 
 // Released through the communicator, on its thread: neither may leave it.
 static_assertions::assert_not_impl_any!(Registration<'static>: Send, Sync);
+static_assertions::assert_impl_all!(Registration<'static>: std::fmt::Debug);
 static_assertions::assert_not_impl_any!(Window<'static>: Send, Sync);
-static_assertions::assert_impl_all!(WindowFlags: Send, Sync, Copy);
+static_assertions::assert_impl_all!(Window<'static>: std::fmt::Debug);
+static_assertions::assert_impl_all!(WindowFlags: Send, Sync, Copy, std::fmt::Debug);
 
 impl std::fmt::Debug for Registration<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -646,11 +648,13 @@ impl std::fmt::Debug for Registration<'_> {
 
 impl Registration<'_> {
     /// The registered address.
+    #[must_use]
     pub fn device_ptr(&self) -> u64 {
         self.shared.start
     }
 
     /// The registered size in bytes.
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.shared.bytes
     }
@@ -734,6 +738,7 @@ impl std::fmt::Debug for Window<'_> {
 
 impl Window<'_> {
     /// Whether NCCL made a window (it returns none where it has no symmetric support).
+    #[must_use]
     pub fn is_active(&self) -> bool {
         crate::comm::lock(&self.0.shared.pending)
             .as_ref()
@@ -741,11 +746,13 @@ impl Window<'_> {
     }
 
     /// The registered address.
+    #[must_use]
     pub fn device_ptr(&self) -> u64 {
         self.0.device_ptr()
     }
 
     /// The registered size in bytes.
+    #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.0.size_bytes()
     }

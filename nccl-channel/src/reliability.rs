@@ -55,7 +55,7 @@ pub struct AbortHandle {
     flag: Arc<AtomicBool>,
 }
 
-static_assertions::assert_impl_all!(AbortHandle: Send, Sync);
+static_assertions::assert_impl_all!(AbortHandle: Send, Sync, std::fmt::Debug);
 
 impl AbortHandle {
     /// Requests the abort.
@@ -64,6 +64,7 @@ impl AbortHandle {
     }
 
     /// Whether an abort was requested.
+    #[must_use]
     pub fn is_requested(&self) -> bool {
         self.flag.load(Ordering::Acquire)
     }
@@ -118,6 +119,7 @@ pub(crate) fn unsupported(nccl: &Nccl, function: &'static str) -> Error {
 
 impl Communicator {
     /// A handle that aborts this communicator from another thread.
+    #[must_use]
     pub fn abort_handle(&self) -> AbortHandle {
         self.abort_flag().clone()
     }

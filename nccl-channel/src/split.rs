@@ -161,7 +161,7 @@ fn make_children(
     // the splits of one group would leave the issued ones waiting for ranks that never
     // come (a hang with blocking parents).
     for p in parents {
-        p.context().bind()?;
+        drop(p.context().bind()?);
     }
     let slots = Slots::new(parents.len());
     if grouped {

@@ -183,6 +183,8 @@ unsafe impl NcclType for Fp8E5M2 {
 
 /// A reduction.
 ///
+/// Non-exhaustive: NCCL may add reductions.
+///
 /// [`Avg`](Self::Avg) divides the sum by the number of ranks; [`PreMulSum`](Self::PreMulSum)
 /// scales each rank's input by that rank's own scalar before summing (a weighted sum, e.g.
 /// gradients weighted by each rank's share of the batch):
@@ -221,6 +223,7 @@ unsafe impl NcclType for Fp8E5M2 {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum ReduceOp<T> {
     /// Sum.
     Sum,

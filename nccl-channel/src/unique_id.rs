@@ -165,7 +165,7 @@ impl UniqueId {
         let io = |what: &'static str, e: std::io::Error| Error::Io {
             what,
             path: path.display().to_string(),
-            message: e.to_string(),
+            source: e.into(),
         };
         if rank == 0 {
             let id = Self::generate(nccl)?;
@@ -192,11 +192,13 @@ impl UniqueId {
     }
 
     /// From NCCL's struct.
+    #[must_use]
     pub fn from_raw(id: &ncclUniqueId) -> UniqueId {
         UniqueId(id.internal.map(|c| c as u8))
     }
 
     /// As NCCL's struct.
+    #[must_use]
     pub fn to_raw(&self) -> ncclUniqueId {
         ncclUniqueId {
             internal: self.0.map(|b| b as core::ffi::c_char),
@@ -204,6 +206,7 @@ impl UniqueId {
     }
 
     /// The raw bytes.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8; 128] {
         &self.0
     }

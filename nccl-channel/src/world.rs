@@ -131,12 +131,14 @@ impl World {
     }
 
     /// Sets the local rank (the default device ordinal).
+    #[must_use = "it returns the changed world and leaves the original alone"]
     pub fn with_local_rank(mut self, local_rank: usize) -> World {
         self.local_rank = Some(local_rank);
         self
     }
 
     /// The device ordinal this rank uses by default: the local rank, else the rank.
+    #[must_use]
     pub fn default_device(&self) -> usize {
         self.local_rank.unwrap_or(self.rank)
     }

@@ -23,7 +23,7 @@ fn init_all_from_one_thread_with_groups() {
     assert_eq!(
         comms
             .iter()
-            .map(|c| (c.rank(), c.size(), c.device()))
+            .map(|c| (c.rank(), c.size(), c.device().ordinal()))
             .collect::<Vec<_>>(),
         [(0, 3, 0), (1, 3, 1), (2, 3, 2)]
     );
@@ -523,6 +523,28 @@ fn unique_ids_through_a_file() {
         UniqueId::exchange_via_file(&rig.nccl, &dir.join("bad"), 1, Duration::from_secs(1)),
         Err(Error::UniqueId(_))
     ));
+    // Rank 0 cannot write into a directory that does not exist: the OS error is the
+    // source, whole.
+    let unwritable = dir.join("no-such-dir").join("id");
+    let e =
+        UniqueId::exchange_via_file(&rig.nccl, &unwritable, 0, Duration::from_secs(1)).unwrap_err();
+    let Error::Io { what, path, source } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        (*what, path.as_str(), source.kind()),
+        (
+            "writing",
+            unwritable.display().to_string().as_str(),
+            std::io::ErrorKind::NotFound
+        )
+    );
+    let io = std::error::Error::source(&e)
+        .and_then(|s| s.downcast_ref::<nccl_channel::IoError>())
+        .unwrap();
+    assert_eq!(io.get().kind(), std::io::ErrorKind::NotFound);
+    assert_eq!(io.get().raw_os_error(), Some(2), "ENOENT");
+    assert_eq!(e.to_string(), format!("writing {}: {}", path, io.get()));
     std::fs::remove_dir_all(&dir).unwrap();
     rig.assert_clean();
 }
@@ -545,7 +567,7 @@ fn channel_builder_on_the_mock() {
                         .build()
                         .unwrap()
                         .unwrap();
-                    assert_eq!(ch.comm().device(), 1 - r as i32);
+                    assert_eq!(ch.comm().device().ordinal(), 1 - r as i32);
                     let ctx = ch.comm().context();
                     let send = DeviceBuffer::from_slice(ctx, &[101, 102]).unwrap();
                     let mut recv = DeviceBuffer::<i32>::alloc(ctx, 4).unwrap();

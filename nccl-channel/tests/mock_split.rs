@@ -187,7 +187,7 @@ fn shrink_of_one_rank_from_three_from_one_thread() {
             .collect::<Vec<_>>(),
         [(0, 2), (1, 2)]
     );
-    assert_eq!(small[1].device(), 2);
+    assert_eq!(small[1].device().ordinal(), 2);
     assert_eq!(
         sums(&rig.nccl, &[&small[0], &small[1]], &[20, 22]),
         [42, 42]

@@ -29,11 +29,11 @@ fn worker_collectives() {
         .unwrap();
     let comm = ch.comm();
     let ctx = comm.context().clone();
-    let (free_start, _) = ctx.memory_info().unwrap();
+    let free_start = ctx.memory_info().unwrap().free;
     let st = Stream::non_blocking(&ctx).unwrap();
     let a = DeviceBuffer::<f32>::zeroed(&ctx, 16 << 20).unwrap();
     let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 16 << 20).unwrap();
-    let (free_busy, _) = ctx.memory_info().unwrap();
+    let free_busy = ctx.memory_info().unwrap().free;
     let started = Instant::now();
     let mut last_ok = Instant::now();
     let mut i = 0u64;
@@ -64,7 +64,7 @@ fn worker_collectives() {
     drop(st);
     let aborted = comm.is_aborted();
     drop(ch);
-    let (free_end, _) = ctx.memory_info().unwrap();
+    let free_end = ctx.memory_info().unwrap().free;
     println!(
         "survivor: communicator aborted: {aborted}; free GPU memory: {:.0} MiB at start, {:.0} MiB while running, {:.0} MiB after cleanup",
         mib(free_start),

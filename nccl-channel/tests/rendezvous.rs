@@ -397,10 +397,13 @@ fn rank_0_never_coming_is_a_rendezvous_error_naming_the_address_and_derivation()
         address,
         derived_from,
         problem,
+        source,
     } = &err
     else {
         panic!("{err:?}")
     };
+    // A deadline over several attempts: no one OS error is the cause.
+    assert_eq!(*source, None);
     assert_eq!(*service, "rank 0's rendezvous");
     assert_eq!(*address, format!("127.0.0.1:{port}"));
     assert_eq!(
@@ -1338,7 +1341,7 @@ fn a_slow_server_does_not_keep_a_rank_past_its_deadline() {
     let r = rdv.exchange_with(1, 2, || unreachable!());
     let took = t.elapsed();
     assert!(
-        matches!(&r, Err(Error::Rendezvous { service: "rank 0's rendezvous", address, derived_from, problem })
+        matches!(&r, Err(Error::Rendezvous { service: "rank 0's rendezvous", address, derived_from, problem, source: None })
             if *address == addr && derived_from == "code"
                 && problem == "did not answer within 2s (last attempt: something accepted the \
                                connection but sent no complete answer in time)"),
@@ -1386,13 +1389,19 @@ fn a_slow_tcpstore_does_not_keep_a_rank_past_its_deadline() {
     let r = rdv.exchange_with(1, 2, || unreachable!());
     let took = t.elapsed();
     assert!(
-        // The value's length is cut off by the deadline: the read fails with the socket's
-        // timeout (EAGAIN on Linux).
-        matches!(&r, Err(Error::Rendezvous { service: "torchrun's TCPStore", address, derived_from, problem })
+        // The value's length is cut off by the deadline: the read fails with a timeout.
+        matches!(&r, Err(Error::Rendezvous { service: "torchrun's TCPStore", address, derived_from, problem, .. })
             if *address == addr && derived_from == "code"
                 && problem.starts_with("failed reading key /nccl-channel/nccl-channel#0: ")),
         "{r:?}"
     );
+    // The failed read is the error's source, whole: the deadline's TimedOut.
+    let e = r.as_ref().unwrap_err();
+    let io = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<nccl_channel::IoError>())
+        .unwrap();
+    assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+    assert_eq!(io.to_string(), "the peer did not answer in time");
     assert!(
         took < Duration::from_secs(4),
         "gave up after {took:?} (timeout 2 s): {r:?}"

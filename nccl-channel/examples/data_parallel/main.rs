@@ -309,8 +309,8 @@ fn train_inner(
         if k % o.log_every as usize == 0 {
             continue;
         }
-        step_ms += f64::from(marks[k][0].elapsed_ms(&marks[k + 1][0])?);
-        ar_ms += f64::from(marks[k][1].elapsed_ms(&marks[k][2])?);
+        step_ms += marks[k][0].elapsed(&marks[k + 1][0])?.as_secs_f64() * 1e3;
+        ar_ms += marks[k][1].elapsed(&marks[k][2])?.as_secs_f64() * 1e3;
         timed_steps += 1;
     }
 

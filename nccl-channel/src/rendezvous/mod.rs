@@ -97,6 +97,7 @@ pub enum RendezvousKind {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a rendezvous does nothing until it is used for an exchange"]
 pub struct Rendezvous {
     kind: RendezvousKind,
     host: String,
@@ -106,7 +107,7 @@ pub struct Rendezvous {
     timeout: Duration,
 }
 
-static_assertions::assert_impl_all!(Rendezvous: Send, Sync);
+static_assertions::assert_impl_all!(Rendezvous: Send, Sync, std::fmt::Debug);
 
 impl Rendezvous {
     /// Rank 0 serves the id at `address` (`host:port`, `[v6]:port`); the others connect
@@ -326,11 +327,13 @@ impl Rendezvous {
     }
 
     /// What serves the id.
+    #[must_use]
     pub fn kind(&self) -> RendezvousKind {
         self.kind
     }
 
     /// `host:port` (an IPv6 host in brackets).
+    #[must_use]
     pub fn address(&self) -> String {
         if self.host.parse::<std::net::Ipv6Addr>().is_ok() {
             format!("[{}]:{}", self.host, self.port)
@@ -340,26 +343,31 @@ impl Rendezvous {
     }
 
     /// The host part of the address.
+    #[must_use]
     pub fn host(&self) -> &str {
         &self.host
     }
 
     /// The port part of the address.
+    #[must_use]
     pub fn port(&self) -> u16 {
         self.port
     }
 
     /// The variables the address came from (`"code"` for [`Rendezvous::tcp`]).
+    #[must_use]
     pub fn derived_from(&self) -> &str {
         &self.derived_from
     }
 
     /// The key (before the per-exchange sequence number).
+    #[must_use]
     pub fn get_key(&self) -> &str {
         &self.key
     }
 
     /// The deadline of an exchange.
+    #[must_use]
     pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
@@ -373,11 +381,22 @@ impl Rendezvous {
 
     /// An [`Error::Rendezvous`] about this rendezvous.
     fn error(&self, problem: impl Into<String>) -> Error {
+        self.error_from(problem.into(), None)
+    }
+
+    /// An [`Error::Rendezvous`] caused by the operating system's error `e` (whose text
+    /// `problem` includes), kept as its source.
+    fn io_error(&self, problem: impl Into<String>, e: std::io::Error) -> Error {
+        self.error_from(problem.into(), Some(e.into()))
+    }
+
+    fn error_from(&self, problem: String, source: Option<crate::IoError>) -> Error {
         Error::Rendezvous {
             service: self.service(),
             address: self.address(),
             derived_from: self.derived_from.clone(),
-            problem: problem.into(),
+            problem,
+            source,
         }
     }
 

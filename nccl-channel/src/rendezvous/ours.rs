@@ -151,7 +151,7 @@ pub(super) fn serve(
     let id = make()?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| rdv.error(format!("could not poll its socket: {e}")))?;
+        .map_err(|e| rdv.io_error(format!("could not poll its socket: {e}"), e))?;
     let key: Arc<str> = Arc::from(key);
     let active = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::channel();
@@ -268,7 +268,7 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
             return Err(rdv.error("has no address to listen on"));
         };
         if e.kind() != ErrorKind::AddrInUse || Instant::now() >= deadline {
-            return Err(rdv.error(format!(
+            let problem = format!(
                 "could not listen on {addr}: {e}{}",
                 if e.kind() == ErrorKind::AddrInUse {
                     format!(
@@ -279,7 +279,8 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
                 } else {
                     String::new()
                 }
-            )));
+            );
+            return Err(rdv.io_error(problem, e));
         }
         std::thread::sleep(backoff.pause_until(deadline));
     }

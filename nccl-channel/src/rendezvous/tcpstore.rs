@@ -367,9 +367,9 @@ pub(super) fn publish(
     // An earlier exchange under this key (a program that failed, under the same torchrun
     // attempt) may have left its id and acks: an old ack must not count for this one.
     store.delete(&every_key, deadline).map_err(|e| {
-        rdv.error(format!(
-            "failed removing what an earlier exchange left under key {skey}: {e}"
-        ))
+        let problem =
+            format!("failed removing what an earlier exchange left under key {skey}: {e}");
+        rdv.io_error(problem, e)
     })?;
     let nonce = new_nonce();
     let value = format!("{VALUE_MAGIC} {size} {nonce} {id}");
@@ -527,7 +527,7 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
     let skey = store_key(key);
     let there = store
         .wait(std::slice::from_ref(&skey), deadline)
-        .map_err(|e| rdv.error(format!("failed waiting for key {skey}: {e}")))?;
+        .map_err(|e| rdv.io_error(format!("failed waiting for key {skey}: {e}"), e))?;
     if !there {
         return Err(rdv.error(format!(
             "did not get the id from rank 0 (key {skey}) within {:?}",
@@ -536,12 +536,12 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
     }
     let value = store
         .get(&skey, deadline)
-        .map_err(|e| rdv.error(format!("failed reading key {skey}: {e}")))?;
+        .map_err(|e| rdv.io_error(format!("failed reading key {skey}: {e}"), e))?;
     let (id, nonce) =
         parse_value(&value, size).map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
     store
         .set(&ack_keys(key, size)[rank - 1], nonce.as_bytes())
-        .map_err(|e| rdv.error(format!("failed acknowledging the id: {e}")))?;
+        .map_err(|e| rdv.io_error(format!("failed acknowledging the id: {e}"), e))?;
     Ok(id)
 }
 
