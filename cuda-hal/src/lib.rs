@@ -144,7 +144,6 @@
     doc = "[`mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/mock/index.html\n\
            [`Cuda::mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/struct.Cuda.html#method.mock"
 )]
-
 #![warn(missing_debug_implementations)]
 
 /// Calls a driver-table entry and checks its status; the error names the entry, so no

@@ -107,7 +107,6 @@
 //! * `half`: [`half::f16`](https://docs.rs/half) and `half::bf16` as [`NcclType`]s.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
 #![warn(missing_debug_implementations)]
 
 /// Calls an NCCL table entry and checks its status; the error names the entry, so no call
