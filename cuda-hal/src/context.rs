@@ -210,6 +210,20 @@ impl Context {
 
 /// A device's memory in bytes ([`Context::memory_info`]), named so that free and total
 /// cannot be swapped.
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, MemoryInfo};
+/// # let (cuda, _machine) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let before = ctx.memory_info()?;
+/// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 1 << 20)?;
+/// let MemoryInfo { free, total } = ctx.memory_info()?;
+/// assert_eq!(total, before.total);
+/// assert_eq!(free, before.free - (1 << 20)); // the simulated device has no other user
+/// drop(buf);
+/// assert_eq!(ctx.memory_info()?, before);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
 #[doc(alias = "cuMemGetInfo")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryInfo {

@@ -142,6 +142,24 @@ impl Event {
     /// completed before `self`: that, or a value that is not a finite number of
     /// nanoseconds within `u64`, is [`Error::InvalidElapsed`] with the raw value, never a
     /// panic or a clamped duration.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cuda_hal::{Error, Event, Stream};
+    /// # let (cuda, _machine) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let stream = Stream::new(&ctx)?;
+    /// let (start, end) = (Event::new(&ctx)?, Event::new(&ctx)?);
+    /// start.record(&stream)?;
+    /// // (The simulated GPU's clock is the host's, and its work is done at once.)
+    /// std::thread::sleep(Duration::from_millis(20));
+    /// end.record(&stream)?;
+    /// end.synchronize()?;
+    /// assert!(start.elapsed(&end)? >= Duration::from_millis(20));
+    /// // Backwards, the driver's time is negative: an error that keeps it.
+    /// assert!(matches!(end.elapsed(&start), Err(Error::InvalidElapsed { ms }) if ms <= -20.0));
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
     #[doc(alias = "cuEventElapsedTime")]
     pub fn elapsed(&self, end: &Event) -> Result<Duration> {
         let mut ms = 0f32;

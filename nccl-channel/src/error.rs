@@ -309,6 +309,22 @@ pub enum ParentsProblem {
 /// stays `Clone`, and equal to another when their kinds and messages are (`io::Error`
 /// has no `PartialEq`). It displays as the `io::Error` and passes on its source;
 /// [`get`](Self::get) gives the error itself.
+///
+/// ```
+/// use std::error::Error as _;
+/// use std::time::Duration;
+/// use nccl_channel::{Error, IoError, UniqueId};
+/// # let (_cuda, machine) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (nccl, _sim) = nccl_sys::mock::MockNccl::new(&machine).build()?;
+/// let path = std::env::temp_dir().join("no-such-directory-for-nccl-channel").join("id");
+/// let e = UniqueId::exchange_via_file(&nccl, &path, 0, Duration::from_secs(1)).unwrap_err();
+/// let Error::Io { what, source, .. } = &e else { panic!("{e:?}") };
+/// assert_eq!((*what, source.kind()), ("writing", std::io::ErrorKind::NotFound));
+/// // The chain reaches the operating system's error.
+/// let io = e.source().and_then(|s| s.downcast_ref::<IoError>()).expect("an IoError");
+/// assert_eq!(io.get().raw_os_error(), Some(2)); // ENOENT
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct IoError(Arc<io::Error>);
 
