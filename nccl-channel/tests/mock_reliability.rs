@@ -132,6 +132,30 @@ fn a_peer_that_stops_gives_an_error_within_the_deadline_and_nothing_leaks() {
     rig.assert_clean();
 }
 
+/// A non-blocking init whose background work is slow (NCCL answers "in progress" a few
+/// times) is polled until it is ready, not given up at the first answer.
+#[test]
+fn a_slow_non_blocking_init_is_polled_until_ready() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    rig.world.slow_new_communicators(5);
+    let polls = rig.world.calls("ncclCommGetAsyncError");
+    let comm = Communicator::init_rank_with(
+        &rig.nccl,
+        &ctx,
+        &id,
+        1,
+        0,
+        &CommConfig::non_blocking(DEADLINE),
+    )
+    .unwrap();
+    assert!(rig.world.calls("ncclCommGetAsyncError") >= polls + 6);
+    assert!(!comm.is_aborted());
+    drop((comm, ctx));
+    rig.assert_clean();
+}
+
 /// Work still running when `wait` starts is waited for, not taken for a missed deadline:
 /// the simulated stream answers "not ready" a few times, then is idle.
 #[test]

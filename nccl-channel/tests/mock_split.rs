@@ -172,6 +172,30 @@ fn non_blocking_parents_split_and_shrink_from_one_thread() {
     rig.assert_clean();
 }
 
+/// Children whose background init is slow (NCCL answers "in progress" a few times): the
+/// split and the shrink poll each child until it is ready, within the deadline, instead of
+/// taking the first "in progress" for a missed one.
+#[test]
+fn slow_children_are_polled_until_ready() {
+    let rig = Rig::new(2);
+    let comms = local_non_blocking(&rig, 2);
+    rig.world.slow_new_communicators(3);
+    let polls = rig.world.calls("ncclCommGetAsyncError");
+    let children =
+        Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 1)]).unwrap();
+    // Each child: three "in progress" answers, then the one that says it is ready.
+    assert!(rig.world.calls("ncclCommGetAsyncError") >= polls + 2 * 4);
+    let live: Vec<&Communicator> = children.iter().flatten().collect();
+    assert_eq!(sums(&rig.nccl, &live, &[3, 4]), [7, 7]);
+    let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
+    assert_eq!((small[0].rank(), small[0].size()), (0, 1));
+    assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
+    rig.world.slow_new_communicators(0);
+    assert_no_violations(&rig);
+    drop((small, children, comms));
+    rig.assert_clean();
+}
+
 /// The shrink of the issue: three local ranks, one lost (aborted); the two others shrink
 /// from one thread and keep their order.
 #[test]

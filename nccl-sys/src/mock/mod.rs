@@ -377,6 +377,39 @@ impl MockNcclWorld {
             .push((function.to_string(), skip, error));
     }
 
+    /// Every communicator made from now on (init, split, shrink) answers its first
+    /// `polls` calls of `ncclCommGetAsyncError` with `ncclInProgress`, as one whose
+    /// background work is slow would, then reports its state; 0 turns it off. For tests
+    /// of code that polls a new communicator within a deadline.
+    ///
+    /// ```
+    /// use cuda_sys::mock::MockDriver;
+    /// use nccl_sys::{mock::MockNccl, ncclComm_t, ncclResult_t};
+    /// let (_driver, machine) = MockDriver::with_devices(1).build()?;
+    /// let (nccl, sim) = MockNccl::new(&machine).build()?;
+    /// sim.slow_new_communicators(2);
+    /// let mut comm: ncclComm_t = std::ptr::null_mut();
+    /// let f = nccl.fns();
+    /// // SAFETY: valid out-pointers and device list; the simulated driver is current.
+    /// unsafe {
+    ///     let rc = (f.ncclCommInitAll)(&mut comm, 1, [0].as_ptr());
+    ///     assert_eq!(rc, ncclResult_t::ncclSuccess);
+    ///     let mut seen = Vec::new();
+    ///     for _ in 0..3 {
+    ///         let mut e = ncclResult_t::ncclSuccess;
+    ///         assert_eq!((f.ncclCommGetAsyncError)(comm, &mut e), ncclResult_t::ncclSuccess);
+    ///         seen.push(e);
+    ///     }
+    ///     let busy = ncclResult_t::ncclInProgress;
+    ///     assert_eq!(seen, [busy, busy, ncclResult_t::ncclSuccess]);
+    ///     assert_eq!((f.ncclCommDestroy)(comm), ncclResult_t::ncclSuccess);
+    /// }
+    /// # Ok::<(), nccl_sys::LoadError>(())
+    /// ```
+    pub fn slow_new_communicators(&self, polls: u64) {
+        self.world.lock().slow_new_comms = polls;
+    }
+
     /// How many times `function` was called.
     pub fn calls(&self, function: &str) -> u64 {
         self.world.lock().calls.get(function).copied().unwrap_or(0)

@@ -66,6 +66,12 @@ nccl_mock! {
         }
         let mut e = match &c.clique {
             Some(cl) if cl.is_aborted() => ncclResult_t::ncclRemoteError,
+            _ if c.slow_polls > 0 => {
+                c.slow_polls -= 1;
+                // SAFETY: checked non-null out-pointer.
+                unsafe { *err = ncclResult_t::ncclInProgress };
+                return ncclResult_t::ncclSuccess;
+            }
             _ => c.async_err,
         };
         if e == ncclResult_t::ncclSuccess {

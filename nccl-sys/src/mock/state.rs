@@ -85,6 +85,9 @@ pub(crate) struct Comm {
     pub(crate) children: Vec<Done>,
     /// The configuration NCCL saw (`None`: made without one, e.g. `ncclCommInitRank`).
     pub(crate) config: Option<MockConfig>,
+    /// `ncclCommGetAsyncError` calls left that say `ncclInProgress` whatever the state
+    /// ([`super::MockNcclWorld::slow_new_communicators`]).
+    pub(crate) slow_polls: u64,
 }
 
 /// The rendezvous of one unique id's ranks.
@@ -120,6 +123,8 @@ pub(crate) struct State {
     pub(crate) win_sizes: HashMap<(usize, u64), usize>,
     /// Ranks waiting for their hub in an init of the multi-process mode.
     pub(crate) net_inits: usize,
+    /// `slow_polls` of each communicator made from now on.
+    pub(crate) slow_new_comms: u64,
 }
 
 impl State {
@@ -230,6 +235,7 @@ impl State {
                 init: None,
                 children: Vec::new(),
                 config: None,
+                slow_polls: self.slow_new_comms,
             },
         );
         h
