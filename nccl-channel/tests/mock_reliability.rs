@@ -7,12 +7,30 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Rig;
-use cuda_hal::{DeviceBuffer, Stream};
+use cuda_hal::{Context, DeviceBuffer, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId};
 use nccl_sys::{NcclVersion, ncclResult_t};
 
 const DEADLINE: Duration = Duration::from_millis(400);
 const MARGIN: Duration = Duration::from_millis(600);
+
+/// Rank `rank` of `size` in `ctx`, non-blocking with the tests' deadline.
+fn non_blocking(
+    rig: &Rig,
+    ctx: &Context,
+    id: &UniqueId,
+    size: usize,
+    rank: usize,
+) -> nccl_channel::Result<Communicator> {
+    Communicator::init_rank_with(
+        &rig.nccl,
+        ctx,
+        id,
+        size,
+        rank,
+        &CommConfig::non_blocking(DEADLINE),
+    )
+}
 
 #[test]
 fn a_rank_that_never_arrives_times_out_within_the_deadline() {
@@ -20,15 +38,7 @@ fn a_rank_that_never_arrives_times_out_within_the_deadline() {
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
     let t = Instant::now();
-    let e = Communicator::init_rank_with(
-        &rig.nccl,
-        &ctx,
-        &id,
-        2,
-        0,
-        &CommConfig::non_blocking(DEADLINE),
-    )
-    .unwrap_err();
+    let e = non_blocking(&rig, &ctx, &id, 2, 0).unwrap_err();
     let took = t.elapsed();
     assert!(
         matches!(&e, Error::Timeout { what, after } if what == "ncclCommInitRankConfig" && *after == DEADLINE),
@@ -84,29 +94,13 @@ fn a_peer_that_stops_gives_an_error_within_the_deadline_and_nothing_leaks() {
     let (took, e, after) = std::thread::scope(|s| {
         let peer = s.spawn(|| {
             let ctx = rig.cuda.device(1).unwrap().primary_context().unwrap();
-            let comm = Communicator::init_rank_with(
-                &rig.nccl,
-                &ctx,
-                &id,
-                2,
-                1,
-                &CommConfig::non_blocking(DEADLINE),
-            )
-            .unwrap();
+            let comm = non_blocking(&rig, &ctx, &id, 2, 1).unwrap();
             // Dies: aborts without ever joining rank 0's all-reduce.
             std::thread::sleep(Duration::from_millis(50));
             comm.abort().unwrap();
         });
         let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-        let comm = Communicator::init_rank_with(
-            &rig.nccl,
-            &ctx,
-            &id,
-            2,
-            0,
-            &CommConfig::non_blocking(DEADLINE),
-        )
-        .unwrap();
+        let comm = non_blocking(&rig, &ctx, &id, 2, 0).unwrap();
         let st = Stream::new(&ctx).unwrap();
         let a = DeviceBuffer::from_slice(&ctx, &[1.0f32; 4]).unwrap();
         let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
@@ -141,15 +135,7 @@ fn a_slow_non_blocking_init_is_polled_until_ready() {
     let id = UniqueId::generate(&rig.nccl).unwrap();
     rig.world.slow_new_communicators(5);
     let polls = rig.world.calls("ncclCommGetAsyncError");
-    let comm = Communicator::init_rank_with(
-        &rig.nccl,
-        &ctx,
-        &id,
-        1,
-        0,
-        &CommConfig::non_blocking(DEADLINE),
-    )
-    .unwrap();
+    let comm = non_blocking(&rig, &ctx, &id, 1, 0).unwrap();
     assert!(rig.world.calls("ncclCommGetAsyncError") >= polls + 6);
     assert!(!comm.is_aborted());
     drop((comm, ctx));
@@ -188,15 +174,7 @@ fn wait_on_a_stream_that_stays_busy_times_out_at_the_deadline() {
     let rig = Rig::new(1);
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
     let id = UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank_with(
-        &rig.nccl,
-        &ctx,
-        &id,
-        1,
-        0,
-        &CommConfig::non_blocking(DEADLINE),
-    )
-    .unwrap();
+    let comm = non_blocking(&rig, &ctx, &id, 1, 0).unwrap();
     let st = Stream::new(&ctx).unwrap();
     // More "not ready" answers than polls fit in the deadline, even at the shortest
     // pause (20 µs).
@@ -281,29 +259,13 @@ fn injected_errors_in_reliability_calls_surface_typed() {
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
     for f in ["ncclCommInitRankConfig", "ncclCommGetAsyncError"] {
         rig.world.fail_next(f, ncclResult_t::ncclSystemError);
-        let e = Communicator::init_rank_with(
-            &rig.nccl,
-            &ctx,
-            &id,
-            1,
-            0,
-            &CommConfig::non_blocking(DEADLINE),
-        )
-        .unwrap_err();
+        let e = non_blocking(&rig, &ctx, &id, 1, 0).unwrap_err();
         assert!(
             matches!(&e, Error::Nccl { call, code, .. } if *call == f && *code == ncclResult_t::ncclSystemError),
             "{f}: {e}"
         );
     }
-    let comm = Communicator::init_rank_with(
-        &rig.nccl,
-        &ctx,
-        &id,
-        1,
-        0,
-        &CommConfig::non_blocking(DEADLINE),
-    )
-    .unwrap();
+    let comm = non_blocking(&rig, &ctx, &id, 1, 0).unwrap();
     rig.world
         .fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
     let e = comm.close().unwrap_err();

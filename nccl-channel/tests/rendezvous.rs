@@ -1479,6 +1479,20 @@ fn a_later_program_under_the_same_torchrun_attempt_does_not_get_a_stale_id() {
     assert_eq!(store.keys(), Vec::<String>::new());
 }
 
+/// Sends `line` to rank 0 at `addr` as a peer would (connecting again until it listens)
+/// and returns its one-line answer.
+fn greet(addr: &str, line: &str) -> String {
+    loop {
+        if let Ok(mut c) = TcpStream::connect(addr) {
+            c.write_all(format!("{line}\n").as_bytes()).unwrap();
+            let mut answer = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer).unwrap();
+            return answer;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// One line from anyone must not stop rank 0: a greeting with the right key but another
 /// world size is answered `size 3` (that client fails at once), and rank 0 goes on
 /// serving its real ranks.
@@ -1492,16 +1506,7 @@ fn a_greeting_with_another_world_size_does_not_stop_rank_0() {
         .timeout(Duration::from_secs(20));
     let ids = std::thread::scope(|s| {
         let r0 = s.spawn(|| rdv.exchange_with(0, 3, || Ok(UniqueId([6; 128]))));
-        let stray = loop {
-            if let Ok(mut c) = TcpStream::connect(&addr) {
-                c.write_all(b"nccl-channel-rendezvous 1 hello sizes#0 1 4\n")
-                    .unwrap();
-                let mut answer = String::new();
-                std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer).unwrap();
-                break answer;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let stray = greet(&addr, "nccl-channel-rendezvous 1 hello sizes#0 1 4");
         assert_eq!(stray, "nccl-channel-rendezvous 1 size 3\n");
         let r1 = s.spawn(|| rdv.exchange_with(1, 3, || unreachable!()));
         let r2 = s.spawn(|| rdv.exchange_with(2, 3, || unreachable!()));
@@ -1529,20 +1534,10 @@ fn rank_0_names_four_wrong_sizes_and_counts_the_rest() {
     let r0 = std::thread::scope(|s| {
         let r0 = s.spawn(|| rdv.exchange_with(0, 3, || Ok(UniqueId([6; 128]))));
         for (rank, size) in [(1, 4), (2, 5), (1, 6), (2, 7), (1, 8)] {
-            let answer = loop {
-                if let Ok(mut c) = TcpStream::connect(&addr) {
-                    c.write_all(
-                        format!("nccl-channel-rendezvous 1 hello five#0 {rank} {size}\n")
-                            .as_bytes(),
-                    )
-                    .unwrap();
-                    let mut answer = String::new();
-                    std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer)
-                        .unwrap();
-                    break answer;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            };
+            let answer = greet(
+                &addr,
+                &format!("nccl-channel-rendezvous 1 hello five#0 {rank} {size}"),
+            );
             assert_eq!(answer, "nccl-channel-rendezvous 1 size 3\n");
         }
         r0.join().unwrap()
