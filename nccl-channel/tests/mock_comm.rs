@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::Rig;
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{
-    Communicator, Error, Fp8E4M3, Group, IdSource, ReduceOp, UniqueId, World, group,
+    CommConfig, Communicator, Error, Fp8E4M3, Group, IdSource, ReduceOp, UniqueId, World, group,
 };
 use nccl_sys::{NcclVersion, ncclResult_t};
 
@@ -544,7 +544,7 @@ fn unique_ids_through_a_file() {
         .unwrap();
     assert_eq!(io.get().kind(), std::io::ErrorKind::NotFound);
     assert_eq!(io.get().raw_os_error(), Some(2), "ENOENT");
-    assert_eq!(e.to_string(), format!("writing {}: {}", path, io.get()));
+    assert_eq!(e.to_string(), format!("writing {path} failed"));
     std::fs::remove_dir_all(&dir).unwrap();
     rig.assert_clean();
 }
@@ -678,4 +678,20 @@ fn channel_from_env_in_a_world_opens_the_driver() {
         Err(e) => assert!(e.to_string().contains("/nonexistent/libcuda.so.1"), "{e}"),
         Ok(ch) => panic!("a world of one with no driver gave {:?}", ch.is_some()),
     }
+}
+
+/// A blocking init's answer is final: nothing polls it afterwards (a poll could only add a
+/// failure of its own).
+#[test]
+fn a_blocking_init_is_not_polled() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm =
+        Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &CommConfig::new().max_ctas(4))
+            .unwrap();
+    assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 1);
+    assert_eq!(rig.world.calls("ncclCommGetAsyncError"), 0);
+    drop((comm, ctx));
+    rig.assert_clean();
 }

@@ -1091,6 +1091,8 @@ fn a_stream_ordered_all_reduce_whose_buffer_was_freed_and_evicted_while_it_waite
         t.join().unwrap()
     });
     assert_eq!(rank0, ncclResult_t::ncclUnhandledCudaError);
+    // Its part ran (and failed): it is done, not withdrawn a second time.
+    assert_eq!(rig.world.live().unmatched_operations, 0);
     assert_eq!(
         rig.world.take_violations(),
         [format!(
