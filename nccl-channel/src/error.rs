@@ -106,8 +106,9 @@ pub enum Error {
     },
     /// A buffer has the wrong number of elements.
     #[error(
-        "{what}: the {} must hold {expected} elements, it holds {got}",
-        buffer_name(buffer)
+        "{what}: the {} must hold {expected} element{}, it holds {got}",
+        buffer_name(buffer),
+        if *expected == 1 { "" } else { "s" }
     )]
     LengthMismatch {
         /// The operation.
@@ -175,7 +176,7 @@ pub enum Error {
         after: Duration,
     },
     /// A file-system operation of the unique-id exchange failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path} failed")]
     Io {
         /// The operation.
         what: &'static str,
@@ -198,7 +199,9 @@ pub enum Error {
         address: String,
         /// The environment variables (or `"code"`) the address came from.
         derived_from: String,
-        /// What went wrong, with the operating system's error text where there is one.
+        /// What went wrong. When one operating-system error caused it, that error is the
+        /// [`source`](std::error::Error::source), not part of this text, so that a
+        /// printed chain says it once.
         problem: String,
         /// The operating system's error, when one alone made the exchange fail (also
         /// [`source`](std::error::Error::source)); `None` when the failure is a protocol's
@@ -438,7 +441,9 @@ mod tests {
         let io = source.downcast_ref::<IoError>().unwrap();
         assert_eq!(io.get().raw_os_error(), Some(13));
         assert_eq!(io.kind(), io::ErrorKind::PermissionDenied);
-        assert_eq!(e.to_string(), format!("reading /id: {text}"));
+        assert_eq!(e.to_string(), "reading /id failed");
+        // The reason is the source, not repeated in the text (a chain prints it once).
+        assert_eq!(source.to_string(), text);
         // The io::Error's own source (none here) is passed on, not invented.
         assert!(std::error::Error::source(io).is_none());
     }

@@ -384,8 +384,8 @@ impl Rendezvous {
         self.error_from(problem.into(), None)
     }
 
-    /// An [`Error::Rendezvous`] caused by the operating system's error `e` (whose text
-    /// `problem` includes), kept as its source.
+    /// An [`Error::Rendezvous`] caused by the operating system's error `e`, kept as its
+    /// source (so `problem` does not repeat its text).
     fn io_error(&self, problem: impl Into<String>, e: std::io::Error) -> Error {
         self.error_from(problem.into(), Some(e.into()))
     }

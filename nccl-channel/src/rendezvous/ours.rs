@@ -151,7 +151,7 @@ pub(super) fn serve(
     let id = make()?;
     listener
         .set_nonblocking(true)
-        .map_err(|e| rdv.io_error(format!("could not poll its socket: {e}"), e))?;
+        .map_err(|e| rdv.io_error("could not poll its socket".to_string(), e))?;
     let key: Arc<str> = Arc::from(key);
     let active = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::channel();
@@ -269,7 +269,7 @@ fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
         };
         if e.kind() != ErrorKind::AddrInUse || Instant::now() >= deadline {
             let problem = format!(
-                "could not listen on {addr}: {e}{}",
+                "could not listen on {addr}{}",
                 if e.kind() == ErrorKind::AddrInUse {
                     format!(
                         " (still taken after {:?}; choose another port {})",

@@ -367,8 +367,7 @@ pub(super) fn publish(
     // An earlier exchange under this key (a program that failed, under the same torchrun
     // attempt) may have left its id and acks: an old ack must not count for this one.
     store.delete(&every_key, deadline).map_err(|e| {
-        let problem =
-            format!("failed removing what an earlier exchange left under key {skey}: {e}");
+        let problem = format!("failed removing what an earlier exchange left under key {skey}");
         rdv.io_error(problem, e)
     })?;
     let nonce = new_nonce();
@@ -527,7 +526,7 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
     let skey = store_key(key);
     let there = store
         .wait(std::slice::from_ref(&skey), deadline)
-        .map_err(|e| rdv.io_error(format!("failed waiting for key {skey}: {e}"), e))?;
+        .map_err(|e| rdv.io_error(format!("failed waiting for key {skey}"), e))?;
     if !there {
         return Err(rdv.error(format!(
             "did not get the id from rank 0 (key {skey}) within {:?}",
@@ -536,12 +535,12 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
     }
     let value = store
         .get(&skey, deadline)
-        .map_err(|e| rdv.io_error(format!("failed reading key {skey}: {e}"), e))?;
+        .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
     let (id, nonce) =
         parse_value(&value, size).map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
     store
         .set(&ack_keys(key, size)[rank - 1], nonce.as_bytes())
-        .map_err(|e| rdv.io_error(format!("failed acknowledging the id: {e}"), e))?;
+        .map_err(|e| rdv.io_error("failed acknowledging the id".to_string(), e))?;
     Ok(id)
 }
 
