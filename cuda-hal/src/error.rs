@@ -99,7 +99,10 @@ pub enum Error {
         found: String,
     },
     /// A buffer has the wrong number of elements.
-    #[error("{what}: the {buffer} buffer must hold {expected} elements, it holds {got}")]
+    #[error(
+        "{what}: the {buffer} buffer must hold {expected} element{}, it holds {got}",
+        if *expected == 1 { "" } else { "s" }
+    )]
     LengthMismatch {
         /// The operation.
         what: &'static str,

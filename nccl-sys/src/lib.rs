@@ -5,7 +5,7 @@
 //!   `ncclDataType_t`, `ncclRedOp_t`, ...) are `#[repr(transparent)]` newtypes with
 //!   associated constants: `ncclRedOp_t` must hold the dynamic ops NCCL creates, and a
 //!   newer NCCL may return codes this header does not list. `cudaStream_t` is
-//!   [`cuda_sys::CUstream`], so streams from `cuda-sys` pass straight through.
+//!   [`cuda_sys::CUstream`], so streams from `cuda_sys` pass straight through.
 //! * **Functions** are not linked: [`Nccl`] opens `libnccl.so.2` at run time and fills an
 //!   [`NcclFns`] table. Functions newer than [`NcclVersion::MINIMUM`] are `Option`s gated
 //!   on `ncclGetVersion`. Every signature is a `PFN_<symbol>` type.
@@ -117,6 +117,8 @@ pub use config::{
     CONFIG_FIELDS, ConfigField, NCCL_COLLCONFIG_INITIALIZER, NCCL_CONFIG_INITIALIZER,
     NCCL_CONFIG_UNDEF_INT, NCCL_SIM_INFO_INITIALIZER,
 };
+/// The CUDA bindings this crate's types use (`cuda-dl-sys`), for crates that need both.
+pub use cuda_sys;
 pub use cuda_sys::LoadError;
 pub use fns::NcclFns;
 pub use loader::{NCCL_PATH_ENV, Nccl};

@@ -101,7 +101,22 @@ use state::State;
 /// How many simulated drivers can exist at once in one process.
 pub const MAX_WORLDS: usize = 64;
 
-/// Builder of a simulated driver.
+/// Builder of a simulated driver: its devices, its version, the kernels and globals its
+/// modules may hold; [`build`](Self::build) gives the driver table and the [`MockWorld`]
+/// that inspects it.
+///
+/// ```
+/// use cuda_sys::mock::{MockDevice, MockDriver};
+/// let (driver, world) = MockDriver::new()
+///     .device(MockDevice::new("H200"))
+///     .device(MockDevice { total_memory: 1 << 30, ..MockDevice::new("small") })
+///     .version(12080)
+///     .build()?;
+/// assert_eq!(driver.version().0, 12080);
+/// assert_eq!(world.devices()[1].total_memory, 1 << 30);
+/// assert_eq!(world.live(), Default::default(), "nothing made yet");
+/// # Ok::<(), cuda_sys::LoadError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct MockDriver {
     devices: Vec<MockDevice>,

@@ -113,7 +113,23 @@ pub use config::MockConfig;
 pub use net::network_threads;
 pub use state::LiveComms;
 
-/// Builder of a simulated NCCL.
+/// Builder of a simulated NCCL over a simulated driver's devices: its version, its
+/// deadline for ranks that never come, and which features it offers;
+/// [`build`](Self::build) gives the NCCL table and the [`MockNcclWorld`] that inspects it.
+///
+/// ```
+/// use cuda_sys::mock::MockDriver;
+/// use nccl_sys::{NcclVersion, mock::MockNccl};
+/// let (_driver, machine) = MockDriver::with_devices(2).build()?;
+/// let (nccl, sim) = MockNccl::new(&machine)
+///     .version(NcclVersion::new(2, 21, 5))
+///     .timeout(std::time::Duration::from_secs(10))
+///     .build()?;
+/// assert_eq!(nccl.version().to_string(), "2.21.5");
+/// assert_eq!(nccl.fns().ncclCommShrink, None, "2.27 introduced it");
+/// assert_eq!(sim.live().comms, 0);
+/// # Ok::<(), nccl_sys::LoadError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct MockNccl {
     cuda: MockWorld,
