@@ -135,7 +135,7 @@ fn run_collective(comm: &Communicator, s: &Stream, o: &Opts) -> Result<String, S
         "f64" => typed::<f64>(comm, s, o, "f64"),
         other => return Err(format!("unknown --dtype {other:?}")),
     };
-    r.map_err(|e| e.to_string())
+    r.map_err(|e| launch::report(&e))
 }
 
 trait DemoVal: NcclType + Display {

@@ -693,10 +693,16 @@ fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
     );
     store.set("/nccl-channel/k#4", &[b'x'; 4097]);
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    // The read failed: what failed is the error, why is its source.
     assert!(
         err.to_string()
-            .contains("a value of 4097 bytes, more than any rendezvous stores"),
+            .ends_with(") failed reading key /nccl-channel/k#4"),
         "{err}"
+    );
+    let why = std::error::Error::source(&err).map(ToString::to_string);
+    assert_eq!(
+        why.as_deref(),
+        Some("a value of 4097 bytes, more than any rendezvous stores")
     );
     // No ack was written for a value refused.
     assert!(

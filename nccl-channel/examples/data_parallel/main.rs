@@ -205,7 +205,7 @@ struct Losses {
 }
 
 fn train(ch: &Channel, o: &Opts) -> Result<(), String> {
-    train_inner(ch.comm(), ch.stream(), o).map_err(|e| e.to_string())
+    train_inner(ch.comm(), ch.stream(), o).map_err(|e| launch::report(e.as_ref()))
 }
 
 fn train_inner(

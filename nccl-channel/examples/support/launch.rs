@@ -18,6 +18,18 @@ use nccl_channel::{Channel, ChannelBuilder, CommConfig, IdSource, Rendezvous, Wo
 use nccl_sys::NcclVersion;
 use nccl_sys::mock::MockNccl;
 
+/// An error and its sources, as one line (`outer: cause: root cause`): a library error
+/// names what failed and keeps why (e.g. the operating system's error) as its source.
+pub(crate) fn report(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(&format!(": {cause}"));
+        next = cause.source();
+    }
+    text
+}
+
 /// `text` as a `T` when it is one or more ASCII decimal digits and nothing else: the
 /// integer `FromStr` of Rust also takes a leading `+`, which the examples refuse (as the
 /// library refuses it in the launcher's variables).
@@ -61,7 +73,7 @@ fn short(text: &str) -> String {
 pub(crate) fn machine(n: usize) -> Result<Machine, String> {
     match Cuda::load() {
         Ok(cuda) => {
-            let gpus = cuda.device_count().map_err(|e| e.to_string())?;
+            let gpus = cuda.device_count().map_err(|e| report(&e))?;
             if gpus < n {
                 return Err(format!(
                     "--nprocs {n} needs {n} GPUs; this machine has {gpus}"
@@ -121,7 +133,7 @@ impl RankChannel {
 
     /// Closes the channel; on simulated devices, fails if the sanitizer saw an invalid access.
     pub(crate) fn close(self) -> Result<(), String> {
-        self.channel.close().map_err(|e| e.to_string())?;
+        self.channel.close().map_err(|e| report(&e))?;
         match self.sim {
             Some(gpus) if !gpus.violations().is_empty() => Err(format!(
                 "the simulated driver's sanitizer reported:\n{}",
@@ -167,7 +179,7 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
                 Some(f) => f(driver),
                 None => driver,
             };
-            let (cuda, gpus) = Cuda::mock(driver).map_err(|e| e.to_string())?;
+            let (cuda, gpus) = Cuda::mock(driver).map_err(|e| report(&e))?;
             let mut nccl = MockNccl::new(&gpus).multi_process(true);
             if let Some(t) = setup.timeout {
                 nccl = nccl.timeout(t);
@@ -175,7 +187,7 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
             if let Some(v) = setup.sim_version {
                 nccl = nccl.version(v);
             }
-            let (nccl, _) = nccl.build().map_err(|e| e.to_string())?;
+            let (nccl, _) = nccl.build().map_err(|e| report(&e))?;
             (
                 b.cuda(cuda).nccl(Arc::new(nccl)),
                 // The launcher's first line says why; a rank started alone says it briefly.
@@ -193,7 +205,7 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
     let comm_id_set = std::env::var("NCCL_COMM_ID").is_ok_and(|v| !v.trim().is_empty());
     let rendezvous = match comm_id_set {
         true => None,
-        false => Rendezvous::from_env(&world).map_err(|e| e.to_string())?,
+        false => Rendezvous::from_env(&world).map_err(|e| report(&e))?,
     };
     let rendezvous = rendezvous.map(|rdv| {
         match (
@@ -219,9 +231,9 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
         b = b.unique_id(IdSource::Rendezvous(rdv));
     }
     let built = watched(world, &waiting_for, || b.build());
-    let channel = built.map_err(|e| e.to_string())?.ok_or("no world")?;
+    let channel = built.map_err(|e| report(&e))?.ok_or("no world")?;
     let (comm, dev) = (channel.comm(), channel.comm().context().device());
-    let uuid = dev.uuid().map_err(|e| e.to_string())?;
+    let uuid = dev.uuid().map_err(|e| report(&e))?;
     let (line, sim) = match sim {
         None => (
             format!(
@@ -299,7 +311,7 @@ pub(crate) fn processes(
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free port for the rendezvous: {e}"))?
         .port();
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| report(&e))?;
     let key = format!(
         "launch-{}-{}",
         std::process::id(),
