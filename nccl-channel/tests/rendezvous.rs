@@ -1359,6 +1359,33 @@ fn a_slow_server_does_not_keep_a_rank_past_its_deadline() {
     );
 }
 
+/// A server that answers a line without its end and closes: the deadline error says that
+/// something that is not a rendezvous answered, and what it sent.
+#[test]
+fn a_server_answering_an_unterminated_line_is_named() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            // Takes the greeting (closing with unread bytes would reset the connection).
+            let mut greeting = String::new();
+            let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut greeting);
+            let _ = c.write_all(b"garbage");
+        }
+    });
+    let rdv = Rendezvous::tcp(&addr)
+        .unwrap()
+        .timeout(Duration::from_secs(1));
+    let r = rdv.exchange_with(1, 2, || unreachable!());
+    assert!(
+        matches!(&r, Err(Error::Rendezvous { problem, .. })
+            if problem == "did not answer within 1s (last attempt: something answered that \
+                           is not a rendezvous: an unterminated line: \"garbage\")"),
+        "{r:?}"
+    );
+}
+
 /// The same against the TCPStore client: a "store" that takes the validation and then
 /// answers every query a byte per second must not keep a rank past its deadline.
 #[test]

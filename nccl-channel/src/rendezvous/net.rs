@@ -245,4 +245,41 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
     }
+
+    /// A line longer than the limit is refused also when it arrives in two pieces (the
+    /// second piece may only complete the room the first one left).
+    #[test]
+    fn an_over_long_line_in_two_pieces_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _ = s.write_all(b"aaaa");
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = s.write_all(b"bbbbbbbb\n");
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let s = TcpStream::connect(addr).unwrap();
+        let mut r = BufReader::new(&s);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let e = read_line_in_steps(&mut r, 8, deadline, Duration::from_millis(20)).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.to_string()),
+            (
+                io::ErrorKind::InvalidData,
+                "an over-long line: \"aaaabbbbb\"".to_string()
+            )
+        );
+    }
+
+    /// Up to 64 bytes are shown whole; beyond, the first 64 and the count.
+    #[test]
+    fn describe_cuts_at_64_bytes() {
+        assert_eq!(describe(&[b'x'; 64]), format!("\"{}\"", "x".repeat(64)));
+        assert_eq!(
+            describe(&[b'x'; 65]),
+            format!("\"{}\"… (65 bytes)", "x".repeat(64))
+        );
+        assert_eq!(describe(b"a\n\x01"), "\"a\\n\\x01\"");
+    }
 }
