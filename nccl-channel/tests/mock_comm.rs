@@ -517,6 +517,15 @@ fn unique_ids_through_a_file() {
         matches!(&e, Error::Timeout { what, .. } if what.contains("never")),
         "{e}"
     );
+    // A path that cannot be read (a directory) is an error at once, not a wait for rank 0.
+    let e = UniqueId::exchange_via_file(&rig.nccl, &dir, 1, Duration::from_secs(30)).unwrap_err();
+    let Error::Io { what, source, .. } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(
+        (*what, source.kind()),
+        ("reading", std::io::ErrorKind::IsADirectory)
+    );
     // A corrupt file is an error, not a hang.
     std::fs::write(dir.join("bad"), "not an id").unwrap();
     assert!(matches!(
