@@ -704,3 +704,22 @@ fn a_blocking_init_is_not_polled() {
     drop((comm, ctx));
     rig.assert_clean();
 }
+
+/// A world of one rank needs nobody to agree with: its id is generated, whatever
+/// `NCCL_COMM_ID` or a launcher's variables say (a one-rank job must not reach for a
+/// rendezvous).
+#[test]
+fn a_one_rank_channel_generates_its_id() {
+    let rig = Rig::new(1);
+    let ch = nccl_channel::ChannelBuilder::new()
+        .world(World::new(1, 0).unwrap())
+        .cuda(rig.cuda.clone())
+        .nccl(rig.nccl.clone())
+        .build()
+        .unwrap()
+        .unwrap();
+    assert_eq!(ch.id_origin(), "generated (one rank)");
+    assert_eq!((ch.comm().rank(), ch.comm().size()), (0, 1));
+    drop(ch);
+    rig.assert_clean();
+}
