@@ -1218,6 +1218,8 @@ fn malformed_values_are_env_errors_and_the_timeout_is_read() {
         ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "-1"),
         ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "0"),
         ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "1e9"),
+        // Exactly 1e9 seconds in digits: the first value refused.
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "1000000000"),
         ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "inf"),
         ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", "soon"),
     ] {
