@@ -272,6 +272,25 @@ mod tests {
         );
     }
 
+    /// A line of exactly the limit is taken, also when its end comes in a later piece.
+    #[test]
+    fn a_line_of_exactly_the_limit_in_two_pieces_is_taken() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _ = s.write_all(b"aaaaaaaa");
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = s.write_all(b"\n");
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let s = TcpStream::connect(addr).unwrap();
+        let mut r = BufReader::new(&s);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let line = read_line_in_steps(&mut r, 8, deadline, Duration::from_millis(20)).unwrap();
+        assert_eq!(line.as_deref(), Some(&b"aaaaaaaa"[..]));
+    }
+
     /// Up to 64 bytes are shown whole; beyond, the first 64 and the count.
     #[test]
     fn describe_cuts_at_64_bytes() {
