@@ -202,6 +202,21 @@ mod tests {
         TcpStream::connect(addr).unwrap()
     }
 
+    /// A connected pair whose server side sends `first`, then `second` 100 ms later (two
+    /// pieces for the reader).
+    fn peer_sending_in_two(first: &'static [u8], second: &'static [u8]) -> TcpStream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _ = s.write_all(first);
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = s.write_all(second);
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        TcpStream::connect(addr).unwrap()
+    }
+
     #[test]
     fn a_read_waits_past_a_step_until_its_deadline() {
         let step = Duration::from_millis(20);
@@ -250,16 +265,7 @@ mod tests {
     /// second piece may only complete the room the first one left).
     #[test]
     fn an_over_long_line_in_two_pieces_is_refused() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let _ = s.write_all(b"aaaa");
-            std::thread::sleep(Duration::from_millis(100));
-            let _ = s.write_all(b"bbbbbbbb\n");
-            std::thread::sleep(Duration::from_secs(2));
-        });
-        let s = TcpStream::connect(addr).unwrap();
+        let s = peer_sending_in_two(b"aaaa", b"bbbbbbbb\n");
         let mut r = BufReader::new(&s);
         let deadline = Instant::now() + Duration::from_secs(20);
         let e = read_line_in_steps(&mut r, 8, deadline, Duration::from_millis(20)).unwrap_err();
@@ -275,16 +281,7 @@ mod tests {
     /// A line of exactly the limit is taken, also when its end comes in a later piece.
     #[test]
     fn a_line_of_exactly_the_limit_in_two_pieces_is_taken() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let _ = s.write_all(b"aaaaaaaa");
-            std::thread::sleep(Duration::from_millis(100));
-            let _ = s.write_all(b"\n");
-            std::thread::sleep(Duration::from_secs(2));
-        });
-        let s = TcpStream::connect(addr).unwrap();
+        let s = peer_sending_in_two(b"aaaaaaaa", b"\n");
         let mut r = BufReader::new(&s);
         let deadline = Instant::now() + Duration::from_secs(20);
         let line = read_line_in_steps(&mut r, 8, deadline, Duration::from_millis(20)).unwrap();
