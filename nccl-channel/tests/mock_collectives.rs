@@ -101,3 +101,21 @@ fn each_rust_type_is_reduced_as_its_own_nccl_type() {
     );
     rig.assert_clean();
 }
+
+/// Each reduction's short name (used in messages and by the benchmark's tables).
+#[test]
+fn reduce_op_names() {
+    use nccl_channel::ReduceOp;
+    let names: Vec<&str> = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+        ReduceOp::PreMulSum(0.5f32),
+    ]
+    .iter()
+    .map(ReduceOp::name)
+    .collect();
+    assert_eq!(names, ["sum", "prod", "max", "min", "avg", "premulsum"]);
+}
