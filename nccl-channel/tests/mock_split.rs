@@ -233,7 +233,8 @@ fn a_failure_in_the_middle_of_the_group_leaves_no_child() {
     rig.world
         .fail_after("ncclCommSplit", 2, ncclResult_t::ncclInvalidUsage);
     let parts: Vec<_> = comms.iter().map(|c| (c, Some(0), 0)).collect();
-    match Communicator::split_all(&parts).unwrap_err() {
+    let e = Communicator::split_all(&parts).unwrap_err();
+    match &e {
         Error::Nccl {
             call: "ncclCommSplit",
             code: ncclResult_t::ncclInvalidUsage,
@@ -242,6 +243,11 @@ fn a_failure_in_the_middle_of_the_group_leaves_no_child() {
         } => assert_eq!(detail, "ncclCommSplit: injected fault"),
         other => panic!("{other}"),
     }
+    // The text ends with NCCL's own detail (ncclGetLastError).
+    assert!(
+        e.to_string().ends_with(" (ncclCommSplit: injected fault)"),
+        "{e}"
+    );
     assert_eq!(
         rig.world.calls("ncclCommSplit"),
         3,
