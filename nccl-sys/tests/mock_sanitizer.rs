@@ -1561,6 +1561,26 @@ fn range_rig() -> (Rig, Vec<ncclComm_t>, CUstream) {
     (rig, comms, s0)
 }
 
+/// Rank 0 frees its send (or receive) buffer inside the open group: the group end fails,
+/// the sanitizer reports the `bytes` the call touches there, and nothing is left waiting.
+fn free_before_group_end(rig: &Rig, shape: &Shape, b0: Bufs, send: bool, bytes: usize) {
+    let (p, touch) = if send {
+        (b0.send, "reads sendbuff")
+    } else {
+        (b0.recv, "writes recvbuff")
+    };
+    rig.free(p);
+    assert_eq!(rig.group_end(), ncclResult_t::ncclUnhandledCudaError);
+    assert_eq!(
+        rig.world.take_violations(),
+        [format!(
+            "ncclGroupEnd: {} {touch} {p:#x}+{bytes}: freed by cuMemFree",
+            shape.name
+        )]
+    );
+    assert_eq!(rig.world.live().unmatched_operations, 0);
+}
+
 fn range_rig_done(rig: &Rig, comms: Vec<ncclComm_t>) {
     for c in comms {
         rig.destroy(c);
@@ -1675,22 +1695,7 @@ fn a_grouped_call_whose_buffer_was_freed_is_reported_over_all_the_bytes_it_touch
         rig.group_start();
         assert_eq!(rig.coll(coll, comms[0], b0, 0), NCCL_OK);
         assert_eq!(rig.coll(coll, comms[1], b1, 0), NCCL_OK);
-        let (p, touch) = if send {
-            (b0.send, "reads sendbuff")
-        } else {
-            (b0.recv, "writes recvbuff")
-        };
-        rig.free(p);
-        assert_eq!(rig.group_end(), ncclResult_t::ncclUnhandledCudaError);
-        assert_eq!(
-            rig.world.take_violations(),
-            [format!(
-                "ncclGroupEnd: {} {touch} {p:#x}+{}: freed by cuMemFree",
-                shape.name,
-                COUNT * RANKS * 4
-            )]
-        );
-        assert_eq!(rig.world.live().unmatched_operations, 0);
+        free_before_group_end(&rig, shape, b0, send, COUNT * RANKS * 4);
         range_rig_done(&rig, comms);
     }
 }
@@ -1784,22 +1789,7 @@ fn a_grouped_send_or_recv_whose_buffer_was_freed_is_reported_over_its_bytes() {
             let (c, peer) = shape.call_on(rank, 0);
             assert_eq!(rig.coll(c, comms[rank], b, peer), NCCL_OK);
         }
-        let (p, touch) = if send {
-            (b0.send, "reads sendbuff")
-        } else {
-            (b0.recv, "writes recvbuff")
-        };
-        rig.free(p);
-        assert_eq!(rig.group_end(), ncclResult_t::ncclUnhandledCudaError);
-        assert_eq!(
-            rig.world.take_violations(),
-            [format!(
-                "ncclGroupEnd: {} {touch} {p:#x}+{}: freed by cuMemFree",
-                shape.name,
-                COUNT * 4
-            )]
-        );
-        assert_eq!(rig.world.live().unmatched_operations, 0);
+        free_before_group_end(&rig, shape, b0, send, COUNT * 4);
         range_rig_done(&rig, comms);
     }
 }
