@@ -259,3 +259,27 @@ fn list(items: &[String]) -> String {
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// One element: no plural.
+    #[test]
+    fn a_length_of_one_reads_in_the_singular() {
+        let e = |expected| Error::LengthMismatch {
+            what: "DeviceBuffer::copy_from_host",
+            buffer: "host",
+            expected,
+            got: 3,
+        };
+        assert_eq!(
+            e(1).to_string(),
+            "DeviceBuffer::copy_from_host: the host buffer must hold 1 element, it holds 3"
+        );
+        assert_eq!(
+            e(2).to_string(),
+            "DeviceBuffer::copy_from_host: the host buffer must hold 2 elements, it holds 3"
+        );
+    }
+}

@@ -416,6 +416,40 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::*;
 
+    /// One element, one rank: no plural.
+    #[test]
+    fn counts_of_one_read_in_the_singular() {
+        let e = Error::LengthMismatch {
+            what: "broadcast",
+            buffer: "recv",
+            expected: 1,
+            got: 2,
+        };
+        assert_eq!(
+            e.to_string(),
+            "broadcast: the recv buffer must hold 1 element, it holds 2"
+        );
+        let e = Error::LengthMismatch {
+            what: "broadcast",
+            buffer: "recv",
+            expected: 2,
+            got: 1,
+        };
+        assert_eq!(
+            e.to_string(),
+            "broadcast: the recv buffer must hold 2 elements, it holds 1"
+        );
+        let e = Error::InvalidRank {
+            what: "send",
+            rank: 1,
+            size: 1,
+        };
+        assert_eq!(
+            e.to_string(),
+            "send: rank 1 is out of range for a communicator of 1 rank"
+        );
+    }
+
     #[test]
     fn io_errors_are_equal_by_kind_and_message() {
         let e = |kind, text: &str| IoError::from(io::Error::new(kind, text.to_string()));
