@@ -615,6 +615,23 @@ fn a_channel_for_several_ranks_without_a_way_to_share_the_id_says_how() {
     rig.assert_clean();
 }
 
+/// `NCCL_COMM_ID=host:port` gives the same id on every call (the simulated NCCL derives it
+/// from the address, as NCCL does); a plain address is not taken for one with spaces.
+#[test]
+fn unique_ids_from_comm_id_agree() {
+    let comm_id = std::ffi::OsStr::new("127.0.0.1:8123");
+    if !common::env::in_scrubbed_child(
+        "unique_ids_from_comm_id_agree",
+        &[("NCCL_COMM_ID", comm_id)],
+    ) {
+        return;
+    }
+    let rig = Rig::new(1);
+    let a = UniqueId::from_comm_id(&rig.nccl).unwrap();
+    assert_eq!(a, UniqueId::from_comm_id(&rig.nccl).unwrap());
+    assert_eq!(&a.as_bytes()[..22], b"MOCKADDR127.0.0.1:8123");
+}
+
 /// `Channel::close` waits for its stream and closes its communicator, reporting either's
 /// failure (here the injected one of the communicator's finalize).
 #[test]

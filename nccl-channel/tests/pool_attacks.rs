@@ -307,6 +307,30 @@ fn a_lazy_registration_that_aborts_stops_its_collective() {
     rig.assert_clean();
 }
 
+/// A lazy registration that fails on a communicator that stays live (an invalid-usage
+/// answer does not abort): the collective goes on with the plain buffer, and the buffer is
+/// not offered for registration again.
+#[test]
+fn a_lazy_registration_that_fails_falls_back_to_plain_memory() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let s = Stream::new(&ctx).unwrap();
+    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    rig.world
+        .fail_next("ncclCommRegister", nccl_sys::ncclResult_t::ncclInvalidUsage);
+    comm.all_gather_in_place(&mut p, &s).unwrap();
+    assert!(!comm.is_aborted());
+    assert!(!p.is_registered());
+    comm.all_gather_in_place(&mut p, &s).unwrap();
+    assert_eq!(rig.world.calls("ncclCommRegister"), 1);
+    assert_eq!(rig.world.calls("ncclAllGather"), 2);
+    assert!(!p.is_registered());
+    s.synchronize().unwrap();
+    drop(p);
+    drop((comm, s, ctx));
+    rig.assert_clean();
+}
+
 /// An abort asked for (from another thread, here from inside the collective's checks)
 /// after the collective's first state check: the lazy registration performs it, and the
 /// collective must not then use the freed communicator.

@@ -217,6 +217,25 @@ mod tests {
         TcpStream::connect(addr).unwrap()
     }
 
+    /// A connected pair whose server side resets the connection (it closes with the
+    /// client's byte unread, so its kernel sends RST, not FIN).
+    fn peer_resetting() -> TcpStream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut byte = [0u8; 1];
+            let _ = s.peek(&mut byte);
+            drop(s);
+            let _ = tx.send(());
+        });
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"x").unwrap();
+        rx.recv().unwrap();
+        s
+    }
+
     #[test]
     fn a_read_waits_past_a_step_until_its_deadline() {
         let step = Duration::from_millis(20);
@@ -297,5 +316,20 @@ mod tests {
             format!("\"{}\"… (65 bytes)", "x".repeat(64))
         );
         assert_eq!(describe(b"a\n\x01"), "\"a\\n\\x01\"");
+    }
+
+    /// A reset connection is an error at once, not a step without bytes (which would then
+    /// read the closed socket's end as "no line").
+    #[test]
+    fn a_reset_connection_is_its_error() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let step = Duration::from_millis(20);
+        let s = peer_resetting();
+        let mut r = BufReader::new(&s);
+        let e = read_line_in_steps(&mut r, 16, deadline, step).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+        let s = peer_resetting();
+        let e = read_exact_in_steps(&s, &mut [0u8; 4], deadline, step).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
     }
 }

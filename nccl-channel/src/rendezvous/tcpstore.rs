@@ -648,4 +648,34 @@ mod tests {
         assert_ne!(new_nonce(), new_nonce());
         assert_eq!(new_nonce().len(), 16);
     }
+
+    /// A server that answers the validation with 1 and then resets the connection: an
+    /// attempt that sees the reset when it looks for more bytes fails with it, rather than
+    /// taking every failed look for "no more bytes" and going on with a dead connection.
+    /// The reset follows the answer by microseconds, so an attempt may look before it
+    /// comes (and succeed): of many attempts, one sees it.
+    #[test]
+    fn a_reset_after_the_answer_fails_the_attempt() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for c in listener.incoming() {
+                let Ok(mut c) = c else { continue };
+                // Waits for the validation and leaves it unread: the close is then a reset.
+                let _ = c.peek(&mut [0u8; 1]);
+                let _ = c.write_all(&[NOT_READY]);
+                drop(c);
+            }
+        });
+        let rdv = Rendezvous::torch_store(&addr).unwrap();
+        for _ in 0..200 {
+            match try_connect(&rdv, Instant::now() + Duration::from_secs(20)) {
+                Ok(_) => {}
+                Err(e) if e.starts_with("validating: ") && e.contains("reset") => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no attempt of 200 saw the reset");
+    }
 }
