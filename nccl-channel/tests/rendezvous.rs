@@ -117,6 +117,32 @@ fn assert_all_equal(ids: &[UniqueId], made: UniqueId) {
     assert_ne!(made, UniqueId([0; 128]));
 }
 
+/// A rank outside the world, or an empty world, is refused before anything connects or
+/// listens (port 1: nothing is there, so an attempt would show as a rendezvous error).
+#[test]
+fn an_exchange_for_a_rank_outside_its_world_is_refused() {
+    let short = Duration::from_millis(200);
+    for kind in [
+        Rendezvous::tcp("127.0.0.1:1").unwrap().timeout(short),
+        Rendezvous::torch_store("127.0.0.1:1")
+            .unwrap()
+            .timeout(short),
+    ] {
+        for (rank, size) in [(2, 2), (5, 2), (1, 1), (0, 0)] {
+            assert_eq!(
+                kind.exchange_with(rank, size, || unreachable!()),
+                Err(Error::InvalidRank {
+                    what: "Rendezvous::exchange",
+                    rank,
+                    size
+                }),
+                "{:?}",
+                kind.kind()
+            );
+        }
+    }
+}
+
 #[test]
 fn torchrun_with_the_agent_store_goes_through_its_tcpstore() {
     let store = TestStore::start();
