@@ -585,6 +585,11 @@ mod tests {
                 "[%eth0]:29500",
                 "\"[%eth0]\" is not an IPv6 address in brackets",
             ),
+            // Not ASCII before the '%' (the interface is cut at the '%', not a byte before).
+            (
+                "[fe80::é%eth0]:29500",
+                "\"[fe80::é]\" is not an IPv6 address in brackets",
+            ),
             (
                 "[fe80::1%eth0]:+80",
                 "the port \"+80\" is not a number from 1 to 65535 in decimal digits",
