@@ -507,4 +507,31 @@ mod tests {
         }
         assert_eq!(parse_ack(b"nccl-channel-rendezvous 1 ack 2"), Some(2));
     }
+
+    /// A host that rank 0 serves on every IPv6 address (a name) waits for a port taken
+    /// there (here on `[::1]`) rather than going on to IPv4's every address, which is
+    /// free: ranks that reach the host over IPv6 would find the other listener.
+    #[test]
+    fn a_port_taken_on_ipv6_is_waited_for_not_bypassed_on_ipv4() {
+        let Ok(taken) = TcpListener::bind("[::1]:0") else {
+            eprintln!("no IPv6 loopback here: nothing to check");
+            return;
+        };
+        let port = taken.local_addr().unwrap().port();
+        let timeout = Duration::from_millis(300);
+        let rdv = Rendezvous::tcp(&format!("rank0.invalid:{port}"))
+            .unwrap()
+            .timeout(timeout);
+        let e = listen(&rdv, Instant::now() + timeout).unwrap_err();
+        let crate::Error::Rendezvous { problem, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(
+            problem,
+            &format!(
+                "could not listen on [::]:{port} (still taken after {timeout:?}; choose \
+                 another port in the address given to Rendezvous::tcp)"
+            )
+        );
+    }
 }
