@@ -497,16 +497,14 @@ fn a_foreign_server_is_waited_out_then_named() {
     assert!(took >= Duration::from_secs(1), "{took:?}");
     let err = my_result.unwrap_err();
     assert!(matches!(err, Error::Rendezvous { .. }), "{err:?}");
-    let text = err.to_string();
-    assert!(
-        text.starts_with(&format!(
-            "rank 0's rendezvous at {addr} (derived from code) did not answer within 1s ("
-        )),
-        "{text}"
-    );
-    assert!(
-        text.contains("a rendezvous for key other-job#0 answered, not my-job#0"),
-        "{text}"
+    // Every attempt after the first met the foreign server: the last one is its answer.
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "rank 0's rendezvous at {addr} (derived from code) did not answer within 1s (last \
+             attempt: a rendezvous for key other-job#0 answered, not my-job#0 (another job, or \
+             an earlier channel still serving))"
+        )
     );
     // The foreign server never served its own rank 1, and saw who knocked.
     let err = their_result.unwrap_err().to_string();
@@ -692,38 +690,47 @@ fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
         .as_bytes(),
     );
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("an id for a world of 3 ranks, but this rank's world has 2"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "torchrun's TCPStore at {addr} (derived from code) holds under key \
+             /nccl-channel/k#1 an id for a world of 3 ranks, but this rank's world has 2; every \
+             rank must see the same world size"
+        )
     );
     // A value of the version before nonces (a rank 0 of an older nccl-channel).
-    store.set(
-        "/nccl-channel/k#2",
-        format!("nccl-channel-rendezvous 1 2 {}", UniqueId([1; 128])).as_bytes(),
-    );
+    let old = format!("nccl-channel-rendezvous 1 2 {}", UniqueId([1; 128]));
+    store.set("/nccl-channel/k#2", old.as_bytes());
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("a value of another version of nccl-channel's rendezvous"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "torchrun's TCPStore at {addr} (derived from code) holds under key \
+             /nccl-channel/k#2 a value of another version of nccl-channel's rendezvous \
+             (\"{}\"… (284 bytes)); every rank must run the same",
+            &old[..64]
+        )
     );
     // The largest value read is 4096 bytes (a rendezvous value is under 400): one of
     // exactly 4096 is read and refused as not ours, one byte more is not even read.
     store.set("/nccl-channel/k#3", &[b'x'; 4096]);
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("something that is not a rendezvous value"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "torchrun's TCPStore at {addr} (derived from code) holds under key \
+             /nccl-channel/k#3 something that is not a rendezvous value: \"{}\"… (4096 bytes)",
+            "x".repeat(64)
+        )
     );
     store.set("/nccl-channel/k#4", &[b'x'; 4097]);
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
     // The read failed: what failed is the error, why is its source.
-    assert!(
-        err.to_string()
-            .ends_with(") failed reading key /nccl-channel/k#4"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "torchrun's TCPStore at {addr} (derived from code) failed reading key /nccl-channel/k#4"
+        )
     );
     let why = std::error::Error::source(&err).map(ToString::to_string);
     assert_eq!(
