@@ -1861,6 +1861,73 @@ fn a_server_that_answers_more_than_one_byte_is_not_a_tcpstore() {
     );
 }
 
+/// A server that takes the validation and closes the connection, and one that takes it and
+/// never answers, are each named for what they did (each attempt met the same).
+#[test]
+fn a_server_that_closes_or_stays_silent_on_the_validation_is_named() {
+    for (closes, met) in [
+        (true, "closed it on a TCPStore check"),
+        (
+            false,
+            "did not answer a TCPStore check in time (not a TCPStore?)",
+        ),
+    ] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for c in listener.incoming() {
+                let Ok(mut c) = c else { continue };
+                std::thread::spawn(move || {
+                    let _ = std::io::Read::read(&mut c, &mut [0u8; 4096]);
+                    if closes {
+                        // A FIN, not a reset: the connection stays open on this side.
+                        let _ = c.shutdown(std::net::Shutdown::Write);
+                    }
+                    std::thread::sleep(Duration::from_secs(3));
+                });
+            }
+        });
+        let rdv = Rendezvous::torch_store(&addr)
+            .unwrap()
+            .timeout(Duration::from_millis(500));
+        let e = rdv
+            .exchange_with(1, 2, || unreachable!())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "torchrun's TCPStore at {addr} (derived from code) did not answer within 500ms (last \
+                 attempt: something accepted the connection but {met})"
+            )
+        );
+    }
+}
+
+/// A rank waits for rank 0's id past one socket step (5 s): a WAIT whose step runs out
+/// before the deadline is waited again, not taken for the deadline.
+#[test]
+fn a_torch_store_rank_waits_for_the_id_longer_than_one_socket_step() {
+    let store = TestStore::start();
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{}", store.port))
+        .unwrap()
+        .key("patient")
+        .timeout(Duration::from_secs(30));
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        std::thread::sleep(Duration::from_millis(5500));
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([7; 128]))));
+        [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
+    });
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([7; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+}
+
 /// When the last acknowledgement lands between rank 0's WAIT running out and its fresh
 /// look, rank 0 must not fail with "did not see ranks  take the id" (an empty list): every
 /// rank took the id and went on (from review 15). The test store's WAIT for
