@@ -489,6 +489,8 @@ fn unique_ids_round_trip_as_hex_and_reject_bad_text() {
     assert_eq!(format!(" {text}\n").parse::<UniqueId>().unwrap(), id);
     assert_eq!(UniqueId(*id.as_bytes()), id);
     assert_eq!(UniqueId::from_raw(&id.to_raw()), id);
+    // Debug shows the first 8 bytes, enough to tell ids apart in a log.
+    assert_eq!(format!("{id:?}"), format!("UniqueId({}…)", &text[..16]));
     for bad in [
         "",
         "00",
