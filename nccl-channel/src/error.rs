@@ -481,4 +481,34 @@ mod tests {
         // The io::Error's own source (none here) is passed on, not invented.
         assert!(std::error::Error::source(io).is_none());
     }
+
+    /// An IoError passes its io::Error's source on, so that a printed chain loses no link
+    /// (the io::Error's text is the wrapped error's own).
+    #[test]
+    fn an_io_error_passes_its_source_on() {
+        #[derive(Debug)]
+        struct Cause;
+        impl fmt::Display for Cause {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("the cause")
+            }
+        }
+        impl std::error::Error for Cause {}
+        #[derive(Debug)]
+        struct Wrapper(Cause);
+        impl fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("the wrapper")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = IoError::from(io::Error::other(Wrapper(Cause)));
+        assert_eq!(e.to_string(), "the wrapper");
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("the cause"));
+    }
 }

@@ -594,6 +594,14 @@ mod tests {
                 "[fe80::1%eth0]:+80",
                 "the port \"+80\" is not a number from 1 to 65535 in decimal digits",
             ),
+            (
+                "node]1:29500",
+                "the host \"node]1\" has unbalanced brackets",
+            ),
+            (
+                "node[1:29500",
+                "the host \"node[1\" has unbalanced brackets",
+            ),
         ] {
             assert_eq!(
                 check_host_port(bad),
