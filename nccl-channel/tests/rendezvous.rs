@@ -1589,6 +1589,51 @@ fn a_greeting_with_another_world_size_does_not_stop_rank_0() {
     }
 }
 
+/// A peer that takes the id but acknowledges it as another rank (or with anything else)
+/// is not counted: rank 0 goes on waiting for its rank 1 and names what happened.
+#[test]
+fn a_wrong_acknowledgement_is_not_counted() {
+    for ack in [
+        "nccl-channel-rendezvous 1 ack 2",
+        "nccl-channel-rendezvous 1 nonsense",
+    ] {
+        let port = free_port_in_range();
+        let addr = format!("127.0.0.1:{port}");
+        let rdv = Rendezvous::tcp(&addr)
+            .unwrap()
+            .key("acks")
+            .timeout(Duration::from_secs(1));
+        let (r0, peer) = std::thread::scope(|s| {
+            let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([6; 128]))));
+            let c = loop {
+                match TcpStream::connect(&addr) {
+                    Ok(c) => break c,
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            };
+            (&c).write_all(b"nccl-channel-rendezvous 1 hello acks#0 1 2\n")
+                .unwrap();
+            let mut answer = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer).unwrap();
+            assert_eq!(
+                answer,
+                format!("nccl-channel-rendezvous 1 id {}\n", UniqueId([6; 128]))
+            );
+            (&c).write_all(format!("{ack}\n").as_bytes()).unwrap();
+            (r0.join().unwrap(), c.local_addr().unwrap())
+        });
+        assert_eq!(
+            r0.unwrap_err().to_string(),
+            format!(
+                "rank 0's rendezvous at {addr} (derived from code) did not hear from rank 1 \
+                 within 1s (1 other connection ignored, the last: {peer} (rank 1) did not \
+                 confirm the id)"
+            ),
+            "{ack}"
+        );
+    }
+}
+
 /// Rank 0's deadline error names the first four greetings with another world size and
 /// counts the rest.
 #[test]
