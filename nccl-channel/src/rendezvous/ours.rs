@@ -522,7 +522,10 @@ mod tests {
         let rdv = Rendezvous::tcp(&format!("rank0.invalid:{port}"))
             .unwrap()
             .timeout(timeout);
-        let e = listen(&rdv, Instant::now() + timeout).unwrap_err();
+        let start = Instant::now();
+        let e = listen(&rdv, start + timeout).unwrap_err();
+        // Waited for until the deadline, not refused at once.
+        assert!(start.elapsed() >= timeout, "{:?}", start.elapsed());
         let crate::Error::Rendezvous { problem, .. } = &e else {
             panic!("{e:?}");
         };

@@ -649,6 +649,26 @@ mod tests {
         assert_eq!(new_nonce().len(), 16);
     }
 
+    /// A server that resets the connection instead of answering the validation: the
+    /// attempt fails with the reset, not as a silence.
+    #[test]
+    fn a_reset_instead_of_an_answer_fails_the_attempt() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (c, _) = listener.accept().unwrap();
+            // Waits for the validation and leaves it unread: the close is then a reset.
+            let _ = c.peek(&mut [0u8; 1]);
+        });
+        let rdv = Rendezvous::torch_store(&addr).unwrap();
+        let e = match try_connect(&rdv, Instant::now() + Duration::from_secs(20)) {
+            Ok(_) => panic!("a reset connection was taken for a TCPStore"),
+            Err(e) => e,
+        };
+        assert!(e.starts_with("validating: Connection reset by peer"), "{e}");
+    }
+
     /// A server that answers the validation with 1 and then resets the connection: an
     /// attempt that sees the reset when it looks for more bytes fails with it, rather than
     /// taking every failed look for "no more bytes" and going on with a dead connection.
