@@ -1634,6 +1634,72 @@ fn a_wrong_acknowledgement_is_not_counted() {
     }
 }
 
+/// An accept that fails (here for want of a file descriptor, EMFILE) is noted and rank 0
+/// goes on serving; its deadline error names it. In a child whose descriptor limit is
+/// lowered so that the one connection's accept has none left.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failed_accept_is_noted_not_fatal() {
+    if !common::env::in_scrubbed_child("a_failed_accept_is_noted_not_fatal", &[]) {
+        return;
+    }
+    let port = free_port_in_range();
+    let addr = format!("127.0.0.1:{port}");
+    let rdv = Rendezvous::tcp(&addr)
+        .unwrap()
+        .key("fds")
+        .timeout(Duration::from_millis(1500));
+    let (r0, held) = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([1; 128]))));
+        // Rank 0 listens once its port cannot be bound here.
+        while TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let highest = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap();
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid out-pointer.
+        let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        assert_eq!(got, 0);
+        limit.rlim_cur = (highest + 8) as libc::rlim_t;
+        // SAFETY: a valid limit; it lowers only this child process's soft limit.
+        let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+        assert_eq!(set, 0);
+        // Every descriptor taken, then one given back for the connection.
+        let mut held = Vec::new();
+        let e = loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => held.push(f),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+        held.pop();
+        let c = TcpStream::connect(&addr).unwrap();
+        (r0.join().unwrap(), (held, c))
+    });
+    drop(held);
+    let e = r0.unwrap_err().to_string();
+    let start = format!(
+        "rank 0's rendezvous at {addr} (derived from code) did not hear from rank 1 within \
+         1.5s ("
+    );
+    assert!(e.starts_with(&start), "{e}");
+    assert!(
+        e.ends_with(
+            " other connections ignored, the last: accept failed: Too many open files (os \
+             error 24))"
+        ),
+        "{e}"
+    );
+}
+
 /// Rank 0's deadline error names the first four greetings with another world size and
 /// counts the rest.
 #[test]
