@@ -2015,6 +2015,31 @@ fn a_server_that_closes_or_stays_silent_on_the_validation_is_named() {
     }
 }
 
+/// A TCPStore that comes up after the ranks started (a launcher's agent may start its
+/// store late): every rank tries again until its deadline, then takes the id.
+#[test]
+fn ranks_wait_for_a_torch_store_that_comes_up_late() {
+    let port = free_port_in_range();
+    let rdv = Rendezvous::torch_store(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .key("late-store")
+        .timeout(Duration::from_secs(5));
+    let ids: Vec<_> = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([5; 128]))));
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        std::thread::sleep(Duration::from_millis(500));
+        let _store = TestStore::start_on(port);
+        [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
+    });
+    for (rank, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([5; 128])),
+            "rank {rank}: {id:?}"
+        );
+    }
+}
+
 /// A rank waits for rank 0's id past one socket step (5 s): a WAIT whose step runs out
 /// before the deadline is waited again, not taken for the deadline.
 #[test]

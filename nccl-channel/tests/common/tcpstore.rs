@@ -62,7 +62,18 @@ impl TestStore {
 
     /// A store that misbehaves as `faults` says.
     pub fn start_with(faults: Faults) -> TestStore {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::serve_on(TcpListener::bind("127.0.0.1:0").unwrap(), faults)
+    }
+
+    /// A store on `port` of 127.0.0.1 (one that comes up after the ranks started).
+    pub fn start_on(port: u16) -> TestStore {
+        Self::serve_on(
+            TcpListener::bind(("127.0.0.1", port)).unwrap(),
+            Faults::default(),
+        )
+    }
+
+    fn serve_on(listener: TcpListener, faults: Faults) -> TestStore {
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(State {
             faults,
