@@ -2015,6 +2015,68 @@ fn a_server_that_closes_or_stays_silent_on_the_validation_is_named() {
     }
 }
 
+/// A store that closes the connection on a WAIT fails the wait with the connection's
+/// error; it is not taken for "the id is not there yet".
+#[test]
+fn a_wait_that_fails_is_an_error_not_an_absent_id() {
+    let store = TestStore::start_with(Faults {
+        waits_fail: true,
+        ..Faults::default()
+    });
+    let addr = format!("127.0.0.1:{}", store.port);
+    let rdv = Rendezvous::torch_store(&addr)
+        .unwrap()
+        .key("closing")
+        .timeout(Duration::from_secs(5));
+    let e = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "torchrun's TCPStore at {addr} (derived from code) failed waiting for key \
+             /nccl-channel/closing#0"
+        )
+    );
+    let Error::Rendezvous {
+        source: Some(source),
+        ..
+    } = &e
+    else {
+        panic!("{e:?}");
+    };
+    assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof);
+}
+
+/// A peer's greeting that claims rank 0, or a rank outside the world, is answered with
+/// the world size and not served the id.
+#[test]
+fn a_greeting_as_rank_0_or_outside_the_world_is_not_served() {
+    let port = free_port_in_range();
+    let addr = format!("127.0.0.1:{port}");
+    let rdv = Rendezvous::tcp(&addr)
+        .unwrap()
+        .key("claims")
+        .timeout(Duration::from_secs(5));
+    let ids = std::thread::scope(|s| {
+        let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([8; 128]))));
+        for rank in [0, 2, 7] {
+            let answer = greet(
+                &addr,
+                &format!("nccl-channel-rendezvous 1 hello claims#0 {rank} 2"),
+            );
+            assert_eq!(answer, "nccl-channel-rendezvous 1 rank 2\n", "rank {rank}");
+        }
+        let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
+        [r0, r1].map(|h| h.join().unwrap())
+    });
+    for (r, id) in ids.iter().enumerate() {
+        assert_eq!(
+            id.as_ref().ok(),
+            Some(&UniqueId([8; 128])),
+            "rank {r}: {id:?}"
+        );
+    }
+}
+
 /// A TCPStore that comes up after the ranks started (a launcher's agent may start its
 /// store late): every rank tries again until its deadline, then takes the id.
 #[test]

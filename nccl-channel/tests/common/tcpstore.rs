@@ -38,6 +38,8 @@ pub struct Faults {
     pub refuse_deleting_present_keys: bool,
     /// A CHECK of an acknowledgement closes the connection instead of answering.
     pub ack_checks_fail: bool,
+    /// Every WAIT closes the connection instead of answering.
+    pub waits_fail: bool,
 }
 
 #[derive(Default)]
@@ -217,6 +219,9 @@ fn serve(mut c: TcpStream, s: &State) -> Option<()> {
             WAIT => {
                 let keys = read_keys(&mut c)?;
                 log(format!("WAIT {}", keys.join(",")));
+                if s.faults.waits_fail {
+                    return None;
+                }
                 if s.faults.ack_waits_never_end && keys.iter().all(|k| k.contains("/ack/")) {
                     while !gone(&c) {
                         std::thread::sleep(Duration::from_millis(50));
