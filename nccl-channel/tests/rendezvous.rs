@@ -112,6 +112,13 @@ fn run_ranks(
     (ids, made[0])
 }
 
+/// Every rank's exchange gave `id`.
+fn assert_every_rank_took(ids: &[nccl_channel::Result<UniqueId>], id: UniqueId) {
+    for (rank, got) in ids.iter().enumerate() {
+        assert_eq!(got.as_ref().ok(), Some(&id), "rank {rank}: {got:?}");
+    }
+}
+
 fn assert_all_equal(ids: &[UniqueId], made: UniqueId) {
     assert!(ids.iter().all(|id| *id == made), "{ids:?} vs {made:?}");
     assert_ne!(made, UniqueId([0; 128]));
@@ -1495,13 +1502,7 @@ fn the_torch_store_client_works_with_a_store_without_ping() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for (r, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([2; 128])),
-            "rank {r}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([2; 128]));
     let log = store.log();
     assert!(!log.iter().any(|q| q.starts_with("unknown")), "{log:?}");
 }
@@ -1580,13 +1581,7 @@ fn a_greeting_with_another_world_size_does_not_stop_rank_0() {
         let r2 = s.spawn(|| rdv.exchange_with(2, 3, || unreachable!()));
         [r0, r1, r2].map(|h| h.join().unwrap())
     });
-    for (r, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([6; 128])),
-            "rank {r}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([6; 128]));
 }
 
 /// A peer that takes the id but acknowledges it as another rank (or with anything else)
@@ -1862,13 +1857,7 @@ fn a_stale_ack_from_an_earlier_exchange_does_not_count_for_rank_0() {
             .into_iter()
             .collect()
     });
-    for (rank, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([2; 128])),
-            "rank {rank}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([2; 128]));
 }
 
 /// Once every rank acknowledged the id (and went on to init with it), a failed clean-up
@@ -1890,13 +1879,7 @@ fn a_failed_deletion_after_every_ack_does_not_fail_rank_0() {
         let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
         [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
     });
-    for (rank, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([5; 128])),
-            "rank {rank}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([5; 128]));
     let log = store.log();
     assert!(
         log.iter()
@@ -2068,13 +2051,7 @@ fn a_greeting_as_rank_0_or_outside_the_world_is_not_served() {
         let r1 = s.spawn(|| rdv.exchange_with(1, 2, || unreachable!()));
         [r0, r1].map(|h| h.join().unwrap())
     });
-    for (r, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([8; 128])),
-            "rank {r}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([8; 128]));
 }
 
 /// A TCPStore that comes up after the ranks started (a launcher's agent may start its
@@ -2093,13 +2070,7 @@ fn ranks_wait_for_a_torch_store_that_comes_up_late() {
         let _store = TestStore::start_on(port);
         [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
     });
-    for (rank, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([5; 128])),
-            "rank {rank}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([5; 128]));
 }
 
 /// A rank waits for rank 0's id past one socket step (5 s): a WAIT whose step runs out
@@ -2117,13 +2088,7 @@ fn a_torch_store_rank_waits_for_the_id_longer_than_one_socket_step() {
         let r0 = s.spawn(|| rdv.exchange_with(0, 2, || Ok(UniqueId([7; 128]))));
         [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
     });
-    for (rank, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([7; 128])),
-            "rank {rank}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([7; 128]));
 }
 
 /// When the last acknowledgement lands between rank 0's WAIT running out and its fresh
@@ -2149,13 +2114,7 @@ fn rank_0_succeeds_when_every_ack_is_there_after_the_wait_ran_out() {
         [r0, r1].map(|h| h.join().unwrap()).into_iter().collect()
     });
     let took = t.elapsed();
-    for (rank, id) in ids.iter().enumerate() {
-        assert_eq!(
-            id.as_ref().ok(),
-            Some(&UniqueId([3; 128])),
-            "rank {rank}: {id:?}"
-        );
-    }
+    assert_every_rank_took(&ids, UniqueId([3; 128]));
     assert!(took < Duration::from_millis(1800), "{took:?}");
     assert_eq!(store.keys(), Vec::<String>::new());
 }
