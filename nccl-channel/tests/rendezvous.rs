@@ -1899,25 +1899,12 @@ fn a_failed_deletion_after_every_ack_does_not_fail_rank_0() {
 /// VALIDATE's own first byte, 0, is a valid CHECK answer. (From review 15.)
 #[test]
 fn an_echo_server_is_not_a_tcpstore() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for c in listener.incoming() {
-            let Ok(c) = c else { continue };
-            std::thread::spawn(move || {
-                let mut r = c.try_clone().unwrap();
-                let mut w = c;
-                let _ = std::io::copy(&mut r, &mut w);
-            });
-        }
+    let addr = fake_server(|c| {
+        let mut r = c.try_clone().unwrap();
+        let mut w = c;
+        let _ = std::io::copy(&mut r, &mut w);
     });
-    let rdv = Rendezvous::torch_store(&addr)
-        .unwrap()
-        .timeout(Duration::from_millis(800));
-    let e = rdv
-        .exchange_with(1, 2, || unreachable!())
-        .unwrap_err()
-        .to_string();
+    let e = rank_1_error(&addr, Duration::from_millis(800));
     assert!(
         e.contains("with 0 (ready) instead of 1: not a TCPStore (an echo server?)"),
         "{e}"
@@ -1928,24 +1915,12 @@ fn an_echo_server_is_not_a_tcpstore() {
 /// with byte 1): a TCPStore answers the CHECK with one byte and nothing else.
 #[test]
 fn a_server_that_answers_more_than_one_byte_is_not_a_tcpstore() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for c in listener.incoming() {
-            let Ok(mut c) = c else { continue };
-            let mut buf = [0u8; 4096];
-            let _ = std::io::Read::read(&mut c, &mut buf);
-            let _ = c.write_all(b"\x01hello");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    let addr = fake_server(|mut c| {
+        let _ = std::io::Read::read(&mut c, &mut [0u8; 4096]);
+        let _ = c.write_all(b"\x01hello");
+        std::thread::sleep(Duration::from_millis(100));
     });
-    let rdv = Rendezvous::torch_store(&addr)
-        .unwrap()
-        .timeout(Duration::from_millis(500));
-    let e = rdv
-        .exchange_with(1, 2, || unreachable!())
-        .unwrap_err()
-        .to_string();
+    let e = rank_1_error(&addr, Duration::from_millis(500));
     assert!(
         e.contains(
             "something answered a TCPStore check with more than one byte (\"\\x01\" then \
@@ -1966,36 +1941,45 @@ fn a_server_that_closes_or_stays_silent_on_the_validation_is_named() {
             "did not answer a TCPStore check in time (not a TCPStore?)",
         ),
     ] {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            for c in listener.incoming() {
-                let Ok(mut c) = c else { continue };
-                std::thread::spawn(move || {
-                    let _ = std::io::Read::read(&mut c, &mut [0u8; 4096]);
-                    if closes {
-                        // A FIN, not a reset: the connection stays open on this side.
-                        let _ = c.shutdown(std::net::Shutdown::Write);
-                    }
-                    std::thread::sleep(Duration::from_secs(3));
-                });
+        let addr = fake_server(move |mut c| {
+            let _ = std::io::Read::read(&mut c, &mut [0u8; 4096]);
+            if closes {
+                // A FIN, not a reset: the connection stays open on this side.
+                let _ = c.shutdown(std::net::Shutdown::Write);
             }
+            std::thread::sleep(Duration::from_secs(3));
         });
-        let rdv = Rendezvous::torch_store(&addr)
-            .unwrap()
-            .timeout(Duration::from_millis(500));
-        let e = rdv
-            .exchange_with(1, 2, || unreachable!())
-            .unwrap_err()
-            .to_string();
         assert_eq!(
-            e,
+            rank_1_error(&addr, Duration::from_millis(500)),
             format!(
-                "torchrun's TCPStore at {addr} (derived from code) did not answer within 500ms (last \
-                 attempt: something accepted the connection but {met})"
+                "torchrun's TCPStore at {addr} (derived from code) did not answer within 500ms \
+                 (last attempt: something accepted the connection but {met})"
             )
         );
     }
+}
+
+/// A server on 127.0.0.1 that runs `serve` on each connection, in a thread of its own;
+/// its address.
+fn fake_server(serve: impl Fn(TcpStream) + Copy + Send + 'static) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(c));
+        }
+    });
+    addr
+}
+
+/// What rank 1 of 2 meets with a TCPStore rendezvous at `addr` (an error, as text).
+fn rank_1_error(addr: &str, timeout: Duration) -> String {
+    Rendezvous::torch_store(addr)
+        .unwrap()
+        .timeout(timeout)
+        .exchange_with(1, 2, || unreachable!())
+        .unwrap_err()
+        .to_string()
 }
 
 /// A store that closes the connection on a WAIT fails the wait with the connection's
