@@ -1650,11 +1650,14 @@ fn a_failed_accept_is_noted_not_fatal() {
         while TcpListener::bind(("127.0.0.1", port)).is_ok() {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let highest = std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
-            .max()
-            .unwrap();
+        // The lowest free descriptor (what the next open gets): the limit is set a few
+        // above it, so that some are left to take. Descriptors open above a lowered limit
+        // stay usable (rank 0's listener among them); only new ones must be below it. No
+        // /proc needed.
+        let lowest_free = {
+            use std::os::fd::AsRawFd;
+            std::fs::File::open("/dev/null").unwrap().as_raw_fd()
+        };
         let mut limit = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -1662,7 +1665,7 @@ fn a_failed_accept_is_noted_not_fatal() {
         // SAFETY: a valid out-pointer.
         let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
         assert_eq!(got, 0);
-        limit.rlim_cur = (highest + 8) as libc::rlim_t;
+        limit.rlim_cur = (lowest_free + 8) as libc::rlim_t;
         // SAFETY: a valid limit; it lowers only this child process's soft limit.
         let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
         assert_eq!(set, 0);

@@ -649,6 +649,28 @@ mod tests {
         assert_eq!(new_nonce().len(), 16);
     }
 
+    /// Closes `c` with a reset (RST), not a FIN: a zero linger time. Closing with unread
+    /// data resets only on Linux; BSDs and macOS flush the data and send a FIN.
+    fn reset(c: std::net::TcpStream) {
+        use std::os::fd::AsRawFd;
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid socket and option value of the option's size.
+        let set = unsafe {
+            libc::setsockopt(
+                c.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "{}", io::Error::last_os_error());
+        drop(c);
+    }
+
     /// A server that resets the connection instead of answering the validation: the
     /// attempt fails with the reset, not as a silence.
     #[test]
@@ -658,8 +680,9 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
             let (c, _) = listener.accept().unwrap();
-            // Waits for the validation and leaves it unread: the close is then a reset.
+            // Waits for the validation, then resets the connection.
             let _ = c.peek(&mut [0u8; 1]);
+            reset(c);
         });
         let rdv = Rendezvous::torch_store(&addr).unwrap();
         let e = match try_connect(&rdv, Instant::now() + Duration::from_secs(20)) {
@@ -682,10 +705,10 @@ mod tests {
         std::thread::spawn(move || {
             for c in listener.incoming() {
                 let Ok(mut c) = c else { continue };
-                // Waits for the validation and leaves it unread: the close is then a reset.
+                // Waits for the validation, answers it, then resets the connection.
                 let _ = c.peek(&mut [0u8; 1]);
                 let _ = c.write_all(&[NOT_READY]);
-                drop(c);
+                reset(c);
             }
         });
         let rdv = Rendezvous::torch_store(&addr).unwrap();
