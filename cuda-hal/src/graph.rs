@@ -81,6 +81,17 @@ impl Stream {
     /// ```
     #[doc(alias = "cuStreamBeginCapture")]
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        if crate::DeferScope::is_open() {
+            // The group launches its recorded work at its end, into this capture, while
+            // what that work uses is held by the group alone: the graph would hold nothing.
+            return Err(Error::InvalidArgument {
+                what: "begin_capture",
+                problem: "called inside an open group (DeferScope) on this thread: the work \
+                          the group launches at its end would be captured without what it uses; \
+                          end the group first, or begin the capture before the group"
+                    .into(),
+            });
+        }
         let _excl = self.capture_lock();
         if self.capture_log().is_some() {
             return Err(Error::Capturing {

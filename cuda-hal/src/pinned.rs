@@ -50,7 +50,22 @@ impl<T: DeviceRepr> PinnedBuffer<T> {
         // SAFETY: valid out-pointer; a context is current. At least one byte so the
         // pointer is never dangling.
         unsafe { call!(ctx.cuda(), cuMemAllocHost(&mut p, bytes.max(1))) }?;
-        // SAFETY: `p` points at `bytes` writable bytes; zero is a valid T (DeviceRepr).
+        // The driver promises a page (4 KiB), not `T`'s alignment: slices of a type aligned
+        // to more would be misaligned.
+        if !(p as usize).is_multiple_of(align_of::<T>()) {
+            // SAFETY: allocated just above by cuMemAllocHost, freed once, never handed out.
+            let _ = unsafe { (ctx.cuda().fns().cuMemFreeHost)(p) };
+            return Err(Error::InvalidArgument {
+                what: "PinnedBuffer::zeroed",
+                problem: format!(
+                    "the driver's page-locked memory at {p:p} is not aligned to the {} bytes \
+                     the element type needs",
+                    align_of::<T>()
+                ),
+            });
+        }
+        // SAFETY: `p` points at `bytes` writable bytes, aligned for `T` (checked above);
+        // zero is a valid T (DeviceRepr).
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
         Ok(PinnedBuffer {
             ctx: ctx.clone(),
@@ -63,7 +78,8 @@ impl<T: DeviceRepr> PinnedBuffer<T> {
 impl<T: DeviceRepr> Deref for PinnedBuffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        // SAFETY: `ptr` is aligned (page-aligned), holds `len` initialised elements.
+        // SAFETY: `ptr` is aligned for `T` (checked when allocated) and holds `len`
+        // initialised elements, which live as long as `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }

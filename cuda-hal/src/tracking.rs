@@ -6,8 +6,9 @@
 //!   NCCL group, see [`DeferScope`]) or that can be enqueued again later (a captured graph).
 //! * [`DeferScope`]: per thread, like NCCL's group state, and `!Send` for the same reason.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -223,13 +224,34 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[derive(Default)]
 struct Deferred {
-    depth: usize,
     held: Vec<KeepAlive>,
     streams: Vec<Stream>,
 }
 
+impl Drop for Deferred {
+    /// The thread's storage is torn down while a scope is still open: a group kept in
+    /// another thread-local, whose destructor runs later and only then ends the group.
+    /// Its work is not launched yet, so what it holds must outlive it: leaked, never freed.
+    fn drop(&mut self) {
+        if depth() > 0 {
+            std::mem::forget(std::mem::take(&mut self.held));
+            std::mem::forget(std::mem::take(&mut self.streams));
+        }
+    }
+}
+
 thread_local! {
+    /// How many scopes are open on this thread. A `const` cell without a destructor: it
+    /// stays readable while the thread's storage is torn down, after `DEFERRED` is gone.
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
     static DEFERRED: RefCell<Deferred> = RefCell::new(Deferred::default());
+}
+
+/// The number of open scopes on this thread (0 if its storage can no longer be read,
+/// which a `const` cell without destructor never is on the platforms std supports).
+#[inline]
+fn depth() -> usize {
+    DEPTH.try_with(Cell::get).unwrap_or(0)
 }
 
 /// While one is open on a thread, work "enqueued" on that thread is only recorded, to be
@@ -276,22 +298,51 @@ impl std::fmt::Debug for DeferScope {
 
 impl DeferScope {
     /// Opens a scope on this thread.
+    ///
+    /// Late in the thread's teardown, once the scope's storage is gone, what is held in
+    /// it is leaked (never freed); [`try_open`](Self::try_open) refuses then instead.
     pub fn open() -> DeferScope {
-        let _ = DEFERRED.try_with(|d| d.borrow_mut().depth += 1);
+        let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
         DeferScope {
             _not_send: PhantomData,
         }
+    }
+
+    /// Opens a scope on this thread, or refuses ([`Error::InvalidArgument`](crate::Error::InvalidArgument))
+    /// when the thread's storage is being torn down (called from a thread-local's
+    /// destructor): a scope opened then could not hold what its work uses.
+    ///
+    /// ```
+    /// use cuda_hal::DeferScope;
+    /// let scope = DeferScope::try_open()?;
+    /// assert!(DeferScope::is_open());
+    /// drop(scope);
+    /// assert!(!DeferScope::is_open());
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub fn try_open() -> Result<DeferScope> {
+        // Touches the storage (initialising it if needed): fails only once it is destroyed.
+        if DEFERRED.try_with(|_| ()).is_err() {
+            return Err(crate::Error::InvalidArgument {
+                what: "DeferScope::try_open",
+                problem: "the thread's storage is being torn down (a thread-local's destructor): \
+                          a group opened now could not keep what its work uses alive"
+                    .into(),
+            });
+        }
+        Ok(DeferScope::open())
     }
 
     /// Whether a scope is open on this thread.
     #[inline]
     #[must_use]
     pub fn is_open() -> bool {
-        // `try_with`: false while the thread's storage is being torn down.
-        DEFERRED.try_with(|d| d.borrow().depth > 0).unwrap_or(false)
+        depth() > 0
     }
 
-    /// Holds `what` (and `stream`) until the outermost scope of this thread closes.
+    /// Holds `what` (and `stream`) until the outermost scope of this thread closes. Once
+    /// the thread's storage is gone (its teardown), they are leaked instead: the group's
+    /// work may still run, and what it uses must never be freed.
     pub(crate) fn hold(what: KeepAlive, stream: &Stream) {
         let held = DEFERRED.try_with(|d| {
             let mut d = d.borrow_mut();
@@ -300,39 +351,45 @@ impl DeferScope {
                 d.streams.push(stream.clone());
             }
         });
-        // Outside the borrow: the dependency's code may look at the scope itself.
-        if held.is_ok() {
-            what.dependency().deferred();
+        if held.is_err() {
+            std::mem::forget(what.clone());
+            std::mem::forget(stream.clone());
         }
+        // Outside the borrow: the dependency's code may look at the scope itself.
+        what.dependency().deferred();
     }
 }
 
 impl Drop for DeferScope {
     fn drop(&mut self) {
-        let released = DEFERRED.try_with(|d| {
-            let mut d = d.borrow_mut();
-            d.depth = d.depth.saturating_sub(1);
-            if d.depth == 0 {
-                Some((std::mem::take(&mut d.held), std::mem::take(&mut d.streams)))
-            } else {
-                None
-            }
+        let depth = DEPTH.try_with(|d| {
+            let n = d.get().saturating_sub(1);
+            d.set(n);
+            n
         });
-        let released = released.ok().flatten();
+        if depth != Ok(0) {
+            return;
+        }
+        let released = DEFERRED
+            .try_with(|d| {
+                let mut d = d.borrow_mut();
+                (std::mem::take(&mut d.held), std::mem::take(&mut d.streams))
+            })
+            .ok();
         // Outside the borrow: settling and releasing call the libraries, which may open
         // scopes of their own.
         if let Some((held, streams)) = released {
+            // Leaked unless every hold settles: a panic in a `settle` unwinds past them,
+            // and grouped work may still be enqueued; what it uses must live on.
+            let held = ManuallyDrop::new(held);
+            let streams = ManuallyDrop::new(streams);
             let mut settled = true;
-            for k in &held {
+            for k in held.iter() {
                 settled &= k.dependency().settle();
             }
             if settled {
-                drop(held);
-                drop(streams);
-            } else {
-                // Some grouped work may still be enqueued: what it uses must live on.
-                std::mem::forget(held);
-                std::mem::forget(streams);
+                drop(ManuallyDrop::into_inner(held));
+                drop(ManuallyDrop::into_inner(streams));
             }
         }
     }

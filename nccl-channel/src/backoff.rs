@@ -4,6 +4,31 @@
 
 use std::time::{Duration, Instant};
 
+/// `start + after`, or the latest instant the clock can hold when that overflows: a
+/// deadline computed from a user's timeout never panics (`CommConfig` also refuses
+/// timeouts above [`CommConfig::MAX_TIMEOUT`](crate::CommConfig::MAX_TIMEOUT) where they
+/// enter).
+pub(crate) fn deadline_from(start: Instant, after: Duration) -> Instant {
+    if let Some(t) = start.checked_add(after) {
+        return t;
+    }
+    let mut step = after;
+    let mut t = start;
+    // Approaches the clock's limit from below, halving what does not fit.
+    while !step.is_zero() {
+        match t.checked_add(step) {
+            Some(later) => t = later,
+            None => step /= 2,
+        }
+    }
+    t
+}
+
+/// `deadline_from(Instant::now(), after)`.
+pub(crate) fn deadline_after(after: Duration) -> Instant {
+    deadline_from(Instant::now(), after)
+}
+
 /// The growing pause of one polling loop.
 pub(crate) struct Backoff {
     next: Duration,
@@ -38,6 +63,16 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_past_the_clocks_limit_saturates_instead_of_panicking() {
+        let now = Instant::now();
+        let far = deadline_from(now, Duration::MAX);
+        assert!(far > now + Duration::from_secs(100 * 365 * 24 * 3600));
+        assert_eq!(far.checked_add(Duration::from_secs(1)), None, "as late as it gets");
+        assert_eq!(deadline_from(now, Duration::from_secs(5)), now + Duration::from_secs(5));
+        assert!(deadline_after(Duration::MAX) >= far);
+    }
 
     #[test]
     fn pauses_double_up_to_the_cap() {

@@ -827,6 +827,20 @@ impl Communicator {
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
+        if self.nccl().fns().ncclAlltoAll.is_none() {
+            // The fallback's own group: opened before the checks, so that it holds what
+            // its calls use (and counts as a group for abort decisions) like the user's.
+            return group(self.nccl(), || self.all_to_all_in(send, recv, stream));
+        }
+        self.all_to_all_in(send, recv, stream)
+    }
+
+    fn all_to_all_in<T: NcclType>(
+        &self,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
+        stream: &Stream,
+    ) -> Result<()> {
         const W: &str = "all_to_all";
         let _order = self.begin::<T>(W, stream)?;
         self.check_buf(W, "send", send, send.len(), stream)?;
@@ -846,13 +860,12 @@ impl Communicator {
             };
             return self.check(rc, call);
         }
-        group(self.nccl(), || {
-            for p in 0..self.size() {
-                self.raw_send::<T>(offset(send, p * m), m, p as i32, stream)?;
-                self.raw_recv::<T>(offset(recv, p * m), m, p as i32, stream)?;
-            }
-            Ok(())
-        })
+        // Inside the group `all_to_all` opened.
+        for p in 0..self.size() {
+            self.raw_send::<T>(offset(send, p * m), m, p as i32, stream)?;
+            self.raw_recv::<T>(offset(recv, p * m), m, p as i32, stream)?;
+        }
+        Ok(())
     }
 
     /// The root's `recv` gets every rank's `send` in rank order (`n * m` elements). Only the
@@ -893,6 +906,20 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if self.nccl().fns().ncclGather.is_none() {
+            // The fallback's own group, opened before the checks (see `all_to_all`).
+            return group(self.nccl(), || self.gather_in(send, recv, root, stream));
+        }
+        self.gather_in(send, recv, root, stream)
+    }
+
+    fn gather_in<T: NcclType>(
+        &self,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: Option<DeviceViewMut<'_, T>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
         const W: &str = "gather";
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
@@ -915,16 +942,15 @@ impl Communicator {
             };
             return self.check(rc, call);
         }
-        group(self.nccl(), || {
-            self.raw_send::<T>(at(send), m, r, stream)?;
-            if let Some(base) = recvp {
-                for p in 0..self.size() {
-                    let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
-                    self.raw_recv::<T>(at, m, p as i32, stream)?;
-                }
+        // Inside the group `gather` opened.
+        self.raw_send::<T>(at(send), m, r, stream)?;
+        if let Some(base) = recvp {
+            for p in 0..self.size() {
+                let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
+                self.raw_recv::<T>(at, m, p as i32, stream)?;
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     /// Rank `r` gets the root's `send[r * m ..][.. m]`. Only the root passes `send`
@@ -964,6 +990,20 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if self.nccl().fns().ncclScatter.is_none() {
+            // The fallback's own group, opened before the checks (see `all_to_all`).
+            return group(self.nccl(), || self.scatter_in(send, recv, root, stream));
+        }
+        self.scatter_in(send, recv, root, stream)
+    }
+
+    fn scatter_in<T: NcclType>(
+        &self,
+        send: Option<DeviceView<'_, T>>,
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
         const W: &str = "scatter";
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
@@ -986,15 +1026,14 @@ impl Communicator {
             };
             return self.check(rc, call);
         }
-        group(self.nccl(), || {
-            if let Some(base) = sendp {
-                for p in 0..self.size() {
-                    let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
-                    self.raw_send::<T>(at, m, p as i32, stream)?;
-                }
+        // Inside the group `scatter` opened.
+        if let Some(base) = sendp {
+            for p in 0..self.size() {
+                let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
+                self.raw_send::<T>(at, m, p as i32, stream)?;
             }
-            self.raw_recv::<T>(at(recv), m, r, stream)
-        })
+        }
+        self.raw_recv::<T>(at(recv), m, r, stream)
     }
 
     /// Waits until every rank has reached this point: an all-reduce of one element on

@@ -10,7 +10,6 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::ThreadId;
-use std::time::Instant;
 
 use cuda_hal::{Context, Dependency, Device, DeviceBuffer, KeepAlive, Stream};
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
@@ -72,8 +71,8 @@ enum Teardown {
 
 impl CommShared {
     /// A registration whose last holder let go away from the owner's thread.
-    pub(crate) fn defer_release(&self, p: Pending) {
-        self.registry.defer(p);
+    pub(crate) fn defer_release(&self, p: Pending, range: (u64, u64)) {
+        self.registry.defer(p, range);
     }
 
     /// Whether the handle was freed (aborted or destroyed).
@@ -146,7 +145,7 @@ impl CommShared {
             &self.nccl,
             self.raw,
             what,
-            Instant::now() + timeout,
+            crate::backoff::deadline_after(timeout),
             timeout,
             &self.abort,
         )
@@ -394,6 +393,7 @@ impl Communicator {
         rank: usize,
         config: &CommConfig,
     ) -> Result<Communicator> {
+        config.check_timeout()?;
         if config.is_blocking() && !config.sets_nccl_fields() {
             let c = Self::init_rank(nccl, ctx, id, size, rank)?;
             return Ok(c.with_config(config.clone()));
@@ -418,7 +418,7 @@ impl Communicator {
         if !config.is_blocking() || rc == ncclResult_t::ncclInProgress {
             let abort = AbortHandle::default();
             let timeout = config.get_timeout();
-            if let Err(e) = poll(nccl, raw, call, Instant::now() + timeout, timeout, &abort) {
+            if let Err(e) = poll(nccl, raw, call, crate::backoff::deadline_after(timeout), timeout, &abort) {
                 // SAFETY: NCCL made `raw`; aborting frees it, once.
                 unsafe { (nccl.fns().ncclCommAbort)(raw) };
                 return Err(e);
@@ -667,9 +667,11 @@ impl Communicator {
         if cuda_hal::DeferScope::is_open() {
             return;
         }
-        for p in self.shared.registry.take_deferred() {
+        for q in self.shared.registry.take_deferred() {
+            let Some(p) = q.take() else { continue };
             if let Err((_, Some(p))) = self.release_pending(p) {
-                self.shared.registry.defer(p);
+                q.put_back(p);
+                self.shared.registry.requeue(q);
             }
         }
     }
@@ -769,6 +771,12 @@ impl Communicator {
         if !self.shared.in_group() {
             let _ = self.shared.teardown(Teardown::Abort);
         }
+    }
+
+    /// Whether an abort was asked for but could not happen yet (an open group still holds
+    /// the communicator): work NCCL accepted may still be in progress.
+    pub(crate) fn is_unsettled(&self) -> bool {
+        self.shared.abort.is_requested() && !self.shared.is_dead()
     }
 
     /// Whether the communicator was aborted or destroyed (by [`abort`](Self::abort), a

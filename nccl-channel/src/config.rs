@@ -307,6 +307,41 @@ impl CommConfig {
         self
     }
 
+    /// The longest [`timeout`](Self::timeout) accepted: one year. A longer one fails the
+    /// init with [`Error::InvalidArgument`] (it would be a wait without end in all but
+    /// name, and deadlines computed from it could overflow the clock).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, mock::MockDriver};
+    /// # use nccl_sys::mock::MockNccl;
+    /// use std::time::Duration;
+    /// use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
+    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let config = CommConfig::non_blocking(Duration::MAX);
+    /// let r = Communicator::init_rank_with(&nccl, &ctx, &id, 1, 0, &config);
+    /// assert!(matches!(r, Err(Error::InvalidArgument { what: "CommConfig::timeout", .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+    pub(crate) fn check_timeout(&self) -> Result<()> {
+        if self.timeout > Self::MAX_TIMEOUT {
+            return Err(Error::InvalidArgument {
+                what: "CommConfig::timeout",
+                problem: format!(
+                    "{:?} is longer than the longest accepted, {:?} (one year)",
+                    self.timeout,
+                    Self::MAX_TIMEOUT
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the communicator is blocking (see [`blocking`](Self::blocking)).
     #[must_use]
     pub fn is_blocking(&self) -> bool {
@@ -596,6 +631,7 @@ impl CommConfig {
     /// this crate's header and the library, whose layout NCCL then reads.
     pub(crate) fn to_raw(&self, nccl_version: NcclVersion) -> Result<RawConfig> {
         self.check_ctas()?;
+        self.check_timeout()?;
         let loaded = nccl_version;
         let mut raw = NCCL_CONFIG_INITIALIZER;
         raw.version =

@@ -63,14 +63,26 @@ impl std::fmt::Debug for Group<'_> {
 
 impl<'a> Group<'a> {
     /// `ncclGroupStart`.
+    ///
+    /// Refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument) from a
+    /// thread-local's destructor once this crate's per-thread state is gone: such a group
+    /// could not keep what its calls use alive until it ends.
     #[doc(alias = "ncclGroupStart")]
     pub fn start(nccl: &'a Nccl) -> Result<Group<'a>> {
+        // Opened first: the scope exists whenever NCCL's group does (what the calls use is
+        // held from the first one on), and a thread that cannot keep one never starts one.
+        let scope = DeferScope::try_open().map_err(|_| crate::Error::InvalidArgument {
+            what: "Group::start",
+            problem: "called from a thread-local's destructor after this crate's per-thread \
+                      group state was torn down: the group could not keep what its calls use"
+                .into(),
+        })?;
         // SAFETY: no preconditions.
         unsafe { nccl_call!(nccl, ncclGroupStart()) }?;
         Ok(Group {
             nccl,
             open: true,
-            _scope: DeferScope::open(),
+            _scope: scope,
         })
     }
 

@@ -100,12 +100,50 @@ impl Dependency for RegShared {
 
 impl Drop for RegShared {
     /// The last holder was not its owner's thread (a graph or a group let go): the
-    /// communicator releases it at its owner's next call, or with itself.
+    /// communicator releases it at its owner's next call, or with itself. Queued before it
+    /// leaves the registry's list: NCCL finds it for collectives on its pages until
+    /// `ncclCommDeregister` returns, so later work must be noted on it without a gap.
     fn drop(&mut self) {
-        self.comm.registry.remove_ptr(self);
         if let Some(p) = crate::comm::lock(&self.pending).take() {
-            self.comm.defer_release(p);
+            let range = self.comm.registry.range_of(self);
+            self.comm.defer_release(p, range.unwrap_or_else(|| pages(self.start, self.bytes)));
         }
+        self.comm.registry.remove_ptr(self);
+    }
+}
+
+/// A release waiting for its owner's thread. Until `ncclCommDeregister` has returned,
+/// NCCL still matches collectives on its pages to it: the registry keeps it in view, each
+/// such collective notes its stream here (the release waits for that work too), and an
+/// open capture or group holds it (it is not released while they may launch the work).
+pub(crate) struct Queued {
+    range: (u64, u64),
+    pending: Mutex<Option<Pending>>,
+}
+
+impl Queued {
+    fn note(&self, stream: &Stream) {
+        if let Some(p) = &*crate::comm::lock(&self.pending) {
+            p.uses.note(stream);
+        }
+    }
+
+    /// The release, taken out (the caller releases it or puts it back).
+    pub(crate) fn take(&self) -> Option<Pending> {
+        crate::comm::lock(&self.pending).take()
+    }
+
+    /// A release that failed and is tried again later.
+    pub(crate) fn put_back(&self, p: Pending) {
+        *crate::comm::lock(&self.pending) = Some(p);
+    }
+}
+
+impl Dependency for Queued {
+    /// A graph launch on `stream` uses the registration again.
+    fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
+        self.note(stream);
+        Ok(())
     }
 }
 
@@ -132,8 +170,9 @@ type Entry = (u64, u64, Option<usize>, Weak<RegShared>);
 pub(crate) struct Registry {
     count: AtomicUsize,
     list: RwLock<Vec<Entry>>,
-    /// Releases handed over by other threads, done by the owner.
-    deferred: Mutex<Vec<Pending>>,
+    /// Releases handed over by other threads, done by the owner; in view of collectives
+    /// until done.
+    deferred: Mutex<Vec<Arc<Queued>>>,
     /// Pooled buffers that a collective may register.
     slots: crate::pool::Slots,
     has_deferred: AtomicBool,
@@ -161,6 +200,14 @@ impl Registry {
         same
     }
 
+    /// The range collectives may use `me` for, while it is in the list.
+    fn range_of(&self, me: *const RegShared) -> Option<(u64, u64)> {
+        let l = self.list.read().unwrap_or_else(|e| e.into_inner());
+        l.iter()
+            .find(|(_, _, _, w)| w.as_ptr() == me)
+            .map(|(s, e, _, _)| (*s, *e))
+    }
+
     fn remove_ptr(&self, me: *const RegShared) {
         let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
         l.retain(|(_, _, _, w)| w.as_ptr() != me);
@@ -171,7 +218,7 @@ impl Registry {
     /// notes the stream, and an open capture or group holds it.
     #[inline]
     pub(crate) fn used(&self, ptr: u64, bytes: usize, stream: &Stream) {
-        if bytes == 0 || self.count.load(Ordering::Acquire) == 0 {
+        if bytes == 0 || (self.count.load(Ordering::Acquire) == 0 && !self.has_deferred()) {
             return;
         }
         self.used_slow(ptr, bytes, stream);
@@ -193,6 +240,18 @@ impl Registry {
             r.note(stream);
             stream.hold(|| KeepAlive::new(r.clone()));
         }
+        if !self.has_deferred() {
+            return;
+        }
+        let queued: Vec<Arc<Queued>> = crate::comm::lock(&self.deferred)
+            .iter()
+            .filter(|q| ptr < q.range.1 && q.range.0 < end)
+            .cloned()
+            .collect();
+        for q in queued {
+            q.note(stream);
+            stream.hold(|| KeepAlive::new(q.clone()));
+        }
     }
 
     pub(crate) fn add_slot(&self, s: &Arc<crate::pool::Slot>) {
@@ -212,8 +271,17 @@ impl Registry {
         self.slots.find(ptr, bytes)
     }
 
-    pub(crate) fn defer(&self, p: Pending) {
-        crate::comm::lock(&self.deferred).push(p);
+    /// Queues the release of a registration of `range` (see [`Queued`]).
+    pub(crate) fn defer(&self, p: Pending, range: (u64, u64)) {
+        self.requeue(Arc::new(Queued {
+            range,
+            pending: Mutex::new(Some(p)),
+        }));
+    }
+
+    /// Queues a release again (it failed, or is not due yet).
+    pub(crate) fn requeue(&self, q: Arc<Queued>) {
+        crate::comm::lock(&self.deferred).push(q);
         self.has_deferred.store(true, Ordering::Release);
     }
 
@@ -223,11 +291,15 @@ impl Registry {
         self.has_deferred.load(Ordering::Acquire)
     }
 
-    /// Takes every deferred release.
-    pub(crate) fn take_deferred(&self) -> Vec<Pending> {
+    /// Takes the queued releases that nothing else holds (a graph or an open group that
+    /// holds one may still launch work on it: it stays queued, and in view).
+    pub(crate) fn take_deferred(&self) -> Vec<Arc<Queued>> {
         let mut d = crate::comm::lock(&self.deferred);
-        self.has_deferred.store(false, Ordering::Release);
-        std::mem::take(&mut *d)
+        let (due, held): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *d).into_iter().partition(|q| Arc::strong_count(q) == 1);
+        *d = held;
+        self.has_deferred.store(!d.is_empty(), Ordering::Release);
+        due
     }
 }
 
@@ -245,6 +317,14 @@ fn refuse_window_in_group(what: &'static str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// A window registration whose wait failed while the communicator could not be aborted
+/// (another thread's open group holds it): NCCL may still write the handle's slot and
+/// map the memory later. Both are leaked, never freed (the documented leak on failure).
+fn leak_unsettled(slot: Box<ncclWindow_t>, memory: KeepAlive) {
+    Box::leak(slot);
+    std::mem::forget(memory);
 }
 
 /// What to register: the checks shared by both kinds.
@@ -369,21 +449,30 @@ impl Communicator {
         let (ptr, bytes, memory) = target(self, what, mem)?;
         let raw = self.handle()?;
         let _g = self.context().bind()?;
-        let mut win: ncclWindow_t = std::ptr::null_mut();
+        // On the heap: kept (leaked) below when NCCL may still write it.
+        let mut win: Box<ncclWindow_t> = Box::new(std::ptr::null_mut());
         // SAFETY: a live communicator; `ptr` is `bytes` bytes of its device's memory, kept
         // allocated by `memory` until the window is released; no group is open on this
         // thread (checked above), so NCCL writes `win` before it returns (non-blocking:
-        // before the poll in `check` ends), and `win` outlives both.
+        // before the poll in `check` ends successfully). If that poll fails and the
+        // communicator is not aborted (another thread's group holds it), NCCL may still
+        // write `win` and use the memory later: both are leaked below, never freed.
         let rc = unsafe {
             f(
                 raw,
                 std::ptr::with_exposed_provenance_mut(ptr as usize),
                 bytes,
-                &mut win,
+                &mut *win,
                 flags.0 as c_int,
             )
         };
-        self.check(rc, call)?;
+        if let Err(e) = self.check(rc, call) {
+            // Refused at once (`rc` is the error): NCCL wrote nothing and keeps nothing.
+            if rc == nccl_sys::ncclResult_t::ncclInProgress && !self.is_aborted() {
+                leak_unsettled(win, memory);
+            }
+            return Err(e);
+        }
         Ok(Window(self.adopt_registration(
             Kind::Window,
             win.expose_provenance(),
@@ -419,7 +508,8 @@ impl Communicator {
             }
             targets.push((c.handle()?, target(c, what, *m)?));
         }
-        let mut wins: Vec<ncclWindow_t> = vec![std::ptr::null_mut(); ranks.len()];
+        // On the heap, and leaked below where NCCL may still write.
+        let mut wins: Box<[ncclWindow_t]> = vec![std::ptr::null_mut(); ranks.len()].into();
         let group = crate::group::Group::start(first.nccl())?;
         let mut issued = Result::Ok(());
         for (i, ((raw, (ptr, bytes, _)), (c, _))) in targets.iter().zip(ranks).enumerate() {
@@ -454,6 +544,33 @@ impl Communicator {
             {
                 waited = Err(e);
             }
+        }
+        // A failed wait whose abort did not happen (another thread's group holds the
+        // communicator): NCCL may still write that rank's slot and use its memory later.
+        if ranks.iter().any(|(c, _)| c.is_unsettled()) {
+            let values = wins.to_vec();
+            let mut kept = Vec::with_capacity(ranks.len());
+            for ((_, (ptr, bytes, memory)), (c, win)) in
+                targets.into_iter().zip(ranks.iter().map(|r| r.0).zip(values))
+            {
+                if c.is_unsettled() {
+                    std::mem::forget(memory);
+                } else {
+                    kept.push(Window(c.adopt_registration(
+                        Kind::Window,
+                        win.expose_provenance(),
+                        ptr,
+                        bytes,
+                        memory,
+                    )));
+                }
+            }
+            std::mem::forget(wins);
+            // The windows of the settled ranks are released with `kept`.
+            drop(kept);
+            issued?;
+            ended?;
+            return Err(waited.err().unwrap_or(Error::Aborted));
         }
         let mut out = Vec::with_capacity(ranks.len());
         for ((_, (ptr, bytes, memory)), (c, win)) in
@@ -531,7 +648,9 @@ impl Communicator {
         self.release_pending(p).map_err(|(e, back)| {
             if let Some(p) = back {
                 // Not released yet: the communicator tries again later (or goes first).
-                self.shared().registry.defer(p);
+                let range = self.shared().registry.range_of(&*shared);
+                let range = range.unwrap_or_else(|| pages(shared.start, shared.bytes));
+                self.shared().registry.defer(p, range);
             }
             e
         })

@@ -169,7 +169,7 @@ impl Communicator {
     pub fn wait(&self, stream: &Stream) -> Result<()> {
         let raw = self.handle()?;
         self.same_context("Communicator::wait", "stream", stream.context())?;
-        let deadline = Instant::now() + self.config().get_timeout();
+        let deadline = crate::backoff::deadline_after(self.config().get_timeout());
         let mut backoff = Backoff::poll();
         loop {
             let mut e = ncclResult_t::ncclSuccess;

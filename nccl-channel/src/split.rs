@@ -211,7 +211,7 @@ fn make_children(
                 nccl,
                 p.as_raw(),
                 call,
-                start + timeout,
+                crate::backoff::deadline_from(start, timeout),
                 timeout,
                 p.abort_flag(),
             );
@@ -244,7 +244,7 @@ fn make_children(
             let timeout = p.config().get_timeout();
             let mut backoff = Backoff::poll();
             while slots.get(i).is_null() {
-                if Instant::now() >= start + timeout || p.abort_flag().is_requested() {
+                if Instant::now() >= crate::backoff::deadline_from(start, timeout) || p.abort_flag().is_requested() {
                     p.abort_now();
                     unsettled |= !p.is_aborted();
                     error.get_or_insert(Error::Timeout {
@@ -318,7 +318,7 @@ fn adopt_children(
                 nccl,
                 raw,
                 call,
-                Instant::now() + timeout,
+                crate::backoff::deadline_after(timeout),
                 timeout,
                 p.abort_flag(),
             )

@@ -174,7 +174,7 @@ impl UniqueId {
             std::fs::rename(&tmp, path).map_err(|e| io("renaming into", e))?;
             return Ok(id);
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::backoff::deadline_after(timeout);
         loop {
             match std::fs::read_to_string(path) {
                 Ok(text) => return text.parse(),

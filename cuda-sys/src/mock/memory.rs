@@ -102,15 +102,20 @@ pub(super) fn alloc_device(
 /// Pinned host memory: plain, zeroed, page-aligned host memory.
 fn alloc_host(s: &mut State, pp: *mut *mut c_void, bytes: usize) -> Result<(), CUresult> {
     check_ptr(pp)?;
-    let layout = std::alloc::Layout::from_size_align(bytes.max(1), 4096)
+    // CUDA promises a page and no more: the memory handed out is 4096-aligned but never
+    // 8192-aligned, so that code relying on more alignment fails here every time.
+    const PAGE: usize = 4096;
+    let size = bytes.max(1).checked_add(PAGE).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let layout = std::alloc::Layout::from_size_align(size, 2 * PAGE)
         .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     // SAFETY: non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
+    let base = unsafe { std::alloc::alloc_zeroed(layout) };
+    if base.is_null() {
         return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
-    let addr = p.expose_provenance();
-    s.host.insert(addr, (addr, layout));
+    // SAFETY: `PAGE < size`: within the allocation.
+    let p = unsafe { base.add(PAGE) };
+    s.host.insert(p.expose_provenance(), (base.expose_provenance(), layout));
     // SAFETY: checked non-null out-pointer.
     unsafe { *pp = p.cast() };
     Ok(())

@@ -146,7 +146,7 @@ pub(super) fn serve(
     size: usize,
     make: impl FnOnce() -> Result<UniqueId>,
 ) -> Result<UniqueId> {
-    let deadline = Instant::now() + rdv.timeout;
+    let deadline = crate::backoff::deadline_after(rdv.timeout);
     let listener = listen(rdv, deadline)?;
     let id = make()?;
     listener
@@ -373,7 +373,7 @@ enum Attempt {
 
 /// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
 pub(super) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
-    let deadline = Instant::now() + rdv.timeout;
+    let deadline = crate::backoff::deadline_after(rdv.timeout);
     let hello = Hello {
         key: key.to_string(),
         rank,

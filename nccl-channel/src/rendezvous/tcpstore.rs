@@ -357,7 +357,7 @@ pub(super) fn publish(
     size: usize,
     make: impl FnOnce() -> Result<UniqueId>,
 ) -> Result<UniqueId> {
-    let deadline = Instant::now() + rdv.timeout;
+    let deadline = crate::backoff::deadline_after(rdv.timeout);
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let id = make()?;
     let skey = store_key(key);
@@ -521,7 +521,7 @@ fn clean_up(rdv: &Rendezvous, store: &mut Store, keys: &[String], by: Instant) {
 
 /// Ranks other than 0: wait for the id, read it, acknowledge it with its nonce.
 pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
-    let deadline = Instant::now() + rdv.timeout;
+    let deadline = crate::backoff::deadline_after(rdv.timeout);
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let skey = store_key(key);
     let there = store
