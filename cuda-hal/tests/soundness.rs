@@ -945,3 +945,58 @@ fn a_stream_log_notes_each_stream_once_and_waits_for_them() {
     drop((a, c, ctx, cuda));
     assert_clean(&world);
 }
+
+/// An element type aligned to more than the page the driver promises: the driver's
+/// pinned memory (the simulated one is 4096- but never 8192-aligned) cannot hold it, and
+/// the buffer is refused instead of handing out misaligned slices; nothing leaks.
+#[test]
+fn pinned_memory_of_an_over_aligned_type_is_refused() {
+    #[derive(Clone, Copy)]
+    #[repr(C, align(8192))]
+    struct Page2([u8; 8192]);
+    // SAFETY: Copy, no padding (one 8192-byte array in 8192 bytes), no pointers, every
+    // bit pattern valid.
+    unsafe impl cuda_hal::DeviceRepr for Page2 {}
+
+    let (_cuda, world, ctx) = rig();
+    let e = cuda_hal::PinnedBuffer::<Page2>::zeroed(&ctx, 2).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { what: "PinnedBuffer::zeroed", problem } if problem.contains("8192")),
+        "{e:?}"
+    );
+    assert_eq!(world.live().host_allocations, 0, "freed at once");
+    // A page-aligned type is fine, and its slice is aligned.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(4096))]
+    struct Page([u8; 4096]);
+    // SAFETY: as above, at 4096 bytes.
+    unsafe impl cuda_hal::DeviceRepr for Page {}
+    let ok = cuda_hal::PinnedBuffer::<Page>::zeroed(&ctx, 2).unwrap();
+    assert_eq!(ok.as_ptr().addr() % 4096, 0);
+    assert_eq!(ok[1].0, [0; 4096]);
+}
+
+/// A capture begun inside an open group would record the work the group launches at its
+/// end while the group alone holds what that work uses (the graph would hold nothing):
+/// refused, and a capture begun before the group is fine.
+#[test]
+fn a_capture_begun_inside_an_open_group_is_refused() {
+    let (_cuda, _world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    {
+        let _group = cuda_hal::DeferScope::open();
+        let e = s.begin_capture(CaptureMode::ThreadLocal).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what: "begin_capture", problem } if problem.contains("open group")),
+            "{e:?}"
+        );
+        assert!(!s.is_capturing().unwrap());
+    }
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    {
+        let _group = cuda_hal::DeferScope::open();
+        let mut b = DeviceBuffer::<u8>::zeroed(&ctx, 4).unwrap();
+        b.fill_async(1, &s).unwrap();
+    }
+    s.end_capture().unwrap();
+}

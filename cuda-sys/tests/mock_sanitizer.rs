@@ -431,6 +431,51 @@ fn a_stream_joins_a_capture_through_an_event() {
     );
 }
 
+/// A capture that ends in failure (invalidated by a synchronisation) releases the streams
+/// that joined it, as CUDA does: the joined stream's later work runs at once, and is not
+/// recorded by the origin's next capture.
+#[test]
+fn a_failed_capture_releases_the_streams_that_joined_it() {
+    let (d, world, _) = setup();
+    let f = d.fns();
+    let (a, b) = (stream(&d, 1), stream(&d, 1));
+    let buf = alloc(&d, 4);
+    let mut fork = std::ptr::null_mut();
+    let mut graph = std::ptr::null_mut();
+    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    // SAFETY: mock driver calls with live handles and valid out-pointers.
+    unsafe {
+        assert_eq!((f.cuEventCreate)(&mut fork, 2), OK);
+        assert_eq!((f.cuMemsetD8)(buf, 0, 4), OK);
+        assert_eq!((f.cuStreamBeginCapture)(a, mode), OK);
+        assert_eq!((f.cuEventRecord)(fork, a), OK);
+        assert_eq!((f.cuStreamWaitEvent)(b, fork, 0), OK);
+        assert_eq!(
+            (f.cuStreamSynchronize)(b),
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        );
+        assert_eq!(
+            (f.cuStreamEndCapture)(a, &mut graph),
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        );
+        assert_eq!((f.cuStreamIsCapturing)(b, &mut status), OK);
+        assert_eq!(
+            status,
+            cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+            "released by the failed end"
+        );
+        // The origin captures again: b's work is its own, and runs now.
+        assert_eq!((f.cuStreamBeginCapture)(a, mode), OK);
+        assert_eq!((f.cuMemsetD8Async)(buf, 7, 4, b), OK);
+        assert_eq!(read(&d, buf, 4), [7; 4], "run, not recorded");
+        assert_eq!((f.cuStreamEndCapture)(a, &mut graph), OK);
+        assert_eq!((f.cuGraphDestroy)(graph), OK);
+        assert_eq!((f.cuMemFree)(buf), OK);
+    }
+    assert_eq!(world.take_violations(), Vec::<String>::new());
+}
+
 /// A stream-ordered free recorded by a capture is a free node: it frees at every replay,
 /// so a second launch is a double free.
 #[test]

@@ -24,19 +24,22 @@ mock_fns! {
         if graph.is_null() {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
-        let ops = match s.streams.get_mut(&p2h(stream)) {
+        let (ops, invalid) = match s.streams.get_mut(&p2h(stream)) {
             Some(st) => match st.capture.take() {
-                Some(_) if std::mem::take(&mut st.capture_invalid) => {
-                    return CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-                }
-                Some(ops) => ops,
+                Some(ops) => (ops, std::mem::take(&mut st.capture_invalid)),
                 None => return CUresult::CUDA_ERROR_ILLEGAL_STATE,
             },
             None => return CUresult::CUDA_ERROR_INVALID_HANDLE,
         };
+        // The capture is over, whether it yields a graph or failed: CUDA releases every
+        // stream that joined it either way (a stream left joined would have its work
+        // recorded by the origin's next capture).
         let origin = p2h(stream);
         for st in s.streams.values_mut().filter(|st| st.joined == Some(origin)) {
             st.joined = None;
+        }
+        if invalid {
+            return CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         }
         let h = s.handle(w.id);
         s.graphs.insert(h, ops);

@@ -2,7 +2,7 @@
 //! recorded, and run together at the outermost end, which is how one thread can drive
 //! several ranks (each rank's call would otherwise wait for its peers).
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,25 +42,61 @@ struct Group {
     blocking: Option<bool>,
 }
 
+impl Group {
+    fn is_idle(&self) -> bool {
+        self.depth == 0 && self.deferred.is_empty() && self.error.is_none() && self.blocking.is_none()
+    }
+}
+
+type Groups = HashMap<u64, Group>;
+
 thread_local! {
     /// Groups are per thread in NCCL; keyed by world id so simulated worlds stay apart.
-    static GROUPS: RefCell<HashMap<u64, Group>> = RefCell::new(HashMap::new());
+    /// NCCL's group state is plain thread-local data without a destructor, so it is still
+    /// there in every destructor of the thread's other thread-locals (a group kept in one
+    /// can end there): so is this, a `const` cell without destructor pointing at a map
+    /// made at the first group and freed once the thread has no group left (a thread
+    /// that ends with a group open leaks it, as NCCL's does).
+    static GROUPS: Cell<*mut Groups> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// Runs `f` on the calling thread's groups. `f` must not call back into this function.
+fn with_groups<R>(f: impl FnOnce(&mut Groups) -> R) -> R {
+    GROUPS.with(|cell| {
+        let mut p = cell.get();
+        if p.is_null() {
+            p = Box::into_raw(Box::<Groups>::default());
+            cell.set(p);
+        }
+        // SAFETY: `p` is this thread's map, made by `Box::into_raw` above or on an earlier
+        // call and freed only below; it is reached only through this function, which `f`
+        // does not re-enter, so this is the one reference.
+        let groups = unsafe { &mut *p };
+        let r = f(groups);
+        if groups.values().all(Group::is_idle) {
+            cell.set(std::ptr::null_mut());
+            // SAFETY: made by `Box::into_raw`, no reference to it is left (`groups` is
+            // not used again), and the cell no longer points at it: freed once.
+            drop(unsafe { Box::from_raw(p) });
+        }
+        r
+    })
 }
 
 /// Whether the calling thread has a group open in world `world`.
 pub(super) fn in_group(world: u64) -> bool {
-    GROUPS.with(|g| g.borrow().get(&world).is_some_and(|g| g.depth > 0))
+    with_groups(|g| g.get(&world).is_some_and(|g| g.depth > 0))
 }
 
 /// Records `d` to run at the calling thread's outermost `ncclGroupEnd`.
 pub(super) fn defer(world: u64, d: Deferred) {
-    GROUPS.with(|g| g.borrow_mut().entry(world).or_default().deferred.push(d));
+    with_groups(|g| g.entry(world).or_default().deferred.push(d));
 }
 
 /// Notes a failed call inside the calling thread's open group (nothing outside one).
 pub(super) fn note_error(world: u64, rc: ncclResult_t) {
-    GROUPS.with(|g| {
-        if let Some(grp) = g.borrow_mut().get_mut(&world).filter(|g| g.depth > 0) {
+    with_groups(|g| {
+        if let Some(grp) = g.get_mut(&world).filter(|g| g.depth > 0) {
             grp.error.get_or_insert(rc);
         }
     });
@@ -69,8 +105,7 @@ pub(super) fn note_error(world: u64, rc: ncclResult_t) {
 /// Whether a split or shrink of a parent in this mode may join the open group: the
 /// first sets the group's mode, later ones must match it.
 pub(super) fn group_mode(world: u64, blocking: bool) -> bool {
-    GROUPS.with(|g| {
-        let mut g = g.borrow_mut();
+    with_groups(|g| {
         let grp = g.entry(world).or_default();
         *grp.blocking.get_or_insert(blocking) == blocking
     })
@@ -79,8 +114,8 @@ pub(super) fn group_mode(world: u64, blocking: bool) -> bool {
 /// Whether the calling thread's open group has splits or shrinks waiting for its end
 /// (whose new communicators are still NULL for the caller).
 pub(super) fn children_pending(world: u64) -> bool {
-    GROUPS.with(|g| {
-        g.borrow().get(&world).is_some_and(|g| {
+    with_groups(|g| {
+        g.get(&world).is_some_and(|g| {
             g.depth > 0 && g.deferred.iter().any(|d| matches!(d, Deferred::Split(_)))
         })
     })
@@ -89,8 +124,7 @@ pub(super) fn children_pending(world: u64) -> bool {
 /// Leaves one level of the calling thread's group: at the outermost end, its deferred
 /// work and error. `None` when no group is open.
 fn leave(world: u64) -> Option<(Vec<Deferred>, Option<ncclResult_t>)> {
-    GROUPS.with(|g| {
-        let mut g = g.borrow_mut();
+    with_groups(|g| {
         let grp = g.get_mut(&world)?;
         if grp.depth == 0 {
             return None;
@@ -298,7 +332,7 @@ fn start_in_background(
 nccl_mock! {
     fn ncclGroupStart = group_start(w, s) {
         drop(s);
-        GROUPS.with(|g| g.borrow_mut().entry(w.id).or_default().depth += 1);
+        with_groups(|g| g.entry(w.id).or_default().depth += 1);
         ncclResult_t::ncclSuccess
     }
     fn ncclGroupEnd = group_end_fn(w, s) {

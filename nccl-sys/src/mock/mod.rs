@@ -426,6 +426,15 @@ impl MockNcclWorld {
         self.world.lock().slow_new_comms = polls;
     }
 
+    /// A window registration on a non-blocking communicator answers `ncclInProgress`
+    /// from now on (the handle is written at the call), and the communicator's
+    /// `ncclCommGetAsyncError` says `ncclInProgress` for its next `polls` calls, as a
+    /// registration still completing in the background would; 0 turns it off. For tests
+    /// of what a caller keeps while such a registration may still complete.
+    pub fn slow_window_registrations(&self, polls: u64) {
+        self.world.lock().slow_windows = polls;
+    }
+
     /// How many times `function` was called.
     pub fn calls(&self, function: &str) -> u64 {
         self.world.lock().calls.get(function).copied().unwrap_or(0)

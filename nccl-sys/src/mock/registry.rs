@@ -349,7 +349,14 @@ nccl_mock! {
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));
         // SAFETY: checked non-null out-pointer.
         unsafe { *win = h2p(r) };
-        ncclResult_t::ncclSuccess
+        let slow = s.slow_windows;
+        match s.comms.get_mut(&h) {
+            Some(c) if slow > 0 && !c.blocking => {
+                c.slow_polls = slow;
+                ncclResult_t::ncclInProgress
+            }
+            _ => ncclResult_t::ncclSuccess,
+        }
     }
     fn ncclCommWindowDeregister = window_deregister(w, s, comm: ncclComm_t, win: ncclWindow_t) {
         let h = match s.check_comm(w, CALL, comm) {

@@ -1,0 +1,324 @@
+//! Soundness under any control flow (issue 26): the crate's own groups, thread-local
+//! teardown, panics while a group settles, deferred releases, window slots on a failed
+//! poll. Each test is a way safe code once reached freed memory on the simulated driver
+//! and NCCL, whose sanitizer checks every address when the work executes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Rig;
+use cuda_hal::{DeferScope, Dependency, DeviceBuffer, KeepAlive, Stream};
+use nccl_channel::{
+    CommConfig, Communicator, Error, Group, ReduceOp, UniqueId, WindowFlags, group,
+};
+use nccl_sys::{NcclVersion, ncclResult_t};
+
+/// The last release without native all_to_all/gather/scatter: the crate falls back to
+/// send/recv in a group of its own.
+const BEFORE_NATIVE: NcclVersion = NcclVersion(22703);
+
+/// Runs `f` on two ranks of a non-blocking communicator (10 s deadline), a thread each.
+fn non_blocking_ranks<R: Send>(
+    rig: &Rig,
+    f: impl Fn(usize, &cuda_hal::Context, &Communicator) -> R + Sync,
+) -> Vec<R> {
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(10));
+    std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let (f, id, config) = (&f, &id, &config);
+                scope.spawn(move || {
+                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
+                    let comm =
+                        Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, rank, config).unwrap();
+                    f(rank, &ctx, &comm)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn assert_no_violations(rig: &Rig) {
+    let v = rig.gpus.violations();
+    assert!(v.is_empty(), "the sanitizer saw:\n{}", v.join("\n"));
+}
+
+/// On NCCL < 2.28.3 all_to_all, gather and scatter are send/recv in a group the crate
+/// opens itself. With non-blocking communicators that group's end answers "in progress"
+/// and the work is enqueued later: the buffers the caller drops right after the call
+/// must live until then (the group held nothing, and NCCL read and wrote freed memory).
+#[test]
+fn the_fallbacks_own_group_holds_its_buffers_until_the_work_is_enqueued() {
+    let rig = Rig::with_version(2, BEFORE_NATIVE);
+    let got = non_blocking_ranks(&rig, |rank, ctx, comm| {
+        let s = Stream::non_blocking(ctx).unwrap();
+        let r = rank as i32;
+        let mut out = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();
+        {
+            let send = DeviceBuffer::from_slice(ctx, &[10 * r, 10 * r + 1]).unwrap();
+            let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap();
+            comm.all_to_all(&send, &mut recv, &s).unwrap();
+            // Both dropped before NCCL enqueued the sends and receives.
+            out.slice_mut(..2).unwrap().copy_from_async(&recv, &s).unwrap();
+        }
+        {
+            let send = DeviceBuffer::from_slice(ctx, &[100 + r]).unwrap();
+            let mut all = (rank == 0).then(|| DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap());
+            comm.gather(&send, all.as_mut().map(|a| a.as_view_mut()), 0, &s)
+                .unwrap();
+            if let Some(all) = &all {
+                out.slice_mut(2..).unwrap().copy_from_async(all, &s).unwrap();
+            }
+        }
+        {
+            let src = (rank == 1).then(|| DeviceBuffer::from_slice(ctx, &[7, 8]).unwrap());
+            let mut one = DeviceBuffer::<i32>::zeroed(ctx, 1).unwrap();
+            comm.scatter(src.as_ref().map(|b| b.as_view()), &mut one, 1, &s)
+                .unwrap();
+        }
+        comm.wait(&s).unwrap();
+        s.synchronize().unwrap();
+        out.to_vec().unwrap()
+    });
+    assert_no_violations(&rig);
+    assert_eq!(got[0], [0, 10, 100, 101]);
+    assert_eq!(got[1][..2], [1, 11]);
+    rig.assert_clean();
+}
+
+/// A call that fails inside the fallback's group (its receive) must not abort the
+/// communicator while the group still holds its recorded send: the abort waits for the
+/// group's end, as in the user's groups.
+#[test]
+fn an_error_inside_the_fallbacks_group_aborts_only_after_the_group() {
+    let rig = Rig::with_version(1, BEFORE_NATIVE);
+    let (ctx, comm) = rig.one_rank(0);
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let send = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+    let mut recv = DeviceBuffer::<i32>::zeroed(&ctx, 1).unwrap();
+    rig.world
+        .fail_next("ncclRecv", ncclResult_t::ncclSystemError);
+    let e = comm.all_to_all(&send, &mut recv, &s).unwrap_err();
+    assert!(
+        matches!(&e, Error::Nccl { call: "ncclRecv", code, .. } if *code == ncclResult_t::ncclSystemError),
+        "{e:?}"
+    );
+    assert_no_violations(&rig);
+    assert!(!comm.is_aborted(), "asked for, performed after the group");
+    assert_eq!(comm.async_error(), Err(Error::Aborted));
+    assert!(comm.is_aborted());
+    drop((send, recv, s, comm, ctx));
+    rig.assert_clean();
+}
+
+thread_local! {
+    /// A user's thread-local that keeps an open group.
+    static KEPT: RefCell<Option<Group<'static>>> = const { RefCell::new(None) };
+    /// A user's thread-local whose destructor starts a group.
+    static LATE: RefCell<Option<LateGroup>> = const { RefCell::new(None) };
+}
+
+/// A group kept in a thread-local is dropped (and ended) after the crate's own per-thread
+/// state, which held what the group's calls use: that state must leak it, never free it
+/// before the group's end.
+#[test]
+fn a_group_kept_in_a_thread_local_never_frees_what_it_holds_before_its_end() {
+    let rig = Rig::new(1);
+    let nccl: &'static Arc<nccl_sys::Nccl> = Box::leak(Box::new(rig.nccl.clone()));
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let comm = Communicator::init_all(nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let before = rig.gpus.live().device_allocations;
+    std::thread::spawn(move || {
+        // Registered before the crate's state: destroyed after it.
+        KEPT.with(|_| ());
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let g = Group::start(nccl).unwrap();
+        let send = DeviceBuffer::from_slice(&ctx, &[5u32]).unwrap();
+        let mut recv = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s).unwrap();
+        drop((send, recv, s, comm));
+        KEPT.with(|k| *k.borrow_mut() = Some(g));
+    })
+    .join()
+    .unwrap();
+    assert_no_violations(&rig);
+    assert_eq!(rig.world.calls("ncclGroupEnd"), 1, "ended by the thread-local");
+    assert_eq!(
+        rig.gpus.live().device_allocations,
+        before + 2,
+        "the group's buffers are leaked, not freed"
+    );
+}
+
+struct LateGroup {
+    nccl: &'static Arc<nccl_sys::Nccl>,
+    seen: Arc<Mutex<Option<Result<(), Error>>>>,
+}
+
+impl Drop for LateGroup {
+    fn drop(&mut self) {
+        let r = Group::start(self.nccl).map(drop);
+        *self.seen.lock().unwrap() = Some(r);
+    }
+}
+
+/// A group started from a thread-local's destructor after the crate's per-thread state
+/// is gone could hold nothing: refused with a typed error.
+#[test]
+fn a_group_started_after_the_threads_state_is_gone_is_refused() {
+    let rig = Rig::new(1);
+    let nccl: &'static Arc<nccl_sys::Nccl> = Box::leak(Box::new(rig.nccl.clone()));
+    let seen = Arc::new(Mutex::new(None));
+    let seen2 = seen.clone();
+    std::thread::spawn(move || {
+        // Registered before the crate's state (which the group below creates): its
+        // destructor runs after the crate's state is gone.
+        LATE.with(|l| {
+            *l.borrow_mut() = Some(LateGroup {
+                nccl,
+                seen: seen2,
+            })
+        });
+        drop(Group::start(nccl).unwrap());
+    })
+    .join()
+    .unwrap();
+    let r = seen.lock().unwrap().take().expect("the destructor ran");
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument { what: "Group::start", problem }) if problem.contains("destructor")),
+        "{r:?}"
+    );
+    assert_eq!(rig.world.calls("ncclGroupStart"), 1, "the refused one never started");
+}
+
+/// A dependency whose `settle` panics.
+struct PanicsWhenSettled;
+
+impl Dependency for PanicsWhenSettled {
+    fn settle(&self) -> bool {
+        panic!("a user's settle panicked")
+    }
+}
+
+/// A panic while a group settles unwinds through the group's release: what the group's
+/// work uses (here a send buffer NCCL reads in the background, 20 ms later) must be
+/// leaked, never freed.
+#[test]
+fn a_panic_while_a_group_settles_leaks_what_the_work_uses() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(10));
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
+    let before = rig.gpus.live().device_allocations;
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        group(&rig.nccl, || {
+            s.hold(|| KeepAlive::new(Arc::new(PanicsWhenSettled)));
+            let send = DeviceBuffer::from_slice(&ctx, &[9u32])?;
+            comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s)
+        })
+    }));
+    assert!(r.is_err(), "the panic comes out");
+    assert!(!DeferScope::is_open());
+    std::thread::sleep(Duration::from_millis(200)); // the background work ran
+    assert_no_violations(&rig);
+    assert_eq!(
+        rig.gpus.live().device_allocations,
+        before + 1,
+        "the send buffer is leaked"
+    );
+    assert_eq!(out.to_vec().unwrap(), [9]);
+}
+
+/// A timeout the clock cannot add to `now` is refused where it enters (the init), and
+/// the longest accepted one works: no deadline arithmetic panics later.
+#[test]
+fn an_absurd_timeout_is_refused_at_init_and_the_longest_accepted_works() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    for blocking in [false, true] {
+        let config = CommConfig::non_blocking(Duration::MAX).blocking(blocking);
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let e = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what: "CommConfig::timeout", .. }),
+            "{e:?}"
+        );
+        let just_over = CommConfig::MAX_TIMEOUT + Duration::from_nanos(1);
+        let e = Communicator::init_rank_with(
+            &rig.nccl,
+            &ctx,
+            &id,
+            1,
+            0,
+            &config.clone().timeout(just_over),
+        )
+        .unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { .. }), "{e:?}");
+    }
+    assert_eq!(CommConfig::MAX_TIMEOUT, Duration::from_secs(365 * 24 * 3600));
+    let config = CommConfig::non_blocking(CommConfig::MAX_TIMEOUT);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut b = DeviceBuffer::from_slice(&ctx, &[3u8]).unwrap();
+    group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s)
+    })
+    .unwrap();
+    comm.wait(&s).unwrap();
+    assert_eq!(b.to_vec().unwrap(), [3]);
+    drop((b, s, comm, ctx));
+    rig.assert_clean();
+}
+
+/// A window registration whose poll fails (an abort handle) while another thread's open
+/// group holds the communicator (so the abort cannot happen yet): NCCL may still write
+/// the handle and map the memory; both are kept, never freed.
+#[test]
+fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_its_memory() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(10));
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let buf = comm.alloc_nccl::<u8>(4096).unwrap();
+    let held = comm.keep_alive();
+    let abort = comm.abort_handle();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    rig.world.slow_window_registrations(u64::MAX);
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let world = rig.world.clone();
+    let other = std::thread::spawn(move || {
+        while world.calls("ncclCommWindowRegister") == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // This thread's group holds the communicator while the registration polls.
+        let scope = DeferScope::open();
+        s.hold(|| held);
+        abort.abort();
+        hold_tx.send(()).unwrap();
+        done_rx.recv().unwrap();
+        drop(scope);
+    });
+    let r = comm.register_window(&buf, WindowFlags::DEFAULT);
+    hold_rx.recv().unwrap();
+    assert_eq!(r.unwrap_err(), Error::Aborted);
+    drop(buf);
+    assert_eq!(rig.world.calls("ncclMemFree"), 0, "the window's memory is kept");
+    done_tx.send(()).unwrap();
+    other.join().unwrap();
+    assert_no_violations(&rig);
+}
