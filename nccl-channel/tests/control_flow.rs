@@ -322,3 +322,55 @@ fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_it
     other.join().unwrap();
     assert_no_violations(&rig);
 }
+
+/// A registration whose release is queued (its graph was dropped on another thread) is
+/// still NCCL's until `ncclCommDeregister` returns: a grouped collective on its memory
+/// meanwhile (the queue is not processed inside a group) uses it, so the release must
+/// wait for that work too.
+#[test]
+fn a_queued_registration_notes_work_issued_inside_a_group() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&b).unwrap();
+    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1).unwrap();
+    let graph = s1.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    std::thread::spawn(move || drop(graph)).join().unwrap();
+    group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+    })
+    .unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 0, "not inside the group");
+    comm.async_error().unwrap(); // the owner's next call releases it, after s2's work
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    assert_no_violations(&rig);
+    drop((b, comm, s1, s2, ctx));
+    rig.assert_clean();
+}
+
+/// The same when the release was queued because a capture refused its wait: an eager
+/// collective on another stream meanwhile is waited for before the deregistration.
+#[test]
+fn a_registration_queued_by_a_capture_notes_later_work() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+    let mut other = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+    let reg = comm.register(&b).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1).unwrap();
+    s1.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
+    other.fill_async(1.0, &s1).unwrap();
+    let e = reg.deregister().unwrap_err();
+    assert!(matches!(&e, Error::Cuda(cuda_hal::Error::Capturing { .. })), "{e:?}");
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2).unwrap();
+    drop(s1.end_capture().unwrap());
+    comm.async_error().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    assert_no_violations(&rig);
+    drop((b, other, comm, s1, s2, ctx));
+    rig.assert_clean();
+}
