@@ -124,11 +124,12 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
     pub fn copy_to_host_on(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
         let _order = stream.enqueue_lock();
         stream.refuse_capture("copy_to_host_on")?;
-        // SAFETY: we wait for the stream before `dst`'s borrow ends, holding the stream's
-        // order lock throughout, so no capture records the host address or makes the
-        // wait fail.
+        // SAFETY: we wait for the stream before `dst`'s borrow ends (also when the wait
+        // fails: `synchronize_for_borrow` returns only once no copy into `dst` can run),
+        // holding the stream's order lock throughout, so no capture records the host
+        // address.
         unsafe { self.download_locked(dst, stream) }?;
-        stream.synchronize()
+        stream.synchronize_for_borrow()
     }
 
     /// Enqueues a download into `dst` on `stream` and returns at once.
@@ -253,11 +254,12 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
     pub fn copy_from_host_on(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         let _order = stream.enqueue_lock();
         stream.refuse_capture("copy_from_host_on")?;
-        // SAFETY: we wait for the stream before `src`'s borrow ends, holding the stream's
-        // order lock throughout, so no capture records the host address or makes the
-        // wait fail.
+        // SAFETY: we wait for the stream before `src`'s borrow ends (also when the wait
+        // fails: `synchronize_for_borrow` returns only once no copy from `src` can run),
+        // holding the stream's order lock throughout, so no capture records the host
+        // address.
         unsafe { self.upload_locked(src, stream) }?;
-        stream.synchronize()
+        stream.synchronize_for_borrow()
     }
 
     /// Enqueues an upload of `src` on `stream` and returns at once.

@@ -37,7 +37,8 @@ pub struct Event {
 
 // SAFETY: event handles are usable from any thread; the driver serialises access.
 unsafe impl Send for Event {}
-// SAFETY: as above; the only interior mutability is the capture slot, behind a mutex.
+// SAFETY: as above for the handle. Its interior mutability is made for threads: the
+// capture slot behind a mutex and the `in_capture` flag, an atomic.
 unsafe impl Sync for Event {}
 
 static_assertions::assert_impl_all!(Event: Send, Sync, std::fmt::Debug);

@@ -36,7 +36,9 @@ impl Inner {
 
 // SAFETY: stream handles are usable from any thread; the driver serialises access.
 unsafe impl Send for Inner {}
-// SAFETY: as above; `Inner` has no interior mutability.
+// SAFETY: as above for the handle. The rest is shared state made for threads: the
+// capture flag is an atomic, the capture log sits behind a mutex and the order lock is an
+// `RwLock`; the context is `Sync` and `owned` is never written after construction.
 unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
@@ -323,6 +325,23 @@ impl Stream {
         let _g = self.bind_if_legacy()?;
         // SAFETY: a valid stream (the legacy one with its context current).
         unsafe { call!(self.inner.ctx.cuda(), cuStreamSynchronize(self.inner.raw)) }
+    }
+
+    /// Waits for the stream before a borrow of host memory its work uses ends (the `_on`
+    /// copies). A failed wait does not end the borrow early: the stream is then queried
+    /// until it has no pending work or the driver answers anything but "not ready" (a
+    /// lost context, whose pending work the driver never runs again). The wait's error
+    /// is returned.
+    pub(crate) fn synchronize_for_borrow(&self) -> Result<()> {
+        let r = self.synchronize();
+        if r.is_err() {
+            let mut pause = std::time::Duration::from_micros(20);
+            while let Ok(false) = self.is_idle() {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(1));
+            }
+        }
+        r
     }
 
     /// Whether all work on the stream is done, without blocking.

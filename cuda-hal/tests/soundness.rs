@@ -1000,3 +1000,39 @@ fn a_capture_begun_inside_an_open_group_is_refused() {
     }
     s.end_capture().unwrap();
 }
+
+/// A blocking copy whose final wait fails must not end the host slice's borrow while a
+/// copy into it might still run: it asks the stream until it is idle (or the context is
+/// lost), then returns the wait's error.
+#[test]
+fn a_failed_wait_after_a_host_copy_still_waits_for_the_stream() {
+    let (_cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let buf = DeviceBuffer::from_slice(&ctx, &[1u32, 2]).unwrap();
+    let mut host = [0u32; 2];
+    let queries = world.calls("cuStreamQuery");
+    world.fail_next(
+        "cuStreamSynchronize",
+        cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+    );
+    let e = buf.copy_to_host_on(&mut host, &s).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Driver {
+                call: "cuStreamSynchronize",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(world.calls("cuStreamQuery") > queries, "asked until idle");
+    let mut dev = DeviceBuffer::<u32>::zeroed(&ctx, 2).unwrap();
+    world.fail_next(
+        "cuStreamSynchronize",
+        cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+    );
+    let queries = world.calls("cuStreamQuery");
+    dev.copy_from_host_on(&host, &s).unwrap_err();
+    assert!(world.calls("cuStreamQuery") > queries, "asked until idle");
+}

@@ -69,8 +69,15 @@ mod tests {
         let now = Instant::now();
         let far = deadline_from(now, Duration::MAX);
         assert!(far > now + Duration::from_secs(100 * 365 * 24 * 3600));
-        assert_eq!(far.checked_add(Duration::from_secs(1)), None, "as late as it gets");
-        assert_eq!(deadline_from(now, Duration::from_secs(5)), now + Duration::from_secs(5));
+        assert_eq!(
+            far.checked_add(Duration::from_secs(1)),
+            None,
+            "as late as it gets"
+        );
+        assert_eq!(
+            deadline_from(now, Duration::from_secs(5)),
+            now + Duration::from_secs(5)
+        );
         assert!(deadline_after(Duration::MAX) >= far);
     }
 

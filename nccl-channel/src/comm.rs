@@ -418,7 +418,14 @@ impl Communicator {
         if !config.is_blocking() || rc == ncclResult_t::ncclInProgress {
             let abort = AbortHandle::default();
             let timeout = config.get_timeout();
-            if let Err(e) = poll(nccl, raw, call, crate::backoff::deadline_after(timeout), timeout, &abort) {
+            if let Err(e) = poll(
+                nccl,
+                raw,
+                call,
+                crate::backoff::deadline_after(timeout),
+                timeout,
+                &abort,
+            ) {
                 // SAFETY: NCCL made `raw`; aborting frees it, once.
                 unsafe { (nccl.fns().ncclCommAbort)(raw) };
                 return Err(e);

@@ -106,7 +106,8 @@ impl Drop for RegShared {
     fn drop(&mut self) {
         if let Some(p) = crate::comm::lock(&self.pending).take() {
             let range = self.comm.registry.range_of(self);
-            self.comm.defer_release(p, range.unwrap_or_else(|| pages(self.start, self.bytes)));
+            self.comm
+                .defer_release(p, range.unwrap_or_else(|| pages(self.start, self.bytes)));
         }
         self.comm.registry.remove_ptr(self);
     }
@@ -295,8 +296,9 @@ impl Registry {
     /// holds one may still launch work on it: it stays queued, and in view).
     pub(crate) fn take_deferred(&self) -> Vec<Arc<Queued>> {
         let mut d = crate::comm::lock(&self.deferred);
-        let (due, held): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut *d).into_iter().partition(|q| Arc::strong_count(q) == 1);
+        let (due, held): (Vec<_>, Vec<_>) = std::mem::take(&mut *d)
+            .into_iter()
+            .partition(|q| Arc::strong_count(q) == 1);
         *d = held;
         self.has_deferred.store(!d.is_empty(), Ordering::Release);
         due
@@ -550,8 +552,9 @@ impl Communicator {
         if ranks.iter().any(|(c, _)| c.is_unsettled()) {
             let values = wins.to_vec();
             let mut kept = Vec::with_capacity(ranks.len());
-            for ((_, (ptr, bytes, memory)), (c, win)) in
-                targets.into_iter().zip(ranks.iter().map(|r| r.0).zip(values))
+            for ((_, (ptr, bytes, memory)), (c, win)) in targets
+                .into_iter()
+                .zip(ranks.iter().map(|r| r.0).zip(values))
             {
                 if c.is_unsettled() {
                     std::mem::forget(memory);

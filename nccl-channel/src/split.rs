@@ -244,7 +244,9 @@ fn make_children(
             let timeout = p.config().get_timeout();
             let mut backoff = Backoff::poll();
             while slots.get(i).is_null() {
-                if Instant::now() >= crate::backoff::deadline_from(start, timeout) || p.abort_flag().is_requested() {
+                if Instant::now() >= crate::backoff::deadline_from(start, timeout)
+                    || p.abort_flag().is_requested()
+                {
                     p.abort_now();
                     unsettled |= !p.is_aborted();
                     error.get_or_insert(Error::Timeout {

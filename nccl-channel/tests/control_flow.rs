@@ -66,7 +66,10 @@ fn the_fallbacks_own_group_holds_its_buffers_until_the_work_is_enqueued() {
             let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap();
             comm.all_to_all(&send, &mut recv, &s).unwrap();
             // Both dropped before NCCL enqueued the sends and receives.
-            out.slice_mut(..2).unwrap().copy_from_async(&recv, &s).unwrap();
+            out.slice_mut(..2)
+                .unwrap()
+                .copy_from_async(&recv, &s)
+                .unwrap();
         }
         {
             let send = DeviceBuffer::from_slice(ctx, &[100 + r]).unwrap();
@@ -74,7 +77,10 @@ fn the_fallbacks_own_group_holds_its_buffers_until_the_work_is_enqueued() {
             comm.gather(&send, all.as_mut().map(|a| a.as_view_mut()), 0, &s)
                 .unwrap();
             if let Some(all) = &all {
-                out.slice_mut(2..).unwrap().copy_from_async(all, &s).unwrap();
+                out.slice_mut(2..)
+                    .unwrap()
+                    .copy_from_async(all, &s)
+                    .unwrap();
             }
         }
         {
@@ -144,14 +150,19 @@ fn a_group_kept_in_a_thread_local_never_frees_what_it_holds_before_its_end() {
         let g = Group::start(nccl).unwrap();
         let send = DeviceBuffer::from_slice(&ctx, &[5u32]).unwrap();
         let mut recv = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
-        comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s).unwrap();
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
+            .unwrap();
         drop((send, recv, s, comm));
         KEPT.with(|k| *k.borrow_mut() = Some(g));
     })
     .join()
     .unwrap();
     assert_no_violations(&rig);
-    assert_eq!(rig.world.calls("ncclGroupEnd"), 1, "ended by the thread-local");
+    assert_eq!(
+        rig.world.calls("ncclGroupEnd"),
+        1,
+        "ended by the thread-local"
+    );
     assert_eq!(
         rig.gpus.live().device_allocations,
         before + 2,
@@ -182,12 +193,7 @@ fn a_group_started_after_the_threads_state_is_gone_is_refused() {
     std::thread::spawn(move || {
         // Registered before the crate's state (which the group below creates): its
         // destructor runs after the crate's state is gone.
-        LATE.with(|l| {
-            *l.borrow_mut() = Some(LateGroup {
-                nccl,
-                seen: seen2,
-            })
-        });
+        LATE.with(|l| *l.borrow_mut() = Some(LateGroup { nccl, seen: seen2 }));
         drop(Group::start(nccl).unwrap());
     })
     .join()
@@ -197,7 +203,11 @@ fn a_group_started_after_the_threads_state_is_gone_is_refused() {
         matches!(&r, Err(Error::InvalidArgument { what: "Group::start", problem }) if problem.contains("destructor")),
         "{r:?}"
     );
-    assert_eq!(rig.world.calls("ncclGroupStart"), 1, "the refused one never started");
+    assert_eq!(
+        rig.world.calls("ncclGroupStart"),
+        1,
+        "the refused one never started"
+    );
 }
 
 /// A dependency whose `settle` panics.
@@ -252,7 +262,13 @@ fn an_absurd_timeout_is_refused_at_init_and_the_longest_accepted_works() {
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let e = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap_err();
         assert!(
-            matches!(&e, Error::InvalidArgument { what: "CommConfig::timeout", .. }),
+            matches!(
+                &e,
+                Error::InvalidArgument {
+                    what: "CommConfig::timeout",
+                    ..
+                }
+            ),
             "{e:?}"
         );
         let just_over = CommConfig::MAX_TIMEOUT + Duration::from_nanos(1);
@@ -267,7 +283,10 @@ fn an_absurd_timeout_is_refused_at_init_and_the_longest_accepted_works() {
         .unwrap_err();
         assert!(matches!(&e, Error::InvalidArgument { .. }), "{e:?}");
     }
-    assert_eq!(CommConfig::MAX_TIMEOUT, Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(
+        CommConfig::MAX_TIMEOUT,
+        Duration::from_secs(365 * 24 * 3600)
+    );
     let config = CommConfig::non_blocking(CommConfig::MAX_TIMEOUT);
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
@@ -317,7 +336,11 @@ fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_it
     hold_rx.recv().unwrap();
     assert_eq!(r.unwrap_err(), Error::Aborted);
     drop(buf);
-    assert_eq!(rig.world.calls("ncclMemFree"), 0, "the window's memory is kept");
+    assert_eq!(
+        rig.world.calls("ncclMemFree"),
+        0,
+        "the window's memory is kept"
+    );
     done_tx.send(()).unwrap();
     other.join().unwrap();
     assert_no_violations(&rig);
@@ -334,8 +357,10 @@ fn a_queued_registration_notes_work_issued_inside_a_group() {
     let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let mut b = comm.alloc_nccl::<f32>(16).unwrap();
     let reg = comm.register(&b).unwrap();
-    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal).unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1).unwrap();
+    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+        .unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+        .unwrap();
     let graph = s1.end_capture().unwrap().instantiate().unwrap();
     drop(reg);
     std::thread::spawn(move || drop(graph)).join().unwrap();
@@ -343,7 +368,11 @@ fn a_queued_registration_notes_work_issued_inside_a_group() {
         comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
     })
     .unwrap();
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 0, "not inside the group");
+    assert_eq!(
+        rig.world.calls("ncclCommDeregister"),
+        0,
+        "not inside the group"
+    );
     comm.async_error().unwrap(); // the owner's next call releases it, after s2's work
     assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
     assert_no_violations(&rig);
@@ -361,12 +390,17 @@ fn a_registration_queued_by_a_capture_notes_later_work() {
     let mut b = comm.alloc_nccl::<f32>(16).unwrap();
     let mut other = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
     let reg = comm.register(&b).unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+        .unwrap();
     s1.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
     other.fill_async(1.0, &s1).unwrap();
     let e = reg.deregister().unwrap_err();
-    assert!(matches!(&e, Error::Cuda(cuda_hal::Error::Capturing { .. })), "{e:?}");
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2).unwrap();
+    assert!(
+        matches!(&e, Error::Cuda(cuda_hal::Error::Capturing { .. })),
+        "{e:?}"
+    );
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+        .unwrap();
     drop(s1.end_capture().unwrap());
     comm.async_error().unwrap();
     assert_eq!(rig.world.calls("ncclCommDeregister"), 1);

@@ -105,7 +105,10 @@ fn alloc_host(s: &mut State, pp: *mut *mut c_void, bytes: usize) -> Result<(), C
     // CUDA promises a page and no more: the memory handed out is 4096-aligned but never
     // 8192-aligned, so that code relying on more alignment fails here every time.
     const PAGE: usize = 4096;
-    let size = bytes.max(1).checked_add(PAGE).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let size = bytes
+        .max(1)
+        .checked_add(PAGE)
+        .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     let layout = std::alloc::Layout::from_size_align(size, 2 * PAGE)
         .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     // SAFETY: non-zero size.
@@ -115,7 +118,8 @@ fn alloc_host(s: &mut State, pp: *mut *mut c_void, bytes: usize) -> Result<(), C
     }
     // SAFETY: `PAGE < size`: within the allocation.
     let p = unsafe { base.add(PAGE) };
-    s.host.insert(p.expose_provenance(), (base.expose_provenance(), layout));
+    s.host
+        .insert(p.expose_provenance(), (base.expose_provenance(), layout));
     // SAFETY: checked non-null out-pointer.
     unsafe { *pp = p.cast() };
     Ok(())

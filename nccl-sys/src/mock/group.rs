@@ -44,7 +44,10 @@ struct Group {
 
 impl Group {
     fn is_idle(&self) -> bool {
-        self.depth == 0 && self.deferred.is_empty() && self.error.is_none() && self.blocking.is_none()
+        self.depth == 0
+            && self.deferred.is_empty()
+            && self.error.is_none()
+            && self.blocking.is_none()
     }
 }
 
