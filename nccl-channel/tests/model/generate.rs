@@ -1,0 +1,177 @@
+//! A seeded generator of programs: the same seed gives the same program on every machine.
+
+use cuda_sys::CUresult as C;
+use nccl_sys::{NcclVersion, ncclResult_t as N};
+
+use super::program::{Coll, Fault, Op, Program, Setup};
+
+/// SplitMix64: small, seedable, good enough to spread programs.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// The releases whose code paths differ: 2.18 (no windows, no shrink), 2.27.3 (send/recv
+/// fallbacks for all_to_all/gather/scatter, windows), 2.28.3 (native ones), the header's.
+pub const VERSIONS: [NcclVersion; 4] = [
+    NcclVersion(21803),
+    NcclVersion(22703),
+    NcclVersion(22803),
+    NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
+];
+
+const COLLS: [Coll; 11] = [
+    Coll::AllReduce,
+    Coll::AllGather,
+    Coll::ReduceScatter,
+    Coll::Broadcast,
+    Coll::Reduce,
+    Coll::AllToAll,
+    Coll::Gather,
+    Coll::Scatter,
+    Coll::SendRecv,
+    Coll::Barrier,
+    Coll::PreMulSum,
+];
+
+const FAULTS: [Fault; 16] = [
+    Fault::Nccl("ncclAllReduce", N::ncclSystemError),
+    Fault::Nccl("ncclAllReduce", N::ncclInvalidArgument),
+    Fault::Nccl("ncclGroupEnd", N::ncclInternalError),
+    Fault::Nccl("ncclSend", N::ncclRemoteError),
+    Fault::Nccl("ncclRecv", N::ncclSystemError),
+    Fault::Nccl("ncclCommRegister", N::ncclSystemError),
+    Fault::Nccl("ncclCommDeregister", N::ncclInternalError),
+    Fault::Nccl("ncclCommWindowRegister", N::ncclSystemError),
+    Fault::Nccl("ncclCommGetAsyncError", N::ncclInternalError),
+    Fault::Nccl("ncclCommSplit", N::ncclInternalError),
+    Fault::Nccl("ncclAllGather", N::ncclUnhandledCudaError),
+    Fault::Cuda("cuMemAlloc", C::CUDA_ERROR_OUT_OF_MEMORY),
+    Fault::Cuda("cuStreamSynchronize", C::CUDA_ERROR_LAUNCH_FAILED),
+    Fault::Cuda("cuGraphLaunch", C::CUDA_ERROR_LAUNCH_FAILED),
+    Fault::Cuda(
+        "cuStreamEndCapture",
+        C::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    ),
+    Fault::Cuda("cuMemsetD32Async", C::CUDA_ERROR_LAUNCH_FAILED),
+];
+
+/// One program of `len` steps from `seed`.
+pub fn program(seed: u64, len: usize) -> Program {
+    let mut r = Rng::new(seed);
+    let setup = Setup {
+        version: r.pick(&VERSIONS),
+        second_non_blocking: r.below(2) == 0,
+        teardown: r.next(),
+    };
+    let mut depth = 0u32;
+    let mut ops = Vec::with_capacity(len);
+    for _ in 0..len {
+        let op = step(&mut r, &mut depth);
+        ops.push(op);
+    }
+    Program { setup, ops }
+}
+
+fn step(r: &mut Rng, depth: &mut u32) -> Op {
+    let b = |r: &mut Rng| r.byte();
+    let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
+    match r.below(100) {
+        0..=9 => Op::Alloc {
+            dev: b(r),
+            len: len(r),
+        },
+        10..=13 => Op::Pooled {
+            comm: b(r),
+            len: len(r),
+        },
+        14..=15 => Op::AllocNccl { comm: b(r), len: 8 },
+        16..=22 => Op::Drop { slot: b(r) },
+        23 => Op::DropOnThread { slot: b(r) },
+        24 => Op::SwapIntoPooled {
+            pooled: b(r),
+            plain: b(r),
+        },
+        25..=27 => Op::Fill {
+            slot: b(r),
+            stream: b(r),
+            value: r.below(100) as i32,
+        },
+        28..=29 => Op::Copy {
+            dst: b(r),
+            src: b(r),
+            stream: b(r),
+        },
+        30..=49 => Op::Collective {
+            kind: r.pick(&COLLS),
+            comm: b(r),
+            slot: b(r),
+            other: b(r),
+            stream: b(r),
+        },
+        50..=55 => {
+            *depth += 1;
+            Op::GroupStart
+        }
+        56..=61 if *depth > 0 => {
+            *depth -= 1;
+            Op::GroupEnd
+        }
+        56..=61 => Op::GroupStart,
+        62..=64 => Op::BeginCapture { stream: b(r) },
+        65..=67 => Op::EndCapture { stream: b(r) },
+        68..=70 => Op::Launch {
+            graph: b(r),
+            stream: b(r),
+        },
+        71 => Op::DropGraph { graph: b(r) },
+        72 => Op::GraphToThread { graph: b(r) },
+        73..=75 => Op::Register {
+            comm: b(r),
+            slot: b(r),
+        },
+        76 => Op::DropRegistration { reg: b(r) },
+        77..=78 => Op::Window {
+            comm: b(r),
+            slot: b(r),
+        },
+        79 => Op::DropWindow { win: b(r) },
+        80 => Op::Split { comm: b(r) },
+        81 => Op::Shrink { comm: b(r) },
+        82 => Op::Abort { comm: b(r) },
+        83 => Op::Revoke { comm: b(r) },
+        84..=85 => Op::Wait {
+            comm: b(r),
+            stream: b(r),
+        },
+        86 => Op::AsyncError { comm: b(r) },
+        87 => Op::TrimPool { comm: b(r) },
+        88..=90 => Op::Synchronize { stream: b(r) },
+        91..=95 => Op::Fail(r.pick(&FAULTS)),
+        96..=97 => Op::HoldPanicking { stream: b(r) },
+        _ => Op::GroupInThreadLocal { dev: b(r) },
+    }
+}

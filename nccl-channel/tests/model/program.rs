@@ -1,0 +1,179 @@
+//! Programs over the public API: what the checker generates, runs, shrinks and prints.
+//!
+//! Every operand is an index taken modulo what exists when the operation runs, so any
+//! sequence of operations is a valid program: the shrinker may drop any of them.
+
+use nccl_sys::NcclVersion;
+
+/// A collective on one single-rank communicator, in place or between two buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coll {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Gather,
+    Scatter,
+    /// A send to itself and the matching receive, in one group.
+    SendRecv,
+    Barrier,
+    /// A pre-multiplied sum (an op NCCL creates and destroys).
+    PreMulSum,
+}
+
+/// An injected failure: the next call of a simulated function fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    Nccl(&'static str, nccl_sys::ncclResult_t),
+    Cuda(&'static str, cuda_sys::CUresult),
+}
+
+/// One step of a program.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A plain buffer of `len` elements on device `dev`.
+    Alloc {
+        dev: u8,
+        len: u8,
+    },
+    /// A buffer of NCCL memory (`alloc_nccl`, windows need it) of communicator `comm`.
+    AllocNccl {
+        comm: u8,
+        len: u8,
+    },
+    /// A buffer from communicator `comm`'s pool.
+    Pooled {
+        comm: u8,
+        len: u8,
+    },
+    /// Drops buffer `slot`.
+    Drop {
+        slot: u8,
+    },
+    /// Moves buffer `slot` (a plain one) to another thread, which drops it.
+    DropOnThread {
+        slot: u8,
+    },
+    /// Swaps a pooled buffer's contents with a plain buffer (safe, through `DerefMut`).
+    SwapIntoPooled {
+        pooled: u8,
+        plain: u8,
+    },
+    Fill {
+        slot: u8,
+        stream: u8,
+        value: i32,
+    },
+    Copy {
+        dst: u8,
+        src: u8,
+        stream: u8,
+    },
+    Collective {
+        kind: Coll,
+        comm: u8,
+        slot: u8,
+        other: u8,
+        stream: u8,
+    },
+    GroupStart,
+    GroupEnd,
+    BeginCapture {
+        stream: u8,
+    },
+    EndCapture {
+        stream: u8,
+    },
+    Launch {
+        graph: u8,
+        stream: u8,
+    },
+    DropGraph {
+        graph: u8,
+    },
+    GraphToThread {
+        graph: u8,
+    },
+    Register {
+        comm: u8,
+        slot: u8,
+    },
+    DropRegistration {
+        reg: u8,
+    },
+    Window {
+        comm: u8,
+        slot: u8,
+    },
+    DropWindow {
+        win: u8,
+    },
+    Split {
+        comm: u8,
+    },
+    Shrink {
+        comm: u8,
+    },
+    /// An abort through an `AbortHandle` (the communicator value stays).
+    Abort {
+        comm: u8,
+    },
+    Revoke {
+        comm: u8,
+    },
+    Wait {
+        comm: u8,
+        stream: u8,
+    },
+    AsyncError {
+        comm: u8,
+    },
+    TrimPool {
+        comm: u8,
+    },
+    Synchronize {
+        stream: u8,
+    },
+    Fail(Fault),
+    /// Holds a dependency whose `settle` panics (the injected panic).
+    HoldPanicking {
+        stream: u8,
+    },
+    /// Another thread keeps an open group in a thread-local; it ends at thread exit.
+    GroupInThreadLocal {
+        dev: u8,
+    },
+}
+
+/// How the world of a program is made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Setup {
+    /// The simulated NCCL's release (switches code paths: fallbacks, windows, shrink).
+    pub version: NcclVersion,
+    /// Communicator 0 (device 0) blocking; communicator 1 (device 1) non-blocking when set.
+    pub second_non_blocking: bool,
+    /// Seeds the order in which the teardown drops what is left.
+    pub teardown: u64,
+}
+
+/// A program: its setup and its steps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub setup: Setup,
+    pub ops: Vec<Op>,
+}
+
+impl Op {
+    /// Steps that may leak by design (the documented leak-on-failure paths).
+    pub fn may_leak(&self) -> bool {
+        matches!(
+            self,
+            Op::Fail(_)
+                | Op::HoldPanicking { .. }
+                | Op::GroupInThreadLocal { .. }
+                | Op::Abort { .. }
+        )
+    }
+}

@@ -1,0 +1,625 @@
+//! Runs a program on a fresh simulated machine (two devices, the simulated driver and
+//! NCCL as sanitizers) and judges it: no sanitizer report, no panic but the injected
+//! ones, nothing leaked unless the program took a documented leak-on-failure path.
+
+use std::cell::{OnceCell, RefCell};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cuda_hal::mock::{MockDriver, MockWorld};
+use cuda_hal::{CaptureMode, Cuda, Dependency, DeviceBuffer, GraphExec, KeepAlive, Stream};
+use nccl_channel::{
+    AbortHandle, CommConfig, Communicator, Group, PooledBuffer, ReduceOp, Registration, UniqueId,
+    Window, WindowFlags,
+};
+use nccl_sys::Nccl;
+use nccl_sys::mock::{MockNccl, MockNcclWorld};
+
+use super::generate::Rng;
+use super::program::{Coll, Fault, Op, Program};
+
+/// The payload of the one panic a program may inject.
+pub const INJECTED: &str = "model: injected panic";
+
+/// What went wrong, as the shrinker compares failures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The sanitizer's reports.
+    Violation(String),
+    /// A panic that was not injected: the step and its message.
+    Panic(String),
+    /// Something left alive where no leak is documented.
+    Leak(String),
+    /// The program did not finish within its deadline.
+    Hang,
+    /// The child process died without a result (an abort, a signal).
+    Crash(String),
+}
+
+impl Failure {
+    /// The kind, for the shrinker: a smaller program must fail the same way.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Failure::Violation(_) => 0,
+            Failure::Panic(_) => 1,
+            Failure::Leak(_) => 2,
+            Failure::Hang => 3,
+            Failure::Crash(_) => 4,
+        }
+    }
+
+    /// One line, for the child's answer.
+    pub fn encode(&self) -> String {
+        let (k, m) = match self {
+            Failure::Violation(m) => ("violation", m.as_str()),
+            Failure::Panic(m) => ("panic", m.as_str()),
+            Failure::Leak(m) => ("leak", m.as_str()),
+            Failure::Hang => ("hang", ""),
+            Failure::Crash(m) => ("crash", m.as_str()),
+        };
+        format!("{k} {}", m.replace('\\', "\\\\").replace('\n', "\\n"))
+    }
+
+    pub fn decode(s: &str) -> Failure {
+        let (k, m) = s.split_once(' ').unwrap_or((s, ""));
+        let m = m.replace("\\n", "\n").replace("\\\\", "\\");
+        match k {
+            "violation" => Failure::Violation(m),
+            "panic" => Failure::Panic(m),
+            "leak" => Failure::Leak(m),
+            "hang" => Failure::Hang,
+            _ => Failure::Crash(m),
+        }
+    }
+}
+
+/// Runs `p` on a thread of its own within `deadline`.
+pub fn run(p: &Program, deadline: Duration) -> Result<(), Failure> {
+    let p = p.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::Builder::new()
+        .name("model-program".into())
+        .spawn(move || {
+            let r = catch_unwind(AssertUnwindSafe(|| execute(&p)));
+            let _ = tx.send(r.unwrap_or_else(|e| Err(Failure::Panic(message(&*e)))));
+        })
+        .expect("a thread for the program");
+    match rx.recv_timeout(deadline) {
+        Ok(r) => {
+            let _ = worker.join();
+            r
+        }
+        // The worker is left behind (a hang cannot be cancelled).
+        Err(_) => Err(Failure::Hang),
+    }
+}
+
+fn message(e: &(dyn std::any::Any + Send)) -> String {
+    e.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| e.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// A buffer of the program, of whichever kind.
+enum Buf<'c> {
+    Plain(DeviceBuffer<i32>),
+    Pooled(PooledBuffer<'c, i32>),
+}
+
+impl Buf<'_> {
+    fn get(&self) -> &DeviceBuffer<i32> {
+        match self {
+            Buf::Plain(b) => b,
+            Buf::Pooled(b) => b,
+        }
+    }
+
+    fn get_mut(&mut self) -> &mut DeviceBuffer<i32> {
+        match self {
+            Buf::Plain(b) => b,
+            Buf::Pooled(b) => b,
+        }
+    }
+}
+
+/// A dependency whose `settle` panics with [`INJECTED`].
+struct PanicsWhenSettled;
+
+impl Dependency for PanicsWhenSettled {
+    fn settle(&self) -> bool {
+        std::panic::panic_any(INJECTED)
+    }
+}
+
+thread_local! {
+    /// A user's thread-local keeping an open group (GroupInThreadLocal).
+    static KEPT: RefCell<Option<Group<'static>>> = const { RefCell::new(None) };
+}
+
+/// What a running program holds; `'c` is the life of its communicators.
+struct State<'c> {
+    nccl: &'c Arc<Nccl>,
+    cuda: &'c Cuda,
+    gpus: &'c MockWorld,
+    world: &'c MockNcclWorld,
+    comms: Vec<&'c Communicator>,
+    aborts: Vec<AbortHandle>,
+    children: &'c [OnceCell<Communicator>],
+    streams: Vec<Stream>,
+    bufs: Vec<Option<Buf<'c>>>,
+    graphs: Vec<Option<GraphExec>>,
+    regs: Vec<Option<Registration<'c>>>,
+    wins: Vec<Option<Window<'c>>>,
+    groups: Vec<Group<'c>>,
+    injected_panic: bool,
+}
+
+fn pick<T>(v: &[T], i: u8) -> Option<usize> {
+    (!v.is_empty()).then(|| i as usize % v.len())
+}
+
+/// Runs `p` here and judges it.
+pub fn execute(p: &Program) -> Result<(), Failure> {
+    let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2)).expect("the simulated driver");
+    let (nccl, world) = MockNccl::new(&gpus)
+        .version(p.setup.version)
+        .timeout(Duration::from_secs(3))
+        .build()
+        .expect("the simulated NCCL");
+    let nccl = Arc::new(nccl);
+    let ctxs = [
+        cuda.device(0)
+            .and_then(|d| d.primary_context())
+            .expect("device 0"),
+        cuda.device(1)
+            .and_then(|d| d.primary_context())
+            .expect("device 1"),
+    ];
+    let first = Communicator::init_all(&nccl, std::slice::from_ref(&ctxs[0]))
+        .expect("communicator 0")
+        .remove(0);
+    let second = if p.setup.second_non_blocking {
+        let config = CommConfig::non_blocking(Duration::from_secs(3));
+        let id = UniqueId::generate(&nccl).expect("an id");
+        Communicator::init_rank_with(&nccl, &ctxs[1], &id, 1, 0, &config).expect("communicator 1")
+    } else {
+        Communicator::init_all(&nccl, std::slice::from_ref(&ctxs[1]))
+            .expect("communicator 1")
+            .remove(0)
+    };
+    let children: [OnceCell<Communicator>; 4] = Default::default();
+    let streams = ctxs
+        .iter()
+        .flat_map(|c| [Stream::non_blocking(c), Stream::new(c)])
+        .collect::<Result<Vec<_>, _>>()
+        .expect("streams");
+    let mut st = State {
+        nccl: &nccl,
+        cuda: &cuda,
+        gpus: &gpus,
+        world: &world,
+        aborts: vec![first.abort_handle(), second.abort_handle()],
+        comms: vec![&first, &second],
+        children: &children,
+        streams,
+        bufs: Vec::new(),
+        graphs: Vec::new(),
+        regs: Vec::new(),
+        wins: Vec::new(),
+        groups: Vec::new(),
+        injected_panic: false,
+    };
+    for (i, op) in p.ops.iter().enumerate() {
+        let r = catch_unwind(AssertUnwindSafe(|| st.step(op)));
+        if let Err(e) = r {
+            let m = message(&*e);
+            if !(m == INJECTED && st.injected_panic) {
+                return Err(Failure::Panic(format!("step {i} ({op:?}): {m}")));
+            }
+        }
+        // Steps may fail with typed errors (that is the point); only the sanitizer judges.
+        let v = gpus.violations();
+        if !v.is_empty() {
+            return Err(Failure::Violation(format!(
+                "after step {i} ({op:?}):\n{}",
+                v.join("\n")
+            )));
+        }
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| st.teardown(p.setup.teardown)));
+    if let Err(e) = r {
+        let m = message(&*e);
+        if !(m == INJECTED && st.injected_panic) {
+            return Err(Failure::Panic(format!("teardown: {m}")));
+        }
+    }
+    let injected = st.injected_panic;
+    drop(st);
+    drop(children);
+    drop((first, second));
+    if injected {
+        // Background work of a group whose settle panicked runs a moment later.
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    drop((ctxs, nccl, cuda));
+    let v = gpus.violations();
+    if !v.is_empty() {
+        return Err(Failure::Violation(format!(
+            "after the teardown:\n{}",
+            v.join("\n")
+        )));
+    }
+    if !p.ops.iter().any(Op::may_leak) {
+        // A context released while memory of it lives: a leak (counted by the driver as
+        // children outliving their context), allowed on the leak-on-failure paths only.
+        if gpus.order_violations() != 0 {
+            return Err(Failure::Leak(
+                "a context outlived by its memory or streams".into(),
+            ));
+        }
+        if !world.live().is_empty() {
+            return Err(Failure::Leak(format!("NCCL: {:?}", world.live())));
+        }
+        if !gpus.live().is_empty() {
+            return Err(Failure::Leak(format!("CUDA: {:?}", gpus.live())));
+        }
+    }
+    Ok(())
+}
+
+impl<'c> State<'c> {
+    fn comm(&self, i: u8) -> Option<&'c Communicator> {
+        let live: Vec<&'c Communicator> = self
+            .comms
+            .iter()
+            .copied()
+            .chain(self.children.iter().filter_map(OnceCell::get))
+            .collect();
+        pick(&live, i).map(|k| live[k])
+    }
+
+    fn stream(&self, i: u8) -> &Stream {
+        &self.streams[i as usize % self.streams.len()]
+    }
+
+    fn buf(&self, i: u8) -> Option<usize> {
+        let live: Vec<usize> = (0..self.bufs.len())
+            .filter(|&k| self.bufs[k].is_some())
+            .collect();
+        pick(&live, i).map(|k| live[k])
+    }
+
+    fn step(&mut self, op: &Op) {
+        match *op {
+            Op::Alloc { dev, len } => {
+                let ctx = self.ctx(dev);
+                if let Ok(b) = DeviceBuffer::<i32>::zeroed(&ctx, len as usize) {
+                    self.bufs.push(Some(Buf::Plain(b)));
+                }
+            }
+            Op::AllocNccl { comm, len } => {
+                if let Some(c) = self.comm(comm)
+                    && let Ok(b) = c.alloc_nccl::<i32>(len as usize * 1024)
+                {
+                    self.bufs.push(Some(Buf::Plain(b)));
+                }
+            }
+            Op::Pooled { comm, len } => {
+                if let Some(c) = self.comm(comm)
+                    && let Ok(b) = c.buffer::<i32>(len as usize)
+                {
+                    self.bufs.push(Some(Buf::Pooled(b)));
+                }
+            }
+            Op::Drop { slot } => {
+                if let Some(k) = self.buf(slot) {
+                    self.bufs[k] = None;
+                }
+            }
+            Op::DropOnThread { slot } => {
+                if let Some(k) = self.buf(slot)
+                    && matches!(self.bufs[k], Some(Buf::Plain(_)))
+                    && let Some(Buf::Plain(b)) = self.bufs[k].take()
+                {
+                    std::thread::spawn(move || drop(b))
+                        .join()
+                        .expect("the dropping thread");
+                }
+            }
+            Op::SwapIntoPooled { pooled, plain } => {
+                let (Some(a), Some(b)) = (self.buf(pooled), self.buf(plain)) else {
+                    return;
+                };
+                if a == b {
+                    return;
+                }
+                let (lo, hi) = (a.min(b), a.max(b));
+                let (x, y) = self.bufs.split_at_mut(hi);
+                if let (Some(Buf::Pooled(p)), Some(Buf::Plain(q)))
+                | (Some(Buf::Plain(q)), Some(Buf::Pooled(p))) = (&mut x[lo], &mut y[0])
+                {
+                    std::mem::swap(&mut **p, q);
+                }
+            }
+            Op::Fill {
+                slot,
+                stream,
+                value,
+            } => {
+                let s = self.stream(stream).clone();
+                if let Some(k) = self.buf(slot)
+                    && let Some(b) = &mut self.bufs[k]
+                {
+                    let _ = b.get_mut().fill_async(value, &s);
+                }
+            }
+            Op::Copy { dst, src, stream } => {
+                let s = self.stream(stream).clone();
+                let (Some(a), Some(b)) = (self.buf(dst), self.buf(src)) else {
+                    return;
+                };
+                if a == b {
+                    return;
+                }
+                let (lo, hi) = (a.min(b), a.max(b));
+                let (x, y) = self.bufs.split_at_mut(hi);
+                let (Some(p), Some(q)) = (&mut x[lo], &mut y[0]) else {
+                    return;
+                };
+                let (d, s2) = if a < b { (p, q) } else { (q, p) };
+                if d.get().len() == s2.get().len() {
+                    let _ = d.get_mut().copy_from_async(s2.get(), &s);
+                }
+            }
+            Op::Collective {
+                kind,
+                comm,
+                slot,
+                other,
+                stream,
+            } => self.collective(kind, comm, slot, other, stream),
+            Op::GroupStart => {
+                if let Ok(g) = Group::start(self.nccl) {
+                    self.groups.push(g);
+                }
+            }
+            Op::GroupEnd => {
+                if let Some(g) = self.groups.pop() {
+                    let _ = g.end();
+                }
+            }
+            Op::BeginCapture { stream } => {
+                let _ = self.stream(stream).begin_capture(CaptureMode::ThreadLocal);
+            }
+            Op::EndCapture { stream } => {
+                if let Ok(g) = self.stream(stream).end_capture()
+                    && let Ok(exec) = g.instantiate()
+                {
+                    self.graphs.push(Some(exec));
+                }
+            }
+            Op::Launch { graph, stream } => {
+                let s = self.stream(stream).clone();
+                if let Some(k) = pick(&self.graphs, graph)
+                    && let Some(g) = &self.graphs[k]
+                {
+                    let _ = g.launch(&s);
+                }
+            }
+            Op::DropGraph { graph } => {
+                if let Some(k) = pick(&self.graphs, graph) {
+                    self.graphs[k] = None;
+                }
+            }
+            Op::GraphToThread { graph } => {
+                if let Some(k) = pick(&self.graphs, graph)
+                    && let Some(g) = self.graphs[k].take()
+                {
+                    std::thread::spawn(move || drop(g))
+                        .join()
+                        .expect("the dropping thread");
+                }
+            }
+            Op::Register { comm, slot } => {
+                if let (Some(c), Some(k)) = (self.comm(comm), self.buf(slot))
+                    && let Some(b) = &self.bufs[k]
+                    && let Ok(r) = c.register(b.get())
+                {
+                    self.regs.push(Some(r));
+                }
+            }
+            Op::DropRegistration { reg } => {
+                if let Some(k) = pick(&self.regs, reg) {
+                    self.regs[k] = None;
+                }
+            }
+            Op::Window { comm, slot } => {
+                if let (Some(c), Some(k)) = (self.comm(comm), self.buf(slot))
+                    && let Some(b) = &self.bufs[k]
+                    && let Ok(w) = c.register_window(b.get(), WindowFlags::COLL_SYMMETRIC)
+                {
+                    self.wins.push(Some(w));
+                }
+            }
+            Op::DropWindow { win } => {
+                if let Some(k) = pick(&self.wins, win) {
+                    self.wins[k] = None;
+                }
+            }
+            Op::Split { comm } => {
+                if let Some(c) = self.comm(comm)
+                    && let Some(slot) = self.children.iter().find(|s| s.get().is_none())
+                    && let Ok(Some(child)) = c.split(Some(0), 0)
+                {
+                    let _ = slot.set(child);
+                }
+            }
+            Op::Shrink { comm } => {
+                if let Some(c) = self.comm(comm)
+                    && let Some(slot) = self.children.iter().find(|s| s.get().is_none())
+                    && let Ok(child) = c.shrink(&[])
+                {
+                    let _ = slot.set(child);
+                }
+            }
+            Op::Abort { comm } => {
+                if let Some(k) = pick(&self.aborts, comm) {
+                    self.aborts[k].abort();
+                }
+            }
+            Op::Revoke { comm } => {
+                if let Some(c) = self.comm(comm) {
+                    let _ = c.revoke();
+                }
+            }
+            Op::Wait { comm, stream } => {
+                let s = self.stream(stream).clone();
+                if let Some(c) = self.comm(comm) {
+                    let _ = c.wait(&s);
+                }
+            }
+            Op::AsyncError { comm } => {
+                if let Some(c) = self.comm(comm) {
+                    let _ = c.async_error();
+                }
+            }
+            Op::TrimPool { comm } => {
+                if let Some(c) = self.comm(comm) {
+                    let _ = c.trim_pool();
+                }
+            }
+            Op::Synchronize { stream } => {
+                let _ = self.stream(stream).synchronize();
+            }
+            Op::Fail(Fault::Nccl(f, e)) => self.world.fail_next(f, e),
+            Op::Fail(Fault::Cuda(f, e)) => self.gpus.fail_next(f, e),
+            Op::HoldPanicking { stream } => {
+                if cuda_hal::DeferScope::is_open() {
+                    self.injected_panic = true;
+                }
+                self.stream(stream)
+                    .hold(|| KeepAlive::new(Arc::new(PanicsWhenSettled)));
+            }
+            Op::GroupInThreadLocal { dev } => {
+                let nccl: &'static Arc<Nccl> = Box::leak(Box::new(self.nccl.clone()));
+                let ctx = self.ctx(dev);
+                std::thread::spawn(move || {
+                    KEPT.with(|_| ()); // registered first: dropped after the crate's state
+                    let Ok(mut comms) = Communicator::init_all(nccl, std::slice::from_ref(&ctx))
+                    else {
+                        return;
+                    };
+                    let comm = comms.remove(0);
+                    let Ok(s) = Stream::non_blocking(&ctx) else {
+                        return;
+                    };
+                    let Ok(g) = Group::start(nccl) else { return };
+                    if let Ok(mut b) = DeviceBuffer::<i32>::zeroed(&ctx, 2) {
+                        let _ = comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s);
+                    }
+                    drop((comm, s));
+                    KEPT.with(|k| *k.borrow_mut() = Some(g));
+                })
+                .join()
+                .expect("the thread-local group's thread");
+            }
+        }
+    }
+
+    fn ctx(&self, dev: u8) -> cuda_hal::Context {
+        let d = self.cuda.device(dev as usize % 2).expect("a device");
+        d.primary_context().expect("its context")
+    }
+
+    /// One collective on a single-rank communicator: any buffer, any stream (wrong
+    /// devices and lengths are typed errors).
+    fn collective(&mut self, kind: Coll, comm: u8, slot: u8, other: u8, stream: u8) {
+        let Some(c) = self.comm(comm) else { return };
+        let s = self.stream(stream).clone();
+        let Some(a) = self.buf(slot) else {
+            if kind == Coll::Barrier {
+                let _ = c.barrier(&s);
+            }
+            return;
+        };
+        let b = self.buf(other).filter(|&b| b != a);
+        let nccl = self.nccl.clone();
+        // Two distinct buffers, when the collective needs them.
+        let (first, second) = match b {
+            Some(b) => {
+                let (lo, hi) = (a.min(b), a.max(b));
+                let (x, y) = self.bufs.split_at_mut(hi);
+                let (p, q) = (&mut x[lo], &mut y[0]);
+                if a < b {
+                    (p.as_mut(), q.as_mut())
+                } else {
+                    (q.as_mut(), p.as_mut())
+                }
+            }
+            None => (self.bufs[a].as_mut(), None),
+        };
+        let Some(x) = first else { return };
+        let x = x.get_mut();
+        let _ = match kind {
+            Coll::AllReduce => c.all_reduce_in_place(x, ReduceOp::Sum, &s),
+            Coll::PreMulSum => c.all_reduce_in_place(x, ReduceOp::PreMulSum(3), &s),
+            Coll::AllGather => c.all_gather_in_place(x, &s),
+            Coll::ReduceScatter => c.reduce_scatter_in_place(x, ReduceOp::Max, &s),
+            Coll::Broadcast => c.broadcast_in_place(x, 0, &s),
+            Coll::Reduce => c.reduce_in_place(x, ReduceOp::Min, 0, &s),
+            Coll::Barrier => c.barrier(&s),
+            Coll::AllToAll => match second {
+                Some(y) => c.all_to_all(&*y.get_mut(), x, &s),
+                None => Ok(()),
+            },
+            Coll::Gather => match second {
+                Some(y) => c.gather(&*x, Some(y.get_mut().as_view_mut()), 0, &s),
+                None => c.gather(&*x, None, 0, &s),
+            },
+            Coll::Scatter => match second {
+                Some(y) => c.scatter(Some(y.get_mut().as_view()), x, 0, &s),
+                None => c.scatter(None, x, 0, &s),
+            },
+            Coll::SendRecv => match second {
+                Some(y) => nccl_channel::group(&nccl, || {
+                    c.send(&*y.get_mut(), 0, &s)?;
+                    c.recv(&mut *x, 0, &s)
+                }),
+                None => Ok(()),
+            },
+        };
+    }
+
+    /// Drops what is left in an order the seed picks.
+    fn teardown(&mut self, seed: u64) {
+        let mut r = Rng::new(seed);
+        let mut parts: Vec<u8> = (0..6).collect();
+        for i in (1..parts.len()).rev() {
+            parts.swap(i, r.below(i as u64 + 1) as usize);
+        }
+        for part in parts {
+            match part {
+                0 => self.bufs.clear(),
+                1 => self.graphs.clear(),
+                2 => self.regs.clear(),
+                3 => self.wins.clear(),
+                4 => {
+                    while let Some(g) = self.groups.pop() {
+                        drop(g);
+                    }
+                }
+                _ => {
+                    // Streams may be ended only once nothing is being captured on them.
+                    for s in &self.streams {
+                        if s.is_capturing().unwrap_or(false) {
+                            let _ = s.end_capture();
+                        }
+                    }
+                }
+            }
+        }
+        let _ = (self.gpus, self.world);
+    }
+}

@@ -1,0 +1,169 @@
+//! The model checker (tests/model): a seeded short run for CI, a long run with fresh
+//! seeds for `scripts/soak`, and the minimal programs it found, as regression tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod model;
+
+use std::time::Duration;
+
+use model::{Coll, Fault, Op, Program, Setup};
+use nccl_sys::NcclVersion;
+
+fn fail_with(case: &model::Case, f: &model::Failure) -> ! {
+    let p = case.program();
+    panic!(
+        "the model checker found a failing program, shrunk to {} steps \
+         (MODEL_CASE={} reruns it in `model_child`):\n{p:#?}\nfailure: {f:?}",
+        p.ops.len(),
+        case.encode()
+    )
+}
+
+/// A child process's side of the search (run by the search itself, with MODEL_CASE set).
+#[test]
+#[ignore = "the model checker's child process"]
+fn model_child() {
+    model::child();
+}
+
+/// CI's run: fixed seeds, at most 90 s or 1500 programs.
+#[test]
+fn seeded_short_run() {
+    let budget = std::env::var("MODEL_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(90), Duration::from_secs);
+    match model::search(0, budget, 1500) {
+        Ok(r) => eprintln!(
+            "model checker: {} programs, {} steps, no failure",
+            r.programs, r.steps
+        ),
+        Err((case, f)) => fail_with(&case, &f),
+    }
+}
+
+/// The long run (`scripts/soak MINUTES`): fresh seeds from the clock, `MODEL_MINUTES`.
+#[test]
+#[ignore = "long: run by scripts/soak"]
+fn soak() {
+    let minutes: u64 = std::env::var("MODEL_MINUTES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    let seed = std::env::var("MODEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("model checker soak: seed {seed}, {minutes} min");
+    match model::search(seed, Duration::from_secs(minutes * 60), u64::MAX) {
+        Ok(r) => eprintln!(
+            "model checker soak: {} programs, {} steps, no failure",
+            r.programs, r.steps
+        ),
+        Err((case, f)) => fail_with(&case, &f),
+    }
+}
+
+/// A program runs to completion and is judged: the checker's own plumbing, with one
+/// program of every step kind.
+#[test]
+fn every_step_kind_runs_clean_on_its_own() {
+    let setup = Setup {
+        version: NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
+        second_non_blocking: true,
+        teardown: 7,
+    };
+    let ops = vec![
+        Op::Alloc { dev: 0, len: 3 },
+        Op::Alloc { dev: 0, len: 3 },
+        Op::Pooled { comm: 0, len: 3 },
+        Op::AllocNccl { comm: 0, len: 8 },
+        Op::Fill {
+            slot: 0,
+            stream: 0,
+            value: 4,
+        },
+        Op::Copy {
+            dst: 1,
+            src: 0,
+            stream: 1,
+        },
+        Op::GroupStart,
+        Op::Collective {
+            kind: Coll::AllToAll,
+            comm: 0,
+            slot: 0,
+            other: 1,
+            stream: 0,
+        },
+        Op::GroupEnd,
+        Op::BeginCapture { stream: 0 },
+        Op::Collective {
+            kind: Coll::AllReduce,
+            comm: 0,
+            slot: 0,
+            other: 0,
+            stream: 0,
+        },
+        Op::EndCapture { stream: 0 },
+        Op::Launch {
+            graph: 0,
+            stream: 1,
+        },
+        Op::Register { comm: 0, slot: 3 },
+        Op::Window { comm: 0, slot: 3 },
+        Op::Split { comm: 0 },
+        Op::Collective {
+            kind: Coll::SendRecv,
+            comm: 2,
+            slot: 0,
+            other: 1,
+            stream: 0,
+        },
+        Op::Wait { comm: 1, stream: 2 },
+        Op::DropOnThread { slot: 1 },
+        Op::GraphToThread { graph: 0 },
+        Op::SwapIntoPooled {
+            pooled: 1,
+            plain: 0,
+        },
+        Op::DropRegistration { reg: 0 },
+        Op::DropWindow { win: 0 },
+        Op::TrimPool { comm: 0 },
+        Op::Synchronize { stream: 0 },
+    ];
+    model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
+}
+
+/// The oracle can fail: a program that injects a panic outside a group (no settle runs
+/// it... so it must not count as injected) is judged clean, and a leak is seen.
+#[test]
+fn the_oracle_sees_a_fault_path_and_judges_leaks() {
+    let setup = Setup {
+        version: NcclVersion(22703),
+        second_non_blocking: false,
+        teardown: 1,
+    };
+    let p = Program {
+        setup,
+        ops: vec![
+            Op::Alloc { dev: 1, len: 1 },
+            Op::Fail(Fault::Nccl(
+                "ncclAllReduce",
+                nccl_sys::ncclResult_t::ncclSystemError,
+            )),
+            Op::Collective {
+                kind: Coll::AllReduce,
+                comm: 1,
+                slot: 0,
+                other: 0,
+                stream: 2,
+            },
+        ],
+    };
+    model::run(&p, model::DEADLINE).unwrap();
+}
