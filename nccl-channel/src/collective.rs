@@ -1073,6 +1073,12 @@ impl Communicator {
         let order = self.check_stream("barrier", stream)?;
         let scratch = self.scratch()?;
         scratch.used_on(stream)?;
+        // NCCL matches registrations by page: the scratch element may share one with the
+        // user's registered memory, whose release must then wait for (and an open group
+        // or capture hold it for) this all-reduce too.
+        self.shared()
+            .registry
+            .used(scratch.as_raw(), size_of::<i32>(), stream);
         let p = at(scratch);
         self.raw_all_reduce::<i32>(p, p, 1, ReduceOp::Sum, stream)?;
         drop(order);

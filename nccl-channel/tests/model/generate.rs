@@ -120,10 +120,15 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             stream: b(r),
             value: r.below(100) as i32,
         },
-        28..=29 => Op::Copy {
+        28 => Op::Copy {
             dst: b(r),
             src: b(r),
             stream: b(r),
+        },
+        29 => Op::Kernel {
+            slot: b(r),
+            stream: b(r),
+            faulty: r.below(4) == 0,
         },
         30..=49 => Op::Collective {
             kind: r.pick(&COLLS),

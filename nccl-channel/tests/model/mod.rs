@@ -71,6 +71,9 @@ pub fn child() {
             hook(info);
         }
     }));
+    if std::env::var_os("MODEL_SHOW").is_some() {
+        println!("{:#?}", case.program());
+    }
     let r = run::execute(&case.program());
     match r {
         Ok(()) => println!("MODEL-RESULT ok"),

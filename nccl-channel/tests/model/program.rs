@@ -145,6 +145,13 @@ pub enum Op {
     GroupInThreadLocal {
         dev: u8,
     },
+    /// A kernel that doubles buffer `slot` in place; `faulty`: its host twin panics (a
+    /// kernel that faults), which the simulated driver reports and fails.
+    Kernel {
+        slot: u8,
+        stream: u8,
+        faulty: bool,
+    },
 }
 
 /// How the world of a program is made.
@@ -174,6 +181,7 @@ impl Op {
                 | Op::HoldPanicking { .. }
                 | Op::GroupInThreadLocal { .. }
                 | Op::Abort { .. }
+                | Op::Kernel { faulty: true, .. }
         )
     }
 }

@@ -22,6 +22,25 @@ use super::program::{Coll, Fault, Op, Program};
 /// The payload of the one panic a program may inject.
 pub const INJECTED: &str = "model: injected panic";
 
+/// The panic of the faulty kernel's host twin (reported by the simulated driver: expected).
+pub const FAULTY_KERNEL: &str = "model: faulty kernel";
+
+/// The PTX the programs load: the simulated driver reads its `.entry` names.
+const PTX: &str = "\
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry scale(.param .u64 x, .param .u32 n) { ret; }
+.visible .entry fault(.param .u64 x, .param .u32 n) { ret; }
+";
+
+/// The sanitizer's reports, less the expected ones (the faulty kernel's).
+fn unexpected(v: Vec<String>) -> Vec<String> {
+    v.into_iter()
+        .filter(|m| !m.contains(FAULTY_KERNEL))
+        .collect()
+}
+
 /// What went wrong, as the shrinker compares failures.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Failure {
@@ -147,6 +166,7 @@ struct State<'c> {
     comms: Vec<&'c Communicator>,
     aborts: Vec<AbortHandle>,
     children: &'c [OnceCell<Communicator>],
+    modules: &'c [cuda_hal::Module; 2],
     streams: Vec<Stream>,
     bufs: Vec<Option<Buf<'c>>>,
     graphs: Vec<Option<GraphExec>>,
@@ -162,7 +182,18 @@ fn pick<T>(v: &[T], i: u8) -> Option<usize> {
 
 /// Runs `p` here and judges it.
 pub fn execute(p: &Program) -> Result<(), Failure> {
-    let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2)).expect("the simulated driver");
+    let driver = MockDriver::with_devices(2)
+        .kernel("scale", &[8, 4], |k| {
+            let (x, n) = (k.param::<u64>(0), k.param::<u32>(1) as usize);
+            let v: Vec<i32> = k
+                .read::<i32>(x, n)
+                .iter()
+                .map(|v| v.wrapping_mul(2))
+                .collect();
+            k.write(x, &v);
+        })
+        .kernel("fault", &[8, 4], |_| std::panic::panic_any(FAULTY_KERNEL));
+    let (cuda, gpus) = Cuda::mock(driver).expect("the simulated driver");
     let (nccl, world) = MockNccl::new(&gpus)
         .version(p.setup.version)
         .timeout(Duration::from_secs(3))
@@ -190,6 +221,10 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             .remove(0)
     };
     let children: [OnceCell<Communicator>; 4] = Default::default();
+    let modules = [
+        cuda_hal::Module::from_ptx(&ctxs[0], PTX).expect("module 0"),
+        cuda_hal::Module::from_ptx(&ctxs[1], PTX).expect("module 1"),
+    ];
     let streams = ctxs
         .iter()
         .flat_map(|c| [Stream::non_blocking(c), Stream::new(c)])
@@ -203,6 +238,7 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
         aborts: vec![first.abort_handle(), second.abort_handle()],
         comms: vec![&first, &second],
         children: &children,
+        modules: &modules,
         streams,
         bufs: Vec::new(),
         graphs: Vec::new(),
@@ -220,7 +256,7 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             }
         }
         // Steps may fail with typed errors (that is the point); only the sanitizer judges.
-        let v = gpus.violations();
+        let v = unexpected(gpus.violations());
         if !v.is_empty() {
             return Err(Failure::Violation(format!(
                 "after step {i} ({op:?}):\n{}",
@@ -238,13 +274,14 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
     let injected = st.injected_panic;
     drop(st);
     drop(children);
+    drop(modules);
     drop((first, second));
     if injected {
         // Background work of a group whose settle panicked runs a moment later.
         std::thread::sleep(Duration::from_millis(60));
     }
     drop((ctxs, nccl, cuda));
-    let v = gpus.violations();
+    let v = unexpected(gpus.violations());
     if !v.is_empty() {
         return Err(Failure::Violation(format!(
             "after the teardown:\n{}",
@@ -501,6 +538,27 @@ impl<'c> State<'c> {
                 }
                 self.stream(stream)
                     .hold(|| KeepAlive::new(Arc::new(PanicsWhenSettled)));
+            }
+            Op::Kernel {
+                slot,
+                stream,
+                faulty,
+            } => {
+                let s = self.stream(stream).clone();
+                let Some(k) = self.buf(slot) else { return };
+                let Some(b) = self.bufs[k].as_mut() else {
+                    return;
+                };
+                let b = b.get_mut();
+                let dev = b.context().device().ordinal() as usize;
+                let name = if faulty { "fault" } else { "scale" };
+                let Ok(f) = self.modules[dev % 2].function(name) else {
+                    return;
+                };
+                let n = b.len() as u32;
+                // SAFETY: the kernel reads and writes the `n` elements of the buffer it is
+                // given, and nothing else; its parameters are a pointer and a u32.
+                let _ = unsafe { f.launch(&s, cuda_hal::LaunchConfig::linear(1, 1), (&mut *b, n)) };
             }
             Op::GroupInThreadLocal { dev } => {
                 let nccl: &'static Arc<Nccl> = Box::leak(Box::new(self.nccl.clone()));

@@ -5,10 +5,14 @@ use super::DEADLINE;
 use super::case::{self, Case};
 use super::run::Failure;
 
-/// The smallest case found that still fails like `f` (at most 400 runs).
+/// The smallest case found that still fails like `f` (at most 400 runs, or
+/// `MODEL_SHRINK_RUNS`).
 pub fn shrink(case: Case, mut f: Failure) -> (Case, Failure) {
     let mut steps = case.steps();
-    let mut budget = 400;
+    let mut budget: u32 = std::env::var("MODEL_SHRINK_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
     let mut chunk = steps.len().div_ceil(2).max(1);
     loop {
         let mut i = 0;
