@@ -250,3 +250,31 @@ fn found_a_barrier_in_a_group_uses_a_registration_of_its_page() {
     };
     model::run(&p, model::DEADLINE).unwrap();
 }
+
+/// Issue 26's first hole as a program: on NCCL 2.27.3 the crate's own group around
+/// all_to_all's sends and receives, on a non-blocking communicator, must hold both
+/// buffers until the background work is enqueued (the checker waits for it).
+#[test]
+fn the_fallbacks_group_as_a_program() {
+    let p = Program {
+        setup: Setup {
+            version: NcclVersion(22703),
+            second_non_blocking: true,
+            teardown: 0,
+        },
+        ops: vec![
+            Op::Alloc { dev: 1, len: 1 },
+            Op::Alloc { dev: 1, len: 1 },
+            Op::Collective {
+                kind: Coll::AllToAll,
+                comm: 1,
+                slot: 0,
+                other: 1,
+                stream: 2,
+            },
+            Op::Drop { slot: 0 },
+            Op::Drop { slot: 0 },
+        ],
+    };
+    model::run(&p, model::DEADLINE).unwrap();
+}

@@ -271,7 +271,16 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             return Err(Failure::Panic(format!("teardown: {m}")));
         }
     }
+    if p.setup.second_non_blocking {
+        // A non-blocking communicator's grouped work runs in the background 20 ms after
+        // its group ended: let it run while the communicators live, so that memory the
+        // teardown freed too early is seen.
+        std::thread::sleep(Duration::from_millis(30));
+    }
     let injected = st.injected_panic;
+    // A communicator that failed (an abort asked for by an error, a deadline or the
+    // program) takes the leak-on-failure paths: what its unsettled work held is kept.
+    let failed = st.aborts.iter().any(AbortHandle::is_requested);
     drop(st);
     drop(children);
     drop(modules);
@@ -288,7 +297,7 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             v.join("\n")
         )));
     }
-    if !p.ops.iter().any(Op::may_leak) {
+    if !failed && !p.ops.iter().any(Op::may_leak) {
         // A context released while memory of it lives: a leak (counted by the driver as
         // children outliving their context), allowed on the leak-on-failure paths only.
         if gpus.order_violations() != 0 {
@@ -490,6 +499,7 @@ impl<'c> State<'c> {
                     && let Some(slot) = self.children.iter().find(|s| s.get().is_none())
                     && let Ok(Some(child)) = c.split(Some(0), 0)
                 {
+                    self.aborts.push(child.abort_handle());
                     let _ = slot.set(child);
                 }
             }
@@ -498,6 +508,7 @@ impl<'c> State<'c> {
                     && let Some(slot) = self.children.iter().find(|s| s.get().is_none())
                     && let Ok(child) = c.shrink(&[])
                 {
+                    self.aborts.push(child.abort_handle());
                     let _ = slot.set(child);
                 }
             }

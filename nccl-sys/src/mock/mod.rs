@@ -431,6 +431,46 @@ impl MockNcclWorld {
     /// `ncclCommGetAsyncError` says `ncclInProgress` for its next `polls` calls, as a
     /// registration still completing in the background would; 0 turns it off. For tests
     /// of what a caller keeps while such a registration may still complete.
+    ///
+    /// ```
+    /// use cuda_sys::mock::MockDriver;
+    /// use nccl_sys::{mock::MockNccl, ncclComm_t, ncclResult_t, ncclWindow_t};
+    /// let (driver, machine) = MockDriver::with_devices(1).build()?;
+    /// let (nccl, sim) = MockNccl::new(&machine).build()?;
+    /// sim.slow_window_registrations(1);
+    /// let (f, d) = (nccl.fns(), driver.fns());
+    /// # let mut ctx = std::ptr::null_mut();
+    /// let mut config = nccl_sys::NCCL_CONFIG_INITIALIZER;
+    /// config.blocking = 0;
+    /// let mut comm: ncclComm_t = std::ptr::null_mut();
+    /// let mut id = nccl_sys::ncclUniqueId { internal: [0; 128] };
+    /// let (mut mem, mut win) = (std::ptr::null_mut(), std::ptr::null_mut() as ncclWindow_t);
+    /// // SAFETY: valid out-pointers; the simulated driver's context is made current first.
+    /// unsafe {
+    ///     (d.cuInit)(0);
+    ///     (d.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+    ///     (d.cuCtxSetCurrent)(ctx);
+    ///     assert_eq!((f.ncclGetUniqueId)(&mut id), ncclResult_t::ncclSuccess);
+    ///     (f.ncclCommInitRankConfig)(&mut comm, 1, id, 0, &mut config);
+    ///     let mut e = ncclResult_t::ncclInProgress;
+    ///     while e == ncclResult_t::ncclInProgress {
+    ///         (f.ncclCommGetAsyncError)(comm, &mut e);
+    ///     }
+    ///     assert_eq!((f.ncclMemAlloc.expect("2.19+"))(&mut mem, 4096), ncclResult_t::ncclSuccess);
+    ///     let register = f.ncclCommWindowRegister.expect("2.27+");
+    ///     let rc = register(comm, mem, 4096, &mut win, 0);
+    ///     assert_eq!(rc, ncclResult_t::ncclInProgress); // completing in the background
+    ///     (f.ncclCommGetAsyncError)(comm, &mut e);
+    ///     assert_eq!(e, ncclResult_t::ncclInProgress); // its one slow poll
+    ///     (f.ncclCommGetAsyncError)(comm, &mut e);
+    ///     assert_eq!(e, ncclResult_t::ncclSuccess);
+    ///     assert!(!win.is_null());
+    ///     (f.ncclCommWindowDeregister.expect("2.27+"))(comm, win);
+    ///     (f.ncclMemFree.expect("2.19+"))(mem);
+    ///     (f.ncclCommDestroy)(comm);
+    /// }
+    /// # Ok::<(), nccl_sys::LoadError>(())
+    /// ```
     pub fn slow_window_registrations(&self, polls: u64) {
         self.world.lock().slow_windows = polls;
     }
