@@ -440,6 +440,31 @@ impl MockWorld {
             .map(|a| a.device)
     }
 
+    /// The call that freed device memory overlapping `[ptr, ptr + len)`, while it is in
+    /// the quarantine (freed memory is kept poisoned for a while so that late uses are
+    /// caught): for simulated libraries that report a freed address passed to them.
+    ///
+    /// ```
+    /// use cuda_sys::mock::MockDriver;
+    /// let (driver, world) = MockDriver::with_devices(1).build()?;
+    /// let f = driver.fns();
+    /// let (mut ctx, mut p) = (std::ptr::null_mut(), 0);
+    /// // SAFETY: valid out-pointers; the context is made current before the allocation.
+    /// unsafe {
+    ///     (f.cuInit)(0);
+    ///     (f.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+    ///     (f.cuCtxSetCurrent)(ctx);
+    ///     (f.cuMemAlloc)(&mut p, 64);
+    ///     assert_eq!(world.freed_by(p, 64), None);
+    ///     (f.cuMemFree)(p);
+    /// }
+    /// assert_eq!(world.freed_by(p + 8, 4), Some("cuMemFree"));
+    /// # Ok::<(), cuda_sys::LoadError>(())
+    /// ```
+    pub fn freed_by(&self, ptr: u64, len: usize) -> Option<&'static str> {
+        self.world.lock().freed.overlapping(ptr as usize, len)
+    }
+
     /// The device ordinal of a stream's context (0: the calling thread's current context).
     pub fn stream_device(&self, stream: CUstream) -> Option<i32> {
         stream::stream_device(&self.world, stream)

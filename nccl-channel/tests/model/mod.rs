@@ -21,7 +21,7 @@ pub mod run;
 pub mod shrink;
 
 pub use case::Case;
-pub use program::{Coll, Fault, Op, Program, Setup};
+pub use program::{Coll, Fault, Op, Program, Sabotage, Setup};
 pub use run::{Failure, run};
 
 use std::time::{Duration, Instant};

@@ -30,6 +30,19 @@ pub enum Fault {
     Cuda(&'static str, cuda_sys::CUresult),
 }
 
+/// What the oracle must catch, done on purpose (never generated: the checker's own tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sabotage {
+    /// `mem::forget` of a buffer: a leak outside the documented paths.
+    Leak,
+    /// A panic that was not injected.
+    Panic,
+    /// A raw NCCL call on freed memory: the sanitizer's report.
+    UseAfterFree,
+    /// A step that never ends.
+    Hang,
+}
+
 /// One step of a program.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -152,6 +165,8 @@ pub enum Op {
         stream: u8,
         faulty: bool,
     },
+    /// Never generated: what the checker's own tests break on purpose.
+    Sabotage(Sabotage),
 }
 
 /// How the world of a program is made.

@@ -17,7 +17,7 @@ use nccl_sys::Nccl;
 use nccl_sys::mock::{MockNccl, MockNcclWorld};
 
 use super::generate::Rng;
-use super::program::{Coll, Fault, Op, Program};
+use super::program::{Coll, Fault, Op, Program, Sabotage};
 
 /// The payload of the one panic a program may inject.
 pub const INJECTED: &str = "model: injected panic";
@@ -571,6 +571,7 @@ impl<'c> State<'c> {
                 // given, and nothing else; its parameters are a pointer and a u32.
                 let _ = unsafe { f.launch(&s, cuda_hal::LaunchConfig::linear(1, 1), (&mut *b, n)) };
             }
+            Op::Sabotage(what) => self.sabotage(what),
             Op::GroupInThreadLocal { dev } => {
                 let nccl: &'static Arc<Nccl> = Box::leak(Box::new(self.nccl.clone()));
                 let ctx = self.ctx(dev);
@@ -659,6 +660,45 @@ impl<'c> State<'c> {
                 None => Ok(()),
             },
         };
+    }
+
+    /// What the oracle must catch (the checker's own tests).
+    fn sabotage(&mut self, what: Sabotage) {
+        match what {
+            Sabotage::Leak => {
+                if let Ok(b) = DeviceBuffer::<i32>::zeroed(&self.ctx(0), 1) {
+                    std::mem::forget(b);
+                }
+            }
+            Sabotage::Panic => panic!("model: a panic nobody injected"),
+            Sabotage::Hang => loop {
+                std::thread::sleep(Duration::from_secs(1));
+            },
+            Sabotage::UseAfterFree => {
+                let ctx = self.ctx(0);
+                let comm = self.comms[0];
+                let s = self.stream(0).clone();
+                let Ok(b) = DeviceBuffer::<i32>::zeroed(&ctx, 1) else {
+                    return;
+                };
+                let p = b.as_raw();
+                drop(b);
+                let f = self.nccl.fns().ncclAllReduce;
+                // SAFETY: none: a use after free on purpose, of the simulated NCCL, whose
+                // sanitizer reports it and touches no host memory.
+                let _ = unsafe {
+                    f(
+                        p as *const std::ffi::c_void,
+                        p as *mut std::ffi::c_void,
+                        1,
+                        nccl_sys::ncclDataType_t::ncclInt32,
+                        nccl_sys::ncclRedOp_t::ncclSum,
+                        comm.as_raw(),
+                        s.as_raw(),
+                    )
+                };
+            }
+        }
     }
 
     /// Drops what is left in an order the seed picks.

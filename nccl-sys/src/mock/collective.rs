@@ -28,6 +28,7 @@ use crate::*;
 fn check_buffer(
     w: &NWorld,
     s: &mut State,
+    call: &str,
     what: &str,
     ptr: usize,
     bytes: usize,
@@ -43,11 +44,18 @@ fn check_buffer(
             ncclResult_t::ncclInvalidArgument,
             format!("{what} lives on device {d}, the communicator on device {device}"),
         )),
-        None => Err(fail(
-            s,
-            ncclResult_t::ncclInvalidArgument,
-            format!("{what} {ptr:#x} ({bytes} bytes) is not device memory"),
-        )),
+        None => {
+            // Memory freed already: what a sanitizer reports (the call is refused too).
+            if let Some(by) = w.cuda.freed_by(ptr as u64, bytes) {
+                w.cuda
+                    .report(format!("{call}: {what} {ptr:#x}+{bytes}: freed by {by}"));
+            }
+            Err(fail(
+                s,
+                ncclResult_t::ncclInvalidArgument,
+                format!("{what} {ptr:#x} ({bytes} bytes) is not device memory"),
+            ))
+        }
     }
 }
 
@@ -193,6 +201,13 @@ impl Work {
             ));
         }
         Ok(())
+    }
+
+    /// Drops the call of a communicator aborted before its background work ran: NCCL's
+    /// abort stops its jobs (they watch the abort flag), so none of it runs; its peers
+    /// fail rather than wait.
+    pub(super) fn cancel(self) {
+        self.part.withdraw();
     }
 
     /// Runs a grouped call at `ncclGroupEnd` (reports name both): its part's clique and
@@ -396,12 +411,28 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
     let send_used = !matches!(call.kind, Kind::Broadcast | Kind::Scatter) || rank == root;
     let recv_used = !matches!(call.kind, Kind::Reduce | Kind::Gather) || rank == root;
     if send_used
-        && let Err(rc) = check_buffer(w, &mut s, "sendbuff", call.send, send_n * esize, device)
+        && let Err(rc) = check_buffer(
+            w,
+            &mut s,
+            call.name,
+            "sendbuff",
+            call.send,
+            send_n * esize,
+            device,
+        )
     {
         return rc;
     }
     if recv_used
-        && let Err(rc) = check_buffer(w, &mut s, "recvbuff", call.recv, recv_n * esize, device)
+        && let Err(rc) = check_buffer(
+            w,
+            &mut s,
+            call.name,
+            "recvbuff",
+            call.recv,
+            recv_n * esize,
+            device,
+        )
     {
         return rc;
     }
@@ -506,7 +537,8 @@ fn p2p(
         );
     }
     let what = if is_send { "sendbuff" } else { "recvbuff" };
-    if let Err(rc) = check_buffer(w, &mut s, what, ptr, count * esize, device) {
+    let call = if is_send { "ncclSend" } else { "ncclRecv" };
+    if let Err(rc) = check_buffer(w, &mut s, call, what, ptr, count * esize, device) {
         return rc;
     }
     if let Err(rc) = check_stream(w, &mut s, stream, device) {

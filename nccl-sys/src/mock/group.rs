@@ -315,6 +315,16 @@ fn start_in_background(
         let mut rc = ncclResult_t::ncclSuccess;
         let mut waits = Vec::new();
         for x in work {
+            // An abort since the group's end stops the communicator's background work,
+            // as NCCL's abort flag stops its jobs: it never runs.
+            let aborted = world.lock().dead.get(&x.comm()) == Some(&"ncclCommAbort");
+            if aborted {
+                x.cancel();
+                if rc == ncclResult_t::ncclSuccess {
+                    rc = ncclResult_t::ncclRemoteError;
+                }
+                continue;
+            }
             match x.start_grouped(&world) {
                 Ok(wait) => waits.push(wait),
                 Err(e) if rc == ncclResult_t::ncclSuccess => rc = e,
