@@ -22,6 +22,7 @@ fn fail_with(case: &model::Case, f: &model::Failure) -> ! {
 /// Shrinks the case in `MODEL_SHRINK` (as the search prints it) further; returns at once
 /// without it.
 #[test]
+#[ignore = "by hand: MODEL_SHRINK=<case>"]
 fn shrink_a_case() {
     let Some(case) = std::env::var("MODEL_SHRINK")
         .ok()
@@ -67,8 +68,9 @@ fn seeded_short_run() {
 
 /// The long run (`scripts/soak MINUTES`): fresh seeds from the clock, for
 /// `MODEL_MINUTES` minutes; returns at once without it (so that a run of every test,
-/// ignored ones included, does not take half an hour).
+/// ignored ones included, as on the GPU machine, does not take half an hour).
 #[test]
+#[ignore = "by hand: scripts/soak MINUTES"]
 fn soak() {
     let Some(minutes) = std::env::var("MODEL_MINUTES")
         .ok()
