@@ -329,19 +329,30 @@ impl Stream {
 
     /// Waits for the stream before a borrow of host memory its work uses ends (the `_on`
     /// copies). A failed wait does not end the borrow early: the stream is then queried
-    /// until it has no pending work or the driver answers anything but "not ready" (a
-    /// lost context, whose pending work the driver never runs again). The wait's error
-    /// is returned.
+    /// until it has no pending work, through any "not ready" and any refusal caused by a
+    /// capture on another thread (it ends); only another error ends the wait: the
+    /// context is lost (a sticky error), and the driver runs none of its work again. The
+    /// wait's error is returned.
     pub(crate) fn synchronize_for_borrow(&self) -> Result<()> {
         let r = self.synchronize();
         if r.is_err() {
             let mut pause = std::time::Duration::from_micros(20);
-            while let Ok(false) = self.is_idle() {
+            while !self.idle_or_lost() {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(std::time::Duration::from_millis(1));
             }
         }
         r
+    }
+
+    /// Whether the stream has no pending work, or its context is lost; `false` while
+    /// work is pending or a capture elsewhere refuses the question.
+    fn idle_or_lost(&self) -> bool {
+        match self.is_idle() {
+            Ok(idle) => idle,
+            Err(Error::Driver { code, .. }) => !(900..=908).contains(&code.0),
+            Err(_) => true,
+        }
     }
 
     /// Whether all work on the stream is done, without blocking.

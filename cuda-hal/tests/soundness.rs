@@ -1035,4 +1035,18 @@ fn a_failed_wait_after_a_host_copy_still_waits_for_the_stream() {
     let queries = world.calls("cuStreamQuery");
     dev.copy_from_host_on(&host, &s).unwrap_err();
     assert!(world.calls("cuStreamQuery") > queries, "asked until idle");
+    // A query refused by a capture elsewhere is asked again; a lost context ends it.
+    for (refusal, asked) in [
+        (cuda_sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, 2),
+        (cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED, 1),
+    ] {
+        world.fail_next(
+            "cuStreamSynchronize",
+            cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        );
+        world.fail_next("cuStreamQuery", refusal);
+        let queries = world.calls("cuStreamQuery");
+        buf.copy_to_host_on(&mut host, &s).unwrap_err();
+        assert_eq!(world.calls("cuStreamQuery") - queries, asked, "{refusal:?}");
+    }
 }

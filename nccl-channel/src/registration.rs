@@ -102,7 +102,10 @@ impl Drop for RegShared {
     /// The last holder was not its owner's thread (a graph or a group let go): the
     /// communicator releases it at its owner's next call, or with itself. Queued before it
     /// leaves the registry's list: NCCL finds it for collectives on its pages until
-    /// `ncclCommDeregister` returns, so later work must be noted on it without a gap.
+    /// `ncclCommDeregister` returns, so later work must be noted on it. Between the last
+    /// strong reference's end and the removal below, a collective that meets its entry
+    /// cannot upgrade it: `Registry::used` then waits for the removal and finds the
+    /// queued release instead.
     fn drop(&mut self) {
         if let Some(p) = crate::comm::lock(&self.pending).take() {
             let range = self.comm.registry.range_of(self);
@@ -230,12 +233,29 @@ impl Registry {
         let end = ptr.saturating_add(bytes as u64);
         // Collected first: the last owner of one may let go meanwhile (a pooled buffer
         // dropped on another thread), and its drop takes the list's write lock.
-        let hits: Vec<Arc<RegShared>> = {
-            let l = self.list.read().unwrap_or_else(|e| e.into_inner());
-            l.iter()
-                .filter(|(s, e, _, _)| ptr < *e && *s < end)
-                .filter_map(|(_, _, _, w)| w.upgrade())
-                .collect()
+        let hits: Vec<Arc<RegShared>> = loop {
+            let (hits, dying) = {
+                let l = self.list.read().unwrap_or_else(|e| e.into_inner());
+                let mut dying = false;
+                let hits: Vec<_> = l
+                    .iter()
+                    .filter(|(s, e, _, _)| ptr < *e && *s < end)
+                    .filter_map(|(_, _, _, w)| {
+                        let r = w.upgrade();
+                        dying |= r.is_none();
+                        r
+                    })
+                    .collect();
+                (hits, dying)
+            };
+            if !dying {
+                break hits;
+            }
+            // Its last holder is dropping it on another thread: its release is queued
+            // (below) before it leaves the list. Until then it is in neither place, yet
+            // NCCL still has it: wait for it to move, then look again.
+            drop(hits);
+            std::thread::yield_now();
         };
         for r in hits {
             r.note(stream);
@@ -396,18 +416,28 @@ impl Communicator {
         let (f, call) = optional!(self.nccl(), ncclCommRegister)?;
         let raw = self.handle()?;
         let _g = self.context().bind()?;
-        let mut handle: *mut c_void = std::ptr::null_mut();
+        // On the heap: kept (leaked) below when NCCL may still write it.
+        let mut handle: Box<*mut c_void> = Box::new(std::ptr::null_mut());
         // SAFETY: a live communicator; `ptr` is `bytes` bytes of device memory of its
-        // device, kept allocated by `memory` until the registration is released.
+        // device, kept allocated by `memory` until the registration is released; `handle`
+        // outlives the call and, if NCCL answered "in progress" and the poll in `check`
+        // failed without an abort (another thread's group holds the communicator), it and
+        // the memory are leaked below, never freed.
         let rc = unsafe {
             f(
                 raw,
                 std::ptr::with_exposed_provenance_mut(ptr as usize),
                 bytes,
-                &mut handle,
+                &mut *handle,
             )
         };
-        self.check(rc, call)?;
+        if let Err(e) = self.check(rc, call) {
+            if rc == nccl_sys::ncclResult_t::ncclInProgress && !self.is_aborted() {
+                Box::leak(handle);
+                std::mem::forget(memory);
+            }
+            return Err(e);
+        }
         Ok(self.adopt_registration(Kind::Local, handle.expose_provenance(), ptr, bytes, memory))
     }
 

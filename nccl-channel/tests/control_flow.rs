@@ -302,11 +302,14 @@ fn an_absurd_timeout_is_refused_at_init_and_the_longest_accepted_works() {
     rig.assert_clean();
 }
 
-/// A window registration whose poll fails (an abort handle) while another thread's open
-/// group holds the communicator (so the abort cannot happen yet): NCCL may still write
-/// the handle and map the memory; both are kept, never freed.
-#[test]
-fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_its_memory() {
+/// A registration whose poll fails (an abort handle) while another thread's open group
+/// holds the communicator (so the abort cannot happen yet): NCCL may still write the
+/// handle and map the memory; both are kept, never freed. `register` is a window
+/// registration (`ncclCommWindowRegister`) or a local one (`ncclCommRegister`).
+fn a_registration_whose_poll_fails_keeps_its_memory(
+    call: &str,
+    register: impl FnOnce(&Communicator, &DeviceBuffer<u8>) -> Result<(), Error>,
+) {
     let rig = Rig::new(1);
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
     let config = CommConfig::non_blocking(Duration::from_secs(10));
@@ -316,12 +319,13 @@ fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_it
     let held = comm.keep_alive();
     let abort = comm.abort_handle();
     let s = Stream::non_blocking(&ctx).unwrap();
-    rig.world.slow_window_registrations(u64::MAX);
+    rig.world.slow_registrations(u64::MAX);
     let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let world = rig.world.clone();
+    let call = call.to_string();
     let other = std::thread::spawn(move || {
-        while world.calls("ncclCommWindowRegister") == 0 {
+        while world.calls(&call) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         // This thread's group holds the communicator while the registration polls.
@@ -332,18 +336,30 @@ fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_it
         done_rx.recv().unwrap();
         drop(scope);
     });
-    let r = comm.register_window(&buf, WindowFlags::DEFAULT);
+    let r = register(&comm, &buf);
     hold_rx.recv().unwrap();
     assert_eq!(r.unwrap_err(), Error::Aborted);
     drop(buf);
-    assert_eq!(
-        rig.world.calls("ncclMemFree"),
-        0,
-        "the window's memory is kept"
-    );
+    assert_eq!(rig.world.calls("ncclMemFree"), 0, "the memory is kept");
     done_tx.send(()).unwrap();
     other.join().unwrap();
     assert_no_violations(&rig);
+}
+
+#[test]
+fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_its_memory() {
+    a_registration_whose_poll_fails_keeps_its_memory("ncclCommWindowRegister", |c, b| {
+        c.register_window(b, WindowFlags::DEFAULT).map(drop)
+    });
+}
+
+/// The same for a local registration (found by the adversarial review: its handle was on
+/// the stack and its memory dropped).
+#[test]
+fn a_registration_whose_poll_fails_while_another_group_holds_the_communicator_keeps_its_memory() {
+    a_registration_whose_poll_fails_keeps_its_memory("ncclCommRegister", |c, b| {
+        c.register(b).map(drop)
+    });
 }
 
 /// A registration whose release is queued (its graph was dropped on another thread) is
@@ -407,4 +423,75 @@ fn a_registration_queued_by_a_capture_notes_later_work() {
     assert_no_violations(&rig);
     drop((b, other, comm, s1, s2, ctx));
     rig.assert_clean();
+}
+
+/// Found by the adversarial review: between the moment a registration's last holder (a
+/// graph, dropped on another thread) lets go and the moment its release is queued, the
+/// registry's entry can no longer be upgraded and the queue does not have it yet. A
+/// collective of the owner in that window was noted nowhere, NCCL still used the
+/// registration, and the owner's next call deregistered it without waiting for that
+/// work. Many other registrations make the window (the drop's scan of the list) wide;
+/// the race is tried up to 1500 times and stops at the first report.
+#[test]
+fn a_registration_dropped_on_another_thread_is_never_out_of_view() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    const N: usize = 4000;
+    let big = comm.alloc_nccl::<u8>(N * 4096).unwrap();
+    let _spacer = comm.alloc_nccl::<u8>(256 << 10).unwrap();
+    let mut target = comm.alloc_nccl::<f32>(1024).unwrap();
+    let others: Vec<_> = (0..N)
+        .map(|i| {
+            comm.register(&big.slice(i * 4096..(i + 1) * 4096).unwrap())
+                .unwrap()
+        })
+        .collect();
+    let capture = Stream::new(&ctx).unwrap();
+    let mut streams = Vec::new();
+    for attempt in 0..1500 {
+        let reg = comm.register(&target).unwrap();
+        capture
+            .begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        comm.all_reduce_in_place(&mut target, ReduceOp::Sum, &capture)
+            .unwrap();
+        let exec = capture.end_capture().unwrap().instantiate().unwrap();
+        drop(reg); // the graph holds the registration's last strong reference
+        let go = Arc::new(std::sync::Barrier::new(2));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (go2, done2) = (go.clone(), done.clone());
+        let t = std::thread::spawn(move || {
+            go2.wait();
+            for _ in 0..(attempt * 37 % 200) {
+                std::hint::spin_loop();
+            }
+            drop(exec);
+            done2.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        go.wait();
+        loop {
+            let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+            let s = Stream::new(&ctx).unwrap();
+            comm.all_reduce_in_place(&mut target, ReduceOp::Sum, &s)
+                .unwrap();
+            streams.push(s);
+            if finished {
+                break;
+            }
+        }
+        t.join().unwrap();
+        comm.async_error().unwrap(); // the owner's next call releases what is queued
+        let v = rig.gpus.violations();
+        assert!(
+            v.is_empty(),
+            "attempt {attempt}: the sanitizer saw:\n{}",
+            v.join("\n")
+        );
+        if streams.len() > 2000 {
+            for s in streams.drain(..) {
+                s.synchronize().unwrap();
+            }
+        }
+    }
+    drop(others);
 }

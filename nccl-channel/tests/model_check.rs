@@ -50,14 +50,16 @@ fn model_child() {
     model::child();
 }
 
-/// CI's run: fixed seeds, at most 90 s or 1500 programs.
+/// CI's run: fixed seeds from 0; at least 400 programs whatever the machine's speed,
+/// then up to 90 s (`MODEL_SECONDS`) or 1500 programs.
 #[test]
 fn seeded_short_run() {
     let budget = std::env::var("MODEL_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .map_or(Duration::from_secs(90), Duration::from_secs);
-    match model::search(0, budget, 1500) {
+    match model::search(0, budget, 400, 1500) {
+        Ok(r) if r.programs < 400 => panic!("only {} programs ran", r.programs),
         Ok(r) => eprintln!(
             "model checker: {} programs, {} steps, no failure",
             r.programs, r.steps
@@ -87,7 +89,7 @@ fn soak() {
                 .map_or(1, |d| d.as_nanos() as u64)
         });
     eprintln!("model checker soak: seed {seed}, {minutes} min");
-    match model::search(seed, Duration::from_secs(minutes * 60), u64::MAX) {
+    match model::search(seed, Duration::from_secs(minutes * 60), 1, u64::MAX) {
         Ok(r) => eprintln!(
             "model checker soak: {} programs, {} steps, no failure",
             r.programs, r.steps
@@ -167,10 +169,12 @@ fn every_step_kind_runs_clean_on_its_own() {
             stream: 0,
             faulty: false,
         },
-        Op::Kernel {
+        Op::HoldFromThread { comm: 1, ms: 1 },
+        Op::Alloc { dev: 1, len: 3 },
+        Op::DropConcurrently {
             slot: 0,
-            stream: 1,
-            faulty: true,
+            graph: false,
+            us: 9,
         },
         Op::Synchronize { stream: 0 },
     ];
@@ -202,13 +206,25 @@ fn the_oracle_catches_each_kind_of_failure() {
         "{uaf:?}"
     );
     assert_eq!(run(model::Sabotage::Hang), Err(model::Failure::Hang));
-    // The same leak on a documented leak-on-failure path (a failed call) is allowed,
-    // and an injected panic is not a failure.
+    // The same leak after an injected failure is allowed once the failure fired (a
+    // documented leak-on-failure path was taken), not before; an injected panic is not a
+    // failure.
     let mut p = program(model::Sabotage::Leak);
     p.ops.push(Op::Fail(Fault::Nccl(
         "ncclAllReduce",
         nccl_sys::ncclResult_t::ncclSystemError,
     )));
+    assert!(matches!(
+        model::run(&p, model::DEADLINE),
+        Err(model::Failure::Leak(_))
+    ));
+    p.ops.push(Op::Collective {
+        kind: Coll::AllReduce,
+        comm: 0,
+        slot: 0,
+        other: 0,
+        stream: 0,
+    });
     assert_eq!(model::run(&p, model::DEADLINE), Ok(()));
     let p = Program {
         ops: vec![

@@ -176,7 +176,16 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
         87 => Op::TrimPool { comm: b(r) },
         88..=90 => Op::Synchronize { stream: b(r) },
         91..=95 => Op::Fail(r.pick(&FAULTS)),
-        96..=97 => Op::HoldPanicking { stream: b(r) },
-        _ => Op::GroupInThreadLocal { dev: b(r) },
+        96 => Op::HoldPanicking { stream: b(r) },
+        97 => Op::GroupInThreadLocal { dev: b(r) },
+        98 => Op::HoldFromThread {
+            comm: b(r),
+            ms: r.below(4) as u8,
+        },
+        _ => Op::DropConcurrently {
+            slot: b(r),
+            graph: r.below(3) == 0,
+            us: b(r),
+        },
     }
 }

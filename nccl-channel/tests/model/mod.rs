@@ -36,13 +36,18 @@ pub struct Report {
     pub steps: u64,
 }
 
-/// Runs programs from `first_seed` on, each in a child process, until `budget` is spent
-/// or `max` programs ran; the first failure is shrunk and returned.
-pub fn search(first_seed: u64, budget: Duration, max: u64) -> Result<Report, (Case, Failure)> {
+/// Runs programs from `first_seed` on, each in a child process: at least `min`, then
+/// until `budget` is spent or `max` ran; the first failure is shrunk and returned.
+pub fn search(
+    first_seed: u64,
+    budget: Duration,
+    min: u64,
+    max: u64,
+) -> Result<Report, (Case, Failure)> {
     let start = Instant::now();
     let mut report = Report::default();
     let mut seed = first_seed;
-    while start.elapsed() < budget && report.programs < max {
+    while (report.programs < min || start.elapsed() < budget) && report.programs < max {
         let len = 8 + (generate::Rng::new(seed ^ 0x5EED).below(48) as usize);
         let case = Case {
             seed,

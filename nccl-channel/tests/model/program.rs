@@ -158,6 +158,19 @@ pub enum Op {
     GroupInThreadLocal {
         dev: u8,
     },
+    /// Another thread's group holds communicator `comm` (its `keep_alive` on a stream of
+    /// that thread) for `ms` milliseconds while the program goes on.
+    HoldFromThread {
+        comm: u8,
+        ms: u8,
+    },
+    /// A plain buffer (or, with `graph`, a graph) dropped on another thread after `us`
+    /// microseconds while the program goes on.
+    DropConcurrently {
+        slot: u8,
+        graph: bool,
+        us: u8,
+    },
     /// A kernel that doubles buffer `slot` in place; `faulty`: its host twin panics (a
     /// kernel that faults), which the simulated driver reports and fails.
     Kernel {
@@ -185,18 +198,4 @@ pub struct Setup {
 pub struct Program {
     pub setup: Setup,
     pub ops: Vec<Op>,
-}
-
-impl Op {
-    /// Steps that may leak by design (the documented leak-on-failure paths).
-    pub fn may_leak(&self) -> bool {
-        matches!(
-            self,
-            Op::Fail(_)
-                | Op::HoldPanicking { .. }
-                | Op::GroupInThreadLocal { .. }
-                | Op::Abort { .. }
-                | Op::Kernel { faulty: true, .. }
-        )
-    }
 }

@@ -426,8 +426,9 @@ impl MockNcclWorld {
         self.world.lock().slow_new_comms = polls;
     }
 
-    /// A window registration on a non-blocking communicator answers `ncclInProgress`
-    /// from now on (the handle is written at the call), and the communicator's
+    /// A registration (`ncclCommRegister`) or window registration on a non-blocking
+    /// communicator answers `ncclInProgress` from now on (the handle is written at the
+    /// call), and the communicator's
     /// `ncclCommGetAsyncError` says `ncclInProgress` for its next `polls` calls, as a
     /// registration still completing in the background would; 0 turns it off. For tests
     /// of what a caller keeps while such a registration may still complete.
@@ -437,7 +438,7 @@ impl MockNcclWorld {
     /// use nccl_sys::{mock::MockNccl, ncclComm_t, ncclResult_t, ncclWindow_t};
     /// let (driver, machine) = MockDriver::with_devices(1).build()?;
     /// let (nccl, sim) = MockNccl::new(&machine).build()?;
-    /// sim.slow_window_registrations(1);
+    /// sim.slow_registrations(1);
     /// let (f, d) = (nccl.fns(), driver.fns());
     /// # let mut ctx = std::ptr::null_mut();
     /// let mut config = nccl_sys::NCCL_CONFIG_INITIALIZER;
@@ -471,8 +472,8 @@ impl MockNcclWorld {
     /// }
     /// # Ok::<(), nccl_sys::LoadError>(())
     /// ```
-    pub fn slow_window_registrations(&self, polls: u64) {
-        self.world.lock().slow_windows = polls;
+    pub fn slow_registrations(&self, polls: u64) {
+        self.world.lock().slow_registrations = polls;
     }
 
     /// How many times `function` was called.

@@ -33,6 +33,20 @@ use super::api::{h2p, nccl_mock, p2h};
 use super::state::{State, fail};
 use crate::*;
 
+/// The answer of a registration that succeeded on communicator `h`: `ncclInProgress`
+/// with that many slow polls after `MockNcclWorld::slow_registrations`, on a
+/// non-blocking communicator; else success.
+fn slow(s: &mut State, h: usize) -> ncclResult_t {
+    let polls = s.slow_registrations;
+    match s.comms.get_mut(&h) {
+        Some(c) if polls > 0 && !c.blocking => {
+            c.slow_polls = polls;
+            ncclResult_t::ncclInProgress
+        }
+        _ => ncclResult_t::ncclSuccess,
+    }
+}
+
 /// The allocator name NCCL memory carries in the driver.
 const NCCL_MEM: &str = "ncclMemAlloc";
 
@@ -286,7 +300,7 @@ nccl_mock! {
         };
         // SAFETY: checked non-null out-pointer.
         unsafe { *handle = h2p(r) };
-        ncclResult_t::ncclSuccess
+        slow(&mut s, h)
     }
     fn ncclCommDeregister = comm_deregister(w, s, comm: ncclComm_t, handle: *mut c_void) {
         let h = match s.check_comm(w, CALL, comm) {
@@ -349,14 +363,7 @@ nccl_mock! {
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));
         // SAFETY: checked non-null out-pointer.
         unsafe { *win = h2p(r) };
-        let slow = s.slow_windows;
-        match s.comms.get_mut(&h) {
-            Some(c) if slow > 0 && !c.blocking => {
-                c.slow_polls = slow;
-                ncclResult_t::ncclInProgress
-            }
-            _ => ncclResult_t::ncclSuccess,
-        }
+        slow(&mut s, h)
     }
     fn ncclCommWindowDeregister = window_deregister(w, s, comm: ncclComm_t, win: ncclWindow_t) {
         let h = match s.check_comm(w, CALL, comm) {

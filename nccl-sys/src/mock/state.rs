@@ -125,9 +125,9 @@ pub(crate) struct State {
     pub(crate) net_inits: usize,
     /// `slow_polls` of each communicator made from now on.
     pub(crate) slow_new_comms: u64,
-    /// `slow_polls` a non-blocking communicator's window registration sets (it then
-    /// answers ncclInProgress); 0: registrations complete at once.
-    pub(crate) slow_windows: u64,
+    /// `slow_polls` a non-blocking communicator's registration or window registration
+    /// sets (it then answers ncclInProgress); 0: registrations complete at once.
+    pub(crate) slow_registrations: u64,
 }
 
 impl State {
