@@ -344,3 +344,34 @@ fn found_an_abort_while_a_non_blocking_group_is_in_the_background() {
     };
     model::run(&p, model::DEADLINE).unwrap();
 }
+
+/// Found by the soak (its oracle, not the library): an injected failure of the wait that
+/// the last drops make (the free of a buffer whose wait fails leaks it, as documented)
+/// fires only after the program's steps; the oracle counts it as taken until the very end.
+#[test]
+fn found_a_failure_that_fires_in_the_last_drops_excuses_its_leak() {
+    let p = Program {
+        setup: Setup {
+            version: NcclVersion(22703),
+            second_non_blocking: true,
+            teardown: 4935208380479766966,
+        },
+        ops: vec![
+            Op::Alloc { dev: 217, len: 3 },
+            Op::Pooled { comm: 151, len: 5 },
+            Op::Pooled { comm: 143, len: 5 },
+            Op::Collective {
+                kind: Coll::AllToAll,
+                comm: 249,
+                slot: 93,
+                other: 155,
+                stream: 218,
+            },
+            Op::Fail(Fault::Cuda(
+                "cuStreamSynchronize",
+                cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+            )),
+        ],
+    };
+    model::run(&p, model::DEADLINE).unwrap();
+}

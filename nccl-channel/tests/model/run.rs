@@ -291,15 +291,7 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
     // A communicator that failed (an abort asked for by an error, a deadline or the
     // program) takes the leak-on-failure paths: what its unsettled work held is kept.
     let failed = st.aborts.iter().any(AbortHandle::is_requested);
-    // The documented leak-on-failure paths a program took: an injected failure that fired,
-    // the injected panic, a thread-local group, and a failed non-blocking communicator
-    // (an unsettled group keeps what it held; a blocking one always settles).
-    let fired = st.faults.iter().any(|&(f, before)| match f {
-        Fault::Nccl(name, _) => world.calls(name) > before,
-        Fault::Cuda(name, _) => gpus.calls(name) > before,
-    });
-    let excused =
-        injected || fired || st.thread_local_group || (p.setup.second_non_blocking && failed);
+    let (faults, thread_local_group) = (st.faults.clone(), st.thread_local_group);
     drop(st);
     drop(children);
     drop(modules);
@@ -316,6 +308,16 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             v.join("\n")
         )));
     }
+    // The documented leak-on-failure paths a program took: an injected failure that fired
+    // (until the very end: a drop may be the call that fails), the injected panic, a
+    // thread-local group, and a failed non-blocking communicator (an unsettled group keeps
+    // what it held; a blocking one always settles).
+    let fired = faults.iter().any(|&(f, before)| match f {
+        Fault::Nccl(name, _) => world.calls(name) > before,
+        Fault::Cuda(name, _) => gpus.calls(name) > before,
+    });
+    let excused =
+        injected || fired || thread_local_group || (p.setup.second_non_blocking && failed);
     if !excused {
         // A context released while memory of it lives: a leak (counted by the driver as
         // children outliving their context), allowed on the leak-on-failure paths only.
