@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Issue 26 on one H200 (2026-12-01), after ../shared/gpu/stage --all-features and
+#   cargo test --release -p nccl-channel --all-features --test control_flow_gpu --no-run
+# copied to .gpu/bin/test-nccl-channel-control_flow_gpu (the device tool, carry [".gpu"]).
+export NCCL_NVLS_ENABLE=0
+B=.gpu/bin/test-nccl-channel-control_flow_gpu
+$B --include-ignored --test-threads=1                                  # plain.txt (NCCL 2.28.3)
+compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
+  $B --include-ignored --test-threads=1                                # memcheck.txt
+NCCL_SYS_LIBRARY=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2 \
+  $B --include-ignored --test-threads=1                                # torch.txt (NCCL 2.28.9)
+# suite-under-memcheck-one-gpu.txt: every other staged GPU binary under the same memcheck,
+# 50 s each; the tests that need two GPUs fail with "needs two GPUs" on this machine.
