@@ -22,29 +22,6 @@ use nccl_sys::{NcclVersion, ncclResult_t};
 /// send/recv in a group of its own.
 const BEFORE_NATIVE: NcclVersion = NcclVersion(22703);
 
-/// Runs `f` on two ranks of a non-blocking communicator (10 s deadline), a thread each.
-fn non_blocking_ranks<R: Send>(
-    rig: &Rig,
-    f: impl Fn(usize, &cuda_hal::Context, &Communicator) -> R + Sync,
-) -> Vec<R> {
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let config = CommConfig::non_blocking(Duration::from_secs(10));
-    std::thread::scope(|scope| {
-        let hs: Vec<_> = (0..2)
-            .map(|rank| {
-                let (f, id, config) = (&f, &id, &config);
-                scope.spawn(move || {
-                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
-                    let comm =
-                        Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, rank, config).unwrap();
-                    f(rank, &ctx, &comm)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
 fn assert_no_violations(rig: &Rig) {
     let v = rig.gpus.violations();
     assert!(v.is_empty(), "the sanitizer saw:\n{}", v.join("\n"));
@@ -57,7 +34,7 @@ fn assert_no_violations(rig: &Rig) {
 #[test]
 fn the_fallbacks_own_group_holds_its_buffers_until_the_work_is_enqueued() {
     let rig = Rig::with_version(2, BEFORE_NATIVE);
-    let got = non_blocking_ranks(&rig, |rank, ctx, comm| {
+    let got = rig.non_blocking_ranks(Duration::from_secs(10), |rank, ctx, comm| {
         let s = Stream::non_blocking(ctx).unwrap();
         let r = rank as i32;
         let mut out = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();

@@ -177,7 +177,7 @@ fn nothing_reaches_nccl_after_an_abort() {
 #[test]
 fn split_children_keep_the_parents_blocking_mode() {
     let rig = Rig::new(2);
-    let results = non_blocking_ranks(&rig, |rank, ctx, parent| {
+    let results = rig.non_blocking_ranks(Duration::from_secs(5), |rank, ctx, parent| {
         let child = parent.split(Some(0), 0).unwrap().unwrap();
         assert!(!child.config().is_blocking());
         assert_eq!(child.config().get_timeout(), Duration::from_secs(5));
@@ -191,29 +191,6 @@ fn split_children_keep_the_parents_blocking_mode() {
     });
     assert_eq!(results, [[3], [3]]);
     rig.assert_clean();
-}
-
-/// Runs `f` on two ranks of a non-blocking communicator (5 s deadline), one thread each.
-fn non_blocking_ranks<R: Send>(
-    rig: &Rig,
-    f: impl Fn(usize, &cuda_hal::Context, &Communicator) -> R + Sync,
-) -> Vec<R> {
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let config = CommConfig::non_blocking(Duration::from_secs(5));
-    std::thread::scope(|scope| {
-        let hs: Vec<_> = (0..2)
-            .map(|rank| {
-                let (f, id, config) = (&f, &id, &config);
-                scope.spawn(move || {
-                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
-                    let comm =
-                        Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, rank, config).unwrap();
-                    f(rank, &ctx, &comm)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 /// Dropping a blocking communicator never waits for its peers: it aborts instead of
@@ -475,7 +452,7 @@ fn split_inside_a_group_is_refused() {
 #[test]
 fn a_non_blocking_group_is_settled_before_its_buffers_go() {
     let rig = Rig::new(2);
-    let results = non_blocking_ranks(&rig, |rank, ctx, comm| {
+    let results = rig.non_blocking_ranks(Duration::from_secs(5), |rank, ctx, comm| {
         let s = Stream::non_blocking(ctx).unwrap();
         let mut out = DeviceBuffer::<u32>::zeroed(ctx, 1).unwrap();
         group(&rig.nccl, || {

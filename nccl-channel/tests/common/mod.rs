@@ -70,6 +70,32 @@ impl Rig {
         })
     }
 
+    /// Runs `f` on two ranks of a non-blocking communicator (deadline `timeout`), one
+    /// thread each, rank r on device r.
+    pub fn non_blocking_ranks<R: Send>(
+        &self,
+        timeout: std::time::Duration,
+        f: impl Fn(usize, &cuda_hal::Context, &Communicator) -> R + Sync,
+    ) -> Vec<R> {
+        let id = UniqueId::generate(&self.nccl).unwrap();
+        let config = nccl_channel::CommConfig::non_blocking(timeout);
+        std::thread::scope(|scope| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (f, id, config) = (&f, &id, &config);
+                    scope.spawn(move || {
+                        let ctx = self.cuda.device(rank).unwrap().primary_context().unwrap();
+                        let comm =
+                            Communicator::init_rank_with(&self.nccl, &ctx, id, 2, rank, config)
+                                .unwrap();
+                        f(rank, &ctx, &comm)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     /// The primary contexts of devices 0..n.
     pub fn contexts(&self, n: usize) -> Vec<cuda_hal::Context> {
         (0..n)
