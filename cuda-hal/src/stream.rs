@@ -336,10 +336,9 @@ impl Stream {
     pub(crate) fn synchronize_for_borrow(&self) -> Result<()> {
         let r = self.synchronize();
         if r.is_err() {
-            let mut pause = std::time::Duration::from_micros(20);
+            // A cold path (the wait failed): a fixed short pause between questions.
             while !self.idle_or_lost() {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_millis(1));
+                std::thread::sleep(std::time::Duration::from_micros(100));
             }
         }
         r
