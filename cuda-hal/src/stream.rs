@@ -278,6 +278,15 @@ impl Stream {
     /// (with a few short retries): for the frees and orderings that enqueue on streams
     /// they do not otherwise lock, where blocking could deadlock (the caller may hold a
     /// lock already). `None` means: do not enqueue.
+    /// The order lock if it can be had at once.
+    pub(crate) fn try_enqueue_lock_now(&self) -> Option<EnqueueLock<'_>> {
+        match self.inner.order.try_read() {
+            Ok(g) => Some(EnqueueLock(g)),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(EnqueueLock(e.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     pub(crate) fn try_enqueue_lock(&self) -> Option<EnqueueLock<'_>> {
         for i in 0..2000u32 {
             if let Ok(g) = self.inner.order.try_read() {

@@ -472,3 +472,51 @@ fn a_registration_dropped_on_another_thread_is_never_out_of_view() {
     }
     drop(others);
 }
+
+/// Found by the adversarial review (real CUDA, not the simulator, which runs grouped work
+/// at once): another thread begins a capture on a stream while this thread's group has
+/// work recorded on it; the group's end launches that work into the capture, so the graph
+/// must hold what the group held (the communicator, the buffers), not the group alone.
+#[test]
+fn a_capture_begun_elsewhere_during_a_group_holds_what_the_group_held() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let (to_b, b_rx) = std::sync::mpsc::channel::<()>();
+    let (to_a, a_rx) = std::sync::mpsc::channel::<()>();
+    let capturing = s.clone();
+    let b = std::thread::spawn(move || {
+        b_rx.recv().unwrap(); // the group has work on the stream
+        capturing
+            .begin_capture(cuda_hal::CaptureMode::Relaxed)
+            .unwrap();
+        to_a.send(()).unwrap();
+        b_rx.recv().unwrap(); // the group ended
+        capturing.end_capture().unwrap().instantiate().unwrap()
+    });
+    let before = rig.gpus.live().device_allocations;
+    let g = Group::start(&rig.nccl).unwrap();
+    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    to_b.send(()).unwrap();
+    a_rx.recv().unwrap();
+    g.end().unwrap();
+    to_b.send(()).unwrap();
+    let graph = b.join().unwrap();
+    drop((buf, comm));
+    assert_eq!(
+        rig.world.live().comms,
+        1,
+        "the graph holds the communicator"
+    );
+    assert_eq!(
+        rig.gpus.live().device_allocations,
+        before + 1,
+        "and the buffer"
+    );
+    drop(graph);
+    assert_eq!(rig.world.live().comms, 0);
+    assert_eq!(rig.gpus.live().device_allocations, before);
+    assert_no_violations(&rig);
+}

@@ -146,7 +146,8 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             Op::GroupEnd
         }
         56..=61 => Op::GroupStart,
-        62..=64 => Op::BeginCapture { stream: b(r) },
+        62..=63 => Op::BeginCapture { stream: b(r) },
+        64 => Op::BeginCaptureOnThread { stream: b(r) },
         65..=67 => Op::EndCapture { stream: b(r) },
         68..=70 => Op::Launch {
             graph: b(r),

@@ -164,6 +164,11 @@ pub enum Op {
         comm: u8,
         ms: u8,
     },
+    /// Another thread begins a (relaxed) capture of stream `stream`, which a later
+    /// `EndCapture` of this thread ends: a group open here may launch into it.
+    BeginCaptureOnThread {
+        stream: u8,
+    },
     /// A plain buffer (or, with `graph`, a graph) dropped on another thread after `us`
     /// microseconds while the program goes on.
     DropConcurrently {

@@ -466,6 +466,14 @@ impl<'c> State<'c> {
                 };
                 let _ = self.stream(stream).begin_capture(mode);
             }
+            Op::BeginCaptureOnThread { stream } => {
+                let s = self.stream(stream).clone();
+                std::thread::spawn(move || {
+                    let _ = s.begin_capture(CaptureMode::Relaxed);
+                })
+                .join()
+                .expect("the capturing thread");
+            }
             Op::EndCapture { stream } => {
                 if let Ok(g) = self.stream(stream).end_capture()
                     && let Ok(exec) = g.instantiate()
