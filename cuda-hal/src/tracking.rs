@@ -229,14 +229,13 @@ struct Deferred {
 }
 
 impl Drop for Deferred {
-    /// The thread's storage is torn down while a scope is still open: a group kept in
-    /// another thread-local, whose destructor runs later and only then ends the group.
-    /// Its work is not launched yet, so what it holds must outlive it: leaked, never freed.
+    /// The thread's storage is torn down. Anything still held belongs to a scope still
+    /// open (the outermost close takes it all): a group kept in another thread-local,
+    /// whose destructor runs later and only then ends the group. Its work is not launched
+    /// yet, so what it holds must outlive it: leaked, never freed.
     fn drop(&mut self) {
-        if depth() > 0 {
-            std::mem::forget(std::mem::take(&mut self.held));
-            std::mem::forget(std::mem::take(&mut self.streams));
-        }
+        std::mem::forget(std::mem::take(&mut self.held));
+        std::mem::forget(std::mem::take(&mut self.streams));
     }
 }
 

@@ -1050,3 +1050,36 @@ fn a_failed_wait_after_a_host_copy_still_waits_for_the_stream() {
         assert_eq!(world.calls("cuStreamQuery") - queries, asked, "{refusal:?}");
     }
 }
+
+thread_local! {
+    /// A user's thread-local that keeps a scope open (as a group kept there would).
+    static KEPT_SCOPE: std::cell::RefCell<Option<cuda_hal::DeferScope>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A scope kept open in a user's thread-local outlives the crate's per-thread state,
+/// which is torn down first: what the scope holds is leaked, never freed (the group's work
+/// is launched only when the scope's owner ends it, later).
+#[test]
+fn a_scope_kept_in_a_thread_local_leaks_what_it_holds() {
+    let (_cuda, world, ctx) = rig();
+    let before = world.live().device_allocations;
+    std::thread::spawn(move || {
+        // Registered before the crate's state: destroyed after it.
+        KEPT_SCOPE.with(|_| ());
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let scope = cuda_hal::DeferScope::open();
+        let mut b = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+        b.fill_async(1, &s).unwrap();
+        drop(b);
+        KEPT_SCOPE.with(|k| *k.borrow_mut() = Some(scope));
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        world.live().device_allocations,
+        before + 1,
+        "leaked, not freed"
+    );
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
