@@ -330,6 +330,16 @@ fn a_window_whose_poll_fails_while_another_group_holds_the_communicator_keeps_it
     });
 }
 
+/// The same through `register_windows` (one NCCL group for every rank's window, the
+/// handles read after its end): the rank whose wait failed unsettled keeps its slot and
+/// memory.
+#[test]
+fn register_windows_whose_wait_fails_while_another_group_holds_the_communicator_keeps_its_memory() {
+    a_registration_whose_poll_fails_keeps_its_memory("ncclCommWindowRegister", |c, b| {
+        Communicator::register_windows(&[(c, b)], WindowFlags::DEFAULT).map(drop)
+    });
+}
+
 /// The same for a local registration (found by the adversarial review: its handle was on
 /// the stack and its memory dropped).
 #[test]

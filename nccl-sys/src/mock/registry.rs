@@ -33,15 +33,20 @@ use super::api::{h2p, nccl_mock, p2h};
 use super::state::{State, fail};
 use crate::*;
 
-/// The answer of a registration that succeeded on communicator `h`: `ncclInProgress`
-/// with that many slow polls after `MockNcclWorld::slow_registrations`, on a
-/// non-blocking communicator; else success.
-fn slow(s: &mut State, h: usize) -> ncclResult_t {
+/// The answer of a registration that succeeded on communicator `h`: after
+/// `MockNcclWorld::slow_registrations`, on a non-blocking communicator, its async error
+/// says "in progress" for that many polls, and the call answers `ncclInProgress` (inside
+/// a group, success: NCCL answers for the group at its end); else success.
+fn slow(w: &NWorld, s: &mut State, h: usize) -> ncclResult_t {
     let polls = s.slow_registrations;
     match s.comms.get_mut(&h) {
         Some(c) if polls > 0 && !c.blocking => {
             c.slow_polls = polls;
-            ncclResult_t::ncclInProgress
+            if super::group::in_group(w.id) {
+                ncclResult_t::ncclSuccess
+            } else {
+                ncclResult_t::ncclInProgress
+            }
         }
         _ => ncclResult_t::ncclSuccess,
     }
@@ -300,7 +305,7 @@ nccl_mock! {
         };
         // SAFETY: checked non-null out-pointer.
         unsafe { *handle = h2p(r) };
-        slow(&mut s, h)
+        slow(w, &mut s, h)
     }
     fn ncclCommDeregister = comm_deregister(w, s, comm: ncclComm_t, handle: *mut c_void) {
         let h = match s.check_comm(w, CALL, comm) {
@@ -363,7 +368,7 @@ nccl_mock! {
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));
         // SAFETY: checked non-null out-pointer.
         unsafe { *win = h2p(r) };
-        slow(&mut s, h)
+        slow(w, &mut s, h)
     }
     fn ncclCommWindowDeregister = window_deregister(w, s, comm: ncclComm_t, win: ncclWindow_t) {
         let h = match s.check_comm(w, CALL, comm) {
