@@ -320,6 +320,12 @@ fn a_registration_whose_poll_fails_keeps_its_memory(
     assert_eq!(rig.world.calls("ncclMemFree"), 0, "the memory is kept");
     done_tx.send(()).unwrap();
     other.join().unwrap();
+    drop(comm);
+    assert_eq!(
+        rig.world.calls("ncclMemFree"),
+        0,
+        "never freed, also after the communicator is gone (the documented leak)"
+    );
     assert_no_violations(&rig);
 }
 
