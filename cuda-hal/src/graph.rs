@@ -99,7 +99,11 @@ impl Stream {
             });
         }
         // Before the driver call: a thread whose work the driver records must see it.
-        self.set_capture(Some(Arc::new(CaptureLog::default())));
+        // Another thread's open group that recorded work here launches it into this
+        // capture: the graph holds what that group holds.
+        let log = CaptureLog::default();
+        *crate::tracking::lock(&log.held) = self.group_holds();
+        self.set_capture(Some(Arc::new(log)));
         let _g = self.bind_if_legacy()?;
         // SAFETY: a valid stream; the mode is a documented value.
         let r = unsafe {

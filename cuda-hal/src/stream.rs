@@ -6,6 +6,22 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use cuda_sys::{CUresult, CUstream, CUstream_flags};
 
 use crate::tracking::{CaptureLog, DeferScope, KeepAlive, lock};
+
+/// The driver's errors after which a context can run nothing more ("the context cannot
+/// be used, so it must be destroyed"): its pending work never runs.
+const STICKY: [CUresult; 11] = [
+    CUresult::CUDA_ERROR_DEINITIALIZED,
+    CUresult::CUDA_ERROR_ECC_UNCORRECTABLE,
+    CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED,
+    CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR,
+    CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUresult::CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+    CUresult::CUDA_ERROR_INVALID_PC,
+    CUresult::CUDA_ERROR_LAUNCH_FAILED,
+];
 use crate::{Context, Error, Event, Result};
 
 struct Inner {
@@ -19,6 +35,9 @@ struct Inner {
     /// Shared while work is noted and enqueued; exclusive while a capture begins, ends or
     /// is joined, so that no work slips into a capture between its noting and its enqueue.
     order: RwLock<()>,
+    /// What the open groups that recorded work on this stream hold (until each has
+    /// launched and settled): a capture begun meanwhile copies it.
+    groups: Mutex<Vec<std::sync::Weak<Mutex<Vec<KeepAlive>>>>>,
 }
 
 impl Inner {
@@ -30,6 +49,7 @@ impl Inner {
             capturing: AtomicBool::new(false),
             capture: Mutex::new(None),
             order: RwLock::new(()),
+            groups: Mutex::new(Vec::new()),
         }
     }
 }
@@ -250,6 +270,26 @@ impl Stream {
         }
     }
 
+    /// An open group recorded work on this stream: `holds` is what it holds until it has
+    /// launched and settled (dead after that).
+    pub(crate) fn note_group(&self, holds: std::sync::Weak<Mutex<Vec<KeepAlive>>>) {
+        let mut groups = lock(&self.inner.groups);
+        groups.retain(|g| g.strong_count() > 0);
+        groups.push(holds);
+    }
+
+    /// What the open groups that recorded work on this stream hold: a capture beginning
+    /// now records that work when they launch it, so its graph must hold this too.
+    pub(crate) fn group_holds(&self) -> Vec<KeepAlive> {
+        let mut groups = lock(&self.inner.groups);
+        groups.retain(|g| g.strong_count() > 0);
+        groups
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .flat_map(|g| lock(&g).clone())
+            .collect()
+    }
+
     /// The log of the capture recording this stream's work, if one is open.
     pub(crate) fn capture_log(&self) -> Option<Arc<CaptureLog>> {
         if !self.inner.capturing.load(Ordering::Acquire) {
@@ -278,15 +318,6 @@ impl Stream {
     /// (with a few short retries): for the frees and orderings that enqueue on streams
     /// they do not otherwise lock, where blocking could deadlock (the caller may hold a
     /// lock already). `None` means: do not enqueue.
-    /// The order lock if it can be had at once.
-    pub(crate) fn try_enqueue_lock_now(&self) -> Option<EnqueueLock<'_>> {
-        match self.inner.order.try_read() {
-            Ok(g) => Some(EnqueueLock(g)),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(EnqueueLock(e.into_inner())),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
-    }
-
     pub(crate) fn try_enqueue_lock(&self) -> Option<EnqueueLock<'_>> {
         for i in 0..2000u32 {
             if let Ok(g) = self.inner.order.try_read() {
@@ -337,11 +368,12 @@ impl Stream {
     }
 
     /// Waits for the stream before a borrow of host memory its work uses ends (the `_on`
-    /// copies). A failed wait does not end the borrow early: the stream is then queried
-    /// until it has no pending work, through any "not ready" and any refusal caused by a
-    /// capture on another thread (it ends); only another error ends the wait: the
-    /// context is lost (a sticky error), and the driver runs none of its work again. The
-    /// wait's error is returned.
+    /// copies), and returns the wait's error. A failed wait does not end the borrow
+    /// early: the stream is then queried until it has no pending work, or until the
+    /// driver says the context is lost (a sticky error: the driver runs none of its work
+    /// again). Any other answer (not ready, a capture elsewhere refusing the question, an
+    /// unexpected error) is asked again: this blocks rather than end the borrow while a
+    /// copy into or from it might still run.
     pub(crate) fn synchronize_for_borrow(&self) -> Result<()> {
         let r = self.synchronize();
         if r.is_err() {
@@ -353,13 +385,12 @@ impl Stream {
         r
     }
 
-    /// Whether the stream has no pending work, or its context is lost; `false` while
-    /// work is pending or a capture elsewhere refuses the question.
+    /// Whether the stream has no pending work, or its context is lost for good.
     fn idle_or_lost(&self) -> bool {
         match self.is_idle() {
             Ok(idle) => idle,
-            Err(Error::Driver { code, .. }) => !(900..=908).contains(&code.0),
-            Err(_) => true,
+            Err(Error::Driver { code, .. }) => STICKY.contains(&code),
+            Err(_) => false,
         }
     }
 

@@ -222,9 +222,14 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What an open group holds, shared (weakly) with every stream it noted: a capture that
+/// another thread begins on one of them before the group's work is launched and settled
+/// records that work when the group launches it, so its graph copies these holds.
+pub(crate) type GroupHolds = Arc<Mutex<Vec<KeepAlive>>>;
+
 #[derive(Default)]
 struct Deferred {
-    held: Vec<KeepAlive>,
+    held: GroupHolds,
     streams: Vec<Stream>,
 }
 
@@ -339,74 +344,16 @@ impl DeferScope {
         depth() > 0
     }
 
-    /// Closes the scope around the library's group end `end` (`ncclGroupEnd`), which
-    /// launches the work recorded in the group on the streams noted in this scope, and
-    /// returns what `end` returns.
-    ///
-    /// Another thread may have begun a capture on one of those streams while the group was
-    /// open: the group's work is then launched into that capture's graph, which must hold
-    /// what the group held. So, for the outermost scope, no capture begins or ends on those
-    /// streams while `end` runs (their [`Stream::enqueue_lock`]s are taken, waiting up to
-    /// about 100 ms for a capture that is beginning or ending; a thread that holds one of
-    /// them itself while a capture waits for it would wait forever, so after that the
-    /// locks that could not be had are skipped), and every capture recording one of them
-    /// afterwards holds all that the group held. Then the scope closes as on drop.
-    ///
-    /// ```
-    /// use cuda_hal::{CaptureMode, DeferScope, DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
-    /// # let ctx = cuda.device(0)?.primary_context()?;
-    /// let stream = Stream::non_blocking(&ctx)?;
-    /// let scope = DeferScope::open(); // right after the library's group start
-    /// let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 16)?;
-    /// buf.fill_async(1, &stream)?; // grouped work would be recorded here
-    /// drop(buf);
-    /// // Another thread begins a capture on the stream before the group ends.
-    /// let other = stream.clone();
-    /// std::thread::spawn(move || other.begin_capture(CaptureMode::Relaxed)).join().unwrap()?;
-    /// scope.end_with(|| { /* ncclGroupEnd(): the work lands in that capture */ });
-    /// let graph = stream.end_capture()?;
-    /// assert_eq!(world.live().device_allocations, 1, "the graph holds what the group held");
-    /// drop(graph);
-    /// assert_eq!(world.live().device_allocations, 0);
-    /// # Ok::<(), cuda_hal::Error>(())
-    /// ```
-    pub fn end_with<R>(self, end: impl FnOnce() -> R) -> R {
-        if depth() != 1 {
-            // An inner scope: the group launches nothing yet.
-            let r = end();
-            drop(self);
-            return r;
-        }
-        let streams = DEFERRED
-            .try_with(|d| d.borrow().streams.clone())
-            .unwrap_or_default();
-        let locks = lock_all(&streams);
-        let r = end();
-        if streams.iter().any(|s| s.capture_log().is_some()) {
-            let held = DEFERRED
-                .try_with(|d| d.borrow().held.clone())
-                .unwrap_or_default();
-            for s in &streams {
-                if let Some(log) = s.capture_log() {
-                    lock(&log.held).extend(held.iter().cloned());
-                }
-            }
-        }
-        drop(locks);
-        drop(self);
-        r
-    }
-
     /// Holds `what` (and `stream`) until the outermost scope of this thread closes. Once
     /// the thread's storage is gone (its teardown), they are leaked instead: the group's
     /// work may still run, and what it uses must never be freed.
     pub(crate) fn hold(what: KeepAlive, stream: &Stream) {
         let held = DEFERRED.try_with(|d| {
             let mut d = d.borrow_mut();
-            d.held.push(what.clone());
+            lock(&d.held).push(what.clone());
             if !d.streams.iter().any(|s| s.key() == stream.key()) {
                 d.streams.push(stream.clone());
+                stream.note_group(Arc::downgrade(&d.held));
             }
         });
         if held.is_err() {
@@ -416,31 +363,6 @@ impl DeferScope {
         // Outside the borrow: the dependency's code may look at the scope itself.
         what.dependency().deferred();
     }
-}
-
-/// The order locks of `streams`: all at once (none is held while one is awaited, so
-/// captures beginning or ending on them cannot deadlock with this), giving up on the ones
-/// still busy after about 100 ms.
-fn lock_all(streams: &[Stream]) -> Vec<crate::EnqueueLock<'_>> {
-    for attempt in 0..2000u32 {
-        let got: Vec<_> = streams
-            .iter()
-            .map_while(Stream::try_enqueue_lock_now)
-            .collect();
-        if got.len() == streams.len() {
-            return got;
-        }
-        drop(got);
-        if attempt < 100 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
-    }
-    streams
-        .iter()
-        .filter_map(Stream::try_enqueue_lock_now)
-        .collect()
 }
 
 impl Drop for DeferScope {
@@ -463,14 +385,19 @@ impl Drop for DeferScope {
         // scopes of their own.
         if let Some((held, streams)) = released {
             // Leaked unless every hold settles: a panic in a `settle` unwinds past them,
-            // and grouped work may still be enqueued; what it uses must live on.
+            // and grouped work may still be enqueued; what it uses must live on. Until
+            // then the holds stay shared with the streams (a capture beginning there now
+            // still copies them); settled, the group's work is launched and they go.
             let held = ManuallyDrop::new(held);
             let streams = ManuallyDrop::new(streams);
+            // A copy to settle: a user's `settle` may begin a capture, which reads `held`.
+            let each = ManuallyDrop::new(lock(&held).clone());
             let mut settled = true;
-            for k in held.iter() {
+            for k in each.iter() {
                 settled &= k.dependency().settle();
             }
             if settled {
+                drop(ManuallyDrop::into_inner(each));
                 drop(ManuallyDrop::into_inner(held));
                 drop(ManuallyDrop::into_inner(streams));
             }

@@ -1036,9 +1036,12 @@ fn a_failed_wait_after_a_host_copy_still_waits_for_the_stream() {
     dev.copy_from_host_on(&host, &s).unwrap_err();
     assert!(world.calls("cuStreamQuery") > queries, "asked until idle");
     // A query refused by a capture elsewhere is asked again; a lost context ends it.
+    // Any other unexpected answer is asked again too.
     for (refusal, asked) in [
         (cuda_sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, 2),
+        (cuda_sys::CUresult::CUDA_ERROR_INVALID_VALUE, 2),
         (cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED, 1),
+        (cuda_sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, 1),
     ] {
         world.fail_next(
             "cuStreamSynchronize",

@@ -47,9 +47,9 @@ use crate::{Result, check};
 pub struct Group<'a> {
     nccl: &'a Nccl,
     open: bool,
-    /// Closed around `ncclGroupEnd` ([`DeferScope::end_with`]): releases what the group's
-    /// calls hold once the work is enqueued, or hands it to a capture it landed in.
-    scope: Option<DeferScope>,
+    /// Dropped after `ncclGroupEnd` (fields drop after `Drop::drop`): releases what the
+    /// group's calls hold once the work is enqueued.
+    _scope: DeferScope,
 }
 
 static_assertions::assert_not_impl_any!(Group<'static>: Send, Sync);
@@ -82,7 +82,7 @@ impl<'a> Group<'a> {
         Ok(Group {
             nccl,
             open: true,
-            scope: Some(scope),
+            _scope: scope,
         })
     }
 
@@ -93,13 +93,8 @@ impl<'a> Group<'a> {
     #[doc(alias = "ncclGroupEnd")]
     pub fn end(mut self) -> Result<()> {
         self.open = false;
-        let nccl = self.nccl;
         // SAFETY: ends the group this value started.
-        let end = || unsafe { nccl_raw_call!(nccl, ncclGroupEnd()) };
-        let (rc, call) = match self.scope.take() {
-            Some(scope) => scope.end_with(end),
-            None => end(),
-        };
+        let (rc, call) = unsafe { nccl_raw_call!(self.nccl, ncclGroupEnd()) };
         if rc == nccl_sys::ncclResult_t::ncclInProgress {
             return Ok(());
         }
@@ -110,13 +105,8 @@ impl<'a> Group<'a> {
 impl Drop for Group<'_> {
     fn drop(&mut self) {
         if self.open {
-            let fns = self.nccl.fns();
             // SAFETY: ends the group this value started; the error has nowhere to go.
-            let end = || unsafe { (fns.ncclGroupEnd)() };
-            let _ = match self.scope.take() {
-                Some(scope) => scope.end_with(end),
-                None => end(),
-            };
+            let _ = unsafe { (self.nccl.fns().ncclGroupEnd)() };
         }
     }
 }

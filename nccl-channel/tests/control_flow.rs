@@ -536,3 +536,144 @@ fn a_capture_begun_elsewhere_during_a_group_holds_what_the_group_held() {
     assert_eq!(rig.gpus.live().device_allocations, before);
     assert_no_violations(&rig);
 }
+
+/// Found by the second review: a group's end must not hold anything another rank needs.
+/// Rank 1's thread begins a capture on rank 0's stream while rank 0 waits in
+/// `ncclGroupEnd` for rank 1's part: both go through (the end held the streams' order
+/// locks once, and rank 1 waited for them while rank 0 waited for rank 1).
+#[test]
+fn a_group_end_waiting_for_a_peer_lets_a_capture_begin_on_its_stream() {
+    let rig = Rig::new(2);
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Stream>();
+    let (rig, id) = (&rig, &id);
+    let (a, b) = std::thread::scope(|sc| {
+        let a = sc.spawn(move || {
+            let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+            let comm = Communicator::init_rank(&rig.nccl, &ctx, id, 2, 0).unwrap();
+            let s0 = Stream::non_blocking(&ctx).unwrap();
+            tx.send(s0.clone()).unwrap();
+            let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+            let g = Group::start(&rig.nccl).unwrap();
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s0)
+                .unwrap();
+            g.end()
+        });
+        let b = sc.spawn(move || {
+            let ctx = rig.cuda.device(1).unwrap().primary_context().unwrap();
+            let comm = Communicator::init_rank(&rig.nccl, &ctx, id, 2, 1).unwrap();
+            let s0 = rx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(100)); // rank 0 is in its group end
+            s0.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
+            let s1 = Stream::non_blocking(&ctx).unwrap();
+            let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+            let r = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s1);
+            drop(s0.end_capture());
+            r
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!((a, b), (Ok(()), Ok(())));
+}
+
+/// A dependency whose `settle` says it started and waits to be let go: holds a group in
+/// its settling phase for as long as a test needs.
+struct Gate {
+    settling: Mutex<std::sync::mpsc::Sender<()>>,
+    resume: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Dependency for Gate {
+    fn settle(&self) -> bool {
+        self.settling.lock().unwrap().send(()).unwrap();
+        self.resume.lock().unwrap().recv().unwrap();
+        true
+    }
+}
+
+/// Found by the second review: a non-blocking communicator's group launches its work in
+/// the background after `ncclGroupEnd` answered "in progress", while the group settles; a
+/// capture another thread begins before that launch records it, so its graph must hold
+/// the communicator too (the hand-off happened only around `ncclGroupEnd` itself). The
+/// gate, held first, keeps the group settling (before the communicator's own wait)
+/// while the capture begins.
+#[test]
+fn a_capture_begun_while_a_non_blocking_group_settles_holds_what_it_held() {
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(10));
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let (settling_tx, settling) = std::sync::mpsc::channel();
+    let (resume, resume_rx) = std::sync::mpsc::channel();
+    let gate = Arc::new(Gate {
+        settling: Mutex::new(settling_tx),
+        resume: Mutex::new(resume_rx),
+    });
+    let capturing = s.clone();
+    let b = std::thread::spawn(move || {
+        settling.recv().unwrap(); // ncclGroupEnd answered; the group settles
+        capturing
+            .begin_capture(cuda_hal::CaptureMode::Relaxed)
+            .unwrap();
+        resume.send(()).unwrap();
+        capturing
+    });
+    let g = Group::start(&rig.nccl).unwrap();
+    s.hold(|| KeepAlive::new(gate));
+    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    drop(buf);
+    g.end().unwrap();
+    let capturing = b.join().unwrap();
+    drop(comm);
+    let graph = capturing.end_capture().unwrap();
+    assert_eq!(
+        rig.world.live().comms,
+        1,
+        "the graph holds the communicator"
+    );
+    drop(graph);
+    assert_eq!(rig.world.live().comms, 0);
+    assert_no_violations(&rig);
+}
+
+/// Found by the second review: a user's own `DeferScope` around a `Group` keeps the
+/// group's holds past NCCL's launch (at `Group::end`); a capture another thread begins
+/// on the stream before that launch still gets them.
+#[test]
+fn a_users_scope_around_a_group_still_hands_its_holds_to_a_capture() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let before = rig.gpus.live().device_allocations;
+    let user = DeferScope::open();
+    let g = Group::start(&rig.nccl).unwrap();
+    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    drop(buf);
+    let other = s.clone();
+    std::thread::spawn(move || other.begin_capture(cuda_hal::CaptureMode::Relaxed))
+        .join()
+        .unwrap()
+        .unwrap();
+    g.end().unwrap(); // NCCL's outermost end: the launch, into the capture
+    drop(user);
+    drop(comm);
+    let graph = s.end_capture().unwrap();
+    assert_eq!(
+        rig.world.live().comms,
+        1,
+        "the graph holds the communicator"
+    );
+    assert_eq!(
+        rig.gpus.live().device_allocations,
+        before + 1,
+        "and the buffer"
+    );
+    drop(graph);
+    assert_eq!(rig.world.live().comms, 0);
+}

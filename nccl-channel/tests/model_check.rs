@@ -206,18 +206,14 @@ fn the_oracle_catches_each_kind_of_failure() {
         "{uaf:?}"
     );
     assert_eq!(run(model::Sabotage::Hang), Err(model::Failure::Hang));
-    // The same leak after an injected failure is allowed once the failure fired (a
-    // documented leak-on-failure path was taken), not before; an injected panic is not a
-    // failure.
+    // The same leak after an injected failure is allowed only once a failure on a
+    // documented leak-on-failure path fired (a wait of a free), not for other failures
+    // or before it fires; an injected panic is not a failure.
     let mut p = program(model::Sabotage::Leak);
     p.ops.push(Op::Fail(Fault::Nccl(
         "ncclAllReduce",
         nccl_sys::ncclResult_t::ncclSystemError,
     )));
-    assert!(matches!(
-        model::run(&p, model::DEADLINE),
-        Err(model::Failure::Leak(_))
-    ));
     p.ops.push(Op::Collective {
         kind: Coll::AllReduce,
         comm: 0,
@@ -225,7 +221,33 @@ fn the_oracle_catches_each_kind_of_failure() {
         other: 0,
         stream: 0,
     });
+    assert!(matches!(
+        model::run(&p, model::DEADLINE),
+        Err(model::Failure::Leak(_))
+    ));
+    let mut p = program(model::Sabotage::Leak);
+    p.ops.push(Op::Fail(Fault::Cuda(
+        "cuStreamSynchronize",
+        cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+    )));
+    assert!(matches!(
+        model::run(&p, model::DEADLINE),
+        Err(model::Failure::Leak(_))
+    ));
+    p.ops.push(Op::Synchronize { stream: 0 });
     assert_eq!(model::run(&p, model::DEADLINE), Ok(()));
+    // An abort the program asks of the blocking communicator excuses nothing.
+    let p = Program {
+        setup: Setup {
+            second_non_blocking: true,
+            ..program(model::Sabotage::Leak).setup
+        },
+        ops: vec![Op::Abort { comm: 0 }, Op::Sabotage(model::Sabotage::Leak)],
+    };
+    assert!(matches!(
+        model::run(&p, model::DEADLINE),
+        Err(model::Failure::Leak(_))
+    ));
     let p = Program {
         ops: vec![
             Op::GroupStart,
