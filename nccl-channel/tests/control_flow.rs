@@ -677,3 +677,44 @@ fn a_users_scope_around_a_group_still_hands_its_holds_to_a_capture() {
     drop(graph);
     assert_eq!(rig.world.live().comms, 0);
 }
+
+/// A graph captured while a registration's release was queued holds the queued release;
+/// each launch of that graph is work on the registration, so the release (once the graph
+/// is gone) waits for the launch's stream too.
+#[test]
+fn a_launch_of_a_graph_holding_a_queued_registration_is_waited_for() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let (s1, s2, s3) = (
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+        Stream::new(&ctx).unwrap(),
+    );
+    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+    let reg = comm.register(&b).unwrap();
+    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+        .unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+        .unwrap();
+    let first = s1.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+        .unwrap(); // noted on s2
+    // Queued: its first graph goes on another thread.
+    std::thread::spawn(move || drop(first)).join().unwrap();
+    // A capture on s2: the release, which would wait for s2, is refused and stays
+    // queued; the captured all-reduce holds it.
+    s2.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+        .unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+        .unwrap();
+    let second = s2.end_capture().unwrap().instantiate().unwrap();
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+    second.launch(&s3).unwrap(); // work on the registration, on s3
+    std::thread::spawn(move || drop(second)).join().unwrap();
+    comm.async_error().unwrap(); // the owner's next call releases it: after s3's launch
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    assert_no_violations(&rig);
+    drop((b, comm, s1, s2, s3, ctx));
+    rig.assert_clean();
+}
