@@ -181,3 +181,51 @@ fn pinned_memory_is_never_misaligned() {
         }
     }
 }
+
+/// Another thread begins a capture on the stream while this thread's group has an
+/// all-reduce recorded on it: the group's end launches the all-reduce into the capture,
+/// and the graph holds the communicator and buffers, so it replays after both were
+/// dropped (under compute-sanitizer: no access to freed memory).
+#[test]
+#[ignore = "needs a GPU"]
+fn a_capture_begun_elsewhere_during_a_group_replays_after_the_drops() {
+    let (_cuda, nccl, ctx) = one_gpu();
+    let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))
+        .unwrap()
+        .remove(0);
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut out = DeviceBuffer::<f32>::zeroed(&ctx, N).unwrap();
+    let graph = {
+        let g = nccl_channel::Group::start(&nccl).unwrap();
+        let mut send = DeviceBuffer::<f32>::alloc(&ctx, N).unwrap();
+        send.fill(3.0).unwrap();
+        comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s).unwrap();
+        drop(send);
+        let other = s.clone();
+        std::thread::spawn(move || other.begin_capture(CaptureMode::Relaxed))
+            .join()
+            .unwrap()
+            .unwrap();
+        g.end().unwrap(); // launched into the capture
+        s.end_capture().unwrap().instantiate().unwrap()
+    };
+    drop(comm);
+    let junk = scribble(&ctx);
+    s.synchronize().unwrap();
+    let before = out.to_vec().unwrap()[0];
+    // NCCL decides whether grouped work joins a capture another thread began: either it
+    // ran at the group's end (3 already) or the graph replays it (reading `send`, which
+    // the graph must keep: freed, it would read the scribbled -1).
+    eprintln!(
+        "the group's all-reduce {} (out = {before} before the launch)",
+        if before == 3.0 {
+            "ran at the group's end"
+        } else {
+            "was captured"
+        }
+    );
+    graph.launch(&s).unwrap();
+    s.synchronize().unwrap();
+    assert!(out.to_vec().unwrap().iter().all(|&v| v == 3.0));
+    drop((graph, junk));
+}
