@@ -718,3 +718,34 @@ fn a_launch_of_a_graph_holding_a_queued_registration_is_waited_for() {
     drop((b, comm, s1, s2, s3, ctx));
     rig.assert_clean();
 }
+
+/// A queued release of a registration NCCL handed out again (for a part of a range
+/// registered earlier) keeps the whole range NCCL still has registered in view: a
+/// collective far from the part's own pages, while the release is queued, is waited for.
+#[test]
+fn a_queued_shared_registration_keeps_its_whole_range_in_view() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut b = comm.alloc_nccl::<f32>(1 << 16).unwrap();
+    let whole = comm.register(&b).unwrap();
+    let head = comm.register(&b.slice(0..16).unwrap()).unwrap();
+    drop(whole);
+    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+        .unwrap();
+    comm.all_reduce_in_place(&mut b.slice_mut(0..16).unwrap(), ReduceOp::Sum, &s1)
+        .unwrap();
+    let graph = s1.end_capture().unwrap().instantiate().unwrap();
+    drop(head);
+    std::thread::spawn(move || drop(graph)).join().unwrap(); // queued
+    group(&rig.nccl, || {
+        // Far from `head`'s pages, inside the range NCCL still has registered.
+        comm.all_reduce_in_place(&mut b.slice_mut(60_000..).unwrap(), ReduceOp::Sum, &s2)
+    })
+    .unwrap();
+    comm.async_error().unwrap(); // releases it, after s2's work
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 2);
+    assert_no_violations(&rig);
+    drop((b, comm, s1, s2, ctx));
+    rig.assert_clean();
+}
