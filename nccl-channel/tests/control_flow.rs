@@ -749,3 +749,45 @@ fn a_queued_shared_registration_keeps_its_whole_range_in_view() {
     drop((b, comm, s1, s2, ctx));
     rig.assert_clean();
 }
+
+/// A queued release is noted on (and held by) only the work that overlaps its range: a
+/// captured collective on other memory, or on memory that starts right where the range
+/// ends, does not delay the release while its graph lives.
+#[test]
+fn a_queued_release_is_held_only_by_work_on_its_range() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    const PAGE: u64 = 64 << 10; // the registry's page
+    let mut b = comm.alloc_nccl::<u8>(4 * PAGE as usize).unwrap();
+    let mut other = comm.alloc_nccl::<u8>(4096).unwrap();
+    // The registered part ends on a page boundary: its range ends exactly there.
+    let off = ((b.as_raw() / PAGE + 1) * PAGE - b.as_raw()) as usize;
+    let reg = comm.register(&b.slice(..off).unwrap()).unwrap();
+    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+        .unwrap();
+    comm.all_reduce_in_place(&mut b.slice_mut(..off).unwrap(), ReduceOp::Max, &s1)
+        .unwrap();
+    let first = s1.end_capture().unwrap().instantiate().unwrap();
+    drop(reg);
+    std::thread::spawn(move || drop(first)).join().unwrap(); // queued
+    // Captured inside a group, so the queue is not processed by these calls.
+    s2.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+        .unwrap();
+    group(&rig.nccl, || {
+        comm.all_reduce_in_place(&mut other, ReduceOp::Max, &s2)?;
+        comm.all_reduce_in_place(
+            &mut b.slice_mut(off..off + 4096).unwrap(),
+            ReduceOp::Max,
+            &s2,
+        )
+    })
+    .unwrap();
+    let second = s2.end_capture().unwrap().instantiate().unwrap();
+    comm.async_error().unwrap(); // released now: the second graph does not hold it
+    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+    drop(second);
+    assert_no_violations(&rig);
+    drop((b, other, comm, s1, s2, ctx));
+    rig.assert_clean();
+}
