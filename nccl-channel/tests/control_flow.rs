@@ -751,8 +751,9 @@ fn a_queued_shared_registration_keeps_its_whole_range_in_view() {
 }
 
 /// A queued release is noted on (and held by) only the work that overlaps its range: a
-/// captured collective on other memory, or on memory that starts right where the range
-/// ends, does not delay the release while its graph lives.
+/// captured collective on other memory, or on memory that ends right where the range
+/// starts or starts right where it ends, does not delay the release while its graph
+/// lives.
 #[test]
 fn a_queued_release_is_held_only_by_work_on_its_range() {
     let rig = Rig::new(1);
@@ -761,12 +762,13 @@ fn a_queued_release_is_held_only_by_work_on_its_range() {
     const PAGE: u64 = 64 << 10; // the registry's page
     let mut b = comm.alloc_nccl::<u8>(4 * PAGE as usize).unwrap();
     let mut other = comm.alloc_nccl::<u8>(4096).unwrap();
-    // The registered part ends on a page boundary: its range ends exactly there.
-    let off = ((b.as_raw() / PAGE + 1) * PAGE - b.as_raw()) as usize;
-    let reg = comm.register(&b.slice(..off).unwrap()).unwrap();
+    // The registered part is one whole page: its range is exactly that page.
+    let off = ((b.as_raw() / PAGE + 2) * PAGE - b.as_raw()) as usize;
+    let page = off..off + PAGE as usize;
+    let reg = comm.register(&b.slice(page.clone()).unwrap()).unwrap();
     s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
         .unwrap();
-    comm.all_reduce_in_place(&mut b.slice_mut(..off).unwrap(), ReduceOp::Max, &s1)
+    comm.all_reduce_in_place(&mut b.slice_mut(page.clone()).unwrap(), ReduceOp::Max, &s1)
         .unwrap();
     let first = s1.end_capture().unwrap().instantiate().unwrap();
     drop(reg);
@@ -776,11 +778,12 @@ fn a_queued_release_is_held_only_by_work_on_its_range() {
         .unwrap();
     group(&rig.nccl, || {
         comm.all_reduce_in_place(&mut other, ReduceOp::Max, &s2)?;
-        comm.all_reduce_in_place(
-            &mut b.slice_mut(off..off + 4096).unwrap(),
-            ReduceOp::Max,
-            &s2,
-        )
+        let before = page.start - 4096..page.start;
+        let after = page.end..page.end + 4096;
+        for r in [before, after] {
+            comm.all_reduce_in_place(&mut b.slice_mut(r).unwrap(), ReduceOp::Max, &s2)?;
+        }
+        Ok(())
     })
     .unwrap();
     let second = s2.end_capture().unwrap().instantiate().unwrap();
