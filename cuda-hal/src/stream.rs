@@ -376,9 +376,19 @@ impl Stream {
     /// copy into or from it might still run.
     pub(crate) fn synchronize_for_borrow(&self) -> Result<()> {
         let r = self.synchronize();
-        if r.is_err() {
-            // A cold path (the wait failed): a fixed short pause between questions.
+        if let Err(e) = &r {
+            // A cold path (the wait failed): a fixed short pause between questions, and a
+            // word on stderr once the wait gets long.
+            let start = std::time::Instant::now();
+            let mut said = false;
             while !self.idle_or_lost() {
+                if !said && start.elapsed() > std::time::Duration::from_secs(5) {
+                    eprintln!(
+                        "cuda-hal: a blocking copy's wait failed ({e}); the stream still has \
+                         work, and the copy's host memory stays borrowed until it is done"
+                    );
+                    said = true;
+                }
                 std::thread::sleep(std::time::Duration::from_micros(100));
             }
         }
