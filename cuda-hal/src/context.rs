@@ -28,10 +28,10 @@ impl Drop for Inner {
 /// released only after them:
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, DeviceBuffer};
 ///
-/// let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let gpu = cuda.device(0)?;
 /// let ctx = gpu.primary_context()?;
 /// assert_eq!(gpu.primary_context()?, ctx, "one primary context per device");
@@ -147,10 +147,10 @@ impl Context {
     /// For calls made through the raw table, which act on the current context:
     ///
     /// ```
-    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     /// use cuda_hal::Cuda;
     ///
-    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (cuda, _world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// let (c0, c1) = (cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?);
     /// let current = || {
     ///     let mut ctx = std::ptr::null_mut();
@@ -213,7 +213,7 @@ impl Context {
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, MemoryInfo};
-/// # let (cuda, _machine) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, _machine) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let before = ctx.memory_info()?;
 /// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 1 << 20)?;
@@ -239,7 +239,7 @@ pub struct MemoryInfo {
 /// they did not make. See [`Context::bind`] for an example.
 ///
 /// ```compile_fail
-/// # let (cuda, _world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, _world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let guard = ctx.bind()?;
 /// // "Current" belongs to this thread: the guard cannot be sent to another.

@@ -14,10 +14,10 @@ use crate::{DeviceUuid, Error, Result};
 /// The way to the devices, by ordinal, UUID, PCI bus id or selector string:
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::Cuda;
 ///
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2).version(12080))?;
+/// let (cuda, _world) = MockDriver::with_devices(2).version(12080).build_with(Cuda::from_driver)?;
 /// assert_eq!(cuda.version().to_string(), "12.8");
 /// let names: Vec<String> = cuda.devices()?.iter().map(|d| d.name()).collect::<Result<_, _>>()?;
 /// assert_eq!(names, ["Mock GPU 0", "Mock GPU 1"]);
@@ -71,7 +71,7 @@ impl Cuda {
     /// Initialises a driver loaded some other way (a path, a mock) with `cuInit(0)`.
     ///
     /// ```
-    /// use cuda_hal::cuda_sys::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     /// use cuda_hal::Cuda;
     /// let (driver, world) = MockDriver::with_devices(1).build()?;
     /// let cuda = Cuda::from_driver(driver)?;
@@ -86,25 +86,6 @@ impl Cuda {
         // SAFETY: cuInit(0) has no preconditions.
         unsafe { call!(cuda, cuInit(0)) }?;
         Ok(cuda)
-    }
-
-    /// A simulated driver (feature `mock`): the `Cuda` and the handle that steers it.
-    ///
-    /// ```
-    /// use cuda_hal::mock::MockDriver;
-    /// use cuda_hal::{Cuda, DeviceBuffer};
-    /// let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
-    /// let ctx = cuda.device(0)?.primary_context()?;
-    /// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 100)?;
-    /// assert_eq!(world.used_memory(0), 100);
-    /// drop(buf);
-    /// assert_eq!(world.used_memory(0), 0);
-    /// # Ok::<(), cuda_hal::Error>(())
-    /// ```
-    #[cfg(feature = "mock")]
-    pub fn mock(builder: cuda_sys::mock::MockDriver) -> Result<(Cuda, cuda_sys::mock::MockWorld)> {
-        let (driver, world) = builder.build()?;
-        Ok((Cuda::from_driver(driver)?, world))
     }
 
     /// The raw driver (function table, version, origin).
@@ -132,9 +113,9 @@ impl Cuda {
     ///
     /// ```
     /// use cuda_hal::cuda_sys::CUresult;
-    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     /// use cuda_hal::{Cuda, Error};
-    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let (cuda, _world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// let mut n = 0;
     /// // SAFETY: a valid out-pointer.
     /// cuda.check(unsafe { (cuda.fns().cuDeviceGetCount)(&mut n) }, "cuDeviceGetCount")?;
@@ -187,13 +168,13 @@ impl Cuda {
     /// An optional table entry, or [`Error::Unsupported`] naming the version it needs.
     ///
     /// ```
-    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     /// use cuda_hal::{Cuda, Error};
     /// // cuStreamGetDevice came with CUDA 12.8.
-    /// let (old, _w) = Cuda::mock(MockDriver::with_devices(1).version(12040))?;
+    /// let (old, _w) = MockDriver::with_devices(1).version(12040).build_with(Cuda::from_driver)?;
     /// let missing = old.require(old.fns().cuStreamGetDevice, "cuStreamGetDevice");
     /// assert!(matches!(missing, Err(Error::Unsupported { .. })));
-    /// let (new, _w) = Cuda::mock(MockDriver::with_devices(1).version(12080))?;
+    /// let (new, _w) = MockDriver::with_devices(1).version(12080).build_with(Cuda::from_driver)?;
     /// assert!(new.require(new.fns().cuStreamGetDevice, "cuStreamGetDevice").is_ok());
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
@@ -225,9 +206,9 @@ impl Cuda {
     /// are, past the last).
     ///
     /// ```
-    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     /// use cuda_hal::{Cuda, Error};
-    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let (cuda, _world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// assert_eq!(cuda.device(0)?.ordinal(), 0);
     /// let Err(Error::NoSuchDevice { selector, available }) = cuda.device(3) else {
     ///     panic!("there is one device");
@@ -264,9 +245,9 @@ impl Cuda {
     /// `cuda://GPU-<uuid>`, `cuda://MIG-<uuid>` or `cuda://<pci bus id>`.
     ///
     /// ```
-    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     /// use cuda_hal::{Cuda, Error};
-    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (cuda, _world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// let one = cuda.device(1)?;
     /// assert_eq!(cuda.select("cuda://")?.ordinal(), 0);
     /// assert_eq!(cuda.select("cuda://1")?, one);
@@ -292,9 +273,9 @@ impl Cuda {
     /// The device a parsed selector names.
     ///
     /// ```
-    /// use cuda_hal::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     /// use cuda_hal::{Cuda, DeviceSelector};
-    /// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (cuda, _world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// let wanted: DeviceSelector = "cuda://1".parse()?;
     /// assert_eq!(cuda.select_parsed(&wanted)?.ordinal(), 1);
     /// # Ok::<(), cuda_hal::Error>(())

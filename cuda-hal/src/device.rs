@@ -10,10 +10,10 @@ use crate::{Context, Cuda, DeviceUuid, PciBusId, Result};
 ///
 /// ```
 /// use cuda_hal::cuda_sys::CUdevice_attribute;
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::Cuda;
 ///
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, _world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let gpu = cuda.device(1)?;
 /// assert_eq!(gpu.name()?, "Mock GPU 1");
 /// assert_eq!(gpu.total_memory()?, 16 << 30);

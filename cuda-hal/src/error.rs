@@ -11,10 +11,10 @@ use crate::LaunchConfig;
 ///
 /// ```
 /// use cuda_hal::cuda_sys::CUresult;
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, DeviceBuffer, Error};
 ///
-/// let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// world.fail_next("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
 /// let Err(Error::Driver { call, code, name, .. }) = DeviceBuffer::<f32>::alloc(&ctx, 1024) else {
@@ -254,7 +254,7 @@ fn list(items: &[String]) -> String {
 /// fn devices(cuda: &Cuda) -> Result<usize> {
 ///     cuda.device_count()
 /// }
-/// let (cuda, _world) = Cuda::mock(cuda_hal::mock::MockDriver::with_devices(3))?;
+/// let (cuda, _world) = cuda_mock::MockDriver::with_devices(3).build_with(Cuda::from_driver)?;
 /// assert_eq!(devices(&cuda)?, 3);
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```

@@ -14,7 +14,7 @@ use crate::{Context, Error, Result, Stream};
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, Event, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let stream = Stream::new(&ctx)?;
 /// let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 8)?;
@@ -147,7 +147,7 @@ impl Event {
     /// ```
     /// use std::time::Duration;
     /// use cuda_hal::{Error, Event, Stream};
-    /// # let (cuda, _machine) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, _machine) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let stream = Stream::new(&ctx)?;
     /// let (start, end) = (Event::new(&ctx)?, Event::new(&ctx)?);

@@ -17,11 +17,11 @@ use crate::{Context, Error, Result};
 /// Its attributes and occupancy, from the driver (here the simulated one's):
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, Module};
 /// let ptx = ".version 8.0\n.target sm_90\n\
 ///            .visible .entry saxpy(.param .u32 n, .param .f32 a, .param .u64 x, .param .u64 y) { ret; }\n";
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}))?;
+/// let (cuda, _world) = MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}).build_with(Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let module = Module::from_ptx(&ctx, ptx)?;
 /// let saxpy = module.function("saxpy")?;
@@ -70,11 +70,11 @@ impl fmt::Debug for Function<'_> {
 ///
 /// ```
 /// use cuda_hal::ParamInfo;
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, Module};
 /// let ptx = ".version 8.0\n.target sm_90\n\
 ///            .visible .entry saxpy(.param .u32 n, .param .f32 a, .param .u64 x, .param .u64 y) { ret; }\n";
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}))?;
+/// let (cuda, _world) = MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}).build_with(Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let module = Module::from_ptx(&ctx, ptx)?;
 /// let saxpy = module.function("saxpy")?;
@@ -95,11 +95,11 @@ pub struct ParamInfo {
 ///
 /// ```
 /// use cuda_hal::BlockSize;
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, Module};
 /// let ptx = ".version 8.0\n.target sm_90\n\
 ///            .visible .entry saxpy(.param .u32 n, .param .f32 a, .param .u64 x, .param .u64 y) { ret; }\n";
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}))?;
+/// let (cuda, _world) = MockDriver::with_devices(1).kernel("saxpy", &[4, 4, 8, 8], |_| {}).build_with(Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let module = Module::from_ptx(&ctx, ptx)?;
 /// let saxpy = module.function("saxpy")?;

@@ -21,7 +21,7 @@ use crate::{Context, Error, Result, Stream};
 ///
 /// ```
 /// use cuda_hal::{CaptureMode, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let stream = Stream::non_blocking(&ctx)?;
 /// for mode in [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
@@ -58,7 +58,7 @@ impl Stream {
     ///
     /// ```
     /// use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let stream = Stream::non_blocking(&ctx)?;
     /// let input = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3])?;
@@ -175,7 +175,7 @@ impl Stream {
 ///
 /// ```
 /// use cuda_hal::{CaptureMode, Error, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let stream = Stream::non_blocking(&ctx)?;
 /// assert_eq!(stream.end_capture().unwrap_err(), Error::ForeignCapture { what: "end_capture" });
@@ -300,7 +300,7 @@ impl Drop for ExecInner {
 ///
 /// ```
 /// use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let stream = Stream::non_blocking(&ctx)?;
 /// let mut input = DeviceBuffer::<u32>::zeroed(&ctx, 2)?;

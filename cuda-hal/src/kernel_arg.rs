@@ -45,12 +45,12 @@ use crate::{DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, 
 /// }
 ///
 /// let ptx = ".version 8.0\n.target sm_90\n.visible .entry apply(.param .u64 x, .param .u32 n, .param .u32 op) { ret; }\n";
-/// let driver = cuda_hal::mock::MockDriver::with_devices(1).kernel("apply", &[8, 4, 4], |k| {
+/// let driver = cuda_mock::MockDriver::with_devices(1).kernel("apply", &[8, 4, 4], |k| {
 ///     let (x, n, op) = (k.param::<u64>(0), k.param::<u32>(1), k.param::<u32>(2));
 ///     let v: Vec<i32> = k.read::<i32>(x, n as usize).iter().map(|v| if op == 0 { 2 * v } else { -v }).collect();
 ///     k.write(x, &v);
 /// });
-/// let (cuda, _world) = cuda_hal::Cuda::mock(driver)?;
+/// let (cuda, _world) = driver.build_with(cuda_hal::Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let module = Module::from_ptx(&ctx, ptx)?;
 /// let apply = module.function("apply")?;
@@ -116,14 +116,14 @@ scalar_arg!([#[cfg_attr(docsrs, doc(cfg(feature = "half")))]] => half::f16, half
 /// unsafe impl DeviceRepr for Affine {}
 ///
 /// let ptx = ".version 8.0\n.target sm_90\n.visible .entry affine(.param .u64 x, .param .u32 n, .param .align 4 .b8 f[8]) { ret; }\n";
-/// let driver = cuda_hal::mock::MockDriver::with_devices(1).kernel("affine", &[8, 4, 8], |k| {
+/// let driver = cuda_mock::MockDriver::with_devices(1).kernel("affine", &[8, 4, 8], |k| {
 ///     let (x, n) = (k.param::<u64>(0), k.param::<u32>(1) as usize);
 ///     let f = k.param_bytes(2).to_vec();
 ///     let (a, b) = (f32::from_ne_bytes([f[0], f[1], f[2], f[3]]), f32::from_ne_bytes([f[4], f[5], f[6], f[7]]));
 ///     let v: Vec<f32> = k.read::<f32>(x, n).iter().map(|x| a * x + b).collect();
 ///     k.write(x, &v);
 /// });
-/// let (cuda, _world) = cuda_hal::Cuda::mock(driver)?;
+/// let (cuda, _world) = driver.build_with(cuda_hal::Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let module = Module::from_ptx(&ctx, ptx)?;
 /// let affine = module.function("affine")?;

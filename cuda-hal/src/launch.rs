@@ -102,11 +102,11 @@ impl Function<'_> {
     /// ```
     /// use cuda_hal::{DeviceBuffer, Error, LaunchConfig, Module, Stream};
     /// # let ptx = ".version 8.0\n.target sm_90\n.visible .entry scale(.param .u64 p, .param .u64 n, .param .f32 by) { ret; }\n";
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1).kernel("scale", &[8, 8, 4], |k| {
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).kernel("scale", &[8, 8, 4], |k| {
     /// #     let (p, n, by) = (k.param::<u64>(0), k.param::<u64>(1), k.param::<f32>(2));
     /// #     let v: Vec<f32> = k.read::<f32>(p, n as usize).iter().map(|x| x * by).collect();
     /// #     k.write(p, &v);
-    /// # }))?;
+    /// # }).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// // scale(p: *mut f32, n: u64, by: f32) multiplies n floats at p by `by`.
     /// let module = Module::from_ptx(&ctx, ptx)?;

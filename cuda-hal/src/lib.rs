@@ -24,15 +24,15 @@
 //!
 //! # Quick start
 //!
-//! With the `mock` feature, [`Cuda::mock`] builds the same API over a simulated driver
-//! ([`mock`]), for tests on machines without a GPU; every example in these docs runs on
-//! it. The simulated machine also checks that nothing leaked and nothing was misused:
+//! The crate `cuda-mock` (a dev-dependency for your tests) builds the same API over a
+//! simulated driver, for tests on machines without a GPU: its `MockDriver` hands its table
+//! to [`Cuda::from_driver`]. Every example in these docs runs on it. The simulated machine also checks that nothing leaked and nothing was misused:
 //!
 //! ```
-//! use cuda_hal::mock::MockDriver;
+//! use cuda_mock::MockDriver;
 //! use cuda_hal::{Cuda, DeviceBuffer, Stream};
 //!
-//! let (cuda, world) = Cuda::mock(MockDriver::with_devices(2))?;
+//! let (cuda, world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 //! assert_eq!(cuda.device_count()?, 2);
 //! let gpu = cuda.select("cuda://1")?;
 //! let ctx = gpu.primary_context()?;
@@ -61,7 +61,6 @@
 //!
 //! # Features
 //!
-//! * `mock`: [`Cuda::mock`] and [`mock`], the simulated driver of `cuda-sys`.
 //! * `half`: `half::f16` and `half::bf16` as [`DeviceRepr`] element types and
 //!   [`KernelArg`]s.
 //!
@@ -132,18 +131,12 @@
 //!
 //! Views note their work on the memory they were taken of (a buffer's allocation, or
 //! another crate's [`DeviceSlice`], whose implementation promises the same rules), so they
-//! follow the same rules; the compiler keeps a view from outliving its buffer. The [`mock`] driver checks all of this when work executes: a freed,
+//! follow the same rules; the compiler keeps a view from outliving its buffer. The simulated driver of `cuda-mock` checks all of this when work executes: a freed,
 //! out-of-bounds or foreign address, and a stream-ordered free not ordered after the work
 //! that used the memory, are reported as violations naming the call.
 //!
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Without the feature these are not there: their links go to the published docs.
-#![cfg_attr(
-    not(feature = "mock"),
-    doc = "[`mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/mock/index.html\n\
-           [`Cuda::mock`]: https://docs.rs/cuda-hal/latest/cuda_hal/struct.Cuda.html#method.mock"
-)]
 #![warn(missing_debug_implementations)]
 
 /// Calls a driver-table entry and checks its status; the error names the entry, so no
@@ -225,21 +218,6 @@ pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};
 /// them as `cuda_hal::half::f16` without adding `half` (and matching its version) yourself.
 #[cfg(feature = "half")]
 pub use half;
-
-/// The simulated driver (feature `mock`), re-exported from [`cuda_sys::mock`].
-///
-/// ```
-/// use cuda_hal::mock::{MockDevice, MockDriver};
-/// use cuda_hal::Cuda;
-/// let (cuda, world) = Cuda::mock(MockDriver::new().device(MockDevice::new("Mock A100").compute_capability(8, 0)))?;
-/// assert_eq!(cuda.device(0)?.compute_capability()?, (8, 0));
-/// assert_eq!(world.devices()[0].name, "Mock A100");
-/// # Ok::<(), cuda_hal::Error>(())
-/// ```
-#[cfg(feature = "mock")]
-pub mod mock {
-    pub use cuda_sys::mock::*;
-}
 
 // The README (the crate's registry page) runs as doctests, on the simulated devices.
 #[cfg(doctest)]

@@ -17,9 +17,9 @@ use crate::{Context, Cuda, DeviceRepr, Error, Function, Global, Result};
 /// launched its kernels keeps it loaded, as for a [`Module`](crate::Module).
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, Library};
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2).kernel("noop", &[], |_| {}))?;
+/// let (cuda, _world) = MockDriver::with_devices(2).kernel("noop", &[], |_| {}).build_with(Cuda::from_driver)?;
 /// let lib = Library::from_ptx(&cuda, ".version 8.0\n.target sm_90\n.entry noop() { ret; }")?;
 /// let noop = lib.kernel("noop")?;
 /// for device in cuda.devices()? {
@@ -142,9 +142,9 @@ impl Library {
 /// gives its [`Function`] in one.
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, Library};
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(2).kernel("noop", &[], |_| {}))?;
+/// let (cuda, _world) = MockDriver::with_devices(2).kernel("noop", &[], |_| {}).build_with(Cuda::from_driver)?;
 /// let lib = Library::from_ptx(&cuda, ".version 8.0\n.target sm_90\n.entry noop() { ret; }")?;
 /// let noop = lib.kernel("noop")?;
 /// assert_eq!(noop.name(), "noop");

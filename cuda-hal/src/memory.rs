@@ -197,10 +197,10 @@ impl Drop for Allocation {
 /// the memory itself alive (see the crate's Safety section).
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, DeviceBuffer};
 ///
-/// let (cuda, world) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let (c0, c1) = (cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?);
 /// let mut a = DeviceBuffer::from_slice(&c0, &[1u32, 2, 3, 4])?;
 /// assert_eq!((a.len(), a.size_bytes(), a.device().ordinal()), (4, 16, 0));
@@ -264,7 +264,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     ///
     /// ```
     /// use cuda_hal::{DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let stream = Stream::non_blocking(&ctx)?;
     /// let mut scratch = DeviceBuffer::<f32>::alloc_on(&stream, 256)?;
@@ -333,7 +333,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use cuda_hal::{DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let ptr = {
     ///     let _current = ctx.bind()?;
@@ -402,7 +402,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     ///
     /// ```
     /// use cuda_hal::DeviceBuffer;
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let buf = DeviceBuffer::from_slice(&ctx, &[1u16, 2, 3])?;
     /// let Ok((ptr, len)) = buf.into_raw() else { panic!("nothing else holds it") };
@@ -467,7 +467,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     ///
     /// ```
     /// use cuda_hal::DeviceBuffer;
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 32)?;
     /// let held = buf.keep_alive();
@@ -496,7 +496,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     ///
     /// ```
     /// use cuda_hal::{DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let (s1, s2) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
     /// let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 8)?;
@@ -630,7 +630,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     ///
     /// ```
     /// use cuda_hal::{CaptureMode, DeviceBuffer, Error, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let stream = Stream::non_blocking(&ctx)?;
     /// let mut buf = DeviceBuffer::<i64>::zeroed(&ctx, 2)?;
@@ -694,7 +694,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     ///
     /// ```
     /// use cuda_hal::{DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let stream = Stream::non_blocking(&ctx)?;
     /// let src = DeviceBuffer::from_slice(&ctx, &[1.0f32, 2.0, 3.0])?;

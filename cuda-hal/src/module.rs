@@ -22,14 +22,14 @@ use crate::{
 /// section), and never while a graph that launches it lives.
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, DeviceBuffer, LaunchConfig, Module, Stream};
 /// // Without a GPU: the simulated driver runs `scale` as a Rust function.
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).kernel("scale", &[8, 8, 4], |k| {
+/// let (cuda, _world) = MockDriver::with_devices(1).kernel("scale", &[8, 8, 4], |k| {
 ///     let (p, n, by) = (k.param::<u64>(0), k.param::<u64>(1), k.param::<f32>(2));
 ///     let v: Vec<f32> = k.read::<f32>(p, n as usize).iter().map(|x| x * by).collect();
 ///     k.write(p, &v);
-/// }))?;
+/// }).build_with(Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let ptx = ".version 8.0\n.target sm_90\n.address_size 64\n\
 ///            .visible .entry scale(.param .u64 p, .param .u64 n, .param .f32 by) { ret; }\n";
@@ -176,10 +176,10 @@ impl Module {
 /// a global keeps its code loaded.
 ///
 /// ```
-/// use cuda_hal::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_hal::{Cuda, DeviceBuffer, Module};
 /// // The simulated driver gives every module a 16-byte global `table`.
-/// let (cuda, _world) = Cuda::mock(MockDriver::with_devices(1).global("table", 16))?;
+/// let (cuda, _world) = MockDriver::with_devices(1).global("table", 16).build_with(Cuda::from_driver)?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let module = Module::from_ptx(&ctx, ".version 8.0\n.target sm_90\n.global .u32 table[4];\n")?;
 /// let mut table = module.global::<u32>("table")?;

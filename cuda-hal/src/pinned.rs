@@ -11,7 +11,7 @@ use crate::{Context, DeviceRepr, Error, Result};
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, PinnedBuffer, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let stream = Stream::non_blocking(&ctx)?;
 /// let mut host = PinnedBuffer::<u32>::zeroed(&ctx, 4)?;

@@ -17,7 +17,7 @@
 /// // SAFETY: two `f32`s, no padding, no pointers; every bit pattern is a valid `Point`.
 /// unsafe impl DeviceRepr for Point {}
 ///
-/// # let (cuda, _world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, _world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let points = DeviceBuffer::from_slice(&ctx, &[Point { x: 1.0, y: 2.0 }])?;
 /// assert_eq!(points.size_bytes(), 8);

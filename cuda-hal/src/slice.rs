@@ -48,7 +48,7 @@ use crate::{Context, Device, DeviceRepr, KeepAlive, Result, Stream};
 /// // SAFETY: the memory is writable, and `&mut Tensor` is its only writer.
 /// unsafe impl cuda_hal::DeviceSliceMut for Tensor {}
 ///
-/// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, _) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let mut t = Tensor { data: DeviceBuffer::zeroed(&ctx, 6)?, shape: vec![2, 3] };
 /// let src = DeviceBuffer::from_slice(&ctx, &[1.0f32, 2.0, 3.0])?;
@@ -141,7 +141,7 @@ pub unsafe trait DeviceSlice: Sync {
 /// fn clear<S: DeviceSliceMut<Elem = u32>>(memory: &mut S) -> Result<()> {
 ///     DeviceViewMut::new(memory).fill(0)
 /// }
-/// # let (cuda, _world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, _world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3, 4])?;
 /// clear(&mut buf.slice_mut(1..3)?)?;

@@ -81,7 +81,7 @@ impl Drop for Inner {
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let stream = Stream::non_blocking(&ctx)?;
 /// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 64)?;
@@ -113,7 +113,7 @@ impl std::fmt::Debug for EnqueueLock<'_> {
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, Event, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let (producer, consumer) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
 /// let mut a = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
@@ -172,7 +172,7 @@ impl Stream {
     ///
     /// ```
     /// use cuda_hal::{DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let legacy = Stream::legacy_default(&ctx);
     /// assert!(legacy.as_raw().is_null());
@@ -201,7 +201,7 @@ impl Stream {
     ///
     /// ```
     /// use cuda_hal::{DeviceBuffer, Stream};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let mut raw = std::ptr::null_mut();
     /// {

@@ -46,7 +46,7 @@ use crate::{Result, Stream};
 ///     }
 /// }
 ///
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let handle = Arc::new(Revocable::default());
 /// let stream = Stream::non_blocking(&ctx)?;
@@ -107,7 +107,7 @@ pub trait Dependency: Send + Sync + 'static {
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, DeviceSlice};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 64)?;
 /// let held = buf.slice(..8)?.keep_alive().expect("a buffer's memory can be held");
@@ -271,7 +271,7 @@ fn depth() -> usize {
 ///
 /// ```
 /// use cuda_hal::{DeferScope, DeviceBuffer, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let stream = Stream::non_blocking(&ctx)?;
 /// {
@@ -429,7 +429,7 @@ impl CaptureLog {
 ///
 /// ```
 /// use cuda_hal::{Stream, StreamLog};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let (s1, s2) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
 /// let log = StreamLog::new();

@@ -104,7 +104,7 @@ fn advance<T>(ptr: CUdeviceptr, elems: usize) -> CUdeviceptr {
 /// alive.
 ///
 /// ```
-/// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, _) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// use cuda_hal::DeviceBuffer;
 /// let buf = DeviceBuffer::from_slice(&ctx, &[1i32, 2, 3, 4, 5])?;
@@ -134,7 +134,7 @@ pub struct DeviceView<'a, T: DeviceRepr> {
 /// [`DeviceView`].
 ///
 /// ```
-/// # let (cuda, _) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, _) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// use cuda_hal::DeviceBuffer;
 /// let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 6)?;
@@ -205,7 +205,7 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
     ///
     /// ```
     /// use cuda_hal::{DeviceBuffer, DeviceView};
-    /// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// // Memory another library allocated and keeps, known only by its address.
     /// let theirs = DeviceBuffer::from_slice(&ctx, &[4i32, 5, 6])?;
@@ -372,7 +372,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
 ///
 /// ```
 /// use cuda_hal::DeviceBuffer;
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let buf = DeviceBuffer::from_slice(&ctx, &[1u8, 2, 3, 4, 5, 6, 7])?;
 /// let chunks = buf.chunks(3)?;
@@ -420,7 +420,7 @@ impl<T: DeviceRepr> ExactSizeIterator for Chunks<'_, T> {}
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, Stream};
-/// # let (cuda, world) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// let streams = [Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?];
 /// let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 6)?;

@@ -5,10 +5,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cuda_hal::cuda_sys::CUresult;
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{
     CaptureMode, Context, Cuda, DeviceBuffer, DeviceRepr, DeviceView, LaunchConfig, Module, Stream,
 };
+use cuda_mock::{MockDriver, MockWorld};
 
 const PTX: &str = "\
 .version 8.0
@@ -26,7 +26,7 @@ fn rig() -> (Cuda, MockWorld, Context) {
         })
         .global("empty", 0)
         .global("table", 16);
-    let (cuda, world) = Cuda::mock(d).unwrap();
+    let (cuda, world) = d.build_with(Cuda::from_driver).unwrap();
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     (cuda, world, ctx)
 }

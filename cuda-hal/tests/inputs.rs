@@ -6,8 +6,8 @@
 
 use std::str::FromStr;
 
-use cuda_hal::mock::MockDriver;
 use cuda_hal::{Cuda, DeviceBuffer, DeviceSelector, DeviceUuid, Error, Event, PciBusId, Stream};
+use cuda_mock::MockDriver;
 
 #[test]
 fn signs_are_not_digits_in_selectors_uuids_and_bus_ids() {
@@ -66,7 +66,9 @@ fn signs_are_not_digits_in_selectors_uuids_and_bus_ids() {
 
 #[test]
 fn a_device_index_equal_to_the_count_is_refused() {
-    let (cuda, _gpus) = Cuda::mock(MockDriver::with_devices(2)).unwrap();
+    let (cuda, _gpus) = MockDriver::with_devices(2)
+        .build_with(Cuda::from_driver)
+        .unwrap();
     assert_eq!(cuda.device(1).unwrap().ordinal(), 1);
     assert_eq!(cuda.select("cuda://1").unwrap().ordinal(), 1);
     for e in [
@@ -88,8 +90,12 @@ fn a_device_index_equal_to_the_count_is_refused() {
 
 #[test]
 fn an_object_of_another_cuda_instance_names_the_context() {
-    let (cuda, _gpus) = Cuda::mock(MockDriver::with_devices(2)).unwrap();
-    let (other, _other_gpus) = Cuda::mock(MockDriver::with_devices(1)).unwrap();
+    let (cuda, _gpus) = MockDriver::with_devices(2)
+        .build_with(Cuda::from_driver)
+        .unwrap();
+    let (other, _other_gpus) = MockDriver::with_devices(1)
+        .build_with(Cuda::from_driver)
+        .unwrap();
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let ctx1 = cuda.device(1).unwrap().primary_context().unwrap();
     let foreign_ctx = other.device(0).unwrap().primary_context().unwrap();
@@ -150,7 +156,9 @@ fn mismatch(what: &'static str, expected: usize, got: usize) -> Error {
 #[test]
 fn copy_lengths_are_exact_on_both_sides() {
     const N: usize = 4;
-    let (cuda, _gpus) = Cuda::mock(MockDriver::with_devices(1)).unwrap();
+    let (cuda, _gpus) = MockDriver::with_devices(1)
+        .build_with(Cuda::from_driver)
+        .unwrap();
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let s = Stream::new(&ctx).unwrap();
     let mut dev = DeviceBuffer::from_slice(&ctx, &[7u32; N]).unwrap();
@@ -217,7 +225,9 @@ fn bound_then_fails(ctx: &cuda_hal::Context) -> Result<(), Error> {
 
 #[test]
 fn dropping_a_context_guard_restores_the_previous_context() {
-    let (cuda, _gpus) = Cuda::mock(MockDriver::with_devices(2)).unwrap();
+    let (cuda, _gpus) = MockDriver::with_devices(2)
+        .build_with(Cuda::from_driver)
+        .unwrap();
     let ctx0 = cuda.device(0).unwrap().primary_context().unwrap();
     let ctx1 = cuda.device(1).unwrap().primary_context().unwrap();
     let before = current(&cuda);

@@ -7,11 +7,11 @@ mod common;
 
 use common::assert_clean;
 
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{
     BlockSize, ByValue, CaptureMode, Context, Cuda, DeviceBuffer, DeviceRepr, Error, Global,
     LaunchConfig, Library, Module, ParamInfo, Stream,
 };
+use cuda_mock::{MockDriver, MockWorld};
 
 /// The PTX the tests load: the simulated driver reads its `.entry` names.
 const PTX: &str = "\
@@ -458,7 +458,10 @@ fn attributes_and_occupancy() {
 /// 12.4, and launches go without the argument check.
 #[test]
 fn without_param_info_launches_are_not_checked_against_parameters() {
-    let (cuda, world) = Cuda::mock(kernels(MockDriver::with_devices(1)).version(12000)).unwrap();
+    let (cuda, world) = kernels(MockDriver::with_devices(1))
+        .version(12000)
+        .build_with(Cuda::from_driver)
+        .unwrap();
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let module = Module::from_ptx(&ctx, PTX).unwrap();
     let saxpy = module.function("saxpy").unwrap();
@@ -723,7 +726,10 @@ fn a_captured_copy_of_a_global_keeps_the_module() {
 /// A global of no bytes is an empty slice of any element type.
 #[test]
 fn an_empty_global() {
-    let (cuda, world) = Cuda::mock(MockDriver::with_devices(1).global("none", 0)).unwrap();
+    let (cuda, world) = MockDriver::with_devices(1)
+        .global("none", 0)
+        .build_with(Cuda::from_driver)
+        .unwrap();
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     let module = Module::from_ptx(&ctx, PTX).unwrap();
     let none = module.global::<f64>("none").unwrap();

@@ -5,8 +5,8 @@
 use cuda_hal::{
     Cuda, DeviceBuffer, DeviceSelector, DeviceUuid, Error, Event, MemoryInfo, PinnedBuffer, Stream,
 };
+use cuda_mock::{MockDevice, MockDriver, MockWorld};
 use cuda_sys::CUresult;
-use cuda_sys::mock::{MockDevice, MockDriver, MockWorld};
 
 fn mock(builder: MockDriver) -> (Cuda, MockWorld) {
     let (driver, world) = builder.build().unwrap();

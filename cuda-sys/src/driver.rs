@@ -60,7 +60,7 @@ impl fmt::Display for DriverVersion {
 /// driver is built, never at the call.
 ///
 /// ```
-/// use cuda_sys::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 /// use cuda_sys::{CUdeviceptr, CUresult};
 ///
 /// let (driver, world) = MockDriver::with_devices(1).build()?;

@@ -11,7 +11,7 @@ use crate::dylib::{Attempt, Attempts, Reason};
 /// ```
 /// use cuda_sys::LoadError;
 /// use cuda_sys::dylib::Reason;
-/// use cuda_sys::mock::MockDriver;
+/// use cuda_mock::MockDriver;
 ///
 /// let err = MockDriver::with_devices(1).version(11080).build().unwrap_err();
 /// let LoadError::Unusable { library, origin, reason } = &err else {

@@ -35,7 +35,7 @@ crate::fn_table! {
     ///
     /// ```
     /// use cuda_sys::DriverFns;
-    /// use cuda_sys::mock::MockDriver;
+    /// use cuda_mock::MockDriver;
     ///
     /// let (driver, _world) = MockDriver::with_devices(1).version(12040).build()?;
     /// let fns: &DriverFns = driver.fns();

@@ -19,7 +19,7 @@
 //! driver of the `mock` feature ([`mock`]), which runs anywhere: this example does.
 //!
 //! ```
-//! use cuda_sys::mock::MockDriver;
+//! use cuda_mock::MockDriver;
 //! use cuda_sys::{CUresult, DriverVersion};
 //!
 //! let (driver, world) = MockDriver::with_devices(2).version(12040).build()?;
@@ -52,18 +52,13 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 //!
-//! # Features
+//! # The simulated driver
 //!
-//! * `mock`: [`mock`], a simulated driver (devices, memory, streams, graphs, kernels
-//!   bound to Rust functions) that doubles as a sanitizer, for tests without a GPU.
-//!
+//! The crate `cuda-mock` (a dev-dependency of this one, for the examples above) builds a
+//! [`Driver`] whose table points at a simulated driver that doubles as a sanitizer; it also
+//! builds a drop-in `libcuda.so.1` for programs that load the driver themselves.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Without the feature the module is not there: its links go to the published docs.
-#![cfg_attr(
-    not(feature = "mock"),
-    doc = "[`mock`]: https://docs.rs/cuda-dl-sys/latest/cuda_sys/mock/index.html"
-)]
 
 #[allow(
     non_camel_case_types,
@@ -84,14 +79,12 @@ mod driver;
 pub mod dylib;
 mod error;
 mod fns;
-#[cfg(feature = "mock")]
-pub mod mock;
 #[doc(hidden)]
 pub mod table;
 
 pub use driver::{DRIVER_PATH_ENV, Driver, DriverVersion};
 pub use error::LoadError;
-pub use fns::{DriverFns, MINIMUM_DRIVER_VERSION, PINNED_API_VERSION};
+pub use fns::{DriverFns, MINIMUM_DRIVER_VERSION, PINNED_API_VERSION, signatures};
 pub use table::Resolver;
 
 // Layout facts the safe crates rely on.

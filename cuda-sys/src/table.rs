@@ -145,10 +145,9 @@ macro_rules! fn_table {
             }
         }
 
-        /// Each entry's signature under the entry's name (for implementations of the table,
-        /// such as mocks, to be checked against it).
-        #[doc(hidden)]
-        #[allow(non_camel_case_types, unreachable_pub, dead_code)]
+        /// Each entry's signature under the entry's name, for implementations of the table
+        /// (such as simulators) to be checked against it at compile time.
+        #[allow(non_camel_case_types, unreachable_pub, dead_code, missing_docs)]
         pub mod signatures {
             use super::*;
             $( pub type $rf = $rty; )*

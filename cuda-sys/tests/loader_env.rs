@@ -246,7 +246,7 @@ fn a_loader_error_carries_the_loaders_own_words() {
 
 #[test]
 fn a_drivers_debug_names_its_version_and_origin() {
-    let (d, _world) = cuda_sys::mock::MockDriver::new().build().unwrap();
+    let (d, _world) = cuda_mock::MockDriver::new().build().unwrap();
     let text = format!("{d:?}");
     assert!(text.starts_with("Driver {"), "{text}");
     assert!(

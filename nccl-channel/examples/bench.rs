@@ -1003,8 +1003,9 @@ fn run_top(o: &Opts) -> Result<()> {
             );
             print_setup(o);
             let n = o.threads.unwrap_or(2);
-            let (cuda, gpus) = Cuda::mock(cuda_hal::mock::MockDriver::with_devices(n))?;
-            let mut sim = nccl_sys::mock::MockNccl::new(&gpus);
+            let (cuda, gpus) =
+                cuda_mock::MockDriver::with_devices(n).build_with(Cuda::from_driver)?;
+            let mut sim = nccl_mock::MockNccl::new(&gpus);
             if let Some(v) = o.sim_nccl {
                 sim = sim.version(v);
             }

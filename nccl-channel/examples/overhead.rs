@@ -10,10 +10,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cuda_hal::mock::MockDriver;
 use cuda_hal::{Cuda, DeviceBuffer, Event, Stream};
+use cuda_mock::MockDriver;
 use nccl_channel::{Communicator, ReduceOp, UniqueId};
-use nccl_sys::mock::MockNccl;
+use nccl_mock::MockNccl;
 use nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 fn ns_per_call(iters: u64, mut f: impl FnMut()) -> f64 {
@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2_000_000);
-    let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     let (nccl, _w) = MockNccl::new(&gpus).null_collectives(true).build()?;
     let nccl = Arc::new(nccl);
     let ctx = cuda.device(0)?.primary_context()?;

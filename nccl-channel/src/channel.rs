@@ -32,11 +32,12 @@ pub fn nccl_opened() -> bool {
 /// ```
 /// # use std::sync::Arc;
 /// use std::time::Duration;
-/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use cuda_hal::Cuda;
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{ChannelBuilder, IdSource, Rendezvous, World};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// // A port free on this machine (a launcher would derive one for every rank).
 /// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -101,11 +102,12 @@ pub enum IdSource {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, DeviceBuffer, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{ChannelBuilder, IdSource, UniqueId, World};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// let id = UniqueId::generate(&nccl)?;
 /// let gathered = std::thread::scope(|s| {
@@ -279,11 +281,12 @@ impl ChannelBuilder {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, DeviceBuffer, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{ChannelBuilder, ReduceOp, World};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
 /// let ch = ChannelBuilder::new()
 ///     .world(World::new(1, 0)?)

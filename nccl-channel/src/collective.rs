@@ -174,10 +174,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::{ReduceOp, group};
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -264,10 +265,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::group;
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -312,10 +314,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::group;
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -375,10 +378,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::{ReduceOp, group};
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -467,10 +471,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::group;
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -578,10 +583,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::{ReduceOp, group};
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -692,10 +698,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::group;
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -792,10 +799,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::group;
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -874,10 +882,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::group;
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -959,10 +968,11 @@ impl Communicator {
     /// ```
     /// use nccl_channel::group;
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// # let nccl = Arc::new(nccl);
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -1042,11 +1052,12 @@ impl Communicator {
     /// ```
     /// # use std::sync::Arc;
     /// use std::sync::atomic::{AtomicUsize, Ordering};
-    /// use cuda_hal::{Cuda, Stream, mock::MockDriver};
+    /// use cuda_hal::{Cuda, Stream};
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{Communicator, UniqueId};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let id = UniqueId::generate(&nccl)?;
     /// let arrived = AtomicUsize::new(0);

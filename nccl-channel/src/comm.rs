@@ -241,11 +241,12 @@ impl Drop for CommShared {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{Communicator, ReduceOp, group};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
 /// let nccl = Arc::new(nccl);
 /// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -316,11 +317,12 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{Communicator, UniqueId};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(3).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let id = UniqueId::generate(&nccl)?;
     /// let joined = std::thread::scope(|s| {
@@ -368,11 +370,12 @@ impl Communicator {
     /// ```
     /// # use std::sync::Arc;
     /// use std::time::Duration;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let ctx = cuda.device(0)?.primary_context()?;
     /// let id = UniqueId::generate(&nccl)?;
@@ -445,11 +448,12 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::Communicator;
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(4))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(4).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// // Devices 3 and 1, in that order: rank i is on contexts[i]'s device.
     /// let ctxs = [cuda.device(3)?.primary_context()?, cuda.device(1)?.primary_context()?];
@@ -498,11 +502,13 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::Communicator;
-    /// use nccl_sys::{mock::MockNccl, ncclComm_t, ncclResult_t};
+    /// use nccl_sys::{ncclComm_t, ncclResult_t};
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let ctx = cuda.device(0)?.primary_context()?;
     /// let mut raw: ncclComm_t = std::ptr::null_mut();
@@ -829,10 +835,11 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, mock::MockDriver};
+    /// # use cuda_hal::Cuda;
+    /// # use cuda_mock::MockDriver;
     /// # use nccl_channel::Communicator;
-    /// # use nccl_sys::mock::MockNccl;
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// # use nccl_mock::MockNccl;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// # let (nccl, world) = MockNccl::new(&gpus).build()?;
     /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
     /// let mut comms = Communicator::init_all(&Arc::new(nccl), &ctxs)?;

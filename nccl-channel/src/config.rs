@@ -61,11 +61,12 @@ impl BitOr for CtaPolicy {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use cuda_hal::Cuda;
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{CommConfig, Communicator, HostCftMode, UniqueId};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let (nccl, world) = MockNccl::new(&gpus).build()?;
 /// let nccl = Arc::new(nccl);
 /// let ctx = cuda.device(0)?.primary_context()?;
@@ -101,9 +102,11 @@ impl HostCftMode {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use cuda_hal::Cuda;
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{CommConfig, Communicator, Error, NvlsHostMode, UniqueId};
-/// use nccl_sys::{NcclVersion, mock::MockNccl};
+/// use nccl_sys::NcclVersion;
+/// use nccl_mock::MockNccl;
 ///
 /// let mode = NvlsHostMode::DISABLE_TRANSPORT | NvlsHostMode::DISABLE_SYMMETRIC_MULTIMEM;
 /// assert_eq!(mode, NvlsHostMode(3));
@@ -111,7 +114,7 @@ impl HostCftMode {
 /// assert_eq!(config.get_nvls_host_mode(), Some(mode));
 ///
 /// // An NCCL older than the field refuses the config before anything is created.
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let (nccl, _world) = MockNccl::new(&gpus).version(NcclVersion::new(2, 28, 9)).build()?;
 /// let nccl = Arc::new(nccl);
 /// let ctx = cuda.device(0)?.primary_context()?;
@@ -195,9 +198,10 @@ impl BitOr for NvlsHostMode {
 /// # use std::sync::Arc;
 /// use std::time::Duration;
 /// use nccl_channel::{CommConfig, Communicator, CtaPolicy, UniqueId};
-/// use cuda_hal::{Cuda, mock::MockDriver};
-/// use nccl_sys::mock::MockNccl;
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// use cuda_hal::Cuda;
+/// use cuda_mock::MockDriver;
+/// use nccl_mock::MockNccl;
+/// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let (nccl, world) = MockNccl::new(&gpus).build()?;
 /// let nccl = Arc::new(nccl);
 /// let config = CommConfig::non_blocking(Duration::from_secs(30))
@@ -313,11 +317,12 @@ impl CommConfig {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::Cuda;
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// use std::time::Duration;
     /// use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
-    /// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// # let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let id = UniqueId::generate(&nccl)?;

@@ -14,11 +14,13 @@ use nccl_sys::{LoadError, ncclResult_t};
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{Communicator, Error, ReduceOp};
-/// use nccl_sys::{mock::MockNccl, ncclResult_t};
+/// use nccl_sys::ncclResult_t;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let (nccl, world) = MockNccl::new(&gpus).build()?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
@@ -249,11 +251,12 @@ pub enum Error {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use cuda_hal::Cuda;
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{Communicator, Error, ParentsProblem};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
 /// let comms = Communicator::init_all(&nccl, &ctxs)?;
@@ -317,8 +320,8 @@ pub enum ParentsProblem {
 /// use std::error::Error as _;
 /// use std::time::Duration;
 /// use nccl_channel::{Error, IoError, UniqueId};
-/// # let (_cuda, machine) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
-/// # let (nccl, _sim) = nccl_sys::mock::MockNccl::new(&machine).build()?;
+/// # let (_cuda, machine) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+/// # let (nccl, _sim) = nccl_mock::MockNccl::new(&machine).build()?;
 /// let path = std::env::temp_dir().join("no-such-directory-for-nccl-channel").join("id");
 /// let e = UniqueId::exchange_via_file(&nccl, &path, 0, Duration::from_secs(1)).unwrap_err();
 /// let Error::Io { what, source, .. } = &e else { panic!("{e:?}") };
@@ -397,7 +400,8 @@ fn detail_suffix(detail: &str) -> String {
 /// NCCL's load errors into an [`Error`], so one function can mix both crates:
 ///
 /// ```
-/// use cuda_hal::{Cuda, DeviceBuffer, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::Error;
 ///
 /// fn round_trip(cuda: &Cuda, device: usize) -> nccl_channel::Result<Vec<u8>> {
@@ -405,7 +409,7 @@ fn detail_suffix(detail: &str) -> String {
 ///     let buf = DeviceBuffer::from_slice(&ctx, &[1u8, 2])?;
 ///     Ok(buf.to_vec()?)
 /// }
-/// let (cuda, _gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, _gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// assert_eq!(round_trip(&cuda, 0)?, [1, 2]);
 /// assert!(matches!(round_trip(&cuda, 3), Err(Error::Cuda(_)))); // no device 3
 /// # Ok::<(), Box<dyn std::error::Error>>(())

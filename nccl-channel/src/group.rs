@@ -19,11 +19,12 @@ use crate::{Result, check};
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{Communicator, Group, ReduceOp};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
 /// let comms = Communicator::init_all(&nccl, &ctxs)?;
@@ -115,10 +116,11 @@ impl Drop for Group<'_> {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-/// # use nccl_sys::mock::MockNccl;
+/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// # use cuda_mock::MockDriver;
+/// # use nccl_mock::MockNccl;
 /// use nccl_channel::{Communicator, Error, group};
-/// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
 /// # let comms = Communicator::init_all(&nccl, &ctxs)?;

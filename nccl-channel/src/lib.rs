@@ -32,17 +32,18 @@
 //! # Quick start
 //!
 //! Two ranks all-gather `[101, 102]`, and each ends with `[101, 102, 101, 102]`. Here the
-//! two GPUs and NCCL are simulated (`cuda_hal::mock` and `nccl_sys::mock`, which the
-//! `mock` feature enables) and each rank is a thread; the data really moves through the simulated
+//! two GPUs and NCCL are simulated (the crates `cuda-mock` and `nccl-mock`, dev-dependencies
+//! for tests) and each rank is a thread; the data really moves through the simulated
 //! device memory, so this runs anywhere, with no GPU and no libnccl.
 //!
 //! ```
 //! use std::sync::Arc;
-//! use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+//! use cuda_hal::{Cuda, DeviceBuffer, Stream};
+//! use cuda_mock::MockDriver;
 //! use nccl_channel::{Communicator, UniqueId};
-//! use nccl_sys::mock::MockNccl;
+//! use nccl_mock::MockNccl;
 //!
-//! let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+//! let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 //! let (nccl, _world) = MockNccl::new(&gpus).build()?;
 //! let nccl = Arc::new(nccl);
 //! // Rank 0 makes the id and hands it to the others (here they share memory).
@@ -102,8 +103,6 @@
 //!
 //! # Features
 //!
-//! * `mock`: the simulated driver and NCCL (`cuda_hal::mock`, `nccl_sys::mock`), for
-//!   tests without a GPU. The examples here run on them.
 //! * `half`: [`half::f16`](https://docs.rs/half) and `half::bf16` as [`NcclType`]s.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -20,10 +20,11 @@ use crate::{Communicator, Error, Result};
 ///
 /// ```
 /// use std::sync::Arc;
-/// use cuda_hal::{Cuda, mock::MockDriver};
-/// use nccl_sys::mock::MockNccl;
+/// use cuda_hal::Cuda;
+/// use cuda_mock::MockDriver;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let (nccl, _) = MockNccl::new(&world).build()?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let mut buf = nccl_channel::alloc_nccl::<f32>(&Arc::new(nccl), &ctx, 4)?;

@@ -110,10 +110,11 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::Cuda;
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// use nccl_channel::{Communicator, ReduceOp};
-    /// # let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// # let (nccl, _) = MockNccl::new(&world).build()?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
@@ -261,11 +262,12 @@ impl Communicator {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, Stream, mock::MockDriver};
+/// use cuda_hal::{Cuda, Stream};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{Communicator, REGISTER_FROM, ReduceOp};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let (nccl, world) = MockNccl::new(&gpus).build()?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
@@ -443,13 +445,14 @@ impl Slots {
     }
 }
 
-#[cfg(all(test, feature = "mock"))]
+#[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::Arc;
 
-    use cuda_hal::{Cuda, Stream, mock::MockDriver};
-    use nccl_sys::mock::MockNccl;
+    use cuda_hal::{Cuda, Stream};
+    use cuda_mock::MockDriver;
+    use nccl_mock::MockNccl;
 
     use super::REGISTER_FROM;
     use crate::Communicator;
@@ -458,7 +461,9 @@ mod tests {
     /// waiting for registration: it knows exactly the live, unregistered, non-empty ones.
     #[test]
     fn the_registry_knows_exactly_the_pooled_buffers_a_collective_may_register() {
-        let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1)).unwrap();
+        let (cuda, gpus) = MockDriver::with_devices(1)
+            .build_with(Cuda::from_driver)
+            .unwrap();
         let (nccl, _world) = MockNccl::new(&gpus).build().unwrap();
         let ctx = cuda.device(0).unwrap().primary_context().unwrap();
         let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))

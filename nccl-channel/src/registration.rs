@@ -383,10 +383,11 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, mock::MockDriver};
-    /// # use nccl_sys::mock::MockNccl;
+    /// # use cuda_hal::Cuda;
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
     /// use nccl_channel::{Communicator, ReduceOp};
-    /// # let (cuda, world) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// # let (cuda, world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// # let (nccl, _) = MockNccl::new(&world).build()?;
     /// # let ctx = cuda.device(0)?.primary_context()?;
     /// let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
@@ -452,11 +453,12 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{Communicator, WindowFlags};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let ctx = cuda.device(0)?.primary_context()?;
     /// let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))?.remove(0);
@@ -757,11 +759,12 @@ impl Communicator {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, mock::MockDriver};
+/// use cuda_hal::Cuda;
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::Communicator;
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// let (nccl, world) = MockNccl::new(&gpus).build()?;
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
@@ -844,11 +847,12 @@ impl Drop for Registration<'_> {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, Stream, mock::MockDriver};
+/// use cuda_hal::{Cuda, Stream};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{Communicator, ReduceOp, WindowFlags, group};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
 /// let comms = Communicator::init_all(&nccl, &ctxs)?;
@@ -916,14 +920,15 @@ impl Window<'_> {
     }
 }
 
-#[cfg(all(test, feature = "mock"))]
+#[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
-    use cuda_hal::{CaptureMode, Cuda, Stream, mock::MockDriver};
-    use nccl_sys::mock::MockNccl;
+    use cuda_hal::{CaptureMode, Cuda, Stream};
+    use cuda_mock::MockDriver;
+    use nccl_mock::MockNccl;
 
     use crate::{Communicator, ReduceOp};
 
@@ -931,7 +936,9 @@ mod tests {
     /// exactly the live ones, and flags exactly the releases waiting for the owner.
     #[test]
     fn the_registry_holds_exactly_the_live_registrations_and_waiting_releases() {
-        let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1)).unwrap();
+        let (cuda, gpus) = MockDriver::with_devices(1)
+            .build_with(Cuda::from_driver)
+            .unwrap();
         let (nccl, world) = MockNccl::new(&gpus).build().unwrap();
         let ctx = cuda.device(0).unwrap().primary_context().unwrap();
         let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))

@@ -19,11 +19,12 @@ use crate::{Communicator, Error, Result, check};
 /// ```
 /// # use std::sync::Arc;
 /// use std::time::Duration;
-/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId};
-/// use nccl_sys::mock::MockNccl;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// let id = UniqueId::generate(&nccl)?;
 /// let config = CommConfig::non_blocking(Duration::from_secs(30));
@@ -135,11 +136,12 @@ impl Communicator {
     /// ```
     /// # use std::sync::Arc;
     /// use std::time::Duration;
-    /// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{CommConfig, Communicator, ReduceOp, UniqueId};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let id = UniqueId::generate(&nccl)?;
     /// // Non-blocking, with 10 s for any one wait: a dead peer is an error, not a hang.

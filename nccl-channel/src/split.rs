@@ -360,11 +360,12 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{Communicator, UniqueId};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(3).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let id = UniqueId::generate(&nccl)?;
     /// let children = std::thread::scope(|s| {
@@ -398,11 +399,12 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{CommConfig, Communicator};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// let (nccl, world) = MockNccl::new(&gpus).build()?;
     /// let ctx = cuda.device(0)?.primary_context()?;
     /// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
@@ -488,10 +490,11 @@ impl Communicator {
     /// ```
     /// # use std::sync::Arc;
     /// use nccl_channel::{Communicator, ReduceOp};
-    /// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-    /// use nccl_sys::mock::MockNccl;
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// use cuda_mock::MockDriver;
+    /// use nccl_mock::MockNccl;
     /// // Four simulated GPUs, one communicator each, all driven from this thread.
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(4))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(4).build_with(Cuda::from_driver)?;
     /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// let nccl = Arc::new(nccl);
     /// let ctxs = (0..4)
@@ -565,11 +568,12 @@ impl Communicator {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{Communicator, ReduceOp, UniqueId};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(3).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let id = UniqueId::generate(&nccl)?;
     /// let survivors = std::thread::scope(|s| {
@@ -615,9 +619,10 @@ impl Communicator {
     /// ```
     /// # use std::sync::Arc;
     /// use nccl_channel::Communicator;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
-    /// use nccl_sys::mock::MockNccl;
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(3))?;
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
+    /// use nccl_mock::MockNccl;
+    /// let (cuda, gpus) = MockDriver::with_devices(3).build_with(Cuda::from_driver)?;
     /// let (nccl, _world) = MockNccl::new(&gpus).build()?;
     /// let ctxs = (0..3)
     ///     .map(|d| cuda.device(d)?.primary_context())

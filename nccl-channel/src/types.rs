@@ -11,8 +11,9 @@ use nccl_sys::{NcclVersion, ncclDataType_t};
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-/// # use nccl_sys::mock::MockNccl;
+/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// # use cuda_mock::MockDriver;
+/// # use nccl_mock::MockNccl;
 /// use nccl_channel::{Communicator, NcclType, ReduceOp};
 /// use nccl_sys::ncclDataType_t;
 ///
@@ -31,7 +32,7 @@ use nccl_sys::{NcclVersion, ncclDataType_t};
 /// }
 ///
 /// assert_eq!(<f32 as NcclType>::NAME, "float32");
-/// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// # let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// # let ctx = cuda.device(0)?.primary_context()?;
 /// # let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))?.remove(0);
@@ -107,10 +108,11 @@ nccl_type! {
 /// ```
 /// use nccl_channel::{Fp8E4M3, ReduceOp};
 /// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-/// # use nccl_sys::mock::MockNccl;
+/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// # use cuda_mock::MockDriver;
+/// # use nccl_mock::MockNccl;
 /// # use nccl_channel::{Communicator, group};
-/// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
 /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
@@ -143,11 +145,13 @@ pub struct Fp8E4M3(pub u8);
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
+/// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// use cuda_mock::MockDriver;
 /// use nccl_channel::{Communicator, Error, Fp8E5M2, ReduceOp};
-/// use nccl_sys::{NcclVersion, mock::MockNccl};
+/// use nccl_sys::NcclVersion;
+/// use nccl_mock::MockNccl;
 ///
-/// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(1))?;
+/// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
 /// // A simulated NCCL 2.23.4.
 /// let (nccl, _world) = MockNccl::new(&gpus).version(NcclVersion::new(2, 23, 4)).build()?;
 /// let ctx = cuda.device(0)?.primary_context()?;
@@ -192,10 +196,11 @@ unsafe impl NcclType for Fp8E5M2 {
 /// ```
 /// use nccl_channel::ReduceOp;
 /// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream, mock::MockDriver};
-/// # use nccl_sys::mock::MockNccl;
+/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+/// # use cuda_mock::MockDriver;
+/// # use nccl_mock::MockNccl;
 /// # use nccl_channel::{Communicator, group};
-/// # let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+/// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
 /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
 /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
 /// # let comms = Communicator::init_all(&nccl, &ctxs)?;

@@ -21,8 +21,8 @@ use crate::{Error, Result};
 ///
 /// ```
 /// use nccl_channel::{Error, UniqueId};
-/// # let (_cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
-/// # let (nccl, _world) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
+/// # let (_cuda, gpus) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+/// # let (nccl, _world) = nccl_mock::MockNccl::new(&gpus).build()?;
 /// let id = UniqueId::generate(&nccl)?; // on rank 0 (`nccl`: a simulated NCCL here)
 ///
 /// let hex = id.to_string();
@@ -137,8 +137,8 @@ impl UniqueId {
     /// ```
     /// use std::time::Duration;
     /// use nccl_channel::UniqueId;
-    /// # let (_cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1))?;
-    /// # let (nccl, _world) = nccl_sys::mock::MockNccl::new(&gpus).build()?;
+    /// # let (_cuda, gpus) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let (nccl, _world) = nccl_mock::MockNccl::new(&gpus).build()?;
     /// // A fresh path for this run (on a cluster: on a shared file system).
     /// let path = std::env::temp_dir().join(format!("nccl-id-{}", std::process::id()));
     /// let ids = std::thread::scope(|s| {

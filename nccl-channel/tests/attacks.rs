@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, LaunchConfig, Module, Stream};
+use cuda_mock::{MockDriver, MockWorld};
 use nccl_channel::{Communicator, ReduceOp, group};
+use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
-use nccl_sys::mock::{MockNccl, MockNcclWorld};
 
 const PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n\
     .visible .entry inc(.param .u64 p, .param .u32 n) { ret; }\n";
@@ -21,7 +21,7 @@ fn rig(devices: usize, timeout: Duration) -> (Cuda, MockWorld, Arc<Nccl>, MockNc
         let v: Vec<i32> = k.read::<i32>(p, n as usize).iter().map(|x| x + 1).collect();
         k.write(p, &v);
     });
-    let (cuda, gpus) = Cuda::mock(d).unwrap();
+    let (cuda, gpus) = d.build_with(Cuda::from_driver).unwrap();
     let (nccl, world) = MockNccl::new(&gpus).timeout(timeout).build().unwrap();
     (cuda, gpus, Arc::new(nccl), world)
 }

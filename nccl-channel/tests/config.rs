@@ -12,7 +12,7 @@ use common::Rig;
 use nccl_channel::{
     CommConfig, Communicator, CtaPolicy, Error, HostCftMode, NvlsHostMode, UniqueId,
 };
-use nccl_sys::mock::MockConfig;
+use nccl_mock::MockConfig;
 use nccl_sys::{NCCL_CONFIG_UNDEF_INT, NcclVersion, ncclConfig_t};
 
 const UNDEF: i32 = NCCL_CONFIG_UNDEF_INT;

@@ -453,8 +453,10 @@ fn injected_nccl_faults_surface_typed() {
 
 #[test]
 fn a_rank_that_never_arrives_times_out_in_the_mock() {
-    let (cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(2)).unwrap();
-    let (nccl, nw) = nccl_sys::mock::MockNccl::new(&gpus)
+    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2)
+        .build_with(cuda_hal::Cuda::from_driver)
+        .unwrap();
+    let (nccl, nw) = nccl_mock::MockNccl::new(&gpus)
         .timeout(Duration::from_millis(300))
         .build()
         .unwrap();

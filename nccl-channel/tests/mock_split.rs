@@ -13,7 +13,7 @@ use cuda_hal::{Context, DeviceBuffer, Stream};
 use nccl_channel::{
     CommConfig, Communicator, Error, Group, ParentsProblem, ReduceOp, UniqueId, group,
 };
-use nccl_sys::mock::MockNccl;
+use nccl_mock::MockNccl;
 use nccl_sys::{NcclVersion, ncclResult_t};
 
 fn contexts(rig: &Rig, n: usize) -> Vec<Context> {
@@ -296,7 +296,9 @@ fn a_failed_group_end_leaves_no_child() {
 /// mock's reason, and the parents are aborted (a system error, as for any call).
 #[test]
 fn a_group_that_fails_at_its_end_aborts_every_child() {
-    let (cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(3)).unwrap();
+    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(3)
+        .build_with(cuda_hal::Cuda::from_driver)
+        .unwrap();
     let (nccl, world) = MockNccl::new(&gpus)
         .timeout(Duration::from_millis(200))
         .build()

@@ -721,8 +721,10 @@ fn a_synchronous_copy_from_a_pooled_buffer_waits_for_its_memory() {
 /// inactive, collectives run as without it, and its drop releases nothing through NCCL.
 #[test]
 fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
-    let (cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1)).unwrap();
-    let (nccl, world) = nccl_sys::mock::MockNccl::new(&gpus)
+    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(1)
+        .build_with(cuda_hal::Cuda::from_driver)
+        .unwrap();
+    let (nccl, world) = nccl_mock::MockNccl::new(&gpus)
         .windows(false)
         .build()
         .unwrap();
@@ -764,8 +766,10 @@ fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
 /// and their release calls nothing.
 #[test]
 fn registrations_nccl_declines_hold_only_their_own_memory() {
-    let (cuda, gpus) = cuda_hal::Cuda::mock(cuda_hal::mock::MockDriver::with_devices(1)).unwrap();
-    let (nccl, world) = nccl_sys::mock::MockNccl::new(&gpus)
+    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(1)
+        .build_with(cuda_hal::Cuda::from_driver)
+        .unwrap();
+    let (nccl, world) = nccl_mock::MockNccl::new(&gpus)
         .local_registration(false)
         .build()
         .unwrap();

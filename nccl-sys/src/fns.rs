@@ -21,8 +21,8 @@ cuda_sys::fn_table! {
     /// library reports the release that introduced them:
     ///
     /// ```
-    /// use cuda_sys::mock::MockDriver;
-    /// use nccl_sys::mock::MockNccl;
+    /// use cuda_mock::MockDriver;
+    /// use nccl_mock::MockNccl;
     /// use nccl_sys::{NcclFns, NcclVersion};
     ///
     /// let (_driver, gpus) = MockDriver::with_devices(1).build()?;

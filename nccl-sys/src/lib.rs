@@ -14,14 +14,14 @@
 //! # Quick start
 //!
 //! The table is the same whether it comes from `libnccl.so.2` or from the simulated NCCL
-//! of the `mock` feature ([`mock`]), which runs anywhere, on `cuda-sys`'s simulated
-//! devices: this example does. One thread drives two ranks, so their calls go in a
+//! of the crate `nccl-mock` (a dev-dependency here), which runs anywhere, on `cuda-mock`'s
+//! simulated devices: this example does. One thread drives two ranks, so their calls go in a
 //! group, as with NCCL.
 //!
 //! ```
 //! use std::ffi::c_void;
-//! use cuda_sys::mock::MockDriver;
-//! use nccl_sys::mock::MockNccl;
+//! use cuda_mock::MockDriver;
+//! use nccl_mock::MockNccl;
 //! use nccl_sys::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 //!
 //! let (driver, gpus) = MockDriver::with_devices(2).build()?;
@@ -78,18 +78,13 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 //!
-//! # Features
+//! # The simulated NCCL
 //!
-//! * `mock`: [`mock`], a simulated NCCL over `cuda-sys`'s simulated driver (and that
-//!   crate's `mock` feature), which checks the lifetimes of asynchronous work.
-//!
+//! The crate `nccl-mock` builds an [`Nccl`] whose table points at a simulated NCCL (in one
+//! process, or across processes over loopback) that checks the lifetimes of asynchronous
+//! work; it also builds a drop-in `libnccl.so.2` for programs that load NCCL themselves.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// Without the feature the module is not there: its links go to the published docs.
-#![cfg_attr(
-    not(feature = "mock"),
-    doc = "[`mock`]: https://docs.rs/nccl-sys/latest/nccl_sys/mock/index.html"
-)]
 
 #[allow(
     non_camel_case_types,
@@ -109,8 +104,6 @@ pub use generated::*;
 mod config;
 mod fns;
 mod loader;
-#[cfg(feature = "mock")]
-pub mod mock;
 mod version;
 
 pub use config::{
@@ -120,7 +113,7 @@ pub use config::{
 /// The CUDA bindings this crate's types use (`cuda-dl-sys`), for crates that need both.
 pub use cuda_sys;
 pub use cuda_sys::LoadError;
-pub use fns::NcclFns;
+pub use fns::{NcclFns, signatures};
 pub use loader::{NCCL_PATH_ENV, Nccl};
 pub use version::NcclVersion;
 

@@ -26,8 +26,8 @@ const LIBRARY: &str = "NCCL";
 /// only when a channel is asked for.
 ///
 /// ```
-/// use cuda_sys::mock::MockDriver;
-/// use nccl_sys::mock::MockNccl;
+/// use cuda_mock::MockDriver;
+/// use nccl_mock::MockNccl;
 /// use nccl_sys::{NcclVersion, ncclResult_t, ncclUniqueId};
 ///
 /// let (_driver, gpus) = MockDriver::with_devices(1).build()?;

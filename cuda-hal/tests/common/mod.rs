@@ -2,12 +2,12 @@
 //! check that the sanitizer saw nothing and nothing was left alive.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{Context, Cuda};
+use cuda_mock::{MockDriver, MockWorld};
 
 /// A simulated machine built from `driver`, and device 0's context.
 pub fn rig_with(driver: MockDriver) -> (Cuda, MockWorld, Context) {
-    let (cuda, world) = Cuda::mock(driver).unwrap();
+    let (cuda, world) = driver.build_with(Cuda::from_driver).unwrap();
     let ctx = cuda.device(0).unwrap().primary_context().unwrap();
     (cuda, world, ctx)
 }

@@ -27,8 +27,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use cuda_hal::mock::{KernelCall, MockDriver};
 use cuda_hal::{DeviceBuffer, Event, LaunchConfig, Module, Stream};
+use cuda_mock::{KernelCall, MockDriver};
 use nccl_channel::{Channel, Communicator, ReduceOp, World};
 
 /// The kernels, compiled from `kernels.cu` (see there).

@@ -12,11 +12,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{Cuda, cuda_sys};
+use cuda_mock::{MockDriver, MockWorld};
 use nccl_channel::{Channel, ChannelBuilder, CommConfig, IdSource, Rendezvous, World};
+use nccl_mock::MockNccl;
 use nccl_sys::NcclVersion;
-use nccl_sys::mock::MockNccl;
 
 /// An error and its sources, as one line (`outer: cause: root cause`): a library error
 /// names what failed and keeps why (e.g. the operating system's error) as its source.
@@ -179,7 +179,9 @@ pub(crate) fn rank_channel(world: World, setup: &RankSetup) -> Result<RankChanne
                 Some(f) => f(driver),
                 None => driver,
             };
-            let (cuda, gpus) = Cuda::mock(driver).map_err(|e| report(&e))?;
+            let (cuda, gpus) = driver
+                .build_with(Cuda::from_driver)
+                .map_err(|e| report(&e))?;
             let mut nccl = MockNccl::new(&gpus).multi_process(true);
             if let Some(t) = setup.timeout {
                 nccl = nccl.timeout(t);

@@ -269,11 +269,12 @@ impl Rendezvous {
     /// ```
     /// # use std::sync::Arc;
     /// use std::time::Duration;
-    /// use cuda_hal::{Cuda, mock::MockDriver};
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
     /// use nccl_channel::{Communicator, Rendezvous};
-    /// use nccl_sys::mock::MockNccl;
+    /// use nccl_mock::MockNccl;
     ///
-    /// let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(2))?;
+    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
     /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
     /// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     /// let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?.timeout(Duration::from_secs(30));

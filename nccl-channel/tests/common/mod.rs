@@ -18,10 +18,10 @@ pub mod wheel;
 
 use std::sync::Arc;
 
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{Cuda, Stream};
+use cuda_mock::{MockDriver, MockWorld};
 use nccl_channel::{Communicator, Fp8E4M3, Fp8E5M2, NcclType, ReduceOp, UniqueId};
-use nccl_sys::mock::{MockNccl, MockNcclWorld};
+use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::{Nccl, NcclVersion};
 
 pub struct Rig {
@@ -37,7 +37,9 @@ impl Rig {
     }
 
     pub fn with_version(devices: usize, version: NcclVersion) -> Rig {
-        let (cuda, gpus) = Cuda::mock(MockDriver::with_devices(devices)).unwrap();
+        let (cuda, gpus) = MockDriver::with_devices(devices)
+            .build_with(Cuda::from_driver)
+            .unwrap();
         let (nccl, world) = MockNccl::new(&gpus)
             .version(version)
             .timeout(std::time::Duration::from_secs(20))

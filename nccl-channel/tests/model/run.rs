@@ -7,14 +7,14 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cuda_hal::mock::{MockDriver, MockWorld};
 use cuda_hal::{CaptureMode, Cuda, Dependency, DeviceBuffer, GraphExec, KeepAlive, Stream};
+use cuda_mock::{MockDriver, MockWorld};
 use nccl_channel::{
     AbortHandle, CommConfig, Communicator, Group, PooledBuffer, ReduceOp, Registration, UniqueId,
     Window, WindowFlags,
 };
+use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
-use nccl_sys::mock::{MockNccl, MockNcclWorld};
 
 use super::generate::Rng;
 use super::program::{Coll, Fault, Op, Program, Sabotage};
@@ -211,7 +211,9 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             k.write(x, &v);
         })
         .kernel("fault", &[8, 4], |_| std::panic::panic_any(FAULTY_KERNEL));
-    let (cuda, gpus) = Cuda::mock(driver).expect("the simulated driver");
+    let (cuda, gpus) = driver
+        .build_with(Cuda::from_driver)
+        .expect("the simulated driver");
     let (nccl, world) = MockNccl::new(&gpus)
         .version(p.setup.version)
         .timeout(Duration::from_secs(3))

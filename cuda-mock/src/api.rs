@@ -1,0 +1,90 @@
+//! Plumbing of the simulated driver: world slots, the table resolver, and small helpers
+//! shared by the domain modules (handles as pointers, out-pointer checks).
+
+use std::ffi::{CStr, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{
+    MAX_WORLDS, World, context, event, function, graph, init, launch, library, memory, module,
+    occupancy, stream,
+};
+use cuda_sys::{CUresult, DriverFns};
+
+crate::__mock_slots!(World);
+static WORLD_IDS: AtomicU64 = AtomicU64::new(1);
+
+pub(super) fn next_world_id() -> u64 {
+    WORLD_IDS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The world of a slot, while it is claimed (for the functions `mock_fns!` declares).
+pub(super) fn slot_world_of(slot: usize) -> Option<Arc<World>> {
+    slot_world(slot)
+}
+
+/// A resolver for the table: the slot's functions, and null for functions newer than the
+/// simulated driver (as `cuGetProcAddress` of a real driver of that version would).
+pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *const c_void {
+    move |name: &CStr, _asked: i32| {
+        if DriverFns::OPTIONAL
+            .iter()
+            .any(|(n, v)| n.as_bytes() == name.to_bytes() && *v > version)
+        {
+            return std::ptr::null();
+        }
+        match LOOKUPS.get(slot) {
+            Some(lookup) => lookup(name.to_bytes()),
+            None => std::ptr::null(),
+        }
+    }
+}
+
+static LOOKUPS: [fn(&[u8]) -> *const c_void; MAX_WORLDS] = crate::__mock_lookups!(lookup);
+
+/// The function named `name` for slot `W`: each domain module's lookup in turn.
+fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
+    let modules: [fn(&[u8]) -> *const c_void; 11] = [
+        init::lookup::<W>,
+        context::lookup::<W>,
+        memory::lookup::<W>,
+        stream::lookup::<W>,
+        event::lookup::<W>,
+        graph::lookup::<W>,
+        module::lookup::<W>,
+        library::lookup::<W>,
+        launch::lookup::<W>,
+        function::lookup::<W>,
+        occupancy::lookup::<W>,
+    ];
+    modules
+        .iter()
+        .map(|f| f(name))
+        .find(|p| !p.is_null())
+        .unwrap_or(std::ptr::null())
+}
+
+/// A handle value as the opaque pointer the API passes around (never dereferenced).
+pub(super) fn h2p<T>(h: usize) -> *mut T {
+    std::ptr::without_provenance_mut(h)
+}
+
+/// An opaque handle pointer back to its value.
+pub(super) fn p2h<T>(p: *mut T) -> usize {
+    p.addr()
+}
+
+pub(super) fn ok(r: Result<(), CUresult>) -> CUresult {
+    match r {
+        Ok(()) => CUresult::CUDA_SUCCESS,
+        Err(e) => e,
+    }
+}
+
+pub(super) fn check_ptr<T>(p: *const T) -> Result<(), CUresult> {
+    if p.is_null() {
+        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(())
+    }
+}

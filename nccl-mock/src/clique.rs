@@ -1,0 +1,791 @@
+//! Ranks of one communicator meeting in one process: collectives and point-to-point
+//! transfers matched in call order and executed on the simulated device memory.
+//!
+//! Device memory is only reached through the driver's [`MockWorld::read_device`] and
+//! [`MockWorld::write_device`], which check each range and copy it under the driver's
+//! lock: a buffer freed since its part was admitted (even one the quarantine has evicted
+//! and really freed) is reported, never touched. The rank whose buffer it was fails with
+//! `ncclUnhandledCudaError`, its peers with `ncclRemoteError`, as when a part is refused.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use cuda_mock::MockWorld;
+
+use crate::dtype::{self, V};
+use crate::net::Link;
+use nccl_sys::{ncclDataType_t, ncclRedOp_t, ncclResult_t};
+
+/// What a rank asks its peers to do together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Gather,
+    Scatter,
+}
+
+/// How elements combine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Op {
+    Builtin(ncclRedOp_t),
+    Avg,
+    /// Pre-multiplied sum; this rank's scalar.
+    PreMul(V),
+}
+
+impl Op {
+    fn same_kind(&self, other: &Op) -> bool {
+        match (self, other) {
+            (Op::PreMul(_), Op::PreMul(_)) => true,
+            (a, b) => a == b,
+        }
+    }
+}
+
+/// One rank's part of a collective.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Contrib {
+    /// The C name of the rank's call, for reports.
+    pub(crate) call: &'static str,
+    pub(crate) kind: Kind,
+    pub(crate) send: usize,
+    pub(crate) recv: usize,
+    pub(crate) count: usize,
+    pub(crate) dtype: ncclDataType_t,
+    pub(crate) op: Op,
+    pub(crate) root: i32,
+}
+
+/// Completion of one rank's part: `None` while pending.
+pub(crate) type Done = Arc<Mutex<Option<ncclResult_t>>>;
+
+struct Slot {
+    contribs: Vec<Option<(Contrib, Done)>>,
+    /// A rank withdrew its part (its work was refused when it was due to run): the
+    /// collective does not run and every part fails once all are in, so no peer hangs.
+    withdrawn: bool,
+}
+
+struct P2p {
+    ptr: usize,
+    count: usize,
+    dtype: ncclDataType_t,
+    done: Done,
+    /// Withdrawn, like [`Slot::withdrawn`]: the match fails instead of copying.
+    withdrawn: bool,
+}
+
+#[derive(Default)]
+struct State {
+    colls: HashMap<u64, Slot>,
+    sends: HashMap<(usize, usize), VecDeque<P2p>>,
+    recvs: HashMap<(usize, usize), VecDeque<P2p>>,
+    splits: HashMap<u64, SplitRound>,
+    /// Ranks whose communicator was aborted.
+    aborted: Vec<usize>,
+}
+
+/// A rank's (color, key) in a split, and where its result goes.
+type SplitVote = (i32, i32, SplitSlot);
+
+/// Where a rank's split result is delivered: where it lands, or the error of the round.
+type SplitSlot = Arc<Mutex<Option<Result<SplitOut, ncclResult_t>>>>;
+
+/// One split (or shrink) of the clique, matched by sequence number.
+struct SplitRound {
+    /// The ranks that take no part (a shrink's excluded ranks); every other rank votes.
+    excluded: Vec<usize>,
+    votes: Vec<Option<SplitVote>>,
+    /// Ranks disagreed on who takes part: every vote fails with this.
+    failed: Option<ncclResult_t>,
+}
+
+/// Where a rank lands after a split.
+#[derive(Clone)]
+pub(crate) struct SplitOut {
+    pub(crate) clique: Option<Arc<Clique>>,
+    pub(crate) rank: usize,
+}
+
+/// The shared state of one communicator's ranks.
+pub(crate) struct Clique {
+    pub(crate) size: usize,
+    pub(crate) devices: Vec<i32>,
+    state: Mutex<State>,
+    cond: Condvar,
+    /// Multi-process mode: this one rank's connection to the hub, which matches the
+    /// parts of every rank instead of `state` (see [`crate::net`]).
+    net: Option<Link>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Clique {
+    pub(crate) fn new(devices: Vec<i32>) -> Arc<Clique> {
+        Arc::new(Clique {
+            size: devices.len(),
+            devices,
+            state: Mutex::new(State::default()),
+            cond: Condvar::new(),
+            net: None,
+        })
+    }
+
+    /// One rank of a communicator whose ranks live in several processes: its parts go
+    /// through `link` to the hub, which runs them with the same [`move_data`].
+    pub(crate) fn networked(devices: Vec<i32>, link: Link) -> Arc<Clique> {
+        Arc::new(Clique {
+            size: devices.len(),
+            devices,
+            state: Mutex::new(State::default()),
+            cond: Condvar::new(),
+            net: Some(link),
+        })
+    }
+
+    /// Whether its ranks live in several processes (multi-process mode).
+    pub(crate) fn is_networked(&self) -> bool {
+        self.net.is_some()
+    }
+
+    /// Marks `rank` gone: every pending and later operation that needs it (every
+    /// collective, its sends and receives) fails with a remote error instead of waiting.
+    /// Transfers between other ranks go on, as with NCCL.
+    pub(crate) fn abort(&self, rank: usize) {
+        if let Some(link) = &self.net {
+            return link.abort();
+        }
+        let mut st = lock(&self.state);
+        st.aborted.push(rank);
+        let fail = |d: &Done| {
+            let mut g = lock(d);
+            if g.is_none() {
+                *g = Some(ncclResult_t::ncclRemoteError);
+            }
+        };
+        for (_, slot) in st.colls.drain() {
+            slot.contribs.iter().flatten().for_each(|(_, d)| fail(d));
+        }
+        let st = &mut *st;
+        for q in [&mut st.sends, &mut st.recvs] {
+            q.retain(|&(src, dst), q| {
+                let involved = src == rank || dst == rank;
+                if involved {
+                    q.iter().for_each(|p| fail(&p.done));
+                }
+                !involved
+            });
+        }
+        self.cond.notify_all();
+    }
+
+    /// Whether any rank was aborted (its peers' asynchronous error reports it).
+    pub(crate) fn is_aborted(&self) -> bool {
+        if let Some(link) = &self.net {
+            return link.is_broken();
+        }
+        !lock(&self.state).aborted.is_empty()
+    }
+
+    /// Submits `rank`'s part of collective number `seq`; runs it on `cuda`'s device
+    /// memory if it is the last part.
+    pub(crate) fn submit(&self, cuda: &MockWorld, seq: u64, rank: usize, c: Contrib) -> Done {
+        self.submit_part(seq, rank, c, Some(cuda))
+    }
+
+    /// Takes `rank`'s place in collective number `seq` without taking part: the
+    /// collective fails with `ncclRemoteError` for every rank once all parts are in.
+    pub(crate) fn withdraw(&self, seq: u64, rank: usize, c: Contrib) -> Done {
+        self.submit_part(seq, rank, c, None)
+    }
+
+    /// `run`: the driver whose memory the collective moves, `None` to withdraw the part.
+    fn submit_part(&self, seq: u64, rank: usize, c: Contrib, run: Option<&MockWorld>) -> Done {
+        if let Some(link) = &self.net {
+            return link.submit(seq, rank, self.size, c, run);
+        }
+        let withdrawn = run.is_none();
+        let done: Done = Arc::new(Mutex::new(None));
+        let mut st = lock(&self.state);
+        if !st.aborted.is_empty() {
+            *lock(&done) = Some(ncclResult_t::ncclRemoteError);
+            return done;
+        }
+        let size = self.size;
+        let slot = st.colls.entry(seq).or_insert_with(|| Slot {
+            contribs: vec![None; size],
+            withdrawn: false,
+        });
+        if let Some(place) = slot.contribs.get_mut(rank) {
+            *place = Some((c, done.clone()));
+        }
+        slot.withdrawn |= withdrawn;
+        if slot.contribs.iter().all(Option::is_some)
+            && let Some(slot) = st.colls.remove(&seq)
+        {
+            let parts: Vec<(Contrib, Done)> = slot.contribs.into_iter().flatten().collect();
+            // Not withdrawn: every part, this last one too, came with the driver.
+            let rcs = match run {
+                Some(cuda) if !slot.withdrawn => execute(cuda, &parts),
+                _ => vec![ncclResult_t::ncclRemoteError; parts.len()],
+            };
+            for ((_, d), rc) in parts.iter().zip(rcs) {
+                *lock(d) = Some(rc);
+            }
+            self.cond.notify_all();
+        }
+        done
+    }
+
+    /// Posts a send (`src` to `dst`) or a receive; completes the match if the other side
+    /// is there, copying on `cuda`'s device memory.
+    #[allow(clippy::too_many_arguments)] // the call's arguments and the driver
+    pub(crate) fn post(
+        &self,
+        cuda: &MockWorld,
+        is_send: bool,
+        src: usize,
+        dst: usize,
+        ptr: usize,
+        count: usize,
+        dtype: ncclDataType_t,
+    ) -> Done {
+        self.post_part(is_send, src, dst, ptr, count, dtype, Some(cuda))
+    }
+
+    /// Takes the place of a send or receive without doing it: the match fails with
+    /// `ncclRemoteError` on both sides instead of copying.
+    pub(crate) fn withdraw_p2p(
+        &self,
+        is_send: bool,
+        src: usize,
+        dst: usize,
+        count: usize,
+        dtype: ncclDataType_t,
+    ) -> Done {
+        self.post_part(is_send, src, dst, 0, count, dtype, None)
+    }
+
+    /// `run`: the driver whose memory the transfer copies, `None` to withdraw the part.
+    #[allow(clippy::too_many_arguments)] // post's arguments
+    fn post_part(
+        &self,
+        is_send: bool,
+        src: usize,
+        dst: usize,
+        ptr: usize,
+        count: usize,
+        dtype: ncclDataType_t,
+        run: Option<&MockWorld>,
+    ) -> Done {
+        if let Some(link) = &self.net {
+            let (peer, me) = if is_send { (dst, src) } else { (src, dst) };
+            return link.post(is_send, me, peer, ptr, count, dtype, run);
+        }
+        let withdrawn = run.is_none();
+        let done: Done = Arc::new(Mutex::new(None));
+        let mut st = lock(&self.state);
+        if st.aborted.iter().any(|&r| r == src || r == dst) {
+            *lock(&done) = Some(ncclResult_t::ncclRemoteError);
+            return done;
+        }
+        let me = P2p {
+            ptr,
+            count,
+            dtype,
+            done: done.clone(),
+            withdrawn,
+        };
+        let other = if is_send {
+            st.recvs.get_mut(&(src, dst)).and_then(VecDeque::pop_front)
+        } else {
+            st.sends.get_mut(&(src, dst)).and_then(VecDeque::pop_front)
+        };
+        match other {
+            Some(o) => {
+                let (s, r) = if is_send { (&me, &o) } else { (&o, &me) };
+                let refusal = p2p_refusal(
+                    (s.count, s.dtype, s.withdrawn),
+                    (r.count, r.dtype, r.withdrawn),
+                );
+                let (send_rc, recv_rc) = match (refusal, run) {
+                    (Some(rc), _) => (rc, rc),
+                    // Neither side withdrawn: this one came with the driver.
+                    (None, Some(cuda)) => transfer(cuda, (src, s), (dst, r)),
+                    (None, None) => (ncclResult_t::ncclRemoteError, ncclResult_t::ncclRemoteError),
+                };
+                *lock(&s.done) = Some(send_rc);
+                *lock(&r.done) = Some(recv_rc);
+                self.cond.notify_all();
+            }
+            None => {
+                let q = if is_send {
+                    &mut st.sends
+                } else {
+                    &mut st.recvs
+                };
+                q.entry((src, dst)).or_default().push_back(me);
+            }
+        }
+        done
+    }
+
+    /// Joins split number `seq` with `(color, key)`; returns where this rank lands. The
+    /// ranks in `excluded` take no part (a shrink): the split forms once every other rank
+    /// has voted, and an abort of an excluded rank does not fail it. Ranks that disagree
+    /// on `excluded` fail with `ncclInvalidUsage`.
+    pub(crate) fn split(
+        &self,
+        seq: u64,
+        rank: usize,
+        (color, key): (i32, i32),
+        excluded: &[usize],
+        deadline: Instant,
+    ) -> Result<SplitOut, ncclResult_t> {
+        if self.net.is_some() {
+            // Refused at the call (see `init::start_child`); never reached.
+            return Err(ncclResult_t::ncclInvalidUsage);
+        }
+        let out: SplitSlot = Arc::new(Mutex::new(None));
+        {
+            let mut st = lock(&self.state);
+            let size = self.size;
+            let round = st.splits.entry(seq).or_insert_with(|| SplitRound {
+                excluded: excluded.to_vec(),
+                votes: vec![None; size],
+                failed: None,
+            });
+            if round.failed.is_none() && round.excluded != excluded {
+                round.failed = Some(ncclResult_t::ncclInvalidUsage);
+            }
+            if let Some(rc) = round.failed {
+                for (_, _, o) in round.votes.iter().flatten() {
+                    *lock(o) = Some(Err(rc));
+                }
+                self.cond.notify_all();
+                return Err(rc);
+            }
+            if let Some(p) = round.votes.get_mut(rank) {
+                *p = Some((color, key, out.clone()));
+            }
+            let complete = round
+                .votes
+                .iter()
+                .enumerate()
+                .all(|(r, v)| v.is_some() || round.excluded.contains(&r));
+            if complete {
+                let parts: Vec<(usize, i32, i32, SplitSlot)> = st
+                    .splits
+                    .remove(&seq)
+                    .map(|r| r.votes)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(r, p)| p.map(|(c, k, o)| (r, c, k, o)))
+                    .collect();
+                let mut colors: Vec<i32> = parts.iter().map(|p| p.1).filter(|&c| c >= 0).collect();
+                colors.sort_unstable();
+                colors.dedup();
+                for color in colors {
+                    let mut members: Vec<&(usize, i32, i32, _)> =
+                        parts.iter().filter(|p| p.1 == color).collect();
+                    members.sort_by_key(|p| (p.2, p.0));
+                    let clique = Clique::new(members.iter().map(|p| self.devices[p.0]).collect());
+                    for (new_rank, m) in members.iter().enumerate() {
+                        *lock(&m.3) = Some(Ok(SplitOut {
+                            clique: Some(clique.clone()),
+                            rank: new_rank,
+                        }));
+                    }
+                }
+                for p in parts.iter().filter(|p| p.1 < 0) {
+                    *lock(&p.3) = Some(Ok(SplitOut {
+                        clique: None,
+                        rank: 0,
+                    }));
+                }
+                self.cond.notify_all();
+            }
+        }
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(o) = lock(&out).clone() {
+                return o;
+            }
+            if st.aborted.iter().any(|r| !excluded.contains(r)) {
+                return Err(ncclResult_t::ncclRemoteError);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ncclResult_t::ncclSystemError);
+            }
+            st = self
+                .cond
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Waits for `done` until `deadline` (an abort of a rank it needs completes it with an
+    /// error); the deadline gives an error.
+    pub(crate) fn wait(&self, done: &Done, deadline: Instant) -> ncclResult_t {
+        if let Some(link) = &self.net {
+            return link.wait(done, deadline);
+        }
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(rc) = *lock(done) {
+                return rc;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return ncclResult_t::ncclSystemError;
+            }
+            st = self
+                .cond
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Parts submitted and not yet matched (for leak checks).
+    pub(crate) fn pending(&self) -> usize {
+        if let Some(link) = &self.net {
+            return link.pending();
+        }
+        let st = lock(&self.state);
+        st.colls.len()
+            + st.sends.values().map(VecDeque::len).sum::<usize>()
+            + st.recvs.values().map(VecDeque::len).sum::<usize>()
+    }
+}
+
+/// Copies a matched send (rank `src`) to its receive (rank `dst`) through the driver;
+/// the results of the send and of the receive. An illegal side fails with
+/// `ncclUnhandledCudaError` (the driver recorded why), its peer with `ncclRemoteError`.
+fn transfer(
+    cuda: &MockWorld,
+    (src, s): (usize, &P2p),
+    (dst, r): (usize, &P2p),
+) -> (ncclResult_t, ncclResult_t) {
+    let (failed, remote) = (
+        ncclResult_t::ncclUnhandledCudaError,
+        ncclResult_t::ncclRemoteError,
+    );
+    let bytes = bytes(s.count, s.dtype);
+    if bytes == 0 {
+        return (ncclResult_t::ncclSuccess, ncclResult_t::ncclSuccess);
+    }
+    let Ok(data) = cuda.read_device(&format!("ncclSend on rank {src}"), s.ptr as u64, bytes) else {
+        return (failed, remote);
+    };
+    match cuda.write_device(&format!("ncclRecv on rank {dst}"), r.ptr as u64, &data) {
+        Ok(()) => (ncclResult_t::ncclSuccess, ncclResult_t::ncclSuccess),
+        Err(_) => (remote, failed),
+    }
+}
+
+/// Bytes of `count` elements of `dtype` (saturating: the driver refuses such a range).
+fn bytes(count: usize, dtype: ncclDataType_t) -> usize {
+    count.saturating_mul(dtype::size_of(dtype).unwrap_or(1))
+}
+
+/// Why a matched send and receive do not copy: either side withdrawn (`ncclRemoteError`)
+/// or they disagree on the count or type (`ncclInvalidUsage`, on both sides). `None`:
+/// they copy. One rule for both modes (the in-process clique and the hub).
+pub(crate) fn p2p_refusal(
+    (send_count, send_type, send_withdrawn): (usize, ncclDataType_t, bool),
+    (recv_count, recv_type, recv_withdrawn): (usize, ncclDataType_t, bool),
+) -> Option<ncclResult_t> {
+    if send_withdrawn || recv_withdrawn {
+        Some(ncclResult_t::ncclRemoteError)
+    } else if send_count != recv_count || send_type != recv_type {
+        Some(ncclResult_t::ncclInvalidUsage)
+    } else {
+        None
+    }
+}
+
+/// Where a collective reads its ranks' inputs and writes their outputs: the simulated
+/// device memory of one process ([`Memory`]), or the bytes the ranks of several processes
+/// shipped to their hub. [`move_data`] serves both, so both modes compute the same.
+pub(crate) trait Buffers {
+    /// `len` bytes of rank `rank`'s send buffer; `None` if they cannot be read (the rank
+    /// is then marked failed).
+    fn input(&mut self, rank: usize, len: usize) -> Option<Vec<u8>>;
+
+    /// Gives rank `rank`'s receive buffer `data`.
+    fn output(&mut self, rank: usize, data: &[u8]);
+}
+
+/// One collective's device memory, reached through the driver (checked and copied under
+/// its lock); remembers the ranks whose buffers were illegal.
+struct Memory<'a> {
+    cuda: &'a MockWorld,
+    parts: &'a [Contrib],
+    failed: Vec<bool>,
+}
+
+impl<'a> Memory<'a> {
+    fn new(cuda: &'a MockWorld, parts: &'a [Contrib]) -> Self {
+        Memory {
+            cuda,
+            parts,
+            failed: vec![false; parts.len()],
+        }
+    }
+
+    /// How rank `rank`'s accesses are named in reports, e.g. `ncclAllReduce on rank 1`.
+    fn who(&self, rank: usize) -> String {
+        format!("{} on rank {rank}", self.parts[rank].call)
+    }
+}
+
+impl Buffers for Memory<'_> {
+    fn input(&mut self, rank: usize, len: usize) -> Option<Vec<u8>> {
+        let ptr = self.parts[rank].send as u64;
+        match self.cuda.read_device(&self.who(rank), ptr, len) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                self.failed[rank] = true;
+                None
+            }
+        }
+    }
+
+    fn output(&mut self, rank: usize, data: &[u8]) {
+        let ptr = self.parts[rank].recv as u64;
+        if self.cuda.write_device(&self.who(rank), ptr, data).is_err() {
+            self.failed[rank] = true;
+        }
+    }
+}
+
+/// Each rank's result given the ranks whose buffers failed: success, or
+/// `ncclUnhandledCudaError` for a failed rank and `ncclRemoteError` for its peers.
+pub(crate) fn results(failed: &[bool]) -> Vec<ncclResult_t> {
+    let any = failed.iter().any(|f| *f);
+    failed
+        .iter()
+        .map(|&f| match (any, f) {
+            (false, _) => ncclResult_t::ncclSuccess,
+            (true, true) => ncclResult_t::ncclUnhandledCudaError,
+            (true, false) => ncclResult_t::ncclRemoteError,
+        })
+        .collect()
+}
+
+/// Reduces element-wise `inputs` (one per rank, `count` elements each) with the ranks' ops.
+fn reduce(inputs: &[Vec<u8>], ops: &[Op], count: usize, t: ncclDataType_t) -> Vec<u8> {
+    let n = inputs.len();
+    let size = dtype::size_of(t).unwrap_or(1);
+    // One rank: NCCL copies the input (`ncclLaunchOneRank`'s memcpy) for every op but a
+    // pre-multiplied sum, which a float average is; nothing is rounded or saturated.
+    let premul =
+        |op: &Op| matches!(op, Op::PreMul(_)) || (*op == Op::Avg && dtype::is_float_type(t));
+    if n == 1 && !premul(&ops[0]) {
+        return inputs[0][..count * size].to_vec();
+    }
+    let mut out = vec![0u8; count * size];
+    for i in 0..count {
+        let term = |r: usize| {
+            let x = dtype::get(t, &inputs[r], i);
+            match ops[r] {
+                Op::PreMul(s) => dtype::scale(t, x, s),
+                Op::Avg if dtype::is_float_type(t) => dtype::scale(t, x, dtype::avg_scalar(t, n)),
+                _ => x,
+            }
+        };
+        let builtin = match ops[0] {
+            Op::Builtin(b) => b,
+            _ => ncclRedOp_t::ncclSum,
+        };
+        let mut acc = term(0);
+        for r in 1..n {
+            acc = dtype::combine(t, builtin, acc, term(r));
+        }
+        if ops[0] == Op::Avg && !dtype::is_float_type(t) {
+            acc = dtype::divide(t, acc, n as i128);
+        }
+        dtype::put(t, &mut out, i, acc);
+    }
+    out
+}
+
+/// Whether every rank's part describes the same collective (kind, count, type, root, op
+/// kind); if not, every rank fails with `ncclInvalidUsage`.
+pub(crate) fn agree(parts: &[Contrib]) -> bool {
+    let Some(first) = parts.first() else {
+        return false;
+    };
+    parts.iter().all(|c| {
+        c.kind == first.kind
+            && c.count == first.count
+            && c.dtype == first.dtype
+            && c.root == first.root
+            && c.op.same_kind(&first.op)
+    })
+}
+
+/// Runs one collective given every rank's part (in rank order) on `cuda`'s device memory;
+/// each rank's result.
+fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Vec<ncclResult_t> {
+    let contribs: Vec<Contrib> = parts.iter().map(|p| p.0).collect();
+    if !agree(&contribs) {
+        return vec![ncclResult_t::ncclInvalidUsage; parts.len()];
+    }
+    let mut mem = Memory::new(cuda, &contribs);
+    move_data(&mut mem, &contribs);
+    results(&mem.failed)
+}
+
+/// Bytes rank `rank` of `n` reads of its send buffer in collective `c` (0: none), as
+/// [`move_data`] reads them: the range a rank ships to the hub in the multi-process mode.
+pub(crate) fn input_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
+    let root = rank == c.root.max(0) as usize;
+    match c.kind {
+        Kind::AllReduce | Kind::Reduce | Kind::AllGather | Kind::Gather => bytes(c.count, c.dtype),
+        Kind::ReduceScatter | Kind::AllToAll => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Broadcast if root => bytes(c.count, c.dtype),
+        Kind::Scatter if root => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Broadcast | Kind::Scatter => 0,
+    }
+}
+
+/// Bytes [`move_data`] writes to rank `rank`'s receive buffer (0: none): what a rank of
+/// the multi-process mode accepts from its hub.
+pub(crate) fn output_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
+    let root = rank == c.root.max(0) as usize;
+    match c.kind {
+        Kind::AllReduce | Kind::Broadcast | Kind::ReduceScatter | Kind::Scatter => {
+            bytes(c.count, c.dtype)
+        }
+        Kind::AllGather | Kind::AllToAll => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Reduce if root => bytes(c.count, c.dtype),
+        Kind::Gather if root => bytes(c.count.saturating_mul(n), c.dtype),
+        Kind::Reduce | Kind::Gather => 0,
+    }
+}
+
+/// Reads every rank's `len` input bytes (each is read, so every illegal one is reported);
+/// `None` if any is illegal.
+fn read_all(mem: &mut impl Buffers, n: usize, len: usize) -> Option<Vec<Vec<u8>>> {
+    let inputs: Vec<Option<Vec<u8>>> = (0..n).map(|r| mem.input(r, len)).collect();
+    inputs.into_iter().collect()
+}
+
+/// The data movement of a collective whose parts agree ([`agree`], one per rank in rank
+/// order); stops at the first illegal read, writing nothing.
+pub(crate) fn move_data(mem: &mut impl Buffers, parts: &[Contrib]) {
+    let Some(&first) = parts.first() else {
+        return;
+    };
+    let n = parts.len();
+    let (t, count) = (first.dtype, first.count);
+    let size = dtype::size_of(t).unwrap_or(1);
+    let root = first.root as usize;
+    let ops: Vec<Op> = parts.iter().map(|p| p.op).collect();
+    // Each input's length was checked against it, so it does not overflow.
+    let chunk = count.saturating_mul(size);
+    match first.kind {
+        Kind::AllReduce | Kind::Reduce => {
+            let Some(inputs) = read_all(mem, n, chunk) else {
+                return;
+            };
+            let out = reduce(&inputs, &ops, count, t);
+            for r in 0..n {
+                if first.kind == Kind::AllReduce || r == root {
+                    mem.output(r, &out);
+                }
+            }
+        }
+        Kind::ReduceScatter => {
+            let Some(inputs) = read_all(mem, n, chunk * n) else {
+                return;
+            };
+            for r in 0..n {
+                let part: Vec<Vec<u8>> = inputs
+                    .iter()
+                    .map(|i| i[r * chunk..(r + 1) * chunk].to_vec())
+                    .collect();
+                mem.output(r, &reduce(&part, &ops, count, t));
+            }
+        }
+        Kind::AllGather | Kind::Gather => {
+            let Some(inputs) = read_all(mem, n, chunk) else {
+                return;
+            };
+            let all = inputs.concat();
+            for r in 0..n {
+                if first.kind == Kind::AllGather || r == root {
+                    mem.output(r, &all);
+                }
+            }
+        }
+        Kind::Broadcast => {
+            let Some(data) = mem.input(root, chunk) else {
+                return;
+            };
+            for r in 0..n {
+                mem.output(r, &data);
+            }
+        }
+        Kind::Scatter => {
+            let Some(data) = mem.input(root, chunk * n) else {
+                return;
+            };
+            for r in 0..n {
+                mem.output(r, &data[r * chunk..(r + 1) * chunk]);
+            }
+        }
+        Kind::AllToAll => {
+            let Some(inputs) = read_all(mem, n, chunk * n) else {
+                return;
+            };
+            for r in 0..n {
+                let out: Vec<u8> = inputs
+                    .iter()
+                    .flat_map(|i| i[r * chunk..(r + 1) * chunk].iter().copied())
+                    .collect();
+                mem.output(r, &out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nccl_sys::ncclDataType_t as D;
+
+    /// NCCL's float `ncclAvg` is a pre-multiplied sum by 1/n rounded to the type
+    /// (`__float2half(float(1.0/nRanks))`, ...): with 3 ranks, 5 on rank 0 and 0 elsewhere
+    /// averages to round(5 * round(1/3)), not round(5/3).
+    #[test]
+    fn float_avg_premultiplies_by_one_over_n_rounded_to_the_type() {
+        for (t, want) in [
+            (D::ncclFloat16, 1.666015625),
+            (D::ncclBfloat16, 1.671875),
+            (D::ncclFloat8e4m3, 1.75),
+            (D::ncclFloat8e5m2, 1.5),
+        ] {
+            let input = |x: f64| {
+                let mut b = vec![0u8; dtype::size_of(t).unwrap_or(1)];
+                dtype::put(t, &mut b, 0, V::F(x));
+                b
+            };
+            let out = reduce(&[input(5.0), input(0.0), input(0.0)], &[Op::Avg; 3], 1, t);
+            assert_eq!(dtype::get(t, &out, 0), V::F(want), "{t:?}");
+        }
+    }
+}
