@@ -1,5 +1,8 @@
 //! Maintenance tasks for the workspace.
 //!
+//! `cargo xtask dropin [--release]` builds the simulated GPUs as a drop-in `libcuda.so.1`
+//! and `libnccl.so.2` and prints their folder (dropin.rs).
+//!
 //! `cargo xtask bindgen` regenerates `cuda-sys/src/generated.rs` and
 //! `nccl-sys/src/generated.rs` from the headers of the wheels pinned (with sha256) in
 //! `scripts/wheels.lock`. It needs libclang (Debian: `libclang-dev`) and python3 with pip.
@@ -10,6 +13,8 @@ use std::process::{Command, ExitCode};
 
 use bindgen::{EnumVariation, callbacks::ParseCallbacks};
 use quote::{format_ident, quote};
+
+mod dropin;
 
 /// The wheel whose `cuda.h` the driver bindings come from.
 const CUDA_WHEEL: (&str, &str) = ("nvidia-cuda-runtime-cu12", "12.9.79");
@@ -26,8 +31,21 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some("dropin") => match dropin::dropin(&args[1..]) {
+            Ok(dir) => {
+                println!("{}", dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("xtask dropin: {e}");
+                ExitCode::FAILURE
+            }
+        },
         _ => {
-            eprintln!("usage: cargo xtask bindgen   (regenerate the committed bindings)");
+            eprintln!(
+                "usage: cargo xtask bindgen            (regenerate the committed bindings)\n\
+                 \x20      cargo xtask dropin [--release] (libcuda.so.1 and libnccl.so.2, simulated)"
+            );
             ExitCode::from(2)
         }
     }

@@ -1,0 +1,172 @@
+//! The drop-in library as programs meet it: opened by path under both names, its symbols
+//! found with `dlsym`, its machine shaped by the environment, its sanitizer's verdict in
+//! the exit status. Each case runs in a child process (the machine is per process).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use cuda_hal::{Cuda, DeviceBuffer, Stream};
+use nccl_channel::{Communicator, group};
+
+/// `target/<profile>/libsimgpu.so`, built with this test (the package's library).
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(|d| d.parent()).unwrap();
+    let lib = profile.join("libsimgpu.so");
+    assert!(lib.exists(), "{} is not built", lib.display());
+    lib
+}
+
+/// Runs the test `name` of this binary in a child with `env`.
+fn child(name: &str, env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("DROPIN_CHILD", name)
+        .env("NCCL_NVLS_ENABLE", "0");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn is_child(name: &str) -> bool {
+    std::env::var("DROPIN_CHILD").is_ok_and(|c| c == name)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn the_safe_crates_all_gather_on_it_as_on_real_libraries() {
+    const ME: &str = "the_safe_crates_all_gather_on_it_as_on_real_libraries";
+    if !is_child(ME) {
+        let o = child(ME, &[("CUDA_MOCK_DEVICES", "2")]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        return;
+    }
+    let lib = library();
+    // SAFETY: the drop-in implements the driver API with the header's signatures.
+    let driver = unsafe { cuda_sys::Driver::load_from(&lib) }.unwrap();
+    // SAFETY: and NCCL's.
+    let nccl = Arc::new(unsafe { nccl_sys::Nccl::load_from(&lib) }.unwrap());
+    let cuda = Cuda::from_driver(driver).unwrap();
+    assert_eq!(cuda.device_count().unwrap(), 2);
+    let ctxs = [0, 1].map(|i| cuda.device(i).unwrap().primary_context().unwrap());
+    let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+    let streams = ctxs.each_ref().map(|c| Stream::new(c).unwrap());
+    let sends = [0, 1].map(|r| DeviceBuffer::from_slice(&ctxs[r], &[101i32 + r as i32]).unwrap());
+    let mut recvs = ctxs
+        .each_ref()
+        .map(|c| DeviceBuffer::<i32>::zeroed(c, 2).unwrap());
+    group(&nccl, || {
+        for (r, recv) in recvs.iter_mut().enumerate() {
+            comms[r].all_gather(&sends[r], recv, &streams[r])?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (r, recv) in recvs.iter().enumerate() {
+        streams[r].synchronize().unwrap();
+        assert_eq!(recv.to_vec().unwrap(), [101, 102]);
+    }
+}
+
+#[test]
+fn its_symbols_are_the_c_librarys_names_and_the_environment_shapes_the_machine() {
+    const ME: &str = "its_symbols_are_the_c_librarys_names_and_the_environment_shapes_the_machine";
+    if !is_child(ME) {
+        let o = child(
+            ME,
+            &[
+                ("CUDA_MOCK_DEVICES", "3"),
+                ("CUDA_MOCK_DRIVER_VERSION", "12040"),
+                ("NCCL_MOCK_VERSION", "2.21.5"),
+            ],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        return;
+    }
+    type Init = unsafe extern "C" fn(u32) -> cuda_sys::CUresult;
+    type Count = unsafe extern "C" fn(*mut i32) -> cuda_sys::CUresult;
+    type Alloc = unsafe extern "C" fn(*mut u64, usize) -> cuda_sys::CUresult;
+    type Version = unsafe extern "C" fn(*mut i32) -> cuda_sys::CUresult;
+    type NcclVersion = unsafe extern "C" fn(*mut i32) -> nccl_sys::ncclResult_t;
+    // SAFETY: loading the drop-in runs no initialiser of consequence.
+    let lib = unsafe { libloading::Library::new(library()) }.unwrap();
+    // SAFETY: each symbol has the signature its type says (cuda.h's and nccl.h's).
+    unsafe {
+        let init = lib.get::<Init>(b"cuInit").unwrap();
+        let count = lib.get::<Count>(b"cuDeviceGetCount").unwrap();
+        let version = lib.get::<Version>(b"cuDriverGetVersion").unwrap();
+        let nccl_version = lib.get::<NcclVersion>(b"ncclGetVersion").unwrap();
+        // The ABI variant, as a `dlsym` user such as cudarc asks for it.
+        assert!(lib.get::<Alloc>(b"cuMemAlloc_v2").is_ok());
+        let mut n = 0;
+        assert_eq!(init(0), cuda_sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(count(&mut n), cuda_sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(n, 3);
+        assert_eq!(version(&mut n), cuda_sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(n, 12040);
+        assert_eq!(nccl_version(&mut n), nccl_sys::ncclResult_t::ncclSuccess);
+        assert_eq!(n, 22105);
+    }
+}
+
+#[test]
+fn an_invalid_access_fails_the_process_at_exit_and_names_it() {
+    const ME: &str = "an_invalid_access_fails_the_process_at_exit_and_names_it";
+    if !is_child(ME) {
+        let o = child(ME, &[]);
+        assert_eq!(o.status.code(), Some(86), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("reported 1 invalid access(es)"), "{err}");
+        assert!(err.contains("cuMemFree"), "{err}");
+        return;
+    }
+    // SAFETY: the drop-in implements the driver API with the header's signatures.
+    let driver = unsafe { cuda_sys::Driver::load_from(library()) }.unwrap();
+    let f = driver.fns();
+    let (mut dev, mut ctx, mut p) = (0, std::ptr::null_mut(), 0);
+    // SAFETY: valid out-pointers; the second free is the invalid access under test, which
+    // the simulator refuses (and reports) instead of performing.
+    unsafe {
+        (f.cuInit)(0);
+        (f.cuDeviceGet)(&mut dev, 0);
+        (f.cuDevicePrimaryCtxRetain)(&mut ctx, dev);
+        (f.cuCtxSetCurrent)(ctx);
+        (f.cuMemAlloc)(&mut p, 64);
+        (f.cuMemFree)(p);
+        (f.cuMemFree)(p);
+    }
+}
+
+#[test]
+fn a_bad_environment_is_said_and_every_call_fails() {
+    const ME: &str = "a_bad_environment_is_said_and_every_call_fails";
+    if !is_child(ME) {
+        let o = child(ME, &[("CUDA_MOCK_DEVICES", "lots")]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("libsimgpu: CUDA_MOCK_DEVICES=\"lots\" is not a number"),
+            "{}",
+            stderr(&o)
+        );
+        return;
+    }
+    // SAFETY: as above.
+    let err = unsafe { cuda_sys::Driver::load_from(library()) }.unwrap_err();
+    // The first entry the loader asks for is not there: no machine, no table.
+    assert!(
+        err.to_string().contains("`cuDriverGetVersion` is missing"),
+        "{err}"
+    );
+    // SAFETY: as above.
+    let lib = unsafe { libloading::Library::new(library()) }.unwrap();
+    type Init = unsafe extern "C" fn(u32) -> cuda_sys::CUresult;
+    // SAFETY: `cuInit` has this signature; a call with no machine only returns an error.
+    let rc = unsafe { lib.get::<Init>(b"cuInit").unwrap()(0) };
+    assert_eq!(rc, cuda_sys::CUresult::CUDA_ERROR_NOT_INITIALIZED);
+}
