@@ -3,7 +3,7 @@
 //! collectives as no-ops), so that only our own code differs between the two columns.
 //!
 //! ```text
-//! cargo run --release -p nccl-channel --features mock --example overhead [-- ITERS]
+//! cargo run --release -p nccl-channel --example overhead [-- ITERS]
 //! ```
 
 use std::hint::black_box;

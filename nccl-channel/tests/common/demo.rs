@@ -53,7 +53,7 @@ pub fn example_exe(name: &str, var: &str) -> PathBuf {
     }
     panic!(
         "the {name} example was not found beside {} or in ../examples; build it \
-         (cargo build --examples --features mock) or set {var}",
+         (cargo build --examples) or set {var}",
         me.display()
     );
 }
