@@ -3,8 +3,7 @@
 //! that gets exactly the environment the test gives it: no test here reads the caller's.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "support/stubcc.rs"]
-mod stubcc;
+use test_support::stubcc;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -111,7 +110,11 @@ fn the_override_is_the_only_path_tried() {
 fn the_override_opens_the_library_it_names() {
     // A library without the driver's entry point: refused, naming the override's path,
     // which proves that path was opened and nothing else was tried.
-    let lib = stubcc::shared_library("cuda_override", "int not_a_driver(void) { return 0; }\n");
+    let lib = stubcc::shared_library(
+        env!("CARGO_TARGET_TMPDIR"),
+        "cuda_override",
+        "int not_a_driver(void) { return 0; }\n",
+    );
     run_child(
         "override-incomplete",
         &[(DRIVER_PATH_ENV, &lib), ("WANT", &lib)],
@@ -215,7 +218,11 @@ fn python_sites_come_from_the_venv_then_home_newest_python_first() {
 #[test]
 fn a_library_stays_mapped_after_its_handle_is_dropped() {
     // RTLD_NODELETE: libcuda and libnccl run threads and exit handlers of their own.
-    let lib = stubcc::shared_library("nodelete", "int nodelete_marker(void) { return 7; }\n");
+    let lib = stubcc::shared_library(
+        env!("CARGO_TARGET_TMPDIR"),
+        "nodelete",
+        "int nodelete_marker(void) { return 7; }\n",
+    );
     let opened = OpenLibrary::open(&lib).unwrap();
     assert!(!opened.symbol(c"nodelete_marker").is_null());
     drop(opened);

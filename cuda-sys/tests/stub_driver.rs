@@ -3,8 +3,7 @@
 //! optional functions gated on the reported version.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "support/stubcc.rs"]
-mod stubcc;
+use test_support::stubcc;
 
 use cuda_sys::dylib::Reason;
 use cuda_sys::{Driver, DriverFns, LoadError};
@@ -49,7 +48,11 @@ fn stub_source(version: i32, omit: &[&str], no_gpa: bool) -> String {
 }
 
 fn stub(name: &str, version: i32, omit: &[&str], no_gpa: bool) -> std::path::PathBuf {
-    stubcc::shared_library(name, &stub_source(version, omit, no_gpa))
+    stubcc::shared_library(
+        env!("CARGO_TARGET_TMPDIR"),
+        name,
+        &stub_source(version, omit, no_gpa),
+    )
 }
 
 fn reason(e: LoadError) -> Reason {

@@ -276,11 +276,7 @@ fn bf16_encode(x: f32) -> u16 {
 
 // Independent references shared with the integration tests.
 #[cfg(test)]
-#[path = "../tests/common/ocp_fp8.rs"]
-mod ocp_fp8;
-#[cfg(test)]
-#[path = "../tests/common/splitmix.rs"]
-mod splitmix;
+use test_support::{ocp_fp8, splitmix};
 
 #[cfg(test)]
 mod tests {

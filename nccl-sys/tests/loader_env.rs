@@ -3,8 +3,7 @@
 //! gives it; and what a loaded library says of itself.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../../cuda-sys/tests/support/stubcc.rs"]
-mod stubcc;
+use test_support::stubcc;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -129,7 +128,7 @@ fn a_loaded_library_names_where_it_came_from() {
             c += &format!("int {n}(void) {{ return 3; }}\n");
         }
     }
-    let path = stubcc::shared_library("nccl_origin", &c);
+    let path = stubcc::shared_library(env!("CARGO_TARGET_TMPDIR"), "nccl_origin", &c);
     // SAFETY: a stub compiled by this test.
     let nccl = unsafe { Nccl::load_from(&path) }.unwrap();
     assert_eq!(nccl.origin(), format!("{} (explicit path)", path.display()));

@@ -11,8 +11,7 @@ use std::process::Command;
 
 use nccl_sys::{Nccl, ncclResult_t, ncclUniqueId};
 
-#[path = "../../cuda-sys/tests/support/env.rs"]
-mod env;
+use test_support::env;
 
 /// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).
 fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<Nccl, nccl_sys::LoadError> {
@@ -68,7 +67,7 @@ fn load() -> Nccl {
 /// library; `true` in that child.
 fn in_child(name: &str) -> bool {
     let lib = libnccl();
-    env::in_scrubbed_child(name, &[("NCCL_SYS_TEST_LIBNCCL", lib.as_os_str())])
+    test_support::in_scrubbed_child!(name, &[("NCCL_SYS_TEST_LIBNCCL", lib.as_os_str())])
 }
 
 #[test]

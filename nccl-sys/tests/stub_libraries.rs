@@ -3,8 +3,7 @@
 //! functions, and version gating of the optional ones.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../../cuda-sys/tests/support/stubcc.rs"]
-mod stubcc;
+use test_support::stubcc;
 
 use cuda_sys::dylib::Reason;
 use nccl_sys::{LoadError, Nccl, NcclFns, NcclVersion};
@@ -32,7 +31,11 @@ fn stub_source(version: i32, omit: &[&str]) -> String {
 }
 
 fn stub(name: &str, version: NcclVersion, omit: &[&str]) -> std::path::PathBuf {
-    stubcc::shared_library(name, &stub_source(version.0, omit))
+    stubcc::shared_library(
+        env!("CARGO_TARGET_TMPDIR"),
+        name,
+        &stub_source(version.0, omit),
+    )
 }
 
 fn reason(e: LoadError) -> Reason {
@@ -110,7 +113,11 @@ fn a_missing_required_symbol_is_named_with_the_library() {
 
 #[test]
 fn a_library_that_is_not_nccl_is_rejected() {
-    let lib = stubcc::shared_library("not_nccl", "int something_else(void) { return 0; }\n");
+    let lib = stubcc::shared_library(
+        env!("CARGO_TARGET_TMPDIR"),
+        "not_nccl",
+        "int something_else(void) { return 0; }\n",
+    );
     let e = load_trusted(&lib).unwrap_err();
     assert_eq!(reason(e), Reason::MissingSymbol("ncclGetVersion".into()));
 }
@@ -133,7 +140,7 @@ fn a_too_old_library_gives_both_versions() {
 #[test]
 fn a_failing_version_query_is_reported() {
     let src = "int ncclGetVersion(int *v) { (void)v; return 4; }\n";
-    let lib = stubcc::shared_library("nccl_badversion", src);
+    let lib = stubcc::shared_library(env!("CARGO_TARGET_TMPDIR"), "nccl_badversion", src);
     match reason(load_trusted(&lib).unwrap_err()) {
         Reason::Version(msg) => assert!(msg.contains("ncclInvalidArgument"), "{msg}"),
         other => panic!("expected a version error, got {other}"),

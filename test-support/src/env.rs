@@ -1,5 +1,3 @@
-//! Test support shared by the crates' tests (each includes this file by path).
-//!
 //! The environment of the processes a test starts: never the caller's launcher, NCCL or
 //! library settings. A test run inside a Slurm job, under torchrun, or with `NCCL_COMM_ID`
 //! or `NCCL_SYS_LIBRARY` exported must give the results it gives on a bare shell, so every
@@ -31,6 +29,7 @@ const PREFIXES: &[&str] = &[
     "TORCHELASTIC_",
     "IREE_CUDA_",
     "CUDA_SYS_",
+    "CUDA_MOCK_",
 ];
 
 /// Scrubbed variables without a prefix of their own (torchrun's).

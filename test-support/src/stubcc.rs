@@ -1,14 +1,14 @@
-//! Test support: compiles a C source into a shared library with the `cc` crate, at test
-//! time, so the loaders can be tested against libraries that misbehave on purpose.
-//! Shared by cuda-sys's and nccl-sys's tests (nccl-sys includes it by path).
+//! Compiles a C source into a shared library with the `cc` crate, at test time, so the
+//! loaders can be tested against libraries that misbehave on purpose.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Compiles `source` into `lib<name>.so` in a fresh folder under the target dir and
-/// returns its path. Panics (failing the test) if the compiler fails.
-pub(crate) fn shared_library(name: &str, source: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+/// Compiles `source` into `lib<name>.so` in a fresh folder under `tmp` (a test's
+/// `env!("CARGO_TARGET_TMPDIR")`) and returns its path. Panics (failing the test) if the
+/// compiler fails.
+pub fn shared_library(tmp: &str, name: &str, source: &str) -> PathBuf {
+    let dir = PathBuf::from(tmp).join(format!(
         "stub-{name}-{}-{:?}",
         std::process::id(),
         std::thread::current().id()

@@ -11,15 +11,11 @@
 //! saturates as NCCL's `__NV_SATFINITE` conversions do.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-#[path = "common/ocp_fp8.rs"]
-mod ocp_fp8;
-#[path = "common/splitmix.rs"]
-mod splitmix;
+use test_support::{ocp_fp8, splitmix};
 
 use std::ffi::c_void;
 
-use common::{NCCL_OK, OK, Rig};
+use crate::common::{NCCL_OK, OK, Rig};
 use cuda_sys::CUdeviceptr;
 use nccl_sys::{ncclDataType_t as D, ncclRedOp_t as Op, ncclScalarResidence_t};
 use ocp_fp8::{E4M3, E5M2};

@@ -5,14 +5,12 @@
 //! real OS processes talk.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-#[path = "common/procs.rs"]
-mod procs;
+use crate::common::procs::{self, ProcsRig as _};
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{NCCL_OK, Rig};
+use crate::common::{NCCL_OK, Rig};
 use nccl_mock::{MockNccl, network_threads};
 use nccl_sys::{ncclRedOp_t, ncclResult_t};
 use procs::{Coll, SharedRig, comm_id, free_port, hub_at, id_address, process, script};
@@ -55,7 +53,7 @@ fn ranks<T: Send + 'static>(
 /// launcher and NCCL variables; `true` in that child. Tests that hold [`serial`] take it
 /// first, so that their children run one at a time too.
 fn in_own_child(name: &str) -> bool {
-    common::env::in_scrubbed_child(name, &[])
+    test_support::in_scrubbed_child!(name, &[])
 }
 
 /// An id made by a process of its own (which then runs the hub), as with torchrun's
@@ -739,10 +737,10 @@ fn the_hub_process_ending_right_after_its_answer_still_answers_every_peer() {
         let addr = free_port();
         let children: Vec<_> = (0..n)
             .map(|r| {
-                common::env::scrubbed(&exe)
+                test_support::env::scrubbed(&exe)
                     .args([
                         "--exact",
-                        "child_process_rank",
+                        &child_process_rank_name(),
                         "--nocapture",
                         "--test-threads=1",
                     ])
@@ -767,16 +765,21 @@ fn the_hub_process_ending_right_after_its_answer_still_answers_every_peer() {
     }
 }
 
+/// The full name of the test [`child_process_rank`] in this binary.
+fn child_process_rank_name() -> String {
+    test_support::test_name(module_path!(), "child_process_rank")
+}
+
 /// Starts both ranks as child processes of this test binary; their outputs.
 fn two_children(crash: bool) -> Vec<String> {
     let exe = std::env::current_exe().unwrap();
     let addr = free_port();
     let children: Vec<_> = (0..2)
         .map(|r| {
-            let mut cmd = common::env::scrubbed(&exe);
+            let mut cmd = test_support::env::scrubbed(&exe);
             cmd.args([
                 "--exact",
-                "child_process_rank",
+                &child_process_rank_name(),
                 "--nocapture",
                 "--test-threads=1",
             ])

@@ -3,14 +3,12 @@
 //! environment sets `NCCL_COMM_ID` (and has no launcher or NCCL variable of the caller's).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-#[path = "common/procs.rs"]
-mod procs;
+use crate::common::procs::{self, ProcsRig as _};
 
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
-use common::NCCL_OK;
+use crate::common::NCCL_OK;
 use nccl_mock::network_threads;
 use nccl_sys::ncclResult_t;
 use procs::{Coll, free_port, id_address, process};
@@ -44,7 +42,7 @@ fn all_gather(id: [u8; 128]) {
 fn nccl_comm_id_names_the_hub_rank_0_starts() {
     // Below the ephemeral range: nothing else takes the port once it is freed.
     let addr = free_port();
-    if !common::env::in_scrubbed_child(
+    if !test_support::in_scrubbed_child!(
         "nccl_comm_id_names_the_hub_rank_0_starts",
         &[("NCCL_COMM_ID", OsStr::new(&addr))],
     ) {

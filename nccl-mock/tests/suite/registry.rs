@@ -12,9 +12,7 @@ use nccl_sys::{
     ncclWindow_t,
 };
 
-mod common;
-
-use common::{NCCL_OK, OK, Rig};
+use crate::common::{NCCL_OK, OK, Rig};
 
 const INVALID: ncclResult_t = ncclResult_t::ncclInvalidArgument;
 /// Elements per buffer (f32), 64 bytes.
@@ -31,7 +29,30 @@ fn rig(devices: usize) -> Rig {
     rig
 }
 
-impl Rig {
+/// This file's helpers on the shared rig (a trait: inherent methods are crate-wide).
+trait RegistryRig {
+    fn comm(&self) -> ncclComm_t;
+    fn stream(&self) -> CUstream;
+    fn sync(&self, s: CUstream);
+    fn cu_alloc(&self, bytes: usize) -> CUdeviceptr;
+    fn cu_free(&self, p: CUdeviceptr) -> CUresult;
+    fn mem_alloc(&self, bytes: usize) -> CUdeviceptr;
+    fn mem_free(&self, p: CUdeviceptr) -> ncclResult_t;
+    fn register(&self, comm: ncclComm_t, p: CUdeviceptr, bytes: usize) -> *mut c_void;
+    fn deregister(&self, comm: ncclComm_t, h: *mut c_void) -> ncclResult_t;
+    fn window(
+        &self,
+        comm: ncclComm_t,
+        p: CUdeviceptr,
+        bytes: usize,
+    ) -> (ncclResult_t, ncclWindow_t);
+    fn window_deregister(&self, comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t;
+    fn all_reduce(&self, comm: ncclComm_t, p: CUdeviceptr, stream: CUstream) -> ncclResult_t;
+    fn last_error(&self, comm: ncclComm_t) -> String;
+    fn assert_clean(&self);
+}
+
+impl RegistryRig for Rig {
     /// A one-rank communicator on device 0.
     fn comm(&self) -> ncclComm_t {
         self.comms(1)[0]

@@ -3,11 +3,9 @@
 //! blocking mode. Raw table calls, so every check is the mock's own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
 use std::ffi::c_void;
 
-use common::{NCCL_OK, OK, Rig};
+use crate::common::{NCCL_OK, OK, Rig};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
@@ -40,7 +38,35 @@ fn stored(slot: &Slot) -> ncclComm_t {
 /// Elements per buffer (f32), 64 bytes.
 const N: usize = 16;
 
-impl Rig {
+/// This file's helpers on the shared rig (a trait: inherent methods are crate-wide).
+trait SanitizerRig {
+    fn buffers(&self, d: usize, value: f32) -> (CUstream, CUdeviceptr, CUdeviceptr);
+    fn read(&self, d: usize, p: CUdeviceptr) -> [f32; N];
+    fn free(&self, p: CUdeviceptr);
+    fn all_reduce(&self, comm: ncclComm_t, _: (CUstream, CUdeviceptr, CUdeviceptr))
+    -> ncclResult_t;
+    fn async_error(&self, comm: ncclComm_t) -> (ncclResult_t, ncclResult_t);
+    fn wait_ready(&self, comm: ncclComm_t) -> ncclResult_t;
+    fn split(
+        &self,
+        comm: ncclComm_t,
+        color: i32,
+        key: i32,
+        blocking: Option<bool>,
+        out: &Slot,
+    ) -> ncclResult_t;
+    fn shrink(&self, comm: ncclComm_t, exclude: &[i32], out: &Slot) -> ncclResult_t;
+    fn shrink_with(
+        &self,
+        comm: ncclComm_t,
+        exclude: &[i32],
+        flags: i32,
+        out: &Slot,
+    ) -> ncclResult_t;
+    fn count_and_rank(&self, comm: ncclComm_t) -> (i32, i32);
+}
+
+impl SanitizerRig for Rig {
     /// A stream and a send and a receive buffer (N f32 each) on device `d`; the send
     /// buffer holds `value`.
     fn buffers(&self, d: usize, value: f32) -> (CUstream, CUdeviceptr, CUdeviceptr) {
@@ -438,7 +464,17 @@ fn nonblocking_pair(rig: &Rig) -> [ncclComm_t; 2] {
     comms
 }
 
-impl Rig {
+/// This file's helpers on the shared rig (a trait: inherent methods are crate-wide).
+trait SanitizerRig2 {
+    fn group_start(&self);
+    fn group_end(&self) -> ncclResult_t;
+    fn abort(&self, comm: ncclComm_t);
+    fn user_rank(&self, comm: ncclComm_t) -> ncclResult_t;
+    fn last_error(&self) -> String;
+    fn assert_clean(&self);
+}
+
+impl SanitizerRig2 for Rig {
     fn group_start(&self) {
         // SAFETY: plain group call.
         assert_eq!(unsafe { (self.nccl.fns().ncclGroupStart)() }, NCCL_OK);
@@ -904,7 +940,20 @@ fn shrink_arguments_are_checked_and_it_needs_2_27() {
 // really freed, is reported instead of touched: the rank whose buffer it was fails with
 // ncclUnhandledCudaError, its peers with ncclRemoteError, and nothing is written.
 
-impl Rig {
+/// This file's helpers on the shared rig (a trait: inherent methods are crate-wide).
+trait SanitizerRig3 {
+    fn evict_quarantine(&self, d: usize);
+    fn p2p(
+        &self,
+        is_send: bool,
+        comm: ncclComm_t,
+        buf: CUdeviceptr,
+        peer: i32,
+        stream: CUstream,
+    ) -> ncclResult_t;
+}
+
+impl SanitizerRig3 for Rig {
     /// Frees [`QUARANTINE_BLOCKS`] fresh blocks of device `d`: every block freed before is
     /// evicted from the driver's quarantine (really freed, no longer known as freed).
     fn evict_quarantine(&self, d: usize) {
@@ -1422,7 +1471,19 @@ struct Bufs {
     recv: CUdeviceptr,
 }
 
-impl Rig {
+/// This file's helpers on the shared rig (a trait: inherent methods are crate-wide).
+trait SanitizerRig4 {
+    fn exact(&self, d: usize, n: usize, rank: usize) -> CUdeviceptr;
+    fn zeroed(&self, d: usize, n: usize) -> CUdeviceptr;
+    fn read_n(&self, d: usize, p: CUdeviceptr, n: usize) -> Vec<f32>;
+    fn stream_on(&self, d: usize) -> CUstream;
+    fn coll(&self, coll: Coll, comm: ncclComm_t, b: Bufs, root: i32) -> ncclResult_t;
+    fn coll_n(&self, coll: Coll, comm: ncclComm_t, b: Bufs, root: i32, n: usize) -> ncclResult_t;
+    fn good(&self, shape: &Shape, rank: usize, root: i32, stream: CUstream) -> Bufs;
+    fn run_pair(&self, shape: &Shape, comms: &[ncclComm_t], b0: Bufs, root: i32, check0: bool);
+}
+
+impl SanitizerRig4 for Rig {
     /// A fresh allocation of exactly `n` f32 on device `d` holding `rank`'s inputs (0:
     /// no allocation, a NULL pointer).
     fn exact(&self, d: usize, n: usize, rank: usize) -> CUdeviceptr {

@@ -3,8 +3,7 @@
 //! that every check a test sees is the mock's own.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
-#[path = "../../../cuda-sys/tests/support/env.rs"]
-pub mod env;
+pub mod procs;
 
 use std::time::Duration;
 

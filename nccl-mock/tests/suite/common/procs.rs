@@ -2,9 +2,6 @@
 //! driver and NCCL ([`MockNccl::multi_process`]), talking only through the unique id's
 //! bytes and the hub, as separate OS processes would. The same [`script`] also runs in
 //! the in-process mode, so both modes are held to the same exact results.
-//!
-//! Included with `#[path]` by the multi-process tests only: its `Rig` methods would
-//! clash with other test files' own.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::ffi::{CStr, c_void};
@@ -126,9 +123,43 @@ pub enum Coll {
     Scatter(i32),
 }
 
-impl Rig {
+/// This file's helpers on the shared rig (a trait: inherent methods are crate-wide).
+pub trait ProcsRig {
+    fn unique_id(&self) -> [u8; 128];
+    fn init_rank(&self, d: usize, id: [u8; 128], n: i32, r: i32) -> (ncclResult_t, ncclComm_t);
+    fn last_error(&self) -> String;
+    fn stream(&self, d: usize) -> CUstream;
+    fn upload<T: El>(&self, d: usize, data: &[T]) -> CUdeviceptr;
+    fn download<T: El>(&self, d: usize, p: CUdeviceptr, len: usize) -> Vec<T>;
+    fn free(&self, p: CUdeviceptr);
+    fn coll<T: El>(
+        &self,
+        c: Coll,
+        send: CUdeviceptr,
+        recv: CUdeviceptr,
+        count: usize,
+        comm: ncclComm_t,
+        s: CUstream,
+    ) -> ncclResult_t;
+    fn run<T: El>(
+        &self,
+        d: usize,
+        c: Coll,
+        input: &[T],
+        count: usize,
+        out_len: usize,
+        fill: T,
+        comm: ncclComm_t,
+    ) -> (ncclResult_t, Vec<T>);
+    fn group_start(&self);
+    fn group_end(&self) -> ncclResult_t;
+    fn async_error(&self, comm: ncclComm_t) -> ncclResult_t;
+    fn abort(&self, comm: ncclComm_t);
+}
+
+impl ProcsRig for Rig {
     /// `ncclGetUniqueId`'s bytes.
-    pub fn unique_id(&self) -> [u8; 128] {
+    fn unique_id(&self) -> [u8; 128] {
         let mut id = ncclUniqueId { internal: [0; 128] };
         // SAFETY: a valid out-pointer.
         let rc = unsafe { (self.nccl.fns().ncclGetUniqueId)(&mut id) };
@@ -137,7 +168,7 @@ impl Rig {
     }
 
     /// `ncclCommInitRank` on device `d`; its result and communicator.
-    pub fn init_rank(&self, d: usize, id: [u8; 128], n: i32, r: i32) -> (ncclResult_t, ncclComm_t) {
+    fn init_rank(&self, d: usize, id: [u8; 128], n: i32, r: i32) -> (ncclResult_t, ncclComm_t) {
         self.on(d);
         let mut comm = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
@@ -146,14 +177,14 @@ impl Rig {
     }
 
     /// The last error's text.
-    pub fn last_error(&self) -> String {
+    fn last_error(&self) -> String {
         // SAFETY: returns a string owned by the library, valid until its next call.
         let p = unsafe { (self.nccl.fns().ncclGetLastError)(std::ptr::null_mut()) };
         // SAFETY: non-NULL and NUL-terminated (the mock always returns a string).
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
-    pub fn stream(&self, d: usize) -> CUstream {
+    fn stream(&self, d: usize) -> CUstream {
         self.on(d);
         let mut s = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
@@ -162,7 +193,7 @@ impl Rig {
     }
 
     /// A device buffer on device `d` holding `data` (at least one byte).
-    pub fn upload<T: El>(&self, d: usize, data: &[T]) -> CUdeviceptr {
+    fn upload<T: El>(&self, d: usize, data: &[T]) -> CUdeviceptr {
         self.on(d);
         let f = self.driver.fns();
         let bytes = std::mem::size_of_val(data);
@@ -176,7 +207,7 @@ impl Rig {
     }
 
     /// `len` elements at `p` on device `d`.
-    pub fn download<T: El>(&self, d: usize, p: CUdeviceptr, len: usize) -> Vec<T> {
+    fn download<T: El>(&self, d: usize, p: CUdeviceptr, len: usize) -> Vec<T> {
         self.on(d);
         let mut v = vec![T::default(); len];
         // SAFETY: `v` holds `len` elements.
@@ -191,14 +222,14 @@ impl Rig {
         v
     }
 
-    pub fn free(&self, p: CUdeviceptr) {
+    fn free(&self, p: CUdeviceptr) {
         // SAFETY: a live allocation.
         assert_eq!(unsafe { (self.driver.fns().cuMemFree)(p) }, OK);
     }
 
     /// Runs collective `c` of `count` elements of `T` from `send` to `recv`.
     #[allow(clippy::too_many_arguments)]
-    pub fn coll<T: El>(
+    fn coll<T: El>(
         &self,
         c: Coll,
         send: CUdeviceptr,
@@ -228,7 +259,7 @@ impl Rig {
     /// Uploads `input`, runs `c` into a receive buffer of `out_len` elements pre-filled
     /// with `fill`, and returns the result and what the receive buffer holds after.
     #[allow(clippy::too_many_arguments)]
-    pub fn run<T: El>(
+    fn run<T: El>(
         &self,
         d: usize,
         c: Coll,
@@ -248,17 +279,17 @@ impl Rig {
         (rc, out)
     }
 
-    pub fn group_start(&self) {
+    fn group_start(&self) {
         // SAFETY: no arguments.
         assert_eq!(unsafe { (self.nccl.fns().ncclGroupStart)() }, NCCL_OK);
     }
 
-    pub fn group_end(&self) -> ncclResult_t {
+    fn group_end(&self) -> ncclResult_t {
         // SAFETY: no arguments.
         unsafe { (self.nccl.fns().ncclGroupEnd)() }
     }
 
-    pub fn async_error(&self, comm: ncclComm_t) -> ncclResult_t {
+    fn async_error(&self, comm: ncclComm_t) -> ncclResult_t {
         let mut e = ncclResult_t::ncclInternalError;
         // SAFETY: valid out-pointer and a live communicator.
         let rc = unsafe { (self.nccl.fns().ncclCommGetAsyncError)(comm, &mut e) };
@@ -266,7 +297,7 @@ impl Rig {
         e
     }
 
-    pub fn abort(&self, comm: ncclComm_t) {
+    fn abort(&self, comm: ncclComm_t) {
         // SAFETY: a live communicator.
         assert_eq!(unsafe { (self.nccl.fns().ncclCommAbort)(comm) }, NCCL_OK);
     }

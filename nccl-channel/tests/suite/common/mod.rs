@@ -1,0 +1,334 @@
+//! Shared test rig: a simulated machine, ranks in threads, and host-side references.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+pub mod demo;
+pub use test_support::env;
+pub mod lookup;
+#[cfg(feature = "half")]
+pub mod matrix;
+pub mod tcpstore;
+pub mod wheel;
+
+use std::sync::Arc;
+
+use cuda_hal::{Cuda, Stream};
+use cuda_mock::{MockDriver, MockWorld};
+use nccl_channel::{Communicator, Fp8E4M3, Fp8E5M2, NcclType, ReduceOp, UniqueId};
+use nccl_mock::{MockNccl, MockNcclWorld};
+use nccl_sys::{Nccl, NcclVersion};
+
+pub struct Rig {
+    pub cuda: Cuda,
+    pub gpus: MockWorld,
+    pub nccl: Arc<Nccl>,
+    pub world: MockNcclWorld,
+}
+
+impl Rig {
+    pub fn new(devices: usize) -> Rig {
+        Self::with_version(devices, NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32))
+    }
+
+    pub fn with_version(devices: usize, version: NcclVersion) -> Rig {
+        let (cuda, gpus) = MockDriver::with_devices(devices)
+            .build_with(Cuda::from_driver)
+            .unwrap();
+        let (nccl, world) = MockNccl::new(&gpus)
+            .version(version)
+            .timeout(std::time::Duration::from_secs(20))
+            .build()
+            .unwrap();
+        Rig {
+            cuda,
+            gpus,
+            nccl: Arc::new(nccl),
+            world,
+        }
+    }
+
+    /// Runs `f` on `n` ranks, one thread each, rank r on device r.
+    pub fn run<R: Send>(&self, n: usize, f: impl Fn(&Communicator, &Stream) -> R + Sync) -> Vec<R> {
+        let id = UniqueId::generate(&self.nccl).unwrap();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|rank| {
+                    let f = &f;
+                    s.spawn(move || {
+                        let ctx = self.cuda.device(rank).unwrap().primary_context().unwrap();
+                        let comm = Communicator::init_rank(&self.nccl, &ctx, &id, n, rank).unwrap();
+                        let stream = Stream::new(&ctx).unwrap();
+                        f(&comm, &stream)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Runs `f` on two ranks of a non-blocking communicator (deadline `timeout`), one
+    /// thread each, rank r on device r.
+    pub fn non_blocking_ranks<R: Send>(
+        &self,
+        timeout: std::time::Duration,
+        f: impl Fn(usize, &cuda_hal::Context, &Communicator) -> R + Sync,
+    ) -> Vec<R> {
+        let id = UniqueId::generate(&self.nccl).unwrap();
+        let config = nccl_channel::CommConfig::non_blocking(timeout);
+        std::thread::scope(|scope| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (f, id, config) = (&f, &id, &config);
+                    scope.spawn(move || {
+                        let ctx = self.cuda.device(rank).unwrap().primary_context().unwrap();
+                        let comm =
+                            Communicator::init_rank_with(&self.nccl, &ctx, id, 2, rank, config)
+                                .unwrap();
+                        f(rank, &ctx, &comm)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// The primary contexts of devices 0..n.
+    pub fn contexts(&self, n: usize) -> Vec<cuda_hal::Context> {
+        (0..n)
+            .map(|d| self.cuda.device(d).unwrap().primary_context().unwrap())
+            .collect()
+    }
+
+    /// A one-rank communicator on `device` (ncclCommInitAll), with its context.
+    pub fn one_rank(&self, device: usize) -> (cuda_hal::Context, Communicator) {
+        let ctx = self.cuda.device(device).unwrap().primary_context().unwrap();
+        let comm = Communicator::init_all(&self.nccl, std::slice::from_ref(&ctx))
+            .unwrap()
+            .remove(0);
+        (ctx, comm)
+    }
+
+    /// Asserts that nothing is left alive in either simulation.
+    pub fn assert_clean(self) {
+        let Rig {
+            cuda,
+            gpus,
+            nccl,
+            world,
+        } = self;
+        drop(nccl);
+        drop(cuda);
+        assert!(world.live().is_empty(), "NCCL leaked: {:?}", world.live());
+        assert!(gpus.live().is_empty(), "CUDA leaked: {:?}", gpus.live());
+        assert_eq!(gpus.order_violations(), 0);
+        let v = gpus.violations();
+        assert!(
+            v.is_empty(),
+            "the simulated GPU saw invalid accesses:\n{}",
+            v.join("\n")
+        );
+    }
+}
+
+/// Element types the tests can make from small integers and compare.
+pub trait TestVal: NcclType + PartialEq + std::fmt::Debug {
+    const IS_INT: bool;
+    const FP8: bool = false;
+    /// An exactly representable small integer.
+    fn from_i(v: i64) -> Self;
+    /// Wraps an integer result into the type (integers only).
+    fn wrap(v: i128) -> Self;
+    fn to_f(self) -> f64;
+    /// Tolerance for inexact results (avg of floats).
+    const TOL: f64 = 0.0;
+}
+
+macro_rules! int_val {
+    ($($t:ty),*) => { $(
+        impl TestVal for $t {
+            const IS_INT: bool = true;
+            fn from_i(v: i64) -> Self { v as $t }
+            fn wrap(v: i128) -> Self { v as $t }
+            fn to_f(self) -> f64 { self as f64 }
+        }
+    )* };
+}
+int_val!(i8, u8, i32, u32, i64, u64);
+
+impl TestVal for f32 {
+    const IS_INT: bool = false;
+    const TOL: f64 = 1e-5;
+    fn from_i(v: i64) -> Self {
+        v as f32
+    }
+    fn wrap(v: i128) -> Self {
+        v as f32
+    }
+    fn to_f(self) -> f64 {
+        self.into()
+    }
+}
+impl TestVal for f64 {
+    const IS_INT: bool = false;
+    const TOL: f64 = 1e-12;
+    fn from_i(v: i64) -> Self {
+        v as f64
+    }
+    fn wrap(v: i128) -> Self {
+        v as f64
+    }
+    fn to_f(self) -> f64 {
+        self
+    }
+}
+#[cfg(feature = "half")]
+impl TestVal for half::f16 {
+    const IS_INT: bool = false;
+    const TOL: f64 = 2e-3;
+    fn from_i(v: i64) -> Self {
+        half::f16::from_f64(v as f64)
+    }
+    fn wrap(v: i128) -> Self {
+        half::f16::from_f64(v as f64)
+    }
+    fn to_f(self) -> f64 {
+        self.to_f64()
+    }
+}
+#[cfg(feature = "half")]
+impl TestVal for half::bf16 {
+    const IS_INT: bool = false;
+    const TOL: f64 = 2e-2;
+    fn from_i(v: i64) -> Self {
+        half::bf16::from_f64(v as f64)
+    }
+    fn wrap(v: i128) -> Self {
+        half::bf16::from_f64(v as f64)
+    }
+    fn to_f(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+/// Encodes a small exact value into a minifloat with `m` mantissa bits and `bias`.
+fn mini(v: f64, m: u32, bias: i32) -> u8 {
+    if v == 0.0 {
+        return 0;
+    }
+    let sign = if v < 0.0 { 0x80 } else { 0 };
+    let a = v.abs();
+    let e = a.log2().floor() as i32;
+    let frac = a / 2f64.powi(e) - 1.0;
+    let man = (frac * f64::from(1u32 << m)).round() as u8;
+    sign | (((e + bias) as u8) << m) | man
+}
+
+fn unmini(b: u8, m: u32, bias: i32, fn_style: bool) -> f64 {
+    let e_bits = 7 - m;
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((b >> m) & ((1 << e_bits) - 1) as u8);
+    let man = f64::from(b & ((1 << m) - 1) as u8) / f64::from(1u32 << m);
+    if exp == (1 << e_bits) - 1 && (!fn_style || man == 1.0 - 1.0 / f64::from(1u32 << m)) {
+        return if fn_style || man > 0.0 {
+            f64::NAN
+        } else {
+            sign * f64::INFINITY
+        };
+    }
+    if exp == 0 {
+        sign * man * 2f64.powi(1 - bias)
+    } else {
+        sign * (1.0 + man) * 2f64.powi(exp - bias)
+    }
+}
+
+impl TestVal for Fp8E4M3 {
+    const IS_INT: bool = false;
+    const FP8: bool = true;
+    const TOL: f64 = 0.15;
+    fn from_i(v: i64) -> Self {
+        Fp8E4M3(mini(v as f64, 3, 7))
+    }
+    fn wrap(v: i128) -> Self {
+        Fp8E4M3(mini(v as f64, 3, 7))
+    }
+    fn to_f(self) -> f64 {
+        unmini(self.0, 3, 7, true)
+    }
+}
+impl TestVal for Fp8E5M2 {
+    const IS_INT: bool = false;
+    const FP8: bool = true;
+    const TOL: f64 = 0.3;
+    fn from_i(v: i64) -> Self {
+        Fp8E5M2(mini(v as f64, 2, 15))
+    }
+    fn wrap(v: i128) -> Self {
+        Fp8E5M2(mini(v as f64, 2, 15))
+    }
+    fn to_f(self) -> f64 {
+        unmini(self.0, 2, 15, false)
+    }
+}
+
+/// The input of rank `r` at element `i` for an op (small, exact in every type, and with
+/// every partial sum or product exact too, whatever order NCCL reduces in).
+pub fn input<T: TestVal>(op: &ReduceOp<T>, r: usize, i: usize) -> i64 {
+    match op {
+        ReduceOp::Prod => 1 + ((r + i) % 2) as i64,
+        _ if T::FP8 => ((r + i) % 2) as i64,
+        _ => ((r + 1) * (i % 3 + 1)) as i64,
+    }
+}
+
+/// The host-computed reduction of element `i` over `n` ranks.
+pub fn expected<T: TestVal>(op: &ReduceOp<T>, n: usize, i: usize, scalar: i64) -> (T, f64) {
+    let xs: Vec<i128> = (0..n).map(|r| i128::from(input(op, r, i))).collect();
+    let exact: f64;
+    let v: i128 = match op {
+        ReduceOp::Sum => xs.iter().sum(),
+        ReduceOp::Prod => xs.iter().product(),
+        ReduceOp::Max => *xs.iter().max().unwrap(),
+        ReduceOp::Min => *xs.iter().min().unwrap(),
+        ReduceOp::PreMulSum(_) => xs.iter().map(|x| x * i128::from(scalar)).sum(),
+        ReduceOp::Avg => {
+            let s: i128 = xs.iter().sum();
+            if T::IS_INT {
+                // Wrapped sum, then a division that truncates toward zero.
+                let w = T::wrap(s).to_f() as i128;
+                let q = w / n as i128;
+                return (T::wrap(q), q as f64);
+            }
+            exact = s as f64 / n as f64;
+            return (T::from_i(0), exact);
+        }
+        _ => unreachable!("a reduction these tests do not know: {}", op.name()),
+    };
+    (T::wrap(v), v as f64)
+}
+
+/// Compares one result element with the reference.
+pub fn same<T: TestVal>(got: T, want: (T, f64), op: &ReduceOp<T>) -> bool {
+    if matches!(op, ReduceOp::Avg) && !T::IS_INT {
+        (got.to_f() - want.1).abs() <= T::TOL * want.1.abs().max(1.0)
+    } else {
+        got == want.0
+    }
+}
+
+/// The ops, with the pre-multiplied sum's scalar.
+pub fn ops<T: TestVal>() -> Vec<ReduceOp<T>> {
+    vec![
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+        ReduceOp::PreMulSum(T::from_i(2)),
+    ]
+}

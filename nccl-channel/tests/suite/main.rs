@@ -1,0 +1,39 @@
+//! The crate's tests: one binary, a module per topic (linked once, not once per file).
+
+mod attacks;
+mod comm_id_real;
+mod common;
+mod compile_fail;
+mod config;
+mod control_flow;
+mod control_flow_gpu;
+mod data_parallel;
+mod demo_gpu;
+mod demo_mock;
+#[cfg(feature = "half")]
+mod gpu;
+mod inputs;
+mod launchers_mock;
+mod lazy_open;
+#[cfg(feature = "half")]
+mod mock_collectives;
+#[cfg(feature = "half")]
+mod mock_comm;
+mod mock_reliability;
+mod mock_split;
+mod model_check;
+mod pool_attacks;
+mod registration;
+mod registration_attacks;
+mod registration_gpu;
+mod reliability_gpu;
+mod rendezvous;
+mod rendezvous_auto;
+mod rendezvous_real;
+mod shrink_gpu;
+mod soundness;
+mod soundness_gpu;
+mod split_gpu;
+mod torch_store_real;
+mod views;
+mod world_env;

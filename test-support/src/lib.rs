@@ -1,0 +1,39 @@
+//! What the workspace's tests share, as a crate instead of files included by path: each
+//! crate's tests take it as a dev-dependency. It depends on none of the workspace's crates,
+//! so any of them, the simulators included, can use it in its unit tests too.
+#![allow(
+    missing_docs,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+pub mod env;
+pub mod ocp_fp8;
+pub mod splitmix;
+pub mod stubcc;
+
+/// The name libtest gives the test function `name` of the module `module` (the caller's
+/// `module_path!()`, whose first part is the test crate and not part of a test's name).
+///
+/// ```
+/// assert_eq!(test_support::test_name("suite::loader", "f"), "loader::f");
+/// assert_eq!(test_support::test_name("suite", "f"), "f");
+/// ```
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// [`env::in_scrubbed_child`] for the test `name` of the calling module: the child is asked
+/// for the test by its full name in the test binary (`module::name`), wherever the module
+/// sits.
+#[macro_export]
+macro_rules! in_scrubbed_child {
+    ($name:expr, $env:expr $(,)?) => {
+        $crate::env::in_scrubbed_child(&$crate::test_name(module_path!(), $name), $env)
+    };
+}
