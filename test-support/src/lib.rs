@@ -37,3 +37,18 @@ macro_rules! in_scrubbed_child {
         $crate::env::in_scrubbed_child(&$crate::test_name(module_path!(), $name), $env)
     };
 }
+
+/// Whether a GPU test has the GPUs it needs; when not, says "skipped: needs N GPUs" on
+/// stdout (the test then returns and passes: a one-GPU machine is not a failure).
+///
+/// ```
+/// assert!(test_support::enough_gpus(2, 2));
+/// assert!(!test_support::enough_gpus(1, 2));
+/// ```
+pub fn enough_gpus(have: usize, need: usize) -> bool {
+    if have < need {
+        println!("skipped: needs {need} GPUs, this machine has {have}");
+        return false;
+    }
+    true
+}

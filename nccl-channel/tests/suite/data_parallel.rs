@@ -74,6 +74,9 @@ fn two_ranks_train_and_agree() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_train_and_agree() {
+    if !crate::common::gpus_or_skip(2) {
+        return;
+    }
     let out = data_parallel(&["--nprocs", "2"]);
     let (first, last, worst) = figures(&out);
     assert!(last < first * 1e-2, "{first} -> {last}");

@@ -29,8 +29,10 @@ fn every_collective_one_process_two_devices() {
         .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let nccl = nccl_channel::nccl()
         .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
-    let n = cuda.device_count().unwrap().min(2);
-    assert_eq!(n, 2, "needs two GPUs");
+    if !test_support::enough_gpus(cuda.device_count().unwrap(), 2) {
+        return;
+    }
+    let n = 2;
     let id = UniqueId::generate(&nccl).unwrap();
     let t = Instant::now();
     let bad: Vec<String> = std::thread::scope(|s| {
@@ -115,7 +117,9 @@ fn init_all_from_one_thread_and_split() {
         .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
     let nccl: Arc<_> = nccl_channel::nccl()
         .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
-    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
+    if !test_support::enough_gpus(cuda.device_count().unwrap(), 2) {
+        return;
+    }
     let ctxs: Vec<_> = (0..2)
         .map(|i| cuda.device(i).unwrap().primary_context().unwrap())
         .collect();

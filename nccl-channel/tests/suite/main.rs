@@ -33,7 +33,7 @@ mod rendezvous_real;
 mod shrink_gpu;
 mod soundness;
 mod soundness_gpu;
-mod split_gpu;
+mod split_on_every_backend;
 mod torch_store_real;
 mod views;
 mod world_env;

@@ -5,21 +5,13 @@
 
 use std::sync::Arc;
 
-use cuda_hal::{CaptureMode, Context, Cuda, DeviceBuffer, Stream};
+use cuda_hal::{CaptureMode, Context, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_sys::Nccl;
 
-fn two_gpus() -> (Arc<Nccl>, Vec<Context>) {
-    let cuda = Cuda::load()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
-    let nccl = nccl_channel::nccl()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
-    println!("NCCL {} ({})", nccl.version(), nccl.origin());
-    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
-    let ctxs = (0..2)
-        .map(|d| cuda.device(d).unwrap().primary_context().unwrap())
-        .collect();
-    (nccl, ctxs)
+/// NCCL and two GPUs' contexts, or `None` (said) on a machine with fewer.
+fn two_gpus() -> Option<(Arc<Nccl>, Vec<Context>)> {
+    crate::common::backend::Machine::gpus(2).map(|m| (m.nccl, m.ctxs))
 }
 
 const N: usize = 1 << 22; // 16 MiB of f32 per rank
@@ -33,7 +25,9 @@ fn filled(c: &Communicator, v: f32) -> DeviceBuffer<f32> {
 #[test]
 #[ignore = "needs two GPUs and NCCL >= 2.19"]
 fn registered_all_gather_and_all_reduce_on_two_gpus() {
-    let (nccl, ctxs) = two_gpus();
+    let Some((nccl, ctxs)) = two_gpus() else {
+        return;
+    };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
     let streams: Vec<Stream> = ctxs
         .iter()
@@ -103,7 +97,9 @@ fn registered_all_gather_and_all_reduce_on_two_gpus() {
 #[test]
 #[ignore = "needs two GPUs and NCCL >= 2.27"]
 fn symmetric_windows_on_two_gpus() {
-    let (nccl, ctxs) = two_gpus();
+    let Some((nccl, ctxs)) = two_gpus() else {
+        return;
+    };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
     let streams: Vec<Stream> = ctxs
         .iter()
@@ -156,7 +152,9 @@ fn symmetric_windows_on_two_gpus() {
 #[test]
 #[ignore = "needs two GPUs"]
 fn the_pool_on_two_gpus() {
-    let (nccl, ctxs) = two_gpus();
+    let Some((nccl, ctxs)) = two_gpus() else {
+        return;
+    };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
     let streams: Vec<Stream> = ctxs
         .iter()

@@ -12,16 +12,9 @@ use nccl_sys::Nccl;
 
 const N: usize = 4 << 20; // 16 MiB of f32 per buffer
 
-fn two_gpus() -> (Cuda, Arc<Nccl>, Vec<Context>) {
-    let cuda = Cuda::load()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
-    let nccl = nccl_channel::nccl()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
-    assert!(cuda.device_count().unwrap() >= 2, "needs two GPUs");
-    let ctxs = (0..2)
-        .map(|d| cuda.device(d).unwrap().primary_context().unwrap())
-        .collect();
-    (cuda, nccl, ctxs)
+/// The driver, NCCL and two GPUs' contexts, or `None` (said) on a machine with fewer.
+fn two_gpus() -> Option<(Cuda, Arc<Nccl>, Vec<Context>)> {
+    crate::common::backend::Machine::gpus(2).map(|m| (m.cuda, m.nccl, m.ctxs))
 }
 
 /// Fills new memory with a pattern, on the memory that was just dropped if the allocator
@@ -35,7 +28,9 @@ fn scribble(ctx: &Context) -> DeviceBuffer<f32> {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn group_with_buffers_dropped_inside() {
-    let (_cuda, nccl, ctxs) = two_gpus();
+    let Some((_cuda, nccl, ctxs)) = two_gpus() else {
+        return;
+    };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
     let streams: Vec<Stream> = ctxs
         .iter()
@@ -73,7 +68,9 @@ fn group_with_buffers_dropped_inside() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn graph_outlives_its_buffers_and_communicator() {
-    let (_cuda, nccl, ctxs) = two_gpus();
+    let Some((_cuda, nccl, ctxs)) = two_gpus() else {
+        return;
+    };
     let id = UniqueId::generate(&nccl).unwrap();
     std::thread::scope(|scope| {
         for (rank, ctx) in ctxs.iter().enumerate() {
@@ -113,7 +110,9 @@ fn graph_outlives_its_buffers_and_communicator() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn pooled_buffer_freed_while_a_collective_on_another_stream_runs() {
-    let (_cuda, nccl, ctxs) = two_gpus();
+    let Some((_cuda, nccl, ctxs)) = two_gpus() else {
+        return;
+    };
     let id = UniqueId::generate(&nccl).unwrap();
     std::thread::scope(|scope| {
         for (rank, ctx) in ctxs.iter().enumerate() {

@@ -7,6 +7,7 @@
     clippy::panic
 )]
 
+pub mod backend;
 pub mod demo;
 pub use test_support::env;
 pub mod lookup;
@@ -331,4 +332,14 @@ pub fn ops<T: TestVal>() -> Vec<ReduceOp<T>> {
         ReduceOp::Avg,
         ReduceOp::PreMulSum(T::from_i(2)),
     ]
+}
+
+/// For GPU tests that start the examples: whether this machine has `n` GPUs; when not,
+/// says "skipped: needs N GPUs" (the test returns and passes).
+pub fn gpus_or_skip(n: usize) -> bool {
+    let have = Cuda::load()
+        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver")
+        .device_count()
+        .unwrap();
+    test_support::enough_gpus(have, n)
 }
