@@ -189,7 +189,9 @@ impl Driver {
     }
 
     fn load_candidate(c: &Candidate) -> Result<Driver, Reason> {
-        let lib = OpenLibrary::open(&c.path)?;
+        // SAFETY: a path the caller vouched for (`load_from`), named by the trusted
+        // environment, or found under the driver's own names where drivers are installed.
+        let lib = unsafe { OpenLibrary::open(&c.path) }?;
         let gpa = lib.symbol(c"cuGetProcAddress_v2");
         if gpa.is_null() {
             // Drivers before CUDA 12.0 export only the older cuGetProcAddress.

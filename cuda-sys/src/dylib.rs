@@ -212,17 +212,17 @@ const RTLD_NODELETE: i32 = 0x1000;
 /// use std::path::Path;
 /// use cuda_sys::dylib::{OpenLibrary, Reason};
 ///
-/// // The C library is loaded in every process already (glibc's soname).
-/// let libc = OpenLibrary::open(Path::new("libc.so.6")).map_err(|r| r.to_string())?;
+/// // SAFETY: the C library is loaded in every process already (glibc's soname).
+/// let libc = unsafe { OpenLibrary::open(Path::new("libc.so.6")) }.map_err(|r| r.to_string())?;
 /// assert!(!libc.symbol(c"getpid").is_null());
 /// assert!(libc.symbol(c"no_such_symbol_here").is_null());
 /// assert_eq!(libc.path(), Path::new("libc.so.6"));
 ///
-/// // A path that does not exist is refused before the loader is asked.
-/// let missing = OpenLibrary::open(Path::new("/no/such/libcuda.so.1")).unwrap_err();
+/// // SAFETY: a path that does not exist is refused before the loader is asked.
+/// let missing = unsafe { OpenLibrary::open(Path::new("/no/such/libcuda.so.1")) }.unwrap_err();
 /// assert_eq!(missing, Reason::NoSuchFile);
-/// // A bare name the loader cannot find: its message.
-/// let unknown = OpenLibrary::open(Path::new("libno-such-library.so.0")).unwrap_err();
+/// // SAFETY: a bare name the loader cannot find opens nothing; its message comes back.
+/// let unknown = unsafe { OpenLibrary::open(Path::new("libno-such-library.so.0")) }.unwrap_err();
 /// assert!(matches!(unknown, Reason::Open(msg) if msg.contains("libno-such-library.so.0")));
 /// # Ok::<(), String>(())
 /// ```
@@ -235,13 +235,18 @@ pub struct OpenLibrary {
 impl OpenLibrary {
     /// Opens `path` with `RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`; a bare name goes through
     /// the loader's search.
-    pub fn open(path: &Path) -> Result<Self, Reason> {
+    ///
+    /// # Safety
+    /// Opening a library runs its initialisers (and those of what it needs), which may do
+    /// anything: `path` must name a library that is safe to load into this process, as
+    /// with `libloading::Library::new`. (libcuda and libnccl are: the CUDA runtime and
+    /// NCCL itself `dlopen` them.)
+    pub unsafe fn open(path: &Path) -> Result<Self, Reason> {
         if path.components().count() > 1 && !path.exists() {
             return Err(Reason::NoSuchFile);
         }
-        // SAFETY: opening a library runs its initialisers. libcuda and libnccl are
-        // designed to be dlopen'ed (the CUDA runtime and NCCL itself do it), and the
-        // caller chose the path; RTLD_LOCAL keeps its symbols out of the global scope.
+        // SAFETY: the caller promises that `path` is safe to load; RTLD_LOCAL keeps its
+        // symbols out of the global scope.
         let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) }
             .map_err(|e| Reason::Open(loader_message(&e)))?;
         Ok(OpenLibrary {

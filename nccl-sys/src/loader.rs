@@ -160,7 +160,9 @@ impl Nccl {
     }
 
     fn load_candidate(c: &Candidate) -> Result<Nccl, Reason> {
-        let lib = OpenLibrary::open(&c.path)?;
+        // SAFETY: a path the caller vouched for (`load_from`), named by the trusted
+        // environment, or found under NCCL's own names where NCCL is installed.
+        let lib = unsafe { OpenLibrary::open(&c.path) }?;
         let mut resolve = |name: &CStr, _version: i32| lib.symbol(name);
         // SAFETY: libnccl exports each table entry under its nccl.h name with the header's
         // signature; the table's types are generated from nccl.h, and optional entries
