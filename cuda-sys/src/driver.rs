@@ -63,6 +63,7 @@ impl fmt::Display for DriverVersion {
 ///
 /// let (driver, _world) = MockDriver::with_devices(1).version(12040).build()?;
 /// assert_eq!((driver.version(), driver.origin()), (DriverVersion(12040), "mock driver"));
+/// assert!(driver.library().is_none(), "a resolver's table has no library behind it");
 /// // SAFETY: cuInit(0) has no preconditions.
 /// assert_eq!(unsafe { (driver.fns().cuInit)(0) }, CUresult::CUDA_SUCCESS);
 /// # Ok::<(), cuda_sys::LoadError>(())

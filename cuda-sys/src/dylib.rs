@@ -58,33 +58,6 @@
 //! }
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
-//!
-//! The search itself, with candidates of one's own ([`first_usable`]):
-//!
-//! ```
-//! use std::path::PathBuf;
-//! use cuda_sys::dylib::{Candidate, Reason, Step, first_usable};
-//!
-//! let candidates = [
-//!     Candidate::new("/opt/none/libfoo.so.1", Step::SystemDir),
-//!     Candidate::new("libfoo.so.1", Step::DynamicLoader),
-//! ];
-//! // Accept only what the dynamic loader would find.
-//! let accept = |c: &Candidate| match c.step {
-//!     Step::DynamicLoader => Ok(c.path.clone()),
-//!     _ => Err(Reason::NoSuchFile),
-//! };
-//! assert_eq!(first_usable(candidates.clone(), accept), Ok(PathBuf::from("libfoo.so.1")));
-//!
-//! let nothing = |_: &Candidate| -> Result<PathBuf, Reason> { Err(Reason::NoSuchFile) };
-//! let attempts = first_usable(candidates, nothing).unwrap_err();
-//! assert_eq!(attempts.0.len(), 2);
-//! assert_eq!(
-//!     attempts.to_string(),
-//!     "\n  /opt/none/libfoo.so.1 (system dir): no such file\
-//!      \n  libfoo.so.1 (dynamic loader): no such file"
-//! );
-//! ```
 
 use std::any::Any;
 use std::ffi::{CStr, OsString, c_void};
@@ -151,29 +124,6 @@ pub trait Table: Sized {
 /// call: a call through [`fns`](Self::fns) costs what the C call costs. The handle derefs
 /// to its table, as libloading's `Symbol` does to its symbol, so the table's methods are
 /// the handle's too.
-///
-/// ```
-/// use cuda_sys::mock::MockDriver;
-/// use cuda_sys::{CUdeviceptr, CUresult};
-///
-/// let (driver, world) = MockDriver::with_devices(1).build()?;
-/// assert!(driver.library().is_none(), "a resolver's table has no library behind it");
-/// let f = driver.fns();
-/// let (mut ctx, mut ptr): (_, CUdeviceptr) = (std::ptr::null_mut(), 0);
-/// // SAFETY: valid out-pointers; the context is current before the allocation, which is
-/// // freed once.
-/// unsafe {
-///     assert_eq!((f.cuInit)(0), CUresult::CUDA_SUCCESS);
-///     assert_eq!((f.cuDevicePrimaryCtxRetain)(&mut ctx, 0), CUresult::CUDA_SUCCESS);
-///     assert_eq!((f.cuCtxSetCurrent)(ctx), CUresult::CUDA_SUCCESS);
-///     assert_eq!((f.cuMemAlloc)(&mut ptr, 1024), CUresult::CUDA_SUCCESS);
-///     assert_eq!(world.used_memory(0), 1024);
-///     assert_eq!((f.cuMemFree)(ptr), CUresult::CUDA_SUCCESS);
-///     assert_eq!((f.cuDevicePrimaryCtxRelease)(0), CUresult::CUDA_SUCCESS);
-/// }
-/// assert!(world.live().is_empty());
-/// # Ok::<(), cuda_sys::LoadError>(())
-/// ```
 pub struct Library<T: Table> {
     fns: T,
     version: T::Version,
@@ -304,19 +254,8 @@ impl<T: Table> Library<T> {
         mut resolve: impl FnMut(&CStr, i32) -> *const c_void,
     ) -> Result<Self, LoadError> {
         // SAFETY: forwarded from the caller.
-        let (fns, version) =
-            unsafe { Self::fill(&mut resolve) }.map_err(|reason| LoadError::Unusable {
-                library: T::LIBRARY,
-                origin: name.to_string(),
-                reason,
-            })?;
-        Ok(Library {
-            fns,
-            version,
-            origin: name.to_string(),
-            lib: None,
-            owner: None,
-        })
+        unsafe { Self::fill(name.to_string(), &mut resolve) }
+            .map_err(|reason| unusable::<T>(name, reason))
     }
 
     /// Like [`from_resolver`](Self::from_resolver), keeping `owner` alive as long as the
@@ -343,28 +282,23 @@ impl<T: Table> Library<T> {
     unsafe fn open(c: &Candidate) -> Result<Self, Reason> {
         // SAFETY: a genuine library is safe to load (the caller's promise).
         let lib = unsafe { OpenLibrary::open(&c.path) }?;
-        let (fns, version) = {
+        let mut library = {
             // SAFETY: `lib` is a genuine library of `T`'s kind (the caller's promise).
             let mut resolve = unsafe { T::resolver(&lib) }?;
             // SAFETY: a genuine library's symbols, resolved the way `T` says, have the
             // signatures that `T` declares for them; they stay mapped while `lib` lives
             // (and after: RTLD_NODELETE), and the handle keeps `lib`.
-            unsafe { Self::fill(&mut *resolve) }?
+            unsafe { Self::fill(c.to_string(), &mut *resolve) }?
         };
-        Ok(Library {
-            fns,
-            version,
-            origin: c.to_string(),
-            lib: Some(lib),
-            owner: None,
-        })
+        library.lib = Some(lib);
+        Ok(library)
     }
 
     /// Asks the version, refuses one older than the minimum, and fills the table.
     ///
     /// # Safety
     /// As for [`from_resolver`](Self::from_resolver).
-    unsafe fn fill(resolve: &mut Resolver<'_>) -> Result<(T, T::Version), Reason> {
+    unsafe fn fill(origin: String, resolve: &mut Resolver<'_>) -> Result<Self, Reason> {
         // SAFETY: forwarded from the caller.
         let version = unsafe { T::version(resolve) }?;
         if version < T::MINIMUM {
@@ -376,7 +310,14 @@ impl<T: Table> Library<T> {
         // SAFETY: forwarded from the caller.
         let fns = unsafe { T::fill(version, resolve) }
             .map_err(|name| Reason::MissingSymbol(name.to_string()))?;
-        Ok((fns, version))
+        let (lib, owner) = (None, None);
+        Ok(Library {
+            fns,
+            version,
+            origin,
+            lib,
+            owner,
+        })
     }
 
     /// The function table. Calls through it cost what the C call costs.
@@ -419,10 +360,11 @@ impl<T: Table + fmt::Debug> fmt::Debug for Library<T> {
     }
 }
 
-fn unusable<T: Table>(c: &Candidate, reason: Reason) -> LoadError {
+fn unusable<T: Table>(origin: impl ToString, reason: Reason) -> LoadError {
+    let (library, origin) = (T::LIBRARY, origin.to_string());
     LoadError::Unusable {
-        library: T::LIBRARY,
-        origin: c.to_string(),
+        library,
+        origin,
         reason,
     }
 }
@@ -510,16 +452,6 @@ impl fmt::Display for Reason {
 }
 
 /// One candidate that was tried, and why it was rejected.
-///
-/// ```
-/// use cuda_sys::dylib::{Attempt, Reason, Step};
-/// let a = Attempt {
-///     path: "/usr/lib64/libcuda.so.1".into(),
-///     step: Step::SystemDir,
-///     reason: Reason::NoSuchFile,
-/// };
-/// assert_eq!(a.to_string(), "/usr/lib64/libcuda.so.1 (system dir): no such file");
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
     /// The path or soname handed to the loader.
@@ -559,12 +491,6 @@ impl fmt::Display for Attempts {
 }
 
 /// A candidate library path with the step that produced it.
-///
-/// ```
-/// use cuda_sys::dylib::{Candidate, Step};
-/// let c = Candidate::new("libnccl.so.2", Step::DynamicLoader);
-/// assert_eq!((c.path.to_str(), c.step), (Some("libnccl.so.2"), Step::DynamicLoader));
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     /// Path (absolute) or bare soname (resolved by the dynamic loader).
@@ -733,8 +659,8 @@ pub fn usual_search(
 
 /// The `site-packages` folders of the active Python environments this process can see,
 /// without running Python, where [`usual_search`] looks for pip wheels that ship a
-/// library: `$VIRTUAL_ENV`, `$CONDA_PREFIX`, the user site and the system's
-/// `dist-packages`, each prefix's newest Python first.
+/// library: those of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `~/.local`, `/usr/local` and `/usr`,
+/// each prefix's `lib/python3*` folders in reverse name order.
 pub fn python_site_dirs() -> Vec<PathBuf> {
     let mut prefixes: Vec<PathBuf> = Vec::new();
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
@@ -774,6 +700,31 @@ pub fn python_site_dirs() -> Vec<PathBuf> {
 
 /// Tries `candidates` in order with `accept`, which opens and validates one; returns the
 /// first accepted value or every attempt with its reason.
+///
+/// ```
+/// use std::path::PathBuf;
+/// use cuda_sys::dylib::{Candidate, Reason, Step, first_usable};
+///
+/// let candidates = [
+///     Candidate::new("/opt/none/libfoo.so.1", Step::SystemDir),
+///     Candidate::new("libfoo.so.1", Step::DynamicLoader),
+/// ];
+/// // Accept only what the dynamic loader would find.
+/// let accept = |c: &Candidate| match c.step {
+///     Step::DynamicLoader => Ok(c.path.clone()),
+///     _ => Err(Reason::NoSuchFile),
+/// };
+/// assert_eq!(first_usable(candidates.clone(), accept), Ok(PathBuf::from("libfoo.so.1")));
+///
+/// let nothing = |_: &Candidate| -> Result<PathBuf, Reason> { Err(Reason::NoSuchFile) };
+/// let attempts = first_usable(candidates, nothing).unwrap_err();
+/// assert_eq!(attempts.0.len(), 2);
+/// assert_eq!(
+///     attempts.to_string(),
+///     "\n  /opt/none/libfoo.so.1 (system dir): no such file\
+///      \n  libfoo.so.1 (dynamic loader): no such file"
+/// );
+/// ```
 pub fn first_usable<T>(
     candidates: impl IntoIterator<Item = Candidate>,
     mut accept: impl FnMut(&Candidate) -> Result<T, Reason>,
