@@ -1,7 +1,7 @@
 //! NCCL (`libnccl.so.2`) as a [`Library`]: where to look for it (pip wheels included), and
 //! its version; its functions are resolved with `dlsym`.
 
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 
 use cuda_sys::Resolver;
@@ -135,20 +135,5 @@ impl Table for NcclFns {
         // name with the header's signature, from which the table's types are generated;
         // optional entries are only asked of libraries as new as the release that added them.
         unsafe { Self::load_with(version.0, resolve) }
-    }
-}
-
-impl NcclFns {
-    /// `ncclGetErrorString(result)` as a Rust string (`nccl.error_string(rc)` on a
-    /// [`Nccl`], which derefs to its table).
-    pub fn error_string(&self, result: ncclResult_t) -> String {
-        // SAFETY: ncclGetErrorString accepts any value and returns a static string
-        // (or null, checked below).
-        let p = unsafe { (self.ncclGetErrorString)(result) };
-        if p.is_null() {
-            return String::new();
-        }
-        // SAFETY: non-null, NUL-terminated, static storage in the library.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 }
