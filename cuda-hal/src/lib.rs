@@ -175,7 +175,9 @@ mod context;
 mod copy;
 mod cuda;
 mod device;
-mod digits;
+// Public but hidden: not API, shared with nccl-channel so that both parse one way.
+#[doc(hidden)]
+pub mod digits;
 mod error;
 mod event;
 mod function;

@@ -1,41 +1,373 @@
-//! Finding and opening a shared library at run time, recording every attempt.
+//! One loader for the C libraries that this workspace resolves at run time: it finds a
+//! library, opens it, fills a function table from it, and keeps the code behind the table
+//! mapped for as long as the table is used.
 //!
-//! Shared by this crate (libcuda) and `nccl-sys` (libnccl), so that both search the same
-//! way and fail the same way: an error that lists each path tried and why it failed.
+//! [`Library<T>`] is the handle and a [`Table`] says what differs from one library to the
+//! next: [`Driver`](crate::Driver) is `Library<DriverFns>` (resolved through
+//! `cuGetProcAddress`) and `nccl_sys::Nccl` is `Library<NcclFns>` (resolved with `dlsym`).
+//! What they share is written once, here:
 //!
-//! A search is a list of [`Candidate`]s tried in order by [`first_usable`]; each rejected
-//! one becomes an [`Attempt`] with its [`Reason`]:
+//! * **Search** ([`Library::load`]): the library named by the table's environment variable
+//!   ([`Table::PATH_ENV`]) alone when it is set, else [`Table::search_list`] in order, most
+//!   often built by [`usual_search`] (dynamic loader, pip wheels, system folders). The
+//!   first usable library wins; each one rejected is an [`Attempt`] with its [`Reason`].
+//! * **Open** ([`OpenLibrary`]): `RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`, kept by the handle.
+//! * **Fill**: the version is asked first, one older than [`Table::MINIMUM`] is refused,
+//!   and the version gates the optional entries of a [`fn_table!`](crate::fn_table) table.
+//! * **Errors**: a [`LoadError`] that names every path tried, never a panic.
+//!
+//! Loading a third library takes a table and its `Table` impl, nothing else. The C
+//! library, for instance (a table of `getpid` and `abs`, found through the dynamic loader):
 //!
 //! ```
-//! use std::path::PathBuf;
-//! use cuda_sys::dylib::{Candidate, Reason, Step, first_usable};
+//! use cuda_sys::Resolver;
+//! use cuda_sys::dylib::{Candidate, Library, Reason, Step, Table};
 //!
-//! let candidates = [
-//!     Candidate::new("/opt/none/libfoo.so.1", Step::SystemDir),
-//!     Candidate::new("libfoo.so.1", Step::DynamicLoader),
-//! ];
-//! // Accept only what the dynamic loader would find.
-//! let accept = |c: &Candidate| match c.step {
-//!     Step::DynamicLoader => Ok(c.path.clone()),
-//!     _ => Err(Reason::NoSuchFile),
-//! };
-//! assert_eq!(first_usable(candidates.clone(), accept), Ok(PathBuf::from("libfoo.so.1")));
+//! cuda_sys::fn_table! {
+//!     /// Two functions of the C library.
+//!     pub struct LibcFns;
+//!     min = 0;
+//!     required { getpid: unsafe extern "C" fn() -> i32 }
+//!     optional { abs: unsafe extern "C" fn(i32) -> i32 = 1 }
+//! }
 //!
-//! let nothing = |_: &Candidate| -> Result<PathBuf, Reason> { Err(Reason::NoSuchFile) };
-//! let attempts = first_usable(candidates, nothing).unwrap_err();
-//! assert_eq!(attempts.0.len(), 2);
-//! assert_eq!(
-//!     attempts.to_string(),
-//!     "\n  /opt/none/libfoo.so.1 (system dir): no such file\
-//!      \n  libfoo.so.1 (dynamic loader): no such file"
-//! );
+//! impl Table for LibcFns {
+//!     const LIBRARY: &'static str = "C library";
+//!     const HANDLE: &'static str = "Libc";
+//!     const PATH_ENV: &'static str = "LIBC_EXAMPLE_LIBRARY";
+//!     type Version = i32;
+//!     const MINIMUM: i32 = 1;
+//!     fn search_list() -> Vec<Candidate> {
+//!         vec![Candidate::new("libc.so.6", Step::DynamicLoader)]
+//!     }
+//!     unsafe fn version(_: &mut Resolver<'_>) -> Result<i32, Reason> {
+//!         Ok(1) // glibc has no version query of this kind
+//!     }
+//!     unsafe fn fill(version: i32, resolve: &mut Resolver<'_>) -> Result<Self, &'static str> {
+//!         // SAFETY: forwarded; libc's `getpid` and `abs` have the signatures declared.
+//!         unsafe { Self::load_with(version, resolve) }
+//!     }
+//! }
+//!
+//! let libc = Library::<LibcFns>::load()?;
+//! assert_eq!(libc.origin(), "libc.so.6 (dynamic loader)");
+//! // SAFETY: neither function has a precondition.
+//! unsafe {
+//!     assert_eq!((libc.fns().getpid)() as u32, std::process::id());
+//!     assert_eq!(libc.abs.map(|abs| abs(-3)), Some(3), "the handle derefs to its table");
+//! }
+//! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
+use std::any::Any;
 use std::ffi::{CStr, OsString, c_void};
 use std::fmt;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+use libloading::os::unix::{Library as RawLibrary, RTLD_LOCAL, RTLD_NOW};
+
+use crate::{LoadError, Resolver};
+
+/// What one C library adds to [`Library`]: its names, where to look for it, how to ask
+/// its version and how to resolve its symbols. Implemented by the library's function
+/// table, declared with [`fn_table!`](crate::fn_table) (see the [module](self) example).
+pub trait Table: Sized {
+    /// The library in messages (`"CUDA driver"`, `"NCCL"`): [`LoadError`]'s `library`.
+    const LIBRARY: &'static str;
+    /// What callers call the handle (`"Driver"`, `"Nccl"`): the name `Debug` prints.
+    const HANDLE: &'static str;
+    /// The environment variable that names the one library to load instead of searching.
+    const PATH_ENV: &'static str;
+    /// The version the library reports, ordered like its releases.
+    type Version: Copy + Ord + fmt::Display + fmt::Debug;
+    /// The oldest version loaded; an older library is refused with [`Reason::TooOld`].
+    const MINIMUM: Self::Version;
+
+    /// Where [`Library::load`] looks, in order, when the environment names no library.
+    fn search_list() -> Vec<Candidate>;
+
+    /// The resolver over an opened library. The default is `dlsym`, the API version
+    /// ignored; a library with a resolver of its own (`cuGetProcAddress`) says so here.
+    ///
+    /// # Safety
+    /// `lib` must be a genuine library of this table's kind.
+    unsafe fn resolver(lib: &OpenLibrary) -> Result<Box<Resolver<'_>>, Reason> {
+        Ok(Box::new(|name: &CStr, _version: i32| lib.symbol(name)))
+    }
+
+    /// Resolves and calls the library's version query: the first thing asked of a resolver.
+    ///
+    /// # Safety
+    /// As for [`Library::from_resolver`].
+    unsafe fn version(resolve: &mut Resolver<'_>) -> Result<Self::Version, Reason>;
+
+    /// Fills the table at `version` (a table's `load_with`); `Err` names the first
+    /// required entry that `resolve` does not find.
+    ///
+    /// # Safety
+    /// As for [`Library::from_resolver`].
+    unsafe fn fill(
+        version: Self::Version,
+        resolve: &mut Resolver<'_>,
+    ) -> Result<Self, &'static str>;
+}
+
+/// A C library loaded at run time: its function table `T`, its version, where it came
+/// from, and what keeps the code behind the table alive (the opened library, or the
+/// owner of a resolver's functions).
+///
+/// Built by [`load`](Self::load) (search), [`load_from`](Self::load_from) (one path) or
+/// [`from_resolver`](Self::from_resolver) (any resolver: this is how simulated libraries
+/// plug in). The table is checked for completeness when the handle is built, never at a
+/// call: a call through [`fns`](Self::fns) costs what the C call costs. The handle derefs
+/// to its table, as libloading's `Symbol` does to its symbol, so the table's methods are
+/// the handle's too.
+pub struct Library<T: Table> {
+    fns: T,
+    version: T::Version,
+    origin: String,
+    // Keeps the code behind `fns` mapped.
+    lib: Option<OpenLibrary>,
+    // Keeps whatever backs a resolver-made table alive (e.g. a simulated library's slot).
+    owner: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl<T: Table> Library<T> {
+    /// Searches for the library: the one `$`[`T::PATH_ENV`](Table::PATH_ENV) names if it is
+    /// set and not empty (then only that), else [`T::search_list`](Table::search_list) in
+    /// order, the first usable one winning.
+    ///
+    /// The environment variable is trusted input, like `LD_LIBRARY_PATH` or `LD_PRELOAD`:
+    /// whoever sets the environment of a process already decides what code it runs. The
+    /// library it names is opened and trusted to be `T`'s, exactly as
+    /// [`load_from`](Self::load_from) does; so is what the search finds under the
+    /// library's own names, as the dynamic linker would for a program linked against it.
+    ///
+    /// Either way the answer is typed: a library, or an error that says what was tried
+    /// (this runs on machines with and without a GPU).
+    ///
+    /// ```
+    /// use cuda_sys::{Driver, DriverVersion, LoadError, MINIMUM_DRIVER_VERSION};
+    /// match Driver::load() {
+    ///     Ok(driver) => assert!(driver.version() >= DriverVersion(MINIMUM_DRIVER_VERSION)),
+    ///     // The search: every candidate with why it was rejected.
+    ///     Err(e @ LoadError::NotFound { .. }) => assert!(!e.attempts().is_empty()),
+    ///     // `$CUDA_SYS_LIBRARY` named a library that cannot be used.
+    ///     Err(e) => assert!(e.reason().is_some()),
+    /// }
+    /// ```
+    pub fn load() -> Result<Self, LoadError> {
+        if let Some(c) = env_path(T::PATH_ENV) {
+            // SAFETY: the environment is trusted input (above): its library is `T`'s.
+            return unsafe { Self::open(&c) }.map_err(|reason| unusable::<T>(&c, reason));
+        }
+        first_usable(T::search_list(), |c| {
+            // SAFETY: what the search finds under `T`'s own names is trusted to be `T`'s
+            // library (above), as the dynamic linker trusts it.
+            unsafe { Self::open(c) }
+        })
+        .map_err(|attempts| LoadError::NotFound {
+            library: T::LIBRARY,
+            attempts,
+        })
+    }
+
+    /// Loads the library from exactly `path` (a file, or a soname for the dynamic loader).
+    ///
+    /// # Safety
+    /// Opening a library runs its initialisers, and its symbols are called through `T`'s
+    /// signatures: `path` must name a genuine library of `T`'s kind (or one that
+    /// implements its API faithfully), as with `libloading::Library::new`.
+    ///
+    /// ```
+    /// use cuda_sys::dylib::Reason;
+    /// use cuda_sys::Driver;
+    /// // SAFETY: a path that does not exist is refused before anything is opened.
+    /// let err = unsafe { Driver::load_from("/no/such/dir/libcuda.so.1") }.unwrap_err();
+    /// assert_eq!(err.reason(), Some(&Reason::NoSuchFile));
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "CUDA driver from /no/such/dir/libcuda.so.1 (explicit path) cannot be used: no such file"
+    /// );
+    /// ```
+    pub unsafe fn load_from(path: impl AsRef<Path>) -> Result<Self, LoadError> {
+        let c = Candidate::new(path.as_ref(), Step::Explicit);
+        // SAFETY: the caller promises that `path` is a genuine library of `T`'s kind.
+        unsafe { Self::open(&c) }.map_err(|reason| unusable::<T>(&c, reason))
+    }
+
+    /// The automatic search list (without the environment override), in order:
+    /// [`T::search_list`](Table::search_list).
+    ///
+    /// ```
+    /// use cuda_sys::dylib::Step;
+    /// let list = cuda_sys::Driver::search_list();
+    /// assert_eq!(list[0].path.to_str(), Some("libcuda.so.1"));
+    /// assert_eq!(list[0].step, Step::DynamicLoader);
+    /// assert!(list.iter().any(|c| c.step == Step::SystemDir));
+    /// ```
+    pub fn search_list() -> Vec<Candidate> {
+        T::search_list()
+    }
+
+    /// Builds the handle from any resolver `(symbol, api_version) -> address`.
+    ///
+    /// The version query is resolved and called first ([`Table::version`]); the version
+    /// must be at least [`Table::MINIMUM`] and gates the optional entries. `name` says
+    /// where the functions come from in messages (e.g. "mock driver").
+    ///
+    /// # Safety
+    /// Every non-null address the resolver returns must be a function with the signature
+    /// that `T` declares for that name, valid for the life of the handle.
+    ///
+    /// A resolver that knows only the version query gives a library that is refused,
+    /// naming the first required entry it lacks:
+    ///
+    /// ```
+    /// use std::ffi::{CStr, c_int, c_void};
+    /// use cuda_sys::dylib::Reason;
+    /// use cuda_sys::{CUresult, Driver};
+    ///
+    /// unsafe extern "C" fn get_version(version: *mut c_int) -> CUresult {
+    ///     // SAFETY: the loader passes a valid out-pointer.
+    ///     unsafe { *version = 12040 };
+    ///     CUresult::CUDA_SUCCESS
+    /// }
+    /// let resolve = |name: &CStr, _api_version: i32| -> *const c_void {
+    ///     match name.to_bytes() {
+    ///         b"cuDriverGetVersion" => get_version as *const c_void,
+    ///         _ => std::ptr::null(),
+    ///     }
+    /// };
+    /// // SAFETY: the one address returned has `PFN_cuDriverGetVersion`'s signature.
+    /// let err = unsafe { Driver::from_resolver("half a driver", resolve) }.unwrap_err();
+    /// assert_eq!(err.reason(), Some(&Reason::MissingSymbol("cuInit".into())));
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "CUDA driver from half a driver cannot be used: required symbol `cuInit` is missing"
+    /// );
+    /// ```
+    pub unsafe fn from_resolver(
+        name: &str,
+        mut resolve: impl FnMut(&CStr, i32) -> *const c_void,
+    ) -> Result<Self, LoadError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::fill(name.to_string(), &mut resolve) }
+            .map_err(|reason| unusable::<T>(name, reason))
+    }
+
+    /// Like [`from_resolver`](Self::from_resolver), keeping `owner` alive as long as the
+    /// handle: for tables whose functions depend on some state (a simulated machine).
+    ///
+    /// # Safety
+    /// As for [`from_resolver`](Self::from_resolver); the addresses may depend on `owner`
+    /// being alive.
+    pub unsafe fn from_resolver_owned(
+        name: &str,
+        owner: Arc<dyn Any + Send + Sync>,
+        resolve: impl FnMut(&CStr, i32) -> *const c_void,
+    ) -> Result<Self, LoadError> {
+        // SAFETY: forwarded from the caller.
+        let mut library = unsafe { Self::from_resolver(name, resolve) }?;
+        library.owner = Some(owner);
+        Ok(library)
+    }
+
+    /// Opens `c` and fills the table from it.
+    ///
+    /// # Safety
+    /// `c` must name a genuine library of `T`'s kind.
+    unsafe fn open(c: &Candidate) -> Result<Self, Reason> {
+        // SAFETY: a genuine library is safe to load (the caller's promise).
+        let lib = unsafe { OpenLibrary::open(&c.path) }?;
+        let mut library = {
+            // SAFETY: `lib` is a genuine library of `T`'s kind (the caller's promise).
+            let mut resolve = unsafe { T::resolver(&lib) }?;
+            // SAFETY: a genuine library's symbols, resolved the way `T` says, have the
+            // signatures that `T` declares for them; they stay mapped while `lib` lives
+            // (and after: RTLD_NODELETE), and the handle keeps `lib`.
+            unsafe { Self::fill(c.to_string(), &mut *resolve) }?
+        };
+        library.lib = Some(lib);
+        Ok(library)
+    }
+
+    /// Asks the version, refuses one older than the minimum, and fills the table.
+    ///
+    /// # Safety
+    /// As for [`from_resolver`](Self::from_resolver).
+    unsafe fn fill(origin: String, resolve: &mut Resolver<'_>) -> Result<Self, Reason> {
+        // SAFETY: forwarded from the caller.
+        let version = unsafe { T::version(resolve) }?;
+        if version < T::MINIMUM {
+            return Err(Reason::TooOld {
+                found: version.to_string(),
+                minimum: T::MINIMUM.to_string(),
+            });
+        }
+        // SAFETY: forwarded from the caller.
+        let fns = unsafe { T::fill(version, resolve) }
+            .map_err(|name| Reason::MissingSymbol(name.to_string()))?;
+        let (lib, owner) = (None, None);
+        Ok(Library {
+            fns,
+            version,
+            origin,
+            lib,
+            owner,
+        })
+    }
+
+    /// The function table. Calls through it cost what the C call costs.
+    #[inline]
+    pub fn fns(&self) -> &T {
+        &self.fns
+    }
+
+    /// The version the library reported.
+    pub fn version(&self) -> T::Version {
+        self.version
+    }
+
+    /// Where the functions came from: a path and how it was found, or a resolver's name.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The opened library, when the functions came from one.
+    pub fn library(&self) -> Option<&OpenLibrary> {
+        self.lib.as_ref()
+    }
+}
+
+impl<T: Table> Deref for Library<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.fns
+    }
+}
+
+impl<T: Table + fmt::Debug> fmt::Debug for Library<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(T::HANDLE)
+            .field("version", &self.version)
+            .field("origin", &self.origin)
+            .field("fns", &self.fns)
+            .finish()
+    }
+}
+
+fn unusable<T: Table>(origin: impl ToString, reason: Reason) -> LoadError {
+    let (library, origin) = (T::LIBRARY, origin.to_string());
+    LoadError::Unusable {
+        library,
+        origin,
+        reason,
+    }
+}
 
 /// Where a candidate path came from, so an error can say why it was tried.
 ///
@@ -120,16 +452,6 @@ impl fmt::Display for Reason {
 }
 
 /// One candidate that was tried, and why it was rejected.
-///
-/// ```
-/// use cuda_sys::dylib::{Attempt, Reason, Step};
-/// let a = Attempt {
-///     path: "/usr/lib64/libcuda.so.1".into(),
-///     step: Step::SystemDir,
-///     reason: Reason::NoSuchFile,
-/// };
-/// assert_eq!(a.to_string(), "/usr/lib64/libcuda.so.1 (system dir): no such file");
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempt {
     /// The path or soname handed to the loader.
@@ -142,13 +464,8 @@ pub struct Attempt {
 
 impl fmt::Display for Attempt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}): {}",
-            self.path.display(),
-            self.step,
-            self.reason
-        )
+        let (path, step) = (self.path.display(), &self.step);
+        write!(f, "{path} ({step}): {}", self.reason)
     }
 }
 
@@ -174,12 +491,6 @@ impl fmt::Display for Attempts {
 }
 
 /// A candidate library path with the step that produced it.
-///
-/// ```
-/// use cuda_sys::dylib::{Candidate, Step};
-/// let c = Candidate::new("libnccl.so.2", Step::DynamicLoader);
-/// assert_eq!((c.path.to_str(), c.step), (Some("libnccl.so.2"), Step::DynamicLoader));
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     /// Path (absolute) or bare soname (resolved by the dynamic loader).
@@ -198,6 +509,13 @@ impl Candidate {
     }
 }
 
+/// `path (step)`: a loaded library's [`origin`](Library::origin).
+impl fmt::Display for Candidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.path.display(), self.step)
+    }
+}
+
 /// `RTLD_NODELETE` (glibc, musl): `dlclose` never unmaps the library.
 const RTLD_NODELETE: i32 = 0x1000;
 
@@ -212,37 +530,42 @@ const RTLD_NODELETE: i32 = 0x1000;
 /// use std::path::Path;
 /// use cuda_sys::dylib::{OpenLibrary, Reason};
 ///
-/// // The C library is loaded in every process already (glibc's soname).
-/// let libc = OpenLibrary::open(Path::new("libc.so.6")).map_err(|r| r.to_string())?;
+/// // SAFETY: the C library is loaded in every process already (glibc's soname).
+/// let libc = unsafe { OpenLibrary::open(Path::new("libc.so.6")) }.map_err(|r| r.to_string())?;
 /// assert!(!libc.symbol(c"getpid").is_null());
 /// assert!(libc.symbol(c"no_such_symbol_here").is_null());
 /// assert_eq!(libc.path(), Path::new("libc.so.6"));
 ///
-/// // A path that does not exist is refused before the loader is asked.
-/// let missing = OpenLibrary::open(Path::new("/no/such/libcuda.so.1")).unwrap_err();
+/// // SAFETY: a path that does not exist is refused before the loader is asked.
+/// let missing = unsafe { OpenLibrary::open(Path::new("/no/such/libcuda.so.1")) }.unwrap_err();
 /// assert_eq!(missing, Reason::NoSuchFile);
-/// // A bare name the loader cannot find: its message.
-/// let unknown = OpenLibrary::open(Path::new("libno-such-library.so.0")).unwrap_err();
+/// // SAFETY: a bare name the loader cannot find opens nothing; its message comes back.
+/// let unknown = unsafe { OpenLibrary::open(Path::new("libno-such-library.so.0")) }.unwrap_err();
 /// assert!(matches!(unknown, Reason::Open(msg) if msg.contains("libno-such-library.so.0")));
 /// # Ok::<(), String>(())
 /// ```
 #[derive(Debug)]
 pub struct OpenLibrary {
-    lib: Library,
+    lib: RawLibrary,
     path: PathBuf,
 }
 
 impl OpenLibrary {
     /// Opens `path` with `RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`; a bare name goes through
     /// the loader's search.
-    pub fn open(path: &Path) -> Result<Self, Reason> {
+    ///
+    /// # Safety
+    /// Opening a library runs its initialisers (and those of what it needs), which may do
+    /// anything: `path` must name a library that is safe to load into this process, as
+    /// with `libloading::Library::new`. (libcuda and libnccl are: the CUDA runtime and
+    /// NCCL itself `dlopen` them.)
+    pub unsafe fn open(path: &Path) -> Result<Self, Reason> {
         if path.components().count() > 1 && !path.exists() {
             return Err(Reason::NoSuchFile);
         }
-        // SAFETY: opening a library runs its initialisers. libcuda and libnccl are
-        // designed to be dlopen'ed (the CUDA runtime and NCCL itself do it), and the
-        // caller chose the path; RTLD_LOCAL keeps its symbols out of the global scope.
-        let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) }
+        // SAFETY: the caller promises that `path` is safe to load; RTLD_LOCAL keeps its
+        // symbols out of the global scope.
+        let lib = unsafe { RawLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) }
             .map_err(|e| Reason::Open(loader_message(&e)))?;
         Ok(OpenLibrary {
             lib,
@@ -275,12 +598,7 @@ fn loader_message(e: &libloading::Error) -> String {
 }
 
 /// Reads an environment variable that names a library; empty counts as unset.
-///
-/// ```
-/// use cuda_sys::dylib::env_path;
-/// assert_eq!(env_path("CUDA_SYS_DOC_EXAMPLE_NEVER_SET"), None);
-/// ```
-pub fn env_path(var: &'static str) -> Option<Candidate> {
+fn env_path(var: &'static str) -> Option<Candidate> {
     let value: OsString = std::env::var_os(var)?;
     if value.is_empty() {
         return None;
@@ -288,9 +606,61 @@ pub fn env_path(var: &'static str) -> Option<Candidate> {
     Some(Candidate::new(PathBuf::from(value), Step::EnvOverride(var)))
 }
 
+/// The search most libraries want, in order: each of `names` through the dynamic loader;
+/// then the first name in each of `wheel_dirs` (relative to a `site-packages` folder) of
+/// each [`python_site_dirs`] folder, where that file exists: for libraries that pip
+/// wheels ship, such as NCCL's `nvidia-nccl-cu12` (`nvidia/nccl/lib`); then the first name
+/// in the system's library folders (`/usr/lib/<arch>-linux-gnu`, `/usr/lib64`) and in `dirs`.
+///
+/// ```
+/// use cuda_sys::dylib::{Candidate, Step, usual_search};
+/// let list = usual_search(&["libfoo.so.1", "libfoo.so"], &[], ["/opt/foo/lib".into()]);
+/// assert_eq!(list[..2], [
+///     Candidate::new("libfoo.so.1", Step::DynamicLoader),
+///     Candidate::new("libfoo.so", Step::DynamicLoader),
+/// ]);
+/// assert_eq!(list[2].to_string(), format!(
+///     "/usr/lib/{}-linux-gnu/libfoo.so.1 (system dir)", std::env::consts::ARCH
+/// ));
+/// assert_eq!(list[3..], [
+///     Candidate::new("/usr/lib64/libfoo.so.1", Step::SystemDir),
+///     Candidate::new("/opt/foo/lib/libfoo.so.1", Step::SystemDir),
+/// ]);
+/// ```
+pub fn usual_search(
+    names: &[&str],
+    wheel_dirs: &[&str],
+    dirs: impl IntoIterator<Item = PathBuf>,
+) -> Vec<Candidate> {
+    let mut list: Vec<Candidate> = names
+        .iter()
+        .map(|n| Candidate::new(n, Step::DynamicLoader))
+        .collect();
+    let Some(file) = names.first() else {
+        return list;
+    };
+    if !wheel_dirs.is_empty() {
+        for site in python_site_dirs() {
+            for dir in wheel_dirs {
+                let p = site.join(dir).join(file);
+                if p.exists() {
+                    list.push(Candidate::new(p, Step::PythonPackage));
+                }
+            }
+        }
+    }
+    let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    let system = [PathBuf::from(multiarch), PathBuf::from("/usr/lib64")];
+    for dir in system.into_iter().chain(dirs) {
+        list.push(Candidate::new(dir.join(file), Step::SystemDir));
+    }
+    list
+}
+
 /// The `site-packages` folders of the active Python environments this process can see,
-/// without running Python: `$VIRTUAL_ENV`, `$CONDA_PREFIX`, the user site and the
-/// system's `dist-packages`.
+/// without running Python, where [`usual_search`] looks for pip wheels that ship a
+/// library: those of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `~/.local`, `/usr/local` and `/usr`,
+/// each prefix's `lib/python3*` folders in reverse name order.
 pub fn python_site_dirs() -> Vec<PathBuf> {
     let mut prefixes: Vec<PathBuf> = Vec::new();
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
@@ -330,6 +700,31 @@ pub fn python_site_dirs() -> Vec<PathBuf> {
 
 /// Tries `candidates` in order with `accept`, which opens and validates one; returns the
 /// first accepted value or every attempt with its reason.
+///
+/// ```
+/// use std::path::PathBuf;
+/// use cuda_sys::dylib::{Candidate, Reason, Step, first_usable};
+///
+/// let candidates = [
+///     Candidate::new("/opt/none/libfoo.so.1", Step::SystemDir),
+///     Candidate::new("libfoo.so.1", Step::DynamicLoader),
+/// ];
+/// // Accept only what the dynamic loader would find.
+/// let accept = |c: &Candidate| match c.step {
+///     Step::DynamicLoader => Ok(c.path.clone()),
+///     _ => Err(Reason::NoSuchFile),
+/// };
+/// assert_eq!(first_usable(candidates.clone(), accept), Ok(PathBuf::from("libfoo.so.1")));
+///
+/// let nothing = |_: &Candidate| -> Result<PathBuf, Reason> { Err(Reason::NoSuchFile) };
+/// let attempts = first_usable(candidates, nothing).unwrap_err();
+/// assert_eq!(attempts.0.len(), 2);
+/// assert_eq!(
+///     attempts.to_string(),
+///     "\n  /opt/none/libfoo.so.1 (system dir): no such file\
+///      \n  libfoo.so.1 (dynamic loader): no such file"
+/// );
+/// ```
 pub fn first_usable<T>(
     candidates: impl IntoIterator<Item = Candidate>,
     mut accept: impl FnMut(&Candidate) -> Result<T, Reason>,

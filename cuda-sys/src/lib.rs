@@ -10,6 +10,9 @@
 //!   `PFN_<symbol>` type, and [`FUNCTIONS`] lists every function `cuda.h` declares.
 //! * **Mock tables**: [`Driver::from_resolver`] takes any `(name, version) -> address`
 //!   closure, which is how simulated drivers plug in.
+//! * **The loader** ([`dylib`]: search, open, version gate, errors) is generic:
+//!   [`Driver`] is [`dylib::Library`] over [`DriverFns`], and `nccl-sys` loads NCCL with
+//!   the same loader and the same [`fn_table!`] tables.
 //!
 //! Nothing here needs CUDA at build time, so the crate builds and documents anywhere.
 //!

@@ -41,9 +41,25 @@ pub const fn cstr(s: &'static str) -> &'static CStr {
     }
 }
 
-/// Declares a function table: `required` entries at `min`, `optional` entries at the
-/// version that introduced them. See [`crate::DriverFns`] for a generated example.
-#[doc(hidden)]
+/// Declares a function table: `required` entries resolved at version `min`, `optional`
+/// entries at the version that introduced each (and only from a library at least that new).
+///
+/// ```text
+/// fn_table! {
+///     /// docs
+///     pub struct Name;
+///     min = <i32 expression>;
+///     required { symbol: SignatureType, ... }
+///     optional { symbol: SignatureType = <version>, ... }
+/// }
+/// ```
+///
+/// It declares the struct (a required entry is a function pointer, an optional one an
+/// `Option` of it) with `REQUIRED`, `OPTIONAL`, `SIGNATURES`, `load_with` (fills it
+/// through a [`Resolver`](crate::Resolver)), `address_of` and `optional_present`, a
+/// `Debug` impl, and a hidden module `signatures` with one type alias per entry (so one
+/// table per module). A table becomes loadable with a [`Table`](crate::dylib::Table)
+/// impl: see the [`dylib`](crate::dylib) example; [`DriverFns`](crate::DriverFns) is one.
 #[macro_export]
 macro_rules! fn_table {
     (

@@ -223,7 +223,8 @@ fn a_library_stays_mapped_after_its_handle_is_dropped() {
         "nodelete",
         "int nodelete_marker(void) { return 7; }\n",
     );
-    let opened = OpenLibrary::open(&lib).unwrap();
+    // SAFETY: a stub compiled by this test, with no initialiser.
+    let opened = unsafe { OpenLibrary::open(&lib) }.unwrap();
     assert!(!opened.symbol(c"nodelete_marker").is_null());
     drop(opened);
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -238,7 +239,8 @@ fn a_library_stays_mapped_after_its_handle_is_dropped() {
 fn a_loader_error_carries_the_loaders_own_words() {
     let junk = tmp("junk").join("not-a-library.so");
     std::fs::write(&junk, b"hello").unwrap();
-    match OpenLibrary::open(&junk) {
+    // SAFETY: a text file, which the loader refuses before running anything.
+    match unsafe { OpenLibrary::open(&junk) } {
         Err(Reason::Open(msg)) => {
             assert!(msg.contains(junk.to_str().unwrap()), "{msg}");
             assert!(

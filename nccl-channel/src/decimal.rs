@@ -2,16 +2,9 @@
 //! Rust's `FromStr` for integers and `from_str_radix` accept a leading `+`, which no
 //! launcher writes and NCCL reads differently; these accept ASCII digits only.
 
-use std::str::FromStr;
-
-/// `text` as a `T` when it is one or more ASCII decimal digits and nothing else (no sign,
-/// no spaces); `None` when it is not, or does not fit.
-pub(crate) fn parse_decimal<T: FromStr>(text: &str) -> Option<T> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
-}
+// `text` as a `T` when it is one or more ASCII decimal digits and nothing else (no sign,
+// no spaces); `None` when it is not, or does not fit: cuda-hal's, so both parse one way.
+pub(crate) use cuda_hal::digits::parse_decimal;
 
 /// A TCP port: plain decimal digits, from 1 to 65535.
 pub(crate) fn parse_port(text: &str) -> Option<u16> {
@@ -41,12 +34,6 @@ mod tests {
 
     #[test]
     fn only_digits() {
-        assert_eq!(parse_decimal::<usize>("42"), Some(42));
-        assert_eq!(parse_decimal::<usize>("007"), Some(7));
-        for bad in ["", "+2", "-2", " 2", "2 ", "0x2", "2.0", "٣"] {
-            assert_eq!(parse_decimal::<usize>(bad), None, "{bad:?}");
-        }
-        assert_eq!(parse_decimal::<u16>("65536"), None);
         assert_eq!(parse_port("0"), None);
         assert_eq!(parse_port("1"), Some(1));
         assert_eq!(parse_port("65535"), Some(65535));

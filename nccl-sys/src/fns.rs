@@ -5,6 +5,8 @@
 //! only when `ncclGetVersion` reports at least that release. The `pnccl*` profiling twins
 //! are the same entry points and are not in the table (their types are generated).
 
+use std::ffi::CStr;
+
 use crate::NcclVersion;
 use crate::*;
 
@@ -111,6 +113,21 @@ cuda_sys::fn_table! {
         ncclGatherConfig: PFN_ncclGatherConfig = v(2, 31, 0),
         ncclScatterConfig: PFN_ncclScatterConfig = v(2, 31, 0),
         ncclSetEncryption: PFN_ncclSetEncryption = v(2, 32, 0),
+    }
+}
+
+impl NcclFns {
+    /// `ncclGetErrorString(result)` as a Rust string (`nccl.error_string(rc)` on a
+    /// [`Nccl`](crate::Nccl), which derefs to its table).
+    pub fn error_string(&self, result: ncclResult_t) -> String {
+        // SAFETY: ncclGetErrorString accepts any value and returns a static string
+        // (or null, checked below).
+        let p = unsafe { (self.ncclGetErrorString)(result) };
+        if p.is_null() {
+            return String::new();
+        }
+        // SAFETY: non-null, NUL-terminated, static storage in the library.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 }
 

@@ -11,8 +11,6 @@ use std::process::Command;
 
 use nccl_sys::{Nccl, ncclResult_t, ncclUniqueId};
 
-use test_support::env;
-
 /// Opens a library this test chose (the pinned NCCL wheel, checked by sha256).
 fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<Nccl, nccl_sys::LoadError> {
     // SAFETY: the pinned NCCL wheel, checked by sha256; a library that is not the real thing is what the test checks is refused.

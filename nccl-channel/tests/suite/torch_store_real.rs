@@ -2,7 +2,7 @@
 //! backends, started by `tests/torch_store_server.py` with the python that `TORCH_PY`
 //! names (any torch from 2.4 on; torch 2.4 has no PING, which this client must not need).
 //! Ignored by default; run with `TORCH_PY=/path/to/python3 cargo test -p nccl-channel
-//! --all-features --test torch_store_real -- --ignored`. Run without `TORCH_PY`, it fails
+//! --all-features --test suite torch_store_real -- --ignored`. Run without `TORCH_PY`, it fails
 //! rather than passing without having checked anything.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
