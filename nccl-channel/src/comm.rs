@@ -8,7 +8,7 @@ use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::ThreadId;
 
 use cuda_hal::{Context, Dependency, Device, DeviceBuffer, KeepAlive, Stream};
@@ -18,6 +18,7 @@ use crate::config::CommConfig;
 use crate::pool::Pool;
 use crate::registration::{Pending, Registry};
 use crate::reliability::{AbortHandle, poll};
+use crate::sync::lock;
 use crate::{Error, Result, UniqueId, check};
 
 /// The NCCL handle and its life: live until aborted or destroyed, exactly once, after
@@ -55,10 +56,6 @@ pub(crate) struct CommShared {
 unsafe impl Send for CommShared {}
 // SAFETY: as above; the rest is atomics, locks and immutable data.
 unsafe impl Sync for CommShared {}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// How a teardown releases the handle.
 #[derive(Clone, Copy, PartialEq, Eq)]

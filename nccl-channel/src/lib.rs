@@ -154,6 +154,7 @@ mod registration;
 mod reliability;
 mod rendezvous;
 mod split;
+mod sync;
 mod types;
 mod unique_id;
 mod world;

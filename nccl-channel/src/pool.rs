@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex, Weak};
 use cuda_hal::{DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream};
 use cuda_sys::CUdeviceptr;
 
-use crate::comm::{CommShared, lock};
+use crate::comm::CommShared;
 use crate::registration::RegShared;
+use crate::sync::lock;
 use crate::{Communicator, Error, NcclType, Result};
 
 /// Buffers kept per (type, length): enough for a few in flight at once.

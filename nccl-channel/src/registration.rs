@@ -20,6 +20,7 @@ use cuda_hal::{Dependency, DeviceSlice, KeepAlive, Stream, StreamLog};
 use nccl_sys::ncclWindow_t;
 
 use crate::comm::CommShared;
+use crate::sync::lock;
 use crate::{Communicator, Error, Result};
 
 /// Flags of a window (`NCCL_WIN_*`), combined with `|`.
@@ -84,7 +85,7 @@ impl RegShared {
     }
 
     fn note(&self, stream: &Stream) {
-        if let Some(p) = &*crate::comm::lock(&self.pending) {
+        if let Some(p) = &*lock(&self.pending) {
             p.uses.note(stream);
         }
     }
@@ -107,7 +108,7 @@ impl Drop for RegShared {
     /// cannot upgrade it: `Registry::used` then waits for the removal and finds the
     /// queued release instead.
     fn drop(&mut self) {
-        if let Some(p) = crate::comm::lock(&self.pending).take() {
+        if let Some(p) = lock(&self.pending).take() {
             let range = self.comm.registry.range_of(self);
             self.comm
                 .defer_release(p, range.unwrap_or_else(|| pages(self.start, self.bytes)));
@@ -127,19 +128,19 @@ pub(crate) struct Queued {
 
 impl Queued {
     fn note(&self, stream: &Stream) {
-        if let Some(p) = &*crate::comm::lock(&self.pending) {
+        if let Some(p) = &*lock(&self.pending) {
             p.uses.note(stream);
         }
     }
 
     /// The release, taken out (the caller releases it or puts it back).
     pub(crate) fn take(&self) -> Option<Pending> {
-        crate::comm::lock(&self.pending).take()
+        lock(&self.pending).take()
     }
 
     /// A release that failed and is tried again later.
     pub(crate) fn put_back(&self, p: Pending) {
-        *crate::comm::lock(&self.pending) = Some(p);
+        *lock(&self.pending) = Some(p);
     }
 }
 
@@ -264,7 +265,7 @@ impl Registry {
         if !self.has_deferred() {
             return;
         }
-        let queued: Vec<Arc<Queued>> = crate::comm::lock(&self.deferred)
+        let queued: Vec<Arc<Queued>> = lock(&self.deferred)
             .iter()
             .filter(|q| ptr < q.range.1 && q.range.0 < end)
             .cloned()
@@ -302,7 +303,7 @@ impl Registry {
 
     /// Queues a release again (it failed, or is not due yet).
     pub(crate) fn requeue(&self, q: Arc<Queued>) {
-        crate::comm::lock(&self.deferred).push(q);
+        lock(&self.deferred).push(q);
         self.has_deferred.store(true, Ordering::Release);
     }
 
@@ -315,7 +316,7 @@ impl Registry {
     /// Takes the queued releases that nothing else holds (a graph or an open group that
     /// holds one may still launch work on it: it stays queued, and in view).
     pub(crate) fn take_deferred(&self) -> Vec<Arc<Queued>> {
-        let mut d = crate::comm::lock(&self.deferred);
+        let mut d = lock(&self.deferred);
         let (due, held): (Vec<_>, Vec<_>) = std::mem::take(&mut *d)
             .into_iter()
             .partition(|q| Arc::strong_count(q) == 1);
@@ -649,12 +650,12 @@ impl Communicator {
         // handed out is released: so must its memory stay.
         let held: Vec<KeepAlive> = same
             .iter()
-            .flat_map(|r| match &*crate::comm::lock(&r.pending) {
+            .flat_map(|r| match &*lock(&r.pending) {
                 Some(p) => p.memory.clone(),
                 None => Vec::new(),
             })
             .collect();
-        if let Some(p) = &mut *crate::comm::lock(&shared.pending) {
+        if let Some(p) = &mut *lock(&shared.pending) {
             p.memory.extend(held);
         }
         drop(same);
@@ -675,7 +676,7 @@ impl Communicator {
         }
         // Nobody else holds it: its drop, at the end, takes it out of the registry (no
         // collective of this communicator can run meanwhile: this is its thread).
-        let Some(p) = crate::comm::lock(&shared.pending).take() else {
+        let Some(p) = lock(&shared.pending).take() else {
             return Ok(());
         };
         self.release_pending(p).map_err(|(e, back)| {
@@ -892,7 +893,7 @@ impl Window<'_> {
     /// Whether NCCL made a window (it returns none where it has no symmetric support).
     #[must_use]
     pub fn is_active(&self) -> bool {
-        crate::comm::lock(&self.0.shared.pending)
+        lock(&self.0.shared.pending)
             .as_ref()
             .is_some_and(|p| p.handle != 0)
     }
