@@ -17,8 +17,7 @@ use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
 use crate::backoff::Backoff;
 use crate::config::CommConfig;
-use crate::pool::Pool;
-use crate::registration::{Pending, Registry};
+use crate::registered::{CommOwner, CommState, Pool, Registry, release_deferred};
 use crate::reliability::{AbortHandle, poll};
 use crate::sync::lock;
 use crate::{Error, Result, UniqueId, check};
@@ -69,19 +68,9 @@ enum Teardown {
 }
 
 impl CommShared {
-    /// A registration whose last holder let go away from the owner's thread.
-    pub(crate) fn defer_release(&self, p: Pending, range: (u64, u64)) {
-        self.registry.defer(p, range);
-    }
-
     /// Whether the handle was freed (aborted or destroyed).
-    pub(crate) fn is_dead(&self) -> bool {
+    fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
-    }
-
-    /// Whether an open group of another thread holds the handle: no call may use it here.
-    pub(crate) fn grouped_elsewhere_pub(&self) -> bool {
-        self.grouped_elsewhere()
     }
 
     /// Whether an open group still holds the handle (on any thread).
@@ -148,6 +137,17 @@ impl CommShared {
             timeout,
             &self.abort,
         )
+    }
+}
+
+// What registrations and pooled buffers hold of the communicator (from any thread).
+impl CommState for CommShared {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn is_dead(&self) -> bool {
+        CommShared::is_dead(self)
     }
 }
 
@@ -651,7 +651,7 @@ impl Communicator {
         self.shared.live_raw()
     }
 
-    /// The shared state (registrations keep it for their release).
+    /// The shared state (registrations and pooled buffers keep it).
     pub(crate) fn shared(&self) -> &Arc<CommShared> {
         &self.shared
     }
@@ -664,22 +664,6 @@ impl Communicator {
             self.abort_now();
         }
         r
-    }
-
-    /// Releases registrations whose last holder let go on another thread (their release
-    /// calls NCCL, which only this thread may do). Not inside an open group.
-    #[cold]
-    fn release_deferred(&self) {
-        if cuda_hal::DeferScope::is_open() {
-            return;
-        }
-        for q in self.shared.registry.take_deferred() {
-            let Some(p) = q.take() else { continue };
-            if let Err((_, Some(p))) = self.release_pending(p) {
-                q.put_back(p);
-                self.shared.registry.requeue(q);
-            }
-        }
     }
 
     /// The one state check: the live handle, after performing an abort requested through
@@ -695,7 +679,8 @@ impl Communicator {
             return Err(Error::Aborted);
         }
         if self.shared.registry.has_deferred() {
-            self.release_deferred();
+            // Registrations whose last holder let go on another thread.
+            release_deferred(self);
         }
         self.shared.live_raw().ok_or(Error::Aborted)
     }
@@ -863,6 +848,41 @@ impl Communicator {
         }
         drop(self.scratch.into_inner());
         self.shared.teardown(how)
+    }
+}
+
+// What registered memory does through the communicator, on its owner's thread.
+impl CommOwner for Communicator {
+    fn state(&self) -> Arc<dyn CommState> {
+        self.shared.clone()
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.shared.registry
+    }
+
+    fn nccl(&self) -> &Nccl {
+        &self.shared.nccl
+    }
+
+    fn context(&self) -> &Context {
+        &self.shared.ctx
+    }
+
+    fn live_handle(&self) -> Option<ncclComm_t> {
+        self.shared.live_raw()
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.shared.is_dead()
+    }
+
+    fn grouped_elsewhere(&self) -> bool {
+        self.shared.grouped_elsewhere()
+    }
+
+    fn check(&self, rc: ncclResult_t, call: &'static str) -> Result<()> {
+        Communicator::check(self, rc, call)
     }
 }
 

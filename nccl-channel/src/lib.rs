@@ -140,6 +140,7 @@ macro_rules! optional {
 }
 
 mod backoff;
+mod buffer;
 mod channel;
 mod collective;
 mod comm;
@@ -148,8 +149,8 @@ mod decimal;
 mod error;
 mod group;
 mod memory;
-mod pool;
 mod raw;
+mod registered;
 mod registration;
 mod reliability;
 mod rendezvous;
@@ -165,8 +166,8 @@ pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use error::{Error, IoError, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use memory::alloc_nccl;
-pub use pool::{PooledBuffer, REGISTER_FROM};
 pub use raw::RawCollectives;
+pub use registered::{PooledBuffer, REGISTER_FROM};
 pub use registration::{Registration, Window, WindowFlags};
 pub use reliability::AbortHandle;
 pub use rendezvous::{DEFAULT_TIMEOUT, PORT_BASE, PORT_SPAN, Rendezvous, RendezvousKind};
