@@ -148,6 +148,7 @@ mod config;
 mod decimal;
 mod error;
 mod group;
+mod host_port;
 mod memory;
 mod raw;
 mod registered;

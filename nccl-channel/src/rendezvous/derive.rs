@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use super::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind, hostlist, parse_host_port};
+use super::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind, hostlist};
 use crate::decimal::{parse_decimal, parse_port, parse_seconds};
+use crate::host_port::parse_host_port;
 use crate::{Error, Result, World};
 
 /// The lowest port derived from a job's id ([`Rendezvous::from_env`](super::Rendezvous::from_env)).
