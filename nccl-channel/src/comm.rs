@@ -8,16 +8,18 @@ use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::ThreadId;
+use std::time::Instant;
 
 use cuda_hal::{Context, Dependency, Device, DeviceBuffer, KeepAlive, Stream};
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
+use crate::backoff::Backoff;
 use crate::config::CommConfig;
-use crate::pool::Pool;
-use crate::registration::{Pending, Registry};
+use crate::registered::{CommOwner, CommState, Pool, Registry, release_deferred};
 use crate::reliability::{AbortHandle, poll};
+use crate::sync::lock;
 use crate::{Error, Result, UniqueId, check};
 
 /// The NCCL handle and its life: live until aborted or destroyed, exactly once, after
@@ -56,10 +58,6 @@ unsafe impl Send for CommShared {}
 // SAFETY: as above; the rest is atomics, locks and immutable data.
 unsafe impl Sync for CommShared {}
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// How a teardown releases the handle.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Teardown {
@@ -70,19 +68,9 @@ enum Teardown {
 }
 
 impl CommShared {
-    /// A registration whose last holder let go away from the owner's thread.
-    pub(crate) fn defer_release(&self, p: Pending, range: (u64, u64)) {
-        self.registry.defer(p, range);
-    }
-
     /// Whether the handle was freed (aborted or destroyed).
-    pub(crate) fn is_dead(&self) -> bool {
+    fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
-    }
-
-    /// Whether an open group of another thread holds the handle: no call may use it here.
-    pub(crate) fn grouped_elsewhere_pub(&self) -> bool {
-        self.grouped_elsewhere()
     }
 
     /// Whether an open group still holds the handle (on any thread).
@@ -149,6 +137,17 @@ impl CommShared {
             timeout,
             &self.abort,
         )
+    }
+}
+
+// What registrations and pooled buffers hold of the communicator (from any thread).
+impl CommState for CommShared {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn is_dead(&self) -> bool {
+        CommShared::is_dead(self)
     }
 }
 
@@ -658,7 +657,7 @@ impl Communicator {
         self.shared.live_raw()
     }
 
-    /// The shared state (registrations keep it for their release).
+    /// The shared state (registrations and pooled buffers keep it).
     pub(crate) fn shared(&self) -> &Arc<CommShared> {
         &self.shared
     }
@@ -671,22 +670,6 @@ impl Communicator {
             self.abort_now();
         }
         r
-    }
-
-    /// Releases registrations whose last holder let go on another thread (their release
-    /// calls NCCL, which only this thread may do). Not inside an open group.
-    #[cold]
-    fn release_deferred(&self) {
-        if cuda_hal::DeferScope::is_open() {
-            return;
-        }
-        for q in self.shared.registry.take_deferred() {
-            let Some(p) = q.take() else { continue };
-            if let Err((_, Some(p))) = self.release_pending(p) {
-                q.put_back(p);
-                self.shared.registry.requeue(q);
-            }
-        }
     }
 
     /// The one state check: the live handle, after performing an abort requested through
@@ -702,7 +685,8 @@ impl Communicator {
             return Err(Error::Aborted);
         }
         if self.shared.registry.has_deferred() {
-            self.release_deferred();
+            // Registrations whose last holder let go on another thread.
+            release_deferred(self);
         }
         self.shared.live_raw().ok_or(Error::Aborted)
     }
@@ -871,5 +855,142 @@ impl Communicator {
         }
         drop(self.scratch.into_inner());
         self.shared.teardown(how)
+    }
+}
+
+// What registered memory does through the communicator, on its owner's thread.
+impl CommOwner for Communicator {
+    fn state(&self) -> Arc<dyn CommState> {
+        self.shared.clone()
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.shared.registry
+    }
+
+    fn nccl(&self) -> &Nccl {
+        &self.shared.nccl
+    }
+
+    fn context(&self) -> &Context {
+        &self.shared.ctx
+    }
+
+    fn live_handle(&self) -> Option<ncclComm_t> {
+        self.shared.live_raw()
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.shared.is_dead()
+    }
+
+    fn grouped_elsewhere(&self) -> bool {
+        self.shared.grouped_elsewhere()
+    }
+
+    fn check(&self, rc: ncclResult_t, call: &'static str) -> Result<()> {
+        Communicator::check(self, rc, call)
+    }
+}
+
+// Deadlines and aborts, on the machinery of reliability.rs.
+impl Communicator {
+    /// A handle that aborts this communicator from another thread.
+    #[must_use]
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort_flag().clone()
+    }
+
+    /// Waits until the work enqueued on `stream` is done, checking the communicator's
+    /// asynchronous error while it waits. A failure, the deadline
+    /// ([`CommConfig::timeout`](crate::CommConfig::timeout)) or an [`AbortHandle`] aborts
+    /// the communicator and returns
+    /// an error; a dead peer thus gives an error instead of a hang. A stream of another
+    /// device or context than the communicator's is refused ([`Error::WrongDevice`],
+    /// [`Error::WrongContext`]), as the collectives refuse it.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// use cuda_mock::MockDriver;
+    /// use nccl_channel::{CommConfig, Communicator, ReduceOp, UniqueId};
+    /// use nccl_mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// // Non-blocking, with 10 s for any one wait: a dead peer is an error, not a hang.
+    /// let config = CommConfig::non_blocking(Duration::from_secs(10));
+    /// let sums = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..2)
+    ///         .map(|rank| {
+    ///             let (cuda, nccl, config) = (&cuda, &nccl, &config);
+    ///             s.spawn(move || -> nccl_channel::Result<Vec<u64>> {
+    ///                 let ctx = cuda.device(rank)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank_with(nccl, &ctx, &id, 2, rank, config)?;
+    ///                 let stream = Stream::new(&ctx)?;
+    ///                 let mut buf = DeviceBuffer::from_slice(&ctx, &[rank as u64 + 1; 3])?;
+    ///                 comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
+    ///                 comm.wait(&stream)?; // instead of stream.synchronize()
+    ///                 let sum = buf.to_vec()?;
+    ///                 comm.close()?;
+    ///                 Ok(sum)
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(sums, [[3, 3, 3], [3, 3, 3]]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait(&self, stream: &Stream) -> Result<()> {
+        let raw = self.handle()?;
+        self.same_context("Communicator::wait", "stream", stream.context())?;
+        let deadline = crate::backoff::deadline_after(self.config().get_timeout());
+        let mut backoff = Backoff::poll();
+        loop {
+            let mut e = ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator and a valid out-pointer.
+            let (rc, call) =
+                unsafe { nccl_raw_call!(self.nccl(), ncclCommGetAsyncError(raw, &mut e)) };
+            let r = check(self.nccl(), rc, call, Some(raw)).and_then(|_| match e {
+                ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
+                other => check(self.nccl(), other, "Communicator::wait", Some(raw)),
+            });
+            if let Err(err) = r {
+                self.abort_now();
+                return Err(err);
+            }
+            if e == ncclResult_t::ncclSuccess && stream.is_idle()? {
+                return Ok(());
+            }
+            if self.abort_flag().is_requested() {
+                self.abort_now();
+                return Err(Error::Aborted);
+            }
+            if Instant::now() >= deadline {
+                self.abort_now();
+                return Err(Error::Timeout {
+                    what: format!(
+                        "the stream work of rank {} (communicator aborted)",
+                        self.rank()
+                    ),
+                    after: self.config().get_timeout(),
+                });
+            }
+            std::thread::sleep(backoff.next_pause());
+        }
+    }
+
+    /// Revokes the communicator (NCCL ≥ 2.28.7): pending and later operations fail, so
+    /// every rank can leave a collective that cannot finish and then shrink or destroy.
+    #[doc(alias = "ncclCommRevoke")]
+    pub fn revoke(&self) -> Result<()> {
+        let raw = self.handle()?;
+        let (f, call) = optional!(self.nccl(), ncclCommRevoke)?;
+        // SAFETY: a live communicator; flags 0 (NCCL_REVOKE_DEFAULT).
+        let rc = unsafe { f(raw, 0) };
+        self.check(rc, call)
     }
 }

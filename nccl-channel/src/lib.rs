@@ -139,6 +139,7 @@ macro_rules! optional {
 }
 
 mod backoff;
+mod buffer;
 mod channel;
 mod collective;
 mod comm;
@@ -146,13 +147,15 @@ mod config;
 mod decimal;
 mod error;
 mod group;
+mod host_port;
 mod memory;
-mod pool;
 mod raw;
+mod registered;
 mod registration;
 mod reliability;
 mod rendezvous;
 mod split;
+mod sync;
 mod types;
 mod unique_id;
 mod world;
@@ -163,8 +166,8 @@ pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use error::{Error, IoError, ParentsProblem, Result};
 pub use group::{Group, group};
 pub use memory::alloc_nccl;
-pub use pool::{PooledBuffer, REGISTER_FROM};
 pub use raw::RawCollectives;
+pub use registered::{PooledBuffer, REGISTER_FROM};
 pub use registration::{Registration, Window, WindowFlags};
 pub use reliability::AbortHandle;
 pub use rendezvous::{DEFAULT_TIMEOUT, PORT_BASE, PORT_SPAN, Rendezvous, RendezvousKind};

@@ -4,22 +4,17 @@
 //!
 //! Both are typed so that the memory outlives its registration (the registration holds
 //! a shared owner of it, [`DeviceSlice::keep_alive`]) and the registration does not
-//! outlive its communicator (it borrows it). NCCL finds a registration by address (whole
-//! pages) when a collective is enqueued, so every collective of the communicator notes,
-//! on each registration whose pages its buffers overlap, the stream it runs on, and an
-//! open capture or group holds the registration: a registration is released only after
-//! the work that may use it is done, and never while a graph that recorded such work can
-//! still be launched.
+//! outlive its communicator (it borrows it). This is their door on the communicator: how
+//! a registration is kept, noted by collectives and released is in registered/.
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::Arc;
 
-use cuda_hal::{Dependency, DeviceSlice, KeepAlive, Stream, StreamLog};
+use cuda_hal::{DeviceSlice, KeepAlive};
 use nccl_sys::ncclWindow_t;
 
-use crate::comm::CommShared;
+use crate::registered::{Kind, RegShared, adopt, release_registration};
 use crate::{Communicator, Error, Result};
 
 /// Flags of a window (`NCCL_WIN_*`), combined with `|`.
@@ -48,280 +43,6 @@ impl std::ops::BitOr for WindowFlags {
     type Output = WindowFlags;
     fn bitor(self, rhs: WindowFlags) -> WindowFlags {
         WindowFlags(self.0 | rhs.0)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Local,
-    Window,
-}
-
-/// What a release still has to do: the NCCL handle, the memory it must outlive, and the
-/// streams whose work must be done first.
-pub(crate) struct Pending {
-    kind: Kind,
-    handle: usize,
-    /// Held, never read: the memory outlives the registration (with, for a registration
-    /// NCCL handed out again, the memory of the ones it was handed out for).
-    memory: Vec<KeepAlive>,
-    uses: StreamLog,
-}
-
-/// One registration, shared by its handle, by captures and groups whose work may use it,
-/// and (weakly) by its communicator's registry.
-pub(crate) struct RegShared {
-    comm: Arc<CommShared>,
-    start: u64,
-    bytes: usize,
-    pending: Mutex<Option<Pending>>,
-}
-
-impl RegShared {
-    /// Whether its communicator is still alive (a dead one released it).
-    pub(crate) fn is_live(&self) -> bool {
-        !self.comm.is_dead()
-    }
-
-    fn note(&self, stream: &Stream) {
-        if let Some(p) = &*crate::comm::lock(&self.pending) {
-            p.uses.note(stream);
-        }
-    }
-}
-
-impl Dependency for RegShared {
-    /// A graph launch on `stream` uses the registration again.
-    fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
-        self.note(stream);
-        Ok(())
-    }
-}
-
-impl Drop for RegShared {
-    /// The last holder was not its owner's thread (a graph or a group let go): the
-    /// communicator releases it at its owner's next call, or with itself. Queued before it
-    /// leaves the registry's list: NCCL finds it for collectives on its pages until
-    /// `ncclCommDeregister` returns, so later work must be noted on it. Between the last
-    /// strong reference's end and the removal below, a collective that meets its entry
-    /// cannot upgrade it: `Registry::used` then waits for the removal and finds the
-    /// queued release instead.
-    fn drop(&mut self) {
-        if let Some(p) = crate::comm::lock(&self.pending).take() {
-            let range = self.comm.registry.range_of(self);
-            self.comm
-                .defer_release(p, range.unwrap_or_else(|| pages(self.start, self.bytes)));
-        }
-        self.comm.registry.remove_ptr(self);
-    }
-}
-
-/// A release waiting for its owner's thread. Until `ncclCommDeregister` has returned,
-/// NCCL still matches collectives on its pages to it: the registry keeps it in view, each
-/// such collective notes its stream here (the release waits for that work too), and an
-/// open capture or group holds it (it is not released while they may launch the work).
-pub(crate) struct Queued {
-    range: (u64, u64),
-    pending: Mutex<Option<Pending>>,
-}
-
-impl Queued {
-    fn note(&self, stream: &Stream) {
-        if let Some(p) = &*crate::comm::lock(&self.pending) {
-            p.uses.note(stream);
-        }
-    }
-
-    /// The release, taken out (the caller releases it or puts it back).
-    pub(crate) fn take(&self) -> Option<Pending> {
-        crate::comm::lock(&self.pending).take()
-    }
-
-    /// A release that failed and is tried again later.
-    pub(crate) fn put_back(&self, p: Pending) {
-        *crate::comm::lock(&self.pending) = Some(p);
-    }
-}
-
-impl Dependency for Queued {
-    /// A graph launch on `stream` uses the registration again.
-    fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
-        self.note(stream);
-        Ok(())
-    }
-}
-
-/// NCCL finds a local registration for any buffer within the host pages it covers
-/// (`ncclRegFind` rounds both out to pages), and hands out an existing registration again
-/// for a range it covers. The registry tracks whole pages of the largest host page size
-/// CUDA runs with, which covers every smaller one.
-const PAGE: u64 = 64 << 10;
-
-/// The range whose collectives may use a registration of `[start, start + bytes)`.
-fn pages(start: u64, bytes: usize) -> (u64, u64) {
-    let end = start.saturating_add(bytes as u64);
-    let end = end.checked_next_multiple_of(PAGE).unwrap_or(u64::MAX);
-    (start & !(PAGE - 1), end)
-}
-
-/// One registration in the registry: the range collectives may use it for, NCCL's
-/// handle of a local registration (shared by the registrations NCCL handed out again),
-/// and the registration.
-type Entry = (u64, u64, Option<usize>, Weak<RegShared>);
-
-/// The registrations of one communicator, by address range.
-#[derive(Default)]
-pub(crate) struct Registry {
-    count: AtomicUsize,
-    list: RwLock<Vec<Entry>>,
-    /// Releases handed over by other threads, done by the owner; in view of collectives
-    /// until done.
-    deferred: Mutex<Vec<Arc<Queued>>>,
-    /// Pooled buffers that a collective may register.
-    slots: crate::pool::Slots,
-    has_deferred: AtomicBool,
-}
-
-impl Registry {
-    /// Adds `r`; `shared` is NCCL's handle of a local registration. When NCCL handed out
-    /// a live registration again, it keeps that one's range (which covers `r`'s) even
-    /// after the first holder releases it: so does the registry.
-    /// Returns the live registrations NCCL handed out as `r`.
-    fn add(&self, r: &Arc<RegShared>, shared: Option<usize>) -> Vec<Arc<RegShared>> {
-        let (mut start, mut end) = pages(r.start, r.bytes);
-        let mut same = Vec::new();
-        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
-        for (s, e, h, w) in l.iter() {
-            if shared.is_some() && *h == shared {
-                start = start.min(*s);
-                end = end.max(*e);
-                same.extend(w.upgrade());
-            }
-        }
-        l.push((start, end, shared, Arc::downgrade(r)));
-        self.count.store(l.len(), Ordering::Release);
-        // Returned, not dropped here: the last owner's drop takes the list's lock.
-        same
-    }
-
-    /// The range collectives may use `me` for, while it is in the list.
-    fn range_of(&self, me: *const RegShared) -> Option<(u64, u64)> {
-        let l = self.list.read().unwrap_or_else(|e| e.into_inner());
-        l.iter()
-            .find(|(_, _, _, w)| w.as_ptr() == me)
-            .map(|(s, e, _, _)| (*s, *e))
-    }
-
-    fn remove_ptr(&self, me: *const RegShared) {
-        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
-        l.retain(|(_, _, _, w)| w.as_ptr() != me);
-        self.count.store(l.len(), Ordering::Release);
-    }
-
-    /// Work on `stream` touches `[ptr, ptr + bytes)`: every registration it overlaps
-    /// notes the stream, and an open capture or group holds it.
-    #[inline]
-    pub(crate) fn used(&self, ptr: u64, bytes: usize, stream: &Stream) {
-        if bytes == 0 || (self.count.load(Ordering::Acquire) == 0 && !self.has_deferred()) {
-            return;
-        }
-        self.used_slow(ptr, bytes, stream);
-    }
-
-    #[cold]
-    fn used_slow(&self, ptr: u64, bytes: usize, stream: &Stream) {
-        let end = ptr.saturating_add(bytes as u64);
-        // Collected first: the last owner of one may let go meanwhile (a pooled buffer
-        // dropped on another thread), and its drop takes the list's write lock.
-        let hits: Vec<Arc<RegShared>> = loop {
-            let (hits, dying) = {
-                let l = self.list.read().unwrap_or_else(|e| e.into_inner());
-                let mut dying = false;
-                let hits: Vec<_> = l
-                    .iter()
-                    .filter(|(s, e, _, _)| ptr < *e && *s < end)
-                    .filter_map(|(_, _, _, w)| {
-                        let r = w.upgrade();
-                        dying |= r.is_none();
-                        r
-                    })
-                    .collect();
-                (hits, dying)
-            };
-            if !dying {
-                break hits;
-            }
-            // Its last holder is dropping it on another thread: its release is queued
-            // (below) before it leaves the list. Until then it is in neither place, yet
-            // NCCL still has it: wait for it to move, then look again.
-            drop(hits);
-            std::thread::yield_now();
-        };
-        for r in hits {
-            r.note(stream);
-            stream.hold(|| KeepAlive::new(r.clone()));
-        }
-        if !self.has_deferred() {
-            return;
-        }
-        let queued: Vec<Arc<Queued>> = crate::comm::lock(&self.deferred)
-            .iter()
-            .filter(|q| ptr < q.range.1 && q.range.0 < end)
-            .cloned()
-            .collect();
-        for q in queued {
-            q.note(stream);
-            stream.hold(|| KeepAlive::new(q.clone()));
-        }
-    }
-
-    pub(crate) fn add_slot(&self, s: &Arc<crate::pool::Slot>) {
-        self.slots.add(s);
-    }
-
-    pub(crate) fn forget_slot(&self, s: *const crate::pool::Slot) {
-        self.slots.forget(s);
-    }
-
-    #[inline]
-    pub(crate) fn has_slots(&self) -> bool {
-        self.slots.any()
-    }
-
-    pub(crate) fn slot_of(&self, ptr: u64, bytes: usize) -> Option<Arc<crate::pool::Slot>> {
-        self.slots.find(ptr, bytes)
-    }
-
-    /// Queues the release of a registration of `range` (see [`Queued`]).
-    pub(crate) fn defer(&self, p: Pending, range: (u64, u64)) {
-        self.requeue(Arc::new(Queued {
-            range,
-            pending: Mutex::new(Some(p)),
-        }));
-    }
-
-    /// Queues a release again (it failed, or is not due yet).
-    pub(crate) fn requeue(&self, q: Arc<Queued>) {
-        crate::comm::lock(&self.deferred).push(q);
-        self.has_deferred.store(true, Ordering::Release);
-    }
-
-    /// Whether releases wait for the owner.
-    #[inline]
-    pub(crate) fn has_deferred(&self) -> bool {
-        self.has_deferred.load(Ordering::Acquire)
-    }
-
-    /// Takes the queued releases that nothing else holds (a graph or an open group that
-    /// holds one may still launch work on it: it stays queued, and in view).
-    pub(crate) fn take_deferred(&self) -> Vec<Arc<Queued>> {
-        let mut d = crate::comm::lock(&self.deferred);
-        let (due, held): (Vec<_>, Vec<_>) = std::mem::take(&mut *d)
-            .into_iter()
-            .partition(|q| Arc::strong_count(q) == 1);
-        *d = held;
-        self.has_deferred.store(!d.is_empty(), Ordering::Release);
-        due
     }
 }
 
@@ -634,122 +355,10 @@ impl Communicator {
         bytes: usize,
         memory: KeepAlive,
     ) -> Registration<'_> {
-        let shared = Arc::new(RegShared {
-            comm: self.shared().clone(),
-            start,
-            bytes,
-            pending: Mutex::new(Some(Pending {
-                kind,
-                handle,
-                memory: vec![memory],
-                uses: StreamLog::new(),
-            })),
-        });
-        let nccl_shared = (kind == Kind::Local && handle != 0).then_some(handle);
-        let same = self.shared().registry.add(&shared, nccl_shared);
-        // NCCL keeps the first registration's memory registered until the last one it
-        // handed out is released: so must its memory stay.
-        let held: Vec<KeepAlive> = same
-            .iter()
-            .flat_map(|r| match &*crate::comm::lock(&r.pending) {
-                Some(p) => p.memory.clone(),
-                None => Vec::new(),
-            })
-            .collect();
-        if let Some(p) = &mut *crate::comm::lock(&shared.pending) {
-            p.memory.extend(held);
-        }
-        drop(same);
         Registration {
-            shared: ManuallyDrop::new(shared),
+            shared: ManuallyDrop::new(adopt(self, kind, handle, start, bytes, memory)),
             comm: self,
         }
-    }
-
-    /// Releases a registration now when nothing but its handle holds it: after the work
-    /// that used it, through NCCL (unless the communicator is gone, which released it).
-    pub(crate) fn release_registration(&self, shared: Arc<RegShared>) -> Result<()> {
-        if Arc::strong_count(&shared) > 1 {
-            // A graph or an open group holds it: released when they let go. Until then
-            // NCCL still resolves it for any collective on its memory, so it stays in the
-            // registry (its drop removes it) and later work is noted on it too.
-            return Ok(());
-        }
-        // Nobody else holds it: its drop, at the end, takes it out of the registry (no
-        // collective of this communicator can run meanwhile: this is its thread).
-        let Some(p) = crate::comm::lock(&shared.pending).take() else {
-            return Ok(());
-        };
-        self.release_pending(p).map_err(|(e, back)| {
-            if let Some(p) = back {
-                // Not released yet: the communicator tries again later (or goes first).
-                let range = self.shared().registry.range_of(&*shared);
-                let range = range.unwrap_or_else(|| pages(shared.start, shared.bytes));
-                self.shared().registry.defer(p, range);
-            }
-            e
-        })
-    }
-
-    /// Releases one registration on the owner's thread. On failure: the error, and the
-    /// registration back when trying again later makes sense (`None`: NCCL refused the
-    /// release, so it keeps the memory, which is leaked, unless the communicator was
-    /// aborted for it, which released the registration).
-    #[allow(clippy::result_large_err)] // cold path; the pending release must come back
-    pub(crate) fn release_pending(
-        &self,
-        p: Pending,
-    ) -> std::result::Result<(), (Error, Option<Pending>)> {
-        if self.is_aborted() {
-            // NCCL released it with the communicator; the memory may go.
-            return Ok(());
-        }
-        if self.shared().grouped_elsewhere_pub() {
-            // Another thread's open group holds the handle (NCCL allows one thread at a
-            // time): released by the owner's first call after that group.
-            let e = Error::GroupedElsewhere {
-                what: "Communicator",
-            };
-            return Err((e, Some(p)));
-        }
-        if let Err(e) = p.uses.synchronize() {
-            return Err((e.into(), Some(p)));
-        }
-        let Some(raw) = self.live_handle() else {
-            return Ok(());
-        };
-        if p.handle == 0 {
-            // A window NCCL declined: nothing to release.
-            return Ok(());
-        }
-        let _g = match self.context().bind() {
-            Ok(g) => g,
-            Err(e) => return Err((e.into(), Some(p))),
-        };
-        let handle: *mut c_void = std::ptr::with_exposed_provenance_mut(p.handle);
-        let (rc, call) = match p.kind {
-            Kind::Local => match self.nccl().fns().ncclCommDeregister {
-                // SAFETY: a handle from ncclCommRegister on this live communicator,
-                // released once (taken out of its `pending`), after the work that used it.
-                Some(f) => (unsafe { f(raw, handle) }, "ncclCommDeregister"),
-                None => return Ok(()),
-            },
-            Kind::Window => match self.nccl().fns().ncclCommWindowDeregister {
-                // SAFETY: a window of this live communicator, released once, after the
-                // work that used it.
-                Some(f) => (unsafe { f(raw, handle.cast()) }, "ncclCommWindowDeregister"),
-                None => return Ok(()),
-            },
-        };
-        self.check(rc, call).map_err(|e| {
-            if !self.is_aborted() {
-                // NCCL may still hold the memory: never free it.
-                std::mem::forget(p);
-            }
-            // Otherwise the abort that followed released it with the communicator: the
-            // memory may go (after its own work, as always).
-            (e, None)
-        })
     }
 }
 
@@ -794,8 +403,8 @@ static_assertions::assert_impl_all!(WindowFlags: Send, Sync, Copy, std::fmt::Deb
 impl std::fmt::Debug for Registration<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration")
-            .field("ptr", &format_args!("{:#x}", self.shared.start))
-            .field("bytes", &self.shared.bytes)
+            .field("ptr", &format_args!("{:#x}", self.shared.start()))
+            .field("bytes", &self.shared.bytes())
             .field("rank", &self.comm.rank())
             .finish()
     }
@@ -805,20 +414,20 @@ impl Registration<'_> {
     /// The registered address.
     #[must_use]
     pub fn device_ptr(&self) -> u64 {
-        self.shared.start
+        self.shared.start()
     }
 
     /// The registered size in bytes.
     #[must_use]
     pub fn size_bytes(&self) -> usize {
-        self.shared.bytes
+        self.shared.bytes()
     }
 
     /// Releases it now, reporting errors a drop would swallow (including a wait that a
     /// capture in progress refuses: it is then released later).
     pub fn deregister(self) -> Result<()> {
         let comm = self.comm;
-        comm.release_registration(self.into_shared())
+        release_registration(comm, self.into_shared())
     }
 
     /// The shared registration, without releasing it.
@@ -833,7 +442,7 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         // SAFETY: the one take of `shared` (`into_shared` does not run this drop).
         let shared = unsafe { ManuallyDrop::take(&mut self.shared) };
-        let _ = self.comm.release_registration(shared);
+        let _ = release_registration(self.comm, shared);
     }
 }
 
@@ -885,8 +494,8 @@ pub struct Window<'c>(Registration<'c>);
 impl std::fmt::Debug for Window<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Window")
-            .field("ptr", &format_args!("{:#x}", self.0.shared.start))
-            .field("bytes", &self.0.shared.bytes)
+            .field("ptr", &format_args!("{:#x}", self.0.shared.start()))
+            .field("bytes", &self.0.shared.bytes())
             .field("active", &self.is_active())
             .finish()
     }
@@ -896,9 +505,7 @@ impl Window<'_> {
     /// Whether NCCL made a window (it returns none where it has no symmetric support).
     #[must_use]
     pub fn is_active(&self) -> bool {
-        crate::comm::lock(&self.0.shared.pending)
-            .as_ref()
-            .is_some_and(|p| p.handle != 0)
+        self.0.shared.is_active()
     }
 
     /// The registered address.

@@ -147,70 +147,129 @@ fn make_children(
     plan: Plan<'_>,
     issue: &mut dyn FnMut(usize, ncclComm_t, *mut ncclComm_t) -> ncclResult_t,
 ) -> Result<Vec<Option<Communicator>>> {
-    let Plan {
-        call,
-        grouped,
-        expect,
-        config,
-    } = plan;
-    let Some(first) = parents.first() else {
+    let Some(mut making) = Making::start(parents, plan)? else {
         return Ok(Vec::new());
     };
-    let nccl: &Nccl = first.nccl();
-    // Every context must be usable before the first split is issued: a failure between
-    // the splits of one group would leave the issued ones waiting for ranks that never
-    // come (a hang with blocking parents).
-    for p in parents {
-        drop(p.context().bind()?);
-    }
+    // A local of this function, lent to the phases, never moved into `Making`: NCCL may
+    // write it from the first issue on, and only here, once every wait is over, is it
+    // decided whether it may ever be freed.
     let slots = Slots::new(parents.len());
-    if grouped {
-        // SAFETY: no preconditions; ended below on every path.
-        unsafe { nccl_call!(nccl, ncclGroupStart()) }?;
+    making.issue(&slots, issue)?;
+    making.wait_parents();
+    making.wait_slots(&slots);
+    // NCCL writes no more: every split completed, or its parent was aborted; except where
+    // a wait left it unsettled, or a child is missing (its split has not completed).
+    let raws = slots.take();
+    let missing = making.find_missing(&raws);
+    if making.unsettled || missing {
+        // NCCL may still write them: they must outlive it.
+        std::mem::forget(slots);
     }
-    let mut error: Option<Error> = None;
-    let mut status = ncclResult_t::ncclSuccess;
-    let mut issued = vec![false; parents.len()];
-    for (i, p) in parents.iter().enumerate() {
-        let raw = p.as_raw();
-        // NCCL sets the parent's device itself; binding (checked above) is for the mock
-        // and for tidiness.
-        let _bound = p.context().bind().ok();
-        match issue(i, raw, slots.out(i)) {
-            ncclResult_t::ncclSuccess => issued[i] = true,
-            ncclResult_t::ncclInProgress => {
-                (status, issued[i]) = (ncclResult_t::ncclInProgress, true)
-            }
-            rc => {
-                error = check(nccl, rc, call, Some(raw)).err();
-                break;
-            }
-        }
+    match making.error.take() {
+        Some(e) => Err(making.unwind(raws, e)),
+        None => making.adopt(raws),
     }
-    let mut group_failed = false;
-    if grouped {
-        // SAFETY: ends the group started above.
-        let (rc, end) = unsafe { nccl_raw_call!(nccl, ncclGroupEnd()) };
-        status = rc;
-        if rc != ncclResult_t::ncclInProgress
-            && let Err(e) = check(nccl, rc, end, None)
-        {
-            // The group ran none of its splits: NCCL writes no slot.
-            group_failed = true;
-            error.get_or_insert(e);
-        }
-    }
-    // Non-blocking parents complete their splits in the background: wait for each, within
-    // its deadline; a failed wait aborts that parent, which stops (joins) its split.
-    let mut unsettled = false;
-    if status == ncclResult_t::ncclInProgress {
-        let start = Instant::now();
+}
+
+/// One run of [`make_children`], phase by phase: what the parents' splits have come to.
+struct Making<'a> {
+    parents: &'a [&'a Communicator],
+    plan: Plan<'a>,
+    nccl: &'a Nccl,
+    /// Which parents' splits NCCL took: it may write their slots.
+    issued: Vec<bool>,
+    /// `ncclInProgress` while splits complete in the background.
+    status: ncclResult_t,
+    /// The group ran none of its splits: NCCL writes no slot.
+    group_failed: bool,
+    /// NCCL may still write a slot after the waits.
+    unsettled: bool,
+    /// The first failure; the later phases still run, so that NCCL is left nothing to
+    /// write.
+    error: Option<Error>,
+}
+
+impl<'a> Making<'a> {
+    /// Every context must be usable before the first split is issued: a failure between
+    /// the splits of one group would leave the issued ones waiting for ranks that never
+    /// come (a hang with blocking parents). `None` without parents.
+    fn start(parents: &'a [&'a Communicator], plan: Plan<'a>) -> Result<Option<Making<'a>>> {
+        let Some(first) = parents.first() else {
+            return Ok(None);
+        };
         for p in parents {
+            drop(p.context().bind()?);
+        }
+        Ok(Some(Making {
+            parents,
+            plan,
+            nccl: first.nccl(),
+            issued: vec![false; parents.len()],
+            status: ncclResult_t::ncclSuccess,
+            group_failed: false,
+            unsettled: false,
+            error: None,
+        }))
+    }
+
+    /// One split per parent, up to the first that NCCL refuses; in one group of their own
+    /// when planned (one thread splitting several ranks, whose splits wait for each
+    /// other). From here on NCCL may write the slots of those it took.
+    fn issue(
+        &mut self,
+        slots: &Slots,
+        issue: &mut dyn FnMut(usize, ncclComm_t, *mut ncclComm_t) -> ncclResult_t,
+    ) -> Result<()> {
+        let nccl = self.nccl;
+        if self.plan.grouped {
+            // SAFETY: no preconditions; ended below on every path.
+            unsafe { nccl_call!(nccl, ncclGroupStart()) }?;
+        }
+        for (i, p) in self.parents.iter().enumerate() {
+            let raw = p.as_raw();
+            // NCCL sets the parent's device itself; binding (checked in `start`) is for
+            // the mock and for tidiness.
+            let _bound = p.context().bind().ok();
+            match issue(i, raw, slots.out(i)) {
+                ncclResult_t::ncclSuccess => self.issued[i] = true,
+                ncclResult_t::ncclInProgress => {
+                    (self.status, self.issued[i]) = (ncclResult_t::ncclInProgress, true)
+                }
+                rc => {
+                    self.error = check(nccl, rc, self.plan.call, Some(raw)).err();
+                    break;
+                }
+            }
+        }
+        if self.plan.grouped {
+            // SAFETY: ends the group started above.
+            let (rc, end) = unsafe { nccl_raw_call!(nccl, ncclGroupEnd()) };
+            self.status = rc;
+            if rc != ncclResult_t::ncclInProgress
+                && let Err(e) = check(nccl, rc, end, None)
+            {
+                // The group ran none of its splits: NCCL writes no slot.
+                self.group_failed = true;
+                self.error.get_or_insert(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Non-blocking parents complete their splits in the background: wait for each,
+    /// within its deadline; a failed wait aborts that parent, which stops (joins) its
+    /// split.
+    fn wait_parents(&mut self) {
+        if self.status != ncclResult_t::ncclInProgress {
+            return;
+        }
+        let start = Instant::now();
+        for p in self.parents {
             let timeout = p.config().get_timeout();
             let r = poll(
-                nccl,
+                self.nccl,
                 p.as_raw(),
-                call,
+                self.plan.call,
                 crate::backoff::deadline_from(start, timeout),
                 timeout,
                 p.abort_flag(),
@@ -219,26 +278,32 @@ fn make_children(
                 p.abort_now();
                 // Not aborted only while a group of another thread holds it (through a
                 // `keep_alive`): then NCCL may still write, and the slots must outlive it.
-                unsettled |= !p.is_aborted();
-                error.get_or_insert(e);
+                self.unsettled |= !p.is_aborted();
+                self.error.get_or_insert(e);
             }
         }
     }
-    // NCCL's background job stores each new communicator as its last step, and a
-    // parent's state can read "success" before that store (seen through this crate with
-    // NCCL 2.28 for splits outside a group, one rank per thread; not reproduced by a C
-    // probe): wait for the slots themselves, within the deadlines, also when another
-    // parent failed, so that nothing is stored after the slots are gone. A parent whose
-    // wait fails is aborted (which joins its split). A NOCOLOR rank's job stores NULL,
-    // which cannot be told from "not yet": its slot is left to NCCL (never freed).
-    if !group_failed {
+
+    /// A parent can read "done" before NCCL has stored its child: wait for the slots
+    /// themselves, so that nothing is stored after they are gone.
+    fn wait_slots(&mut self, slots: &Slots) {
+        if self.group_failed {
+            return;
+        }
+        // NCCL's background job stores each new communicator as its last step, and a
+        // parent's state can read "success" before that store (seen through this crate
+        // with NCCL 2.28 for splits outside a group, one rank per thread; not reproduced
+        // by a C probe): wait for the slots themselves, within the deadlines, also when
+        // another parent failed. A parent whose wait fails is aborted (which joins its
+        // split). A NOCOLOR rank's job stores NULL, which cannot be told from "not yet":
+        // its slot is left to NCCL (never freed).
         let start = Instant::now();
-        for (i, p) in parents.iter().enumerate() {
-            if !issued[i] || p.config().is_blocking() || p.is_aborted() {
+        for (i, p) in self.parents.iter().enumerate() {
+            if !self.issued[i] || p.config().is_blocking() || p.is_aborted() {
                 continue;
             }
-            if !expect.get(i).copied().unwrap_or(false) {
-                unsettled = true;
+            if !self.plan.expect.get(i).copied().unwrap_or(false) {
+                self.unsettled = true;
                 continue;
             }
             let timeout = p.config().get_timeout();
@@ -248,9 +313,9 @@ fn make_children(
                     || p.abort_flag().is_requested()
                 {
                     p.abort_now();
-                    unsettled |= !p.is_aborted();
-                    error.get_or_insert(Error::Timeout {
-                        what: call.to_string(),
+                    self.unsettled |= !p.is_aborted();
+                    self.error.get_or_insert(Error::Timeout {
+                        what: self.plan.call.to_string(),
                         after: timeout,
                     });
                     break;
@@ -259,88 +324,86 @@ fn make_children(
             }
         }
     }
-    // NCCL writes no more: every split completed, or its parent was aborted.
-    let raws = slots.take();
-    let missing = error.is_none()
-        && raws
-            .iter()
-            .zip(expect)
-            .zip(&issued)
-            .any(|((raw, &expected), &issued)| issued && expected && raw.is_null());
-    if unsettled || missing {
-        // NCCL may still write them: they must outlive it.
-        std::mem::forget(slots);
+
+    /// Whether a split NCCL took and that should give a child gave none, with nothing
+    /// failed to explain it: then the error says why. A group opened through the raw
+    /// table on this thread defers the split past our group's end, so it has not
+    /// completed.
+    fn find_missing(&mut self, raws: &[ncclComm_t]) -> bool {
+        let missing = self.error.is_none()
+            && raws
+                .iter()
+                .zip(self.plan.expect)
+                .zip(&self.issued)
+                .any(|((raw, &expected), &issued)| issued && expected && raw.is_null());
+        if missing {
+            self.error = Some(Error::InvalidArgument {
+                what: self.plan.call,
+                problem: "NCCL gave no new communicator after the group ended; is an NCCL \
+                          group opened through the raw table still open on this thread?"
+                    .into(),
+            });
+        }
+        missing
     }
-    if missing {
-        // A group opened through the raw table on this thread defers the split past our
-        // group's end, so it has not completed.
-        error = Some(Error::InvalidArgument {
-            what: call,
-            problem: "NCCL gave no new communicator after the group ended; is an NCCL \
-                      group opened through the raw table still open on this thread?"
-                .into(),
-        });
-    }
-    if let Some(e) = error {
-        abort_all(nccl, raws);
+
+    /// After a failure no child is handed out: those NCCL made are aborted (nobody will
+    /// own them), and so are the parents unless NCCL leaves them usable after `e`.
+    fn unwind(&self, raws: Vec<ncclComm_t>, e: Error) -> Error {
+        abort_all(self.nccl, raws);
         if !survivable(&e) {
-            for p in parents {
+            for p in self.parents {
                 p.abort_now();
             }
         }
-        return Err(e);
+        e
     }
-    adopt_children(parents, raws, call, config)
-}
 
-/// Takes ownership of the children: each is polled to readiness (non-blocking) within its
-/// parent's deadline, then adopted with `config`, or its parent's configuration. On
-/// failure the children taken so far are dropped and the rest aborted.
-fn adopt_children(
-    parents: &[&Communicator],
-    raws: Vec<ncclComm_t>,
-    call: &'static str,
-    config: Option<&CommConfig>,
-) -> Result<Vec<Option<Communicator>>> {
-    let mut out = Vec::with_capacity(raws.len());
-    let mut rest = raws.into_iter();
-    for p in parents {
-        let Some(raw) = rest.next() else { break };
-        if raw.is_null() {
-            out.push(None);
-            continue;
-        }
-        let nccl = p.nccl();
-        let c = config.unwrap_or(p.config()).clone();
-        let ready = if c.is_blocking() {
-            Ok(())
-        } else {
-            let timeout = c.get_timeout();
-            poll(
-                nccl,
-                raw,
-                call,
-                crate::backoff::deadline_after(timeout),
-                timeout,
-                p.abort_flag(),
-            )
-        };
-        if let Err(e) = ready {
-            abort_all(nccl, std::iter::once(raw).chain(rest));
-            return Err(e);
-        }
-        // SAFETY: NCCL made `raw` for this parent's device and handed it over, and it is
-        // initialised (the split completed and the child is ready); owned here. On error
-        // `adopt` releases it.
-        match unsafe { Communicator::adopt(nccl, p.context(), raw, c) } {
-            Ok(child) => out.push(Some(child)),
-            Err(e) => {
-                abort_all(nccl, rest);
+    /// Takes ownership of the children: each is polled to readiness (non-blocking)
+    /// within its parent's deadline, then adopted with the plan's configuration, or its
+    /// parent's. On failure the children taken so far are dropped and the rest aborted.
+    fn adopt(&self, raws: Vec<ncclComm_t>) -> Result<Vec<Option<Communicator>>> {
+        let call = self.plan.call;
+        let mut out = Vec::with_capacity(raws.len());
+        let mut rest = raws.into_iter();
+        for p in self.parents {
+            let Some(raw) = rest.next() else { break };
+            if raw.is_null() {
+                out.push(None);
+                continue;
+            }
+            let nccl = p.nccl();
+            let c = self.plan.config.unwrap_or(p.config()).clone();
+            let ready = if c.is_blocking() {
+                Ok(())
+            } else {
+                let timeout = c.get_timeout();
+                poll(
+                    nccl,
+                    raw,
+                    call,
+                    crate::backoff::deadline_after(timeout),
+                    timeout,
+                    p.abort_flag(),
+                )
+            };
+            if let Err(e) = ready {
+                abort_all(nccl, std::iter::once(raw).chain(rest));
                 return Err(e);
             }
+            // SAFETY: NCCL made `raw` for this parent's device and handed it over, and it
+            // is initialised (the split completed and the child is ready); owned here. On
+            // error `Communicator::adopt` releases it.
+            match unsafe { Communicator::adopt(nccl, p.context(), raw, c) } {
+                Ok(child) => out.push(Some(child)),
+                Err(e) => {
+                    abort_all(nccl, rest);
+                    return Err(e);
+                }
+            }
         }
+        Ok(out)
     }
-    Ok(out)
 }
 
 impl Communicator {

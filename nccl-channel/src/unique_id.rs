@@ -112,7 +112,7 @@ impl UniqueId {
                     .into(),
             });
         }
-        if let Err(problem) = crate::rendezvous::check_host_port(&comm_id) {
+        if let Err(problem) = crate::host_port::check_host_port(&comm_id) {
             return Err(Error::Env {
                 variable: "NCCL_COMM_ID".into(),
                 value: comm_id,

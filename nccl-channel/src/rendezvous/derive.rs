@@ -1,13 +1,15 @@
 //! The rendezvous address from the launcher's environment: the rule of
-//! [`Rendezvous::from_lookup`](super::Rendezvous::from_lookup).
+//! [`Rendezvous::from_lookup`](crate::Rendezvous::from_lookup).
 
 use std::time::Duration;
 
-use super::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind, hostlist, parse_host_port};
+use super::hostlist;
+use super::point::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
 use crate::decimal::{parse_decimal, parse_port, parse_seconds};
+use crate::host_port::parse_host_port;
 use crate::{Error, Result, World};
 
-/// The lowest port derived from a job's id ([`Rendezvous::from_env`](super::Rendezvous::from_env)).
+/// The lowest port derived from a job's id ([`Rendezvous::from_env`](crate::Rendezvous::from_env)).
 pub const PORT_BASE: u16 = 20000;
 
 /// How many ports derivation spreads jobs over, from [`PORT_BASE`]: 20000–31999, below

@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::Rendezvous;
 use super::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
+use super::point::Rendezvous;
 use crate::decimal::parse_decimal;
 use crate::{Result, UniqueId};
 

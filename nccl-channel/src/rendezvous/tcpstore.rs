@@ -58,8 +58,8 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::Rendezvous;
 use super::net::{self, STEP, describe, step_until, time_for_attempt};
+use super::point::Rendezvous;
 use crate::decimal::parse_decimal;
 use crate::{Result, UniqueId};
 

@@ -1,0 +1,162 @@
+//! [`Communicator::buffer`]: pooled NCCL memory that registers itself for the
+//! collectives that gain from it, the default that needs no thought. The pool and its
+//! policy (which collectives, from what size) are in registered/pool.rs; this is its door
+//! on the communicator.
+
+use std::sync::Arc;
+
+use cuda_hal::DeviceBuffer;
+
+use crate::registered::{CommState, PooledBuffer, REGISTER_FROM, Slot, gains};
+use crate::{Communicator, Error, NcclType, Result};
+
+impl Communicator {
+    /// A buffer of `len` elements from this communicator's pool of NCCL memory, which
+    /// registers itself the first time a collective that gains from registration uses it
+    /// (see [`REGISTER_FROM`] and the table in BENCHMARKS.md): the default, as fast as
+    /// plain memory or faster, except a buffer that an all-gather registered and that is
+    /// then broadcast (registered broadcasts are slower: give them their own buffer). Its
+    /// contents are whatever the last user left (like [`DeviceBuffer::alloc`]). On drop
+    /// it returns to the pool if nothing else holds it then (no graph, open group or
+    /// registration of yours; otherwise it is released like any buffer, after them), up
+    /// to 8 buffers of one type and length; [`trim_pool`](Self::trim_pool) releases what
+    /// the pool keeps. Plain memory where the loaded NCCL has no NCCL memory (< 2.19).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::Cuda;
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
+    /// use nccl_channel::{Communicator, ReduceOp};
+    /// # let (cuda, world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
+    /// # let (nccl, _) = MockNccl::new(&world).build()?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
+    /// let stream = cuda_hal::Stream::new(&ctx)?;
+    /// for step in 0..3 {
+    ///     let mut grads = comm.buffer::<f32>(256)?; // the same memory every step
+    ///     grads.fill(step as f32)?;
+    ///     comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
+    /// }
+    /// assert_eq!(comm.pooled_buffers(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn buffer<T: NcclType>(&self, len: usize) -> Result<PooledBuffer<'_, T>> {
+        if let Some(b) = self.pool.reuse(self, len) {
+            return Ok(b);
+        }
+        let (buf, can_register) = match self.alloc_nccl::<T>(len) {
+            Ok(b) => (b, self.nccl().fns().ncclCommRegister.is_some()),
+            Err(Error::Unsupported { .. }) => (DeviceBuffer::alloc(self.context(), len)?, false),
+            Err(e) => return Err(e),
+        };
+        let state: Arc<dyn CommState> = self.shared().clone();
+        Ok(self.pool.lend_new(state, buf, can_register))
+    }
+
+    /// A collective `what` is about to use `[ptr, ptr + bytes)`: a pooled buffer that
+    /// holds it and is not registered yet is registered now if the collective gains from
+    /// it. Inside a group too: NCCL looks registrations up when the group ends.
+    ///
+    /// Returns the slot registered, which the caller keeps until the work's use of the
+    /// memory is noted ([`Registry::used`](crate::registered::Registry::used)): the
+    /// slot holds the new registration, and its pooled buffer may drop on another thread
+    /// meanwhile (when the memory was swapped out of it), which would release the
+    /// registration before NCCL's use of it is known. An error only when the attempt
+    /// left the communicator aborted (a failure NCCL cannot recover from, or an abort
+    /// asked for through an [`AbortHandle`](crate::AbortHandle) meanwhile): the
+    /// collective must not be issued then.
+    #[inline]
+    pub(crate) fn register_pooled(
+        &self,
+        what: &str,
+        ptr: u64,
+        bytes: usize,
+    ) -> Result<Option<Arc<Slot>>> {
+        if bytes >= REGISTER_FROM && gains(what) && self.shared().registry.has_slots() {
+            self.register_pooled_slow(ptr, bytes)
+        } else {
+            Ok(None)
+        }
+    }
+
+    #[cold]
+    fn register_pooled_slow(&self, ptr: u64, bytes: usize) -> Result<Option<Arc<Slot>>> {
+        let Some(slot) = self.shared().registry.slot_of(ptr, bytes) else {
+            return Ok(None);
+        };
+        if !slot.may_register() {
+            return Ok(None);
+        }
+        // Not under the slot's lock: the registration may first release others (the
+        // owner's deferred releases), whose memory owners may run any code, e.g. wait
+        // for a thread that drops a pooled buffer of this slot, which takes the lock.
+        // Only this communicator's owner registers the slot, so nobody else changes it.
+        let (start, len, memory) = slot.target();
+        let (reg, failed) = match self.register_range(start, len, memory) {
+            Ok(r) => (Some(r.into_shared()), None),
+            Err(e) => (None, Some(e)),
+        };
+        slot.settle(reg);
+        self.shared().registry.forget_slot(Arc::as_ptr(&slot));
+        match failed {
+            Some(e) if self.is_aborted() => Err(e),
+            _ => Ok(Some(slot)),
+        }
+    }
+
+    /// How many free buffers the pool keeps.
+    pub fn pooled_buffers(&self) -> usize {
+        self.pool.count()
+    }
+
+    /// Releases every free buffer the pool keeps (deregistered, then freed after their
+    /// work).
+    pub fn trim_pool(&self) -> Result<()> {
+        self.pool.trim(self)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+
+    use cuda_hal::{Cuda, Stream};
+    use cuda_mock::MockDriver;
+    use nccl_mock::MockNccl;
+
+    use super::REGISTER_FROM;
+    use crate::Communicator;
+
+    /// Every collective skips the pool's lookup while the registry knows no pooled buffer
+    /// waiting for registration: it knows exactly the live, unregistered, non-empty ones.
+    #[test]
+    fn the_registry_knows_exactly_the_pooled_buffers_a_collective_may_register() {
+        let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver).unwrap();
+        let (nccl, _world) = MockNccl::new(&gpus).build().unwrap();
+        let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+        let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))
+            .unwrap()
+            .remove(0);
+        let stream = Stream::new(&ctx).unwrap();
+        let has = || comm.shared().registry.has_slots();
+        assert!(!has(), "a new communicator");
+        let empty = comm.buffer::<f32>(0).unwrap();
+        assert!(!has(), "an empty buffer is never registered");
+        let mut a = comm.buffer::<f32>(REGISTER_FROM / 4).unwrap();
+        let b = comm.buffer::<f32>(REGISTER_FROM / 4).unwrap();
+        assert!(has());
+        comm.all_gather_in_place(&mut a, &stream).unwrap();
+        assert!(a.is_registered() && !b.is_registered());
+        assert!(has(), "b still may be registered");
+        drop(b);
+        assert!(has(), "b is pooled, still unregistered");
+        stream.synchronize().unwrap();
+        comm.trim_pool().unwrap();
+        assert!(!has(), "b is gone, a is registered");
+        drop((a, empty));
+        comm.trim_pool().unwrap();
+        assert!(!has());
+    }
+}
