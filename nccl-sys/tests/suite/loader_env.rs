@@ -16,9 +16,11 @@ const SCENARIO: &str = "NCCL_SYS_LOADER_ENV_SCENARIO";
 /// Runs `child` in a child with a cleared environment plus `env`.
 fn run_child(env: &[(&str, &Path)]) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.env_clear()
-        .env(SCENARIO, "search-list")
-        .args(["--exact", "child", "--nocapture"]);
+    cmd.env_clear().env(SCENARIO, "search-list").args([
+        "--exact",
+        &test_support::test_name(module_path!(), "child"),
+        "--nocapture",
+    ]);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -20,7 +20,7 @@ fn run_child(name: &str, env: &[(&str, &Path)]) -> String {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.env_clear().env(SCENARIO, name).args([
         "--exact",
-        "child",
+        &test_support::test_name(module_path!(), "child"),
         "--nocapture",
         "--test-threads",
         "1",
@@ -129,7 +129,11 @@ fn an_empty_override_counts_as_unset() {
         .env_clear()
         .env(DRIVER_PATH_ENV, "")
         .env(SCENARIO, "empty-override")
-        .args(["--exact", "empty_override_child", "--nocapture"])
+        .args([
+            "--exact",
+            &test_support::test_name(module_path!(), "empty_override_child"),
+            "--nocapture",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

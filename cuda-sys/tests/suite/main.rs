@@ -1,0 +1,5 @@
+//! The crate's tests: one binary, a module per topic (linked once, not once per file).
+
+mod loader_env;
+mod real_driver;
+mod stub_driver;

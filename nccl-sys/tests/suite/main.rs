@@ -1,0 +1,6 @@
+//! The crate's tests: one binary, a module per topic (linked once, not once per file).
+
+mod loader_env;
+mod real_nccl;
+mod stub_libraries;
+mod wheel_script;
