@@ -5,11 +5,12 @@ use std::ffi::{CStr, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::slots::MAX_WORLDS;
 use crate::{
-    MAX_WORLDS, World, context, event, function, graph, init, launch, library, memory, module,
-    occupancy, stream,
+    World, context, event, function, graph, init, launch, library, memory, module, occupancy,
+    stream,
 };
-use cuda_sys::{CUresult, DriverFns};
+use cuda_sys::DriverFns;
 
 crate::__mock_slots!(World);
 static WORLD_IDS: AtomicU64 = AtomicU64::new(1);
@@ -62,29 +63,4 @@ fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
         .map(|f| f(name))
         .find(|p| !p.is_null())
         .unwrap_or(std::ptr::null())
-}
-
-/// A handle value as the opaque pointer the API passes around (never dereferenced).
-pub(super) fn h2p<T>(h: usize) -> *mut T {
-    std::ptr::without_provenance_mut(h)
-}
-
-/// An opaque handle pointer back to its value.
-pub(super) fn p2h<T>(p: *mut T) -> usize {
-    p.addr()
-}
-
-pub(super) fn ok(r: Result<(), CUresult>) -> CUresult {
-    match r {
-        Ok(()) => CUresult::CUDA_SUCCESS,
-        Err(e) => e,
-    }
-}
-
-pub(super) fn check_ptr<T>(p: *const T) -> Result<(), CUresult> {
-    if p.is_null() {
-        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-    } else {
-        Ok(())
-    }
 }

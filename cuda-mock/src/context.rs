@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 
 use crate::World;
-use crate::api::{check_ptr, h2p, ok, p2h};
+use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::init::device_of;
 use crate::macros::mock_fns;
 use crate::state::{Ctx, Primary, State};

@@ -4,8 +4,8 @@
 use std::ffi::c_uint;
 use std::time::Instant;
 
-use crate::api::{h2p, p2h};
 use crate::context::current;
+use crate::handle::{h2p, p2h};
 use crate::macros::mock_fns;
 use crate::sanitizer::Clock;
 use crate::state::EventInfo;

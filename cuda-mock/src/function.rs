@@ -8,7 +8,7 @@
 use std::ffi::{CString, c_char, c_int};
 
 use crate::World;
-use crate::api::p2h;
+use crate::handle::p2h;
 use crate::limits;
 use crate::macros::mock_fns;
 use crate::module::FuncInfo;

@@ -5,7 +5,7 @@
 use std::ffi::{c_uint, c_void};
 use std::sync::Arc;
 
-use crate::api::p2h;
+use crate::handle::p2h;
 use crate::kernel::Launch;
 use crate::limits;
 use crate::macros::mock_fns;

@@ -70,6 +70,7 @@ mod event;
 mod foreign;
 mod function;
 mod graph;
+mod handle;
 mod image;
 mod init;
 mod kernel;
@@ -90,6 +91,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 pub use foreign::AllocationInfo;
 pub use kernel::{KernelCall, Plain};
 pub use sanitizer::{QUARANTINE_BLOCKS, QUARANTINE_BYTES, Touch};
+pub use slots::MAX_WORLDS;
 #[doc(hidden)]
 pub use slots::SlotGuard;
 pub use state::{LiveHandles, MockDevice};
@@ -97,9 +99,6 @@ pub use state::{LiveHandles, MockDevice};
 use cuda_sys::{CUresult, CUstream, Driver, LoadError};
 use kernel::Binding;
 use state::State;
-
-/// How many simulated drivers can exist at once in one process.
-pub const MAX_WORLDS: usize = 64;
 
 /// Builder of a simulated driver: its devices, its version, the kernels and globals its
 /// modules may hold; [`build`](Self::build) gives the driver table and the [`MockWorld`]

@@ -6,8 +6,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::MutexGuard;
 
 use crate::World;
-use crate::api::{check_ptr, h2p, ok, p2h};
 use crate::context::current;
+use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::macros::mock_fns;
 use crate::sanitizer::Side;
 use crate::state::{Alloc, State};

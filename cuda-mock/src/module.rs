@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_uint, c_void};
 
 use crate::World;
-use crate::api::{h2p, p2h};
 use crate::context::current;
+use crate::handle::{h2p, p2h};
 use crate::image::{self, Image};
 use crate::macros::mock_fns;
 use crate::memory::alloc_device;

@@ -7,8 +7,8 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
 use crate::World;
-use crate::api::{check_ptr, h2p, ok, p2h};
 use crate::context::current;
+use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::kernel::Launch;
 use crate::launch::{check_live, record_module_use};
 use crate::macros::mock_fns;
