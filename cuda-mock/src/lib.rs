@@ -65,6 +65,7 @@
 //! ```
 
 mod api;
+mod checks;
 mod context;
 mod event;
 mod foreign;

@@ -9,8 +9,9 @@ use crate::World;
 use crate::context::current;
 use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::macros::mock_fns;
+use crate::sanitizer::Alloc;
 use crate::sanitizer::Side;
-use crate::state::{Alloc, State};
+use crate::state::State;
 use crate::stream::{Op, OpKind, capturing, enqueue, stream_ctx, stream_key, sync_run};
 use cuda_sys::*;
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::kernel::Binding;
 use crate::library::{KernelInfo, LibraryInfo};
 use crate::module::{Dead, FuncInfo, ModuleInfo};
-use crate::sanitizer::{Clock, Quarantine, Use};
+use crate::sanitizer::{Alloc, Clock, Quarantine};
 use crate::stream::Op;
 use cuda_sys::CUresult;
 
@@ -200,47 +200,6 @@ pub(crate) struct EventInfo {
     /// The capture (its origin stream) the event was last recorded in: a stream that
     /// waits for it joins that capture.
     pub(crate) capture: Option<usize>,
-}
-
-/// Device memory: host memory aligned to 256 bytes, like the driver's allocations.
-pub(crate) struct Alloc {
-    pub(crate) ptr: *mut u8,
-    pub(crate) len: usize,
-    pub(crate) ctx: usize,
-    pub(crate) device: i32,
-    /// Per stream key, the newest op that touched this allocation (for stream-ordered frees).
-    pub(crate) last_use: HashMap<usize, Use>,
-    /// The module whose global this is: freed when the module is unloaded, never by a
-    /// free call.
-    pub(crate) module: Option<usize>,
-    /// The allocator that made it when it is not the driver's (e.g. `ncclMemAlloc`): only
-    /// that allocator's free may release it.
-    pub(crate) foreign: Option<&'static str>,
-    /// Holds of other simulations on parts of it (an NCCL registration): id and what holds
-    /// it. Freeing it while held is a violation.
-    pub(crate) pins: Vec<(u64, String)>,
-}
-
-// SAFETY: the allocation is plain memory owned by the state; access is serialised by the
-// world's mutex or, for stream work, by the caller's stream order, as on a real device.
-unsafe impl Send for Alloc {}
-
-pub(crate) const ALIGN: usize = 256;
-
-/// Whole pages (as a granularity-aligned allocation such as `ncclMemAlloc`'s is) are
-/// aligned to the page: no other allocation shares a page with them.
-pub(crate) const PAGE: usize = 4096;
-
-impl Alloc {
-    /// The layout of `len` bytes, the same at allocation and release.
-    pub(crate) fn layout(len: usize) -> Option<std::alloc::Layout> {
-        let align = if len.is_multiple_of(PAGE) {
-            PAGE
-        } else {
-            ALIGN
-        };
-        std::alloc::Layout::from_size_align(len, align).ok()
-    }
 }
 
 #[derive(Default)]
