@@ -2,27 +2,12 @@
 //! shared by the domain modules (handles as pointers, out-pointer checks).
 
 use std::ffi::{CStr, c_void};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::slots::MAX_WORLDS;
 use crate::{
-    World, context, event, function, graph, init, launch, library, memory, module, occupancy,
-    stream,
+    context, event, function, graph, init, launch, library, memory, module, occupancy, stream,
 };
 use cuda_sys::DriverFns;
-
-crate::__mock_slots!(World);
-static WORLD_IDS: AtomicU64 = AtomicU64::new(1);
-
-pub(super) fn next_world_id() -> u64 {
-    WORLD_IDS.fetch_add(1, Ordering::Relaxed)
-}
-
-/// The world of a slot, while it is claimed (for the functions `mock_fns!` declares).
-pub(super) fn slot_world_of(slot: usize) -> Option<Arc<World>> {
-    slot_world(slot)
-}
 
 /// A resolver for the table: the slot's functions, and null for functions newer than the
 /// simulated driver (as `cuGetProcAddress` of a real driver of that version would).

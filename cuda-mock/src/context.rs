@@ -5,11 +5,11 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 
-use crate::World;
 use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::init::device_of;
 use crate::macros::mock_fns;
 use crate::state::{Ctx, Primary, State};
+use crate::world::World;
 use cuda_sys::*;
 
 thread_local! {

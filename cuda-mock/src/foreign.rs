@@ -1,11 +1,11 @@
 //! Device memory of other allocators and holds on it, for simulations layered on this
 //! one (the NCCL mock's `ncclMemAlloc` and registrations): the same sanitizer covers them.
 
-use crate::MockWorld;
 use crate::context;
 use crate::memory::alloc_device;
 use crate::state::State;
 use crate::stream::stream_key;
+use crate::world::MockWorld;
 use cuda_sys::{CUresult, CUstream};
 
 /// One live device allocation, as [`MockWorld::allocation_of`] describes it.

@@ -10,8 +10,8 @@ use std::mem::{size_of, size_of_val};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use crate::World;
 use crate::sanitizer::{Access, Side};
+use crate::world::World;
 use cuda_sys::CUresult;
 
 /// The host function of a bound kernel.

@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void};
 
-use crate::World;
 use crate::context::current;
 use crate::handle::{h2p, p2h};
 use crate::image::{self, Image};
 use crate::macros::mock_fns;
 use crate::module::{self, name_arg, write_global};
 use crate::state::State;
+use crate::world::World;
 use cuda_sys::*;
 
 /// A loaded library.

@@ -17,10 +17,10 @@ macro_rules! mock_fns {
         $(
             #[allow(non_snake_case, clippy::needless_return)]
             unsafe extern "C" fn $rname<const W: usize>($($a: $t),*) -> cuda_sys::CUresult {
-                let Some(world) = crate::api::slot_world_of(W) else {
+                let Some(world) = crate::world::slot_world_of(W) else {
                     return cuda_sys::CUresult::CUDA_ERROR_DEINITIALIZED;
                 };
-                let $w: &crate::World = &world;
+                let $w: &crate::world::World = &world;
                 #[allow(unused_mut)]
                 let mut $s = $w.lock();
                 if let Some(e) = $s.enter(stringify!($cname)) {

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::MutexGuard;
 
-use crate::World;
 use crate::context::current;
 use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::macros::mock_fns;
@@ -13,6 +12,7 @@ use crate::sanitizer::Alloc;
 use crate::sanitizer::Side;
 use crate::state::State;
 use crate::stream::{Op, OpKind, capturing, enqueue, stream_ctx, stream_key, sync_run};
+use crate::world::World;
 use cuda_sys::*;
 
 /// Where (dst, src) of each kind of copy must lie, and whether it may cross devices.

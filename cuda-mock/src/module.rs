@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_uint, c_void};
 
-use crate::World;
 use crate::context::current;
 use crate::handle::{h2p, p2h};
 use crate::image::{self, Image};
@@ -17,6 +16,7 @@ use crate::macros::mock_fns;
 use crate::memory::alloc_device;
 use crate::sanitizer::Use;
 use crate::state::State;
+use crate::world::World;
 use cuda_sys::*;
 
 /// A loaded module.

@@ -6,7 +6,6 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
-use crate::World;
 use crate::context::current;
 use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::kernel::Launch;
@@ -14,6 +13,7 @@ use crate::launch::{check_live, record_module_use};
 use crate::macros::mock_fns;
 use crate::sanitizer::{Access, Clock, Side, Touch};
 use crate::state::{State, StreamInfo};
+use crate::world::World;
 use cuda_sys::*;
 
 /// A unit of stream work, with the call that enqueued it (named in reports).
