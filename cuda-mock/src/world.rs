@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use crate::kernel::Machine;
+use crate::sanitizer::Access;
 use crate::state::{MockDevice, State};
 
 crate::__mock_slots!(World);
@@ -30,6 +32,32 @@ impl World {
         // A panic while holding the lock cannot leave the state half-updated in a way
         // that matters for a simulation; keep going rather than poison every later call.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Machine for World {
+    fn violation(&self, message: String) {
+        self.lock().violation(message);
+    }
+
+    fn touch(
+        &self,
+        (prefix, call): (&str, &str),
+        access: Access,
+        device: i32,
+        (key, stamp): (usize, u64),
+        copy: &mut dyn FnMut(*mut u8),
+    ) -> bool {
+        let mut s = self.lock();
+        match s.check_range(prefix, call, access, Some(device)) {
+            Ok(Some((start, host))) => {
+                s.record_uses(&[start], key, stamp, call);
+                copy(host);
+                true
+            }
+            Ok(None) => true,
+            Err(()) => false,
+        }
     }
 }
 
