@@ -7,9 +7,10 @@ use std::time::Instant;
 use crate::context::current;
 use crate::handle::{h2p, p2h};
 use crate::macros::mock_fns;
+use crate::op::{Op, OpKind};
 use crate::sanitizer::Clock;
 use crate::state::EventInfo;
-use crate::stream::{Op, OpKind, capture_origin, enqueue, stream_ctx};
+use crate::stream::{capture_origin, enqueue, stream_ctx};
 use cuda_sys::*;
 
 mock_fns! {

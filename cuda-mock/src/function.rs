@@ -10,8 +10,7 @@ use std::ffi::{CString, c_char, c_int};
 use crate::handle::p2h;
 use crate::limits;
 use crate::macros::mock_fns;
-use crate::module::FuncInfo;
-use crate::state::State;
+use crate::state::{FuncInfo, State};
 use crate::world::World;
 use cuda_sys::*;
 

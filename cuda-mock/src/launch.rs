@@ -9,8 +9,9 @@ use crate::handle::p2h;
 use crate::kernel::Launch;
 use crate::limits;
 use crate::macros::mock_fns;
+use crate::op::{Op, OpKind};
 use crate::state::State;
-use crate::stream::{Op, OpKind, enqueue, stream_ctx};
+use crate::stream::{enqueue, stream_ctx};
 use cuda_sys::*;
 
 /// Checks that function `f` is still loaded; a function of an unloaded module (or no

@@ -82,6 +82,7 @@ mod macros;
 mod memory;
 mod module;
 mod occupancy;
+mod op;
 mod sanitizer;
 mod slots;
 mod state;

@@ -8,10 +8,10 @@ use std::sync::MutexGuard;
 use crate::context::current;
 use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::macros::mock_fns;
-use crate::sanitizer::Alloc;
-use crate::sanitizer::Side;
+use crate::op::{Op, OpKind};
+use crate::sanitizer::{Alloc, Side};
 use crate::state::State;
-use crate::stream::{Op, OpKind, capturing, enqueue, stream_ctx, stream_key, sync_run};
+use crate::stream::{capturing, enqueue, stream_ctx, stream_key, sync_run};
 use crate::world::World;
 use cuda_sys::*;
 

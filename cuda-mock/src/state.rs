@@ -3,11 +3,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
+use crate::image::Image;
 use crate::kernel::Binding;
-use crate::library::{KernelInfo, LibraryInfo};
-use crate::module::{Dead, FuncInfo, ModuleInfo};
-use crate::sanitizer::{Alloc, Clock, Quarantine};
-use crate::stream::Op;
+use crate::op::Op;
+use crate::sanitizer::{Alloc, Clock, Quarantine, Use};
 use cuda_sys::CUresult;
 
 /// One simulated device.
@@ -200,6 +199,50 @@ pub(crate) struct EventInfo {
     /// The capture (its origin stream) the event was last recorded in: a stream that
     /// waits for it joins that capture.
     pub(crate) capture: Option<usize>,
+}
+
+/// A loaded module.
+pub(crate) struct ModuleInfo {
+    pub(crate) ctx: usize,
+    pub(crate) image: Image,
+    /// Global name -> (device address, size in bytes).
+    pub(crate) globals: HashMap<String, (usize, usize)>,
+    /// Function handles handed out, by name (one handle per name, as the driver does).
+    pub(crate) functions: HashMap<String, usize>,
+    /// The library this is the per-context module of (not unloadable by itself).
+    pub(crate) library: Option<usize>,
+    /// Per stream key, the newest launch of one of its functions.
+    pub(crate) last_use: HashMap<usize, Use>,
+}
+
+/// A function of a loaded module.
+pub(crate) struct FuncInfo {
+    pub(crate) module: usize,
+    pub(crate) ctx: usize,
+    pub(crate) name: String,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+    pub(crate) max_dynamic_shared: u32,
+}
+
+/// A function whose module is gone: its name and the call that unloaded it.
+pub(crate) struct Dead {
+    pub(crate) name: String,
+    pub(crate) by: &'static str,
+}
+
+/// A loaded library.
+pub(crate) struct LibraryInfo {
+    pub(crate) image: Image,
+    /// Its module in each context it was used in.
+    pub(crate) modules: HashMap<usize, usize>,
+    /// Kernel handles handed out, by name.
+    pub(crate) kernels: HashMap<String, usize>,
+}
+
+/// A kernel of a loaded library.
+pub(crate) struct KernelInfo {
+    pub(crate) library: usize,
+    pub(crate) name: String,
 }
 
 #[derive(Default)]
