@@ -4,7 +4,7 @@
 
 use crate::handle::{h2p, p2h};
 use crate::macros::mock_fns;
-use crate::stream::{capturing, enqueue_from, stream_ctx};
+use crate::queue::{capturing, enqueue_from, stream_ctx};
 use cuda_sys::*;
 
 mock_fns! {

@@ -64,9 +64,11 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
+mod alloc;
 mod api;
 mod checks;
 mod context;
+mod current;
 mod event;
 mod foreign;
 mod function;
@@ -83,6 +85,7 @@ mod memory;
 mod module;
 mod occupancy;
 mod op;
+mod queue;
 mod sanitizer;
 mod slots;
 mod state;
@@ -374,7 +377,7 @@ impl MockWorld {
     /// The device ordinal of the context current on the calling thread, if any (for other
     /// simulations, such as the NCCL mock, which act on the "current device").
     pub fn current_device(&self) -> Option<i32> {
-        let ctx = context::current_context(self.world.id)?;
+        let ctx = current::current_context(self.world.id)?;
         self.world.lock().contexts.get(&ctx).map(|c| c.device)
     }
 
@@ -414,7 +417,7 @@ impl MockWorld {
 
     /// The device ordinal of a stream's context (0: the calling thread's current context).
     pub fn stream_device(&self, stream: CUstream) -> Option<i32> {
-        stream::stream_device(&self.world, stream)
+        queue::stream_device(&self.world, stream)
     }
 
     /// Runs `op` on `stream` in stream order: now, or when the captured graph is launched
@@ -426,7 +429,7 @@ impl MockWorld {
         stream: CUstream,
         op: Arc<dyn Fn() -> CUresult + Send + Sync>,
     ) -> CUresult {
-        stream::enqueue_op(&self.world, stream, "custom op", Vec::new(), op)
+        queue::enqueue_op(&self.world, stream, "custom op", Vec::new(), op)
     }
 
     /// Enqueues `op` on `stream` like [`enqueue`](Self::enqueue), but when it executes (now,
@@ -440,7 +443,7 @@ impl MockWorld {
         touches: Vec<Touch>,
         op: Arc<dyn Fn() -> CUresult + Send + Sync>,
     ) -> CUresult {
-        stream::enqueue_op(&self.world, stream, call, touches, op)
+        queue::enqueue_op(&self.world, stream, call, touches, op)
     }
 
     /// The same checks and use-recording as [`enqueue_op`](Self::enqueue_op), for work
@@ -448,7 +451,7 @@ impl MockWorld {
     /// of `stream`: stamps an op on `stream`. `Err(CUDA_ERROR_ILLEGAL_ADDRESS)` when a
     /// touch is illegal (reported), `Err(CUDA_ERROR_INVALID_HANDLE)` for an unknown stream.
     pub fn access(&self, stream: CUstream, call: &str, touches: &[Touch]) -> Result<(), CUresult> {
-        stream::access(&self.world, stream, call, touches)
+        queue::access(&self.world, stream, call, touches)
     }
 
     /// Reads `len` bytes of device memory at `ptr`, for another simulation that moves data

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void};
 
-use crate::context::current;
+use crate::current::current;
 use crate::handle::{h2p, p2h};
 use crate::image;
 use crate::macros::mock_fns;

@@ -9,11 +9,11 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_uint, c_void};
 
-use crate::context::current;
+use crate::alloc::alloc_device;
+use crate::current::current;
 use crate::handle::{h2p, p2h};
 use crate::image::{self, Image};
 use crate::macros::mock_fns;
-use crate::memory::alloc_device;
 use crate::state::{Dead, FuncInfo, ModuleInfo, State};
 use crate::world::World;
 use cuda_sys::*;
