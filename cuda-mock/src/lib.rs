@@ -65,7 +65,6 @@
 //! ```
 
 mod alloc;
-mod api;
 mod checks;
 mod context;
 mod current;
@@ -86,6 +85,7 @@ mod module;
 mod occupancy;
 mod op;
 mod queue;
+mod resolver;
 mod sanitizer;
 mod slots;
 mod state;
@@ -272,9 +272,9 @@ impl MockDriver {
             slot,
             release: world::release_slot,
         });
-        let resolver = api::resolver(slot, self_version(&world));
+        let resolver = resolver::resolver(slot, self_version(&world));
         // SAFETY: the resolver returns the slot's mock functions, each declared with the
-        // exact PFN type of its table entry (see api.rs), valid while the slot is held,
+        // exact PFN type of its table entry (see macros.rs), valid while the slot is held,
         // which the driver guarantees by owning `handle`.
         let driver = unsafe { Driver::from_resolver_owned("mock driver", handle, resolver) }?;
         Ok((driver, MockWorld { world }))

@@ -5,7 +5,7 @@
 //! its lock, count the call, apply a queued fault, require `cuInit`) and a `lookup` that
 //! maps the functions' table names to their instance for slot `W`, typed with the table's
 //! exact signature so a mismatch fails to compile. Each domain module invokes it once;
-//! `api::lookup` asks each module's `lookup` in turn.
+//! `resolver::lookup` asks each module's `lookup` in turn.
 
 /// `fn cuName = rust_name(w, s, args..) [init|any] { body }`: `w` is the `&World`, `s` its
 /// locked `State` guard; `[init]` functions fail with `CUDA_ERROR_NOT_INITIALIZED` before

@@ -1,5 +1,4 @@
-//! Plumbing of the simulated driver: world slots, the table resolver, and small helpers
-//! shared by the domain modules (handles as pointers, out-pointer checks).
+//! The table resolver, which asks every domain module's `lookup` in turn: the top module, above every domain, used only by lib.rs's builder.
 
 use std::ffi::{CStr, c_void};
 
