@@ -64,6 +64,10 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
+// Declared first: its slot macros serve the modules after it (`world`, `resolver`).
+#[macro_use]
+mod slots;
+
 mod alloc;
 mod checks;
 mod context;
@@ -87,7 +91,6 @@ mod op;
 mod queue;
 mod resolver;
 mod sanitizer;
-mod slots;
 mod state;
 mod stream;
 mod world;

@@ -25,7 +25,7 @@ pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *
     }
 }
 
-static LOOKUPS: [fn(&[u8]) -> *const c_void; MAX_WORLDS] = crate::__mock_lookups!(lookup);
+static LOOKUPS: [fn(&[u8]) -> *const c_void; MAX_WORLDS] = __mock_lookups!(lookup);
 
 /// The function named `name` for slot `W`: each domain module's lookup in turn.
 fn lookup<const W: usize>(name: &[u8]) -> *const c_void {

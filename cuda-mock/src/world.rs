@@ -7,7 +7,7 @@ use crate::kernel::Machine;
 use crate::sanitizer::Access;
 use crate::state::{MockDevice, State};
 
-crate::__mock_slots!(World);
+__mock_slots!(World);
 static WORLD_IDS: AtomicU64 = AtomicU64::new(1);
 
 pub(super) fn next_world_id() -> u64 {
