@@ -16,9 +16,10 @@ use cuda_sys::CUresult;
 
 use crate::NWorld;
 use crate::api::{nccl_mock, slot_of};
-use crate::clique::{Clique, Contrib, Done, Kind, Op};
+use crate::clique::Clique;
 use crate::dtype;
 use crate::group::{Deferred, defer, in_group};
+use crate::parts::{Contrib, Done, Kind, Op};
 use crate::redop;
 use crate::registry;
 use crate::state::{State, fail};

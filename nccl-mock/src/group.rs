@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use crate::NWorld;
 use crate::api::{nccl_mock, slot_of};
-use crate::clique::{Clique, Done};
+use crate::clique::Clique;
 use crate::collective::Work;
 use crate::init::{Split, finish_init, finish_split, track_in_parent};
+use crate::parts::Done;
 use crate::state::{State, fail};
 use nccl_sys::ncclResult_t;
 

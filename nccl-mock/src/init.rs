@@ -12,9 +12,10 @@ use std::time::Instant;
 
 use crate::NWorld;
 use crate::api::{h2p, nccl_mock, slot_of};
-use crate::clique::{Clique, Done};
+use crate::clique::Clique;
 use crate::config::{MockConfig, read as read_config};
 use crate::group::{Deferred, defer, group_mode, in_group, note_error};
+use crate::parts::Done;
 use crate::state::{Init, State, fail};
 use nccl_sys::*;
 

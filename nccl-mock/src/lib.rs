@@ -97,6 +97,7 @@ mod dtype;
 mod group;
 mod init;
 mod net;
+mod parts;
 mod query;
 mod redop;
 mod registry;

@@ -6,8 +6,9 @@ use std::sync::{Arc, Weak};
 
 use crate::NWorld;
 use crate::api::p2h;
-use crate::clique::{Clique, Done};
+use crate::clique::Clique;
 use crate::config::MockConfig;
+use crate::parts::Done;
 use nccl_sys::{ncclComm_t, ncclDataType_t, ncclResult_t};
 
 /// Live simulated NCCL objects; all zero when nothing leaked (see

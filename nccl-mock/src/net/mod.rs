@@ -12,19 +12,18 @@
 //! - [`wire`]: the messages and their framing.
 //! - [`hub`]: rank 0's coordinator.
 //! - [`link`]: a rank's connection to it.
+//! - [`thread`]: the count of the mode's threads.
 
 mod hub;
-mod link;
+pub(crate) mod link;
+mod thread;
 mod wire;
 
-use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
-pub(crate) use link::Link;
-use link::{ConnectError, GatherError};
+use link::{ConnectError, GatherError, Link};
+pub use thread::network_threads;
 
 use crate::NWorld;
 use crate::clique::Clique;
@@ -35,43 +34,6 @@ use nccl_sys::ncclResult_t;
 const HUB_ID: &[u8; 8] = b"MOCKNET1";
 /// Id prefix of an `NCCL_COMM_ID` address, where rank 0's init starts the hub.
 const ADDR_ID: &[u8; 8] = b"MOCKADDR";
-
-/// Threads of hubs and links now running in this process.
-static THREADS: AtomicUsize = AtomicUsize::new(0);
-
-/// Threads of the multi-process mode still running in this process: hubs, their
-/// connections and the ranks' links. Zero once every communicator is destroyed or
-/// aborted and every hub has ended (a hub ends with its last rank, or after its timeout
-/// when no rank came).
-pub fn network_threads() -> usize {
-    THREADS.load(Ordering::Acquire)
-}
-
-/// Counts a running thread of this mode while it lives.
-struct Counted;
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        THREADS.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Spawns a thread counted by [`network_threads`].
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<JoinHandle<()>> {
-    THREADS.fetch_add(1, Ordering::AcqRel);
-    let counted = Counted;
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let _counted = counted;
-            f();
-        })
-}
-
-/// Closes both directions of `stream`, which wakes the thread reading it.
-fn stop(stream: &TcpStream) {
-    let _ = stream.shutdown(Shutdown::Both);
-}
 
 /// The unique id of a new hub: `MOCKNET1` and its address (NUL-padded).
 pub(crate) fn new_hub_id(w: &NWorld) -> Result<[u8; 128], String> {
