@@ -14,15 +14,16 @@ use std::time::Instant;
 use cuda_mock::{MockWorld, Touch};
 use cuda_sys::CUresult;
 
-use crate::NWorld;
-use crate::api::{nccl_mock, slot_of};
 use crate::clique::Clique;
 use crate::dtype;
 use crate::group::{Deferred, defer, in_group};
+use crate::macros::nccl_mock;
 use crate::parts::{Contrib, Done, Kind, Op};
 use crate::redop;
 use crate::registry;
 use crate::state::{State, fail};
+use crate::world::NWorld;
+use crate::world::slot_of;
 use nccl_sys::*;
 
 /// Checks that `[ptr, ptr + bytes)` is simulated device memory on `device`.

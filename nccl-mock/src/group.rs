@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::NWorld;
-use crate::api::{nccl_mock, slot_of};
 use crate::clique::Clique;
 use crate::collective::Work;
 use crate::init::{Split, finish_init, finish_split, track_in_parent};
+use crate::macros::nccl_mock;
 use crate::parts::Done;
 use crate::state::{State, fail};
+use crate::world::NWorld;
+use crate::world::slot_of;
 use nccl_sys::ncclResult_t;
 
 /// Work deferred by a group until `ncclGroupEnd`.

@@ -10,13 +10,15 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::NWorld;
-use crate::api::{h2p, nccl_mock, slot_of};
 use crate::clique::Clique;
 use crate::config::{MockConfig, read as read_config};
 use crate::group::{Deferred, defer, group_mode, in_group, note_error};
+use crate::handle::h2p;
+use crate::macros::nccl_mock;
 use crate::parts::Done;
 use crate::state::{Init, State, fail};
+use crate::world::NWorld;
+use crate::world::slot_of;
 use nccl_sys::*;
 
 /// Registers a rank of an init and returns its clique once every rank has come, or an

@@ -3,7 +3,8 @@
 
 use std::ffi::{c_char, c_int};
 
-use crate::api::{nccl_mock, world};
+use crate::macros::nccl_mock;
+use crate::world::world;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
 /// `ncclGetErrorString` and `ncclGetLastError`: declared by hand because they return

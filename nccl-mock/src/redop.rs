@@ -5,8 +5,8 @@ use std::ffi::c_void;
 
 use cuda_mock::MockWorld;
 
-use crate::api::nccl_mock;
 use crate::dtype;
+use crate::macros::nccl_mock;
 use crate::parts::Op;
 use crate::state::{Comm, PreMul, fail};
 use nccl_sys::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclScalarResidence_t};

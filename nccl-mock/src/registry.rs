@@ -28,9 +28,10 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 
-use crate::NWorld;
-use crate::api::{h2p, nccl_mock, p2h};
-use crate::state::{State, fail};
+use crate::handle::{h2p, p2h};
+use crate::macros::nccl_mock;
+use crate::state::{Reg, State, fail};
+use crate::world::NWorld;
 use nccl_sys::*;
 
 /// The answer of a registration that succeeded on communicator `h`: after
@@ -58,31 +59,6 @@ const NCCL_MEM: &str = "ncclMemAlloc";
 /// The host page size NCCL rounds local registrations to (`sysconf(_SC_PAGESIZE)` on the
 /// hosts the mock stands for).
 const PAGE: u64 = 4096;
-
-/// One live registration or window.
-pub(crate) struct Reg {
-    pub(crate) comm: usize,
-    /// The range NCCL resolves it for: whole pages for a local registration, as
-    /// `ncclRegFind` looks them up.
-    pub(crate) ptr: u64,
-    pub(crate) len: usize,
-    pub(crate) window: bool,
-    /// Registrations NCCL handed out as this one (`ncclCommRegister` of a range an
-    /// existing registration covers returns it again, counted): released at the last.
-    pub(crate) refs: usize,
-    /// Where the newest work that used it stands on each stream: key -> (stamp, call).
-    pub(crate) uses: HashMap<usize, (u64, String)>,
-}
-
-impl Reg {
-    fn kind(&self) -> &'static str {
-        if self.window {
-            "window"
-        } else {
-            "registration"
-        }
-    }
-}
 
 /// The live registrations and windows of `comm` that overlap any of `ranges`.
 pub(super) fn overlapping(s: &State, comm: usize, ranges: &[(u64, usize)]) -> Vec<usize> {

@@ -25,9 +25,9 @@ use std::time::Instant;
 use link::{ConnectError, GatherError, Link};
 pub use thread::network_threads;
 
-use crate::NWorld;
 use crate::clique::Clique;
 use crate::state::fail;
+use crate::world::NWorld;
 use nccl_sys::ncclResult_t;
 
 /// Id prefix of a hub started by `ncclGetUniqueId`; its address follows.
