@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::clique::Clique;
 use crate::handle::p2h;
 use crate::state::{Comm, State};
+use crate::thread_groups::children_pending;
 use crate::world::NWorld;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
@@ -31,7 +32,7 @@ impl State {
             }
             // A NULL handle while this thread's group has splits or shrinks pending: the
             // handle was read before the group ended, when NCCL writes it.
-            None if h == 0 && crate::group::children_pending(w.id) => {
+            None if h == 0 && children_pending(w.id) => {
                 let m = format!(
                     "{call}: communicator NULL: a split or shrink inside a group gives its \
                      new communicator only when the group ends (read it after ncclGroupEnd)"

@@ -104,7 +104,10 @@ mod parts;
 mod query;
 mod redop;
 mod registry;
+mod rendezvous;
 mod state;
+mod thread_groups;
+mod work;
 mod world;
 
 use std::sync::{Arc, Condvar, Mutex};

@@ -24,7 +24,7 @@ macro_rules! nccl_mock {
                 #[allow(unused_mut)]
                 let mut $s = $w.lock();
                 if let Some(e) = $s.enter(stringify!($cname)) {
-                    $crate::group::after_fault($w, &mut $s, stringify!($cname), e);
+                    $crate::thread_groups::after_fault($w, &mut $s, stringify!($cname), e);
                     return e;
                 }
                 $body
