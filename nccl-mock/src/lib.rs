@@ -89,7 +89,6 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
-mod api;
 mod clique;
 mod collective;
 mod comms;
@@ -105,6 +104,7 @@ mod query;
 mod redop;
 mod registry;
 mod rendezvous;
+mod resolver;
 mod state;
 mod thread_groups;
 mod work;
@@ -315,7 +315,7 @@ impl MockNccl {
             slot,
             release: world::release_slot,
         });
-        let resolver = api::resolver(slot, world.version);
+        let resolver = resolver::resolver(slot, world.version);
         // SAFETY: the resolver returns the slot's mock functions, each declared with its
         // table entry's exact type (checked by each module's `lookup`), valid while
         // `guard` holds the slot.

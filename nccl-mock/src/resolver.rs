@@ -1,8 +1,8 @@
-//! Plumbing of the simulated NCCL functions: world slots, symbol lookup, handle casts, and
-//! the macro that declares one instance of each function per slot (const generic `W`).
+//! The symbol lookup, which asks every domain module's `lookup` in turn: the top module, above every domain, used only by lib.rs's builder.
 //!
-//! The functions themselves live by domain: `init`, `query`, `collective`, `group` and
-//! `redop` each declare theirs with [`nccl_mock!`] and get their own `lookup`.
+//! The functions themselves live by domain: `init`, `query`, `collective`, `group`,
+//! `redop` and `registry` each declare theirs with `nccl_mock!` and get their own
+//! `lookup`.
 
 use std::ffi::{CStr, c_void};
 
