@@ -15,7 +15,7 @@ use cuda_mock::Touch;
 use cuda_sys::CUresult;
 
 use crate::dtype;
-use crate::macros::nccl_mock;
+use crate::macros::mock_fns;
 use crate::parts::{Contrib, Done, Kind, Op};
 use crate::redop;
 use crate::state::{State, fail};
@@ -440,7 +440,7 @@ fn p2p(
     dispatch(w, work, blocking)
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclReduce = reduce(w, s, send: *const c_void, recv: *mut c_void, count: usize, dt: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         collective(w, s, Call { name: CALL, kind: Kind::Reduce, send: send.addr(), recv: recv.addr(), count, dtype: dt, op, root, comm, stream })
     }

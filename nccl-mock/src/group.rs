@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::clique::Clique;
-use crate::macros::nccl_mock;
+use crate::macros::mock_fns;
 use crate::parts::Done;
 use crate::rendezvous::{finish_init, finish_split, track_in_parent};
 use crate::state::fail;
@@ -175,7 +175,7 @@ fn start_in_background(w: &NWorld, work: Vec<Work>, deadline: Instant) -> ncclRe
     ncclResult_t::ncclInProgress
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclGroupStart = group_start(w, s) {
         drop(s);
         open(w.id);

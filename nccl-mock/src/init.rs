@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::clique::Clique;
 use crate::config::{MockConfig, read as read_config};
 use crate::handle::h2p;
-use crate::macros::nccl_mock;
+use crate::macros::mock_fns;
 use crate::parts::Done;
 use crate::rendezvous::{Split, finish_init, finish_split, join_init};
 use crate::state::{State, fail};
@@ -229,7 +229,7 @@ fn join_children(w: &NWorld, children: &[Done]) {
     }
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclGetUniqueId = get_unique_id(w, s, id: *mut ncclUniqueId) {
         if id.is_null() {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, "uniqueId is NULL".into());

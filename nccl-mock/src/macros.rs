@@ -1,4 +1,4 @@
-//! `nccl_mock!`: declares simulated NCCL functions, one instance per world slot, with what every entry point does first; below every domain module, which invokes it once.
+//! `mock_fns!`: declares simulated NCCL functions, one instance per world slot, with what every entry point does first; below every domain module, which invokes it once.
 
 /// Declares simulated NCCL functions and a `lookup` that finds them by C name.
 ///
@@ -7,24 +7,24 @@
 /// slot `W`'s world (`w`), locks its state (`s`), counts the call and applies injected
 /// faults before `body` runs; `CALL` is the C name, for reports. `lookup` checks each
 /// function against its table type.
-macro_rules! nccl_mock {
+macro_rules! mock_fns {
     ($(
         fn $cname:ident = $rname:ident ($w:ident, $s:ident $(, $a:ident : $t:ty)*) $body:block
     )*) => {
         $(
             #[allow(non_snake_case)]
             unsafe extern "C" fn $rname<const W: usize>($($a: $t),*) -> nccl_sys::ncclResult_t {
-                let Some(world) = $crate::world::world(W) else {
+                let Some(world) = crate::world::world(W) else {
                     return nccl_sys::ncclResult_t::ncclInternalError;
                 };
                 /// The C name, for reports.
                 #[allow(dead_code)]
                 const CALL: &str = stringify!($cname);
-                let $w: &$crate::world::NWorld = &world;
+                let $w: &crate::world::NWorld = &world;
                 #[allow(unused_mut)]
                 let mut $s = $w.lock();
                 if let Some(e) = $s.enter(stringify!($cname)) {
-                    $crate::thread_groups::after_fault($w, &mut $s, stringify!($cname), e);
+                    crate::thread_groups::after_fault($w, &mut $s, stringify!($cname), e);
                     return e;
                 }
                 $body
@@ -43,4 +43,4 @@ macro_rules! nccl_mock {
         }
     };
 }
-pub(super) use nccl_mock;
+pub(super) use mock_fns;

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 
 use crate::handle::{h2p, p2h};
-use crate::macros::nccl_mock;
+use crate::macros::mock_fns;
 use crate::state::{Reg, State, fail};
 use crate::thread_groups::in_group;
 use crate::world::NWorld;
@@ -164,7 +164,7 @@ fn check_memory(
     }
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclMemAlloc = mem_alloc(w, s, ptr: *mut *mut c_void, size: usize) {
         if ptr.is_null() || size == 0 {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: null pointer or size 0"));

@@ -1,7 +1,7 @@
 //! The symbol lookup, which asks every domain module's `lookup` in turn: the top module, above every domain, used only by lib.rs's builder.
 //!
 //! The functions themselves live by domain: `init`, `query`, `collective`, `group`,
-//! `redop` and `registry` each declare theirs with `nccl_mock!` and get their own
+//! `redop` and `registry` each declare theirs with `mock_fns!` and get their own
 //! `lookup`.
 
 use std::ffi::{CStr, c_void};
