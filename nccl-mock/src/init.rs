@@ -15,7 +15,7 @@ use crate::config::{MockConfig, read as read_config};
 use crate::handle::h2p;
 use crate::macros::mock_fns;
 use crate::parts::Done;
-use crate::rendezvous::{Split, finish_init, finish_split, join_init};
+use crate::rendezvous::{Split, finish_init, finish_split, join_init, new_hub_id};
 use crate::state::{State, fail};
 use crate::thread_groups::{Deferred, defer, group_mode, in_group, note_error};
 use crate::world::{NWorld, slot_of};
@@ -245,7 +245,7 @@ mock_fns! {
             }
             // Multi-process mode: a hub for the ranks of this id (NCCL's bootstrap
             // root); the id names its address.
-            _ if w.multi_process => match crate::net::new_hub_id(w) {
+            _ if w.multi_process => match new_hub_id(w) {
                 Ok(id) => bytes = id,
                 Err(msg) => {
                     return fail(&mut s, ncclResult_t::ncclSystemError, format!("{CALL}: {msg}"));
