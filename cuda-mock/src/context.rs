@@ -1,41 +1,15 @@
-//! Contexts: primary-context retain/release, each thread's current-context stack, and the
-//! teardown that frees whatever a context still owns.
+//! Contexts: primary-context retain/release, the calls on each thread's current-context
+//! stack (kept in [`crate::current`]), and the teardown that frees whatever a context
+//! still owns.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 
-use crate::World;
-use crate::api::{check_ptr, h2p, ok, p2h};
+use crate::current::{current, current_context, with_stack};
+use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::init::device_of;
 use crate::macros::mock_fns;
 use crate::state::{Ctx, Primary, State};
 use cuda_sys::*;
-
-thread_local! {
-    /// Per world: this thread's context stack (top = current).
-    static CURRENT: RefCell<HashMap<u64, Vec<usize>>> = RefCell::new(HashMap::new());
-}
-
-/// The calling thread's current context in world `world_id`.
-pub(super) fn current_context(world_id: u64) -> Option<usize> {
-    CURRENT.with(|c| c.borrow().get(&world_id).and_then(|s| s.last().copied()))
-}
-
-/// Runs `f` on the calling thread's context stack of world `world_id`.
-fn with_stack<R>(world_id: u64, f: impl FnOnce(&mut Vec<usize>) -> R) -> R {
-    CURRENT.with(|c| f(c.borrow_mut().entry(world_id).or_default()))
-}
-
-/// The current context of this thread in `w`, if it is alive.
-pub(super) fn current(w: &World, s: &State) -> Result<usize, CUresult> {
-    let ctx = current_context(w.id).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
-    if s.contexts.contains_key(&ctx) {
-        Ok(ctx)
-    } else {
-        Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-    }
-}
 
 /// Destroys `ctx` and whatever still lives in it (counted as an order violation: the
 /// children should have gone first). Its memory goes to the quarantine, freed by `call`.

@@ -4,12 +4,13 @@
 use std::ffi::c_uint;
 use std::time::Instant;
 
-use crate::api::{h2p, p2h};
-use crate::context::current;
+use crate::current::current;
+use crate::handle::{h2p, p2h};
 use crate::macros::mock_fns;
+use crate::op::{Op, OpKind};
+use crate::queue::{capture_origin, enqueue, stream_ctx};
 use crate::sanitizer::Clock;
 use crate::state::EventInfo;
-use crate::stream::{Op, OpKind, capture_origin, enqueue, stream_ctx};
 use cuda_sys::*;
 
 mock_fns! {

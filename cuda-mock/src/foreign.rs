@@ -1,11 +1,11 @@
 //! Device memory of other allocators and holds on it, for simulations layered on this
 //! one (the NCCL mock's `ncclMemAlloc` and registrations): the same sanitizer covers them.
 
-use crate::MockWorld;
-use crate::context;
-use crate::memory::alloc_device;
+use crate::alloc::alloc_device;
+use crate::current::current_context;
+use crate::queue::{running_op, stream_key};
 use crate::state::State;
-use crate::stream::stream_key;
+use crate::world::MockWorld;
 use cuda_sys::{CUresult, CUstream};
 
 /// One live device allocation, as [`MockWorld::allocation_of`] describes it.
@@ -43,18 +43,6 @@ pub struct AllocationInfo {
 }
 
 impl State {
-    /// Reports the holds on the allocation at `start`, which `call` is freeing.
-    pub(crate) fn report_pins(&mut self, call: &str, start: usize) {
-        let pins = self
-            .allocs
-            .get(&start)
-            .map(|a| a.pins.iter().map(|(_, w)| w.clone()).collect::<Vec<_>>())
-            .unwrap_or_default();
-        for what in pins {
-            self.violation(format!("{call} of {start:#x}: still held by {what}"));
-        }
-    }
-
     /// Reports uses of the allocation at `start` that the host has not waited for, before
     /// `call` frees it from the host without waiting itself.
     fn check_host_order(&mut self, call: &str, start: usize) {
@@ -84,8 +72,7 @@ impl MockWorld {
     /// another allocator named `by` (e.g. `"ncclMemAlloc"`): `cuMemFree` of it is a
     /// violation; only [`free_foreign`](Self::free_foreign) with the same name releases it.
     pub fn alloc_foreign(&self, bytes: usize, by: &'static str) -> Result<u64, CUresult> {
-        let ctx =
-            context::current_context(self.world.id).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        let ctx = current_context(self.world.id).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
         let mut s = self.world.lock();
         let p = alloc_device(&self.world, &mut s, ctx, bytes)?;
         if let Some(a) = s.allocs.get_mut(&p) {
@@ -176,7 +163,7 @@ impl MockWorld {
     /// [`stream_position`](Self::stream_position) gives it (the launch stream's key at a
     /// replay). `None` outside such an op.
     pub fn running_op(&self) -> Option<(usize, u64)> {
-        crate::stream::running_op(&self.world)
+        running_op(&self.world)
     }
 
     /// Whether the host has waited for op `stamp` of stream `key` (a stream or event

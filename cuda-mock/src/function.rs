@@ -7,12 +7,11 @@
 
 use std::ffi::{CString, c_char, c_int};
 
-use crate::World;
-use crate::api::p2h;
+use crate::handle::p2h;
 use crate::limits;
 use crate::macros::mock_fns;
-use crate::module::FuncInfo;
-use crate::state::State;
+use crate::state::{FuncInfo, State};
+use crate::world::World;
 use cuda_sys::*;
 
 /// Parameter offsets in the kernel's parameter buffer, for parameters of `sizes` bytes:

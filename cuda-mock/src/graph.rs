@@ -2,9 +2,9 @@
 //! a launched graph enqueues them again on the launch stream, where they are stamped and
 //! checked as if just enqueued (so memory freed since capture is caught at replay).
 
-use crate::api::{h2p, p2h};
+use crate::handle::{h2p, p2h};
 use crate::macros::mock_fns;
-use crate::stream::{capturing, enqueue_from, stream_ctx};
+use crate::queue::{capturing, enqueue_from, stream_ctx};
 use cuda_sys::*;
 
 mock_fns! {

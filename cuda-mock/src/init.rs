@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint};
 
-use crate::World;
-use crate::api::{check_ptr, ok};
+use crate::handle::{check_ptr, ok};
 use crate::limits;
 use crate::macros::mock_fns;
+use crate::world::World;
 use cuda_sys::*;
 
 /// A device ordinal as an index into the world's devices.

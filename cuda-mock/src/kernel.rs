@@ -10,9 +10,30 @@ use std::mem::{size_of, size_of_val};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use crate::World;
 use crate::sanitizer::{Access, Side};
 use cuda_sys::CUresult;
+
+/// What a running kernel reaches of the machine it runs on: reports, and checked access
+/// to device memory under the machine's lock. The world implements it; this module names
+/// no world, so that the state, which stores bindings, can sit above it.
+pub(crate) trait Machine: Sync {
+    /// Records a violation.
+    fn violation(&self, message: String);
+
+    /// Under the machine's lock: checks `access` of a kernel on `device` (as
+    /// `State::check_range` does, reporting an illegal one named by `who`, the prefix and
+    /// the call) and, when it is legal and not empty, records it as a use by `op` (stream
+    /// key and stamp) and runs `copy` on its host address, before the lock is released.
+    /// `false` when it is illegal.
+    fn touch(
+        &self,
+        who: (&str, &str),
+        access: Access,
+        device: i32,
+        op: (usize, u64),
+        copy: &mut dyn FnMut(*mut u8),
+    ) -> bool;
+}
 
 /// The host function of a bound kernel.
 pub(crate) type KernelFn = Arc<dyn Fn(&mut KernelCall<'_>) + Send + Sync>;
@@ -141,7 +162,7 @@ pub(crate) struct Launch {
 /// # Ok::<(), cuda_sys::LoadError>(())
 /// ```
 pub struct KernelCall<'a> {
-    world: &'a World,
+    machine: &'a dyn Machine,
     launch: &'a Launch,
     /// The launch stream's sanitizer key and the launch's stamp on it.
     key: usize,
@@ -323,14 +344,12 @@ impl KernelCall<'_> {
         if bytes == 0 || self.illegal {
             return None;
         }
-        let mut s = self.world.lock();
         let Ok(addr) = usize::try_from(ptr) else {
-            drop(s);
             self.overflow(what, ptr, bytes, 1);
             return None;
         };
         if !addr.is_multiple_of(align) {
-            s.violation(format!(
+            self.machine.violation(format!(
                 "{}{} {what} {ptr:#x}+{bytes}: misaligned for {align}-byte elements",
                 self.prefix, self.call
             ));
@@ -343,17 +362,18 @@ impl KernelCall<'_> {
             what,
             side: Side::Device,
         };
-        match s.check_range(self.prefix, &self.call, access, Some(self.device)) {
-            Ok(Some((start, host))) => {
-                s.record_uses(&[start], self.key, self.stamp, &self.call);
-                Some(copy(host))
-            }
-            Ok(None) => None,
-            Err(()) => {
-                self.illegal = true;
-                None
-            }
+        let (mut copy, mut copied) = (Some(copy), None);
+        let legal = self.machine.touch(
+            (self.prefix, &self.call),
+            access,
+            self.device,
+            (self.key, self.stamp),
+            &mut |host| copied = copy.take().map(|c| c(host)),
+        );
+        if !legal {
+            self.illegal = true;
         }
+        copied
     }
 
     fn overflow(&mut self, what: &str, ptr: u64, len: usize, size: usize) {
@@ -369,7 +389,7 @@ impl KernelCall<'_> {
     /// Records a violation about this launch.
     fn report(&self, what: String) {
         let m = format!("{}{}: {what}", self.prefix, self.call);
-        self.world.lock().violation(m);
+        self.machine.violation(m);
     }
 }
 
@@ -386,7 +406,7 @@ fn zeros<T: Plain>(len: usize) -> Vec<T> {
 /// stamped `stamp` on stream `key` of `device`). A panic in it is caught (this runs
 /// inside `extern "C"` functions), reported, and fails the launch.
 pub(crate) fn run(
-    world: &World,
+    machine: &dyn Machine,
     launch: &Launch,
     key: usize,
     stamp: u64,
@@ -394,7 +414,7 @@ pub(crate) fn run(
     prefix: &str,
 ) -> CUresult {
     let mut call = KernelCall {
-        world,
+        machine,
         launch,
         key,
         stamp,

@@ -5,44 +5,13 @@
 use std::ffi::{c_uint, c_void};
 use std::sync::Arc;
 
-use crate::api::p2h;
+use crate::handle::p2h;
 use crate::kernel::Launch;
 use crate::limits;
 use crate::macros::mock_fns;
-use crate::state::State;
-use crate::stream::{Op, OpKind, enqueue, stream_ctx};
+use crate::op::{Op, OpKind};
+use crate::queue::{check_live, enqueue, stream_ctx};
 use cuda_sys::*;
-
-/// Checks that function `f` is still loaded; a function of an unloaded module (or no
-/// function at all) is reported, prefixed by `prefix`, as `CUDA_ERROR_INVALID_HANDLE`.
-pub(super) fn check_live(s: &mut State, f: usize, prefix: &str) -> Result<(), CUresult> {
-    if s.functions.contains_key(&f) {
-        return Ok(());
-    }
-    let why = match s.dead_functions.get(&f) {
-        Some(d) => format!(
-            "{prefix}cuLaunchKernel of {} (function {f:#x}): its module was unloaded by {}",
-            d.name, d.by
-        ),
-        None => format!("{prefix}cuLaunchKernel of {f:#x}: not a function handle"),
-    };
-    s.violation(why);
-    Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
-}
-
-/// Records, on the module of a launch that is executing, that stream `key` used it (its
-/// unload must be ordered after the launch).
-pub(super) fn record_module_use(s: &mut State, launch: &Launch, key: usize, stamp: u64) {
-    if let Some(m) = s.modules.get_mut(&launch.module) {
-        m.last_use.insert(
-            key,
-            crate::sanitizer::Use {
-                stamp,
-                call: format!("cuLaunchKernel {}", launch.name),
-            },
-        );
-    }
-}
 
 /// The most bytes of parameters a kernel may take (CUDA 12.1 and later).
 const MAX_PARAM_BYTES: usize = 32764;

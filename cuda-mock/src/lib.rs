@@ -64,12 +64,19 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
-mod api;
+// Declared first: its slot macros serve the modules after it (`world`, `resolver`).
+#[macro_use]
+mod slots;
+
+mod alloc;
+mod checks;
 mod context;
+mod current;
 mod event;
 mod foreign;
 mod function;
 mod graph;
+mod handle;
 mod image;
 mod init;
 mod kernel;
@@ -80,26 +87,29 @@ mod macros;
 mod memory;
 mod module;
 mod occupancy;
+mod op;
+mod queue;
+mod resolver;
 mod sanitizer;
-mod slots;
 mod state;
 mod stream;
+mod world;
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex};
 
 pub use foreign::AllocationInfo;
 pub use kernel::{KernelCall, Plain};
 pub use sanitizer::{QUARANTINE_BLOCKS, QUARANTINE_BYTES, Touch};
+pub use slots::MAX_WORLDS;
 #[doc(hidden)]
 pub use slots::SlotGuard;
 pub use state::{LiveHandles, MockDevice};
+pub use world::{MockWorld, WeakMockWorld};
 
 use cuda_sys::{CUresult, CUstream, Driver, LoadError};
 use kernel::Binding;
 use state::State;
-
-/// How many simulated drivers can exist at once in one process.
-pub const MAX_WORLDS: usize = 64;
+use world::World;
 
 /// Builder of a simulated driver: its devices, its version, the kernels and globals its
 /// modules may hold; [`build`](Self::build) gives the driver table and the [`MockWorld`]
@@ -249,12 +259,12 @@ impl MockDriver {
         state.kernels = self.kernels.into_iter().collect();
         state.globals = self.globals.into_iter().collect();
         let world = Arc::new(World {
-            id: api::next_world_id(),
+            id: world::next_world_id(),
             version: self.version,
             devices: self.devices,
             state: Mutex::new(state),
         });
-        let slot = api::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
+        let slot = world::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
             library: "CUDA driver",
             origin: "mock driver".into(),
             reason: cuda_sys::dylib::Reason::Open(format!(
@@ -263,11 +273,11 @@ impl MockDriver {
         })?;
         let handle = Arc::new(SlotGuard {
             slot,
-            release: api::release_slot,
+            release: world::release_slot,
         });
-        let resolver = api::resolver(slot, self_version(&world));
+        let resolver = resolver::resolver(slot, self_version(&world));
         // SAFETY: the resolver returns the slot's mock functions, each declared with the
-        // exact PFN type of its table entry (see api.rs), valid while the slot is held,
+        // exact PFN type of its table entry (see macros.rs), valid while the slot is held,
         // which the driver guarantees by owning `handle`.
         let driver = unsafe { Driver::from_resolver_owned("mock driver", handle, resolver) }?;
         Ok((driver, MockWorld { world }))
@@ -305,86 +315,6 @@ fn binding(params: &[usize], f: impl Fn(&mut KernelCall<'_>) + Send + Sync + 'st
     Binding {
         params: params.to_vec(),
         f: Arc::new(f),
-    }
-}
-
-/// The simulated machine behind a mock driver.
-pub(crate) struct World {
-    pub(crate) id: u64,
-    pub(crate) version: i32,
-    pub(crate) devices: Vec<MockDevice>,
-    pub(crate) state: Mutex<State>,
-}
-
-impl World {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the state half-updated in a way
-        // that matters for a simulation; keep going rather than poison every later call.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Test-side handle of a simulated machine: faults, call counts, live handles, and the
-/// sanitizer's reports.
-///
-/// A failure injected into one call, then a use after free, which the sanitizer refuses
-/// and reports instead of touching the memory:
-///
-/// ```
-/// use cuda_mock::MockDriver;
-/// use cuda_sys::{CUdeviceptr, CUresult};
-///
-/// let (driver, world) = MockDriver::with_devices(1).build()?;
-/// let f = driver.fns();
-/// let (mut ctx, mut p): (_, CUdeviceptr) = (std::ptr::null_mut(), 0);
-/// let mut out = [0u8; 64];
-/// world.fail_next("cuMemAlloc", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-/// // SAFETY: valid out-pointers, a current context, and host memory of 64 bytes; the
-/// // simulated driver checks every device address, so the copy from freed memory is
-/// // refused without touching anything.
-/// unsafe {
-///     (f.cuInit)(0);
-///     (f.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
-///     (f.cuCtxSetCurrent)(ctx);
-///     assert_eq!((f.cuMemAlloc)(&mut p, 64), CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-///     assert_eq!((f.cuMemAlloc)(&mut p, 64), CUresult::CUDA_SUCCESS);
-///     assert_eq!(world.live().device_allocations, 1);
-///     assert_eq!((f.cuMemFree)(p), CUresult::CUDA_SUCCESS);
-///     let rc = (f.cuMemcpyDtoH)(out.as_mut_ptr().cast(), p, 64);
-///     assert_eq!(rc, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
-///     (f.cuDevicePrimaryCtxRelease)(0);
-/// }
-/// assert_eq!(world.calls("cuMemAlloc"), 2);
-/// assert_eq!(world.take_violations(), [format!("cuMemcpyDtoH reads {p:#x}+64: freed by cuMemFree")]);
-/// assert!(world.live().is_empty());
-/// # Ok::<(), cuda_sys::LoadError>(())
-/// ```
-#[derive(Clone)]
-pub struct MockWorld {
-    world: Arc<World>,
-}
-
-/// A [`MockWorld`] that does not keep the simulated machine alive
-/// ([`MockWorld::downgrade`]).
-///
-/// ```
-/// use cuda_mock::MockDriver;
-/// let (driver, world) = MockDriver::with_devices(1).build()?;
-/// let weak = world.downgrade();
-/// assert_eq!(weak.upgrade().map(|w| w.devices().len()), Some(1));
-/// drop((driver, world));
-/// assert!(weak.upgrade().is_none(), "the machine went with its last owner");
-/// # Ok::<(), cuda_sys::LoadError>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct WeakMockWorld {
-    world: Weak<World>,
-}
-
-impl WeakMockWorld {
-    /// The machine, while anything else still keeps it alive.
-    pub fn upgrade(&self) -> Option<MockWorld> {
-        self.world.upgrade().map(|world| MockWorld { world })
     }
 }
 
@@ -450,7 +380,7 @@ impl MockWorld {
     /// The device ordinal of the context current on the calling thread, if any (for other
     /// simulations, such as the NCCL mock, which act on the "current device").
     pub fn current_device(&self) -> Option<i32> {
-        let ctx = context::current_context(self.world.id)?;
+        let ctx = current::current_context(self.world.id)?;
         self.world.lock().contexts.get(&ctx).map(|c| c.device)
     }
 
@@ -490,7 +420,7 @@ impl MockWorld {
 
     /// The device ordinal of a stream's context (0: the calling thread's current context).
     pub fn stream_device(&self, stream: CUstream) -> Option<i32> {
-        stream::stream_device(&self.world, stream)
+        queue::stream_device(&self.world, stream)
     }
 
     /// Runs `op` on `stream` in stream order: now, or when the captured graph is launched
@@ -502,7 +432,7 @@ impl MockWorld {
         stream: CUstream,
         op: Arc<dyn Fn() -> CUresult + Send + Sync>,
     ) -> CUresult {
-        stream::enqueue_op(&self.world, stream, "custom op", Vec::new(), op)
+        queue::enqueue_op(&self.world, stream, "custom op", Vec::new(), op)
     }
 
     /// Enqueues `op` on `stream` like [`enqueue`](Self::enqueue), but when it executes (now,
@@ -516,7 +446,7 @@ impl MockWorld {
         touches: Vec<Touch>,
         op: Arc<dyn Fn() -> CUresult + Send + Sync>,
     ) -> CUresult {
-        stream::enqueue_op(&self.world, stream, call, touches, op)
+        queue::enqueue_op(&self.world, stream, call, touches, op)
     }
 
     /// The same checks and use-recording as [`enqueue_op`](Self::enqueue_op), for work
@@ -524,7 +454,7 @@ impl MockWorld {
     /// of `stream`: stamps an op on `stream`. `Err(CUDA_ERROR_ILLEGAL_ADDRESS)` when a
     /// touch is illegal (reported), `Err(CUDA_ERROR_INVALID_HANDLE)` for an unknown stream.
     pub fn access(&self, stream: CUstream, call: &str, touches: &[Touch]) -> Result<(), CUresult> {
-        stream::access(&self.world, stream, call, touches)
+        queue::access(&self.world, stream, call, touches)
     }
 
     /// Reads `len` bytes of device memory at `ptr`, for another simulation that moves data

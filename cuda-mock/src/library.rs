@@ -5,29 +5,14 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void};
 
-use crate::World;
-use crate::api::{h2p, p2h};
-use crate::context::current;
-use crate::image::{self, Image};
+use crate::current::current;
+use crate::handle::{h2p, p2h};
+use crate::image;
 use crate::macros::mock_fns;
 use crate::module::{self, name_arg, write_global};
-use crate::state::State;
+use crate::state::{KernelInfo, LibraryInfo, State};
+use crate::world::World;
 use cuda_sys::*;
-
-/// A loaded library.
-pub(crate) struct LibraryInfo {
-    pub(crate) image: Image,
-    /// Its module in each context it was used in.
-    pub(crate) modules: HashMap<usize, usize>,
-    /// Kernel handles handed out, by name.
-    pub(crate) kernels: HashMap<String, usize>,
-}
-
-/// A kernel of a loaded library.
-pub(crate) struct KernelInfo {
-    pub(crate) library: usize,
-    pub(crate) name: String,
-}
 
 /// The library's module in the current context, loaded now if it is not yet.
 fn module_here(w: &World, s: &mut State, lib: usize) -> Result<usize, CUresult> {

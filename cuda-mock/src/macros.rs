@@ -5,7 +5,7 @@
 //! its lock, count the call, apply a queued fault, require `cuInit`) and a `lookup` that
 //! maps the functions' table names to their instance for slot `W`, typed with the table's
 //! exact signature so a mismatch fails to compile. Each domain module invokes it once;
-//! `api::lookup` asks each module's `lookup` in turn.
+//! `resolver::lookup` asks each module's `lookup` in turn.
 
 /// `fn cuName = rust_name(w, s, args..) [init|any] { body }`: `w` is the `&World`, `s` its
 /// locked `State` guard; `[init]` functions fail with `CUDA_ERROR_NOT_INITIALIZED` before
@@ -17,10 +17,10 @@ macro_rules! mock_fns {
         $(
             #[allow(non_snake_case, clippy::needless_return)]
             unsafe extern "C" fn $rname<const W: usize>($($a: $t),*) -> cuda_sys::CUresult {
-                let Some(world) = crate::api::slot_world_of(W) else {
+                let Some(world) = crate::world::slot_world_of(W) else {
                     return cuda_sys::CUresult::CUDA_ERROR_DEINITIALIZED;
                 };
-                let $w: &crate::World = &world;
+                let $w: &crate::world::World = &world;
                 #[allow(unused_mut)]
                 let mut $s = $w.lock();
                 if let Some(e) = $s.enter(stringify!($cname)) {

@@ -1,17 +1,18 @@
-//! Device and pinned host memory: allocation, frees into the sanitizer's quarantine,
-//! copies, memsets and pointer attributes.
+//! Device and pinned host memory: allocation, frees into the sanitizer's quarantine (both
+//! done in [`crate::alloc`]), copies, memsets and pointer attributes.
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::MutexGuard;
 
-use crate::World;
-use crate::api::{check_ptr, h2p, ok, p2h};
-use crate::context::current;
+use crate::alloc::{alloc_device, free_device};
+use crate::current::current;
+use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::macros::mock_fns;
+use crate::op::{Op, OpKind};
+use crate::queue::{capturing, enqueue, stream_ctx, stream_key, sync_run};
 use crate::sanitizer::Side;
-use crate::state::{Alloc, State};
-use crate::stream::{Op, OpKind, capturing, enqueue, stream_ctx, stream_key, sync_run};
+use crate::state::State;
+use crate::world::World;
 use cuda_sys::*;
 
 /// Where (dst, src) of each kind of copy must lie, and whether it may cross devices.
@@ -21,83 +22,6 @@ const HTOD: Placement = ((Side::Device, Side::Host), false);
 const DTOH: Placement = ((Side::Host, Side::Device), false);
 const DTOD: Placement = ((Side::Device, Side::Device), false);
 const PEER: Placement = ((Side::Device, Side::Device), true);
-
-/// Frees the allocation starting at `p` into the quarantine; anything else (a double
-/// free, an inner or unknown address) is reported, except null.
-pub(super) fn free_device(s: &mut State, call: &'static str, p: usize) -> CUresult {
-    if let Some(m) = s.allocs.get(&p).and_then(|a| a.module) {
-        s.violation(format!(
-            "{call} of {p:#x}: a global of module {m:#x}, freed only when the module is unloaded"
-        ));
-        return CUresult::CUDA_ERROR_INVALID_VALUE;
-    }
-    if let Some(by) = s.allocs.get(&p).and_then(|a| a.foreign) {
-        s.violation(format!(
-            "{call} of {p:#x}: allocated by {by}, which must free it"
-        ));
-        return CUresult::CUDA_ERROR_INVALID_VALUE;
-    }
-    s.report_pins(call, p);
-    if s.quarantine(p, call) {
-        return CUresult::CUDA_SUCCESS;
-    }
-    if p != 0 {
-        let m = s.bad_free(call, p);
-        s.violation(m);
-    }
-    CUresult::CUDA_ERROR_INVALID_VALUE
-}
-
-/// A fresh device allocation of `bytes` in `ctx`, filled with 0xA5.
-pub(super) fn alloc_device(
-    w: &World,
-    s: &mut State,
-    ctx: usize,
-    bytes: usize,
-) -> Result<usize, CUresult> {
-    if bytes == 0 {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    let device = s
-        .contexts
-        .get(&ctx)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?
-        .device;
-    let d = device as usize;
-    if s.used.len() < w.devices.len() {
-        s.used.resize(w.devices.len(), 0);
-    }
-    let total = w.devices.get(d).map(|x| x.total_memory).unwrap_or(0);
-    if s.used[d].saturating_add(bytes as u64) > total {
-        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    let layout = Alloc::layout(bytes).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc(layout) };
-    if ptr.is_null() {
-        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    // Uninitialised device memory reads as 0xA5 bytes, so tests catch missing writes.
-    // SAFETY: `ptr` is a fresh allocation of `bytes` bytes.
-    unsafe { std::ptr::write_bytes(ptr, 0xA5, bytes) };
-    s.used[d] += bytes as u64;
-    // Exposed: callers turn the address back into a pointer (as device addresses are).
-    let addr = ptr.expose_provenance();
-    s.allocs.insert(
-        addr,
-        Alloc {
-            ptr,
-            len: bytes,
-            ctx,
-            device,
-            last_use: HashMap::new(),
-            module: None,
-            foreign: None,
-            pins: Vec::new(),
-        },
-    );
-    Ok(addr)
-}
 
 /// Pinned host memory: plain, zeroed, page-aligned host memory.
 fn alloc_host(s: &mut State, pp: *mut *mut c_void, bytes: usize) -> Result<(), CUresult> {

@@ -9,44 +9,14 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_uint, c_void};
 
-use crate::World;
-use crate::api::{h2p, p2h};
-use crate::context::current;
+use crate::alloc::alloc_device;
+use crate::current::current;
+use crate::handle::{h2p, p2h};
 use crate::image::{self, Image};
 use crate::macros::mock_fns;
-use crate::memory::alloc_device;
-use crate::sanitizer::Use;
-use crate::state::State;
+use crate::state::{Dead, FuncInfo, ModuleInfo, State};
+use crate::world::World;
 use cuda_sys::*;
-
-/// A loaded module.
-pub(crate) struct ModuleInfo {
-    pub(crate) ctx: usize,
-    pub(crate) image: Image,
-    /// Global name -> (device address, size in bytes).
-    pub(crate) globals: HashMap<String, (usize, usize)>,
-    /// Function handles handed out, by name (one handle per name, as the driver does).
-    pub(crate) functions: HashMap<String, usize>,
-    /// The library this is the per-context module of (not unloadable by itself).
-    pub(crate) library: Option<usize>,
-    /// Per stream key, the newest launch of one of its functions.
-    pub(crate) last_use: HashMap<usize, Use>,
-}
-
-/// A function of a loaded module.
-pub(crate) struct FuncInfo {
-    pub(crate) module: usize,
-    pub(crate) ctx: usize,
-    pub(crate) name: String,
-    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
-    pub(crate) max_dynamic_shared: u32,
-}
-
-/// A function whose module is gone: its name and the call that unloaded it.
-pub(crate) struct Dead {
-    pub(crate) name: String,
-    pub(crate) by: &'static str,
-}
 
 /// Loads a module of `image` into `ctx`, allocating the bound globals (zeroed).
 pub(super) fn load(

@@ -3,10 +3,10 @@
 
 use std::ffi::c_int;
 
-use crate::World;
 use crate::function::func;
 use crate::limits;
 use crate::macros::mock_fns;
+use crate::world::World;
 use cuda_sys::*;
 
 /// The multiprocessor count of a context's device.

@@ -2,7 +2,10 @@
 //!
 //! A C function pointer carries no state, so each simulated world gets its own instances
 //! of the functions: every mock function is generic over a slot number `W`, and a world
-//! claims one of [`crate::MAX_WORLDS`] slots for its life.
+//! claims one of [`MAX_WORLDS`] slots for its life.
+
+/// How many simulated drivers can exist at once in one process.
+pub const MAX_WORLDS: usize = 64;
 
 /// Declares the slot table for a world type: `claim_slot`, `release_slot`, `slot_world`.
 #[doc(hidden)]

@@ -3,11 +3,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
+use crate::image::Image;
 use crate::kernel::Binding;
-use crate::library::{KernelInfo, LibraryInfo};
-use crate::module::{Dead, FuncInfo, ModuleInfo};
-use crate::sanitizer::{Clock, Quarantine, Use};
-use crate::stream::Op;
+use crate::op::Op;
+use crate::sanitizer::{Alloc, Clock, Quarantine, Use};
 use cuda_sys::CUresult;
 
 /// One simulated device.
@@ -202,45 +201,48 @@ pub(crate) struct EventInfo {
     pub(crate) capture: Option<usize>,
 }
 
-/// Device memory: host memory aligned to 256 bytes, like the driver's allocations.
-pub(crate) struct Alloc {
-    pub(crate) ptr: *mut u8,
-    pub(crate) len: usize,
+/// A loaded module.
+pub(crate) struct ModuleInfo {
     pub(crate) ctx: usize,
-    pub(crate) device: i32,
-    /// Per stream key, the newest op that touched this allocation (for stream-ordered frees).
+    pub(crate) image: Image,
+    /// Global name -> (device address, size in bytes).
+    pub(crate) globals: HashMap<String, (usize, usize)>,
+    /// Function handles handed out, by name (one handle per name, as the driver does).
+    pub(crate) functions: HashMap<String, usize>,
+    /// The library this is the per-context module of (not unloadable by itself).
+    pub(crate) library: Option<usize>,
+    /// Per stream key, the newest launch of one of its functions.
     pub(crate) last_use: HashMap<usize, Use>,
-    /// The module whose global this is: freed when the module is unloaded, never by a
-    /// free call.
-    pub(crate) module: Option<usize>,
-    /// The allocator that made it when it is not the driver's (e.g. `ncclMemAlloc`): only
-    /// that allocator's free may release it.
-    pub(crate) foreign: Option<&'static str>,
-    /// Holds of other simulations on parts of it (an NCCL registration): id and what holds
-    /// it. Freeing it while held is a violation.
-    pub(crate) pins: Vec<(u64, String)>,
 }
 
-// SAFETY: the allocation is plain memory owned by the state; access is serialised by the
-// world's mutex or, for stream work, by the caller's stream order, as on a real device.
-unsafe impl Send for Alloc {}
+/// A function of a loaded module.
+pub(crate) struct FuncInfo {
+    pub(crate) module: usize,
+    pub(crate) ctx: usize,
+    pub(crate) name: String,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+    pub(crate) max_dynamic_shared: u32,
+}
 
-pub(crate) const ALIGN: usize = 256;
+/// A function whose module is gone: its name and the call that unloaded it.
+pub(crate) struct Dead {
+    pub(crate) name: String,
+    pub(crate) by: &'static str,
+}
 
-/// Whole pages (as a granularity-aligned allocation such as `ncclMemAlloc`'s is) are
-/// aligned to the page: no other allocation shares a page with them.
-pub(crate) const PAGE: usize = 4096;
+/// A loaded library.
+pub(crate) struct LibraryInfo {
+    pub(crate) image: Image,
+    /// Its module in each context it was used in.
+    pub(crate) modules: HashMap<usize, usize>,
+    /// Kernel handles handed out, by name.
+    pub(crate) kernels: HashMap<String, usize>,
+}
 
-impl Alloc {
-    /// The layout of `len` bytes, the same at allocation and release.
-    pub(crate) fn layout(len: usize) -> Option<std::alloc::Layout> {
-        let align = if len.is_multiple_of(PAGE) {
-            PAGE
-        } else {
-            ALIGN
-        };
-        std::alloc::Layout::from_size_align(len, align).ok()
-    }
+/// A kernel of a loaded library.
+pub(crate) struct KernelInfo {
+    pub(crate) library: usize,
+    pub(crate) name: String,
 }
 
 #[derive(Default)]

@@ -13,57 +13,9 @@ use std::time::Instant;
 
 use cuda_mock::MockWorld;
 
-use crate::dtype::{self, V};
-use crate::net::Link;
-use nccl_sys::{ncclDataType_t, ncclRedOp_t, ncclResult_t};
-
-/// What a rank asks its peers to do together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    Broadcast,
-    Reduce,
-    AllToAll,
-    Gather,
-    Scatter,
-}
-
-/// How elements combine.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Op {
-    Builtin(ncclRedOp_t),
-    Avg,
-    /// Pre-multiplied sum; this rank's scalar.
-    PreMul(V),
-}
-
-impl Op {
-    fn same_kind(&self, other: &Op) -> bool {
-        match (self, other) {
-            (Op::PreMul(_), Op::PreMul(_)) => true,
-            (a, b) => a == b,
-        }
-    }
-}
-
-/// One rank's part of a collective.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Contrib {
-    /// The C name of the rank's call, for reports.
-    pub(crate) call: &'static str,
-    pub(crate) kind: Kind,
-    pub(crate) send: usize,
-    pub(crate) recv: usize,
-    pub(crate) count: usize,
-    pub(crate) dtype: ncclDataType_t,
-    pub(crate) op: Op,
-    pub(crate) root: i32,
-}
-
-/// Completion of one rank's part: `None` while pending.
-pub(crate) type Done = Arc<Mutex<Option<ncclResult_t>>>;
+use crate::net::link::Link;
+use crate::parts::{Buffers, Contrib, Done, agree, bytes, move_data, p2p_refusal, results};
+use nccl_sys::{ncclDataType_t, ncclResult_t};
 
 struct Slot {
     contribs: Vec<Option<(Contrib, Done)>>,
@@ -120,7 +72,7 @@ pub(crate) struct Clique {
     state: Mutex<State>,
     cond: Condvar,
     /// Multi-process mode: this one rank's connection to the hub, which matches the
-    /// parts of every rank instead of `state` (see [`crate::net`]).
+    /// parts of every rank instead of `state` (see [`Link`]).
     net: Option<Link>,
 }
 
@@ -495,39 +447,6 @@ fn transfer(
     }
 }
 
-/// Bytes of `count` elements of `dtype` (saturating: the driver refuses such a range).
-fn bytes(count: usize, dtype: ncclDataType_t) -> usize {
-    count.saturating_mul(dtype::size_of(dtype).unwrap_or(1))
-}
-
-/// Why a matched send and receive do not copy: either side withdrawn (`ncclRemoteError`)
-/// or they disagree on the count or type (`ncclInvalidUsage`, on both sides). `None`:
-/// they copy. One rule for both modes (the in-process clique and the hub).
-pub(crate) fn p2p_refusal(
-    (send_count, send_type, send_withdrawn): (usize, ncclDataType_t, bool),
-    (recv_count, recv_type, recv_withdrawn): (usize, ncclDataType_t, bool),
-) -> Option<ncclResult_t> {
-    if send_withdrawn || recv_withdrawn {
-        Some(ncclResult_t::ncclRemoteError)
-    } else if send_count != recv_count || send_type != recv_type {
-        Some(ncclResult_t::ncclInvalidUsage)
-    } else {
-        None
-    }
-}
-
-/// Where a collective reads its ranks' inputs and writes their outputs: the simulated
-/// device memory of one process ([`Memory`]), or the bytes the ranks of several processes
-/// shipped to their hub. [`move_data`] serves both, so both modes compute the same.
-pub(crate) trait Buffers {
-    /// `len` bytes of rank `rank`'s send buffer; `None` if they cannot be read (the rank
-    /// is then marked failed).
-    fn input(&mut self, rank: usize, len: usize) -> Option<Vec<u8>>;
-
-    /// Gives rank `rank`'s receive buffer `data`.
-    fn output(&mut self, rank: usize, data: &[u8]);
-}
-
 /// One collective's device memory, reached through the driver (checked and copied under
 /// its lock); remembers the ranks whose buffers were illegal.
 struct Memory<'a> {
@@ -571,72 +490,6 @@ impl Buffers for Memory<'_> {
     }
 }
 
-/// Each rank's result given the ranks whose buffers failed: success, or
-/// `ncclUnhandledCudaError` for a failed rank and `ncclRemoteError` for its peers.
-pub(crate) fn results(failed: &[bool]) -> Vec<ncclResult_t> {
-    let any = failed.iter().any(|f| *f);
-    failed
-        .iter()
-        .map(|&f| match (any, f) {
-            (false, _) => ncclResult_t::ncclSuccess,
-            (true, true) => ncclResult_t::ncclUnhandledCudaError,
-            (true, false) => ncclResult_t::ncclRemoteError,
-        })
-        .collect()
-}
-
-/// Reduces element-wise `inputs` (one per rank, `count` elements each) with the ranks' ops.
-fn reduce(inputs: &[Vec<u8>], ops: &[Op], count: usize, t: ncclDataType_t) -> Vec<u8> {
-    let n = inputs.len();
-    let size = dtype::size_of(t).unwrap_or(1);
-    // One rank: NCCL copies the input (`ncclLaunchOneRank`'s memcpy) for every op but a
-    // pre-multiplied sum, which a float average is; nothing is rounded or saturated.
-    let premul =
-        |op: &Op| matches!(op, Op::PreMul(_)) || (*op == Op::Avg && dtype::is_float_type(t));
-    if n == 1 && !premul(&ops[0]) {
-        return inputs[0][..count * size].to_vec();
-    }
-    let mut out = vec![0u8; count * size];
-    for i in 0..count {
-        let term = |r: usize| {
-            let x = dtype::get(t, &inputs[r], i);
-            match ops[r] {
-                Op::PreMul(s) => dtype::scale(t, x, s),
-                Op::Avg if dtype::is_float_type(t) => dtype::scale(t, x, dtype::avg_scalar(t, n)),
-                _ => x,
-            }
-        };
-        let builtin = match ops[0] {
-            Op::Builtin(b) => b,
-            _ => ncclRedOp_t::ncclSum,
-        };
-        let mut acc = term(0);
-        for r in 1..n {
-            acc = dtype::combine(t, builtin, acc, term(r));
-        }
-        if ops[0] == Op::Avg && !dtype::is_float_type(t) {
-            acc = dtype::divide(t, acc, n as i128);
-        }
-        dtype::put(t, &mut out, i, acc);
-    }
-    out
-}
-
-/// Whether every rank's part describes the same collective (kind, count, type, root, op
-/// kind); if not, every rank fails with `ncclInvalidUsage`.
-pub(crate) fn agree(parts: &[Contrib]) -> bool {
-    let Some(first) = parts.first() else {
-        return false;
-    };
-    parts.iter().all(|c| {
-        c.kind == first.kind
-            && c.count == first.count
-            && c.dtype == first.dtype
-            && c.root == first.root
-            && c.op.same_kind(&first.op)
-    })
-}
-
 /// Runs one collective given every rank's part (in rank order) on `cuda`'s device memory;
 /// each rank's result.
 fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Vec<ncclResult_t> {
@@ -647,145 +500,4 @@ fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Vec<ncclResult_t> {
     let mut mem = Memory::new(cuda, &contribs);
     move_data(&mut mem, &contribs);
     results(&mem.failed)
-}
-
-/// Bytes rank `rank` of `n` reads of its send buffer in collective `c` (0: none), as
-/// [`move_data`] reads them: the range a rank ships to the hub in the multi-process mode.
-pub(crate) fn input_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
-    let root = rank == c.root.max(0) as usize;
-    match c.kind {
-        Kind::AllReduce | Kind::Reduce | Kind::AllGather | Kind::Gather => bytes(c.count, c.dtype),
-        Kind::ReduceScatter | Kind::AllToAll => bytes(c.count.saturating_mul(n), c.dtype),
-        Kind::Broadcast if root => bytes(c.count, c.dtype),
-        Kind::Scatter if root => bytes(c.count.saturating_mul(n), c.dtype),
-        Kind::Broadcast | Kind::Scatter => 0,
-    }
-}
-
-/// Bytes [`move_data`] writes to rank `rank`'s receive buffer (0: none): what a rank of
-/// the multi-process mode accepts from its hub.
-pub(crate) fn output_bytes(c: &Contrib, rank: usize, n: usize) -> usize {
-    let root = rank == c.root.max(0) as usize;
-    match c.kind {
-        Kind::AllReduce | Kind::Broadcast | Kind::ReduceScatter | Kind::Scatter => {
-            bytes(c.count, c.dtype)
-        }
-        Kind::AllGather | Kind::AllToAll => bytes(c.count.saturating_mul(n), c.dtype),
-        Kind::Reduce if root => bytes(c.count, c.dtype),
-        Kind::Gather if root => bytes(c.count.saturating_mul(n), c.dtype),
-        Kind::Reduce | Kind::Gather => 0,
-    }
-}
-
-/// Reads every rank's `len` input bytes (each is read, so every illegal one is reported);
-/// `None` if any is illegal.
-fn read_all(mem: &mut impl Buffers, n: usize, len: usize) -> Option<Vec<Vec<u8>>> {
-    let inputs: Vec<Option<Vec<u8>>> = (0..n).map(|r| mem.input(r, len)).collect();
-    inputs.into_iter().collect()
-}
-
-/// The data movement of a collective whose parts agree ([`agree`], one per rank in rank
-/// order); stops at the first illegal read, writing nothing.
-pub(crate) fn move_data(mem: &mut impl Buffers, parts: &[Contrib]) {
-    let Some(&first) = parts.first() else {
-        return;
-    };
-    let n = parts.len();
-    let (t, count) = (first.dtype, first.count);
-    let size = dtype::size_of(t).unwrap_or(1);
-    let root = first.root as usize;
-    let ops: Vec<Op> = parts.iter().map(|p| p.op).collect();
-    // Each input's length was checked against it, so it does not overflow.
-    let chunk = count.saturating_mul(size);
-    match first.kind {
-        Kind::AllReduce | Kind::Reduce => {
-            let Some(inputs) = read_all(mem, n, chunk) else {
-                return;
-            };
-            let out = reduce(&inputs, &ops, count, t);
-            for r in 0..n {
-                if first.kind == Kind::AllReduce || r == root {
-                    mem.output(r, &out);
-                }
-            }
-        }
-        Kind::ReduceScatter => {
-            let Some(inputs) = read_all(mem, n, chunk * n) else {
-                return;
-            };
-            for r in 0..n {
-                let part: Vec<Vec<u8>> = inputs
-                    .iter()
-                    .map(|i| i[r * chunk..(r + 1) * chunk].to_vec())
-                    .collect();
-                mem.output(r, &reduce(&part, &ops, count, t));
-            }
-        }
-        Kind::AllGather | Kind::Gather => {
-            let Some(inputs) = read_all(mem, n, chunk) else {
-                return;
-            };
-            let all = inputs.concat();
-            for r in 0..n {
-                if first.kind == Kind::AllGather || r == root {
-                    mem.output(r, &all);
-                }
-            }
-        }
-        Kind::Broadcast => {
-            let Some(data) = mem.input(root, chunk) else {
-                return;
-            };
-            for r in 0..n {
-                mem.output(r, &data);
-            }
-        }
-        Kind::Scatter => {
-            let Some(data) = mem.input(root, chunk * n) else {
-                return;
-            };
-            for r in 0..n {
-                mem.output(r, &data[r * chunk..(r + 1) * chunk]);
-            }
-        }
-        Kind::AllToAll => {
-            let Some(inputs) = read_all(mem, n, chunk * n) else {
-                return;
-            };
-            for r in 0..n {
-                let out: Vec<u8> = inputs
-                    .iter()
-                    .flat_map(|i| i[r * chunk..(r + 1) * chunk].iter().copied())
-                    .collect();
-                mem.output(r, &out);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use nccl_sys::ncclDataType_t as D;
-
-    /// NCCL's float `ncclAvg` is a pre-multiplied sum by 1/n rounded to the type
-    /// (`__float2half(float(1.0/nRanks))`, ...): with 3 ranks, 5 on rank 0 and 0 elsewhere
-    /// averages to round(5 * round(1/3)), not round(5/3).
-    #[test]
-    fn float_avg_premultiplies_by_one_over_n_rounded_to_the_type() {
-        for (t, want) in [
-            (D::ncclFloat16, 1.666015625),
-            (D::ncclBfloat16, 1.671875),
-            (D::ncclFloat8e4m3, 1.75),
-            (D::ncclFloat8e5m2, 1.5),
-        ] {
-            let input = |x: f64| {
-                let mut b = vec![0u8; dtype::size_of(t).unwrap_or(1)];
-                dtype::put(t, &mut b, 0, V::F(x));
-                b
-            };
-            let out = reduce(&[input(5.0), input(0.0), input(0.0)], &[Op::Avg; 3], 1, t);
-            assert_eq!(dtype::get(t, &out, 0), V::F(want), "{t:?}");
-        }
-    }
 }

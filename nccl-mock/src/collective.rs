@@ -11,17 +11,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use cuda_mock::{MockWorld, Touch};
+use cuda_mock::Touch;
 use cuda_sys::CUresult;
 
-use crate::NWorld;
-use crate::api::{nccl_mock, slot_of};
-use crate::clique::{Clique, Contrib, Done, Kind, Op};
 use crate::dtype;
-use crate::group::{Deferred, defer, in_group};
+use crate::macros::mock_fns;
+use crate::parts::{Contrib, Done, Kind, Op};
 use crate::redop;
-use crate::registry;
 use crate::state::{State, fail};
+use crate::thread_groups::{Deferred, defer, in_group};
+use crate::work::{Part, Work, admit, overlapping};
+use crate::world::{NWorld, slot_of};
 use nccl_sys::*;
 
 /// Checks that `[ptr, ptr + bytes)` is simulated device memory on `device`.
@@ -77,145 +77,6 @@ fn check_stream(
             ncclResult_t::ncclUnhandledCudaError,
             "invalid stream (or no current context)".into(),
         )),
-    }
-}
-
-/// What one rank contributes to its clique.
-pub(super) enum Part {
-    Coll {
-        clique: Arc<Clique>,
-        seq: u64,
-        rank: usize,
-        c: Contrib,
-    },
-    P2p {
-        clique: Arc<Clique>,
-        is_send: bool,
-        src: usize,
-        dst: usize,
-        ptr: usize,
-        count: usize,
-        dtype: ncclDataType_t,
-    },
-}
-
-impl Part {
-    fn clique(&self) -> &Arc<Clique> {
-        match self {
-            Part::Coll { clique, .. } | Part::P2p { clique, .. } => clique,
-        }
-    }
-
-    /// Hands the part to the clique (the last part of a collective runs it, on `cuda`'s
-    /// device memory).
-    fn start(&self, cuda: &MockWorld) -> Done {
-        match self {
-            Part::Coll {
-                clique,
-                seq,
-                rank,
-                c,
-            } => clique.submit(cuda, *seq, *rank, *c),
-            Part::P2p {
-                clique,
-                is_send,
-                src,
-                dst,
-                ptr,
-                count,
-                dtype,
-            } => clique.post(cuda, *is_send, *src, *dst, *ptr, *count, *dtype),
-        }
-    }
-
-    /// Takes the part's place without doing it, so the peers fail rather than wait.
-    fn withdraw(&self) {
-        match self {
-            Part::Coll {
-                clique,
-                seq,
-                rank,
-                c,
-            } => drop(clique.withdraw(*seq, *rank, *c)),
-            Part::P2p {
-                clique,
-                is_send,
-                src,
-                dst,
-                count,
-                dtype,
-                ..
-            } => drop(clique.withdraw_p2p(*is_send, *src, *dst, *count, *dtype)),
-        }
-    }
-}
-
-/// One rank's call, checked and ready to run: what it touches, where, and for whom.
-pub(super) struct Work {
-    /// The C name, for reports.
-    call: &'static str,
-    comm: usize,
-    stream: cudaStream_t,
-    touches: Vec<Touch>,
-    /// The registrations and windows NCCL resolved for the buffers at the call.
-    regs: Vec<usize>,
-    part: Part,
-}
-
-// SAFETY: the stream is a handle value of the simulated driver (no pointer is followed
-// through it), and the part holds shared clique state that is `Send`; work deferred by a
-// group may finish on a background thread, as a non-blocking communicator's does.
-unsafe impl Send for Work {}
-
-impl Work {
-    /// The communicator handle the work belongs to.
-    pub(super) fn comm(&self) -> usize {
-        self.comm
-    }
-
-    /// The sanitizer's checks for work that runs now outside the stream machinery (a
-    /// group's end, a non-blocking communicator): the communicator must still be alive
-    /// and the ranges valid; the ranges are recorded as uses on the stream. A refused
-    /// part is withdrawn and `Err` holds `ncclUnhandledCudaError`.
-    fn admit(&self, w: &NWorld, call: &str) -> Result<(), ncclResult_t> {
-        let dead = w.lock().dead.get(&self.comm).copied();
-        let refused = match dead {
-            Some(by) => {
-                let comm = self.comm;
-                w.cuda
-                    .report(format!("{call}: communicator {comm:#x} was freed by {by}"));
-                true
-            }
-            None => {
-                w.cuda.access(self.stream, call, &self.touches).is_err()
-                    || !registry::admit(w, call, &self.regs, w.cuda.stream_position(self.stream))
-            }
-        };
-        if refused {
-            self.part.withdraw();
-            let msg = format!("{call}: refused by the sanitizer (see the mock's violations)");
-            return Err(fail(
-                &mut w.lock(),
-                ncclResult_t::ncclUnhandledCudaError,
-                msg,
-            ));
-        }
-        Ok(())
-    }
-
-    /// Drops the call of a communicator aborted before its background work ran: NCCL's
-    /// abort stops its jobs (they watch the abort flag), so none of it runs; its peers
-    /// fail rather than wait.
-    pub(super) fn cancel(self) {
-        self.part.withdraw();
-    }
-
-    /// Runs a grouped call at `ncclGroupEnd` (reports name both): its part's clique and
-    /// completion, once admitted.
-    pub(super) fn start_grouped(self, w: &NWorld) -> Result<(Arc<Clique>, Done), ncclResult_t> {
-        self.admit(w, &format!("ncclGroupEnd: {}", self.call))?;
-        let done = self.part.start(&w.cuda);
-        Ok((self.part.clique().clone(), done))
     }
 }
 
@@ -286,7 +147,7 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
             }
             // Registrations it resolved at enqueue must still be there; the use is
             // recorded where the driver runs the op (the launch stream at a replay).
-            if !registry::admit(&w, call, &regs, w.cuda.running_op()) {
+            if !admit(&w, call, &regs, w.cuda.running_op()) {
                 *r2.lock().unwrap_or_else(|e| e.into_inner()) = ncclResult_t::ncclInvalidArgument;
                 part2.withdraw();
                 return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -448,7 +309,7 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         (call.send as u64, if send_used { send_n * esize } else { 0 }),
         (call.recv as u64, if recv_used { recv_n * esize } else { 0 }),
     ];
-    let regs = registry::overlapping(&s, h, &ranges);
+    let regs = overlapping(&s, h, &ranges);
     drop(s);
     let mut touches = Vec::with_capacity(2);
     if send_used {
@@ -544,7 +405,7 @@ fn p2p(
     if let Err(rc) = check_stream(w, &mut s, stream, device) {
         return rc;
     }
-    let regs = registry::overlapping(&s, h, &[(ptr as u64, count * esize)]);
+    let regs = overlapping(&s, h, &[(ptr as u64, count * esize)]);
     drop(s);
     let (src, dst) = if is_send {
         (rank, peer as usize)
@@ -579,7 +440,7 @@ fn p2p(
     dispatch(w, work, blocking)
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclReduce = reduce(w, s, send: *const c_void, recv: *mut c_void, count: usize, dt: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         collective(w, s, Call { name: CALL, kind: Kind::Reduce, send: send.addr(), recv: recv.addr(), count, dtype: dt, op, root, comm, stream })
     }

@@ -89,20 +89,28 @@
 //! # Ok::<(), cuda_sys::LoadError>(())
 //! ```
 
-mod api;
 mod clique;
 mod collective;
+mod comms;
 mod config;
 mod dtype;
 mod group;
+mod handle;
 mod init;
+mod macros;
 mod net;
+mod parts;
 mod query;
 mod redop;
 mod registry;
+mod rendezvous;
+mod resolver;
 mod state;
+mod thread_groups;
+mod work;
+mod world;
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cuda_mock::{MockWorld, SlotGuard};
@@ -112,6 +120,8 @@ use nccl_sys::{LoadError, Nccl, NcclVersion, ncclResult_t};
 pub use config::MockConfig;
 pub use net::network_threads;
 pub use state::LiveComms;
+
+use world::NWorld;
 
 /// Builder of a simulated NCCL over a simulated driver's devices: its version, its
 /// deadline for ranks that never come, and which features it offers;
@@ -285,7 +295,7 @@ impl MockNccl {
     /// Builds it. Fails when all simulation slots are in use or the version is too old.
     pub fn build(self) -> Result<(Nccl, MockNcclWorld), LoadError> {
         let world = Arc::new(NWorld {
-            id: api::next_world_id(),
+            id: world::next_world_id(),
             version: self.version.0,
             timeout: self.timeout,
             null_ops: self.null_ops,
@@ -296,40 +306,21 @@ impl MockNccl {
             state: Mutex::new(state::State::default()),
             cond: Condvar::new(),
         });
-        let slot = api::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
+        let slot = world::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
             library: "NCCL",
             origin: "mock NCCL".into(),
             reason: cuda_sys::dylib::Reason::Open("all mock slots are in use".into()),
         })?;
         let guard = Arc::new(SlotGuard {
             slot,
-            release: api::release_slot,
+            release: world::release_slot,
         });
-        let resolver = api::resolver(slot, world.version);
+        let resolver = resolver::resolver(slot, world.version);
         // SAFETY: the resolver returns the slot's mock functions, each declared with its
         // table entry's exact type (checked by each module's `lookup`), valid while
         // `guard` holds the slot.
         let nccl = unsafe { Nccl::from_resolver_owned("mock NCCL", guard, resolver) }?;
         Ok((nccl, MockNcclWorld { world }))
-    }
-}
-
-pub(crate) struct NWorld {
-    pub(crate) id: u64,
-    pub(crate) version: i32,
-    pub(crate) timeout: Duration,
-    pub(crate) null_ops: bool,
-    pub(crate) windows: bool,
-    pub(crate) local_registration: bool,
-    pub(crate) multi_process: bool,
-    pub(crate) cuda: MockWorld,
-    pub(crate) state: Mutex<state::State>,
-    pub(crate) cond: Condvar,
-}
-
-impl NWorld {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, state::State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -486,7 +477,7 @@ impl MockNcclWorld {
 
     /// Live communicators, reduction ops, pending inits and unmatched operations.
     pub fn live(&self) -> LiveComms {
-        state::live(&self.world)
+        self.world.lock().live()
     }
 
     /// The sanitizer's reports so far, oldest first: this NCCL's and its driver's (they
@@ -500,7 +491,7 @@ impl MockNcclWorld {
     /// `None` for a communicator made without one (`ncclCommInitRank`, `ncclCommInitAll`)
     /// and for a handle that is not live.
     pub fn config_of(&self, comm: nccl_sys::ncclComm_t) -> Option<MockConfig> {
-        let h = api::p2h(comm);
+        let h = handle::p2h(comm);
         self.world
             .lock()
             .comms

@@ -3,11 +3,12 @@
 
 use std::ffi::{c_char, c_int};
 
-use crate::api::{nccl_mock, world};
+use crate::macros::mock_fns;
+use crate::world::world;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
 /// `ncclGetErrorString` and `ncclGetLastError`: declared by hand because they return
-/// strings, not `ncclResult_t`, so [`nccl_mock!`] does not fit them.
+/// strings, not `ncclResult_t`, so [`mock_fns!`] does not fit them.
 pub(super) fn strings_lookup<const W: usize>(name: &[u8]) -> *const std::ffi::c_void {
     if name == b"ncclGetErrorString" {
         let f: nccl_sys::signatures::ncclGetErrorString = get_error_string;
@@ -46,7 +47,7 @@ unsafe extern "C" fn get_last_error<const W: usize>(_comm: ncclComm_t) -> *const
     s.last_error.as_ref().map_or(c"".as_ptr(), |e| e.as_ptr())
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclGetVersion = get_version(w, s, v: *mut c_int) {
         let _ = &s;
         if v.is_null() {

@@ -5,9 +5,9 @@ use std::ffi::c_void;
 
 use cuda_mock::MockWorld;
 
-use crate::api::nccl_mock;
-use crate::clique::Op;
 use crate::dtype;
+use crate::macros::mock_fns;
+use crate::parts::Op;
 use crate::state::{Comm, PreMul, fail};
 use nccl_sys::{ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t, ncclScalarResidence_t};
 
@@ -57,7 +57,7 @@ pub(super) fn resolve(
     }
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclRedOpCreatePreMulSum = red_op_create(w, s, op: *mut ncclRedOp_t, scalar: *mut c_void, dt: ncclDataType_t, residence: ncclScalarResidence_t, comm: ncclComm_t) {
         if op.is_null() || scalar.is_null() || dtype::size_of(dt).is_none() {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, "invalid op, scalar or datatype".into());

@@ -28,9 +28,11 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 
-use crate::NWorld;
-use crate::api::{h2p, nccl_mock, p2h};
-use crate::state::{State, fail};
+use crate::handle::{h2p, p2h};
+use crate::macros::mock_fns;
+use crate::state::{Reg, State, fail};
+use crate::thread_groups::in_group;
+use crate::world::NWorld;
 use nccl_sys::*;
 
 /// The answer of a registration that succeeded on communicator `h`: after
@@ -42,7 +44,7 @@ fn slow(w: &NWorld, s: &mut State, h: usize) -> ncclResult_t {
     match s.comms.get_mut(&h) {
         Some(c) if polls > 0 && !c.blocking => {
             c.slow_polls = polls;
-            if crate::group::in_group(w.id) {
+            if in_group(w.id) {
                 ncclResult_t::ncclSuccess
             } else {
                 ncclResult_t::ncclInProgress
@@ -58,83 +60,6 @@ const NCCL_MEM: &str = "ncclMemAlloc";
 /// The host page size NCCL rounds local registrations to (`sysconf(_SC_PAGESIZE)` on the
 /// hosts the mock stands for).
 const PAGE: u64 = 4096;
-
-/// One live registration or window.
-pub(crate) struct Reg {
-    pub(crate) comm: usize,
-    /// The range NCCL resolves it for: whole pages for a local registration, as
-    /// `ncclRegFind` looks them up.
-    pub(crate) ptr: u64,
-    pub(crate) len: usize,
-    pub(crate) window: bool,
-    /// Registrations NCCL handed out as this one (`ncclCommRegister` of a range an
-    /// existing registration covers returns it again, counted): released at the last.
-    pub(crate) refs: usize,
-    /// Where the newest work that used it stands on each stream: key -> (stamp, call).
-    pub(crate) uses: HashMap<usize, (u64, String)>,
-}
-
-impl Reg {
-    fn kind(&self) -> &'static str {
-        if self.window {
-            "window"
-        } else {
-            "registration"
-        }
-    }
-}
-
-/// The live registrations and windows of `comm` that overlap any of `ranges`.
-pub(super) fn overlapping(s: &State, comm: usize, ranges: &[(u64, usize)]) -> Vec<usize> {
-    if s.regs.is_empty() {
-        return Vec::new();
-    }
-    let mut v: Vec<usize> = s
-        .regs
-        .iter()
-        .filter(|(_, r)| {
-            r.comm == comm
-                && ranges
-                    .iter()
-                    .any(|&(p, n)| n > 0 && p < r.ptr + r.len as u64 && r.ptr < p + n as u64)
-        })
-        .map(|(h, _)| *h)
-        .collect();
-    v.sort_unstable();
-    v
-}
-
-/// Work that resolved `regs` at enqueue runs now: each must still be live (reported
-/// otherwise, and `false`). With `pos` (where the work stands on its stream: key and
-/// stamp), each records the use, for the checks of a later deregistration.
-pub(super) fn admit(w: &NWorld, call: &str, regs: &[usize], pos: Option<(usize, u64)>) -> bool {
-    if regs.is_empty() {
-        return true;
-    }
-    let mut s = w.lock();
-    let mut ok = true;
-    for h in regs {
-        match s.regs.get_mut(h) {
-            Some(r) => {
-                if let Some((key, stamp)) = pos {
-                    r.uses.insert(key, (stamp, call.to_string()));
-                }
-            }
-            None => {
-                let by = s
-                    .dead_regs
-                    .get(h)
-                    .copied()
-                    .unwrap_or("its communicator's end");
-                w.cuda.report(format!(
-                    "{call}: buffer registration {h:#x} was released by {by} before the work ran"
-                ));
-                ok = false;
-            }
-        }
-    }
-    ok
-}
 
 /// Communicator `comm` was destroyed or aborted by `by`: NCCL releases its registrations
 /// and windows with it.
@@ -239,7 +164,7 @@ fn check_memory(
     }
 }
 
-nccl_mock! {
+mock_fns! {
     fn ncclMemAlloc = mem_alloc(w, s, ptr: *mut *mut c_void, size: usize) {
         if ptr.is_null() || size == 0 {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, format!("{CALL}: null pointer or size 0"));

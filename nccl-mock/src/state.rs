@@ -4,11 +4,10 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::{Arc, Weak};
 
-use crate::NWorld;
-use crate::api::p2h;
-use crate::clique::{Clique, Done};
+use crate::clique::Clique;
 use crate::config::MockConfig;
-use nccl_sys::{ncclComm_t, ncclDataType_t, ncclResult_t};
+use crate::parts::Done;
+use nccl_sys::{ncclDataType_t, ncclResult_t};
 
 /// Live simulated NCCL objects; all zero when nothing leaked (see
 /// [`MockNcclWorld`](crate::MockNcclWorld) for one that counts two communicators).
@@ -99,6 +98,31 @@ pub(crate) struct Init {
     pub(crate) taken: usize,
 }
 
+/// One live registration or window.
+pub(crate) struct Reg {
+    pub(crate) comm: usize,
+    /// The range NCCL resolves it for: whole pages for a local registration, as
+    /// `ncclRegFind` looks them up.
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    pub(crate) window: bool,
+    /// Registrations NCCL handed out as this one (`ncclCommRegister` of a range an
+    /// existing registration covers returns it again, counted): released at the last.
+    pub(crate) refs: usize,
+    /// Where the newest work that used it stands on each stream: key -> (stamp, call).
+    pub(crate) uses: HashMap<usize, (u64, String)>,
+}
+
+impl Reg {
+    pub(crate) fn kind(&self) -> &'static str {
+        if self.window {
+            "window"
+        } else {
+            "registration"
+        }
+    }
+}
+
 /// Everything a world's NCCL functions share, behind [`NWorld::lock`].
 #[derive(Default)]
 pub(crate) struct State {
@@ -114,7 +138,7 @@ pub(crate) struct State {
     /// reused, so a later call with one is a use after free, reported as such.
     pub(crate) dead: HashMap<usize, &'static str>,
     /// Live buffer registrations and windows, by handle.
-    pub(crate) regs: HashMap<usize, crate::registry::Reg>,
+    pub(crate) regs: HashMap<usize, Reg>,
     /// Released registrations and windows -> the call that released them.
     pub(crate) dead_regs: HashMap<usize, &'static str>,
     /// Windows registered so far per communicator (their sequence numbers).
@@ -156,54 +180,6 @@ impl State {
         ((world as usize) << 24) | (self.next << 4)
     }
 
-    /// The handle of `comm` if it is a live communicator. A freed one is a use after free:
-    /// reported to the sanitizer as `{call}: communicator 0x.. was freed by ncclCommAbort`.
-    /// Either way a bad handle is `ncclInvalidArgument`, with the reason as last error.
-    pub(crate) fn check_comm(
-        &mut self,
-        w: &NWorld,
-        call: &str,
-        comm: ncclComm_t,
-    ) -> Result<usize, ncclResult_t> {
-        let h = p2h(comm);
-        if self.comms.contains_key(&h) {
-            return Ok(h);
-        }
-        let msg = match self.dead.get(&h) {
-            Some(by) => {
-                let m = format!("{call}: communicator {h:#x} was freed by {by}");
-                w.cuda.report(m.clone());
-                m
-            }
-            // A NULL handle while this thread's group has splits or shrinks pending: the
-            // handle was read before the group ended, when NCCL writes it.
-            None if h == 0 && crate::group::children_pending(w.id) => {
-                let m = format!(
-                    "{call}: communicator NULL: a split or shrink inside a group gives its \
-                     new communicator only when the group ends (read it after ncclGroupEnd)"
-                );
-                w.cuda.report(m.clone());
-                m
-            }
-            None => format!("{call}: invalid communicator {h:#x}"),
-        };
-        self.error(msg);
-        Err(ncclResult_t::ncclInvalidArgument)
-    }
-
-    /// The live communicator `comm` ([`State::check_comm`]).
-    pub(crate) fn comm_mut(
-        &mut self,
-        w: &NWorld,
-        call: &str,
-        comm: ncclComm_t,
-    ) -> Result<&mut Comm, ncclResult_t> {
-        let h = self.check_comm(w, call, comm)?;
-        self.comms
-            .get_mut(&h)
-            .ok_or(ncclResult_t::ncclInternalError)
-    }
-
     /// Removes communicator `h`, remembering `by` (the freeing call) for later misuse.
     pub(crate) fn free_comm(&mut self, h: usize, by: &'static str) -> Option<Comm> {
         let c = self.comms.remove(&h)?;
@@ -211,37 +187,24 @@ impl State {
         Some(c)
     }
 
-    /// Registers a new communicator and returns its handle.
-    pub(crate) fn new_comm(
-        &mut self,
-        w: &NWorld,
-        clique: Option<Arc<Clique>>,
-        rank: usize,
-        size: usize,
-        device: i32,
-    ) -> usize {
-        let h = self.handle(w.id);
-        self.comms.insert(
-            h,
-            Comm {
-                clique,
-                rank,
-                size,
-                device,
-                seq: 0,
-                split_seq: 0,
-                async_err: ncclResult_t::ncclSuccess,
-                redops: HashMap::new(),
-                next_op: 0,
-                blocking: true,
-                pending: Vec::new(),
-                init: None,
-                children: Vec::new(),
-                config: None,
-                slow_polls: self.slow_new_comms,
-            },
-        );
-        h
+    /// Live communicators, reduction ops, pending inits and unmatched operations.
+    pub(crate) fn live(&self) -> LiveComms {
+        LiveComms {
+            comms: self.comms.len(),
+            reduction_ops: self.comms.values().map(|c| c.redops.len()).sum(),
+            pending_inits: self
+                .inits
+                .values()
+                .map(|i| i.devices.iter().flatten().count() - i.taken)
+                .sum::<usize>()
+                + self.net_inits,
+            unmatched_operations: self
+                .cliques
+                .iter()
+                .filter_map(Weak::upgrade)
+                .map(|c| c.pending())
+                .sum(),
+        }
     }
 }
 
@@ -249,24 +212,4 @@ impl State {
 pub(crate) fn fail(s: &mut State, rc: ncclResult_t, msg: String) -> ncclResult_t {
     s.error(msg);
     rc
-}
-
-pub(super) fn live(w: &NWorld) -> LiveComms {
-    let s = w.lock();
-    LiveComms {
-        comms: s.comms.len(),
-        reduction_ops: s.comms.values().map(|c| c.redops.len()).sum(),
-        pending_inits: s
-            .inits
-            .values()
-            .map(|i| i.devices.iter().flatten().count() - i.taken)
-            .sum::<usize>()
-            + s.net_inits,
-        unmatched_operations: s
-            .cliques
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|c| c.pending())
-            .sum(),
-    }
 }

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::thread::{spawn, stop};
 use super::wire::{self, Msg};
-use super::{spawn, stop};
-use crate::clique::{Buffers, Contrib, agree, input_bytes, move_data, p2p_refusal, results};
+use crate::parts::{Buffers, Contrib, agree, input_bytes, move_data, p2p_refusal, results};
 use nccl_sys::{ncclDataType_t, ncclResult_t};
 
 /// The most ranks a hub takes (its tables grow with the count a hello claims).
@@ -681,7 +681,7 @@ fn run(parts: &[Part]) -> Vec<(ncclResult_t, Option<Vec<u8>>)> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::clique::{Kind, Op};
+    use crate::parts::{Kind, Op};
     use nccl_sys::ncclRedOp_t;
 
     /// A hand-driven rank: speaks the wire protocol directly, as a broken peer could.

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use cuda_mock::{MockWorld, WeakMockWorld};
 
+use super::thread::{spawn, stop};
 use super::wire::{self, Msg};
-use super::{spawn, stop};
-use crate::clique::{Contrib, Done, input_bytes, output_bytes};
+use crate::parts::{Contrib, Done, input_bytes, output_bytes};
 use nccl_sys::{ncclDataType_t, ncclResult_t};
 
 /// Where an answer's bytes go: a receive buffer of the rank's simulated device.

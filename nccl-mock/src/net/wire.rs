@@ -8,8 +8,8 @@
 
 use std::io::{self, Read, Write};
 
-use crate::clique::{Contrib, Kind, Op};
 use crate::dtype::{self, V};
+use crate::parts::{Contrib, Kind, Op};
 use nccl_sys::{ncclDataType_t, ncclRedOp_t};
 
 /// Bumped whenever a message changes; a peer speaking another version is refused.
