@@ -1,4 +1,4 @@
-//! A simulated CUDA driver (feature `mock`): a full [`Driver`] with no hardware.
+//! A simulated CUDA driver, for tests without a GPU: a full [`Driver`] with no hardware.
 //!
 //! [`MockDriver`] describes devices (names, UUIDs, memory, compute capability, PCI ids) and
 //! a driver version, and builds a [`Driver`] whose table points at Rust functions that
@@ -522,3 +522,8 @@ impl MockWorld {
         self.world.lock().globals.insert(name.to_string(), bytes);
     }
 }
+
+// The README (the crate's registry page) runs as doctests, on the simulated devices.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

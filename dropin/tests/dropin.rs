@@ -19,6 +19,20 @@ fn library() -> PathBuf {
     lib
 }
 
+/// A folder where `libcuda.so`, `libcuda.so.1`, `libnccl.so` and `libnccl.so.2` all name
+/// the drop-in (as `cargo xtask dropin` lays it out), for a child's library path.
+fn dropin_dir() -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dropin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(library(), &link).unwrap();
+    }
+    dir
+}
+
 /// Runs the test `name` of this binary in a child with `env`.
 fn child(name: &str, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(std::env::current_exe().unwrap());
@@ -169,4 +183,41 @@ fn a_bad_environment_is_said_and_every_call_fails() {
     // SAFETY: `cuInit` has this signature; a call with no machine only returns an error.
     let rc = unsafe { lib.get::<Init>(b"cuInit").unwrap()(0) };
     assert_eq!(rc, cuda_sys::CUresult::CUDA_ERROR_NOT_INITIALIZED);
+}
+
+#[test]
+fn cudarc_runs_on_it_unchanged() {
+    const ME: &str = "cudarc_runs_on_it_unchanged";
+    if !is_child(ME) {
+        let dir = dropin_dir();
+        let o = child(
+            ME,
+            &[
+                ("LD_LIBRARY_PATH", dir.to_str().unwrap()),
+                ("CUDA_MOCK_DEVICES", "2"),
+            ],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        return;
+    }
+    use cudarc::driver::CudaContext;
+    // cudarc opens `libcuda.so` and `libnccl.so` by itself, through the library path.
+    assert_eq!(CudaContext::device_count().unwrap(), 2);
+    let ctxs = [0, 1].map(|d| CudaContext::new(d).unwrap());
+    // Streams of their own: with the legacy default stream (a null handle), real NCCL
+    // switches to the communicator's device first, which the simulated NCCL does not do yet.
+    let streams: Vec<_> = ctxs.iter().map(|c| c.new_stream().unwrap()).collect();
+    let comms = cudarc::nccl::Comm::from_devices(streams.clone()).unwrap();
+    let sends = [0, 1].map(|r| streams[r].clone_htod(&[101i32 + r as i32]).unwrap());
+    let mut recvs = [0, 1].map(|r| streams[r].alloc_zeros::<i32>(2).unwrap());
+    cudarc::nccl::group_start().unwrap();
+    for (r, recv) in recvs.iter_mut().enumerate() {
+        if let Err(e) = comms[r].all_gather(&sends[r], recv) {
+            panic!("{e:?}");
+        }
+    }
+    cudarc::nccl::group_end().unwrap();
+    for (r, recv) in recvs.iter().enumerate() {
+        assert_eq!(streams[r].clone_dtoh(recv).unwrap(), [101, 102]);
+    }
 }

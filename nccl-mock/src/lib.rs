@@ -1,4 +1,4 @@
-//! A simulated NCCL (feature `mock`) on top of `cuda_sys`'s simulated driver.
+//! A simulated NCCL on top of `cuda-mock`'s simulated driver, for tests without a GPU.
 //!
 //! [`MockNccl`] builds an [`Nccl`] whose table points at Rust functions: ranks in one
 //! process (threads, or one thread with `ncclCommInitAll`/groups) meet per unique id and
@@ -504,3 +504,8 @@ impl MockNcclWorld {
         self.world.cuda.take_violations()
     }
 }
+
+// The README (the crate's registry page) runs as doctests, on the simulated devices.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
