@@ -124,6 +124,7 @@ pub enum Coll {
 }
 
 /// This file's helpers on the shared rig (a trait: inherent methods are crate-wide).
+#[allow(clippy::too_many_arguments)]
 pub trait ProcsRig {
     fn unique_id(&self) -> [u8; 128];
     fn init_rank(&self, d: usize, id: [u8; 128], n: i32, r: i32) -> (ncclResult_t, ncclComm_t);
