@@ -5,18 +5,54 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cuda_hal::{Cuda, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, group};
 
-/// `target/<profile>/libsimgpu.so`, built with this test (the package's library).
+/// The drop-in library. `cargo test` does not build a package's cdylib for its own tests,
+/// so the first test builds it with cargo (a target dir of its own under this test's
+/// scratch folder, so no lock is shared with the cargo running the tests) and hands the
+/// path to its children through `DROPIN_LIBRARY`.
 fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(|d| d.parent()).unwrap();
-    let lib = profile.join("libsimgpu.so");
-    assert!(lib.exists(), "{} is not built", lib.display());
-    lib
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(p) = std::env::var_os("DROPIN_LIBRARY") {
+                return PathBuf::from(p);
+            }
+            let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dropin-build");
+            let out = Command::new(env!("CARGO"))
+                .args([
+                    "build",
+                    "-p",
+                    "mock-dropin",
+                    "--message-format=json-render-diagnostics",
+                ])
+                .arg("--target-dir")
+                .arg(&target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let json = String::from_utf8_lossy(&out.stdout);
+            let lib = json
+                .lines()
+                .filter(|l| l.contains("\"compiler-artifact\"") && l.contains("mock-dropin"))
+                .find_map(|l| {
+                    let at = l.find("libsimgpu.so\"")?;
+                    let start = l[..at].rfind('"')? + 1;
+                    Some(PathBuf::from(&l[start..at + "libsimgpu.so".len()]))
+                })
+                .expect("cargo named the built libsimgpu.so");
+            assert!(lib.exists(), "{} is not there", lib.display());
+            lib
+        })
+        .clone()
 }
 
 /// A folder where `libcuda.so`, `libcuda.so.1`, `libnccl.so` and `libnccl.so.2` all name
@@ -35,9 +71,12 @@ fn dropin_dir() -> PathBuf {
 
 /// Runs the test `name` of this binary in a child with `env`.
 fn child(name: &str, env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(std::env::current_exe().unwrap());
+    // Without the caller's launcher, NCCL or loader variables (a hostile environment must
+    // not steer the drop-in's machine), plus what the case sets.
+    let mut c = test_support::env::scrubbed(std::env::current_exe().unwrap());
     c.args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env("DROPIN_CHILD", name)
+        .env("DROPIN_LIBRARY", library())
         .env("NCCL_NVLS_ENABLE", "0");
     for (k, v) in env {
         c.env(k, v);
