@@ -47,11 +47,13 @@ fn absent(ret: &str) -> &'static str {
     }
 }
 
-/// What every entry returns when the environment describes no machine (said on stderr).
+/// What every entry returns when the environment describes no machine (said on stderr):
+/// an error, and for the two string functions a message (NCCL's never return NULL).
 fn broken(ret: &str) -> &'static str {
     match ret {
         "CUresult" => "CUresult::CUDA_ERROR_NOT_INITIALIZED",
         "ncclResult_t" => "ncclResult_t::ncclSystemError",
+        "*const ::core::ffi::c_char" => "super::NO_MACHINE.as_ptr()",
         r if r.starts_with('*') => "::core::ptr::null()",
         "()" => "()",
         r => panic!("no error value for return type {r}"),

@@ -19,21 +19,38 @@
 //! NCCL is always the multi-process simulation: communicators of other processes on this
 //! host find each other over loopback, through the unique id (or `NCCL_COMM_ID`).
 //!
-//! At exit, the sanitizer's findings (a freed, out-of-bounds or foreign address, a free not
-//! ordered after the work that used the memory) are printed to stderr and the process
-//! exits with status [`VIOLATION_EXIT_CODE`].
+//! At exit, after the program's own exit handlers (which may still free memory), the
+//! sanitizer's findings (a freed, out-of-bounds or foreign address, a free not ordered after
+//! the work that used the memory) are printed to stderr and the process exits with status
+//! [`VIOLATION_EXIT_CODE`], its C stdio buffers flushed first. (The check is the library's
+//! destructor, so a program that unloads the library runs it then.)
+//!
+//! `cuGetProcAddress` offers the CUDA 12.0 ABI and newer only: an older ABI version, an
+//! entry newer than the version asked for, or the per-thread default stream's variants are
+//! "not found" (the simulator has no `_ptsz` functions).
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::io::Write as _;
 use std::sync::OnceLock;
 
 use cuda_mock::{MockDriver, MockWorld};
-use cuda_sys::{CUdriverProcAddressQueryResult, CUresult, Driver, DriverFns, cuuint64_t};
+use cuda_sys::{
+    CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, Driver, DriverFns,
+    PINNED_API_VERSION, cuuint64_t,
+};
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::{Nccl, NcclFns, NcclVersion};
 
+/// `cuGetProcAddress`'s flag for the per-thread default stream's variants.
+const PER_THREAD: CUdriverProcAddress_flags =
+    CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+
 /// The exit status of a process whose simulated GPUs saw an invalid access.
 pub const VIOLATION_EXIT_CODE: c_int = 86;
+
+/// What `ncclGetErrorString` and `ncclGetLastError` say when the environment describes no
+/// machine (NCCL's never return NULL).
+const NO_MACHINE: &CStr = c"libsimgpu: no simulated machine (its environment is wrong: see stderr)";
 
 /// The simulated machine of this process.
 struct Machine {
@@ -46,9 +63,18 @@ struct Machine {
 static MACHINE: OnceLock<Result<Machine, String>> = OnceLock::new();
 
 unsafe extern "C" {
-    fn atexit(f: extern "C" fn()) -> c_int;
+    fn fflush(stream: *mut c_void) -> c_int;
     fn _exit(status: c_int) -> !;
 }
+
+/// The exit check, as the library's destructor: the C library runs the loaded libraries'
+/// destructors after every exit handler the program registered, whenever it registered
+/// them, so frees made by those handlers are checked too.
+#[used]
+// SAFETY: `.fini_array` holds pointers to `extern "C" fn()` that take no argument, which
+// `at_exit` is; nothing else is placed in the section by this item.
+#[unsafe(link_section = ".fini_array")]
+static AT_EXIT: extern "C" fn() = at_exit;
 
 fn env_number(var: &str) -> Result<Option<i64>, String> {
     match std::env::var(var) {
@@ -61,16 +87,18 @@ fn env_number(var: &str) -> Result<Option<i64>, String> {
     }
 }
 
+/// `2.28.3`: NCCL's major version 2, minor and patch below 100 (what its version code holds).
 fn nccl_version(v: &str) -> Result<NcclVersion, String> {
-    let parts: Vec<i32> = v
+    let bad = || format!("NCCL_MOCK_VERSION={v:?} is not 2.MINOR.PATCH (each below 100)");
+    let parts: Vec<u8> = v
         .trim()
         .split('.')
         .map(str::parse)
         .collect::<Result<_, _>>()
-        .map_err(|_| format!("NCCL_MOCK_VERSION={v:?} is not MAJOR.MINOR.PATCH"))?;
+        .map_err(|_| bad())?;
     match parts[..] {
-        [a, b, c] => Ok(NcclVersion::new(a, b, c)),
-        _ => Err(format!("NCCL_MOCK_VERSION={v:?} is not MAJOR.MINOR.PATCH")),
+        [2, b, c] if b < 100 && c < 100 => Ok(NcclVersion::new(2, b.into(), c.into())),
+        _ => Err(bad()),
     }
 }
 
@@ -92,10 +120,6 @@ fn build() -> Result<Machine, String> {
         n = n.version(nccl_version(&v)?);
     }
     let (nccl, nccl_world) = n.build().map_err(|e| e.to_string())?;
-    // SAFETY: `at_exit` is a plain function that stays loaded: this library is never
-    // unloaded while the process runs its exit handlers, as nothing dlcloses it (the
-    // loaders of cuda-sys and nccl-sys keep it open for the process's life).
-    unsafe { atexit(at_exit) };
     Ok(Machine {
         driver,
         nccl,
@@ -143,13 +167,21 @@ extern "C" fn at_exit() {
         let _ = writeln!(err, "  {line}");
     }
     let _ = err.flush();
-    // SAFETY: ends the process at once; nothing runs after this exit handler that could
-    // need this process's state.
-    unsafe { _exit(VIOLATION_EXIT_CODE) }
+    // SAFETY: fflush(NULL) flushes every C stdio stream (the program's output, which the C
+    // library would flush after this destructor); _exit then ends the process with the
+    // status, running nothing more of it.
+    unsafe {
+        fflush(std::ptr::null_mut());
+        _exit(VIOLATION_EXIT_CODE)
+    }
 }
 
-/// `cuGetProcAddress_v2`: the entries of the simulated driver's table by API name, as a
-/// driver of the simulated version gives them (CUDA 12's loaders resolve every function so).
+/// `cuGetProcAddress_v2`: the entries of the simulated driver's table by API name, at the
+/// CUDA 12.0 ABI or newer (CUDA 12's loaders resolve every function so): an entry newer
+/// than the simulated driver, or than `cuda_version`, is not found
+/// (`CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT` for the latter); so is every entry asked for
+/// an older ABI or with `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`, which the simulator
+/// does not have.
 ///
 /// # Safety
 /// `symbol` is a NUL-terminated string; `pfn` and, when not null, `symbol_status` are
@@ -158,8 +190,8 @@ extern "C" fn at_exit() {
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
-    _cuda_version: c_int,
-    _flags: cuuint64_t,
+    cuda_version: c_int,
+    flags: cuuint64_t,
     symbol_status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
     if symbol.is_null() || pfn.is_null() {
@@ -167,18 +199,27 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     }
     // SAFETY: the caller passes a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(symbol) };
-    let found = name
-        .to_str()
-        .ok()
-        .and_then(|n| driver()?.address_of(n))
+    let name = name.to_str().unwrap_or("");
+    let since = DriverFns::OPTIONAL
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(PINNED_API_VERSION, |&(_, v)| v);
+    let per_thread = flags & cuuint64_t::from(PER_THREAD.0) != 0;
+    let found = driver()
+        .and_then(|t| t.address_of(name))
         .filter(|p| !p.is_null());
     let (rc, status, p) = match found {
-        Some(p) => (
+        Some(p) if cuda_version >= since && !per_thread => (
             CUresult::CUDA_SUCCESS,
             CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS,
             p.cast_mut(),
         ),
-        None => (
+        Some(_) if !per_thread => (
+            CUresult::CUDA_ERROR_NOT_FOUND,
+            CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+            std::ptr::null_mut(),
+        ),
+        _ => (
             CUresult::CUDA_ERROR_NOT_FOUND,
             CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
             std::ptr::null_mut(),
@@ -224,3 +265,24 @@ mod exports {
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
 pub use exports::*;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_versions_are_2_minor_patch_below_100() {
+        assert_eq!(nccl_version("2.28.3"), Ok(NcclVersion::new(2, 28, 3)));
+        assert_eq!(nccl_version(" 2.99.99 "), Ok(NcclVersion::new(2, 99, 99)));
+        for bad in [
+            "2.1000.0", "2.100.0", "2.28.100", "-1.2.3", "3.0.0", "2.28", "2.28.3.1", "",
+        ] {
+            assert_eq!(
+                nccl_version(bad),
+                Err(format!(
+                    "NCCL_MOCK_VERSION={bad:?} is not 2.MINOR.PATCH (each below 100)"
+                )),
+            );
+        }
+    }
+}

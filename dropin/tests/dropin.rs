@@ -81,7 +81,13 @@ fn child(name: &str, env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         c.env(k, v);
     }
-    c.output().unwrap()
+    let out = c.output().unwrap();
+    // A name that matched no test would pass without running anything.
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 passed") || !out.status.success(),
+        "the child ran no test named {name}"
+    );
+    out
 }
 
 fn is_child(name: &str) -> bool {
@@ -165,6 +171,68 @@ fn its_symbols_are_the_c_librarys_names_and_the_environment_shapes_the_machine()
         assert_eq!(n, 12040);
         assert_eq!(nccl_version(&mut n), nccl_sys::ncclResult_t::ncclSuccess);
         assert_eq!(n, 22105);
+        let gpa = lib
+            .get::<cuda_sys::PFN_cuGetProcAddress_v2>(b"cuGetProcAddress_v2")
+            .unwrap();
+        let ask = |name: &std::ffi::CStr, version: i32, flags: u64| {
+            let mut p = std::ptr::null_mut();
+            let mut status = cuda_sys::CUdriverProcAddressQueryResult(99);
+            let rc = gpa(name.as_ptr(), &mut p, version, flags, &mut status);
+            (rc, status, !p.is_null())
+        };
+        use cuda_sys::CUdriverProcAddressQueryResult as Q;
+        use cuda_sys::CUresult as R;
+        // cuFuncGetParamInfo came with 12.4, which this simulated driver is.
+        assert_eq!(
+            ask(c"cuFuncGetParamInfo", 12040, 0),
+            (R::CUDA_SUCCESS, Q::CU_GET_PROC_ADDRESS_SUCCESS, true)
+        );
+        assert_eq!(
+            ask(c"cuFuncGetParamInfo", 12030, 0),
+            (
+                R::CUDA_ERROR_NOT_FOUND,
+                Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+                false
+            )
+        );
+        // Older ABIs (cuMemAlloc's 32-bit one) and the per-thread stream's variants: none.
+        assert_eq!(
+            ask(c"cuMemAlloc", 12000, 0),
+            (R::CUDA_SUCCESS, Q::CU_GET_PROC_ADDRESS_SUCCESS, true)
+        );
+        assert_eq!(
+            ask(c"cuMemAlloc", 3000, 0),
+            (
+                R::CUDA_ERROR_NOT_FOUND,
+                Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+                false
+            )
+        );
+        assert_eq!(
+            ask(c"cuMemAlloc", 12000, 2),
+            (
+                R::CUDA_ERROR_NOT_FOUND,
+                Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+                false
+            )
+        );
+        // Newer than the simulated 12.4 driver, and unknown.
+        assert_eq!(
+            ask(c"cuStreamGetDevice", 12080, 0),
+            (
+                R::CUDA_ERROR_NOT_FOUND,
+                Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+                false
+            )
+        );
+        assert_eq!(
+            ask(c"cuNoSuchFunction", 12080, 0),
+            (
+                R::CUDA_ERROR_NOT_FOUND,
+                Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+                false
+            )
+        );
     }
 }
 
@@ -222,6 +290,17 @@ fn a_bad_environment_is_said_and_every_call_fails() {
     // SAFETY: `cuInit` has this signature; a call with no machine only returns an error.
     let rc = unsafe { lib.get::<Init>(b"cuInit").unwrap()(0) };
     assert_eq!(rc, cuda_sys::CUresult::CUDA_ERROR_NOT_INITIALIZED);
+    // NCCL's string functions never return NULL, and do not here either.
+    type ErrorString = unsafe extern "C" fn(nccl_sys::ncclResult_t) -> *const std::ffi::c_char;
+    // SAFETY: `ncclGetErrorString` has this signature; the string it returns is static.
+    let s = unsafe {
+        let f = lib.get::<ErrorString>(b"ncclGetErrorString").unwrap();
+        std::ffi::CStr::from_ptr(f(nccl_sys::ncclResult_t::ncclSuccess))
+    };
+    assert_eq!(
+        s.to_str().unwrap(),
+        "libsimgpu: no simulated machine (its environment is wrong: see stderr)"
+    );
 }
 
 #[test]
@@ -259,4 +338,57 @@ fn cudarc_runs_on_it_unchanged() {
     for (r, recv) in recvs.iter().enumerate() {
         assert_eq!(streams[r].clone_dtoh(recv).unwrap(), [101, 102]);
     }
+}
+
+/// The state the exit handler of [`an_exit_handlers_free_is_checked_and_c_output_survives`]
+/// uses: the table and the allocation it frees twice.
+static AT_EXIT: OnceLock<(cuda_sys::DriverFns, u64)> = OnceLock::new();
+
+extern "C" fn free_twice_at_exit() {
+    let (f, p) = AT_EXIT.get().unwrap();
+    // SAFETY: the second free is the invalid access under test, which the simulator
+    // refuses (and reports) instead of performing.
+    unsafe {
+        (f.cuMemFree)(*p);
+        (f.cuMemFree)(*p);
+    }
+}
+
+#[test]
+fn an_exit_handlers_free_is_checked_and_c_output_survives() {
+    const ME: &str = "an_exit_handlers_free_is_checked_and_c_output_survives";
+    if !is_child(ME) {
+        let o = child(ME, &[]);
+        assert_eq!(o.status.code(), Some(86), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("reported 1 invalid access(es)"),
+            "{}",
+            stderr(&o)
+        );
+        // C stdio's buffer (full: stdout is a pipe) was flushed before the exit status.
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains("from C stdio, not flushed by the program"),
+            "{out}"
+        );
+        return;
+    }
+    // Registered before the library is even loaded: exit handlers run in the reverse
+    // order, so this one runs last of the program's, after any the library could register.
+    // SAFETY: a function that stays in this binary.
+    unsafe { libc::atexit(free_twice_at_exit) };
+    // SAFETY: the drop-in implements the driver API with the header's signatures.
+    let driver = unsafe { cuda_sys::Driver::load_from(library()) }.unwrap();
+    let f = *driver.fns();
+    let (mut ctx, mut p) = (std::ptr::null_mut(), 0);
+    // SAFETY: valid out-pointers; `printf` gets a NUL-terminated format without arguments.
+    unsafe {
+        (f.cuInit)(0);
+        (f.cuDevicePrimaryCtxRetain)(&mut ctx, 0);
+        (f.cuCtxSetCurrent)(ctx);
+        (f.cuMemAlloc)(&mut p, 64);
+        libc::printf(c"from C stdio, not flushed by the program\n".as_ptr());
+    }
+    AT_EXIT.set((f, p)).unwrap();
+    std::mem::forget(driver);
 }
