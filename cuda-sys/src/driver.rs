@@ -72,7 +72,9 @@ pub type Driver = Library<DriverFns>;
 
 static_assertions::assert_impl_all!(Driver: Send, Sync);
 
-impl Table for DriverFns {
+// SAFETY: the search names only the CUDA driver's own files (`libcuda.so.1`, `libcuda.so`)
+// and `$CUDA_SYS_LIBRARY`; its entries are resolved at the ABI their signatures declare.
+unsafe impl Table for DriverFns {
     const LIBRARY: &'static str = "CUDA driver";
     const HANDLE: &'static str = "Driver";
     const PATH_ENV: &'static str = DRIVER_PATH_ENV;

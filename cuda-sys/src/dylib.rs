@@ -31,7 +31,8 @@
 //!     optional { abs: unsafe extern "C" fn(i32) -> i32 = 1 }
 //! }
 //!
-//! impl Table for LibcFns {
+//! // SAFETY: `libc.so.6` is the C library, whose `getpid` and `abs` have these signatures.
+//! unsafe impl Table for LibcFns {
 //!     const LIBRARY: &'static str = "C library";
 //!     const HANDLE: &'static str = "Libc";
 //!     const PATH_ENV: &'static str = "LIBC_EXAMPLE_LIBRARY";
@@ -73,7 +74,15 @@ use crate::{LoadError, Resolver};
 /// What one C library adds to [`Library`]: its names, where to look for it, how to ask
 /// its version and how to resolve its symbols. Implemented by the library's function
 /// table, declared with [`fn_table!`](crate::fn_table) (see the [module](self) example).
-pub trait Table: Sized {
+///
+/// # Safety
+///
+/// [`Library::load`] is safe and opens what [`search_list`](Self::search_list) and
+/// [`PATH_ENV`](Self::PATH_ENV) name, which runs the library's initialisers and trusts its
+/// symbols: an implementation promises that every library it names there is the genuine
+/// library of the table (or, for the environment variable, one its user chose knowingly,
+/// as the dynamic loader trusts `LD_LIBRARY_PATH`), with the signatures the table declares.
+pub unsafe trait Table: Sized {
     /// The library in messages (`"CUDA driver"`, `"NCCL"`): [`LoadError`]'s `library`.
     const LIBRARY: &'static str;
     /// What callers call the handle (`"Driver"`, `"Nccl"`): the name `Debug` prints.
@@ -160,12 +169,12 @@ impl<T: Table> Library<T> {
     /// ```
     pub fn load() -> Result<Self, LoadError> {
         if let Some(c) = env_path(T::PATH_ENV) {
-            // SAFETY: the environment is trusted input (above): its library is `T`'s.
+            // SAFETY: the environment is trusted input, as `T`'s `unsafe impl` promises.
             return unsafe { Self::open(&c) }.map_err(|reason| unusable::<T>(&c, reason));
         }
         first_usable(T::search_list(), |c| {
-            // SAFETY: what the search finds under `T`'s own names is trusted to be `T`'s
-            // library (above), as the dynamic linker trusts it.
+            // SAFETY: what the search finds under `T`'s own names is `T`'s library, as
+            // `T`'s `unsafe impl` promises.
             unsafe { Self::open(c) }
         })
         .map_err(|attempts| LoadError::NotFound {

@@ -85,7 +85,9 @@ pub type Nccl = Library<NcclFns>;
 
 static_assertions::assert_impl_all!(Nccl: Send, Sync);
 
-impl Table for NcclFns {
+// SAFETY: the search names only NCCL's own files (`libnccl.so.2`, `libnccl.so`, NCCL's
+// wheels) and `$NCCL_SYS_LIBRARY`; every entry's signature is its header's.
+unsafe impl Table for NcclFns {
     const LIBRARY: &'static str = "NCCL";
     const HANDLE: &'static str = "Nccl";
     const PATH_ENV: &'static str = NCCL_PATH_ENV;
