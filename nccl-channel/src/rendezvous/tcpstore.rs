@@ -23,7 +23,7 @@
 //! `VALIDATE` and a `CHECK` of a key that is never set instead: a TCPStore answers exactly
 //! one byte, 1 (not ready), and nothing more. An echo server answers 0 (`VALIDATE`'s own
 //! byte), and most other servers something that is not 1, or more bytes. Checked against the real servers of torch 2.4.1 and
-//! 2.5.1, libuv and legacy (`tests/torch_store_real.rs`, which checks any other release
+//! 2.5.1, libuv and legacy (`tests/suite/torch_store_real.rs`, which checks any other release
 //! with `TORCH_PY`); from 2.4 to 2.5 the query types were only appended to. The keys here
 //! start with `/nccl-channel/`, apart from those of torch and torchrun.
 //!
