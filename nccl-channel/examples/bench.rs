@@ -19,9 +19,8 @@
 //! with its busbw and time relative to mode 0. Without a CUDA driver it runs on the simulated devices and
 //! says so: a smoke test, not a figure.
 
+use nccl_launch as launch;
 use std::fmt::Write as _;
-#[path = "support/launch.rs"]
-mod launch;
 
 use std::process::ExitCode;
 use std::sync::{Arc, Barrier, Mutex};
@@ -80,12 +79,12 @@ struct Opts {
     threads: Option<usize>,
     /// One process per GPU (or simulated device), started by this program; each is
     /// configured as under torchrun, rank 0 prints the table.
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = launch::positive)]
     nprocs: Option<usize>,
     /// With --nprocs: seconds the ranks may take before they are stopped. A rank waits for
     /// the others (the unique id, and without a driver the simulated NCCL) this long, at
     /// most 300 s.
-    #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = seconds_arg)]
+    #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = launch::seconds)]
     timeout: std::time::Duration,
     /// Memory modes, a comma list or repeated: 0 plain cuMemAlloc buffers, 1 ncclMemAlloc
     /// registered with the communicator (ncclCommRegister), 2 ncclMemAlloc registered as a
@@ -109,21 +108,6 @@ struct Opts {
     /// how the modes an older NCCL lacks are skipped.
     #[arg(long, value_name = "X.Y.Z", value_parser = version_arg)]
     sim_nccl: Option<nccl_sys::NcclVersion>,
-}
-
-fn at_least_one(s: &str) -> std::result::Result<usize, String> {
-    match launch::parse_decimal::<usize>(s) {
-        Some(0) => Err("must be at least 1".into()),
-        Some(n) => Ok(n),
-        None => Err(format!("expects a number, not {s:?}")),
-    }
-}
-
-fn seconds_arg(s: &str) -> std::result::Result<std::time::Duration, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(std::time::Duration::from_secs_f64(v)),
-        _ => Err(format!("{s:?} is not a positive number of seconds")),
-    }
 }
 
 fn version_arg(s: &str) -> std::result::Result<nccl_sys::NcclVersion, String> {
