@@ -2,12 +2,13 @@
 //! benchmark (`bench/`) share, so that each program is about its collectives and not
 //! about starting processes.
 //!
-//! * [`rank_channel`]: one rank configured by its launcher's environment (ours, IREE's,
-//!   torchrun, Slurm, Open MPI, PMI): the GPU it was given, or with no CUDA driver a
-//!   simulated device whose NCCL reaches the other processes over loopback.
-//! * [`processes`]: `--nprocs N`, the one-machine shortcut: starts this executable `N`
-//!   times, one rank per GPU (or simulated device), as torchrun would.
-//! * [`machine`]: whether those ranks get GPUs or simulated devices, said before they start.
+//! * [`rank_channel`](fn@rank_channel): one rank configured by its launcher's environment
+//!   (ours, IREE's, torchrun, Slurm, Open MPI, PMI): the GPU it was given, or with no CUDA
+//!   driver a simulated device whose NCCL reaches the other processes over loopback.
+//! * [`processes`](fn@processes): `--nprocs N`, the one-machine shortcut: starts this
+//!   executable `N` times, one rank per GPU (or simulated device), as torchrun would.
+//! * [`machine`](fn@machine): whether those ranks get GPUs or simulated devices, said
+//!   before they start.
 //!
 //! A crate of the repository, never published: the examples that use it are not shipped
 //! in nccl-channel's package either.

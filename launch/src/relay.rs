@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 
-/// How [`processes`](crate::processes) shows its ranks' output.
+/// How [`processes`](fn@crate::processes) shows its ranks' output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
     /// Every line prefixed with `[rank R] `.

@@ -455,11 +455,18 @@ fn the_bench_on_one_rank_prints_numbers() {
     }
 }
 
+/// A program a test starts (found when the case runs), its arguments, what it must say.
+type Refusal = (
+    fn() -> std::path::PathBuf,
+    &'static [&'static str],
+    &'static str,
+);
+
 /// Bad numbers are refused by the command line (exit 2), not launched or panicked on.
 #[test]
 fn bench_and_data_parallel_refuse_bad_numbers() {
     let data_parallel = || example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
-    let cases: [(fn() -> std::path::PathBuf, &[&str], &str); 5] = [
+    let cases: [Refusal; 5] = [
         (
             bench_exe,
             &["--nprocs", "0"],
