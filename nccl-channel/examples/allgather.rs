@@ -17,8 +17,7 @@
 //! `allgather --help` lists the options (`--device` also takes `cuda://GPU-<uuid>`;
 //! `--opt value` and `--opt=value` both work).
 
-#[path = "support/launch.rs"]
-mod launch;
+use nccl_launch as launch;
 
 use std::fmt::Display;
 use std::process::ExitCode;
@@ -34,7 +33,7 @@ use nccl_channel::{Communicator, NcclType, ReduceOp, World};
 struct Opts {
     /// Start N ranks, one process each: on its own GPU, or on a simulated device without a
     /// CUDA driver (for a world from the environment or a launcher, leave it out).
-    #[arg(long, value_name = "N", value_parser = positive)]
+    #[arg(long, value_name = "N", value_parser = launch::positive)]
     nprocs: Option<usize>,
     /// The GPU of this rank, for a world from the environment: cuda://<index>,
     /// cuda://GPU-<uuid>, cuda://MIG-<uuid>, a PCI bus id cuda://0000:18:00.0, or cuda://
@@ -46,7 +45,7 @@ struct Opts {
     )]
     device: Option<String>,
     /// Elements per rank.
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = positive)]
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = launch::positive)]
     count: usize,
     /// Element type.
     #[arg(long, default_value = "i32", value_parser = ["i32", "f32", "i8", "ui8", "ui32", "i64", "ui64", "f64"])]
@@ -56,23 +55,8 @@ struct Opts {
     collective: String,
     /// How long a rank waits for the others (for the unique id from a launcher's rendezvous,
     /// and on simulated devices in NCCL), and how long the ranks of --nprocs may take.
-    #[arg(long, value_name = "SECONDS", default_value = "120", value_parser = seconds)]
+    #[arg(long, value_name = "SECONDS", default_value = "120", value_parser = launch::seconds)]
     timeout: Duration,
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match launch::parse_decimal::<usize>(s) {
-        Some(0) => Err("must be at least 1".into()),
-        Some(n) => Ok(n),
-        None => Err(format!("expects a number, not {s:?}")),
-    }
-}
-
-fn seconds(s: &str) -> Result<Duration, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(Duration::from_secs_f64(v)),
-        _ => Err(format!("{s:?} is not a positive number of seconds")),
-    }
 }
 
 fn main() -> ExitCode {

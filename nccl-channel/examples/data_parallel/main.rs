@@ -20,8 +20,7 @@
 //! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=1 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://1
 //! ```
 
-#[path = "../support/launch.rs"]
-mod launch;
+use nccl_launch as launch;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -199,7 +199,7 @@ fn torchrun_runs_the_bench() {
     if !crate::common::gpus_or_skip(2) {
         return;
     }
-    let bench = crate::common::demo::example_exe("bench", "NCCL_CHANNEL_BENCH");
+    let bench = crate::common::demo::bench_exe();
     let mut c = torchrun();
     c.args(["--standalone", "--nproc-per-node", "2", "--no-python"])
         .arg(bench)

@@ -8,7 +8,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::demo::{demo_exe, example_exe, free_port};
+use crate::common::demo::{bench_exe, demo_exe, example_exe, free_port};
 use crate::common::tcpstore::TestStore;
 use test_support::env::scrubbed;
 
@@ -303,7 +303,7 @@ fn rank_0_absent_times_out_naming_the_address() {
 /// device, rank 0 prints the header and one checked row per size.
 #[test]
 fn the_bench_launches_processes_on_simulated_devices() {
-    let bench = example_exe("bench", "NCCL_CHANNEL_BENCH");
+    let bench = bench_exe();
     let args: Vec<String> = [
         "--nprocs",
         "2",
@@ -434,7 +434,7 @@ fn a_device_beyond_the_machine_and_nprocs_inside_a_world_are_refused() {
 /// still bytes over time (it was busbw / 0 = NaN).
 #[test]
 fn the_bench_on_one_rank_prints_numbers() {
-    let bench = example_exe("bench", "NCCL_CHANNEL_BENCH");
+    let bench = bench_exe();
     let env = vars(&[
         ("NCCL_CHANNEL_NPROCS", "1".into()),
         ("NCCL_CHANNEL_PROCID", "0".into()),
@@ -455,49 +455,52 @@ fn the_bench_on_one_rank_prints_numbers() {
     }
 }
 
+/// A program a test starts (found when the case runs), its arguments, what it must say.
+type Refusal = (
+    fn() -> std::path::PathBuf,
+    &'static [&'static str],
+    &'static str,
+);
+
 /// Bad numbers are refused by the command line (exit 2), not launched or panicked on.
 #[test]
 fn bench_and_data_parallel_refuse_bad_numbers() {
-    let cases: [(&str, &str, &[&str], &str); 5] = [
+    let data_parallel = || example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
+    let cases: [Refusal; 5] = [
         (
-            "bench",
-            "NCCL_CHANNEL_BENCH",
+            bench_exe,
             &["--nprocs", "0"],
             "invalid value '0' for '--nprocs <NPROCS>': must be at least 1",
         ),
         // A sign is not a digit (Rust's integer parser alone takes `+2`).
         (
-            "bench",
-            "NCCL_CHANNEL_BENCH",
+            bench_exe,
             &["--nprocs=+2"],
             "invalid value '+2' for '--nprocs <NPROCS>': expects a number, not \"+2\"",
         ),
         (
-            "bench",
-            "NCCL_CHANNEL_BENCH",
+            bench_exe,
             &["-b", "+8"],
             "invalid value '+8' for '-b <MIN>': bad size \"+8\" (a positive number of bytes, \
              suffix K, M or G)",
         ),
         (
-            "data_parallel",
-            "NCCL_CHANNEL_DATA_PARALLEL",
+            data_parallel,
             &["--timeout=-1"],
             "invalid value '-1' for '--timeout <TIMEOUT>': \"-1\" is not a positive number of seconds",
         ),
         (
-            "data_parallel",
-            "NCCL_CHANNEL_DATA_PARALLEL",
+            data_parallel,
             &["--timeout=NaN"],
             "\"NaN\" is not a positive number of seconds",
         ),
     ];
-    for (name, var, args, want) in cases {
+    for (exe, args, want) in cases {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let out = example(example_exe(name, var), &[], &args)
-            .output()
-            .unwrap();
+        let exe = exe();
+        let out = example(exe.clone(), &[], &args).output().unwrap();
         let (_, err) = text(&out);
+        let name = exe.display();
         assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {err}");
         assert!(err.contains(want), "{name} {args:?}: {err}");
     }

@@ -1,6 +1,7 @@
-//! Finds the examples' binaries for tests: `$NCCL_CHANNEL_DEMO` (allgather) or
-//! `$NCCL_CHANNEL_DATA_PARALLEL`, else beside this test binary (the GPU machine's staged
-//! layout), else cargo's `examples/` folder (built on demand).
+//! Finds the programs the tests start: the examples (`$NCCL_CHANNEL_DEMO` for allgather,
+//! `$NCCL_CHANNEL_DATA_PARALLEL`) and the benchmark (`$NCCL_CHANNEL_BENCH`, the `bench`
+//! binary of nccl-bench), else beside this test binary (the GPU machine's staged layout),
+//! else in cargo's `examples/` or profile folder (built on demand).
 #![allow(
     dead_code,
     unreachable_pub,
@@ -9,52 +10,87 @@
     clippy::panic
 )]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn demo_exe() -> PathBuf {
     example_exe("allgather", "NCCL_CHANNEL_DEMO")
 }
 
-/// The example `name`: `$var`, beside this test binary, or in cargo's `examples/`.
+/// The example `name` of nccl-channel: `$var`, beside this test binary, or in cargo's
+/// `examples/`.
 pub fn example_exe(name: &str, var: &str) -> PathBuf {
+    program(name, var, Program::Example)
+}
+
+/// The benchmark, a binary crate of its own (`bench/`): `$NCCL_CHANNEL_BENCH`, beside this
+/// test binary, or in cargo's profile folder.
+pub fn bench_exe() -> PathBuf {
+    program("bench", "NCCL_CHANNEL_BENCH", Program::Bin("nccl-bench"))
+}
+
+/// What a program the tests start is to cargo.
+#[derive(Clone, Copy)]
+enum Program {
+    /// An example of nccl-channel.
+    Example,
+    /// A binary of the workspace's package.
+    Bin(&'static str),
+}
+
+impl Program {
+    /// Where cargo puts it, under the profile's folder.
+    fn folder(self, profile_dir: &Path) -> PathBuf {
+        match self {
+            Program::Example => profile_dir.join("examples"),
+            Program::Bin(_) => profile_dir.to_path_buf(),
+        }
+    }
+
+    /// The arguments of `cargo build` that build it.
+    fn build_args(self, name: &str) -> Vec<&str> {
+        match self {
+            Program::Example => vec!["-p", "nccl-channel", "--example", name],
+            Program::Bin(package) => vec!["-p", package, "--bin", name],
+        }
+    }
+}
+
+/// `name`: `$var`, beside this test binary, or where cargo builds it (built now if
+/// missing: under `cargo test` with a target filter it may not be built yet).
+fn program(name: &str, var: &str, kind: Program) -> PathBuf {
     if let Some(p) = std::env::var_os(var) {
         return PathBuf::from(p);
     }
     let me = std::env::current_exe().unwrap();
     let dir = me.parent().unwrap();
-    for candidate in [dir.join(name), dir.join("../examples").join(name)] {
-        if candidate.exists() {
-            return candidate;
-        }
+    // The test binary lives in the profile's `deps/`.
+    let profile_dir = dir.parent();
+    let mut candidates = vec![dir.join(name)];
+    if let Some(p) = profile_dir {
+        candidates.push(kind.folder(p).join(name));
     }
-    // Under `cargo test` with a target filter the example may not be built yet: build it.
-    if let (Some(cargo), Some(profile_dir)) = (std::env::var_os("CARGO"), dir.parent()) {
+    if let Some(found) = candidates.into_iter().find(|c| c.exists()) {
+        return found;
+    }
+    if let (Some(cargo), Some(profile_dir)) = (std::env::var_os("CARGO"), profile_dir) {
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let mut cmd = std::process::Command::new(cargo);
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "nccl-channel",
-            "--example",
-            name,
-            "--features",
-            "mock half",
-        ]);
+        cmd.args(["build", "-q"]).args(kind.build_args(name));
         if release {
             cmd.arg("--release");
         }
         if cmd.status().is_ok_and(|s| s.success()) {
-            let built = profile_dir.join("examples").join(name);
+            let built = kind.folder(profile_dir).join(name);
             if built.exists() {
                 return built;
             }
         }
     }
     panic!(
-        "the {name} example was not found beside {} or in ../examples; build it \
-         (cargo build --examples) or set {var}",
-        me.display()
+        "{name} was not found beside {} or where cargo builds it; build it (cargo build \
+         {}) or set {var}",
+        me.display(),
+        kind.build_args(name).join(" ")
     );
 }
 

@@ -1,0 +1,110 @@
+//! `--check 1`: each size's result checked once before it is timed, as nccl-tests does
+//! (the `#wrong` columns).
+
+use nccl_channel::Result;
+
+use crate::collective::launch_op;
+use crate::element::BenchVal;
+use crate::memory::Bufs;
+use crate::rank::Rank;
+
+/// Fills inputs (rank r holds r+1 everywhere), runs once, and counts wrong elements.
+pub(crate) fn check<T: BenchVal>(
+    r: &Rank,
+    coll: &str,
+    b: &mut Bufs<T>,
+    in_place: bool,
+    op: &str,
+    root: usize,
+) -> Result<usize> {
+    let (me, n) = (r.comm.rank(), r.comm.size());
+    fill_inputs(b, coll, in_place, me, n)?;
+    launch_op(r, coll, b, in_place, op, root)?;
+    r.stream.synchronize()?;
+    let (out, offset) = if coll == "reduce_scatter" && in_place {
+        (b.send.to_vec()?, me * b.recv.len())
+    } else {
+        (b.recv.to_vec()?, 0)
+    };
+    let len = if coll == "reduce_scatter" {
+        b.recv.len()
+    } else {
+        out.len()
+    };
+    let want = Expected {
+        coll,
+        reduced: reduced(op, n),
+        me,
+        n,
+        root,
+        block: out.len() / n,
+    };
+    let wrong = (0..len)
+        .filter(|&i| want.at(i).is_some_and(|w| out[offset + i] != T::from_f(w)))
+        .count();
+    Ok(wrong)
+}
+
+/// Rank `me` holds `me + 1` in its send buffer, and in its receive buffer when the
+/// collective works in place there (all_gather in place: only in its own block).
+fn fill_inputs<T: BenchVal>(
+    b: &mut Bufs<T>,
+    coll: &str,
+    in_place: bool,
+    me: usize,
+    n: usize,
+) -> Result<()> {
+    let mine = T::from_f((me + 1) as f64);
+    b.send.fill(mine)?;
+    b.recv.fill(if in_place && coll != "all_gather" {
+        mine
+    } else {
+        T::from_f(0.0)
+    })?;
+    if in_place && coll == "all_gather" {
+        let c = b.recv.len() / n;
+        let mut host = vec![T::from_f(0.0); b.recv.len()];
+        host[me * c..(me + 1) * c].fill(mine);
+        b.recv.copy_from_host(&host)?;
+    }
+    Ok(())
+}
+
+/// `op` over the ranks' values 1..=n.
+fn reduced(op: &str, n: usize) -> f64 {
+    let nn = n as f64;
+    match op {
+        "prod" => (1..=n).map(|x| x as f64).product(),
+        "max" => nn,
+        "min" => 1.0,
+        "avg" => (nn + 1.0) / 2.0,
+        _ => nn * (nn + 1.0) / 2.0,
+    }
+}
+
+/// What a rank's result holds after one collective on [`fill_inputs`]' values.
+struct Expected<'a> {
+    coll: &'a str,
+    /// The reduction of the ranks' values.
+    reduced: f64,
+    me: usize,
+    n: usize,
+    root: usize,
+    /// Elements per rank in a gathered result.
+    block: usize,
+}
+
+impl Expected<'_> {
+    /// The value of element `i` (`None`: not defined on this rank, e.g. reduce off root).
+    fn at(&self, i: usize) -> Option<f64> {
+        let (me, n) = (self.me, self.n);
+        Some(match self.coll {
+            "all_reduce" | "reduce_scatter" => self.reduced,
+            "reduce" if me == self.root => self.reduced,
+            "broadcast" => (self.root + 1) as f64,
+            "all_gather" | "all_to_all" => (i / self.block + 1) as f64,
+            "sendrecv" => ((me + n - 1) % n + 1) as f64,
+            _ => return None,
+        })
+    }
+}

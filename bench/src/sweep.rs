@@ -1,0 +1,138 @@
+//! The sweep of one rank: every collective of `-c`, every size, every memory mode of
+//! `-R`; the measurements are collective (every rank makes the same calls in the same
+//! order), the table is rank 0's.
+
+use nccl_channel::Result;
+
+use crate::check::check;
+use crate::collective::{bus_factor, counts, in_place_ok};
+use crate::element::BenchVal;
+use crate::memory::{Bufs, ModeMemory, alloc_modes, fresh_pool};
+use crate::mode::Mem;
+use crate::options::Opts;
+use crate::rank::Rank;
+use crate::sizes::sizes;
+use crate::table::{self, Layout, Sample};
+use crate::timing::time;
+
+/// The whole sweep in element type `T`; rank 0 prints the table through `out`.
+pub(crate) fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
+    let me = r.comm.rank();
+    let sizes = sizes(o);
+    let (send_max, recv_max) = largest::<T>(o, &sizes, r.comm.size());
+    let (mut mems, notes) = alloc_modes::<T>(r.comm, &o.mems, send_max, recv_max)?;
+    let layout = Layout {
+        multi: o.mems.len() > 1,
+        base: mems
+            .iter()
+            .position(|(m, ..)| *m == Mem::Plain)
+            .unwrap_or(0),
+    };
+    if me == 0 {
+        notes.iter().for_each(|n| table::line(out, n));
+        let base = mems.get(layout.base).map(|(m, ..)| *m);
+        table::memory(out, send_max, recv_max, base, layout.multi);
+        table::flush(out);
+    }
+    if mems.is_empty() {
+        return Ok(());
+    }
+    for coll in &o.colls.0 {
+        fresh_pool(r.comm, &mut mems, send_max, recv_max)?;
+        run_collective(r, o, coll, &sizes, &mut mems, layout, out)?;
+    }
+    Ok(())
+}
+
+/// The send and receive elements of the largest size, over the collectives: what each
+/// mode allocates once.
+fn largest<T: BenchVal>(o: &Opts, sizes: &[usize], n: usize) -> (usize, usize) {
+    let largest = sizes.last().copied().unwrap_or(o.min);
+    let (mut send_max, mut recv_max) = (1, 1);
+    for coll in &o.colls.0 {
+        let (sn, rn, _) = counts(coll, largest, size_of::<T>(), n);
+        send_max = send_max.max(sn);
+        recv_max = recv_max.max(rn);
+    }
+    (send_max, recv_max)
+}
+
+/// One collective over every size and mode: its header, a row per size and mode, and
+/// its averages.
+fn run_collective<T: BenchVal>(
+    r: &Rank,
+    o: &Opts,
+    coll: &str,
+    sizes: &[usize],
+    mems: &mut [ModeMemory<'_, T>],
+    layout: Layout,
+    out: &mut String,
+) -> Result<()> {
+    let (me, n, tsize) = (r.comm.rank(), r.comm.size(), size_of::<T>());
+    if me == 0 {
+        table::header(out, coll, n, o, layout.multi);
+    }
+    let mut bus_sum = vec![0.0; mems.len()];
+    let mut rows = 0;
+    for &bytes in sizes {
+        let (sn, rn, count) = counts(coll, bytes, tsize, n);
+        let samples = measure(r, o, coll, mems, (sn, rn), count * tsize)?;
+        rows += 1;
+        for (sum, s) in bus_sum.iter_mut().zip(&samples) {
+            *sum += s.busbw[0];
+        }
+        if me == 0 {
+            let modes: Vec<Mem> = mems.iter().map(|(m, ..)| *m).collect();
+            table::rows(
+                out,
+                o,
+                coll,
+                (count, count * tsize),
+                &modes,
+                &samples,
+                layout,
+            );
+            table::flush(out);
+        }
+    }
+    if me == 0 {
+        table::averages(out, coll, mems, &bus_sum, rows, layout.multi);
+        table::flush(out);
+    }
+    Ok(())
+}
+
+/// One size in every mode, out of place and in place: checked (`--check 1`), then timed.
+/// `lens`: the send and receive elements; `bytes`: what the bandwidths divide.
+fn measure<T: BenchVal>(
+    r: &Rank,
+    o: &Opts,
+    coll: &str,
+    mems: &mut [ModeMemory<'_, T>],
+    (sn, rn): (usize, usize),
+    bytes: usize,
+) -> Result<Vec<Sample>> {
+    let mut samples = vec![Sample::default(); mems.len()];
+    for ((_, send, recv), sample) in mems.iter_mut().zip(&mut samples) {
+        let mut b = Bufs {
+            send: send.view(sn)?,
+            recv: recv.view(rn)?,
+        };
+        for (k, in_place) in [false, true].into_iter().enumerate() {
+            if in_place && !in_place_ok(coll) {
+                continue;
+            }
+            let wrong = if o.check {
+                check(r, coll, &mut b, in_place, &o.op, o.root)?
+            } else {
+                0
+            };
+            let us = time(r, coll, &mut b, in_place, o)?;
+            sample.wrong[k] = (r.max_time)(wrong as f64)? as usize;
+            sample.us[k] = us;
+            sample.algbw[k] = bytes as f64 / us / 1000.0;
+            sample.busbw[k] = sample.algbw[k] * bus_factor(coll, r.comm.size());
+        }
+    }
+    Ok(samples)
+}

@@ -1,0 +1,31 @@
+//! The launcher that nccl-channel's examples (`allgather`, `data_parallel`) and the
+//! benchmark (`bench/`) share, so that each program is about its collectives and not
+//! about starting processes.
+//!
+//! * [`rank_channel`](fn@rank_channel): one rank configured by its launcher's environment
+//!   (ours, IREE's, torchrun, Slurm, Open MPI, PMI): the GPU it was given, or with no CUDA
+//!   driver a simulated device whose NCCL reaches the other processes over loopback.
+//! * [`processes`](fn@processes): `--nprocs N`, the one-machine shortcut: starts this
+//!   executable `N` times, one rank per GPU (or simulated device), as torchrun would.
+//! * [`machine`](fn@machine): whether those ranks get GPUs or simulated devices, said
+//!   before they start.
+//!
+//! A crate of the repository, never published: the examples that use it are not shipped
+//! in nccl-channel's package either.
+
+mod args;
+mod machine;
+mod processes;
+mod rank;
+mod relay;
+mod rendezvous;
+mod report;
+mod simulated;
+mod watch;
+
+pub use args::{parse_decimal, positive, seconds};
+pub use machine::{Machine, machine};
+pub use processes::{nprocs_in_a_world, processes};
+pub use rank::{RankChannel, RankSetup, rank_channel};
+pub use relay::Output;
+pub use report::report;

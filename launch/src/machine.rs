@@ -1,0 +1,52 @@
+//! Where the ranks of `--nprocs` run, decided once before they start, so that the
+//! launcher's first line can say it (and refuse too few GPUs before any rank waits).
+
+use cuda_hal::{Cuda, cuda_sys};
+
+use crate::report;
+
+/// Where the ranks run.
+pub enum Machine {
+    /// A CUDA driver with at least the ranks' number of GPUs.
+    Gpus,
+    /// No CUDA driver: why, for the first line of output.
+    Simulated(String),
+}
+
+/// Picks real GPUs when a driver loads (and refuses too few of them), else simulated ones.
+pub fn machine(n: usize) -> Result<Machine, String> {
+    match Cuda::load() {
+        Ok(cuda) => {
+            let gpus = cuda.device_count().map_err(|e| report(&e))?;
+            if gpus < n {
+                return Err(format!(
+                    "--nprocs {n} needs {n} GPUs; this machine has {gpus}"
+                ));
+            }
+            Ok(Machine::Gpus)
+        }
+        Err(e) => Ok(Machine::Simulated(no_driver_reason(&e))),
+    }
+}
+
+/// Why the CUDA driver did not load, in one line: the loader's error lists every place
+/// it tried, too long for a header.
+pub(crate) fn no_driver_reason(e: &cuda_hal::Error) -> String {
+    match e {
+        cuda_hal::Error::Load(cuda_sys::LoadError::NotFound { attempts, .. }) => {
+            match attempts.0.first() {
+                Some(first) => format!("{} places tried, first {first}", attempts.0.len()),
+                None => "no place to look for libcuda".to_string(),
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The first 100 characters of `text`, with `…` if cut.
+pub(crate) fn short(text: &str) -> String {
+    match text.char_indices().nth(100) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}

@@ -1,0 +1,189 @@
+//! `--nprocs N`: the one-machine launcher, a small torchrun: one process per rank,
+//! configured by this crate's variables, all stopped when one fails.
+
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nccl_channel::World;
+
+use crate::relay::{Output, relay};
+use crate::report;
+
+/// The refusal of `--nprocs` in a process its launcher already made a rank of a world
+/// (starting ranks there would nest worlds).
+pub fn nprocs_in_a_world(world: &World) -> String {
+    format!(
+        "--nprocs starts ranks itself, but this process is already rank {} of {} ({} \
+         variables): leave --nprocs out, or unset the launcher's variables",
+        world.rank, world.size, world.source
+    )
+}
+
+/// The one-machine launcher: starts this executable `n` times with `args`, rank `r`
+/// configured by `NCCL_CHANNEL_NPROCS/PROCID/LOCAL_PROCID`, a rendezvous address
+/// (`NCCL_CHANNEL_RENDEZVOUS`, where rank 0 serves the unique id) and a key of this launch
+/// (`NCCL_CHANNEL_RENDEZVOUS_KEY`, so that ranks of another launch that find the same port
+/// are told apart); stops every rank when one fails or `timeout` passes. The ranks take
+/// GPUs, or simulated devices without a driver, as [`rank_channel`](crate::rank_channel)
+/// says.
+pub fn processes(
+    n: usize,
+    args: &[String],
+    timeout: Duration,
+    output: Output,
+) -> Result<(), String> {
+    let t = Instant::now();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free port for the rendezvous: {e}"))?
+        .port();
+    let exe = std::env::current_exe().map_err(|e| report(&e))?;
+    let launch = Launch {
+        args,
+        port,
+        key: key(),
+        output,
+    };
+    if output == Output::Prefixed {
+        let ranks = if n == 1 { "rank" } else { "ranks" };
+        println!("launching {n} {ranks}, rendezvous at 127.0.0.1:{port}");
+    }
+    let mut children: Vec<Child> = Vec::new();
+    let mut printers = Vec::new();
+    for r in 0..n {
+        match launch.start(&exe, n, r) {
+            Ok((child, relays)) => {
+                children.push(child);
+                printers.extend(relays);
+            }
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(format!("starting rank {r}: {e}"));
+            }
+        }
+    }
+    let failed = wait_all(&mut children, t + timeout, timeout);
+    for p in printers {
+        let _ = p.join();
+    }
+    if !failed.is_empty() {
+        return Err(failed.join("; "));
+    }
+    if output == Output::Prefixed {
+        let ranks = match n {
+            1 => "the rank".to_string(),
+            _ => format!("all {n} ranks"),
+        };
+        println!("{ranks} succeeded in {:.2} s", t.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// A key of this launch: the process and the time.
+fn key() -> String {
+    format!(
+        "launch-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
+}
+
+/// What every rank of one launch gets.
+struct Launch<'a> {
+    args: &'a [String],
+    port: u16,
+    key: String,
+    output: Output,
+}
+
+impl Launch<'_> {
+    /// Starts rank `r` of `n` and the threads that relay its output.
+    fn start(
+        &self,
+        exe: &std::path::Path,
+        n: usize,
+        r: usize,
+    ) -> std::io::Result<(Child, Vec<JoinHandle<()>>)> {
+        let mut cmd = Command::new(exe);
+        cmd.args(self.args)
+            .env("NCCL_CHANNEL_NPROCS", n.to_string())
+            .env("NCCL_CHANNEL_PROCID", r.to_string())
+            .env("NCCL_CHANNEL_LOCAL_PROCID", r.to_string())
+            .env(
+                "NCCL_CHANNEL_RENDEZVOUS",
+                format!("127.0.0.1:{}", self.port),
+            )
+            .env("NCCL_CHANNEL_RENDEZVOUS_KEY", &self.key)
+            .env_remove("NCCL_COMM_ID")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // NCCL's NVLink SHARP stays off unless the caller's environment turns it on.
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            cmd.env("NCCL_NVLS_ENABLE", "0");
+        }
+        let mut child = cmd.spawn()?;
+        let (output, show) = (self.output, self.output.shows_stdout(r));
+        let mut relays = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            relays.push(std::thread::spawn(move || {
+                relay(r, out, false, show, output)
+            }));
+        }
+        if let Some(err) = child.stderr.take() {
+            relays.push(std::thread::spawn(move || {
+                relay(r, err, true, true, output)
+            }));
+        }
+        Ok((child, relays))
+    }
+}
+
+/// Waits for every rank; a failed rank leaves its peers waiting in NCCL, so the others are
+/// stopped then, as they are at `deadline`. Returns what failed (empty: all succeeded).
+fn wait_all(children: &mut [Child], deadline: Instant, timeout: Duration) -> Vec<String> {
+    let mut failed: Vec<String> = Vec::new();
+    let mut done = vec![false; children.len()];
+    while done.iter().any(|d| !d) {
+        for (r, c) in children.iter_mut().enumerate() {
+            if done[r] {
+                continue;
+            }
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    done[r] = true;
+                    if !st.success() {
+                        failed.push(format!("rank {r} exited with {st}"));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    done[r] = true;
+                    failed.push(format!("rank {r}: {e}"));
+                }
+            }
+        }
+        if !failed.is_empty() && done.iter().any(|d| !d) {
+            std::thread::sleep(Duration::from_millis(500));
+            kill_all(children);
+            failed.push("the other ranks were stopped".into());
+            break;
+        }
+        if Instant::now() > deadline {
+            kill_all(children);
+            failed.push(format!("ranks still running after {timeout:?}; stopped"));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    failed
+}
+
+fn kill_all(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
