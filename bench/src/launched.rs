@@ -11,8 +11,9 @@ use nccl_launch::{Output, RankSetup};
 
 use crate::invalid;
 use crate::options::Opts;
-use crate::rank::{Rank, run_rank};
+use crate::rank::Rank;
 use crate::setup::{comm_config, command_line, print_setup};
+use crate::sweep::run_rank;
 
 /// The most a rank waits for the others: `--timeout`, but not the hour a sweep may take.
 const MAX_WAIT: Duration = Duration::from_secs(300);

@@ -1,7 +1,5 @@
 //! The sizes of the sweep: `-b`, `-e` (bytes with K, M, G) and the factor `-f` between them.
 
-use crate::options::Opts;
-
 /// `-b` and `-e`: a positive number of bytes, suffix K, M or G (powers of 1024).
 pub(crate) fn size_arg(s: &str) -> Result<usize, String> {
     let (num, mul) = match s.chars().last() {
@@ -16,13 +14,14 @@ pub(crate) fn size_arg(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("bad size {s:?} (a positive number of bytes, suffix K, M or G)"))
 }
 
-/// The sizes of the sweep, smallest first: `-b`, times `-f` while at most `-e`.
-pub(crate) fn sizes(o: &Opts) -> Vec<usize> {
+/// The sizes of the sweep, smallest first: `min` (`-b`), times `factor` (`-f`) while at
+/// most `max` (`-e`).
+pub(crate) fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
     let mut v = Vec::new();
-    let mut bytes = o.min;
-    while bytes <= o.max {
+    let mut bytes = min;
+    while bytes <= max {
         v.push(bytes);
-        match bytes.checked_mul(o.factor as usize) {
+        match bytes.checked_mul(factor) {
             Some(b) => bytes = b,
             None => break,
         }

@@ -3,6 +3,7 @@
 //! order), the table is rank 0's.
 
 use nccl_channel::Result;
+use nccl_channel::half::{bf16, f16};
 
 use crate::check::check;
 use crate::collective::{bus_factor, counts, in_place_ok};
@@ -18,7 +19,11 @@ use crate::timing::time;
 /// The whole sweep in element type `T`; rank 0 prints the table through `out`.
 pub(crate) fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Result<()> {
     let me = r.comm.rank();
-    let sizes = sizes(o);
+    let sizes = sizes(
+        o.min,
+        o.max,
+        usize::try_from(o.factor).unwrap_or(usize::MAX),
+    );
     let (send_max, recv_max) = largest::<T>(o, &sizes, r.comm.size());
     let (mut mems, notes) = alloc_modes::<T>(r.comm, &o.mems, send_max, recv_max)?;
     let layout = Layout {
@@ -135,4 +140,22 @@ fn measure<T: BenchVal>(
         }
     }
     Ok(samples)
+}
+
+/// Runs the whole sweep on this rank in the element type `-d` names.
+pub(crate) fn run_rank(r: &Rank, o: &Opts) -> Result<()> {
+    let mut out = String::new();
+    match o.dtype.as_str() {
+        "float" => run_type::<f32>(r, o, &mut out),
+        "double" => run_type::<f64>(r, o, &mut out),
+        "half" => run_type::<f16>(r, o, &mut out),
+        "bfloat16" => run_type::<bf16>(r, o, &mut out),
+        "int32" => run_type::<i32>(r, o, &mut out),
+        "int8" => run_type::<i8>(r, o, &mut out),
+        "uint8" => run_type::<u8>(r, o, &mut out),
+        other => Err(nccl_channel::Error::InvalidArgument {
+            what: "options",
+            problem: format!("unknown -d {other}"),
+        }),
+    }
 }

@@ -7,8 +7,9 @@ use cuda_hal::{Cuda, Stream};
 use nccl_channel::{Communicator, Result, UniqueId};
 
 use crate::options::Opts;
-use crate::rank::{Rank, run_rank};
+use crate::rank::Rank;
 use crate::setup::comm_config;
+use crate::sweep::run_rank;
 
 /// Runs the sweep on devices `0..n` of `cuda`, one thread each, with NCCL `nccl`.
 pub(crate) fn run_threads(
