@@ -19,7 +19,8 @@
 //! # Quick start
 //!
 //! The table is the same whether it comes from `libcuda.so.1` or from the simulated
-//! driver of the `mock` feature ([`mock`]), which runs anywhere: this example does.
+//! driver of the crate `cuda-mock` (a dev-dependency here), which runs anywhere: this
+//! example does.
 //!
 //! ```
 //! use cuda_mock::MockDriver;

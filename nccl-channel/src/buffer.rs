@@ -133,7 +133,9 @@ mod tests {
     /// waiting for registration: it knows exactly the live, unregistered, non-empty ones.
     #[test]
     fn the_registry_knows_exactly_the_pooled_buffers_a_collective_may_register() {
-        let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver).unwrap();
+        let (cuda, gpus) = MockDriver::with_devices(1)
+            .build_with(Cuda::from_driver)
+            .unwrap();
         let (nccl, _world) = MockNccl::new(&gpus).build().unwrap();
         let ctx = cuda.device(0).unwrap().primary_context().unwrap();
         let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))

@@ -5,6 +5,8 @@
 pub struct SplitMix(pub u64);
 
 impl SplitMix {
+    // An endless generator, not an iterator: `next` is the algorithm's own name.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;

@@ -67,7 +67,7 @@ fn sums(nccl: &Nccl, comms: &[&Communicator], values: &[f32]) -> Vec<f32> {
 on_every_backend! {
     fn grouped_split_of_two_local_ranks_from_one_thread(m, gpus = 2) {
         let (nccl, ctxs) = (&m.nccl, &m.ctxs);
-        let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+        let comms = Communicator::init_all(nccl, ctxs).unwrap();
         // One color, keys reversed: the children's ranks are swapped.
         let swapped =
             Communicator::split_all(&[(&comms[0], Some(0), 1), (&comms[1], Some(0), 0)]).unwrap();
@@ -80,7 +80,7 @@ on_every_backend! {
             [(1, 2), (0, 2)]
         );
         assert_eq!(
-            sums(&nccl, &[&swapped[0], &swapped[1]], &[1.0, 2.0]),
+            sums(nccl, &[&swapped[0], &swapped[1]], &[1.0, 2.0]),
             [3.0, 3.0]
         );
         // Rank 1 opts out; rank 0 alone.
@@ -88,7 +88,7 @@ on_every_backend! {
         assert!(solo[1].is_none());
         let solo = solo.into_iter().next().flatten().unwrap();
         assert_eq!((solo.rank(), solo.size()), (0, 1));
-        assert_eq!(sums(&nccl, &[&solo], &[5.0]), [5.0]);
+        assert_eq!(sums(nccl, &[&solo], &[5.0]), [5.0]);
         println!("blocking: grouped split of 2 local ranks (keys swap them, one opts out): ok");
     }
 }
@@ -96,7 +96,7 @@ on_every_backend! {
 on_every_backend! {
     fn grouped_and_single_split_of_non_blocking_ranks(m, gpus = 2) {
         let (nccl, ctxs) = (&m.nccl, &m.ctxs);
-        let comms = non_blocking(&nccl, &ctxs);
+        let comms = non_blocking(nccl, ctxs);
         let children =
             Communicator::split_all(&[(&comms[0], Some(1), 0), (&comms[1], Some(1), 0)]).unwrap();
         let children: Vec<Communicator> = children.into_iter().map(Option::unwrap).collect();
@@ -109,7 +109,7 @@ on_every_backend! {
         );
         assert!(children.iter().all(|c| !c.config().is_blocking()));
         assert_eq!(
-            sums(&nccl, &[&children[0], &children[1]], &[3.0, 4.0]),
+            sums(nccl, &[&children[0], &children[1]], &[3.0, 4.0]),
             [7.0, 7.0]
         );
         println!("non-blocking: grouped split of 2 local ranks from one thread: ok");
@@ -137,7 +137,7 @@ on_every_backend! {
         let (nccl, ctxs) = (&m.nccl, &m.ctxs);
         if nccl.fns().ncclCommShrink.is_none() {
             // An NCCL before 2.27: the grouped shrink must be refused, typed, before any call.
-            let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+            let comms = Communicator::init_all(nccl, ctxs).unwrap();
             let e = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap_err();
             assert!(
                 matches!(&e, Error::Unsupported { feature, .. } if *feature == "ncclCommShrink"),
@@ -148,15 +148,15 @@ on_every_backend! {
         }
         for blocking in [true, false] {
             let comms = if blocking {
-                Communicator::init_all(&nccl, &ctxs).unwrap()
+                Communicator::init_all(nccl, ctxs).unwrap()
             } else {
-                non_blocking(&nccl, &ctxs)
+                non_blocking(nccl, ctxs)
             };
             // Rank 1 is "lost": rank 0 shrinks it away from this thread, in a group.
             let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
             assert_eq!((small[0].rank(), small[0].size()), (0, 1));
             assert_eq!(small[0].config().is_blocking(), blocking);
-            assert_eq!(sums(&nccl, &[&small[0]], &[6.0]), [6.0]);
+            assert_eq!(sums(nccl, &[&small[0]], &[6.0]), [6.0]);
             println!("blocking {blocking}: grouped shrink of rank 1 from rank 0: ok");
             drop(small);
             for c in comms {
