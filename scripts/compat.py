@@ -75,7 +75,8 @@ def row(exe, version, lib):
 def main():
     versions = sys.argv[1:] or VERSIONS
     subprocess.run(["cargo", "build", "-q", "--release", "-p", "nccl-sys", "--example", "compat_row"], cwd=ROOT, check=True)
-    exe = str(ROOT / "target/release/examples/compat_row")
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    exe = str(target / "release/examples/compat_row")
     ref = prototypes(fetch(REFERENCE)[1])
     print("| NCCL | loaded | optional functions present | unique id | comm init without a GPU | ids from NCCL_COMM_ID | signatures vs 2.32.3 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

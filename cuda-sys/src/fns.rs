@@ -137,10 +137,45 @@ crate::fn_table! {
         cuOccupancyMaxPotentialBlockSize: PFN_cuOccupancyMaxPotentialBlockSize,
     }
     optional {
-        cuCtxRecordEvent: PFN_cuCtxRecordEvent = 12050,
-        cuCtxWaitEvent: PFN_cuCtxWaitEvent = 12050,
-        cuStreamGetDevice: PFN_cuStreamGetDevice = 12080,
-        cuFuncGetName: PFN_cuFuncGetName = 12030,
-        cuFuncGetParamInfo: PFN_cuFuncGetParamInfo = 12040,
+        cuCtxRecordEvent: PFN_cuCtxRecordEvent = since::cuCtxRecordEvent,
+        cuCtxWaitEvent: PFN_cuCtxWaitEvent = since::cuCtxWaitEvent,
+        cuStreamGetDevice: PFN_cuStreamGetDevice = since::cuStreamGetDevice,
+        cuFuncGetName: PFN_cuFuncGetName = since::cuFuncGetName,
+        cuFuncGetParamInfo: PFN_cuFuncGetParamInfo = since::cuFuncGetParamInfo,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CUDA version whose header first declares the symbol of a signature type
+    /// (`PFN_cuMemAlloc_v2`: `cuMemAlloc_v2`); `None`: every header read (12.0 on) has it.
+    fn since(signature: &str) -> Option<i32> {
+        let symbol = signature.strip_prefix("PFN_").expect("a PFN_ type");
+        let entry = crate::since::FUNCTIONS.iter().find(|(n, _)| *n == symbol);
+        entry.map(|(_, v)| *v)
+    }
+
+    #[test]
+    fn required_entries_are_in_the_oldest_header() {
+        for (name, signature) in &DriverFns::SIGNATURES[..DriverFns::REQUIRED.len()] {
+            assert_eq!(
+                since(signature),
+                None,
+                "{name} ({signature}) is newer than 12.0"
+            );
+        }
+    }
+
+    #[test]
+    fn optional_entries_are_gated_at_their_own_release() {
+        let optional = &DriverFns::SIGNATURES[DriverFns::REQUIRED.len()..];
+        for ((name, v), (same, signature)) in DriverFns::OPTIONAL.iter().zip(optional) {
+            assert_eq!(name, same);
+            // Each entry names its version twice (field and constant): the same name.
+            assert_eq!(since(signature), Some(*v), "{name} ({signature})");
+            assert!(*v > MINIMUM_DRIVER_VERSION, "{name}");
+        }
     }
 }

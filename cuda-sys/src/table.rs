@@ -79,7 +79,8 @@ macro_rules! fn_table {
             )*
             $(
                 #[doc = concat!("`", stringify!($of), "`: `Some` when the library is at \
-                    least version ", stringify!($ov), " and exports it.")]
+                    least version `", stringify!($ov), "` (see [`OPTIONAL`](Self::OPTIONAL)) \
+                    and exports it.")]
                 pub $of: Option<$oty>,
             )*
         }

@@ -57,7 +57,7 @@ impl BitOr for CtaPolicy {
 
 /// Host-side Compute Fabric Transport support (`ncclHostCftMode_t`). Leave
 /// [`CommConfig::host_cft_mode`] unset for the library's default (`ncclHostCftDefault`).
-/// NCCL 2.31.2.
+#[doc = concat!("NCCL ", nccl_sys::config_field_since!("hostCftMode"), ".")]
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -98,7 +98,8 @@ impl HostCftMode {
 
 /// Which host-side NVLS (NVLink SHARP) components are disabled (`ncclNvlsHostMode_t`): a
 /// bit set, combine with `|`. Leave [`CommConfig::nvls_host_mode`] unset for the
-/// library's default (`ncclNvlsHostModeDefault`). NCCL 2.32.3.
+/// library's default (`ncclNvlsHostModeDefault`).
+#[doc = concat!("NCCL ", nccl_sys::config_field_since!("nvlsHostMode"), ".")]
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -165,32 +166,32 @@ impl BitOr for NvlsHostMode {
 ///
 /// | setter | `ncclConfig_t` field | since NCCL |
 /// | --- | --- | --- |
-/// | [`blocking`](Self::blocking) | `blocking` | 2.14.0 |
-/// | [`cga_cluster_size`](Self::cga_cluster_size) | `cgaClusterSize` | 2.17.0 |
-/// | [`min_ctas`](Self::min_ctas) | `minCTAs` | 2.17.0 |
-/// | [`max_ctas`](Self::max_ctas) | `maxCTAs` | 2.17.0 |
-/// | [`net_name`](Self::net_name) | `netName` | 2.17.0 |
-/// | [`split_share`](Self::split_share) | `splitShare` | 2.18.0 |
-/// | [`traffic_class`](Self::traffic_class) | `trafficClass` | 2.26.0 |
-/// | [`comm_name`](Self::comm_name) | `commName` | 2.27.0 |
-/// | [`collnet`](Self::collnet) | `collnetEnable` | 2.27.0 |
-/// | [`cta_policy`](Self::cta_policy) | `CTAPolicy` | 2.27.0 |
-/// | [`shrink_share`](Self::shrink_share) | `shrinkShare` | 2.27.0 |
-/// | [`nvls_ctas`](Self::nvls_ctas) | `nvlsCTAs` | 2.27.0 |
-/// | [`channels_per_net_peer`](Self::channels_per_net_peer) | `nChannelsPerNetPeer` | 2.28.0 |
-/// | [`nvlink_centric_sched`](Self::nvlink_centric_sched) | `nvlinkCentricSched` | 2.28.0 |
-/// | [`graph_usage_mode`](Self::graph_usage_mode) | `graphUsageMode` | 2.29.0 |
-/// | [`rma_contexts`](Self::rma_contexts) | `numRmaCtx` | 2.29.0 |
-/// | [`max_p2p_peers`](Self::max_p2p_peers) | `maxP2pPeers` | 2.30.3 |
-/// | [`graph_stream_ordering`](Self::graph_stream_ordering) | `graphStreamOrdering` | 2.30.7 |
-/// | [`launch_order_implicit`](Self::launch_order_implicit) | `launchOrderImplicit` | 2.31.2 |
-/// | [`rma_signals`](Self::rma_signals) | `numRmaSig` | 2.31.2 |
-/// | [`rma_eager_init`](Self::rma_eager_init) | `rmaEagerInit` | 2.31.2 |
-/// | [`host_cft_mode`](Self::host_cft_mode) | `hostCftMode` | 2.31.2 |
-/// | [`nvls_host_mode`](Self::nvls_host_mode) | `nvlsHostMode` | 2.32.3 |
+#[doc = concat!("| [`blocking`](Self::blocking) | `blocking` | ", nccl_sys::config_field_since!("blocking"), " |")]
+#[doc = concat!("| [`cga_cluster_size`](Self::cga_cluster_size) | `cgaClusterSize` | ", nccl_sys::config_field_since!("cgaClusterSize"), " |")]
+#[doc = concat!("| [`min_ctas`](Self::min_ctas) | `minCTAs` | ", nccl_sys::config_field_since!("minCTAs"), " |")]
+#[doc = concat!("| [`max_ctas`](Self::max_ctas) | `maxCTAs` | ", nccl_sys::config_field_since!("maxCTAs"), " |")]
+#[doc = concat!("| [`net_name`](Self::net_name) | `netName` | ", nccl_sys::config_field_since!("netName"), " |")]
+#[doc = concat!("| [`split_share`](Self::split_share) | `splitShare` | ", nccl_sys::config_field_since!("splitShare"), " |")]
+#[doc = concat!("| [`traffic_class`](Self::traffic_class) | `trafficClass` | ", nccl_sys::config_field_since!("trafficClass"), " |")]
+#[doc = concat!("| [`comm_name`](Self::comm_name) | `commName` | ", nccl_sys::config_field_since!("commName"), " |")]
+#[doc = concat!("| [`collnet`](Self::collnet) | `collnetEnable` | ", nccl_sys::config_field_since!("collnetEnable"), " |")]
+#[doc = concat!("| [`cta_policy`](Self::cta_policy) | `CTAPolicy` | ", nccl_sys::config_field_since!("CTAPolicy"), " |")]
+#[doc = concat!("| [`shrink_share`](Self::shrink_share) | `shrinkShare` | ", nccl_sys::config_field_since!("shrinkShare"), " |")]
+#[doc = concat!("| [`nvls_ctas`](Self::nvls_ctas) | `nvlsCTAs` | ", nccl_sys::config_field_since!("nvlsCTAs"), " |")]
+#[doc = concat!("| [`channels_per_net_peer`](Self::channels_per_net_peer) | `nChannelsPerNetPeer` | ", nccl_sys::config_field_since!("nChannelsPerNetPeer"), " |")]
+#[doc = concat!("| [`nvlink_centric_sched`](Self::nvlink_centric_sched) | `nvlinkCentricSched` | ", nccl_sys::config_field_since!("nvlinkCentricSched"), " |")]
+#[doc = concat!("| [`graph_usage_mode`](Self::graph_usage_mode) | `graphUsageMode` | ", nccl_sys::config_field_since!("graphUsageMode"), " |")]
+#[doc = concat!("| [`rma_contexts`](Self::rma_contexts) | `numRmaCtx` | ", nccl_sys::config_field_since!("numRmaCtx"), " |")]
+#[doc = concat!("| [`max_p2p_peers`](Self::max_p2p_peers) | `maxP2pPeers` | ", nccl_sys::config_field_since!("maxP2pPeers"), " |")]
+#[doc = concat!("| [`graph_stream_ordering`](Self::graph_stream_ordering) | `graphStreamOrdering` | ", nccl_sys::config_field_since!("graphStreamOrdering"), " |")]
+#[doc = concat!("| [`launch_order_implicit`](Self::launch_order_implicit) | `launchOrderImplicit` | ", nccl_sys::config_field_since!("launchOrderImplicit"), " |")]
+#[doc = concat!("| [`rma_signals`](Self::rma_signals) | `numRmaSig` | ", nccl_sys::config_field_since!("numRmaSig"), " |")]
+#[doc = concat!("| [`rma_eager_init`](Self::rma_eager_init) | `rmaEagerInit` | ", nccl_sys::config_field_since!("rmaEagerInit"), " |")]
+#[doc = concat!("| [`host_cft_mode`](Self::host_cft_mode) | `hostCftMode` | ", nccl_sys::config_field_since!("hostCftMode"), " |")]
+#[doc = concat!("| [`nvls_host_mode`](Self::nvls_host_mode) | `nvlsHostMode` | ", nccl_sys::config_field_since!("nvlsHostMode"), " |")]
 ///
-/// The versions are [`nccl_sys::CONFIG_FIELDS`], which the checks use (a test keeps this
-/// table equal to it). Splits and shrinks give the child its parent's configuration
+/// The versions are [`nccl_sys::CONFIG_FIELDS`]'s, which the checks use (generated from the
+/// pinned NCCL headers: [`nccl_sys::since::config`]). Splits and shrinks give the child its parent's configuration
 /// (NCCL's NULL config); [`Communicator::split_with`](crate::Communicator::split_with)
 /// gives one of its own.
 ///
@@ -297,7 +298,8 @@ impl CommConfig {
     /// and finalize return at once; this crate then polls `ncclCommGetAsyncError` until
     /// they are done, an error shows, the deadline passes or an
     /// [`AbortHandle`](crate::AbortHandle) fires, and aborts the communicator in the last
-    /// three cases. Default `true`. In `ncclConfig_t` since NCCL 2.14.0.
+    /// three cases. Default `true`.
+    #[doc = concat!("In `ncclConfig_t` since NCCL ", nccl_sys::config_field_since!("blocking"), ".")]
     pub fn blocking(mut self, blocking: bool) -> Self {
         self.blocking = blocking;
         self
@@ -361,7 +363,8 @@ impl CommConfig {
 
     /// The network module NCCL uses, matched case-insensitively: `"IB"` (verbs),
     /// `"Socket"` (TCP), or an external plugin's name; unset, NCCL picks one. A name with
-    /// a NUL byte fails the init with [`Error::InvalidArgument`]. NCCL 2.17.0.
+    /// a NUL byte fails the init with [`Error::InvalidArgument`].
+    #[doc = concat!("NCCL ", nccl_sys::config_field_since!("netName"), ".")]
     #[doc(alias = "netName")]
     pub fn net_name(mut self, name: impl Into<String>) -> Self {
         self.net_name = Some(name.into());
@@ -375,7 +378,8 @@ impl CommConfig {
     }
 
     /// A name for the communicator, which NCCL puts in its logs and profiler events. A
-    /// name with a NUL byte fails the init with [`Error::InvalidArgument`]. NCCL 2.27.0.
+    /// name with a NUL byte fails the init with [`Error::InvalidArgument`].
+    #[doc = concat!("NCCL ", nccl_sys::config_field_since!("commName"), ".")]
     #[doc(alias = "commName")]
     pub fn comm_name(mut self, name: impl Into<String>) -> Self {
         self.comm_name = Some(name.into());
@@ -405,11 +409,12 @@ impl CommConfig {
 macro_rules! nccl_fields {
     ($(
         $(#[doc = $doc:literal])*
-        $set:ident / $get:ident : $t:ty => $c:literal;
+        $set:ident / $get:ident : $t:ty => $c:tt;
     )*) => {
         impl CommConfig {
             $(
                 $(#[doc = $doc])*
+                #[doc = concat!("NCCL ", nccl_sys::config_field_since!($c), ".")]
                 #[doc(alias = $c)]
                 pub fn $set(mut self, value: $t) -> Self {
                     self.$set = Some(value);
@@ -428,73 +433,69 @@ macro_rules! nccl_fields {
 
 nccl_fields! {
     /// The size of the CUDA thread-block clusters (cooperative group arrays) of NCCL's
-    /// kernels, 0 to 8; NCCL's default is 4 from sm90 on, 0 before. NCCL 2.17.0.
+    /// kernels, 0 to 8; NCCL's default is 4 from sm90 on, 0 before.
     cga_cluster_size / get_cga_cluster_size: u32 => "cgaClusterSize";
     /// The fewest CTAs (thread blocks, one per channel) NCCL uses per kernel; default 1.
     /// NCCL refuses a minimum without a [`max_ctas`](Self::max_ctas) at least as large,
-    /// which this crate checks first ([`Error::InvalidArgument`]). NCCL 2.17.0.
+    /// which this crate checks first ([`Error::InvalidArgument`]).
     min_ctas / get_min_ctas: u32 => "minCTAs";
     /// The most CTAs NCCL uses per kernel (NCCL caps it at its channel limit, `MAXCHANNELS`);
     /// NCCL's default is that limit. Lower it to leave SMs to overlapping computation:
-    /// registered buffers then lose the least (BENCHMARKS.md). NCCL 2.17.0.
+    /// registered buffers then lose the least (BENCHMARKS.md).
     max_ctas / get_max_ctas: u32 => "maxCTAs";
     /// Whether communicators split from this one share its internal resources: cheaper
     /// splits, but aborting one of the family can make the others unusable. Default
-    /// off. NCCL 2.18.0.
+    /// off.
     split_share / get_split_share: bool => "splitShare";
     /// The network traffic class of this communicator, in the network plugin's terms (IB
     /// service level, RoCE type of service), to separate overlapping communicators.
-    /// `NCCL_IB_SL` / `NCCL_IB_TC` take precedence. NCCL 2.26.0.
+    /// `NCCL_IB_SL` / `NCCL_IB_TC` take precedence.
     traffic_class / get_traffic_class: u32 => "trafficClass";
-    /// Enables IB SHARP (CollNet) on this communicator; default off. NCCL 2.27.0.
+    /// Enables IB SHARP (CollNet) on this communicator; default off.
     collnet / get_collnet: bool => "collnetEnable";
     /// The CTA policy, a [`CtaPolicy`] bit set; default [`CtaPolicy::DEFAULT`].
-    /// NCCL 2.27.0.
     cta_policy / get_cta_policy: CtaPolicy => "CTAPolicy";
     /// As [`split_share`](Self::split_share), for shrinks (ignored by shrinks with
-    /// `NCCL_SHRINK_ABORT`). Default off. NCCL 2.27.0.
+    /// `NCCL_SHRINK_ABORT`). Default off.
     shrink_share / get_shrink_share: bool => "shrinkShare";
     /// The total CTAs of NVLS (NVLink SHARP) kernels; unset, NCCL picks from the system.
-    /// NCCL 2.27.0.
     nvls_ctas / get_nvls_ctas: u32 => "nvlsCTAs";
     /// Network channels per peer for point-to-point traffic, rounded up to a power of
-    /// two; the default suits all-to-all, raise it for send/recv bandwidth. NCCL 2.28.0.
+    /// two; the default suits all-to-all, raise it for send/recv bandwidth.
     channels_per_net_peer / get_channels_per_net_peer: u32 => "nChannelsPerNetPeer";
     /// NVLink-utilisation-centric scheduling of NCCL's kernels (the CUDA 13 launch
-    /// attribute, on sm100 and newer). NCCL 2.28.0.
+    /// attribute, on sm100 and newer).
     nvlink_centric_sched / get_nvlink_centric_sched: bool => "nvlinkCentricSched";
     /// How the communicator meets CUDA graphs: 0 no graphs, 1 one graph, 2 several graphs
-    /// or graphs mixed with direct launches (NCCL's default). NCCL 2.29.0.
+    /// or graphs mixed with direct launches (NCCL's default).
     graph_usage_mode / get_graph_usage_mode: u32 => "graphUsageMode";
     /// One-sided RMA contexts to provision: the `ctx` of `ncclPutSignal`, `ncclSignal`
-    /// and `ncclWaitSignal` lies in `0..n`; default 1. NCCL 2.29.0 (in the header; NCCL's
-    /// documentation lists it from 2.31).
+    /// and `ncclWaitSignal` lies in `0..n`; default 1. NCCL's documentation lists it from
+    /// 2.31; its header declares it from
     rma_contexts / get_rma_contexts: u32 => "numRmaCtx";
     /// The most peers a rank talks to at once in point-to-point traffic (send/recv and
     /// the collectives built on it: all-to-all, gather, scatter), at least 1 (NCCL refuses
-    /// 0); more than the rank count means the rank count. NCCL 2.30.3.
+    /// 0); more than the rank count means the rank count.
     max_p2p_peers / get_max_p2p_peers: u32 => "maxP2pPeers";
     /// `false`: NCCL no longer serialises this communicator's kernels at capture time;
     /// they go on the capture stream and the application orders them (needs
     /// [`graph_usage_mode`](Self::graph_usage_mode) 0 or 1). `true` keeps NCCL's order;
-    /// unset, `NCCL_GRAPH_STREAM_ORDERING` decides. NCCL 2.30.7.
+    /// unset, `NCCL_GRAPH_STREAM_ORDERING` decides.
     graph_stream_ordering / get_graph_stream_ordering: bool => "graphStreamOrdering";
     /// Implicit launch ordering (`NCCL_LAUNCH_ORDER_IMPLICIT`, which overrides it):
     /// operations of such communicators may overlap one another when the host orders
     /// their launches, and must not overlap those of other communicators. Default off.
-    /// NCCL 2.31.2.
     launch_order_implicit / get_launch_order_implicit: bool => "launchOrderImplicit";
     /// Signal indexes per one-sided RMA context: the `sigIdx` of `ncclPutSignal`,
-    /// `ncclSignal` and `ncclWaitSignal` lies in `0..n`; default 1. NCCL 2.31.2.
+    /// `ncclSignal` and `ncclWaitSignal` lies in `0..n`; default 1.
     rma_signals / get_rma_signals: u32 => "numRmaSig";
     /// Sets up one-sided RMA signalling at init instead of at the first window
     /// registration; needed for `ncclSignal` / `ncclWaitSignal` without a registered
-    /// window. `NCCL_RMA_EAGER_INIT` overrides it. NCCL 2.31.2.
+    /// window. `NCCL_RMA_EAGER_INIT` overrides it.
     rma_eager_init / get_rma_eager_init: bool => "rmaEagerInit";
-    /// Host-side Compute Fabric Transport support, a [`HostCftMode`]. NCCL 2.31.2.
+    /// Host-side Compute Fabric Transport support, a [`HostCftMode`].
     host_cft_mode / get_host_cft_mode: HostCftMode => "hostCftMode";
     /// Which host-side NVLS components are disabled, an [`NvlsHostMode`] bit set.
-    /// NCCL 2.32.3.
     nvls_host_mode / get_nvls_host_mode: NvlsHostMode => "nvlsHostMode";
 }
 
@@ -692,65 +693,53 @@ mod tests {
     use super::*;
     use nccl_sys::CONFIG_FIELDS;
 
-    const SOURCE: &str = include_str!("config.rs");
-
-    /// The rows of the table in `CommConfig`'s documentation: (setter, field, version).
-    fn doc_table() -> Vec<(String, String, String)> {
-        SOURCE
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("/// | [`"))
-            .filter_map(|row| {
-                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-                let setter = cells.first()?.split('`').next()?.to_string();
-                let field = cells.get(1)?.trim_matches('`').to_string();
-                let version = cells.get(2)?.to_string();
-                Some((setter, field, version))
-            })
-            .collect()
-    }
-
     #[test]
-    fn the_doc_table_is_the_version_table() {
-        let rows = doc_table();
-        let from_table: Vec<(String, String)> = CONFIG_FIELDS
-            .iter()
-            .map(|f| (f.name.to_string(), f.since.to_string()))
-            .collect();
-        let from_docs: Vec<(String, String)> = rows
-            .iter()
-            .map(|(_, f, v)| (f.clone(), v.clone()))
-            .collect();
-        assert_eq!(from_docs, from_table);
-    }
-
-    /// The documentation of `pub fn <name>(` in this file (the `///` lines above it).
-    fn doc_of(name: &str) -> String {
-        let lines: Vec<&str> = SOURCE.lines().collect();
-        let at = lines.iter().position(|l| {
-            let l = l.trim();
-            l.starts_with(&format!("pub fn {name}(")) || l.starts_with(&format!("{name} / "))
-        });
-        let Some(at) = at else { return String::new() };
-        let mut doc: Vec<&str> = lines[..at]
-            .iter()
-            .rev()
-            .map(|l| l.trim())
-            .take_while(|l| l.starts_with("///") || l.starts_with("#["))
-            .filter_map(|l| l.strip_prefix("///"))
-            .collect();
-        doc.reverse();
-        doc.join(" ")
-    }
-
-    #[test]
-    fn every_setter_names_the_release_of_its_field() {
-        let rows = doc_table();
-        assert_eq!(rows.len(), CONFIG_FIELDS.len());
-        for (setter, field, version) in rows {
-            let doc = doc_of(&setter);
-            assert!(
-                doc.contains(&format!("NCCL {version}")),
-                "{setter} ({field}) does not say NCCL {version}: {doc:?}"
+    fn every_config_field_has_a_setter() {
+        // Every setter, each with a value that is not "unset": then every field of the raw
+        // config differs from the initializer's (a field new in nccl-sys fails here).
+        let all = CommConfig::new()
+            .blocking(false)
+            .cga_cluster_size(2)
+            .min_ctas(1)
+            .max_ctas(2)
+            .net_name("IB")
+            .split_share(true)
+            .traffic_class(1)
+            .comm_name("all")
+            .collnet(true)
+            .cta_policy(CtaPolicy::EFFICIENCY)
+            .shrink_share(true)
+            .nvls_ctas(1)
+            .channels_per_net_peer(1)
+            .nvlink_centric_sched(true)
+            .graph_usage_mode(1)
+            .rma_contexts(1)
+            .max_p2p_peers(1)
+            .graph_stream_ordering(true)
+            .launch_order_implicit(true)
+            .rma_signals(1)
+            .rma_eager_init(true)
+            .host_cft_mode(HostCftMode::ENABLE)
+            .nvls_host_mode(NvlsHostMode::DISABLE_TRANSPORT);
+        let r = all.to_raw(NcclVersion(NCCL_VERSION_CODE as i32));
+        let Ok(r) = r else {
+            unreachable!("{:?}", r.err())
+        };
+        let (set, unset) = (r.raw(), &NCCL_CONFIG_INITIALIZER);
+        for f in &CONFIG_FIELDS {
+            let bytes = |c: &ncclConfig_t| {
+                // SAFETY: `offset` and `size` describe one field of `ncclConfig_t` (nccl-sys
+                // checks them against the header), initialized in any value of it.
+                unsafe {
+                    std::slice::from_raw_parts((&raw const *c).cast::<u8>().add(f.offset), f.size)
+                }
+                .to_vec()
+            };
+            assert_ne!(
+                bytes(set),
+                bytes(unset),
+                "ncclConfig_t.{} has no setter",
+                f.name
             );
         }
     }

@@ -66,8 +66,8 @@ impl MockConfig {
     }
 }
 
-/// The oldest config NCCL defines (2.14: the header words and `blocking`).
-const FIRST: NcclVersion = NcclVersion::new(2, 14, 0);
+/// The oldest config NCCL defines (2.14.3: the header words and `blocking`).
+const FIRST: NcclVersion = nccl_sys::since::config::blocking;
 
 /// Reads a caller's config as NCCL's `parseCommConfig` does: copies `min(size, sizeof)`
 /// bytes, checks `magic`, and resets the fields newer than `config.version` or than the
@@ -248,7 +248,7 @@ mod tests {
         c.version = 21300;
         assert_eq!(
             read_err(&c),
-            "ncclConfig_t version 21300 is older than NCCL 2.14.0, the first with a config"
+            "ncclConfig_t version 21300 is older than NCCL 2.14.3, the first with a config"
         );
         let mut c = NCCL_CONFIG_INITIALIZER;
         c.size = 16;

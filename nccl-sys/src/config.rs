@@ -94,7 +94,8 @@ pub const NCCL_SIM_INFO_INITIALIZER: ncclSimInfo_t = ncclSimInfo_t {
 };
 
 /// One field of `ncclConfig_t` (after the `size`, `magic`, `version` header): its C name,
-/// the first NCCL release whose `nccl.h` declares it, and its offset in the 2.32 layout.
+/// the first NCCL release whose `nccl.h` declares it ([`since::config`](crate::since::config)),
+/// and its offset in the 2.32 layout.
 ///
 /// NCCL appends fields and never reorders them, so the fields a release knows are a
 /// prefix of [`CONFIG_FIELDS`], and a library ignores the fields newer than itself (or
@@ -105,7 +106,7 @@ pub const NCCL_SIM_INFO_INITIALIZER: ncclSimInfo_t = ncclSimInfo_t {
 /// ```
 /// use nccl_sys::{CONFIG_FIELDS, ConfigField, NcclVersion};
 /// let comm_name = ConfigField::named("commName").expect("nccl.h has it");
-/// assert_eq!(comm_name.since, NcclVersion::new(2, 27, 0));
+/// assert_eq!(comm_name.since, NcclVersion::new(2, 27, 3));
 /// assert_eq!(comm_name.size, size_of::<*const std::ffi::c_char>());
 /// // sizeof(ncclConfig_t) in the headers of 2.18 and 2.27.
 /// assert_eq!(ConfigField::layout_size(NcclVersion::new(2, 18, 3)), 48);
@@ -147,23 +148,14 @@ impl ConfigField {
 }
 
 macro_rules! config_fields {
-    ($($field:ident = ($major:literal, $minor:literal, $patch:literal);)*) => {
+    ($($field:ident,)*) => {
         /// Every field of `ncclConfig_t` in layout order, with the NCCL release that
-        /// introduced it, read off the `nccl.h` of each release (the `nvidia-nccl-cu12`
-        /// wheels 2.18.3, 2.25.1, 2.26.2, 2.27.3, 2.28.3, 2.29.2, 2.29.7, 2.30.3, 2.30.4,
-        /// 2.30.7, 2.31.2 and 2.32.3; NVIDIA's header history for 2.14 and 2.17). A field
-        /// of a whole minor series is given as `x.y.0`; the fields of 2.31 and 2.32 are
-        /// given at the first release published (2.31.2, 2.32.3), the earliest verified.
-        ///
-        /// | field | since |
-        /// | --- | --- |
-        $(
-            #[doc = concat!("| `", stringify!($field), "` | ", $major, ".", $minor, ".", $patch, " |")]
-        )*
+        /// introduced it: [`since::config`](crate::since::config), generated from the
+        /// `nccl.h` of every pinned release (its documentation has the table).
         pub const CONFIG_FIELDS: [ConfigField; [$(stringify!($field)),*].len()] = [$(
             ConfigField {
                 name: stringify!($field),
-                since: NcclVersion::new($major, $minor, $patch),
+                since: crate::since::config::$field,
                 offset: core::mem::offset_of!(ncclConfig_t, $field),
                 size: size_of_field(|c: &ncclConfig_t| &c.$field),
             },
@@ -178,29 +170,29 @@ const fn size_of_field<T, F: Fn(&ncclConfig_t) -> &T>(field: F) -> usize {
 }
 
 config_fields! {
-    blocking = (2, 14, 0);
-    cgaClusterSize = (2, 17, 0);
-    minCTAs = (2, 17, 0);
-    maxCTAs = (2, 17, 0);
-    netName = (2, 17, 0);
-    splitShare = (2, 18, 0);
-    trafficClass = (2, 26, 0);
-    commName = (2, 27, 0);
-    collnetEnable = (2, 27, 0);
-    CTAPolicy = (2, 27, 0);
-    shrinkShare = (2, 27, 0);
-    nvlsCTAs = (2, 27, 0);
-    nChannelsPerNetPeer = (2, 28, 0);
-    nvlinkCentricSched = (2, 28, 0);
-    graphUsageMode = (2, 29, 0);
-    numRmaCtx = (2, 29, 0);
-    maxP2pPeers = (2, 30, 3);
-    graphStreamOrdering = (2, 30, 7);
-    launchOrderImplicit = (2, 31, 2);
-    numRmaSig = (2, 31, 2);
-    rmaEagerInit = (2, 31, 2);
-    hostCftMode = (2, 31, 2);
-    nvlsHostMode = (2, 32, 3);
+    blocking,
+    cgaClusterSize,
+    minCTAs,
+    maxCTAs,
+    netName,
+    splitShare,
+    trafficClass,
+    commName,
+    collnetEnable,
+    CTAPolicy,
+    shrinkShare,
+    nvlsCTAs,
+    nChannelsPerNetPeer,
+    nvlinkCentricSched,
+    graphUsageMode,
+    numRmaCtx,
+    maxP2pPeers,
+    graphStreamOrdering,
+    launchOrderImplicit,
+    numRmaSig,
+    rmaEagerInit,
+    hostCftMode,
+    nvlsHostMode,
 }
 
 #[cfg(test)]
@@ -258,21 +250,8 @@ mod tests {
 
     #[test]
     fn layout_sizes_match_the_headers_of_each_release() {
-        // sizeof(ncclConfig_t), compiled from each release's nccl.h (2.14: header + blocking).
-        let cases = [
-            ((2, 14, 0), 24),
-            ((2, 18, 3), 48),
-            ((2, 25, 1), 48),
-            ((2, 26, 2), 48),
-            ((2, 27, 3), 72),
-            ((2, 28, 3), 80),
-            ((2, 29, 2), 88),
-            ((2, 30, 7), 96),
-            ((2, 31, 2), 112),
-            ((2, 32, 3), 120),
-        ];
-        for ((a, b, c), size) in cases {
-            let v = NcclVersion::new(a, b, c);
+        // sizeof(ncclConfig_t) in each pinned release's nccl.h, as bindgen laid it out.
+        for &(v, size) in crate::since::CONFIG_SIZES {
             assert_eq!(ConfigField::layout_size(v), size, "{v}");
         }
         assert_eq!(ConfigField::named("numRmaSig").map(|f| f.offset), Some(100));

@@ -1,18 +1,14 @@
 //! The NCCL function table: every public `nccl*` function of `nccl.h` 2.32.
 //!
 //! Required entries exist in every NCCL from [`NcclVersion::MINIMUM`] on; each optional
-//! entry names the release that introduced it (NCCL's own header history) and is resolved
-//! only when `ncclGetVersion` reports at least that release. The `pnccl*` profiling twins
+//! entry is resolved only when `ncclGetVersion` reports at least the release that
+//! introduced it, which [`since`](crate::since) gives (generated from the pinned headers). The `pnccl*` profiling twins
 //! are the same entry points and are not in the table (their types are generated).
 
 use std::ffi::CStr;
 
 use crate::NcclVersion;
 use crate::*;
-
-const fn v(major: i32, minor: i32, patch: i32) -> i32 {
-    NcclVersion::new(major, minor, patch).0
-}
 
 const MIN: i32 = NcclVersion::MINIMUM.0;
 
@@ -32,7 +28,7 @@ cuda_sys::fn_table! {
     /// let fns: &NcclFns = nccl.fns();
     /// assert!(fns.ncclMemAlloc.is_some(), "since 2.19");
     /// assert!(fns.ncclCommShrink.is_none(), "since 2.27");
-    /// assert!(NcclFns::OPTIONAL.contains(&("ncclCommShrink", NcclVersion::new(2, 27, 0).0)));
+    /// assert!(NcclFns::OPTIONAL.contains(&("ncclCommShrink", NcclVersion::new(2, 27, 3).0)));
     /// assert!(NcclFns::REQUIRED.contains(&"ncclAllReduce"));
     /// # Ok::<(), nccl_sys::LoadError>(())
     /// ```
@@ -68,51 +64,51 @@ cuda_sys::fn_table! {
         ncclGroupEnd: PFN_ncclGroupEnd,
     }
     optional {
-        ncclMemAlloc: PFN_ncclMemAlloc = v(2, 19, 0),
-        ncclMemFree: PFN_ncclMemFree = v(2, 19, 0),
-        ncclCommRegister: PFN_ncclCommRegister = v(2, 19, 0),
-        ncclCommDeregister: PFN_ncclCommDeregister = v(2, 19, 0),
-        ncclGroupSimulateEnd: PFN_ncclGroupSimulateEnd = v(2, 22, 0),
-        ncclCommInitRankScalable: PFN_ncclCommInitRankScalable = v(2, 23, 0),
-        ncclCommShrink: PFN_ncclCommShrink = v(2, 27, 0),
-        ncclCommWindowRegister: PFN_ncclCommWindowRegister = v(2, 27, 0),
-        ncclCommWindowDeregister: PFN_ncclCommWindowDeregister = v(2, 27, 0),
-        ncclAlltoAll: PFN_ncclAlltoAll = v(2, 28, 3),
-        ncclGather: PFN_ncclGather = v(2, 28, 3),
-        ncclScatter: PFN_ncclScatter = v(2, 28, 3),
-        ncclCommRevoke: PFN_ncclCommRevoke = v(2, 28, 7),
-        ncclCommGetUniqueId: PFN_ncclCommGetUniqueId = v(2, 29, 2),
-        ncclCommGrow: PFN_ncclCommGrow = v(2, 29, 2),
-        ncclPutSignal: PFN_ncclPutSignal = v(2, 29, 2),
-        ncclSignal: PFN_ncclSignal = v(2, 29, 2),
-        ncclWaitSignal: PFN_ncclWaitSignal = v(2, 29, 2),
-        ncclWinGetUserPtr: PFN_ncclWinGetUserPtr = v(2, 29, 2),
-        ncclCommSuspend: PFN_ncclCommSuspend = v(2, 29, 7),
-        ncclCommResume: PFN_ncclCommResume = v(2, 29, 7),
-        ncclCommMemStats: PFN_ncclCommMemStats = v(2, 29, 7),
-        ncclParamBind: PFN_ncclParamBind = v(2, 30, 4),
-        ncclParamGetStr: PFN_ncclParamGetStr = v(2, 30, 4),
-        ncclParamGet: PFN_ncclParamGet = v(2, 30, 4),
-        ncclParamGetI8: PFN_ncclParamGetI8 = v(2, 30, 4),
-        ncclParamGetI16: PFN_ncclParamGetI16 = v(2, 30, 4),
-        ncclParamGetI32: PFN_ncclParamGetI32 = v(2, 30, 4),
-        ncclParamGetI64: PFN_ncclParamGetI64 = v(2, 30, 4),
-        ncclParamGetU8: PFN_ncclParamGetU8 = v(2, 30, 4),
-        ncclParamGetU16: PFN_ncclParamGetU16 = v(2, 30, 4),
-        ncclParamGetU32: PFN_ncclParamGetU32 = v(2, 30, 4),
-        ncclParamGetU64: PFN_ncclParamGetU64 = v(2, 30, 4),
-        ncclParamGetParameter: PFN_ncclParamGetParameter = v(2, 30, 4),
-        ncclParamGetAllParameterKeys: PFN_ncclParamGetAllParameterKeys = v(2, 30, 4),
-        ncclParamDumpAll: PFN_ncclParamDumpAll = v(2, 30, 4),
-        ncclAllReduceConfig: PFN_ncclAllReduceConfig = v(2, 31, 0),
-        ncclBroadcastConfig: PFN_ncclBroadcastConfig = v(2, 31, 0),
-        ncclReduceConfig: PFN_ncclReduceConfig = v(2, 31, 0),
-        ncclAllGatherConfig: PFN_ncclAllGatherConfig = v(2, 31, 0),
-        ncclReduceScatterConfig: PFN_ncclReduceScatterConfig = v(2, 31, 0),
-        ncclAlltoAllConfig: PFN_ncclAlltoAllConfig = v(2, 31, 0),
-        ncclGatherConfig: PFN_ncclGatherConfig = v(2, 31, 0),
-        ncclScatterConfig: PFN_ncclScatterConfig = v(2, 31, 0),
-        ncclSetEncryption: PFN_ncclSetEncryption = v(2, 32, 0),
+        ncclMemAlloc: PFN_ncclMemAlloc = since::ncclMemAlloc.0,
+        ncclMemFree: PFN_ncclMemFree = since::ncclMemFree.0,
+        ncclCommRegister: PFN_ncclCommRegister = since::ncclCommRegister.0,
+        ncclCommDeregister: PFN_ncclCommDeregister = since::ncclCommDeregister.0,
+        ncclGroupSimulateEnd: PFN_ncclGroupSimulateEnd = since::ncclGroupSimulateEnd.0,
+        ncclCommInitRankScalable: PFN_ncclCommInitRankScalable = since::ncclCommInitRankScalable.0,
+        ncclCommShrink: PFN_ncclCommShrink = since::ncclCommShrink.0,
+        ncclCommWindowRegister: PFN_ncclCommWindowRegister = since::ncclCommWindowRegister.0,
+        ncclCommWindowDeregister: PFN_ncclCommWindowDeregister = since::ncclCommWindowDeregister.0,
+        ncclAlltoAll: PFN_ncclAlltoAll = since::ncclAlltoAll.0,
+        ncclGather: PFN_ncclGather = since::ncclGather.0,
+        ncclScatter: PFN_ncclScatter = since::ncclScatter.0,
+        ncclCommRevoke: PFN_ncclCommRevoke = since::ncclCommRevoke.0,
+        ncclCommGetUniqueId: PFN_ncclCommGetUniqueId = since::ncclCommGetUniqueId.0,
+        ncclCommGrow: PFN_ncclCommGrow = since::ncclCommGrow.0,
+        ncclPutSignal: PFN_ncclPutSignal = since::ncclPutSignal.0,
+        ncclSignal: PFN_ncclSignal = since::ncclSignal.0,
+        ncclWaitSignal: PFN_ncclWaitSignal = since::ncclWaitSignal.0,
+        ncclWinGetUserPtr: PFN_ncclWinGetUserPtr = since::ncclWinGetUserPtr.0,
+        ncclCommSuspend: PFN_ncclCommSuspend = since::ncclCommSuspend.0,
+        ncclCommResume: PFN_ncclCommResume = since::ncclCommResume.0,
+        ncclCommMemStats: PFN_ncclCommMemStats = since::ncclCommMemStats.0,
+        ncclParamBind: PFN_ncclParamBind = since::ncclParamBind.0,
+        ncclParamGetStr: PFN_ncclParamGetStr = since::ncclParamGetStr.0,
+        ncclParamGet: PFN_ncclParamGet = since::ncclParamGet.0,
+        ncclParamGetI8: PFN_ncclParamGetI8 = since::ncclParamGetI8.0,
+        ncclParamGetI16: PFN_ncclParamGetI16 = since::ncclParamGetI16.0,
+        ncclParamGetI32: PFN_ncclParamGetI32 = since::ncclParamGetI32.0,
+        ncclParamGetI64: PFN_ncclParamGetI64 = since::ncclParamGetI64.0,
+        ncclParamGetU8: PFN_ncclParamGetU8 = since::ncclParamGetU8.0,
+        ncclParamGetU16: PFN_ncclParamGetU16 = since::ncclParamGetU16.0,
+        ncclParamGetU32: PFN_ncclParamGetU32 = since::ncclParamGetU32.0,
+        ncclParamGetU64: PFN_ncclParamGetU64 = since::ncclParamGetU64.0,
+        ncclParamGetParameter: PFN_ncclParamGetParameter = since::ncclParamGetParameter.0,
+        ncclParamGetAllParameterKeys: PFN_ncclParamGetAllParameterKeys = since::ncclParamGetAllParameterKeys.0,
+        ncclParamDumpAll: PFN_ncclParamDumpAll = since::ncclParamDumpAll.0,
+        ncclAllReduceConfig: PFN_ncclAllReduceConfig = since::ncclAllReduceConfig.0,
+        ncclBroadcastConfig: PFN_ncclBroadcastConfig = since::ncclBroadcastConfig.0,
+        ncclReduceConfig: PFN_ncclReduceConfig = since::ncclReduceConfig.0,
+        ncclAllGatherConfig: PFN_ncclAllGatherConfig = since::ncclAllGatherConfig.0,
+        ncclReduceScatterConfig: PFN_ncclReduceScatterConfig = since::ncclReduceScatterConfig.0,
+        ncclAlltoAllConfig: PFN_ncclAlltoAllConfig = since::ncclAlltoAllConfig.0,
+        ncclGatherConfig: PFN_ncclGatherConfig = since::ncclGatherConfig.0,
+        ncclScatterConfig: PFN_ncclScatterConfig = since::ncclScatterConfig.0,
+        ncclSetEncryption: PFN_ncclSetEncryption = since::ncclSetEncryption.0,
     }
 }
 
@@ -156,12 +152,39 @@ mod tests {
         }
     }
 
+    /// The first release of the minimum's series that the headers were read for (2.18.1:
+    /// there is no 2.18.0).
+    fn oldest_supported() -> NcclVersion {
+        let first = crate::since::RELEASES.iter().find(|r| r.0 >= MIN);
+        *first.expect("a pinned release from the minimum on")
+    }
+
+    fn since(name: &str) -> NcclVersion {
+        let entry = crate::since::FUNCTIONS.iter().find(|(n, _)| *n == name);
+        entry.unwrap_or_else(|| panic!("{name} has no since")).1
+    }
+
     #[test]
-    fn optional_versions_are_newer_than_the_minimum() {
-        for (name, v) in NcclFns::OPTIONAL {
+    fn required_entries_are_in_every_supported_release() {
+        let oldest = oldest_supported();
+        for name in NcclFns::REQUIRED {
             assert!(
-                *v > MIN,
-                "{name} is gated at {v}, not above the minimum {MIN}"
+                since(name) <= oldest,
+                "{name} is required, but the {oldest} header lacks it (since {})",
+                since(name)
+            );
+        }
+    }
+
+    #[test]
+    fn optional_entries_are_gated_at_their_own_release() {
+        let oldest = oldest_supported();
+        for (name, v) in NcclFns::OPTIONAL {
+            // Each entry names its version twice (field and constant): the same name.
+            assert_eq!(*v, since(name).0, "{name} is gated at another's release");
+            assert!(
+                since(name) > oldest,
+                "{name} is in every supported release ({oldest} has it): make it required"
             );
         }
     }

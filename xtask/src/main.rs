@@ -5,7 +5,10 @@
 //!
 //! `cargo xtask bindgen` regenerates `cuda-sys/src/generated.rs` and
 //! `nccl-sys/src/generated.rs` from the headers of the wheels pinned (with sha256) in
-//! `scripts/wheels.lock`. It needs libclang (Debian: `libclang-dev`) and python3 with pip.
+//! `scripts/wheels.lock`, and `nccl-sys/src/since.rs` and `cuda-sys/src/since.rs` (which
+//! release introduced each function and `ncclConfig_t` field) from the headers of every
+//! release pinned there (since.rs). It needs libclang (Debian: `libclang-dev`) and python3
+//! with pip.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -15,6 +18,7 @@ use bindgen::{EnumVariation, callbacks::ParseCallbacks};
 use quote::{format_ident, quote};
 
 mod dropin;
+mod since;
 
 /// The wheel whose `cuda.h` the driver bindings come from.
 const CUDA_WHEEL: (&str, &str) = ("nvidia-cuda-runtime-cu12", "12.9.79");
@@ -58,16 +62,17 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Fetches (or finds cached) a pinned wheel through `scripts/wheel`; returns its folder.
-fn wheel(name: &str, version: &str) -> Result<PathBuf, String> {
+/// Takes one file (`member`, its path in the wheel) out of a pinned wheel through
+/// `scripts/wheel`, which fetches the wheel and keeps the file cached; returns its path.
+fn wheel_file(name: &str, version: &str, member: &str) -> Result<PathBuf, String> {
     let out = Command::new("bash")
         .arg(root().join("scripts/wheel"))
-        .args([name, version])
+        .args([name, version, member])
         .output()
         .map_err(|e| format!("cannot run scripts/wheel: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "scripts/wheel {name} {version} failed: {}",
+            "scripts/wheel {name} {version} {member} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
@@ -75,8 +80,9 @@ fn wheel(name: &str, version: &str) -> Result<PathBuf, String> {
 }
 
 fn bindgen_all() -> Result<(), String> {
-    let cuda = wheel(CUDA_WHEEL.0, CUDA_WHEEL.1)?.join("nvidia/cuda_runtime/include");
-    let nccl = wheel(NCCL_WHEEL.0, NCCL_WHEEL.1)?.join("nvidia/nccl/include");
+    let cuda_h = wheel_file(CUDA_WHEEL.0, CUDA_WHEEL.1, since::CUDA_H)?;
+    let nccl_h = wheel_file(NCCL_WHEEL.0, NCCL_WHEEL.1, since::NCCL_H)?;
+    let (cuda, nccl) = (cuda_h.parent().unwrap(), nccl_h.parent().unwrap());
     let shim = root().join("xtask/shim");
 
     let cuda_header = Header {
@@ -104,7 +110,8 @@ fn bindgen_all() -> Result<(), String> {
         .raw_line("/// `cudaEvent_t` is the driver's `CUevent` (the runtime declares it so).")
         .raw_line("pub type cudaEvent_t = cuda_sys::CUevent;");
     write(b, &nccl_header, &root().join("nccl-sys/src/generated.rs"))?;
-    Ok(())
+    since::nccl()?;
+    since::cuda()
 }
 
 /// The header a file is generated from: its name and version, and its copyright notice.

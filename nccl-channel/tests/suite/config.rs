@@ -45,8 +45,6 @@ fn ints(c: &ncclConfig_t) -> Vec<(&'static str, i32)> {
 
 type Set = fn(CommConfig) -> CommConfig;
 type Get = fn(&CommConfig) -> Option<i32>;
-/// A release as (major, minor, patch).
-type Release = (i32, i32, i32);
 
 /// (C field, setter, what NCCL must see, the getter as an int).
 fn int_setters() -> Vec<(&'static str, Set, i32, Get)> {
@@ -293,78 +291,44 @@ fn unset_fields_stay_unset() {
 
 #[test]
 fn a_field_newer_than_the_library_is_unsupported_and_nothing_is_created() {
-    // (field, a setter of it, the release before it, the release that introduced it)
-    let cases: [(&str, Set, Release, &str); 17] = [
-        ("trafficClass", |c| c.traffic_class(1), (2, 25, 1), "2.26.0"),
-        ("commName", |c| c.comm_name("n"), (2, 26, 5), "2.27.0"),
-        ("collnetEnable", |c| c.collnet(true), (2, 26, 5), "2.27.0"),
-        (
-            "CTAPolicy",
-            |c| c.cta_policy(CtaPolicy::ZERO),
-            (2, 26, 5),
-            "2.27.0",
-        ),
-        (
-            "shrinkShare",
-            |c| c.shrink_share(true),
-            (2, 26, 5),
-            "2.27.0",
-        ),
-        ("nvlsCTAs", |c| c.nvls_ctas(2), (2, 26, 5), "2.27.0"),
-        (
-            "nChannelsPerNetPeer",
-            |c| c.channels_per_net_peer(2),
-            (2, 27, 7),
-            "2.28.0",
-        ),
-        (
-            "nvlinkCentricSched",
-            |c| c.nvlink_centric_sched(true),
-            (2, 27, 7),
-            "2.28.0",
-        ),
-        (
-            "graphUsageMode",
-            |c| c.graph_usage_mode(2),
-            (2, 28, 9),
-            "2.29.0",
-        ),
-        ("numRmaCtx", |c| c.rma_contexts(2), (2, 28, 9), "2.29.0"),
-        ("maxP2pPeers", |c| c.max_p2p_peers(2), (2, 29, 7), "2.30.3"),
-        (
-            "graphStreamOrdering",
-            |c| c.graph_stream_ordering(false),
-            (2, 30, 4),
-            "2.30.7",
-        ),
-        (
-            "launchOrderImplicit",
-            |c| c.launch_order_implicit(true),
-            (2, 30, 7),
-            "2.31.2",
-        ),
-        ("numRmaSig", |c| c.rma_signals(2), (2, 30, 7), "2.31.2"),
-        (
-            "rmaEagerInit",
-            |c| c.rma_eager_init(true),
-            (2, 30, 7),
-            "2.31.2",
-        ),
-        (
-            "hostCftMode",
-            |c| c.host_cft_mode(HostCftMode::ENABLE),
-            (2, 30, 7),
-            "2.31.2",
-        ),
-        (
-            "nvlsHostMode",
-            |c| c.nvls_host_mode(NvlsHostMode::DISABLE),
-            (2, 31, 2),
-            "2.32.3",
-        ),
+    // (field, a setter of it): every field newer than the oldest supported NCCL. The
+    // releases come from the pinned headers (nccl_sys::since): refused by the last
+    // release read that lacks the field, passed to NCCL from the first that has it.
+    let cases: [(&str, Set); 17] = [
+        ("trafficClass", |c| c.traffic_class(1)),
+        ("commName", |c| c.comm_name("n")),
+        ("collnetEnable", |c| c.collnet(true)),
+        ("CTAPolicy", |c| c.cta_policy(CtaPolicy::ZERO)),
+        ("shrinkShare", |c| c.shrink_share(true)),
+        ("nvlsCTAs", |c| c.nvls_ctas(2)),
+        ("nChannelsPerNetPeer", |c| c.channels_per_net_peer(2)),
+        ("nvlinkCentricSched", |c| c.nvlink_centric_sched(true)),
+        ("graphUsageMode", |c| c.graph_usage_mode(2)),
+        ("numRmaCtx", |c| c.rma_contexts(2)),
+        ("maxP2pPeers", |c| c.max_p2p_peers(2)),
+        ("graphStreamOrdering", |c| c.graph_stream_ordering(false)),
+        ("launchOrderImplicit", |c| c.launch_order_implicit(true)),
+        ("numRmaSig", |c| c.rma_signals(2)),
+        ("rmaEagerInit", |c| c.rma_eager_init(true)),
+        ("hostCftMode", |c| c.host_cft_mode(HostCftMode::ENABLE)),
+        ("nvlsHostMode", |c| c.nvls_host_mode(NvlsHostMode::DISABLE)),
     ];
-    for (field, set, (a, b, c), needed) in cases {
-        let before = NcclVersion::new(a, b, c);
+    let oldest = nccl_sys::since::RELEASES
+        .iter()
+        .find(|r| **r >= NcclVersion::MINIMUM)
+        .unwrap();
+    let newer: Vec<&str> = nccl_sys::CONFIG_FIELDS
+        .iter()
+        .filter(|f| f.since > *oldest)
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(cases.map(|(f, _)| f).to_vec(), newer);
+    for (field, set) in cases {
+        let since = nccl_sys::ConfigField::named(field).unwrap().since;
+        let releases = nccl_sys::since::RELEASES;
+        let before = releases[releases.iter().position(|r| *r == since).unwrap() - 1];
+        let needed = since.to_string();
+        let needed = needed.as_str();
         let rig = Rig::with_version(1, before);
         let e = refused(&rig, &set(CommConfig::new()));
         let Error::Unsupported {
@@ -389,8 +353,7 @@ fn a_field_newer_than_the_library_is_unsupported_and_nothing_is_created() {
         rig.assert_clean();
 
         // At the release that introduced it, it reaches NCCL.
-        let (x, y, z) = parse(needed);
-        let rig = Rig::with_version(1, NcclVersion::new(x, y, z));
+        let rig = Rig::with_version(1, since);
         let (seen, _) = seen_by_nccl(&rig, &set(CommConfig::new()));
         let seen = seen.unwrap();
         let is_set = ints(&seen.raw)
@@ -400,11 +363,6 @@ fn a_field_newer_than_the_library_is_unsupported_and_nothing_is_created() {
         assert!(is_set, "{field} did not reach NCCL {needed}");
         rig.assert_clean();
     }
-}
-
-fn parse(v: &str) -> Release {
-    let p: Vec<i32> = v.split('.').map(|x| x.parse().unwrap()).collect();
-    (p[0], p[1], p[2])
 }
 
 #[test]

@@ -304,10 +304,10 @@ fn revoke_and_shrink_need_their_nccl_versions() {
         out[0].1,
         Error::Unsupported {
             feature: "ncclCommShrink",
-            needed: "2.27.0".into(),
+            needed: "2.27.3".into(),
             found: "2.26.5".into()
         }
     );
-    assert!(out[0].2.to_string().contains("needs NCCL 2.27.0"));
+    assert!(out[0].2.to_string().contains("needs NCCL 2.27.3"));
     rig.assert_clean();
 }

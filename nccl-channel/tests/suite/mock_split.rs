@@ -624,7 +624,7 @@ fn shrink_all_needs_2_27() {
     match Communicator::shrink_all(&[&comms[0]], &[1]).unwrap_err() {
         Error::Unsupported {
             feature, needed, ..
-        } => assert_eq!((feature, needed.as_str()), ("ncclCommShrink", "2.27.0")),
+        } => assert_eq!((feature, needed.as_str()), ("ncclCommShrink", "2.27.3")),
         other => panic!("{other}"),
     }
     drop(comms);

@@ -236,7 +236,7 @@ fn older_nccl_says_which_release_it_needs() {
             found,
         }) => {
             assert_eq!(feature, "ncclCommWindowRegister");
-            assert_eq!(needed, "2.27.0");
+            assert_eq!(needed, "2.27.3");
             assert_eq!(found, "2.26.5");
         }
         other => panic!("{other:?}"),
@@ -254,7 +254,7 @@ fn older_nccl_says_which_release_it_needs() {
             feature, needed, ..
         }) => {
             assert_eq!(feature, "ncclMemAlloc");
-            assert_eq!(needed, "2.19.0");
+            assert_eq!(needed, "2.19.3");
         }
         other => panic!("{other:?}"),
     }

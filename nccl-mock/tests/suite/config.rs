@@ -101,13 +101,13 @@ fn a_config_with_a_bad_header_is_refused_and_creates_nothing() {
         ),
         (
             |c| c.version = 21300,
-            "ncclCommInitRankConfig: ncclConfig_t version 21300 is older than NCCL 2.14.0, the \
+            "ncclCommInitRankConfig: ncclConfig_t version 21300 is older than NCCL 2.14.3, the \
              first with a config",
         ),
         (
             |c| c.size = 8,
             "ncclCommInitRankConfig: ncclConfig_t size 8 is smaller than the oldest layout (24 \
-             bytes, NCCL 2.14.0); initialise it with NCCL_CONFIG_INITIALIZER",
+             bytes, NCCL 2.14.3); initialise it with NCCL_CONFIG_INITIALIZER",
         ),
         (
             |c| c.size = 96,
@@ -218,8 +218,8 @@ fn no_config_records_none_and_splits_inherit_or_take_their_own() {
 
 #[test]
 fn a_field_of_exactly_the_librarys_release_is_kept() {
-    // 2.27.0 introduced nvlsCTAs and commName; 2.28.0 nChannelsPerNetPeer.
-    let rig = Rig::new(NcclVersion::new(2, 27, 0));
+    // 2.27.3 introduced nvlsCTAs and commName; 2.28.3 nChannelsPerNetPeer.
+    let rig = Rig::new(NcclVersion::new(2, 27, 3));
     let mut c = NCCL_CONFIG_INITIALIZER;
     c.nvlsCTAs = 9;
     c.commName = c"exact".as_ptr();

@@ -142,6 +142,7 @@ pub trait ProcsRig {
         comm: ncclComm_t,
         s: CUstream,
     ) -> ncclResult_t;
+    #[allow(clippy::too_many_arguments)] // one collective's whole description
     fn run<T: El>(
         &self,
         d: usize,
