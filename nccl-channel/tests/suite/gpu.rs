@@ -72,6 +72,9 @@ fn every_collective_two_processes_configured_by_env() {
         ch.close().unwrap();
         return;
     }
+    if !crate::common::gpus_or_skip(2) {
+        return;
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
