@@ -69,6 +69,7 @@ use std::sync::Arc;
 
 use libloading::os::unix::{Library as RawLibrary, RTLD_LOCAL, RTLD_NOW};
 
+pub use crate::attempt::{Attempt, Attempts, Reason, Step};
 use crate::{LoadError, Resolver};
 
 /// What one C library adds to [`Library`]: its names, where to look for it, how to ask
@@ -375,127 +376,6 @@ fn unusable<T: Table>(origin: impl ToString, reason: Reason) -> LoadError {
         library,
         origin,
         reason,
-    }
-}
-
-/// Where a candidate path came from, so an error can say why it was tried.
-///
-/// ```
-/// use cuda_sys::dylib::Step;
-/// assert_eq!(Step::EnvOverride("CUDA_SYS_LIBRARY").to_string(), "$CUDA_SYS_LIBRARY");
-/// assert_eq!(Step::PythonPackage.to_string(), "pip package");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Step {
-    /// A path passed in code (`load_from`, a builder's `path`).
-    Explicit,
-    /// A path taken from the named environment variable.
-    EnvOverride(&'static str),
-    /// A bare soname resolved by the dynamic loader (`LD_LIBRARY_PATH`, ld.so.cache, ...).
-    DynamicLoader,
-    /// A library shipped inside a pip-installed wheel in a Python environment.
-    PythonPackage,
-    /// A conventional system directory.
-    SystemDir,
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Step::Explicit => f.write_str("explicit path"),
-            Step::EnvOverride(var) => write!(f, "${var}"),
-            Step::DynamicLoader => f.write_str("dynamic loader"),
-            Step::PythonPackage => f.write_str("pip package"),
-            Step::SystemDir => f.write_str("system dir"),
-        }
-    }
-}
-
-/// Why one candidate library was not used.
-///
-/// ```
-/// use cuda_sys::dylib::Reason;
-/// let old = Reason::TooOld { found: "2.17.1".into(), minimum: "2.18.0".into() };
-/// assert_eq!(old.to_string(), "version 2.17.1 is older than the minimum supported 2.18.0");
-/// assert_eq!(
-///     Reason::MissingSymbol("cuInit".into()).to_string(),
-///     "required symbol `cuInit` is missing"
-/// );
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Reason {
-    /// The file does not exist (checked before asking the loader).
-    NoSuchFile,
-    /// `dlopen` failed; the loader's message.
-    Open(String),
-    /// The library lacks a symbol that every supported version has.
-    MissingSymbol(String),
-    /// The library reports a version older than the minimum this crate supports.
-    TooOld {
-        /// The version the library reported, as text (`2.15.5`, `11.8`).
-        found: String,
-        /// The oldest version this crate accepts.
-        minimum: String,
-    },
-    /// Asking the library for its version failed.
-    Version(String),
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Reason::NoSuchFile => f.write_str("no such file"),
-            Reason::Open(msg) => write!(f, "dlopen: {msg}"),
-            Reason::MissingSymbol(s) => write!(f, "required symbol `{s}` is missing"),
-            Reason::TooOld { found, minimum } => {
-                write!(
-                    f,
-                    "version {found} is older than the minimum supported {minimum}"
-                )
-            }
-            Reason::Version(msg) => write!(f, "version query failed: {msg}"),
-        }
-    }
-}
-
-/// One candidate that was tried, and why it was rejected.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attempt {
-    /// The path or soname handed to the loader.
-    pub path: PathBuf,
-    /// The search step that produced it.
-    pub step: Step,
-    /// Why it was not used.
-    pub reason: Reason,
-}
-
-impl fmt::Display for Attempt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (path, step) = (self.path.display(), &self.step);
-        write!(f, "{path} ({step}): {}", self.reason)
-    }
-}
-
-/// The attempts of a search, displayed one per line (see the [module](self) example).
-///
-/// ```
-/// use cuda_sys::dylib::Attempts;
-/// assert_eq!(Attempts::default().to_string(), "\n  (no candidate paths)");
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Attempts(pub Vec<Attempt>);
-
-impl fmt::Display for Attempts {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_empty() {
-            return f.write_str("\n  (no candidate paths)");
-        }
-        for a in &self.0 {
-            write!(f, "\n  {a}")?;
-        }
-        Ok(())
     }
 }
 

@@ -1,6 +1,6 @@
 //! Loading errors: no panic and no process exit anywhere in loading; every failure ends here.
 
-use crate::dylib::{Attempt, Attempts, Reason};
+use crate::attempt::{Attempt, Attempts, Reason};
 
 /// Why a library (libcuda, libnccl) or a resolver could not give a usable function table.
 ///
@@ -75,7 +75,7 @@ impl LoadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dylib::Step;
+    use crate::attempt::Step;
 
     #[test]
     fn attempts_and_reason_each_answer_for_their_variant() {

@@ -79,6 +79,7 @@ mod generated {
 }
 pub use generated::*;
 
+mod attempt;
 mod driver;
 pub mod dylib;
 mod error;

@@ -20,12 +20,14 @@ mod rank;
 mod relay;
 mod rendezvous;
 mod report;
+mod setup;
 mod simulated;
 mod watch;
 
 pub use args::{parse_decimal, positive, seconds};
 pub use machine::{Machine, machine};
 pub use processes::{nprocs_in_a_world, processes};
-pub use rank::{RankChannel, RankSetup, rank_channel};
+pub use rank::{RankChannel, rank_channel};
 pub use relay::Output;
 pub use report::report;
+pub use setup::RankSetup;

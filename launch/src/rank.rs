@@ -1,31 +1,13 @@
 //! One rank configured by its launcher's environment, on a GPU or a simulated device.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use cuda_hal::Cuda;
-use cuda_mock::{MockDriver, MockWorld};
-use nccl_channel::{Channel, ChannelBuilder, CommConfig, World};
-use nccl_sys::NcclVersion;
+use cuda_mock::MockWorld;
+use nccl_channel::{Channel, ChannelBuilder, World};
 
+use crate::setup::RankSetup;
 use crate::{rendezvous, report, simulated, watch};
-
-/// How a rank configured by the environment is set up.
-#[derive(Clone, Debug, Default)]
-pub struct RankSetup {
-    /// `--device`: the GPU (else the local rank's).
-    pub device: Option<String>,
-    /// The communicator's configuration.
-    pub config: Option<CommConfig>,
-    /// How long a rank waits for the others: for the unique id from a launcher's
-    /// rendezvous (unless `NCCL_CHANNEL_RENDEZVOUS_TIMEOUT` says), and without a driver in
-    /// the simulated NCCL.
-    pub timeout: Option<Duration>,
-    /// Without a driver: the version the simulated NCCL reports.
-    pub sim_version: Option<NcclVersion>,
-    /// Without a driver: what the simulated driver gets besides its devices (kernels).
-    pub sim_driver: Option<fn(MockDriver) -> MockDriver>,
-}
 
 /// One rank's channel and what it runs on.
 pub struct RankChannel {

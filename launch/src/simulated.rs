@@ -9,7 +9,8 @@ use nccl_mock::MockNccl;
 use nccl_sys::Nccl;
 
 use crate::machine::{no_driver_reason, short};
-use crate::{RankSetup, parse_decimal, report};
+use crate::setup::RankSetup;
+use crate::{parse_decimal, report};
 
 /// The most simulated devices a rank's machine gets for a `--device` ordinal beyond its
 /// world (a real node has a handful; the simulated ones are cheap, but not free).
