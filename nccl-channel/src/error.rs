@@ -10,6 +10,14 @@ use nccl_sys::{LoadError, ncclResult_t};
 
 /// Everything that can go wrong in `nccl-channel`.
 ///
+/// One type for setup (the world, the unique id, the rendezvous, the channel) and for what
+/// a collective returns, on purpose: a rank's program does both in one function and
+/// propagates with `?`, the same NCCL status can come from either (a peer that is gone
+/// fails `ncclCommInitRank` and an all-reduce alike, as [`Error::Nccl`]), and the setup
+/// failures are already variants of their own (`Env`, `UniqueId`, `Rendezvous`, ...), so a caller
+/// who cares matches on them; two types would add a conversion at every `?` and split one
+/// failure across both.
+///
 /// Arguments are checked before any NCCL call, and the error says what to fix:
 ///
 /// ```
