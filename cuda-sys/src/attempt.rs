@@ -105,7 +105,7 @@ impl fmt::Display for Attempt {
     }
 }
 
-/// The attempts of a search, displayed one per line (see the [module](self) example).
+/// The attempts of a search, displayed one per line (see the [module](crate::dylib) example).
 ///
 /// ```
 /// use cuda_sys::dylib::Attempts;
