@@ -105,6 +105,9 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cuda_gen = root.join("cuda-sys/src/generated.rs");
     let nccl_gen = root.join("nccl-sys/src/generated.rs");
+    // Never unloaded (as libcuda and libnccl are not): a dlclose would run the exit check
+    // in mid-process and unmap code the simulated NCCL's threads still run.
+    println!("cargo::rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo::rerun-if-changed={}", cuda_gen.display());
     println!("cargo::rerun-if-changed={}", nccl_gen.display());
     let cuda = std::fs::read_to_string(&cuda_gen).unwrap();

@@ -113,14 +113,43 @@ fn check_arg(s: &str) -> Result<bool, String> {
     }
 }
 
-/// `--sim-nccl X.Y.Z`.
+/// `--sim-nccl 2.Y.Z`: NCCL's major version 2, minor and patch below 100 (what its version
+/// code holds).
 fn version_arg(s: &str) -> Result<NcclVersion, String> {
-    let p: Vec<i32> = s
+    let bad = || format!("bad version {s:?} (2.MINOR.PATCH, each below 100)");
+    let p: Vec<u8> = s
         .split('.')
-        .map(|x| nccl_launch::parse_decimal(x).ok_or_else(|| format!("bad version {s:?}")))
+        .map(|x| nccl_launch::parse_decimal(x).ok_or_else(bad))
         .collect::<Result<_, _>>()?;
     match p[..] {
-        [a, b, c] => Ok(NcclVersion::new(a, b, c)),
-        _ => Err(format!("bad version {s:?} (X.Y.Z)")),
+        [2, b, c] if b < 100 && c < 100 => Ok(NcclVersion::new(2, b.into(), c.into())),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_simulated_version_is_2_minor_patch_below_100() {
+        assert_eq!(version_arg("2.28.3"), Ok(NcclVersion::new(2, 28, 3)));
+        assert_eq!(version_arg("2.99.99"), Ok(NcclVersion::new(2, 99, 99)));
+        for bad in [
+            "2.300.0",
+            "2.28.100",
+            "999999.0.0",
+            "3.0.0",
+            "2.28",
+            "+2.28.3",
+            "",
+        ] {
+            assert_eq!(
+                version_arg(bad),
+                Err(format!(
+                    "bad version {bad:?} (2.MINOR.PATCH, each below 100)"
+                ))
+            );
+        }
     }
 }

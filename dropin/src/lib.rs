@@ -23,7 +23,7 @@
 //! sanitizer's findings (a freed, out-of-bounds or foreign address, a free not ordered after
 //! the work that used the memory) are printed to stderr and the process exits with status
 //! [`VIOLATION_EXIT_CODE`], its C stdio buffers flushed first. (The check is the library's
-//! destructor, so a program that unloads the library runs it then.)
+//! destructor; the library is linked `-z nodelete`, so a `dlclose` never runs it early.)
 //!
 //! `cuGetProcAddress` offers the CUDA 12.0 ABI and newer only: an older ABI version, an
 //! entry newer than the version asked for, or the per-thread default stream's variants are

@@ -392,3 +392,16 @@ fn an_exit_handlers_free_is_checked_and_c_output_survives() {
     AT_EXIT.set((f, p)).unwrap();
     std::mem::forget(driver);
 }
+
+#[test]
+fn it_stays_loaded_after_dlclose() {
+    let lib = library();
+    // SAFETY: loading runs no initialiser of consequence; no symbol is used.
+    let handle = unsafe { libloading::Library::new(&lib) }.unwrap();
+    drop(handle);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(
+        maps.contains(lib.to_str().unwrap()),
+        "libsimgpu.so was unmapped by dlclose: its exit check would run in mid-process"
+    );
+}

@@ -63,6 +63,7 @@ pub fn processes(
             }
         }
     }
+    // No overflow: `seconds` caps every timeout at a year.
     let failed = wait_all(&mut children, t + timeout, timeout);
     for p in printers {
         let _ = p.join();
