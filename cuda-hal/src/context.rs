@@ -10,15 +10,28 @@ use crate::{Cuda, Device, Result};
 struct Inner {
     device: Device,
     raw: CUcontext,
+    /// What keeps the context alive: a primary context's retain, or another owner's value.
+    hold: Hold,
+}
+
+enum Hold {
+    /// One retain of the device's primary context, released on drop.
+    Primary,
+    /// A value that keeps the context alive (a cudarc context, a green context's owner).
+    Owner(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>),
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         // Everything that lives in the context holds a clone, so this runs after they are
         // gone. A failure cannot be reported from a drop; the driver keeps nothing leaked.
-        // SAFETY: this retain is released exactly once.
-        let _ =
-            unsafe { (self.device.cuda().fns().cuDevicePrimaryCtxRelease)(self.device.as_raw()) };
+        // An owner is dropped with the fields, after this.
+        if let Hold::Primary = self.hold {
+            // SAFETY: this retain is released exactly once.
+            let _ = unsafe {
+                (self.device.cuda().fns().cuDevicePrimaryCtxRelease)(self.device.as_raw())
+            };
+        }
     }
 }
 
@@ -50,8 +63,8 @@ pub struct Context {
     inner: Arc<Inner>,
 }
 
-// SAFETY: a primary context handle is usable from any thread (the driver is thread-safe);
-// `Inner` only holds the handle and the device.
+// SAFETY: a context handle is usable from any thread (the driver is thread-safe); `Inner`
+// holds the handle, the device and an owner that is itself `Send + Sync`.
 unsafe impl Send for Inner {}
 // SAFETY: as above; no interior mutability.
 unsafe impl Sync for Inner {}
@@ -116,8 +129,83 @@ impl Context {
             inner: Arc::new(Inner {
                 device: device.clone(),
                 raw,
+                hold: Hold::Primary,
             }),
         })
+    }
+
+    /// Adopts a context made elsewhere (another crate's, a non-primary or green
+    /// context), kept alive by `owner`, which is dropped after the last of everything made
+    /// in it through this crate (memory, streams, events, modules hold the context).
+    ///
+    /// # Safety
+    /// `raw` must be a context of `device` that stays valid while `owner` lives (pass `()`
+    /// for a context that lives as long as the process).
+    ///
+    /// ```
+    /// use cuda_hal::{Context, DeviceBuffer};
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// let gpu = cuda.device(0)?;
+    /// let primary = gpu.primary_context()?;
+    /// // SAFETY: the primary context's handle, kept alive by the retain `primary` holds.
+    /// let ctx = unsafe { Context::from_raw(&gpu, primary.as_raw(), primary.clone()) };
+    /// assert_eq!(ctx, primary, "the same context");
+    /// let buf = DeviceBuffer::from_slice(&ctx, &[1u8, 2])?;
+    /// assert_eq!(buf.to_vec()?, [1, 2]);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub unsafe fn from_raw(
+        device: &Device,
+        raw: CUcontext,
+        owner: impl Send + Sync + 'static,
+    ) -> Context {
+        Context {
+            inner: Arc::new(Inner {
+                device: device.clone(),
+                raw,
+                hold: Hold::Owner(Box::new(owner)),
+            }),
+        }
+    }
+
+    /// The context current on this thread, if it is a device's primary context (then
+    /// retained like [`Device::primary_context`]); `Ok(None)` when none is current.
+    ///
+    /// Another crate's non-primary context cannot be held safely from its handle alone
+    /// (nothing keeps it alive): that is [`Error::ForeignContext`](crate::Error::ForeignContext);
+    /// adopt it with [`from_raw`](Self::from_raw) (or, with the `cudarc` feature, from
+    /// cudarc's context).
+    ///
+    /// ```
+    /// use cuda_hal::Context;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(2).build_with(cuda_hal::Cuda::from_driver)?;
+    /// let ctx = cuda.device(1)?.primary_context()?;
+    /// assert_eq!(Context::current(&cuda)?, None);
+    /// let _current = ctx.bind()?;
+    /// assert_eq!(Context::current(&cuda)?, Some(ctx.clone()));
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    #[doc(alias = "cuCtxGetCurrent")]
+    pub fn current(cuda: &crate::Cuda) -> Result<Option<Context>> {
+        let mut raw: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { call!(cuda, cuCtxGetCurrent(&mut raw)) }?;
+        if raw.is_null() {
+            return Ok(None);
+        }
+        let mut dev = 0;
+        // SAFETY: valid out-pointer; `raw` is current.
+        unsafe { call!(cuda, cuCtxGetDevice(&mut dev)) }?;
+        let primary = cuda
+            .device(usize::try_from(dev).unwrap_or(usize::MAX))?
+            .primary_context()?;
+        if primary.as_raw() != raw {
+            return Err(crate::Error::ForeignContext {
+                what: "Context::current",
+                device: dev,
+            });
+        }
+        Ok(Some(primary))
     }
 
     /// The device the context belongs to.

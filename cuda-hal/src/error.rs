@@ -164,6 +164,45 @@ pub enum Error {
         /// The operation.
         what: &'static str,
     },
+    /// The context is not one this crate can hold from its handle alone (another crate's
+    /// non-primary context): adopt it with [`Context::from_raw`](crate::Context::from_raw).
+    #[error(
+        "{what}: the current context on device {device} is not its primary context; a \
+         non-primary context is held by whoever made it: adopt it with Context::from_raw \
+         and that owner"
+    )]
+    ForeignContext {
+        /// The operation.
+        what: &'static str,
+        /// The device the context is on.
+        device: i32,
+    },
+    /// Another crate's CUDA object belongs to a driver this [`Cuda`](crate::Cuda) does not
+    /// drive (the two crates loaded different driver libraries, or one of them is an
+    /// in-process simulated driver).
+    #[error(
+        "{what}: the object belongs to another driver than this Cuda's (both crates must \
+         load the same libcuda; an in-process simulated driver cannot be shared: use the \
+         drop-in simulated libcuda instead)"
+    )]
+    ForeignDriver {
+        /// The operation.
+        what: &'static str,
+    },
+    /// Work enqueued now could run after the borrow of memory it uses has ended: the
+    /// memory is borrowed from another crate (that cannot be held), and the stream is
+    /// captured or an NCCL group is open.
+    #[error(
+        "{what}: borrowed memory cannot be used while {why}: the work would run after the \
+         borrow ends; adopt the memory instead (DeviceBuffer::from_owner, or with the \
+         `cudarc` feature DeviceBuffer::from_cudarc)"
+    )]
+    Deferred {
+        /// The operation.
+        what: &'static str,
+        /// What defers the work: a capture, or an open group.
+        why: &'static str,
+    },
     /// A range does not fit the memory it was taken of.
     #[error("{what}: the range {start}..{end} does not fit in {len} elements")]
     OutOfRange {

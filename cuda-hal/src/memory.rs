@@ -1,7 +1,9 @@
 //! [`DeviceBuffer`]: typed device memory, freed only when no enqueued, captured or grouped
 //! work can still touch it, and before its context is released.
 
+use std::any::Any;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::mem::size_of;
 use std::ops::RangeBounds;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use cuda_sys::CUdeviceptr;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::tracking::{CaptureLog, Dependency, KeepAlive, UseLog, lock};
+use crate::tracking::{Dependency, KeepAlive, UseLog, lock};
 use crate::view::{Chunks, ChunksMut};
 use crate::{
     Context, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Error,
@@ -23,18 +25,28 @@ use crate::{
 pub(crate) struct Allocation {
     ctx: Context,
     ptr: CUdeviceptr,
-    /// Set when allocated stream-ordered: freed on that stream.
-    free_on: Option<Stream>,
-    /// Stream-ordered memory is usable by other streams and by synchronous calls only
-    /// after its stream reached the allocation; set once the host has waited for that.
+    /// Size in bytes (for the report when the memory has to be leaked).
+    bytes: usize,
+    /// The stream the memory's owner works on: stream-ordered memory's allocation stream,
+    /// or an adopted owner's stream (a cudarc slice's). Its first use on another stream
+    /// waits for it, and the release is ordered on it after every other stream's work.
+    home: Option<Stream>,
+    /// Home-stream memory is usable by other streams and by synchronous calls only after
+    /// the home stream reached it; set once the host has waited for that.
     ready: AtomicBool,
     uses: UseLog,
-    /// How foreign memory is released (e.g. `ncclMemFree`); `None`: `cuMemFree(Async)`.
-    release: Option<Release>,
+    release: Release,
 }
 
-/// Releases foreign memory handed over with [`DeviceBuffer::from_raw_with`].
-type Release = Box<dyn FnOnce(CUdeviceptr) + Send + Sync>;
+/// How the memory goes back.
+pub(crate) enum Release {
+    /// `cuMemFree`, or `cuMemFreeAsync` on the home stream.
+    Driver,
+    /// A foreign allocator's release ([`DeviceBuffer::from_raw_with`]), called once.
+    With(Box<dyn FnOnce(CUdeviceptr) + Send + Sync>),
+    /// Dropping the owner releases the memory ([`DeviceBuffer::from_owner`]).
+    Owner(Box<dyn Any + Send + Sync>),
+}
 
 impl Dependency for Allocation {
     fn used_on(&self, stream: &Stream) -> Result<()> {
@@ -47,7 +59,7 @@ impl Allocation {
     /// another stream than its own makes that stream wait for the allocation (the pool
     /// may hand out memory that earlier work on the allocation stream still uses).
     fn note(&self, stream: &Stream) -> Result<()> {
-        self.uses.note(stream, || match &self.free_on {
+        self.uses.note(stream, || match &self.home {
             Some(own) if own.key() != stream.key() && !self.ready.load(Ordering::Acquire) => {
                 Self::order_after(stream, own)
             }
@@ -59,7 +71,7 @@ impl Allocation {
     /// the allocation stream to reach the allocation (refused while it is captured: the
     /// wait would spoil the capture).
     fn ready_for_host(&self) -> Result<()> {
-        if let Some(own) = &self.free_on
+        if let Some(own) = &self.home
             && !self.ready.load(Ordering::Acquire)
         {
             let _order = own.try_enqueue_lock().ok_or(Error::Capturing {
@@ -101,83 +113,134 @@ impl Allocation {
             Err(_) => earlier.synchronize(),
         }
     }
+}
 
-    /// The capture that records one of the streams this free would use, if any.
-    fn recording_capture(&self, used: &[Stream]) -> Option<Arc<CaptureLog>> {
-        used.iter()
-            .chain(self.free_on.as_ref())
-            .find_map(Stream::capture_log)
+impl Allocation {
+    /// Makes the memory idle for its release: the home stream ordered after every other
+    /// stream that used it (events; failing that, a host wait), or, without a home stream,
+    /// a host wait for each. `Err` names what failed: then nothing may be released. The
+    /// caller holds the order locks of `used` and the home stream, and no capture records
+    /// them.
+    fn quiesce(&self, used: &[Stream]) -> Result<()> {
+        match &self.home {
+            Some(home) => {
+                for s in used.iter().filter(|s| s.key() != home.key()) {
+                    Self::order_locked(home, s)?;
+                }
+            }
+            None => {
+                for s in used {
+                    s.synchronize()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The order locks of `used` and the home stream, taken in one order (by key) without
+    /// blocking, when a home stream is involved (its release enqueues there); `None`
+    /// when one cannot be had.
+    fn lock_streams<'s>(&self, used: &'s [Stream]) -> Option<Vec<crate::EnqueueLock<'s>>>
+    where
+        Self: 's,
+    {
+        let mut locks = Vec::new();
+        if self.home.is_none() {
+            return Some(locks);
+        }
+        let mut involved: Vec<&'s Stream> = used.iter().collect();
+        involved.sort_by_key(|s| s.key());
+        involved.dedup_by_key(|s| s.key());
+        for s in involved {
+            locks.push(s.try_enqueue_lock()?);
+        }
+        Some(locks)
+    }
+
+    /// Says on stderr that the memory is leaked, and why: work may still use it, so it is
+    /// never released (a stream destroyed behind this crate's back, a lost context).
+    fn report_leak(&self, why: &dyn std::fmt::Display) {
+        eprintln!(
+            "cuda-hal: leaking {} bytes of device memory at {:#x} on device {}: {why}; work \
+             enqueued on it may still run, so it is never freed",
+            self.bytes,
+            self.ptr,
+            self.ctx.device().ordinal()
+        );
     }
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
+        // Out of the struct, and released only on the path that proves the memory idle:
+        // on every other path it is leaked (an owner, or a closure owning the memory,
+        // dropped here would free it under running work).
+        let release = ManuallyDrop::new(std::mem::replace(&mut self.release, Release::Driver));
         if self.ptr == 0 {
+            drop(ManuallyDrop::into_inner(release));
             return;
         }
-        let used = self.uses.take();
-        // Stream-ordered frees enqueue on the streams involved: hold their order locks,
-        // in one order (by key), without blocking; if they cannot be had, leak.
-        let free_on = self.free_on.clone();
-        let mut involved: Vec<&Stream> = used.iter().chain(free_on.as_ref()).collect();
-        involved.sort_by_key(|s| s.key());
-        involved.dedup_by_key(|s| s.key());
-        let mut locks = Vec::new();
-        if free_on.is_some() {
-            for s in &involved {
-                match s.try_enqueue_lock() {
-                    Some(l) => locks.push(l),
-                    None => return,
-                }
-            }
+        let mut used = self.uses.take();
+        if let Some(home) = &self.home {
+            used.push(home.clone());
         }
+        // Releases on a home stream enqueue on the streams involved: hold their order
+        // locks, without blocking; if they cannot be had, leak.
+        let Some(locks) = self.lock_streams(&used) else {
+            self.report_leak(&"a stream it was used on stayed locked (a capture beginning)");
+            return;
+        };
         // A wait, an event or the free itself enqueued now on a stream being captured would
         // land in the user's graph (a free node frees again at every launch): the capture's
         // graph owns the memory instead, and frees it when it goes.
-        if let Some(log) = self.recording_capture(&used) {
+        if let Some(log) = used.iter().find_map(Stream::capture_log) {
+            // The uses alone (the home stream was pushed last).
+            let uses = used[..used.len() - usize::from(self.home.is_some())].to_vec();
             let moved = Allocation {
                 ctx: self.ctx.clone(),
                 ptr: std::mem::replace(&mut self.ptr, 0),
-                free_on: self.free_on.take(),
+                bytes: self.bytes,
+                home: self.home.take(),
                 ready: AtomicBool::new(self.ready.load(Ordering::Acquire)),
-                uses: UseLog::with(used.clone()),
-                release: self.release.take(),
+                uses: UseLog::with(uses),
+                release: ManuallyDrop::into_inner(release),
             };
             lock(&log.held).push(KeepAlive::new(Arc::new(moved)));
+            drop(locks);
             return;
         }
-        let Ok(_g) = self.ctx.bind() else { return };
-        let cuda = self.ctx.cuda();
+        let _g = match self.ctx.bind() {
+            Ok(g) => g,
+            Err(e) => {
+                return self.report_leak(&format_args!("making its context current failed: {e}"));
+            }
+        };
         // Any failure below leaks the memory: never free what work may still touch.
-        match &self.free_on {
-            Some(free) => {
-                for s in used.iter().filter(|s| s.key() != free.key()) {
-                    if Self::order_locked(free, s).is_err() {
-                        return;
-                    }
-                }
-                // SAFETY: allocated by cuMemAllocAsync on `free` and freed once, after the
+        if let Err(e) = self.quiesce(&used) {
+            return self.report_leak(&format_args!(
+                "waiting for the work of the streams that used it failed: {e}"
+            ));
+        }
+        let cuda = self.ctx.cuda();
+        match (ManuallyDrop::into_inner(release), &self.home) {
+            (Release::Driver, Some(home)) => {
+                // SAFETY: allocated by cuMemAllocAsync on `home` and freed once, after the
                 // work of every stream that used it (ordered just above); no capture
-                // records `free` or those streams (checked above, under their order locks).
-                let _ = unsafe { (cuda.fns().cuMemFreeAsync)(self.ptr, free.as_raw()) };
+                // records `home` or those streams (checked above, under their order locks).
+                let _ = unsafe { (cuda.fns().cuMemFreeAsync)(self.ptr, home.as_raw()) };
             }
-            None => {
-                for s in &used {
-                    if s.synchronize().is_err() {
-                        return;
-                    }
-                }
-                match self.release.take() {
-                    // The releaser's contract (`from_raw_with`): called once, with the
-                    // context current, after the work of every stream that used it.
-                    Some(release) => release(self.ptr),
-                    None => {
-                        // SAFETY: allocated by cuMemAlloc (or handed over as such) and
-                        // freed once, after the work of every stream that used it is done.
-                        let _ = unsafe { (cuda.fns().cuMemFree)(self.ptr) };
-                    }
-                }
+            (Release::Driver, None) => {
+                // SAFETY: allocated by cuMemAlloc (or handed over as such) and freed once,
+                // after the work of every stream that used it is done.
+                let _ = unsafe { (cuda.fns().cuMemFree)(self.ptr) };
             }
+            // The releaser's contract (`from_raw_with`): called once, with the context
+            // current, after the work of every stream that used it.
+            (Release::With(release), _) => release(self.ptr),
+            // The owner's contract (`from_owner`, `from_owner_on`): dropping it frees the
+            // memory, in order on the home stream (ordered after every use above) or at
+            // once (every use is done).
+            (Release::Owner(owner), _) => drop(owner),
         }
         drop(locks);
     }
@@ -297,19 +360,173 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         Ok(Self::owning(ctx, ptr, len, Some(stream.clone())))
     }
 
-    fn owning(ctx: &Context, ptr: CUdeviceptr, len: usize, free_on: Option<Stream>) -> Self {
+    fn owning(ctx: &Context, ptr: CUdeviceptr, len: usize, home: Option<Stream>) -> Self {
+        Self::owning_with(ctx, ptr, len, home, Release::Driver)
+    }
+
+    fn owning_with(
+        ctx: &Context,
+        ptr: CUdeviceptr,
+        len: usize,
+        home: Option<Stream>,
+        release: Release,
+    ) -> Self {
         DeviceBuffer {
             alloc: Arc::new(Allocation {
                 ctx: ctx.clone(),
                 ptr,
-                free_on,
+                bytes: len.saturating_mul(size_of::<T>()),
+                home,
                 ready: AtomicBool::new(false),
                 uses: UseLog::default(),
-                release: None,
+                release,
             }),
             ptr,
             len,
             _t: PhantomData,
+        }
+    }
+
+    /// Takes `len` elements of device memory that `owner` keeps allocated (another
+    /// crate's buffer, moved in whole): no copy, and no address to free by hand. The
+    /// buffer drops `owner` once the work of every stream that used the memory is done
+    /// and no graph or open group can launch work on it again (if that cannot be proven,
+    /// the memory and `owner` are leaked, and stderr says so).
+    /// [`into_owner`](Self::into_owner) gives `owner` back; nothing hands out the address
+    /// alone, so no freed address can leak out.
+    ///
+    /// Owners that free in stream order on a stream of their own (cudarc's slices) are
+    /// better adopted with [`from_owner_on`](Self::from_owner_on): their release is then
+    /// ordered on the device instead of waited for on the host.
+    ///
+    /// # Safety
+    /// `ptr` must be device memory of `ctx`, readable and writable from it, of at least
+    /// `len * size_of::<T>()` bytes (anything with `len == 0`), that stays allocated while
+    /// `owner` lives and that nothing but this buffer uses until `owner` is dropped or
+    /// given back; work already enqueued on it must be complete (or be ordered before the
+    /// buffer's first use by the caller).
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// /// Another crate's allocation: freed when it is dropped.
+    /// struct Theirs(DeviceBuffer<u8>);
+    /// let theirs = Theirs(DeviceBuffer::zeroed(&ctx, 16)?);
+    /// let ptr = theirs.0.as_raw();
+    /// // SAFETY: 16 bytes of `ctx`'s memory, allocated while `theirs` lives, used by
+    /// // nothing else meanwhile.
+    /// let mut buf = unsafe { DeviceBuffer::<u8>::from_owner(&ctx, ptr, 16, theirs) };
+    /// buf.fill_async(7, &Stream::non_blocking(&ctx)?)?;
+    /// let Ok(back) = buf.into_owner::<Theirs>() else { panic!("nothing else holds it") };
+    /// assert_eq!(back.0.to_vec()?, [7; 16], "given back after the fill");
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub unsafe fn from_owner<O: Send + Sync + 'static>(
+        ctx: &Context,
+        ptr: CUdeviceptr,
+        len: usize,
+        owner: O,
+    ) -> Self {
+        Self::owning_with(ctx, ptr, len, None, Release::Owner(Box::new(owner)))
+    }
+
+    /// As [`from_owner`](Self::from_owner), for an owner whose work and release happen
+    /// in order on `home` (a cudarc slice frees on its stream): the buffer's first use on
+    /// another stream waits for `home`'s work so far, synchronous calls wait for `home`
+    /// once, and the release (or [`into_owner`](Self::into_owner)) makes `home` wait, on
+    /// the device, for the work of every other stream that used the memory.
+    ///
+    /// # Safety
+    /// As for [`from_owner`](Self::from_owner), except that work already enqueued on the
+    /// memory may be pending, if only on `home`; and dropping `owner` releases the memory
+    /// in order on `home` (after the work enqueued there), or synchronously.
+    ///
+    /// ```
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let home = Stream::non_blocking(&ctx)?;
+    /// // Another crate's stream-ordered allocation, with work pending on its stream.
+    /// let mut theirs = DeviceBuffer::<u32>::alloc_on(&home, 4)?;
+    /// theirs.fill_async(5, &home)?;
+    /// let ptr = theirs.as_raw();
+    /// // SAFETY: 4 `u32`s of `ctx`, allocated while `theirs` lives, which frees in order
+    /// // on `home`; its pending work is on `home` only.
+    /// let mut buf = unsafe { DeviceBuffer::<u32>::from_owner_on(&home, ptr, 4, theirs) };
+    /// let other = Stream::non_blocking(&ctx)?;
+    /// buf.slice_mut(..2)?.fill_async(6, &other)?; // waits for `home`'s fill first
+    /// drop(buf); // `home` waits for `other`, then the owner frees on `home`
+    /// home.synchronize()?;
+    /// assert_eq!(world.used_memory(0), 0);
+    /// assert!(world.violations().is_empty());
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub unsafe fn from_owner_on<O: Send + Sync + 'static>(
+        home: &Stream,
+        ptr: CUdeviceptr,
+        len: usize,
+        owner: O,
+    ) -> Self {
+        let ctx = home.context();
+        Self::owning_with(
+            ctx,
+            ptr,
+            len,
+            Some(home.clone()),
+            Release::Owner(Box::new(owner)),
+        )
+    }
+
+    /// Gives back the owner that [`from_owner`](Self::from_owner) or
+    /// [`from_owner_on`](Self::from_owner_on) took, once the memory is idle for it: the
+    /// home stream ordered after every other stream's work (on the device), or, without
+    /// one, that work waited for. Returns the buffer unchanged when it has no owner of
+    /// type `O`, while a graph or open group still uses the memory, while a stream that
+    /// used it is being captured, or when the wait fails.
+    #[allow(clippy::result_large_err)]
+    pub fn into_owner<O: Send + Sync + 'static>(self) -> std::result::Result<O, Self> {
+        let owns = matches!(&self.alloc.release, Release::Owner(o) if o.is::<O>());
+        if !owns || Arc::strong_count(&self.alloc) != 1 {
+            return Err(self);
+        }
+        let mut used = self.alloc.uses.streams();
+        if let Some(home) = &self.alloc.home {
+            used.push(home.clone());
+        }
+        let idle = self.alloc.lock_streams(&used).is_some_and(|locks| {
+            let ok = !used.iter().any(|s| s.capture_log().is_some())
+                && self
+                    .alloc
+                    .ctx
+                    .bind()
+                    .is_ok_and(|_g| self.alloc.quiesce(&used).is_ok());
+            drop(locks);
+            ok
+        });
+        if !idle {
+            return Err(self);
+        }
+        let (ptr, len) = (self.ptr, self.len);
+        let mut alloc = match Arc::try_unwrap(self.alloc) {
+            Ok(a) => a,
+            Err(alloc) => {
+                return Err(DeviceBuffer {
+                    alloc,
+                    ptr,
+                    len,
+                    _t: PhantomData,
+                });
+            }
+        };
+        // Defused: the allocation's drop releases nothing when its address is 0.
+        alloc.ptr = 0;
+        match std::mem::replace(&mut alloc.release, Release::Driver) {
+            Release::Owner(o) => match o.downcast::<O>() {
+                Ok(o) => Ok(*o),
+                Err(_) => unreachable!("checked to be an `O` above"),
+            },
+            _ => unreachable!("checked to be an owner above"),
         }
     }
 
@@ -364,17 +581,11 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         len: usize,
         release: impl FnOnce(CUdeviceptr) + Send + Sync + 'static,
     ) -> Self {
-        if len == 0 {
+        if len == 0 || ptr == 0 {
             // Any address will do for no element: there is nothing to release.
             return Self::owning(ctx, 0, 0, None);
         }
-        let mut b = Self::owning(ctx, ptr, len, None);
-        if ptr != 0
-            && let Some(a) = Arc::get_mut(&mut b.alloc)
-        {
-            a.release = Some(Box::new(release));
-        }
-        b
+        Self::owning_with(ctx, ptr, len, None, Release::With(Box::new(release)))
     }
 
     /// Allocates and zeroes `len` elements.
@@ -421,13 +632,33 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// Gives up ownership: returns the address and length; the memory is no longer freed
     /// by this value (free it with `cuMemFree`, or `cuMemFreeAsync` if it was allocated
-    /// stream-ordered, or with its own allocator if it came from
-    /// [`from_raw_with`](Self::from_raw_with), once the work enqueued on it is done).
+    /// stream-ordered, once the work enqueued on it is done).
     ///
-    /// Returns the buffer unchanged while a graph or an open group still uses the memory:
-    /// then it is not this value's alone to give away.
+    /// Returns the buffer unchanged while a graph or an open group still uses the memory
+    /// (then it is not this value's alone to give away), and for memory that something
+    /// else releases ([`from_raw_with`](Self::from_raw_with)'s closure,
+    /// [`from_owner`](Self::from_owner)'s owner): the address alone would outlive what
+    /// keeps it allocated. [`into_owner`](Self::into_owner) gives an owner back.
+    ///
+    /// ```
+    /// use cuda_hal::DeviceBuffer;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let theirs = DeviceBuffer::<u8>::zeroed(&ctx, 8)?;
+    /// let ptr = theirs.as_raw();
+    /// // SAFETY: 8 bytes of `ctx`, allocated while the closure (which owns them) lives.
+    /// let buf = unsafe { DeviceBuffer::<u8>::from_raw_with(&ctx, ptr, 8, move |_| drop(theirs)) };
+    /// let buf = buf.into_raw().expect_err("the closure owns the memory: no bare address");
+    /// drop(buf); // the closure runs, and frees it
+    /// assert_eq!(world.used_memory(0), 0);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    #[allow(clippy::result_large_err)]
     pub fn into_raw(self) -> std::result::Result<(CUdeviceptr, usize), Self> {
         let (ptr, len) = (self.ptr, self.len);
+        if !matches!(self.alloc.release, Release::Driver) {
+            return Err(self);
+        }
         match Arc::try_unwrap(self.alloc) {
             Ok(mut a) => {
                 // Defused: the allocation's drop frees nothing when its address is 0.

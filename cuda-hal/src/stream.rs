@@ -28,6 +28,11 @@ struct Inner {
     ctx: Context,
     raw: CUstream,
     owned: bool,
+    /// Made by another library (`from_raw`, `from_owner`): it may capture the stream
+    /// behind this crate's back, so holds ask the driver.
+    foreign: bool,
+    /// Keeps a borrowed stream alive (another crate's stream object); dropped after it.
+    _owner: Option<Box<dyn std::any::Any + Send + Sync>>,
     /// Set while a capture begun through [`Stream::begin_capture`] (or joined through
     /// [`Stream::wait_event`]) records this stream's work; `capture` then holds its log.
     capturing: AtomicBool,
@@ -46,6 +51,8 @@ impl Inner {
             ctx: ctx.clone(),
             raw,
             owned,
+            foreign: false,
+            _owner: None,
             capturing: AtomicBool::new(false),
             capture: Mutex::new(None),
             order: RwLock::new(()),
@@ -58,7 +65,8 @@ impl Inner {
 unsafe impl Send for Inner {}
 // SAFETY: as above for the handle. The rest is shared state made for threads: the
 // capture flag is an atomic, the capture log sits behind a mutex and the order lock is an
-// `RwLock`; the context is `Sync` and `owned` is never written after construction.
+// `RwLock`; the context is `Sync`, `owned` and `foreign` are never written after
+// construction, and the owner is `Send + Sync`.
 unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
@@ -99,7 +107,46 @@ impl Drop for Inner {
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 #[must_use = "the lock orders captures only while it is held"]
-pub struct EnqueueLock<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
+pub struct EnqueueLock<'a> {
+    _guard: RwLockReadGuard<'a, ()>,
+    /// The stream's key for a lock taken with [`Stream::enqueue_lock`] (its drop runs the
+    /// stream's [`after_enqueue`](Stream::after_enqueue) hooks); 0 for this crate's
+    /// internal ones, which run none.
+    key: usize,
+    /// The key of the outer lock this thread held before (restored on drop).
+    prev: usize,
+}
+
+impl<'a> EnqueueLock<'a> {
+    #[inline]
+    fn outer(guard: RwLockReadGuard<'a, ()>, key: usize) -> Self {
+        let prev = crate::tracking::after::enter(key);
+        EnqueueLock {
+            _guard: guard,
+            key,
+            prev,
+        }
+    }
+
+    fn inner(guard: RwLockReadGuard<'a, ()>) -> Self {
+        EnqueueLock {
+            _guard: guard,
+            key: 0,
+            prev: 0,
+        }
+    }
+}
+
+impl Drop for EnqueueLock<'_> {
+    /// The work is enqueued (or failed to be): the hooks registered under this lock run,
+    /// before the lock is released.
+    #[inline]
+    fn drop(&mut self) {
+        if self.key != 0 {
+            crate::tracking::after::leave(self.key, self.prev);
+        }
+    }
+}
 
 impl std::fmt::Debug for EnqueueLock<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -222,8 +269,51 @@ impl Stream {
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
     pub unsafe fn from_raw(ctx: &Context, raw: CUstream, owned: bool) -> Stream {
+        let mut inner = Inner::new(ctx, raw, owned);
+        inner.foreign = true;
         Stream {
-            inner: Arc::new(Inner::new(ctx, raw, owned)),
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Wraps another library's stream of `ctx`, kept alive by `owner` (that library's
+    /// stream object), which is dropped after the last clone of the returned value and
+    /// after every buffer whose use log holds it. Work this crate enqueues on it while
+    /// that library captures it (a capture this crate cannot see) keeps what it uses
+    /// alive for the rest of the process, and stderr says so once.
+    ///
+    /// # Safety
+    /// `raw` must be a stream of `ctx` (or null, the legacy default stream) that stays
+    /// valid while `owner` lives.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cuda_hal::{DeviceBuffer, Stream};
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// /// Another crate's stream, destroyed when its last handle goes.
+    /// let theirs = Arc::new(Stream::non_blocking(&ctx)?);
+    /// // SAFETY: `theirs` keeps its stream, of `ctx`, alive.
+    /// let stream = unsafe { Stream::from_owner(&ctx, theirs.as_raw(), theirs.clone()) };
+    /// let mut buf = DeviceBuffer::<u16>::zeroed(&ctx, 4)?;
+    /// buf.fill_async(3, &stream)?;
+    /// drop((theirs, stream));
+    /// assert_eq!(world.live().streams, 1, "the buffer's use log still holds it");
+    /// assert_eq!(buf.to_vec()?, [3; 4]);
+    /// drop(buf);
+    /// assert_eq!(world.live().streams, 0);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub unsafe fn from_owner(
+        ctx: &Context,
+        raw: CUstream,
+        owner: impl Send + Sync + 'static,
+    ) -> Stream {
+        let mut inner = Inner::new(ctx, raw, false);
+        inner.foreign = true;
+        inner._owner = Some(Box::new(owner));
+        Stream {
+            inner: Arc::new(inner),
         }
     }
 
@@ -233,7 +323,8 @@ impl Stream {
     /// Every enqueueing call of this crate and of nccl-channel takes it; do not take it
     /// twice on one thread (it is not re-entrant).
     pub fn enqueue_lock(&self) -> EnqueueLock<'_> {
-        EnqueueLock(self.inner.order.read().unwrap_or_else(|e| e.into_inner()))
+        let guard = self.inner.order.read().unwrap_or_else(|e| e.into_inner());
+        EnqueueLock::outer(guard, self.key())
     }
 
     /// Exclusive: a capture begins, ends or is joined.
@@ -255,7 +346,10 @@ impl Stream {
     /// does nothing, and `what` is not called: one relaxed load and a thread-local read.
     #[inline]
     pub fn hold(&self, what: impl FnOnce() -> KeepAlive) {
-        if self.inner.capturing.load(Ordering::Relaxed) || DeferScope::is_open() {
+        if self.inner.capturing.load(Ordering::Relaxed)
+            || DeferScope::is_open()
+            || self.inner.foreign
+        {
             self.hold_now(what());
         }
     }
@@ -264,10 +358,105 @@ impl Stream {
     fn hold_now(&self, what: KeepAlive) {
         if let Some(log) = self.capture_log() {
             lock(&log.held).push(what.clone());
+        } else if self.inner.foreign && self.is_capturing().unwrap_or(true) {
+            // Another library captures this stream: the graph it makes may launch this
+            // work at any time, for as long as it lives, which nothing here can see.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "cuda-hal: work is being enqueued on stream {:?}, which another library is \
+                     capturing into a graph: what that work uses is kept alive for the rest \
+                     of the process (capture with Stream::begin_capture instead)",
+                    self.inner.raw
+                );
+            }
+            std::mem::forget(what.clone());
         }
         if DeferScope::is_open() {
             DeferScope::hold(what, self);
         }
+    }
+
+    /// `Ok` when work enqueued on this stream now is enqueued for real before the
+    /// enqueueing call returns: no capture records the stream (this crate's or another
+    /// library's) and no group ([`DeferScope`]) is open on this thread. Memory that is
+    /// only borrowed (it cannot be held by a [`KeepAlive`]) asks this in its
+    /// [`DeviceSlice::used_on`](crate::DeviceSlice::used_on); otherwise
+    /// [`Error::Deferred`].
+    ///
+    /// ```
+    /// use cuda_hal::{CaptureMode, DeferScope, Error, Stream};
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// stream.expect_immediate("my op")?;
+    /// {
+    ///     let _group = DeferScope::open();
+    ///     assert!(matches!(stream.expect_immediate("my op"), Err(Error::Deferred { .. })));
+    /// }
+    /// stream.begin_capture(CaptureMode::ThreadLocal)?;
+    /// assert!(matches!(stream.expect_immediate("my op"), Err(Error::Deferred { .. })));
+    /// stream.end_capture()?;
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub fn expect_immediate(&self, what: &'static str) -> Result<()> {
+        if DeferScope::is_open() {
+            return Err(Error::Deferred {
+                what,
+                why: "an NCCL group (a DeferScope) is open on this thread",
+            });
+        }
+        if self.capture_log().is_some() || self.is_capturing()? {
+            return Err(Error::Deferred {
+                what,
+                why: "the stream is being captured",
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` once the work being enqueued on this stream under this thread's
+    /// [`enqueue_lock`](Self::enqueue_lock) is really enqueued: when that lock is released
+    /// (the enqueueing call has returned from the driver or NCCL, successfully or not), or,
+    /// inside an open group, right after the group has ended and settled. For owners that
+    /// order their own next use after this crate's work (recording their event on
+    /// `stream`): call it from [`DeviceSlice::used_on`](crate::DeviceSlice::used_on).
+    ///
+    /// Refused ([`Error::Deferred`]) while the stream is captured (the work runs at each
+    /// launch instead), and ([`Error::InvalidArgument`]) when this thread does not hold the
+    /// stream's enqueue lock (nothing would say when the work is enqueued).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use cuda_hal::Stream;
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let stream = Stream::non_blocking(&ctx)?;
+    /// let log = Arc::new(Mutex::new(Vec::new()));
+    /// {
+    ///     let _order = stream.enqueue_lock();
+    ///     let l = log.clone();
+    ///     stream.after_enqueue(move || l.lock().unwrap().push("after"))?;
+    ///     log.lock().unwrap().push("enqueue"); // the driver call would be here
+    /// }
+    /// assert_eq!(*log.lock().unwrap(), ["enqueue", "after"]);
+    /// assert!(stream.after_enqueue(|| ()).is_err(), "not under the lock");
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub fn after_enqueue(&self, f: impl FnOnce() + 'static) -> Result<()> {
+        if !crate::tracking::after::holds(self.key()) {
+            return Err(Error::InvalidArgument {
+                what: "Stream::after_enqueue",
+                problem: "called without this stream's enqueue_lock held on this thread".into(),
+            });
+        }
+        if self.capture_log().is_some() || self.is_capturing()? {
+            return Err(Error::Deferred {
+                what: "Stream::after_enqueue",
+                why: "the stream is being captured",
+            });
+        }
+        crate::tracking::after::push(self.key(), Box::new(f))
     }
 
     /// An open group recorded work on this stream: `holds` is what it holds until it has
@@ -321,10 +510,10 @@ impl Stream {
     pub(crate) fn try_enqueue_lock(&self) -> Option<EnqueueLock<'_>> {
         for i in 0..2000u32 {
             if let Ok(g) = self.inner.order.try_read() {
-                return Some(EnqueueLock(g));
+                return Some(EnqueueLock::inner(g));
             }
             if let Err(std::sync::TryLockError::Poisoned(e)) = self.inner.order.try_read() {
-                return Some(EnqueueLock(e.into_inner()));
+                return Some(EnqueueLock::inner(e.into_inner()));
             }
             if i < 100 {
                 std::thread::yield_now();

@@ -231,6 +231,8 @@ pub(crate) type GroupHolds = Arc<Mutex<Vec<KeepAlive>>>;
 struct Deferred {
     held: GroupHolds,
     streams: Vec<Stream>,
+    /// [`Stream::after_enqueue`] hooks of work the group deferred: run once it settled.
+    after: Vec<Box<dyn FnOnce()>>,
 }
 
 impl Drop for Deferred {
@@ -241,6 +243,7 @@ impl Drop for Deferred {
     fn drop(&mut self) {
         std::mem::forget(std::mem::take(&mut self.held));
         std::mem::forget(std::mem::take(&mut self.streams));
+        std::mem::forget(std::mem::take(&mut self.after));
     }
 }
 
@@ -378,18 +381,23 @@ impl Drop for DeferScope {
         let released = DEFERRED
             .try_with(|d| {
                 let mut d = d.borrow_mut();
-                (std::mem::take(&mut d.held), std::mem::take(&mut d.streams))
+                (
+                    std::mem::take(&mut d.held),
+                    std::mem::take(&mut d.streams),
+                    std::mem::take(&mut d.after),
+                )
             })
             .ok();
         // Outside the borrow: settling and releasing call the libraries, which may open
         // scopes of their own.
-        if let Some((held, streams)) = released {
+        if let Some((held, streams, after)) = released {
             // Leaked unless every hold settles: a panic in a `settle` unwinds past them,
             // and grouped work may still be enqueued; what it uses must live on. Until
             // then the holds stay shared with the streams (a capture beginning there now
             // still copies them); settled, the group's work is launched and they go.
             let held = ManuallyDrop::new(held);
             let streams = ManuallyDrop::new(streams);
+            let after = ManuallyDrop::new(after);
             // A copy to settle: a user's `settle` may begin a capture, which reads `held`.
             let each = ManuallyDrop::new(lock(&held).clone());
             let mut settled = true;
@@ -397,6 +405,11 @@ impl Drop for DeferScope {
                 settled &= k.dependency().settle();
             }
             if settled {
+                // The group's work is enqueued: its owners may order themselves after it
+                // (unsettled, they never run: what they would order stays held).
+                for f in ManuallyDrop::into_inner(after) {
+                    f();
+                }
                 drop(ManuallyDrop::into_inner(each));
                 drop(ManuallyDrop::into_inner(held));
                 drop(ManuallyDrop::into_inner(streams));
@@ -473,5 +486,76 @@ impl StreamLog {
     /// one of them is being captured: the wait would spoil the capture).
     pub fn synchronize(&self) -> Result<()> {
         self.0.synchronize("StreamLog::synchronize")
+    }
+}
+
+/// The hooks of [`Stream::after_enqueue`]: per thread, keyed by the stream whose
+/// [`EnqueueLock`](crate::EnqueueLock) they wait for.
+pub(crate) mod after {
+    use std::cell::{Cell, RefCell};
+
+    type Hook = Box<dyn FnOnce()>;
+
+    thread_local! {
+        /// The key of the stream whose outer enqueue lock this thread took last.
+        static CURRENT: Cell<usize> = const { Cell::new(0) };
+        /// Whether `HOOKS` may hold anything: the lock's drop reads only this.
+        static PENDING: Cell<bool> = const { Cell::new(false) };
+        static HOOKS: RefCell<Vec<(usize, Hook)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// An outer lock of `key` is taken; returns the key it replaces.
+    #[inline]
+    pub(crate) fn enter(key: usize) -> usize {
+        CURRENT.try_with(|c| c.replace(key)).unwrap_or(0)
+    }
+
+    /// Whether this thread's latest outer lock is `key`'s.
+    pub(crate) fn holds(key: usize) -> bool {
+        CURRENT.try_with(|c| c.get() == key).unwrap_or(false)
+    }
+
+    /// Keeps `f` for the release of `key`'s lock, or for the end of the open group.
+    pub(crate) fn push(key: usize, f: Hook) -> crate::Result<()> {
+        let torn = || crate::Error::Deferred {
+            what: "Stream::after_enqueue",
+            why: "the thread's storage is being torn down",
+        };
+        if super::DeferScope::is_open() {
+            return super::DEFERRED
+                .try_with(|d| d.borrow_mut().after.push(f))
+                .map_err(|_| torn());
+        }
+        HOOKS
+            .try_with(|h| h.borrow_mut().push((key, f)))
+            .map_err(|_| torn())?;
+        let _ = PENDING.try_with(|p| p.set(true));
+        Ok(())
+    }
+
+    /// `key`'s outer lock is released; `prev` is current again.
+    #[inline]
+    pub(crate) fn leave(key: usize, prev: usize) {
+        let _ = CURRENT.try_with(|c| c.set(prev));
+        if PENDING.try_with(Cell::get).unwrap_or(false) {
+            run(key);
+        }
+    }
+
+    #[cold]
+    fn run(key: usize) {
+        let mine: Vec<Hook> = HOOKS
+            .try_with(|h| {
+                let mut h = h.borrow_mut();
+                let (mine, rest): (Vec<_>, Vec<_>) = h.drain(..).partition(|(k, _)| *k == key);
+                *h = rest;
+                let _ = PENDING.try_with(|p| p.set(!h.is_empty()));
+                mine.into_iter().map(|(_, f)| f).collect()
+            })
+            .unwrap_or_default();
+        // Outside the borrow: a hook may enqueue (record an event) and take locks.
+        for f in mine {
+            f();
+        }
     }
 }

@@ -3,6 +3,7 @@
 mod attacks;
 mod common;
 mod compile_fail;
+mod foreign;
 mod gpu;
 mod inputs;
 mod kernels;

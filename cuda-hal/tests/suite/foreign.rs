@@ -1,0 +1,320 @@
+//! Other crates' memory, streams and contexts: adopted with an owner, given back without
+//! ever handing out a freed address, and leaked (with a word on stderr) rather than
+//! released when their work cannot be proven done.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cuda_hal::{CaptureMode, Context, DeferScope, DeviceBuffer, Error, Stream};
+
+use crate::common::rig;
+
+/// Runs test `name` of this binary in a child and returns its stderr (it must pass).
+fn child_stderr(name: &str) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("CUDA_HAL_FOREIGN_CHILD", name)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "no test named {name}");
+    stderr
+}
+
+fn is_child(name: &str) -> bool {
+    std::env::var("CUDA_HAL_FOREIGN_CHILD").is_ok_and(|c| c == name)
+}
+
+/// A stream another library destroys behind this crate's back (`from_raw`, not owned).
+fn doomed_stream(ctx: &Context) -> (Stream, impl FnOnce()) {
+    let cuda = ctx.cuda().clone();
+    let mut raw = std::ptr::null_mut();
+    {
+        let _g = ctx.bind().unwrap();
+        // SAFETY: a valid out-pointer, with `ctx` current.
+        cuda.check(
+            unsafe { (cuda.fns().cuStreamCreate)(&mut raw, 1) },
+            "cuStreamCreate",
+        )
+        .unwrap();
+    }
+    // SAFETY: a stream of `ctx`; the test breaks the "stays valid" promise on purpose, to
+    // see the crate leak rather than free.
+    let stream = unsafe { Stream::from_raw(ctx, raw, false) };
+    let raw_addr = raw as usize;
+    let destroy = move || {
+        // SAFETY: the stream made above, destroyed once, by "its owner".
+        let rc = unsafe { (cuda.fns().cuStreamDestroy)(raw_addr as cuda_hal::cuda_sys::CUstream) };
+        cuda.check(rc, "cuStreamDestroy").unwrap();
+    };
+    (stream, destroy)
+}
+
+/// Regression: a buffer used on a borrowed stream that its owner destroyed first was
+/// leaked without a word (16 of 16 bytes kept, nothing said).
+#[test]
+fn memory_used_on_a_stream_destroyed_behind_our_back_is_leaked_and_said() {
+    const ME: &str =
+        "foreign::memory_used_on_a_stream_destroyed_behind_our_back_is_leaked_and_said";
+    if !is_child(ME) {
+        let err = child_stderr(ME);
+        assert!(
+            err.contains("cuda-hal: leaking 16 bytes of device memory at 0x")
+                && err.contains(
+                    "on device 0: waiting for the work of the streams that used it failed: \
+                     cuStreamSynchronize failed: CUDA_ERROR_INVALID_HANDLE"
+                ),
+            "{err}"
+        );
+        return;
+    }
+    let (_cuda, world, ctx) = rig();
+    let (stream, destroy) = doomed_stream(&ctx);
+    let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+    buf.fill_async(1, &stream).unwrap();
+    destroy();
+    drop(buf);
+    assert_eq!(world.used_memory(0), 16, "leaked, not freed");
+    world.take_violations();
+}
+
+/// Regression: `from_raw_with` then `into_raw` dropped the release closure: when the
+/// closure owned the memory, `into_raw` handed out a freed address.
+#[test]
+fn into_raw_never_hands_out_memory_that_a_closure_or_owner_releases() {
+    let (_cuda, world, ctx) = rig();
+    let theirs = DeviceBuffer::<u8>::zeroed(&ctx, 32).unwrap();
+    let ptr = theirs.as_raw();
+    // SAFETY: 32 bytes of `ctx`, allocated while the closure (which owns them) lives.
+    let buf = unsafe { DeviceBuffer::<u8>::from_raw_with(&ctx, ptr, 32, move |_| drop(theirs)) };
+    let buf = buf.into_raw().expect_err("the closure owns the memory");
+    assert_eq!(world.used_memory(0), 32, "still allocated");
+    assert_eq!(buf.to_vec().unwrap(), [0; 32]);
+    // The same with an owner: into_raw refuses, into_owner gives the owner back.
+    let theirs = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    let p = theirs.as_raw();
+    // SAFETY: 8 bytes of `ctx`, allocated while `theirs` lives.
+    let owned = unsafe { DeviceBuffer::<u8>::from_owner(&ctx, p, 8, theirs) };
+    let owned = owned.into_raw().expect_err("the owner keeps the memory");
+    let owned = owned
+        .into_owner::<String>()
+        .expect_err("not a String: given back unchanged");
+    let theirs: DeviceBuffer<u8> = owned.into_owner().unwrap();
+    assert_eq!(theirs.as_raw(), p);
+    drop((buf, theirs));
+    assert_eq!(world.used_memory(0), 0);
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
+
+/// Regression: when the memory could not be proven idle, the release closure was dropped
+/// (not called): a closure owning the memory freed it under work that still used it.
+#[test]
+fn a_release_that_owns_the_memory_is_leaked_with_it() {
+    const ME: &str = "foreign::a_release_that_owns_the_memory_is_leaked_with_it";
+    if !is_child(ME) {
+        let err = child_stderr(ME);
+        assert!(err.contains("cuda-hal: leaking 64 bytes"), "{err}");
+        return;
+    }
+    let (_cuda, world, ctx) = rig();
+    let (stream, destroy) = doomed_stream(&ctx);
+    let theirs = DeviceBuffer::<u8>::zeroed(&ctx, 64).unwrap();
+    let ptr = theirs.as_raw();
+    // SAFETY: 64 bytes of `ctx`, allocated while the closure (which owns them) lives.
+    let mut buf =
+        unsafe { DeviceBuffer::<u8>::from_raw_with(&ctx, ptr, 64, move |_| drop(theirs)) };
+    buf.fill_async(9, &stream).unwrap();
+    destroy();
+    drop(buf);
+    assert_eq!(
+        world.used_memory(0),
+        64,
+        "the closure and its memory are leaked"
+    );
+    world.take_violations();
+}
+
+/// Counts drops of the value it is cloned from.
+#[derive(Clone, Default, Debug)]
+struct Dropped(Arc<AtomicUsize>);
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn an_owner_goes_only_after_the_work_and_the_holders_of_its_memory() {
+    let (_cuda, world, ctx) = rig();
+    let drops = Dropped::default();
+    let count = drops.0.clone();
+    let theirs = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+    let p = theirs.as_raw();
+    // SAFETY: 16 bytes of `ctx`, allocated while the owner (holding `theirs`) lives.
+    let mut buf = unsafe { DeviceBuffer::<u32>::from_owner(&ctx, p, 4, (theirs, drops)) };
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    buf.fill_async(3, &stream).unwrap();
+    let exec = stream.end_capture().unwrap().instantiate().unwrap();
+    // The graph holds the memory: not the buffer's alone to give back.
+    let buf = buf
+        .into_owner::<(DeviceBuffer<u32>, Dropped)>()
+        .expect_err("a graph holds it");
+    drop(buf);
+    assert_eq!(count.load(Ordering::SeqCst), 0, "the graph still holds it");
+    exec.launch(&stream).unwrap();
+    drop(exec);
+    stream.synchronize().unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 1, "dropped with the graph");
+    assert_eq!(world.used_memory(0), 0);
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
+
+#[test]
+fn a_home_stream_waits_on_the_device_for_every_stream_that_used_the_memory() {
+    let (_cuda, world, ctx) = rig();
+    let home = Stream::non_blocking(&ctx).unwrap();
+    let other = Stream::non_blocking(&ctx).unwrap();
+    let mut theirs = DeviceBuffer::<u8>::alloc_on(&home, 64).unwrap();
+    theirs.fill_async(1, &home).unwrap();
+    let p = theirs.as_raw();
+    // SAFETY: 64 bytes of `ctx`, freed in order on `home` by `theirs`.
+    let mut buf = unsafe { DeviceBuffer::<u8>::from_owner_on(&home, p, 64, theirs) };
+    buf.slice_mut(32..).unwrap().fill_async(2, &other).unwrap();
+    // Back out: `home` now waits for `other`; the owner's next work there is ordered.
+    let mut theirs: DeviceBuffer<u8> = buf.into_owner().unwrap();
+    theirs.fill_async(3, &home).unwrap();
+    drop(theirs); // cuMemFreeAsync on `home`, after `other`'s fill (the sanitizer checks)
+    home.synchronize().unwrap();
+    assert_eq!(world.used_memory(0), 0);
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
+
+#[test]
+fn an_adopted_context_outlives_what_was_made_in_it_and_then_drops_its_owner() {
+    let (cuda, world, ctx) = rig();
+    let drops = Dropped::default();
+    let count = drops.0.clone();
+    // SAFETY: the primary context's handle, kept alive by the clone of `ctx` in the owner.
+    let adopted = unsafe { Context::from_raw(ctx.device(), ctx.as_raw(), (ctx.clone(), drops)) };
+    assert_eq!(adopted, ctx);
+    let buf = DeviceBuffer::from_slice(&adopted, &[1u8, 2, 3]).unwrap();
+    drop(adopted);
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        0,
+        "the buffer holds the context"
+    );
+    assert_eq!(buf.to_vec().unwrap(), [1, 2, 3]);
+    drop(buf);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    // Nothing current, then the primary context current: `current` tells.
+    assert_eq!(Context::current(&cuda).unwrap(), None);
+    let _g = ctx.bind().unwrap();
+    assert_eq!(Context::current(&cuda).unwrap().as_ref(), Some(&ctx));
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
+
+#[test]
+fn after_enqueue_runs_at_the_locks_release_or_the_groups_end_and_not_in_a_capture() {
+    let (_cuda, _world, ctx) = rig();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let note = |what: &'static str| {
+        let l = log.clone();
+        move || l.lock().unwrap().push(what)
+    };
+    // Inside a group: after the group's end, not at the lock's release.
+    {
+        let _group = DeferScope::open();
+        {
+            let _order = stream.enqueue_lock();
+            stream.after_enqueue(note("grouped")).unwrap();
+        }
+        log.lock().unwrap().push("lock released");
+    }
+    log.lock().unwrap().push("group ended");
+    // Another stream's lock does not run this stream's hooks.
+    let other = Stream::non_blocking(&ctx).unwrap();
+    {
+        let _order = stream.enqueue_lock();
+        stream.after_enqueue(note("mine")).unwrap();
+        drop(other.enqueue_lock());
+        log.lock().unwrap().push("other's lock released");
+        assert!(
+            matches!(
+                other.after_enqueue(note("never")),
+                Err(Error::InvalidArgument {
+                    what: "Stream::after_enqueue",
+                    ..
+                })
+            ),
+            "not under other's lock"
+        );
+    }
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "lock released",
+            "grouped",
+            "group ended",
+            "other's lock released",
+            "mine"
+        ]
+    );
+    // A capture: refused (the work runs at each launch).
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    {
+        let _order = stream.enqueue_lock();
+        assert!(matches!(
+            stream.after_enqueue(note("never")),
+            Err(Error::Deferred {
+                why: "the stream is being captured",
+                ..
+            })
+        ));
+    }
+    stream.end_capture().unwrap();
+    assert_eq!(log.lock().unwrap().len(), 5);
+}
+
+/// A stream captured by another library (begun through the raw driver, not
+/// `begin_capture`): work enqueued on it through this crate keeps its memory for good.
+#[test]
+fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory() {
+    let (cuda, world, ctx) = rig();
+    let theirs = Arc::new(Stream::non_blocking(&ctx).unwrap());
+    // SAFETY: `theirs` keeps its stream alive.
+    let stream = unsafe { Stream::from_owner(&ctx, theirs.as_raw(), theirs.clone()) };
+    // SAFETY: a valid stream; a documented mode.
+    let rc = unsafe {
+        (cuda.fns().cuStreamBeginCapture)(
+            theirs.as_raw(),
+            cuda_hal::cuda_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        )
+    };
+    cuda.check(rc, "cuStreamBeginCapture").unwrap();
+    assert!(matches!(
+        stream.expect_immediate("my op"),
+        Err(Error::Deferred {
+            why: "the stream is being captured",
+            ..
+        })
+    ));
+    let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 48).unwrap();
+    buf.fill_async(5, &stream).unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above; a valid out-pointer.
+    let rc = unsafe { (cuda.fns().cuStreamEndCapture)(theirs.as_raw(), &mut graph) };
+    cuda.check(rc, "cuStreamEndCapture").unwrap();
+    drop(buf);
+    assert_eq!(
+        world.used_memory(0),
+        48,
+        "kept for the graph another library holds"
+    );
+}
