@@ -174,6 +174,9 @@ mod code;
 mod context;
 mod copy;
 mod cuda;
+#[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+pub mod cudarc;
 mod device;
 // Public but hidden: not API, shared with nccl-channel so that both parse one way.
 #[doc(hidden)]

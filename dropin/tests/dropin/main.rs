@@ -3,6 +3,8 @@
 //! the exit status. Each case runs in a child process (the machine is per process).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cudarc_interop;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::{Arc, OnceLock};
@@ -58,15 +60,20 @@ fn library() -> PathBuf {
 /// A folder where `libcuda.so`, `libcuda.so.1`, `libnccl.so` and `libnccl.so.2` all name
 /// the drop-in (as `cargo xtask dropin` lays it out), for a child's library path.
 fn dropin_dir() -> PathBuf {
-    let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dropin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(library(), &link).unwrap();
-    }
-    dir
+    // Once per process: the tests run on threads, and each would remove the others' links.
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dropin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(library(), &link).unwrap();
+        }
+        dir
+    })
+    .clone()
 }
 
 /// Runs the test `name` of this binary in a child with `env`.
