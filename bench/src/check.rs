@@ -1,6 +1,7 @@
 //! `--check 1`: each size's result checked once before it is timed, as nccl-tests does
 //! (the `#wrong` columns).
 
+use cuda_hal::DeviceViewMut;
 use nccl_channel::Result;
 
 use crate::collective::launch_op;
@@ -22,9 +23,9 @@ pub(crate) fn check<T: BenchVal>(
     launch_op(r, coll, b, in_place, op, root)?;
     r.stream.synchronize()?;
     let (out, offset) = if coll == "reduce_scatter" && in_place {
-        (b.send.to_vec()?, me * b.recv.len())
+        (download(&b.send)?, me * b.recv.len())
     } else {
-        (b.recv.to_vec()?, 0)
+        (download(&b.recv)?, 0)
     };
     let len = if coll == "reduce_scatter" {
         b.recv.len()
@@ -63,11 +64,36 @@ fn fill_inputs<T: BenchVal>(
     })?;
     if in_place && coll == "all_gather" {
         let c = b.recv.len() / n;
-        let mut host = vec![T::from_f(0.0); b.recv.len()];
+        let mut host = host_vec::<T>(b.recv.len())?;
+        host.resize(b.recv.len(), T::from_f(0.0));
         host[me * c..(me + 1) * c].fill(mine);
         b.recv.copy_from_host(&host)?;
     }
     Ok(())
+}
+
+/// An empty host vector with room for `len` elements (sized by `-e`), or an error that
+/// names the flag and the bytes the host refused, instead of an abort.
+fn host_vec<T: BenchVal>(len: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| nccl_channel::Error::InvalidArgument {
+            what: "-e",
+            problem: format!(
+                "--check 1 copies results to the host, which cannot hold {len} elements ({} \
+                 bytes); check less (--check 0) or a smaller -e",
+                len as u128 * size_of::<T>() as u128
+            ),
+        })?;
+    Ok(v)
+}
+
+/// A view's contents, in a host vector from [`host_vec`].
+fn download<T: BenchVal>(view: &DeviceViewMut<'_, T>) -> Result<Vec<T>> {
+    let mut v = host_vec::<T>(view.len())?;
+    v.resize(view.len(), T::from_f(0.0));
+    view.copy_to_host(&mut v)?;
+    Ok(v)
 }
 
 /// `op` over the ranks' values 1..=n.

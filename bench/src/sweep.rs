@@ -25,6 +25,7 @@ pub(crate) fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Res
         usize::try_from(o.factor).unwrap_or(usize::MAX),
     );
     let (send_max, recv_max) = largest::<T>(o, &sizes, r.comm.size());
+    fits_on_device::<T>(r, o, send_max, recv_max)?;
     let (mut mems, notes) = alloc_modes::<T>(r.comm, &o.mems, send_max, recv_max)?;
     let layout = Layout {
         multi: o.mems.len() > 1,
@@ -60,6 +61,32 @@ fn largest<T: BenchVal>(o: &Opts, sizes: &[usize], n: usize) -> (usize, usize) {
         recv_max = recv_max.max(rn);
     }
     (send_max, recv_max)
+}
+
+/// `-e` checked against the rank's device before anything is allocated: every memory mode
+/// of `-R` holds a send and a receive buffer of the largest size. A size that does not fit
+/// is an error naming the flag, the bytes needed and the device's (not an allocation that
+/// fails halfway through the modes, or a host copy that aborts the process).
+fn fits_on_device<T: BenchVal>(r: &Rank, o: &Opts, send_max: usize, recv_max: usize) -> Result<()> {
+    let modes = o.mems.len() as u128;
+    let need = modes * (send_max as u128 + recv_max as u128) * size_of::<T>() as u128;
+    let device = r.comm.context().device();
+    let total = device.total_memory()?;
+    if need <= total as u128 {
+        return Ok(());
+    }
+    Err(nccl_channel::Error::InvalidArgument {
+        what: "-e",
+        problem: format!(
+            "{} bytes need {need} bytes of device memory per rank ({modes} memory mode{} of -R, \
+             each {send_max} elements of {} to send and {recv_max} to receive), more than the \
+             {total} bytes of device {}",
+            o.max,
+            if modes == 1 { "" } else { "s" },
+            o.dtype,
+            device.ordinal()
+        ),
+    })
 }
 
 /// One collective over every size and mode: its header, a row per size and mode, and

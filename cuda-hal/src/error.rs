@@ -43,6 +43,37 @@ pub enum Error {
         /// `cuGetErrorString` of the status.
         message: String,
     },
+    /// A kernel or global looked up by name was not given: the driver's status for the
+    /// lookup, with the name asked for (a typo shows here, where
+    /// [`Error::Driver`] would only say `CUDA_ERROR_NOT_FOUND`).
+    ///
+    /// ```
+    /// use cuda_hal::cuda_sys::CUresult;
+    /// use cuda_hal::{Cuda, Error, Module};
+    /// use cuda_mock::MockDriver;
+    ///
+    /// let (cuda, _world) = MockDriver::with_devices(1).kernel("saxpy", &[], |_| {}).build_with(Cuda::from_driver)?;
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let module = Module::from_ptx(&ctx, ".version 8.0\n.target sm_90\n.entry saxpy() { ret; }")?;
+    /// let e = module.function("saxpi").unwrap_err();
+    /// let Error::Lookup { call, symbol, code, .. } = &e else { panic!("{e}") };
+    /// assert_eq!((*call, symbol.as_str(), *code), ("cuModuleGetFunction", "saxpi", CUresult::CUDA_ERROR_NOT_FOUND));
+    /// assert!(e.to_string().starts_with("cuModuleGetFunction(\"saxpi\") failed: CUDA_ERROR_NOT_FOUND (500): "));
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    #[error("{call}({symbol:?}) failed: {name} ({}): {message}", code.0)]
+    Lookup {
+        /// The driver function that failed (`"cuModuleGetFunction"`).
+        call: &'static str,
+        /// The kernel's or global's name, as asked for.
+        symbol: String,
+        /// The raw status.
+        code: CUresult,
+        /// `cuGetErrorName` of the status (`"CUDA_ERROR_NOT_FOUND"`).
+        name: String,
+        /// `cuGetErrorString` of the status.
+        message: String,
+    },
     /// The driver library could not be loaded.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -277,6 +308,28 @@ pub enum Error {
         /// Element size.
         size: usize,
     },
+}
+
+impl Error {
+    /// A failed lookup of `symbol` by name: a driver failure becomes [`Error::Lookup`],
+    /// anything else is kept.
+    pub(crate) fn for_symbol(self, symbol: &str) -> Error {
+        match self {
+            Error::Driver {
+                call,
+                code,
+                name,
+                message,
+            } => Error::Lookup {
+                call,
+                symbol: symbol.to_string(),
+                code,
+                name,
+                message,
+            },
+            other => other,
+        }
+    }
 }
 
 fn list(items: &[String]) -> String {

@@ -87,7 +87,7 @@ impl Library {
         })
     }
 
-    /// The kernel `name` (`CUDA_ERROR_NOT_FOUND` from the driver if there is none).
+    /// The kernel `name` ([`Error::Lookup`] naming it if the driver has none).
     #[doc(alias = "cuLibraryGetKernel")]
     pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
         let c = c_name("Library::kernel", name)?;
@@ -98,7 +98,8 @@ impl Library {
                 self.code.cuda(),
                 cuLibraryGetKernel(&mut raw, self.raw(), c.as_ptr())
             )
-        }?;
+        }
+        .map_err(|e| e.for_symbol(name))?;
         Ok(Kernel {
             code: &self.code,
             raw,
@@ -120,7 +121,8 @@ impl Library {
                 ctx.cuda(),
                 cuLibraryGetGlobal(&mut ptr, &mut bytes, self.raw(), c.as_ptr())
             )
-        }?;
+        }
+        .map_err(|e| e.for_symbol(name))?;
         Global::new(&self.code, ctx, name, ptr, bytes)
     }
 

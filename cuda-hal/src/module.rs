@@ -112,7 +112,7 @@ impl Module {
         })
     }
 
-    /// The kernel `name` (`CUDA_ERROR_NOT_FOUND` from the driver if there is none). The
+    /// The kernel `name` ([`Error::Lookup`] naming it if the driver has none). The
     /// function borrows the module.
     #[doc(alias = "cuModuleGetFunction")]
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
@@ -124,7 +124,8 @@ impl Module {
                 self.ctx.cuda(),
                 cuModuleGetFunction(&mut raw, self.raw(), c.as_ptr())
             )
-        }?;
+        }
+        .map_err(|e| e.for_symbol(name))?;
         Ok(Function::new(&self.code, &self.ctx, raw, name))
     }
 
@@ -141,7 +142,8 @@ impl Module {
                 self.ctx.cuda(),
                 cuModuleGetGlobal(&mut ptr, &mut bytes, self.raw(), c.as_ptr())
             )
-        }?;
+        }
+        .map_err(|e| e.for_symbol(name))?;
         Global::new(&self.code, &self.ctx, name, ptr, bytes)
     }
 

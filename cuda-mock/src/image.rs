@@ -25,6 +25,33 @@ impl Image {
     }
 }
 
+/// Why the kernel `name` is not found in `image` (`bound`: whether a host twin of that
+/// name is bound), for the message of its `CUDA_ERROR_NOT_FOUND`.
+pub(crate) fn missing_kernel(image: &Image, bound: bool, name: &str) -> String {
+    if image.declares(name) && !bound {
+        return format!(
+            "kernel {name:?} is in the image but no host twin is bound for it; bind one with \
+             MockDriver::kernel({name:?}, &[parameter sizes], |call| ...) before the build, or \
+             MockWorld::bind_kernel after it"
+        );
+    }
+    match image {
+        Image::Ptx(entries) => {
+            let mut names: Vec<&str> = entries.iter().map(String::as_str).collect();
+            names.sort_unstable();
+            format!(
+                "the image declares no kernel {name:?} (its .entry kernels: {})",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )
+        }
+        Image::Binary => format!("no kernel {name:?} in the image"),
+    }
+}
+
 /// The magic numbers binary images start with: ELF (cubin), fatbin, and the fatbin
 /// wrapper that `nvcc` embeds in host code.
 const MAGICS: [[u8; 4]; 3] = [

@@ -1,7 +1,9 @@
 //! Initialisation, versions, error names and device queries: what needs no context.
 
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_int, c_uint};
+use std::ffi::{CStr, CString, c_char, c_int, c_uint};
+use std::sync::{Mutex, OnceLock};
 
 use crate::handle::{check_ptr, ok};
 use crate::limits;
@@ -59,6 +61,54 @@ fn error_text(code: CUresult) -> Option<(&'static CStr, &'static CStr)> {
     map.get(&code.0).map(|(n, m)| (n.as_c_str(), m.as_c_str()))
 }
 
+thread_local! {
+    /// Why the calling thread's last name lookup failed (status, full message): the
+    /// message `cuGetErrorString` gives for that status next on this thread, once.
+    static DETAIL: Cell<Option<(u32, &'static CStr)>> = const { Cell::new(None) };
+}
+
+/// Notes the outcome of a name lookup on this thread: `Some((status, why))` for a failure,
+/// whose `cuGetErrorString` then reads `simulated driver: <status words>: <why>`; `None`
+/// for a success (so that no earlier detail is given for a later failure).
+pub(crate) fn note_lookup(failure: Option<(CUresult, String)>) {
+    let detail = failure.and_then(|(code, why)| {
+        let (_, plain) = error_text(code)?;
+        Some((
+            code.0,
+            intern(format!("{}: {why}", plain.to_string_lossy()))?,
+        ))
+    });
+    DETAIL.with(|d| d.set(detail));
+}
+
+/// A message that lives as long as the process: a pointer `cuGetErrorString` hands out
+/// must stay valid, so each distinct message is kept once (their number is that of the
+/// distinct names looked up and not found).
+fn intern(msg: String) -> Option<&'static CStr> {
+    static KEPT: OnceLock<Mutex<HashMap<String, &'static CStr>>> = OnceLock::new();
+    let mut kept = KEPT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = kept.get(&msg) {
+        return Some(c);
+    }
+    let c: &'static CStr = Box::leak(CString::new(msg.clone()).ok()?.into_boxed_c_str());
+    kept.insert(msg, c);
+    Some(c)
+}
+
+/// This thread's noted detail for `code`, taken.
+fn take_detail(code: CUresult) -> Option<&'static CStr> {
+    DETAIL.with(|d| match d.get() {
+        Some((c, m)) if c == code.0 => {
+            d.set(None);
+            Some(m)
+        }
+        _ => None,
+    })
+}
+
 mock_fns! {
     fn cuInit = cu_init(w, s, flags: c_uint) [any] {
         if flags != 0 {
@@ -95,7 +145,9 @@ mock_fns! {
         let _ = (w, &s);
         match (error_text(code), out.is_null()) {
             (Some((_, msg)), false) => {
-                // SAFETY: checked non-null out-pointer; the string is static.
+                let msg = take_detail(code).unwrap_or(msg);
+                // SAFETY: checked non-null out-pointer; the string is static (or kept for
+                // the rest of the process).
                 unsafe { *out = msg.as_ptr() };
                 CUresult::CUDA_SUCCESS
             }

@@ -89,7 +89,12 @@ mock_fns! {
                 }
                 k
             }
-            None => return CUresult::CUDA_ERROR_NOT_FOUND,
+            None => {
+                let bound = s.kernels.contains_key(name.as_ref());
+                let why = crate::image::missing_kernel(&l.image, bound, &name);
+                crate::init::note_lookup(Some((CUresult::CUDA_ERROR_NOT_FOUND, why)));
+                return CUresult::CUDA_ERROR_NOT_FOUND;
+            }
         };
         // SAFETY: checked non-null out-pointer.
         unsafe { *out = h2p(k) };

@@ -21,6 +21,10 @@ macro_rules! mock_fns {
                     return cuda_sys::CUresult::CUDA_ERROR_DEINITIALIZED;
                 };
                 let $w: &crate::world::World = &world;
+                // A lookup's detail is for the error text asked for right after it.
+                if !matches!(stringify!($cname), "cuGetErrorString" | "cuGetErrorName") {
+                    crate::init::note_lookup(None);
+                }
                 #[allow(unused_mut)]
                 let mut $s = $w.lock();
                 if let Some(e) = $s.enter(stringify!($cname)) {

@@ -110,7 +110,10 @@ pub(super) fn function(w: &World, s: &mut State, h: usize, name: &str) -> Result
     if let Some(f) = m.functions.get(name) {
         return Ok(*f);
     }
-    if !m.image.declares(name) || !s.kernels.contains_key(name) {
+    let bound = s.kernels.contains_key(name);
+    if !m.image.declares(name) || !bound {
+        let why = crate::image::missing_kernel(&m.image, bound, name);
+        crate::init::note_lookup(Some((CUresult::CUDA_ERROR_NOT_FOUND, why)));
         return Err(CUresult::CUDA_ERROR_NOT_FOUND);
     }
     let ctx = m.ctx;
@@ -136,10 +139,15 @@ pub(super) fn global(s: &State, h: usize, name: &str) -> Result<(usize, usize), 
         .modules
         .get(&h)
         .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-    m.globals
-        .get(name)
-        .copied()
-        .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)
+    let g = m.globals.get(name).copied();
+    crate::init::note_lookup(g.is_none().then(|| {
+        let why = format!(
+            "the module has no global {name:?}; bind one with MockDriver::global({name:?}, bytes) \
+             before the build, or MockWorld::bind_global before the module is loaded"
+        );
+        (CUresult::CUDA_ERROR_NOT_FOUND, why)
+    }));
+    g.ok_or(CUresult::CUDA_ERROR_NOT_FOUND)
 }
 
 /// Unloads every module of a context being destroyed; true if one was not a library's

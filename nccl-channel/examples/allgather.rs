@@ -157,20 +157,23 @@ fn typed<T: DemoVal>(
     dtype: &str,
 ) -> nccl_channel::Result<String> {
     let (n, count, ctx) = (comm.size(), o.count, comm.context());
-    let input: Vec<T> = (0..count).map(|i| T::from_i(101 + i as i64)).collect();
+    fits_on_device::<T>(comm, o, dtype)?;
+    let mut input: Vec<T> = host_vec(count, dtype)?;
+    input.extend((0..count).map(|i| T::from_i(101 + i as i64)));
     let send = DeviceBuffer::from_slice(ctx, &input)?;
+    drop(input);
     let line = match o.collective.as_str() {
         "all_gather" => {
             let mut recv = DeviceBuffer::<T>::alloc(ctx, n * count)?;
             comm.all_gather(&send, &mut recv, s)?;
             s.synchronize()?;
-            tensor(n, count, dtype, &recv.to_vec()?)
+            tensor(n, count, dtype, &download(&recv, dtype)?)
         }
         "all_reduce" => {
             let mut recv = DeviceBuffer::<T>::alloc(ctx, count)?;
             comm.all_reduce(&send, &mut recv, ReduceOp::Sum, s)?;
             s.synchronize()?;
-            tensor(1, count, dtype, &recv.to_vec()?)
+            tensor(1, count, dtype, &download(&recv, dtype)?)
         }
         "broadcast" => {
             let mut recv = DeviceBuffer::<T>::alloc(ctx, count)?;
@@ -181,7 +184,7 @@ fn typed<T: DemoVal>(
                 s,
             )?;
             s.synchronize()?;
-            tensor(1, count, dtype, &recv.to_vec()?)
+            tensor(1, count, dtype, &download(&recv, dtype)?)
         }
         "all_to_all" | "reduce_scatter" => {
             if count % n != 0 {
@@ -207,7 +210,7 @@ fn typed<T: DemoVal>(
                 comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, s)?;
             }
             s.synchronize()?;
-            let v = recv.to_vec()?;
+            let v = download(&recv, dtype)?;
             let rows = if o.collective == "all_to_all" { n } else { 1 };
             tensor(rows, count / n, dtype, &v)
         }
@@ -219,6 +222,58 @@ fn typed<T: DemoVal>(
         }
     };
     Ok(line)
+}
+
+/// `--count` checked against the rank's device before anything is allocated: the send
+/// buffer and the receive buffer of `--collective` must fit in the device's memory (a
+/// count that does not is an error naming the flag, the bytes it needs and the device's,
+/// not an allocation that aborts the process).
+fn fits_on_device<T>(comm: &Communicator, o: &Opts, dtype: &str) -> nccl_channel::Result<()> {
+    let (n, count) = (comm.size() as u128, o.count as u128);
+    let recv = match o.collective.as_str() {
+        "all_gather" => n * count,
+        "reduce_scatter" => count / n.max(1),
+        _ => count,
+    };
+    let need = (count + recv) * size_of::<T>() as u128;
+    let device = comm.context().device();
+    let total = device.total_memory()?;
+    if need <= total as u128 {
+        return Ok(());
+    }
+    Err(nccl_channel::Error::InvalidArgument {
+        what: "--count",
+        problem: format!(
+            "{count} elements of {dtype} per rank need {need} bytes of device memory for the \
+             {} on {n} ranks ({count} elements to send, {recv} to receive), more than the \
+             {total} bytes of device {}",
+            o.collective,
+            device.ordinal()
+        ),
+    })
+}
+
+/// An empty host vector with room for `len` elements of `--count`, or an error naming the
+/// flag and the bytes the host refused (instead of an abort).
+fn host_vec<T>(len: usize, dtype: &str) -> nccl_channel::Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|e| nccl_channel::Error::InvalidArgument {
+            what: "--count",
+            problem: format!(
+                "the host cannot hold {len} elements of {dtype} ({} bytes): {e}",
+                len as u128 * size_of::<T>() as u128
+            ),
+        })?;
+    Ok(v)
+}
+
+/// The buffer's contents, in a host vector from [`host_vec`].
+fn download<T: DemoVal>(buf: &DeviceBuffer<T>, dtype: &str) -> nccl_channel::Result<Vec<T>> {
+    let mut v = host_vec(buf.len(), dtype)?;
+    v.resize(buf.len(), T::from_i(0));
+    buf.copy_to_host(&mut v)?;
+    Ok(v)
 }
 
 /// The launcher: one process per rank, each on its own GPU, or on a simulated device when

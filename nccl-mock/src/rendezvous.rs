@@ -41,13 +41,22 @@ pub(super) fn join_init(
             devices: vec![None; nranks],
             clique: None,
             taken: 0,
+            failed: None,
         });
         if init.nranks != nranks {
+            // NCCL would hang here; every rank of the id fails at once instead, waiting
+            // ones included.
             let msg = format!(
-                "rank {rank} asked for {nranks} ranks, another rank for {}",
+                "the ranks of one unique id disagree on the world size: rank {rank} asked for \
+                 {nranks} ranks, another rank for {}",
                 init.nranks
             );
-            return Err(fail(&mut s, ncclResult_t::ncclInvalidUsage, msg));
+            init.failed = Some(msg.clone());
+            if init.devices.iter().all(Option::is_none) {
+                s.inits.remove(id);
+            }
+            w.cond.notify_all();
+            return Err(fail(&mut s, ncclResult_t::ncclInvalidArgument, msg));
         }
         if init.devices[rank].is_some() {
             return Err(fail(
@@ -65,6 +74,15 @@ pub(super) fn join_init(
         }
     }
     loop {
+        if let Some(msg) = s.inits.get(id).and_then(|i| i.failed.clone()) {
+            if let Some(i) = s.inits.get_mut(id) {
+                i.devices[rank] = None;
+                if i.devices.iter().all(Option::is_none) {
+                    s.inits.remove(id);
+                }
+            }
+            return Err(fail(&mut s, ncclResult_t::ncclInvalidArgument, msg));
+        }
         let cancelled = s
             .inits
             .get(id)

@@ -96,6 +96,9 @@ pub(crate) struct Init {
     pub(crate) clique: Option<Arc<Clique>>,
     /// Ranks that picked the finished clique up; the entry goes when all have.
     pub(crate) taken: usize,
+    /// Why the init cannot complete (ranks that disagree on the world size): every rank
+    /// waiting in it fails with this message, instead of waiting for the deadline.
+    pub(crate) failed: Option<String>,
 }
 
 /// One live registration or window.

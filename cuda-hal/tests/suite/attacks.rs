@@ -251,8 +251,9 @@ fn attack_library_kernel_in_a_context_of_another_driver_is_refused() {
     );
     let e = lib.global::<u32>(&ctx_b, "table").unwrap_err();
     assert!(
-        matches!(&e, cuda_hal::Error::Driver { call: "cuLibraryGetGlobal", code, name, .. }
-            if *code == CUresult::CUDA_ERROR_INVALID_HANDLE && name == "CUDA_ERROR_INVALID_HANDLE"),
+        matches!(&e, cuda_hal::Error::Lookup { call: "cuLibraryGetGlobal", code, name, symbol, .. }
+            if *code == CUresult::CUDA_ERROR_INVALID_HANDLE && name == "CUDA_ERROR_INVALID_HANDLE"
+                && symbol == "table"),
         "{e}"
     );
     drop(k);

@@ -436,9 +436,26 @@ fn attributes_and_occupancy() {
     );
     let sizes: Vec<usize> = f.param_info().unwrap().iter().map(|p| p.size).collect();
     assert_eq!(sizes, [4, 4, 8, 8]);
+    // The name asked for is in the error (a typo shows), and the simulated driver lists
+    // the kernels the image has.
+    let e = module.function("missing").unwrap_err();
     assert_eq!(
-        module.function("missing").unwrap_err().to_string(),
-        "cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND (500): simulated driver: not found"
+        e,
+        Error::Lookup {
+            call: "cuModuleGetFunction",
+            symbol: "missing".into(),
+            code: cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND,
+            name: "CUDA_ERROR_NOT_FOUND".into(),
+            message: "simulated driver: not found: the image declares no kernel \"missing\" \
+                      (its .entry kernels: add_table, axpb, noop, saxpy)"
+                .into(),
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "cuModuleGetFunction(\"missing\") failed: CUDA_ERROR_NOT_FOUND (500): simulated driver: \
+         not found: the image declares no kernel \"missing\" (its .entry kernels: add_table, \
+         axpb, noop, saxpy)"
     );
     assert!(matches!(
         module.function("a\0b"),
@@ -533,13 +550,15 @@ fn libraries_give_a_function_per_context() {
     assert_eq!(saxpy.name(), "saxpy");
     let e = lib.kernel("missing").unwrap_err();
     assert!(
-        matches!(&e, Error::Driver { call: "cuLibraryGetKernel", code, .. }
-            if *code == cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND),
+        matches!(&e, Error::Lookup { call: "cuLibraryGetKernel", code, symbol, .. }
+            if *code == cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND && symbol == "missing"),
         "{e}"
     );
     assert_eq!(
         e.to_string(),
-        "cuLibraryGetKernel failed: CUDA_ERROR_NOT_FOUND (500): simulated driver: not found"
+        "cuLibraryGetKernel(\"missing\") failed: CUDA_ERROR_NOT_FOUND (500): simulated driver: \
+         not found: the image declares no kernel \"missing\" (its .entry kernels: add_table, \
+         axpb, noop, saxpy)"
     );
     let mut results = Vec::new();
     for device in cuda.devices().unwrap() {
@@ -771,5 +790,44 @@ fn keep_alive_holds_the_memory_past_its_owner() {
     drop(held);
     assert_eq!(world.live().modules, 0);
     drop((ctx, cuda));
+    assert_clean(&world);
+}
+
+/// A kernel the image declares but no host twin is bound for: the simulated driver names
+/// it, says that no twin is bound and how to bind one; the error keeps the raw status.
+#[test]
+fn a_kernel_without_a_host_twin_is_named_with_how_to_bind_one() {
+    let (cuda, world, ctx) = rig();
+    let ptx = format!("{PTX}.visible .entry unbound(.param .u64 x) {{ ret; }}\n");
+    let twin = "simulated driver: not found: kernel \"unbound\" is in the image but no host \
+                twin is bound for it; bind one with MockDriver::kernel(\"unbound\", &[parameter \
+                sizes], |call| ...) before the build, or MockWorld::bind_kernel after it";
+    let module = Module::from_ptx(&ctx, &ptx).unwrap();
+    assert_eq!(
+        module.function("unbound").unwrap_err(),
+        Error::Lookup {
+            call: "cuModuleGetFunction",
+            symbol: "unbound".into(),
+            code: cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND,
+            name: "CUDA_ERROR_NOT_FOUND".into(),
+            message: twin.into(),
+        }
+    );
+    let lib = Library::from_ptx(&cuda, &ptx).unwrap();
+    assert_eq!(
+        lib.kernel("unbound").unwrap_err().to_string(),
+        format!("cuLibraryGetKernel(\"unbound\") failed: CUDA_ERROR_NOT_FOUND (500): {twin}")
+    );
+    // A global that is not bound is named too.
+    assert_eq!(
+        module.global::<u32>("tabel").unwrap_err().to_string(),
+        "cuModuleGetGlobal(\"tabel\") failed: CUDA_ERROR_NOT_FOUND (500): simulated driver: not \
+         found: the module has no global \"tabel\"; bind one with MockDriver::global(\"tabel\", \
+         bytes) before the build, or MockWorld::bind_global before the module is loaded"
+    );
+    // Bound afterwards, it is found; the detail does not outlive its failure.
+    world.bind_kernel("unbound", &[8], |_| {});
+    assert_eq!(module.function("unbound").unwrap().name(), "unbound");
+    drop((lib, module, ctx, cuda));
     assert_clean(&world);
 }

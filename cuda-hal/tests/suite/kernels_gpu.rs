@@ -215,8 +215,8 @@ fn a_library_gives_a_function_per_context() {
     // The driver's documented status for a name the library does not have.
     let e = lib.kernel("nope").unwrap_err();
     assert!(
-        matches!(&e, Error::Driver { call: "cuLibraryGetKernel", code, .. }
-            if *code == cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND),
+        matches!(&e, Error::Lookup { call: "cuLibraryGetKernel", code, symbol, .. }
+            if *code == cuda_hal::cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND && symbol == "nope"),
         "{e}"
     );
 }

@@ -54,8 +54,8 @@ struct Opts {
     /// Samples per rank.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     samples: u32,
-    /// Gradient-descent steps.
-    #[arg(long, default_value_t = 100)]
+    /// Gradient-descent steps (at most 1000000: each keeps three timing events).
+    #[arg(long, default_value_t = 100, value_parser = steps_arg)]
     steps: usize,
     /// Learning rate.
     #[arg(long, default_value_t = 0.5)]
@@ -72,6 +72,19 @@ struct Opts {
     /// Seconds the launcher lets the ranks run, and a rank waits for the others.
     #[arg(long, default_value_t = 300.0, value_parser = positive_seconds)]
     timeout: f64,
+}
+
+/// The most `--steps`: each step keeps three timing events until the end.
+const MAX_STEPS: usize = 1_000_000;
+
+fn steps_arg(s: &str) -> Result<usize, String> {
+    match launch::parse_decimal::<usize>(s) {
+        Some(v) if v <= MAX_STEPS => Ok(v),
+        Some(v) => Err(format!(
+            "{v} steps are more than the {MAX_STEPS} this example keeps timing events for"
+        )),
+        None => Err(format!("{s:?} is not a number of steps")),
+    }
 }
 
 fn positive_seconds(s: &str) -> Result<f64, String> {
@@ -180,18 +193,56 @@ fn true_weights(d: usize) -> Vec<f32> {
 }
 
 /// Rank `rank`'s shard: `n` rows of `d` features in [-1, 1), labels `x . w + b + noise`.
-fn shard(rank: usize, n: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+fn shard(rank: usize, n: usize, d: usize) -> nccl_channel::Result<(Vec<f32>, Vec<f32>)> {
     let w = true_weights(d);
     let mut rng = Rng(0x5EED_0000 + rank as u64);
-    let x: Vec<f32> = (0..n * d).map(|_| rng.uniform()).collect();
-    let y = x
-        .chunks(d)
-        .map(|row| {
-            let dot: f32 = row.iter().zip(&w).map(|(a, b)| a * b).sum();
-            dot + w[d] + 0.01 * rng.uniform()
-        })
-        .collect();
-    (x, y)
+    let mut x = host_vec(n as u128 * d as u128, "a rank's shard")?;
+    x.extend((0..n * d).map(|_| rng.uniform()));
+    let mut y = host_vec(n as u128, "a rank's shard")?;
+    y.extend(x.chunks(d).map(|row| {
+        let dot: f32 = row.iter().zip(&w).map(|(a, b)| a * b).sum();
+        dot + w[d] + 0.01 * rng.uniform()
+    }));
+    Ok((x, y))
+}
+
+/// An empty host vector with room for `len` floats (sized by `--samples` and
+/// `--features`), or an error that names those options, what was sized and the bytes the
+/// host refused, instead of an abort.
+fn host_vec<T>(len: u128, what: &str) -> nccl_channel::Result<Vec<T>> {
+    let too_large = || nccl_channel::Error::InvalidArgument {
+        what: "--samples and --features",
+        problem: format!(
+            "the host cannot hold {what}: {len} values ({} bytes)",
+            len * size_of::<T>() as u128
+        ),
+    };
+    let mut v = Vec::new();
+    v.try_reserve_exact(usize::try_from(len).map_err(|_| too_large())?)
+        .map_err(|_| too_large())?;
+    Ok(v)
+}
+
+/// The device memory a rank needs for `--samples` `n` and `--features` `d`, checked
+/// against its device's before anything is allocated: `x` (n * d floats), `y` and the
+/// residuals (n each), the weights, the gradient and the two comparison buffers (d + 1
+/// each) and the loss.
+fn fits_on_device(comm: &Communicator, n: usize, d: usize) -> nccl_channel::Result<()> {
+    let (n, d) = (n as u128, d as u128);
+    let need = 4 * (n * d + 2 * n + 4 * (d + 1) + 1);
+    let device = comm.context().device();
+    let total = device.total_memory()?;
+    if need <= total as u128 {
+        return Ok(());
+    }
+    Err(nccl_channel::Error::InvalidArgument {
+        what: "--samples and --features",
+        problem: format!(
+            "{n} samples of {d} features need {need} bytes of device memory per rank, more \
+             than the {total} bytes of device {}",
+            device.ordinal()
+        ),
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -215,6 +266,7 @@ fn train_inner(
     let (n, d) = (o.samples as usize, o.features as usize);
     let (rank, size) = (comm.rank(), comm.size());
     let ctx = comm.context();
+    fits_on_device(comm, n, d)?;
     let module = Module::from_ptx(ctx, KERNELS)?;
     let (residual, gradient, sgd, mse) = (
         module.function("residual")?,
@@ -223,7 +275,7 @@ fn train_inner(
         module.function("mse")?,
     );
 
-    let (hx, hy) = shard(rank, n, d);
+    let (hx, hy) = shard(rank, n, d)?;
     let x = DeviceBuffer::from_slice(ctx, &hx)?;
     let y = DeviceBuffer::from_slice(ctx, &hy)?;
     let mut w = DeviceBuffer::<f32>::zeroed(ctx, d + 1)?;
@@ -384,10 +436,18 @@ fn check_reference(
     d: usize,
     o: &Opts,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let shards: Vec<(Vec<f32>, Vec<f32>)> = (0..ranks).map(|r| shard(r, n, d)).collect();
+    // Every rank's shard, on this host: sized by --samples and --features times the ranks.
+    let mut shards = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        shards.push(
+            shard(rank, n, d)
+                .map_err(|e| format!("the host reference (--no-reference skips it): {e}"))?,
+        );
+    }
     let total = (ranks * n) as f64;
     let mut w = vec![0.0f64; d + 1];
-    let mut r = vec![0.0f64; ranks * n];
+    let mut r = host_vec::<f64>(ranks as u128 * n as u128, "the host reference's residuals")?;
+    r.resize(ranks * n, 0.0);
     let residuals = |w: &[f64], r: &mut [f64]| {
         let mut i = 0;
         for (x, y) in &shards {

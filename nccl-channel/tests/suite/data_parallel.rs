@@ -83,3 +83,44 @@ fn two_gpus_train_and_agree() {
     assert!(worst < 2e-2, "{worst}");
     assert!(out.contains("step time "), "{out}");
 }
+
+/// Sizes from the command line that do not fit are errors naming the options, the bytes
+/// and the limit, before anything is allocated (they were allocation failures that
+/// aborted the rank, or a capacity overflow that panicked it).
+#[test]
+fn sizes_beyond_the_limits_are_errors_naming_them() {
+    let exe = || example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
+    let no_driver = [("CUDA_SYS_LIBRARY", "/nonexistent/libcuda.so.1".to_string())];
+    let (ok, out, err) = run_example(
+        exe(),
+        &[
+            "--nprocs",
+            "1",
+            "--samples",
+            "16777216",
+            "--features",
+            "1048576",
+        ],
+        &no_driver,
+    );
+    assert!(!ok, "{out}\n{err}");
+    let want = "[rank 0] data_parallel: --samples and --features: 16777216 samples of 1048576 \
+                features need 70368895172628 bytes of device memory per rank, more than the \
+                17179869184 bytes of device 0";
+    assert!(err.lines().any(|l| l == want), "want {want:?} in\n{err}");
+    let (ok, out, err) = run_example(
+        exe(),
+        &["--nprocs", "1", "--steps", "18446744073709551615"],
+        &no_driver,
+    );
+    assert!(!ok, "{out}\n{err}");
+    assert_eq!(
+        err.lines().next(),
+        Some(
+            "error: invalid value '18446744073709551615' for '--steps <STEPS>': \
+             18446744073709551615 steps are more than the 1000000 this example keeps timing \
+             events for"
+        ),
+        "{err}"
+    );
+}

@@ -143,6 +143,31 @@ fn bad_options_and_no_world_fail_with_a_message() {
     assert!(!ok && err.contains("IREE_CUDA_NCCL_PROCID"), "{err}");
 }
 
+/// A `--count` larger than the device's memory is an error of each rank that names the
+/// flag, the bytes it needs and the device's (it was an allocation failure and SIGABRT).
+#[test]
+fn a_count_beyond_the_device_memory_is_an_error_naming_the_limit() {
+    let (ok, out, err) = run_demo(&["--count", "99999999999", "--nprocs", "2"], &no_driver());
+    assert!(!ok, "{out}\n{err}");
+    for r in 0..2 {
+        let want = format!(
+            "[rank {r}] allgather: --count: 99999999999 elements of i32 per rank need \
+             1199999999988 bytes of device memory for the all_gather on 2 ranks (99999999999 \
+             elements to send, 199999999998 to receive), more than the 17179869184 bytes of \
+             device {r}"
+        );
+        assert!(err.lines().any(|l| l == want), "want {want:?} in\n{err}");
+    }
+    assert!(!err.contains("memory allocation of"), "{err}");
+    assert!(
+        err.lines().last()
+            == Some(
+                "allgather: rank 0 exited with exit status: 1; rank 1 exited with exit status: 1"
+            ),
+        "{err}"
+    );
+}
+
 /// The command line behaves as users expect: `--help` and `--version` succeed (exit 0),
 /// `--opt=value` is the same as `--opt value`, a bad option exits 2 with the usage.
 #[test]

@@ -455,6 +455,24 @@ fn the_bench_on_one_rank_prints_numbers() {
     }
 }
 
+/// An `-e` beyond the device's memory is an error naming the flag, the bytes it needs and
+/// the device's, before anything is allocated.
+#[test]
+fn the_bench_refuses_a_largest_size_beyond_the_device_memory() {
+    let (ok, out, err) = crate::common::demo::run_example(
+        bench_exe(),
+        &["--threads", "1", "-b", "1000G", "-e", "1000G"],
+        &[("CUDA_SYS_LIBRARY", "/nonexistent/libcuda.so.1".into())],
+    );
+    assert!(!ok, "{out}\n{err}");
+    assert_eq!(
+        err.trim(),
+        "bench: -e: 1073741824000 bytes need 2147483648000 bytes of device memory per rank (1 \
+         memory mode of -R, each 268435456000 elements of float to send and 268435456000 to \
+         receive), more than the 17179869184 bytes of device 0"
+    );
+}
+
 /// A program a test starts (found when the case runs), its arguments, what it must say.
 type Refusal = (
     fn() -> std::path::PathBuf,

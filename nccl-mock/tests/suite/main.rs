@@ -3,6 +3,7 @@
 mod arithmetic;
 mod common;
 mod config;
+mod init;
 mod processes;
 mod processes_comm_id;
 mod registry;
