@@ -19,6 +19,9 @@ pub enum Step {
     Explicit,
     /// A path taken from the named environment variable.
     EnvOverride(&'static str),
+    /// A name asked of the dynamic loader with `RTLD_NOLOAD`: the library another part of
+    /// the process (another crate, Python, the program itself) already loaded under it.
+    AlreadyLoaded,
     /// A bare soname resolved by the dynamic loader (`LD_LIBRARY_PATH`, ld.so.cache, ...).
     DynamicLoader,
     /// A library shipped inside a pip-installed wheel in a Python environment.
@@ -32,6 +35,7 @@ impl fmt::Display for Step {
         match self {
             Step::Explicit => f.write_str("explicit path"),
             Step::EnvOverride(var) => write!(f, "${var}"),
+            Step::AlreadyLoaded => f.write_str("already loaded"),
             Step::DynamicLoader => f.write_str("dynamic loader"),
             Step::PythonPackage => f.write_str("pip package"),
             Step::SystemDir => f.write_str("system dir"),
@@ -57,6 +61,8 @@ pub enum Reason {
     NoSuchFile,
     /// `dlopen` failed; the loader's message.
     Open(String),
+    /// No library is loaded in this process under that name ([`Step::AlreadyLoaded`]).
+    NotLoaded,
     /// The library lacks a symbol that every supported version has.
     MissingSymbol(String),
     /// The library reports a version older than the minimum this crate supports.
@@ -75,6 +81,7 @@ impl fmt::Display for Reason {
         match self {
             Reason::NoSuchFile => f.write_str("no such file"),
             Reason::Open(msg) => write!(f, "dlopen: {msg}"),
+            Reason::NotLoaded => f.write_str("not loaded in this process"),
             Reason::MissingSymbol(s) => write!(f, "required symbol `{s}` is missing"),
             Reason::TooOld { found, minimum } => {
                 write!(
@@ -105,11 +112,30 @@ impl fmt::Display for Attempt {
     }
 }
 
-/// The attempts of a search, displayed one per line (see the [module](crate::dylib) example).
+/// The attempts of a search, displayed one per line (see the [module](crate::dylib) example);
+/// a run of names that were [not loaded](Reason::NotLoaded) in the process (the
+/// [`Step::AlreadyLoaded`] step asks dozens of names) is one line that counts them.
 ///
 /// ```
-/// use cuda_sys::dylib::Attempts;
+/// use cuda_sys::dylib::{Attempt, Attempts, Reason, Step};
 /// assert_eq!(Attempts::default().to_string(), "\n  (no candidate paths)");
+///
+/// let not_loaded = |name: &str| Attempt {
+///     path: name.into(),
+///     step: Step::AlreadyLoaded,
+///     reason: Reason::NotLoaded,
+/// };
+/// let attempts = Attempts(vec![
+///     not_loaded("libfoo.so.1"),
+///     not_loaded("libfoo.so"),
+///     not_loaded("libfoo64.so"),
+///     Attempt { path: "libfoo.so.1".into(), step: Step::DynamicLoader, reason: Reason::NoSuchFile },
+/// ]);
+/// assert_eq!(
+///     attempts.to_string(),
+///     "\n  libfoo.so.1, libfoo.so and 1 other name (already loaded): not loaded in this process\
+///      \n  libfoo.so.1 (dynamic loader): no such file"
+/// );
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attempts(pub Vec<Attempt>);
@@ -119,8 +145,32 @@ impl fmt::Display for Attempts {
         if self.0.is_empty() {
             return f.write_str("\n  (no candidate paths)");
         }
-        for a in &self.0 {
-            write!(f, "\n  {a}")?;
+        let not_loaded =
+            |a: &Attempt| a.step == Step::AlreadyLoaded && a.reason == Reason::NotLoaded;
+        let mut rest = self.0.as_slice();
+        while let Some(first) = rest.first() {
+            let run = rest.iter().take_while(|a| not_loaded(a)).count();
+            if run < 2 {
+                write!(f, "\n  {first}")?;
+                rest = &rest[1..];
+                continue;
+            }
+            let names: Vec<_> = rest[..run.min(2)]
+                .iter()
+                .map(|a| a.path.display())
+                .collect();
+            let others = match run - 2 {
+                0 => String::new(),
+                1 => " and 1 other name".to_string(),
+                n => format!(" and {n} other names"),
+            };
+            let (step, reason) = (Step::AlreadyLoaded, Reason::NotLoaded);
+            write!(
+                f,
+                "\n  {}, {}{others} ({step}): {reason}",
+                names[0], names[1]
+            )?;
+            rest = &rest[run..];
         }
         Ok(())
     }

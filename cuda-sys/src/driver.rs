@@ -73,7 +73,9 @@ pub type Driver = Library<DriverFns>;
 static_assertions::assert_impl_all!(Driver: Send, Sync);
 
 // SAFETY: the search names only the CUDA driver's own files (`libcuda.so.1`, `libcuda.so`)
-// and `$CUDA_SYS_LIBRARY`; its entries are resolved at the ABI their signatures declare.
+// and `$CUDA_SYS_LIBRARY`, and takes a library already loaded only under the names the
+// driver's loaders use for it (ours and cudarc's); its entries are resolved at the ABI
+// their signatures declare.
 unsafe impl Table for DriverFns {
     const LIBRARY: &'static str = "CUDA driver";
     const HANDLE: &'static str = "Driver";
@@ -86,6 +88,16 @@ unsafe impl Table for DriverFns {
     fn search_list() -> Vec<Candidate> {
         let dirs = ["/usr/local/nvidia/lib64", "/usr/lib/wsl/lib"].map(PathBuf::from);
         dylib::usual_search(&["libcuda.so.1", "libcuda.so"], &[], dirs)
+    }
+
+    /// `libcuda.so.1`, `libcuda.so`, then every name cudarc tries for the driver
+    /// ([`dylib::cudarc_names`] of `cuda` and `nvcuda`): a driver the process already loaded
+    /// under one of them is the one used.
+    fn resident_names() -> Vec<String> {
+        let ours = ["libcuda.so.1", "libcuda.so"].map(String::from);
+        ours.into_iter()
+            .chain(dylib::cudarc_names(&["cuda", "nvcuda"]))
+            .collect()
     }
 
     /// `cuGetProcAddress_v2`, which returns for a name and a CUDA version the variant a

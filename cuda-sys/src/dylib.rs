@@ -8,9 +8,12 @@
 //! What they share is written once, here:
 //!
 //! * **Search** ([`Library::load`]): the library named by the table's environment variable
-//!   ([`Table::PATH_ENV`]) alone when it is set, else [`Table::search_list`] in order, most
-//!   often built by [`usual_search`] (dynamic loader, pip wheels, system folders). The
-//!   first usable library wins; each one rejected is an [`Attempt`] with its [`Reason`].
+//!   ([`Table::PATH_ENV`]) alone when it is set; else, first, a copy already loaded in the
+//!   process under one of [`Table::resident_names`] (asked with `RTLD_NOLOAD`, so one
+//!   process uses one copy whichever crate loaded it first); then [`Table::search_list`] in
+//!   order, most often built by [`usual_search`] (dynamic loader, pip wheels, system
+//!   folders). The first usable library wins; each one rejected is an [`Attempt`] with its
+//!   [`Reason`].
 //! * **Open** ([`OpenLibrary`]): `RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE`, kept by the handle.
 //! * **Fill**: the version is asked first, one older than [`Table::MINIMUM`] is refused,
 //!   and the version gates the optional entries of a [`fn_table!`](crate::fn_table) table.
@@ -51,7 +54,8 @@
 //! }
 //!
 //! let libc = Library::<LibcFns>::load()?;
-//! assert_eq!(libc.origin(), "libc.so.6 (dynamic loader)");
+//! // Every process has the C library loaded already: the first step takes that copy.
+//! assert_eq!(libc.origin(), "libc.so.6 (already loaded)");
 //! // SAFETY: neither function has a precondition.
 //! unsafe {
 //!     assert_eq!((libc.fns().getpid)() as u32, std::process::id());
@@ -67,6 +71,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use libc::{RTLD_NODELETE, RTLD_NOLOAD};
 use libloading::os::unix::{Library as RawLibrary, RTLD_LOCAL, RTLD_NOW};
 
 pub use crate::attempt::{Attempt, Attempts, Reason, Step};
@@ -80,9 +85,11 @@ use crate::{LoadError, Resolver};
 ///
 /// [`Library::load`] is safe and opens what [`search_list`](Self::search_list) and
 /// [`PATH_ENV`](Self::PATH_ENV) name, which runs the library's initialisers and trusts its
-/// symbols: an implementation promises that every library it names there is the genuine
-/// library of the table (or, for the environment variable, one its user chose knowingly,
-/// as the dynamic loader trusts `LD_LIBRARY_PATH`), with the signatures the table declares.
+/// symbols, and trusts the symbols of a library already loaded under one of
+/// [`resident_names`](Self::resident_names): an implementation promises that every library
+/// it names there is the genuine library of the table (or, for the environment variable,
+/// one its user chose knowingly, as the dynamic loader trusts `LD_LIBRARY_PATH`), with the
+/// signatures the table declares.
 pub unsafe trait Table: Sized {
     /// The library in messages (`"CUDA driver"`, `"NCCL"`): [`LoadError`]'s `library`.
     const LIBRARY: &'static str;
@@ -95,8 +102,25 @@ pub unsafe trait Table: Sized {
     /// The oldest version loaded; an older library is refused with [`Reason::TooOld`].
     const MINIMUM: Self::Version;
 
-    /// Where [`Library::load`] looks, in order, when the environment names no library.
+    /// Where [`Library::load`] looks, in order, when the environment names no library and
+    /// none is already loaded under [`resident_names`](Self::resident_names).
     fn search_list() -> Vec<Candidate>;
+
+    /// The names [`Library::load`] asks the dynamic loader first, with `RTLD_NOLOAD`: a
+    /// library that the process already loaded under one of them (by that name, or whose
+    /// soname it is) is taken before anything is searched, so that a process whose other
+    /// crates or languages loaded the library (cudarc, torch, the program itself) uses that
+    /// one copy rather than a second one that the search may find elsewhere. Nothing is
+    /// loaded by this step. The default is the names that [`search_list`](Self::search_list)
+    /// hands to the dynamic loader ([`Step::DynamicLoader`]); a table adds those that other
+    /// loaders use ([`cudarc_names`]).
+    fn resident_names() -> Vec<String> {
+        Self::search_list()
+            .into_iter()
+            .filter(|c| c.step == Step::DynamicLoader)
+            .map(|c| c.path.to_string_lossy().into_owned())
+            .collect()
+    }
 
     /// The resolver over an opened library. The default is `dlsym`, the API version
     /// ignored; a library with a resolver of its own (`cuGetProcAddress`) says so here.
@@ -146,8 +170,11 @@ pub struct Library<T: Table> {
 
 impl<T: Table> Library<T> {
     /// Searches for the library: the one `$`[`T::PATH_ENV`](Table::PATH_ENV) names if it is
-    /// set and not empty (then only that), else [`T::search_list`](Table::search_list) in
-    /// order, the first usable one winning.
+    /// set and not empty (then only that); else [`search_list`](Self::search_list) in order,
+    /// the first usable one winning: a library already loaded in the process under one of
+    /// [`T::resident_names`](Table::resident_names) (asked with `RTLD_NOLOAD`, which loads
+    /// nothing; the attempts say [`Step::AlreadyLoaded`]), then
+    /// [`T::search_list`](Table::search_list).
     ///
     /// The environment variable is trusted input, like `LD_LIBRARY_PATH` or `LD_PRELOAD`:
     /// whoever sets the environment of a process already decides what code it runs. The
@@ -173,9 +200,9 @@ impl<T: Table> Library<T> {
             // SAFETY: the environment is trusted input, as `T`'s `unsafe impl` promises.
             return unsafe { Self::open(&c) }.map_err(|reason| unusable::<T>(&c, reason));
         }
-        first_usable(T::search_list(), |c| {
-            // SAFETY: what the search finds under `T`'s own names is `T`'s library, as
-            // `T`'s `unsafe impl` promises.
+        first_usable(Self::search_list(), |c| {
+            // SAFETY: what the search finds under `T`'s own names, or what is loaded under
+            // its resident names, is `T`'s library, as `T`'s `unsafe impl` promises.
             unsafe { Self::open(c) }
         })
         .map_err(|attempts| LoadError::NotFound {
@@ -208,18 +235,33 @@ impl<T: Table> Library<T> {
         unsafe { Self::open(&c) }.map_err(|reason| unusable::<T>(&c, reason))
     }
 
-    /// The automatic search list (without the environment override), in order:
+    /// The automatic search list (without the environment override), in order: each of
+    /// [`T::resident_names`](Table::resident_names) once, as [`Step::AlreadyLoaded`], then
     /// [`T::search_list`](Table::search_list).
     ///
     /// ```
-    /// use cuda_sys::dylib::Step;
+    /// use cuda_sys::dylib::{Candidate, Step};
     /// let list = cuda_sys::Driver::search_list();
-    /// assert_eq!(list[0].path.to_str(), Some("libcuda.so.1"));
-    /// assert_eq!(list[0].step, Step::DynamicLoader);
+    /// assert_eq!(list[..2], [
+    ///     Candidate::new("libcuda.so.1", Step::AlreadyLoaded),
+    ///     Candidate::new("libcuda.so", Step::AlreadyLoaded),
+    /// ]);
+    /// let search = list.iter().position(|c| c.step != Step::AlreadyLoaded).unwrap();
+    /// assert_eq!(list[search], Candidate::new("libcuda.so.1", Step::DynamicLoader));
+    /// assert!(list[search..].iter().all(|c| c.step != Step::AlreadyLoaded));
     /// assert!(list.iter().any(|c| c.step == Step::SystemDir));
     /// ```
     pub fn search_list() -> Vec<Candidate> {
-        T::search_list()
+        let mut names: Vec<String> = Vec::new();
+        for name in T::resident_names() {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        let resident = names
+            .into_iter()
+            .map(|n| Candidate::new(n, Step::AlreadyLoaded));
+        resident.chain(T::search_list()).collect()
     }
 
     /// Builds the handle from any resolver `(symbol, api_version) -> address`.
@@ -290,8 +332,11 @@ impl<T: Table> Library<T> {
     /// # Safety
     /// `c` must name a genuine library of `T`'s kind.
     unsafe fn open(c: &Candidate) -> Result<Self, Reason> {
-        // SAFETY: a genuine library is safe to load (the caller's promise).
-        let lib = unsafe { OpenLibrary::open(&c.path) }?;
+        let lib = match c.step {
+            Step::AlreadyLoaded => OpenLibrary::open_loaded(&c.path)?,
+            // SAFETY: a genuine library is safe to load (the caller's promise).
+            _ => unsafe { OpenLibrary::open(&c.path) }?,
+        };
         let mut library = {
             // SAFETY: `lib` is a genuine library of `T`'s kind (the caller's promise).
             let mut resolve = unsafe { T::resolver(&lib) }?;
@@ -405,9 +450,6 @@ impl fmt::Display for Candidate {
     }
 }
 
-/// `RTLD_NODELETE` (glibc, musl): `dlclose` never unmaps the library.
-const RTLD_NODELETE: i32 = 0x1000;
-
 /// An opened shared library.
 ///
 /// Opened with `RTLD_NODELETE`: dropping it releases the handle but never unmaps the code.
@@ -459,6 +501,37 @@ impl OpenLibrary {
         Ok(OpenLibrary {
             lib,
             path: path.to_path_buf(),
+        })
+    }
+
+    /// The library already loaded in this process under `name` (a soname, or a path it was
+    /// loaded from), asked with `RTLD_NOLOAD`: nothing is loaded and no initialiser runs;
+    /// [`Reason::NotLoaded`] when the process has no library of that name. The handle is
+    /// promoted to `RTLD_NODELETE`, as [`open`](Self::open)'s are.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use cuda_sys::dylib::{OpenLibrary, Reason};
+    ///
+    /// let libc = OpenLibrary::open_loaded(Path::new("libc.so.6")).map_err(|r| r.to_string())?;
+    /// assert!(!libc.symbol(c"getpid").is_null());
+    /// let none = OpenLibrary::open_loaded(Path::new("libno-such-library.so.0")).unwrap_err();
+    /// assert_eq!(none, Reason::NotLoaded);
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn open_loaded(name: &Path) -> Result<Self, Reason> {
+        let flags = RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE | RTLD_NOLOAD;
+        // SAFETY: with RTLD_NOLOAD the loader maps nothing and runs no initialiser: it
+        // returns a library that is already loaded (its initialisers ran when it was) with a
+        // new reference, or fails. Trusting that library's symbols is the caller's business
+        // (`Table`'s promise), not this call's: `symbol` only hands out addresses.
+        // A failure means only that nothing loaded matches `name`, whatever the loader adds
+        // (glibc: no message when a file of that name exists but is not loaded, "cannot
+        // open shared object file" when none does).
+        let lib = unsafe { RawLibrary::open(Some(name), flags) }.map_err(|_| Reason::NotLoaded)?;
+        Ok(OpenLibrary {
+            lib,
+            path: name.to_path_buf(),
         })
     }
 
@@ -546,6 +619,81 @@ pub fn usual_search(
     list
 }
 
+/// The CUDA versions cudarc 0.19 builds for (its `build.rs`): major, minor.
+const CUDARC_VERSIONS: [(u32, u32); 19] = [
+    (13, 4),
+    (13, 3),
+    (13, 2),
+    (13, 1),
+    (13, 0),
+    (12, 9),
+    (12, 8),
+    (12, 6),
+    (12, 5),
+    (12, 4),
+    (12, 3),
+    (12, 2),
+    (12, 1),
+    (12, 0),
+    (11, 8),
+    (11, 7),
+    (11, 6),
+    (11, 5),
+    (11, 4),
+];
+
+/// The names the `cudarc` crate (0.19, `get_lib_name_candidates`) hands to the dynamic
+/// loader for each of `stems` (`"nccl"`; `"cuda"` and `"nvcuda"`) on Linux, for every CUDA
+/// version it builds for, each once, in its order: what a [`Table::resident_names`] adds
+/// so that a library cudarc loaded is the one this loader takes.
+///
+/// ```
+/// let names = cuda_sys::dylib::cudarc_names(&["nccl"]);
+/// assert_eq!(names[..2], ["libnccl.so", "libnccl64.so"]);
+/// for name in ["libnccl.so.12", "libnccl.so.13", "libnccl64_128.so", "libnccl.so.1"] {
+///     assert!(names.iter().any(|n| n == name), "{name}");
+/// }
+/// assert!(!names.iter().any(|n| n == "libnccl.so.2"), "cudarc never asks for NCCL's soname");
+/// ```
+pub fn cudarc_names(stems: &[&str]) -> Vec<String> {
+    let width = if cfg!(target_pointer_width = "32") {
+        "32"
+    } else {
+        "64"
+    };
+    let mut names: Vec<String> = Vec::new();
+    for stem in stems {
+        let lib = format!("lib{stem}");
+        for (major, minor) in CUDARC_VERSIONS {
+            let list = [
+                format!("{lib}.so"),
+                format!("{lib}{width}.so"),
+                format!("{lib}{width}_{major}.so"),
+                format!("{lib}{width}_{major}{minor}.so"),
+                format!("{lib}{width}_{major}{minor}_0.so"),
+                format!("{lib}{width}_{major}0_{minor}.so"),
+                format!("{lib}{width}_10.so"),
+                format!("{lib}{width}_11.so"),
+                format!("{lib}{width}_12.so"),
+                format!("{lib}{width}_{major}0_0.so"),
+                format!("{lib}{width}_9.so"),
+                format!("{lib}.so.{major}"),
+                format!("{lib}.so.12"),
+                format!("{lib}.so.11"),
+                format!("{lib}.so.10"),
+                format!("{lib}.so.9"),
+                format!("{lib}.so.1"),
+            ];
+            for name in list {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    names
+}
+
 /// The `site-packages` folders of the active Python environments this process can see,
 /// without running Python, where [`usual_search`] looks for pip wheels that ship a
 /// library: those of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `~/.local`, `/usr/local` and `/usr`,
@@ -588,7 +736,9 @@ pub fn python_site_dirs() -> Vec<PathBuf> {
 }
 
 /// Tries `candidates` in order with `accept`, which opens and validates one; returns the
-/// first accepted value or every attempt with its reason.
+/// first accepted value or every attempt with its reason. A candidate with the path and the
+/// step of one already tried is skipped (a folder listed twice); the same name at another
+/// step (already loaded, then through the dynamic loader) is tried again.
 ///
 /// ```
 /// use std::path::PathBuf;
@@ -620,7 +770,10 @@ pub fn first_usable<T>(
 ) -> Result<T, Attempts> {
     let mut attempts = Vec::new();
     for c in candidates {
-        if attempts.iter().any(|a: &Attempt| a.path == c.path) {
+        if attempts
+            .iter()
+            .any(|a: &Attempt| a.path == c.path && a.step == c.step)
+        {
             continue;
         }
         match accept(&c) {

@@ -2,6 +2,7 @@
 //! launcher's first line can say it (and refuse too few GPUs before any rank waits).
 
 use cuda_hal::{Cuda, cuda_sys};
+use cuda_sys::dylib::Step;
 
 use crate::report;
 
@@ -34,8 +35,11 @@ pub fn machine(n: usize) -> Result<Machine, String> {
 pub(crate) fn no_driver_reason(e: &cuda_hal::Error) -> String {
     match e {
         cuda_hal::Error::Load(cuda_sys::LoadError::NotFound { attempts, .. }) => {
-            match attempts.0.first() {
-                Some(first) => format!("{} places tried, first {first}", attempts.0.len()),
+            // The first place searched: the names asked first are those of a driver
+            // already loaded, which say nothing of where a driver was looked for.
+            let searched = attempts.0.iter().filter(|a| a.step != Step::AlreadyLoaded);
+            match searched.clone().next() {
+                Some(first) => format!("{} places tried, first {first}", searched.count()),
                 None => "no place to look for libcuda".to_string(),
             }
         }

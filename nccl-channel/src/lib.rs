@@ -31,20 +31,22 @@
 //!
 //! # Quick start
 //!
-//! Two ranks all-gather `[101, 102]`, and each ends with `[101, 102, 101, 102]`. Here the
-//! two GPUs and NCCL are simulated (the crates `cuda-mock` and `nccl-mock`, dev-dependencies
-//! for tests) and each rank is a thread; the data really moves through the simulated
-//! device memory, so this runs anywhere, with no GPU and no libnccl.
+//! Two ranks all-gather `[101, 102]`, and each ends with `[101, 102, 101, 102]`. This crate
+//! is the only dependency: the CUDA layer and NCCL's table are re-exported as
+//! [`nccl_channel::cuda_hal`](cuda_hal) and [`nccl_channel::nccl_sys`](nccl_sys). Here
+//! the two GPUs and NCCL are simulated (two hidden lines build them with the crates
+//! `cuda-mock` and `nccl-mock`, dev-dependencies for tests) and each rank is a thread;
+//! the data really moves through the simulated device memory, so this runs anywhere,
+//! with no GPU and no libnccl.
 //!
 //! ```
 //! use std::sync::Arc;
-//! use cuda_hal::{Cuda, DeviceBuffer, Stream};
-//! use cuda_mock::MockDriver;
+//! use nccl_channel::cuda_hal::{Cuda, DeviceBuffer, Stream};
 //! use nccl_channel::{Communicator, UniqueId};
-//! use nccl_mock::MockNccl;
 //!
-//! let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-//! let (nccl, _world) = MockNccl::new(&gpus).build()?;
+//! // On GPUs: `Cuda::load()?` and `nccl_channel::nccl_sys::Nccl::load()?`.
+//! # let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+//! # let (nccl, _world) = nccl_mock::MockNccl::new(&gpus).build()?;
 //! let nccl = Arc::new(nccl);
 //! // Rank 0 makes the id and hands it to the others (here they share memory).
 //! let id = UniqueId::generate(&nccl)?;
@@ -82,7 +84,7 @@
 //!
 //! ```no_run
 //! use nccl_channel::Channel;
-//! use cuda_hal::DeviceBuffer;
+//! use nccl_channel::cuda_hal::DeviceBuffer;
 //! // torchrun --nproc-per-node 2 ./prog, srun -n 2 ./prog, mpirun -n 2 ./prog, or by hand:
 //! // NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 ./prog (and 1)
 //! if let Some(ch) = Channel::from_env()? {
@@ -98,7 +100,7 @@
 //! ```
 //!
 //! The same program can be tested without GPUs by building its channel from code:
-//! [`ChannelBuilder`] takes a [`World`], a simulated [`cuda_hal::Cuda`] and NCCL, and an
+//! [`ChannelBuilder`] takes a [`World`], a simulated [`Cuda`](cuda_hal::Cuda) and NCCL, and an
 //! [`IdSource`] (see [`Channel`]'s example).
 //!
 //! # Features

@@ -20,8 +20,10 @@ pub const NCCL_PATH_ENV: &str = "NCCL_SYS_LIBRARY";
 /// backs it; [`Library`] is the handle and its methods are NCCL's, and the table's
 /// ([`NcclFns::error_string`]) too.
 ///
-/// Built by [`Nccl::load`] (search: `$NCCL_SYS_LIBRARY` if set, then only that; else
-/// `libnccl.so.2`/`libnccl.so` through the dynamic loader; else `libnccl.so.2` of a
+/// Built by [`Nccl::load`] (search: `$NCCL_SYS_LIBRARY` if set, then only that; else an
+/// NCCL already loaded in the process under `libnccl.so.2`, `libnccl.so` or a name cudarc
+/// uses (asked with `RTLD_NOLOAD`: whichever crate loads NCCL first, the process has one);
+/// else `libnccl.so.2`/`libnccl.so` through the dynamic loader; else `libnccl.so.2` of a
 /// pip-installed `nvidia-nccl-cu*` wheel in the visible Python environments; else the
 /// usual system dirs), [`Nccl::load_from`] (one path) or [`Nccl::from_resolver`] (any
 /// resolver). The library must be at least [`NcclVersion::MINIMUM`]. Nothing is opened
@@ -86,7 +88,8 @@ pub type Nccl = Library<NcclFns>;
 static_assertions::assert_impl_all!(Nccl: Send, Sync);
 
 // SAFETY: the search names only NCCL's own files (`libnccl.so.2`, `libnccl.so`, NCCL's
-// wheels) and `$NCCL_SYS_LIBRARY`; every entry's signature is its header's.
+// wheels) and `$NCCL_SYS_LIBRARY`, and takes a library already loaded only under the names
+// NCCL's loaders use for it (ours and cudarc's); every entry's signature is its header's.
 unsafe impl Table for NcclFns {
     const LIBRARY: &'static str = "NCCL";
     const HANDLE: &'static str = "Nccl";
@@ -112,6 +115,16 @@ unsafe impl Table for NcclFns {
             );
         let wheels = ["nvidia/nccl/lib", "nvidia/cu13/lib"];
         dylib::usual_search(&["libnccl.so.2", "libnccl.so"], &wheels, dirs)
+    }
+
+    /// `libnccl.so.2`, `libnccl.so`, then every name cudarc tries for NCCL
+    /// ([`dylib::cudarc_names`] of `nccl`): an NCCL the process already loaded under one of
+    /// them (cudarc's, torch's, the program's own) is the one used.
+    fn resident_names() -> Vec<String> {
+        let ours = ["libnccl.so.2", "libnccl.so"].map(String::from);
+        ours.into_iter()
+            .chain(dylib::cudarc_names(&["nccl"]))
+            .collect()
     }
 
     unsafe fn version(resolve: &mut Resolver<'_>) -> Result<NcclVersion, Reason> {

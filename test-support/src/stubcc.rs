@@ -8,6 +8,12 @@ use std::process::Command;
 /// `env!("CARGO_TARGET_TMPDIR")`) and returns its path. Panics (failing the test) if the
 /// compiler fails.
 pub fn shared_library(tmp: &str, name: &str, source: &str) -> PathBuf {
+    shared_library_with(tmp, name, source, &[])
+}
+
+/// [`shared_library`] with extra arguments to the compiler driver, e.g.
+/// `-Wl,-soname,libnccl.so.2` for a library the dynamic loader knows by that soname.
+pub fn shared_library_with(tmp: &str, name: &str, source: &str, args: &[&str]) -> PathBuf {
     let dir = PathBuf::from(tmp).join(format!(
         "stub-{name}-{}-{:?}",
         std::process::id(),
@@ -25,7 +31,8 @@ pub fn shared_library(tmp: &str, name: &str, source: &str) -> PathBuf {
         .cargo_metadata(false)
         .get_compiler();
     let mut cmd: Command = compiler.to_command();
-    cmd.args(["-shared", "-fPIC", "-o"]).arg(&out).arg(&src);
+    cmd.args(["-shared", "-fPIC"]).args(args);
+    cmd.arg("-o").arg(&out).arg(&src);
     let status = cmd.status().expect("C compiler runs");
     assert!(status.success(), "compiling {} failed", src.display());
     out

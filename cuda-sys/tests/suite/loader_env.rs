@@ -8,8 +8,9 @@ use test_support::stubcc;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cuda_sys::dylib::{Candidate, OpenLibrary, Reason, Step, python_site_dirs};
+use cuda_sys::dylib::{Candidate, OpenLibrary, Reason, Step, cudarc_names, python_site_dirs};
 use cuda_sys::{DRIVER_PATH_ENV, Driver, LoadError};
+use libloading::os::unix::{Library as RawLibrary, RTLD_LOCAL, RTLD_NOW};
 
 /// Set in a child: the name of the scenario it runs (see `child`).
 const SCENARIO: &str = "CUDA_SYS_LOADER_ENV_SCENARIO";
@@ -84,6 +85,20 @@ fn child() {
             for p in &got[want.len()..] {
                 assert!(p.starts_with("/usr/"), "{got:?}");
             }
+        }
+        "resident" => {
+            // Another crate's driver, loaded by its path from a folder the search never
+            // looks in: the loader takes it rather than searching.
+            let path = std::env::var_os("RESIDENT").unwrap();
+            // SAFETY: a stub driver compiled by the parent test, with no initialiser.
+            let other = unsafe { RawLibrary::open(Some(&path), RTLD_NOW | RTLD_LOCAL) }.unwrap();
+            let d = Driver::load().unwrap();
+            assert_eq!(d.origin(), "libcuda.so.1 (already loaded)");
+            assert_eq!(d.version().to_string(), "12.9");
+            // SAFETY: the address is read, never called.
+            let theirs = unsafe { other.get::<*const std::ffi::c_void>(b"cuGetProcAddress_v2\0") };
+            let ours = d.library().unwrap().symbol(c"cuGetProcAddress_v2");
+            assert_eq!(ours, *theirs.unwrap());
         }
         other => panic!("unknown scenario {other}"),
     }
@@ -172,7 +187,18 @@ fn empty_override_child() {
 #[test]
 fn the_search_list_is_the_documented_one() {
     let arch = std::env::consts::ARCH;
-    let want = vec![
+    // First what is already loaded, under our names and then cudarc's, each once.
+    let mut want: Vec<Candidate> = Vec::new();
+    let ours = ["libcuda.so.1", "libcuda.so"].map(String::from);
+    for name in ours.into_iter().chain(cudarc_names(&["cuda", "nvcuda"])) {
+        let c = Candidate::new(name, Step::AlreadyLoaded);
+        if !want.contains(&c) {
+            want.push(c);
+        }
+    }
+    // 69 names for each of cudarc's two stems; ours are among them.
+    assert_eq!(want.len(), 2 * 69, "{want:?}");
+    want.extend([
         Candidate::new("libcuda.so.1", Step::DynamicLoader),
         Candidate::new("libcuda.so", Step::DynamicLoader),
         Candidate::new(
@@ -182,8 +208,19 @@ fn the_search_list_is_the_documented_one() {
         Candidate::new("/usr/lib64/libcuda.so.1", Step::SystemDir),
         Candidate::new("/usr/local/nvidia/lib64/libcuda.so.1", Step::SystemDir),
         Candidate::new("/usr/lib/wsl/lib/libcuda.so.1", Step::SystemDir),
-    ];
+    ]);
     assert_eq!(Driver::search_list(), want);
+}
+
+#[test]
+fn a_driver_already_loaded_is_the_one_used() {
+    let lib = stubcc::shared_library_with(
+        env!("CARGO_TARGET_TMPDIR"),
+        "cuda_resident",
+        &crate::stub_driver::stub_source(12090, &[], false),
+        &["-Wl,-soname,libcuda.so.1"],
+    );
+    run_child("resident", &[("RESIDENT", &lib)]);
 }
 
 #[test]

@@ -17,7 +17,7 @@ fn load_trusted(path: impl AsRef<std::path::Path>) -> Result<Driver, cuda_sys::L
 /// C source of a stub driver reporting `version`, exporting every table entry except
 /// `omit`, with `cuGetProcAddress_v2` unless `no_gpa`. `cuGetProcAddress_v2` records
 /// the version each symbol was asked at, readable through `stub_requested_version`.
-fn stub_source(version: i32, omit: &[&str], no_gpa: bool) -> String {
+pub(crate) fn stub_source(version: i32, omit: &[&str], no_gpa: bool) -> String {
     let mut names: Vec<&str> = DriverFns::REQUIRED.to_vec();
     names.extend(DriverFns::OPTIONAL.iter().map(|(n, _)| *n));
     names.retain(|n| !omit.contains(n) && *n != "cuDriverGetVersion");

@@ -23,6 +23,7 @@ mod mock_reliability;
 mod mock_split;
 mod model_check;
 mod pool_attacks;
+mod quick_start;
 mod registration;
 mod registration_attacks;
 mod registration_gpu;

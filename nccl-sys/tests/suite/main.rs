@@ -2,5 +2,6 @@
 
 mod loader_env;
 mod real_nccl;
+mod resident;
 mod stub_libraries;
 mod wheel_script;

@@ -152,12 +152,13 @@ fn the_search_list_keeps_the_documented_order() {
     use cuda_sys::dylib::Step;
     let list = Nccl::search_list();
     assert_eq!(list[0].path.to_str(), Some("libnccl.so.2"));
-    assert_eq!(list[0].step, Step::DynamicLoader);
+    assert_eq!(list[0].step, Step::AlreadyLoaded);
     let rank = |s: &Step| match s {
         Step::Explicit | Step::EnvOverride(_) => 0,
-        Step::DynamicLoader => 1,
-        Step::PythonPackage => 2,
-        _ => 3,
+        Step::AlreadyLoaded => 1,
+        Step::DynamicLoader => 2,
+        Step::PythonPackage => 3,
+        _ => 4,
     };
     let ranks: Vec<_> = list.iter().map(|c| rank(&c.step)).collect();
     let mut sorted = ranks.clone();
