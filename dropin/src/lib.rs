@@ -25,12 +25,17 @@
 //! [`VIOLATION_EXIT_CODE`], its C stdio buffers flushed first. (The check is the library's
 //! destructor; the library is linked `-z nodelete`, so a `dlclose` never runs it early.)
 //!
+//! A program's own kernels run on the simulated devices through host twins it binds with
+//! [`twins::simgpu_bind_kernel`] (see [`twins`]).
+//!
 //! `cuGetProcAddress` offers the CUDA 12.0 ABI and newer only: an older ABI version or an
 //! entry newer than the version asked for is "not found". So is every entry asked for with
 //! `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`, even one without a per-thread variant:
 //! the simulator has no per-thread default stream, and refusing is better than giving
 //! stream-0 semantics the caller did not ask for (programs built with per-thread default
 //! streams do not run on it).
+
+pub mod twins;
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::io::Write as _;

@@ -10,10 +10,14 @@
 //! * [`machine`](fn@machine): whether those ranks get GPUs or simulated devices, said
 //!   before they start.
 //!
+//! * [`dropin`]: host twins for a program's kernels when the driver is the drop-in
+//!   simulator (cudarc and the safe crates on `libsimgpu.so`).
+//!
 //! A crate of the repository, never published: the examples that use it are not shipped
 //! in nccl-channel's package either.
 
 mod args;
+pub mod dropin;
 mod machine;
 mod processes;
 mod rank;

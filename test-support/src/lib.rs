@@ -9,6 +9,7 @@
     clippy::panic
 )]
 
+pub mod dropin;
 pub mod env;
 pub mod ocp_fp8;
 pub mod splitmix;

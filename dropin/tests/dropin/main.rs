@@ -5,75 +5,21 @@
 
 mod cudarc_interop;
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::sync::{Arc, OnceLock};
 
 use cuda_hal::{Cuda, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, group};
 
-/// The drop-in library. `cargo test` does not build a package's cdylib for its own tests,
-/// so the first test builds it with cargo (a target dir of its own under this test's
-/// scratch folder, so no lock is shared with the cargo running the tests) and hands the
-/// path to its children through `DROPIN_LIBRARY`.
+/// The drop-in library, built once for these tests (see `test_support::dropin`).
 fn library() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Some(p) = std::env::var_os("DROPIN_LIBRARY") {
-                return PathBuf::from(p);
-            }
-            let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dropin-build");
-            let out = Command::new(env!("CARGO"))
-                .args([
-                    "build",
-                    "-p",
-                    "mock-dropin",
-                    "--message-format=json-render-diagnostics",
-                ])
-                .arg("--target-dir")
-                .arg(&target)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let json = String::from_utf8_lossy(&out.stdout);
-            let lib = json
-                .lines()
-                .filter(|l| l.contains("\"compiler-artifact\"") && l.contains("mock-dropin"))
-                .find_map(|l| {
-                    let at = l.find("libsimgpu.so\"")?;
-                    let start = l[..at].rfind('"')? + 1;
-                    Some(PathBuf::from(&l[start..at + "libsimgpu.so".len()]))
-                })
-                .expect("cargo named the built libsimgpu.so");
-            assert!(lib.exists(), "{} is not there", lib.display());
-            lib
-        })
-        .clone()
+    test_support::dropin::library(Path::new(env!("CARGO_TARGET_TMPDIR")))
 }
 
-/// A folder where `libcuda.so`, `libcuda.so.1`, `libnccl.so` and `libnccl.so.2` all name
-/// the drop-in (as `cargo xtask dropin` lays it out), for a child's library path.
+/// A folder where the driver's and NCCL's names all link to the drop-in.
 fn dropin_dir() -> PathBuf {
-    // Once per process: the tests run on threads, and each would remove the others' links.
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dropin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
-            let link = dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(library(), &link).unwrap();
-        }
-        dir
-    })
-    .clone()
+    test_support::dropin::dir(Path::new(env!("CARGO_TARGET_TMPDIR")))
 }
 
 /// Runs the test `name` of this binary in a child with `env`.

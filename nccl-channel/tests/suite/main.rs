@@ -35,6 +35,7 @@ mod shrink_gpu;
 mod soundness;
 mod soundness_gpu;
 mod split_on_every_backend;
+mod tensor_parallel;
 mod torch_store_real;
 mod views;
 mod world_env;

@@ -49,7 +49,8 @@ impl Program {
     /// The arguments of `cargo build` that build it.
     fn build_args(self, name: &str) -> Vec<&str> {
         match self {
-            Program::Example => vec!["-p", "nccl-channel", "--example", name],
+            // As the tests are built (all features: tensor_parallel needs `cudarc`).
+            Program::Example => vec!["-p", "nccl-channel", "--all-features", "--example", name],
             Program::Bin(package) => vec!["-p", package, "--bin", name],
         }
     }
