@@ -185,6 +185,7 @@ mod error;
 mod event;
 mod function;
 mod graph;
+pub mod interop;
 mod kernel_arg;
 mod launch;
 mod library;

@@ -3,6 +3,8 @@
 mod attacks;
 mod common;
 mod compile_fail;
+#[cfg(feature = "cudarc")]
+mod cudarc_gpu;
 mod foreign;
 mod gpu;
 mod inputs;
