@@ -282,6 +282,12 @@ impl Dependency for ExecInner {
         }
         Ok(())
     }
+
+    fn launched(&self, stream: &Stream) {
+        for k in self.held.iter() {
+            k.dependency().launched(stream);
+        }
+    }
 }
 
 impl Drop for ExecInner {
@@ -360,6 +366,13 @@ impl GraphExec {
             // SAFETY: a valid executable graph and stream; what its work uses is owned by
             // `inner` and, through the use logs noted above, freed after this launch.
             unsafe { call!(inner.ctx.cuda(), cuGraphLaunch(inner.raw, stream.as_raw())) }
-        })
+        })?;
+        // Enqueued for real (unless a capture recorded it: its graph's launches tell).
+        if stream.capture_log().is_none() {
+            for k in inner.held.iter() {
+                k.dependency().launched(stream);
+            }
+        }
+        Ok(())
     }
 }

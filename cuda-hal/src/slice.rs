@@ -73,6 +73,12 @@ use crate::{Context, Device, DeviceRepr, KeepAlive, Result, Stream};
 ///   implementation learns of those (as [`DeviceBuffer::used_on`](crate::DeviceBuffer::used_on)
 ///   does). Memory that outlives every such graph and stream (a static pool) meets this
 ///   trivially.
+/// * An owner that orders its own next use and its free after this crate's work with
+///   events (cudarc does) learns when that work is really enqueued:
+///   [`Stream::after_enqueue`] (registered in `used_on`) runs once the enqueueing call has
+///   returned, or once an open group has ended; [`Dependency::launched`](crate::Dependency::launched)
+///   after each launch of a graph that holds it. Memory that cannot be held (only
+///   borrowed) refuses deferred work with [`Stream::expect_immediate`].
 /// * [`used_synchronously`](Self::used_synchronously) returning `Ok` means synchronous
 ///   calls (which run on the context's legacy default stream and wait for it) may use the
 ///   memory now.

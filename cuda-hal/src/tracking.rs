@@ -85,6 +85,14 @@ pub trait Dependency: Send + Sync + 'static {
         Ok(())
     }
 
+    /// A graph launch that runs work using this dependency was just enqueued on `stream`
+    /// (after [`used_on`](Self::used_on) and the driver's launch): an owner that orders
+    /// its own next use with events records them here. Not called for a launch that a
+    /// capture records (the outer graph's launches call it). The default does nothing.
+    fn launched(&self, stream: &Stream) {
+        let _ = stream;
+    }
+
     /// Called when an open group holds this dependency for work it deferred (once per
     /// hold); [`settle`](Self::settle) follows once per hold when the group has ended.
     fn deferred(&self) {}

@@ -318,3 +318,41 @@ fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory() {
         "kept for the graph another library holds"
     );
 }
+
+/// Counts the graph launches it hears of.
+#[derive(Default)]
+struct Launches(AtomicUsize);
+impl cuda_hal::Dependency for Launches {
+    fn launched(&self, _stream: &Stream) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn an_owner_hears_of_each_launch_of_a_graph_that_uses_it_once_enqueued() {
+    let (_cuda, world, ctx) = rig();
+    let owner = Arc::new(Launches::default());
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap();
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    {
+        let _order = stream.enqueue_lock();
+        stream.hold(|| cuda_hal::KeepAlive::new(owner.clone()));
+    }
+    buf.fill_async(1, &stream).unwrap();
+    let inner = stream.end_capture().unwrap().instantiate().unwrap();
+    for _ in 0..3 {
+        inner.launch(&stream).unwrap();
+    }
+    assert_eq!(owner.0.load(Ordering::SeqCst), 3);
+    // Launched inside another capture: recorded, not run; the outer graph's launches tell.
+    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    inner.launch(&stream).unwrap();
+    let outer = stream.end_capture().unwrap().instantiate().unwrap();
+    assert_eq!(owner.0.load(Ordering::SeqCst), 3, "recorded only");
+    outer.launch(&stream).unwrap();
+    outer.launch(&stream).unwrap();
+    assert_eq!(owner.0.load(Ordering::SeqCst), 5);
+    stream.synchronize().unwrap();
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
