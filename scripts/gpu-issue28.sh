@@ -23,7 +23,7 @@ run() { echo "=== $*"; timeout 300 "$@" 2>&1 || { echo "FAILED ($?): $*"; fail=1
     compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tensor_parallel"
   for t in "$B"/test-*; do
     case "$t" in *cuda-hal-suite) continue;; esac
-    run "$t" --ignored --test-threads=1 --skip torch_store_real
+    run "$t" --ignored --test-threads=1 --skip torch_store_real ${SKIP:-}
   done
 } > "$OUT/gpu-28.txt" 2>&1
 grep -E "^=== |^test .*(ok|FAILED)$|test result|skipped: needs|panicked|ERROR SUMMARY|matches the host|FAILED \(|cudarc:" "$OUT/gpu-28.txt"
