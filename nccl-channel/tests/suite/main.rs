@@ -37,4 +37,5 @@ mod soundness_gpu;
 mod split_on_every_backend;
 mod torch_store_real;
 mod views;
+mod wait_notice;
 mod world_env;
