@@ -30,8 +30,9 @@ fn notice_after() -> Option<Duration> {
                     .all(|b| b.is_ascii_digit())
         });
         match secs.and_then(|t| t.parse::<f64>().ok()) {
-            Some(s) => Duration::try_from_secs_f64(s)
-                .map_or(Some(AFTER), |d| (!d.is_zero()).then_some(d)),
+            Some(s) => {
+                Duration::try_from_secs_f64(s).map_or(Some(AFTER), |d| (!d.is_zero()).then_some(d))
+            }
             None => Some(AFTER),
         }
     })
