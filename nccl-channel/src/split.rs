@@ -35,7 +35,6 @@ fn refuse_in_group(what: &'static str, instead: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// NCCL's color: `None` is `NCCL_SPLIT_NOCOLOR`.
 /// A split or shrink, for a wait notice: "ncclCommSplit of rank 1 of 2 on device 1".
 fn split_of(call: &str, parent: &Communicator) -> String {
     let (rank, size) = (parent.rank(), parent.size());
@@ -43,6 +42,7 @@ fn split_of(call: &str, parent: &Communicator) -> String {
     format!("{call} of rank {rank} of {size} on device {device}")
 }
 
+/// NCCL's color: `None` is `NCCL_SPLIT_NOCOLOR`.
 fn color_arg(color: Option<u32>) -> Result<c_int> {
     match color {
         None => Ok(NCCL_SPLIT_NOCOLOR),
