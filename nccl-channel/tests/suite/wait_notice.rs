@@ -24,9 +24,15 @@ fn is_child(name: &str) -> bool {
 /// Runs test `name` of this module in a child with `NCCL_CHANNEL_WAIT_NOTICE_SECS=1` and
 /// returns its stderr lines that begin with `prefix`; the child must pass.
 fn child_lines(name: &str, prefix: &str) -> Vec<String> {
+    child_lines_with(name, prefix, &[])
+}
+
+/// As [`child_lines`], with `env` added to the child's environment.
+fn child_lines_with(name: &str, prefix: &str, env: &[(&str, &str)]) -> Vec<String> {
     let name = test_support::test_name(module_path!(), name);
     let out = test_support::env::scrubbed(std::env::current_exe().unwrap())
         .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
         .env(CHILD, &name)
         .env("NCCL_CHANNEL_WAIT_NOTICE_SECS", "1")
         .output()
@@ -144,4 +150,41 @@ fn a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog() {
     assert!(started.elapsed() >= Duration::from_millis(2500));
     // The watchdog said nothing after the call returned.
     std::thread::sleep(Duration::from_millis(1500));
+}
+
+/// Rank 1 of 2 waits at a rendezvous nobody serves: one notice naming the address, then
+/// the rendezvous's error at its deadline.
+#[test]
+fn a_rendezvous_nobody_serves_says_so_once_then_fails() {
+    const NAME: &str = "a_rendezvous_nobody_serves_says_so_once_then_fails";
+    const PORT: &str = "NCCL_CHANNEL_WAIT_NOTICE_PORT";
+    if !is_child(NAME) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+            .to_string();
+        assert_eq!(
+            child_lines_with(NAME, "nccl-channel:", &[(PORT, &port)]),
+            [format!(
+                "nccl-channel: still waiting after 1 s for the rendezvous at 127.0.0.1:{port} \
+                 (rank 1 of 2); it fails at its deadline of 2.5s (the rendezvous timeout). \
+                 {CAUSES}"
+            )]
+        );
+        return;
+    }
+    let port = std::env::var(PORT).unwrap();
+    let rdv = nccl_channel::Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_millis(2500));
+    let started = Instant::now();
+    let e = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(matches!(e, Error::Rendezvous { .. }), "{e}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
 }
