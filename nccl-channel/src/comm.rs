@@ -17,6 +17,7 @@ use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
 use crate::backoff::Backoff;
 use crate::config::CommConfig;
+use crate::notice::{self, Deadline, Notice};
 use crate::registered::{CommOwner, CommState, Pool, Registry, release_deferred};
 use crate::reliability::{AbortHandle, poll};
 use crate::sync::lock;
@@ -136,6 +137,17 @@ impl CommShared {
             crate::backoff::deadline_after(timeout),
             timeout,
             &self.abort,
+            || self.describe(what),
+        )
+    }
+
+    /// `what` of this rank, for a wait notice: "ncclAllReduce of rank 1 of 2 on device 1".
+    fn describe(&self, what: &str) -> String {
+        format!(
+            "{what} of rank {} of {} on device {}",
+            self.rank,
+            self.size,
+            self.ctx.device().ordinal()
         )
     }
 }
@@ -298,6 +310,12 @@ fn to_c_int(what: &'static str, v: usize) -> Result<c_int> {
     })
 }
 
+/// An init, for a wait notice: "init of rank 1 of 2 on device 0 (ncclCommInitRank)".
+fn init_of(rank: usize, size: usize, ctx: &Context, call: &str) -> String {
+    let device = ctx.device().ordinal();
+    format!("init of rank {rank} of {size} on device {device} ({call})")
+}
+
 /// Checks a size and rank for init and converts them to NCCL's ints.
 fn world_args(what: &'static str, size: usize, rank: usize) -> Result<(c_int, c_int)> {
     if size == 0 || rank >= size {
@@ -351,8 +369,14 @@ impl Communicator {
         let (n, r) = world_args("Communicator::init_rank", size, rank)?;
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
+        // NCCL blocks in the call until every rank came: the watchdog says so if it lasts.
+        let watch = notice::watch(Deadline::Blocking, || {
+            init_of(rank, size, ctx, "ncclCommInitRank")
+        });
         // SAFETY: valid out-pointer; the context of the device NCCL should use is current.
-        unsafe { nccl_call!(nccl, ncclCommInitRank(&mut raw, n, id.to_raw(), r)) }?;
+        let rc = unsafe { nccl_call!(nccl, ncclCommInitRank(&mut raw, n, id.to_raw(), r)) };
+        drop(watch);
+        rc?;
         // SAFETY: `raw` was just created by NCCL on `ctx`'s device and is ours.
         unsafe { Self::from_raw(nccl, ctx, raw) }
     }
@@ -406,6 +430,12 @@ impl Communicator {
         let mut cfg = config.to_raw(nccl.version())?;
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
+        // A blocking config blocks in the call until every rank came: watched.
+        let watch = config.is_blocking().then(|| {
+            notice::watch(Deadline::Blocking, || {
+                init_of(rank, size, ctx, "ncclCommInitRankConfig")
+            })
+        });
         // SAFETY: valid out-pointer and config (alive until the end of this function);
         // the device's context is current.
         let (rc, call) = unsafe {
@@ -414,6 +444,7 @@ impl Communicator {
                 ncclCommInitRankConfig(&mut raw, n, id.to_raw(), r, cfg.as_mut_ptr())
             )
         };
+        drop(watch);
         if rc != ncclResult_t::ncclInProgress {
             check(nccl, rc, call, None)?;
         }
@@ -427,6 +458,7 @@ impl Communicator {
                 crate::backoff::deadline_after(timeout),
                 timeout,
                 &abort,
+                || init_of(rank, size, ctx, call),
             ) {
                 // SAFETY: NCCL made `raw`; aborting frees it, once.
                 unsafe { (nccl.fns().ncclCommAbort)(raw) };
@@ -947,8 +979,12 @@ impl Communicator {
     pub fn wait(&self, stream: &Stream) -> Result<()> {
         let raw = self.handle()?;
         self.same_context("Communicator::wait", "stream", stream.context())?;
-        let deadline = crate::backoff::deadline_after(self.config().get_timeout());
+        let timeout = self.config().get_timeout();
+        let deadline = crate::backoff::deadline_after(timeout);
         let mut backoff = Backoff::poll();
+        let mut notice = Notice::new(Instant::now(), Deadline::Config(timeout), || {
+            self.shared.describe("the stream work (Communicator::wait)")
+        });
         loop {
             let mut e = ncclResult_t::ncclSuccess;
             // SAFETY: a live communicator and a valid out-pointer.
@@ -969,17 +1005,19 @@ impl Communicator {
                 self.abort_now();
                 return Err(Error::Aborted);
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 self.abort_now();
                 return Err(Error::Timeout {
                     what: format!(
                         "the stream work of rank {} (communicator aborted)",
                         self.rank()
                     ),
-                    after: self.config().get_timeout(),
+                    after: timeout,
                 });
             }
-            std::thread::sleep(backoff.next_pause());
+            notice.tick(now);
+            std::thread::sleep(backoff.pause_until(deadline));
         }
     }
 

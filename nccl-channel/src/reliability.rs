@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use nccl_sys::{Nccl, NcclFns, NcclVersion, ncclComm_t, ncclResult_t};
 
 use crate::backoff::Backoff;
+use crate::notice::{Deadline, Notice};
 use crate::{Error, Result, check};
 
 /// Aborts a communicator from another thread: the owner's current or next wait stops,
@@ -74,7 +75,8 @@ impl AbortHandle {
     }
 }
 
-/// Polls `ncclCommGetAsyncError(raw)` until it leaves `ncclInProgress`.
+/// Polls `ncclCommGetAsyncError(raw)` until it leaves `ncclInProgress`; past the wait
+/// notice's time, says on stderr that it waits for what `about` names.
 pub(crate) fn poll(
     nccl: &Nccl,
     raw: ncclComm_t,
@@ -82,8 +84,10 @@ pub(crate) fn poll(
     deadline: Instant,
     timeout: Duration,
     abort: &AbortHandle,
+    about: impl FnOnce() -> String,
 ) -> Result<()> {
     let mut backoff = Backoff::poll();
+    let mut notice = Notice::new(Instant::now(), Deadline::Config(timeout), about);
     loop {
         let mut e = ncclResult_t::ncclSuccess;
         // SAFETY: a live communicator and a valid out-pointer.
@@ -97,13 +101,15 @@ pub(crate) fn poll(
         if abort.is_requested() {
             return Err(Error::Aborted);
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(Error::Timeout {
                 what: what.to_string(),
                 after: timeout,
             });
         }
-        std::thread::sleep(backoff.next_pause());
+        notice.tick(now);
+        std::thread::sleep(backoff.pause_until(deadline));
     }
 }
 

@@ -19,6 +19,7 @@ use cuda_hal::DeferScope;
 use nccl_sys::{NCCL_SPLIT_NOCOLOR, Nccl, ncclComm, ncclComm_t, ncclResult_t};
 
 use crate::backoff::Backoff;
+use crate::notice::{self, Deadline, Notice};
 use crate::reliability::poll;
 use crate::{CommConfig, Communicator, Error, ParentsProblem, Result, check};
 
@@ -32,6 +33,13 @@ fn refuse_in_group(what: &'static str, instead: &'static str) -> Result<()> {
         return Err(Error::SplitInGroup { what, instead });
     }
     Ok(())
+}
+
+/// A split or shrink, for a wait notice: "ncclCommSplit of rank 1 of 2 on device 1".
+fn split_of(call: &str, parent: &Communicator) -> String {
+    let (rank, size) = (parent.rank(), parent.size());
+    let device = parent.device().ordinal();
+    format!("{call} of rank {rank} of {size} on device {device}")
 }
 
 /// NCCL's color: `None` is `NCCL_SPLIT_NOCOLOR`.
@@ -230,7 +238,14 @@ impl<'a> Making<'a> {
             // NCCL sets the parent's device itself; binding (checked in `start`) is for
             // the mock and for tidiness.
             let _bound = p.context().bind().ok();
-            match issue(i, raw, slots.out(i)) {
+            // A blocking parent's split outside a group blocks in NCCL until its peers
+            // split too: watched.
+            let call = self.plan.call;
+            let watch = (!self.plan.grouped && p.config().is_blocking())
+                .then(|| notice::watch(Deadline::Blocking, || split_of(call, p)));
+            let rc = issue(i, raw, slots.out(i));
+            drop(watch);
+            match rc {
                 ncclResult_t::ncclSuccess => self.issued[i] = true,
                 ncclResult_t::ncclInProgress => {
                     (self.status, self.issued[i]) = (ncclResult_t::ncclInProgress, true)
@@ -242,8 +257,19 @@ impl<'a> Making<'a> {
             }
         }
         if self.plan.grouped {
+            let call = self.plan.call;
+            let watch = self
+                .parents
+                .first()
+                .filter(|p| p.config().is_blocking())
+                .map(|p| {
+                    notice::watch(Deadline::Blocking, || {
+                        format!("{} (the group's end)", split_of(call, p))
+                    })
+                });
             // SAFETY: ends the group started above.
             let (rc, end) = unsafe { nccl_raw_call!(nccl, ncclGroupEnd()) };
+            drop(watch);
             self.status = rc;
             if rc != ncclResult_t::ncclInProgress
                 && let Err(e) = check(nccl, rc, end, None)
@@ -273,6 +299,7 @@ impl<'a> Making<'a> {
                 crate::backoff::deadline_from(start, timeout),
                 timeout,
                 p.abort_flag(),
+                || split_of(self.plan.call, p),
             );
             if let Err(e) = r {
                 p.abort_now();
@@ -307,11 +334,15 @@ impl<'a> Making<'a> {
                 continue;
             }
             let timeout = p.config().get_timeout();
+            let deadline = crate::backoff::deadline_from(start, timeout);
             let mut backoff = Backoff::poll();
+            let call = self.plan.call;
+            let mut notice = Notice::new(start, Deadline::Config(timeout), || {
+                format!("the new communicator of {}", split_of(call, p))
+            });
             while slots.get(i).is_null() {
-                if Instant::now() >= crate::backoff::deadline_from(start, timeout)
-                    || p.abort_flag().is_requested()
-                {
+                let now = Instant::now();
+                if now >= deadline || p.abort_flag().is_requested() {
                     p.abort_now();
                     self.unsettled |= !p.is_aborted();
                     self.error.get_or_insert(Error::Timeout {
@@ -320,7 +351,8 @@ impl<'a> Making<'a> {
                     });
                     break;
                 }
-                std::thread::sleep(backoff.next_pause());
+                notice.tick(now);
+                std::thread::sleep(backoff.pause_until(deadline));
             }
         }
     }
@@ -385,6 +417,7 @@ impl<'a> Making<'a> {
                     crate::backoff::deadline_after(timeout),
                     timeout,
                     p.abort_flag(),
+                    || format!("the new communicator of {}", split_of(call, p)),
                 )
             };
             if let Err(e) = ready {

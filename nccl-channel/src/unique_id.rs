@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use nccl_sys::{Nccl, ncclUniqueId};
 
+use crate::notice::{Deadline, Notice};
 use crate::{Error, Result};
 
 /// The 128 bytes that let ranks find each other (`ncclUniqueId`).
@@ -175,19 +176,24 @@ impl UniqueId {
             return Ok(id);
         }
         let deadline = crate::backoff::deadline_after(timeout);
+        let mut notice = Notice::new(Instant::now(), Deadline::Rendezvous(timeout), || {
+            format!("the unique id in {} (rank {rank})", path.display())
+        });
         loop {
             match std::fs::read_to_string(path) {
                 Ok(text) => return text.parse(),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io("reading", e)),
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(Error::Timeout {
                     what: format!("rank 0 to write the unique id to {}", path.display()),
                     after: timeout,
                 });
             }
-            std::thread::sleep(Duration::from_millis(20));
+            notice.tick(now);
+            std::thread::sleep(Duration::from_millis(20).min(deadline - now));
         }
     }
 

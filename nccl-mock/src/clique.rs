@@ -9,11 +9,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cuda_mock::MockWorld;
 
 use crate::net::link::Link;
+use crate::notice::Notice;
 use crate::parts::{Buffers, Contrib, Done, agree, bytes, move_data, p2p_refusal, results};
 use nccl_sys::{ncclDataType_t, ncclResult_t};
 
@@ -390,6 +391,21 @@ impl Clique {
     /// Waits for `done` until `deadline` (an abort of a rank it needs completes it with an
     /// error); the deadline gives an error.
     pub(crate) fn wait(&self, done: &Done, deadline: Instant) -> ncclResult_t {
+        self.wait_noticed(
+            done,
+            deadline,
+            Notice::new(Duration::ZERO, None::<fn() -> String>),
+        )
+    }
+
+    /// As [`wait`](Self::wait), saying on stderr (`notice`) when the wait lasts (in one
+    /// process; a networked rank's wait is the link's).
+    pub(crate) fn wait_noticed(
+        &self,
+        done: &Done,
+        deadline: Instant,
+        mut notice: Notice<impl FnOnce() -> String>,
+    ) -> ncclResult_t {
         if let Some(link) = &self.net {
             return link.wait(done, deadline);
         }
@@ -402,9 +418,10 @@ impl Clique {
             if now >= deadline {
                 return ncclResult_t::ncclSystemError;
             }
+            notice.tick(now);
             st = self
                 .cond
-                .wait_timeout(st, deadline - now)
+                .wait_timeout(st, notice.until(deadline).saturating_duration_since(now))
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }

@@ -6,6 +6,7 @@
 //! it really reads and writes ([`Touch`]) and records them as uses on the stream; a part
 //! refused there is withdrawn from its clique, so its peers fail instead of hanging.
 
+use crate::notice::Notice;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -160,7 +161,12 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
             return CUresult::CUDA_ERROR_DEINITIALIZED;
         };
         let done = part2.start(&cuda);
-        let rc = part2.clique().wait(&done, Instant::now() + timeout);
+        // Runs on the caller's thread (or a graph launch's), which blocks here: said on
+        // stderr when it lasts.
+        let notice = Notice::new(timeout, Some(|| part2.describe(call)));
+        let rc = part2
+            .clique()
+            .wait_noticed(&done, Instant::now() + timeout, notice);
         *r2.lock().unwrap_or_else(|e| e.into_inner()) = rc;
         if rc == ncclResult_t::ncclUnhandledCudaError {
             // Its own buffer was illegal when the data moved (the driver reported it):

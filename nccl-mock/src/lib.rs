@@ -5,8 +5,12 @@
 //! move real data through the simulated device memory, for every collective, every data
 //! type and every reduction op. A rank's call returns once its peers have made the
 //! matching call (NCCL's kernels would wait on the device instead), so one thread driving
-//! several ranks must use groups, as with real NCCL. [`MockNcclWorld`] injects faults,
-//! counts calls and live handles.
+//! several ranks must use groups, as with real NCCL. A blocking init or collective that
+//! waits for its peers longer than `NCCL_CHANNEL_WAIT_NOTICE_SECS` (10 s; `0`: never) says
+//! so once on stderr (`simulated NCCL: still waiting after 10 s for ...`, with the likely
+//! causes), then fails at the [timeout](MockNccl::timeout); it cannot fail at once, since
+//! a peer that has not called yet may be driven by this thread or another.
+//! [`MockNcclWorld`] injects faults, counts calls and live handles.
 //!
 //! It is also a **sanitizer** for the lifetimes of asynchronous work, built on the
 //! driver's ([`MockWorld::violations`]); misuse is recorded as a violation (a message
@@ -99,6 +103,7 @@ mod handle;
 mod init;
 mod macros;
 mod net;
+mod notice;
 mod parts;
 mod query;
 mod redop;

@@ -9,6 +9,7 @@ use crate::clique::Clique;
 use crate::handle::h2p;
 use crate::net::hub;
 use crate::net::link::{ConnectError, GatherError, Link};
+use crate::notice::Notice;
 use crate::parts::Done;
 use crate::state::{Init, State, fail};
 use crate::world::NWorld;
@@ -73,6 +74,13 @@ pub(super) fn join_init(
             w.cond.notify_all();
         }
     }
+    // A blocking init (the caller's own thread, no handle) says on stderr when it waits
+    // long: a peer that never comes, maybe driven from this very thread outside a group.
+    let blocking = handle.is_none();
+    let mut notice = Notice::new(
+        w.timeout,
+        blocking.then_some(|| format!("the init of rank {rank} of {nranks} on device {device}")),
+    );
     loop {
         if let Some(msg) = s.inits.get(id).and_then(|i| i.failed.clone()) {
             if let Some(i) = s.inits.get_mut(id) {
@@ -119,9 +127,10 @@ pub(super) fn join_init(
             );
             return Err(fail(&mut s, ncclResult_t::ncclSystemError, msg));
         }
+        notice.tick(now);
         s = w
             .cond
-            .wait_timeout(s, deadline - now)
+            .wait_timeout(s, notice.until(deadline).saturating_duration_since(now))
             .map(|(g, _)| g)
             .unwrap_or_else(|e| e.into_inner().0);
     }

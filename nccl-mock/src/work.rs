@@ -36,6 +36,14 @@ impl Part {
         }
     }
 
+    /// The part's call and rank, for a wait notice: "ncclAllReduce of rank 0 of 2".
+    pub(crate) fn describe(&self, call: &str) -> String {
+        match self {
+            Part::Coll { clique, rank, .. } => format!("{call} of rank {rank} of {}", clique.size),
+            Part::P2p { src, dst, .. } => format!("{call} from rank {src} to rank {dst}"),
+        }
+    }
+
     /// Hands the part to the clique (the last part of a collective runs it, on `cuda`'s
     /// device memory).
     pub(crate) fn start(&self, cuda: &MockWorld) -> Done {

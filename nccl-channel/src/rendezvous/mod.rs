@@ -163,6 +163,14 @@ impl Rendezvous {
             return make();
         }
         let key = format!("{}#{}", self.key, next_sequence(self, rank));
+        // Every wait below (connecting, serving, reading) is watched as one.
+        let _watch =
+            crate::notice::watch(crate::notice::Deadline::Rendezvous(self.timeout), || {
+                format!(
+                    "the rendezvous at {} (rank {rank} of {size})",
+                    self.address()
+                )
+            });
         match (self.kind, rank) {
             (RendezvousKind::RankZero, 0) => ours::serve(self, &key, size, make),
             (RendezvousKind::RankZero, _) => ours::receive(self, &key, rank, size),

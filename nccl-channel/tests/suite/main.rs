@@ -38,4 +38,5 @@ mod split_on_every_backend;
 mod tensor_parallel;
 mod torch_store_real;
 mod views;
+mod wait_notice;
 mod world_env;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nccl_sys::ncclResult_t;
 
 use crate::common::Rig;
-use crate::common::procs::{ProcsRig, id_from};
+use crate::common::procs::{Coll, ProcsRig, id_from};
 
 /// `ncclCommInitRank` of rank `r` of `n` on another thread, without a current context
 /// (device 0): its status and last error.
@@ -66,4 +66,94 @@ fn ranks_that_disagree_on_the_world_size_fail_at_once() {
         (h.join().unwrap().0, rc1),
         (ncclResult_t::ncclSuccess, ncclResult_t::ncclSuccess)
     );
+}
+
+/// The simulated NCCL's stderr lines in the child that ran test `name` of this module
+/// (with `NCCL_CHANNEL_WAIT_NOTICE_SECS=1`); the child must pass.
+fn notices_of_child(name: &str) -> Vec<String> {
+    let name = test_support::test_name(module_path!(), name);
+    let out = test_support::env::scrubbed(std::env::current_exe().unwrap())
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .env(NOTICE_CHILD, &name)
+        .env("NCCL_CHANNEL_WAIT_NOTICE_SECS", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 passed"),
+        "no test named {name}: {stdout}"
+    );
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("simulated NCCL:"))
+        .map(String::from)
+        .collect()
+}
+
+/// Set in the child that runs a notice test's body: the test's name.
+const NOTICE_CHILD: &str = "NCCL_MOCK_NOTICE_CHILD";
+
+fn is_notice_child(name: &str) -> bool {
+    let name = test_support::test_name(module_path!(), name);
+    std::env::var(NOTICE_CHILD).is_ok_and(|c| c == name)
+}
+
+/// The notice's text after "still waiting after 1 s for ".
+fn notice(what: &str) -> String {
+    format!(
+        "simulated NCCL: still waiting after 1 s for {what}; it fails at the simulator's \
+         deadline of 2.5s (MockNccl::timeout). Likely causes: a second rank driven from this \
+         thread outside a group (group the ranks' calls, or use one thread per rank); ranks \
+         disagreeing on the world size or the unique id; a peer that died or never started."
+    )
+}
+
+/// One thread driving two ranks outside a group waits for a peer that can never come:
+/// the blocking init, and a blocking all-reduce of a communicator made by
+/// `ncclCommInitAll`, each say so once on stderr after the threshold, then fail at the
+/// deadline. (An error at once is not sound: see `src/notice.rs`.)
+#[test]
+fn one_thread_driving_two_ranks_outside_a_group_is_noticed() {
+    const NAME: &str = "one_thread_driving_two_ranks_outside_a_group_is_noticed";
+    if !is_notice_child(NAME) {
+        assert_eq!(
+            notices_of_child(NAME),
+            [
+                notice("the init of rank 0 of 2 on device 0"),
+                notice("ncclAllReduce of rank 0 of 2"),
+            ]
+        );
+        return;
+    }
+    let rig = Rig::with_timeout(2, Duration::from_millis(2500));
+    let id = rig.unique_id();
+    let started = Instant::now();
+    let (rc, _) = rig.init_rank(0, id, 2, 0);
+    assert_eq!(rc, ncclResult_t::ncclSystemError);
+    assert_eq!(
+        rig.last_error(),
+        "rank 0: not every rank of 2 joined within 2.5s"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(2500));
+    // A quick wait says nothing.
+    let comms = rig.comms(2);
+    let s = rig.stream(0);
+    let buf = rig.upload(0, &[1f32]);
+    let started = Instant::now();
+    let rc = rig.coll::<f32>(
+        Coll::AllReduce(nccl_sys::ncclRedOp_t::ncclSum),
+        buf,
+        buf,
+        1,
+        comms[0],
+        s,
+    );
+    assert_ne!(rc, ncclResult_t::ncclSuccess);
+    assert!(started.elapsed() >= Duration::from_millis(2500));
+    for c in comms {
+        rig.abort(c);
+    }
+    rig.free(buf);
 }

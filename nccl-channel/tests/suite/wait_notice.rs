@@ -1,0 +1,190 @@
+//! A wait that lasts says so once on stderr (`NCCL_CHANNEL_WAIT_NOTICE_SECS`, here 1 s):
+//! what it waits for, for how long, its deadline and the likely causes; then it still
+//! ends at its deadline. Each test runs its body in a child process of this binary and
+//! reads the child's stderr.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cuda_hal::Cuda;
+use cuda_mock::MockDriver;
+use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
+use nccl_mock::{MockNccl, MockNcclWorld};
+use nccl_sys::ncclResult_t;
+
+/// Set in the child that runs a test's body: the test's name.
+const CHILD: &str = "NCCL_CHANNEL_WAIT_NOTICE_CHILD";
+
+fn is_child(name: &str) -> bool {
+    let name = test_support::test_name(module_path!(), name);
+    std::env::var(CHILD).is_ok_and(|c| c == name)
+}
+
+/// Runs test `name` of this module in a child with `NCCL_CHANNEL_WAIT_NOTICE_SECS=1` and
+/// returns its stderr lines that begin with `prefix`; the child must pass.
+fn child_lines(name: &str, prefix: &str) -> Vec<String> {
+    child_lines_with(name, prefix, &[])
+}
+
+/// As [`child_lines`], with `env` added to the child's environment.
+fn child_lines_with(name: &str, prefix: &str, env: &[(&str, &str)]) -> Vec<String> {
+    let name = test_support::test_name(module_path!(), name);
+    let out = test_support::env::scrubbed(std::env::current_exe().unwrap())
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
+        .env(CHILD, &name)
+        .env("NCCL_CHANNEL_WAIT_NOTICE_SECS", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 passed"),
+        "no test named {name}: {stdout}"
+    );
+    stderr
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(String::from)
+        .collect()
+}
+
+const CAUSES: &str = "Likely causes: a second rank driven from this thread outside a group \
+                      (group the ranks' calls, or use one thread per rank); ranks disagreeing \
+                      on the world size or the unique id; a peer that died or never started.";
+
+/// Two simulated devices and their NCCL, whose peers wait at most `timeout`.
+fn machine(timeout: Duration) -> (Cuda, Arc<nccl_sys::Nccl>, MockNcclWorld) {
+    let (cuda, gpus) = MockDriver::with_devices(2)
+        .build_with(Cuda::from_driver)
+        .unwrap();
+    let (nccl, world) = MockNccl::new(&gpus).timeout(timeout).build().unwrap();
+    (cuda, Arc::new(nccl), world)
+}
+
+/// Rank 0 of 2 alone, non-blocking with a deadline of 2.5 s: one notice after 1 s naming
+/// the init, its deadline and the causes, then `Error::Timeout` at the deadline.
+#[test]
+fn a_non_blocking_init_waiting_for_a_peer_says_so_once_then_times_out() {
+    const NAME: &str = "a_non_blocking_init_waiting_for_a_peer_says_so_once_then_times_out";
+    if !is_child(NAME) {
+        assert_eq!(
+            child_lines(NAME, "nccl-channel:"),
+            [format!(
+                "nccl-channel: still waiting after 1 s for init of rank 0 of 2 on device 0 \
+                 (ncclCommInitRankConfig); it fails at its deadline of 2.5s \
+                 (CommConfig::timeout). {CAUSES}"
+            )]
+        );
+        return;
+    }
+    let (cuda, nccl, _world) = machine(Duration::from_secs(20));
+    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+    let id = UniqueId::generate(&nccl).unwrap();
+    let deadline = Duration::from_millis(2500);
+    let config = CommConfig::non_blocking(deadline);
+    let started = Instant::now();
+    let e = Communicator::init_rank_with(&nccl, &ctx, &id, 2, 0, &config).unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(
+        e,
+        Error::Timeout {
+            what: "ncclCommInitRankConfig".into(),
+            after: deadline
+        }
+    );
+    assert!(
+        took >= deadline && took < deadline + Duration::from_secs(1),
+        "{took:?}"
+    );
+}
+
+/// A blocking init (the default config) blocks inside NCCL: the watchdog says so once
+/// for the init that waits, and never for one that returned before the threshold.
+#[test]
+fn a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog() {
+    const NAME: &str = "a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog";
+    if !is_child(NAME) {
+        assert_eq!(
+            child_lines(NAME, "nccl-channel:"),
+            [format!(
+                "nccl-channel: still waiting after 1 s for init of rank 1 of 2 on device 1 \
+                 (ncclCommInitRank); it has no deadline: a blocking communicator waits inside \
+                 NCCL (CommConfig::non_blocking(timeout) bounds the wait). {CAUSES}"
+            )]
+        );
+        return;
+    }
+    // The simulated NCCL gives up after 2.5 s (real NCCL would wait for ever).
+    let (cuda, nccl, _world) = machine(Duration::from_millis(2500));
+    let ctxs = [
+        cuda.device(0).unwrap().primary_context().unwrap(),
+        cuda.device(1).unwrap().primary_context().unwrap(),
+    ];
+    // Two ranks that meet at once: nothing is said, now or after the threshold.
+    let id = UniqueId::generate(&nccl).unwrap();
+    let comms = std::thread::scope(|s| {
+        let peer = s.spawn(|| Communicator::init_rank(&nccl, &ctxs[0], &id, 2, 0));
+        let me = Communicator::init_rank(&nccl, &ctxs[1], &id, 2, 1);
+        (peer.join().unwrap().unwrap(), me.unwrap())
+    });
+    drop(comms);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Rank 1 alone.
+    let id = UniqueId::generate(&nccl).unwrap();
+    let started = Instant::now();
+    let e = Communicator::init_rank(&nccl, &ctxs[1], &id, 2, 1).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Nccl {
+                call: "ncclCommInitRank",
+                code: ncclResult_t::ncclSystemError,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(2500));
+    // The watchdog said nothing after the call returned.
+    std::thread::sleep(Duration::from_millis(1500));
+}
+
+/// Rank 1 of 2 waits at a rendezvous nobody serves: one notice naming the address, then
+/// the rendezvous's error at its deadline.
+#[test]
+fn a_rendezvous_nobody_serves_says_so_once_then_fails() {
+    const NAME: &str = "a_rendezvous_nobody_serves_says_so_once_then_fails";
+    const PORT: &str = "NCCL_CHANNEL_WAIT_NOTICE_PORT";
+    if !is_child(NAME) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+            .to_string();
+        assert_eq!(
+            child_lines_with(NAME, "nccl-channel:", &[(PORT, &port)]),
+            [format!(
+                "nccl-channel: still waiting after 1 s for the rendezvous at 127.0.0.1:{port} \
+                 (rank 1 of 2); it fails at its deadline of 2.5s (the rendezvous timeout). \
+                 {CAUSES}"
+            )]
+        );
+        return;
+    }
+    let port = std::env::var(PORT).unwrap();
+    let rdv = nccl_channel::Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_millis(2500));
+    let started = Instant::now();
+    let e = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
+    assert!(matches!(e, Error::Rendezvous { .. }), "{e}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
