@@ -177,6 +177,42 @@ fn every_step_kind_runs_clean_on_its_own() {
             us: 9,
         },
         Op::Synchronize { stream: 0 },
+        // Other crates' memory, streams and contexts.
+        Op::AdoptContext { dev: 0 },
+        Op::ForeignStream {
+            stream: 0,
+            alias: false,
+        },
+        Op::AdoptOwned {
+            slot: 0,
+            stream: 0,
+            on_home: false,
+        },
+        Op::AdoptOwned {
+            slot: 0,
+            stream: 5,
+            on_home: true,
+        },
+        Op::Fill {
+            slot: 4,
+            stream: 6,
+            value: 1,
+        },
+        Op::IntoRaw { slot: 4 },
+        Op::GiveBackOwner { slot: 4 },
+        Op::IntoRaw { slot: 0 },
+        Op::ExpectImmediate { stream: 6 },
+        Op::AfterEnqueue { slot: 0, stream: 6 },
+        Op::RawCaptureBegin { stream: 0 },
+        Op::Fill {
+            slot: 0,
+            stream: 6,
+            value: 2,
+        },
+        Op::ExpectImmediate { stream: 6 },
+        Op::RawCaptureEnd { stream: 0 },
+        Op::Drop { slot: 0 },
+        Op::RawLaunch { graph: 0 },
     ];
     model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
 }
