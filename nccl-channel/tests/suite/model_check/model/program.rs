@@ -192,7 +192,7 @@ pub enum Op {
         stream: u8,
         on_home: bool,
     },
-    /// `into_owner` of buffer `slot`: an adopted buffer's owner comes back (its buffer
+    /// `into_owner` of buffer `slot` (mostly an adopted one): an adopted buffer's owner comes back (its buffer
     /// joins the program's plain ones) unless a graph, group or registration holds the
     /// memory, a stream is being captured or a wait fails; any other buffer is refused.
     GiveBackOwner {

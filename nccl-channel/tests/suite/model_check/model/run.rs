@@ -241,6 +241,9 @@ struct State<'c> {
     foreign_capture: bool,
     /// `after_enqueue` hooks registered in an open group: each runs at most once.
     hooks: Vec<Arc<AtomicUsize>>,
+    /// The raw streams on which the program began a capture (the crate's or another
+    /// library's): no other stream may ever be found captured.
+    began: Vec<usize>,
 }
 
 fn pick<T>(v: &[T], i: u8) -> Option<usize> {
@@ -330,6 +333,7 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
         raw_graphs: Vec::new(),
         foreign_capture: false,
         hooks: Vec::new(),
+        began: Vec::new(),
     };
     for (i, op) in p.ops.iter().enumerate() {
         // A foreign stream being captured (by another library, or by the crate through
@@ -351,6 +355,17 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
                     "step {i} ({op:?}): owner {owner} was dropped while its buffer lives"
                 )));
             }
+        }
+        // A stream captured that nobody began a capture on joined one behind everybody's
+        // back (an event of a stream another library captures, waited for by the crate):
+        // its work lands in that graph instead of running, and nothing holds it.
+        if let Some(s) = st.streams.iter().find(|s| {
+            s.is_capturing().unwrap_or(false) && !st.began.contains(&(s.as_raw() as usize))
+        }) {
+            return Err(Failure::Violation(format!(
+                "after step {i} ({op:?}): stream {:?} joined a capture nobody began on it",
+                s.as_raw()
+            )));
         }
         // Steps may fail with typed errors (that is the point); only the sanitizer judges.
         let v = unexpected(gpus.violations());
@@ -544,7 +559,15 @@ impl<'c> State<'c> {
                 self.owners.push(drops);
             }
             Op::GiveBackOwner { slot } => {
-                let Some(k) = self.buf(slot) else { return };
+                // Mostly an adopted buffer (when there is one), else any.
+                let adopted: Vec<usize> = (0..self.bufs.len())
+                    .filter(|&k| matches!(self.bufs[k], Some(Buf::Adopted { .. })))
+                    .collect();
+                let k = match pick(&adopted, slot / 4) {
+                    Some(i) if slot % 4 != 0 => Some(adopted[i]),
+                    _ => self.buf(slot),
+                };
+                let Some(k) = k else { return };
                 let Some(b) = self.bufs[k].take() else { return };
                 let adopted = match &b {
                     Buf::Adopted { owner, .. } => Some(*owner),
@@ -631,12 +654,15 @@ impl<'c> State<'c> {
                 let f = self.cuda.fns().cuStreamBeginCapture;
                 // SAFETY: a live stream (held by `foreign`); a documented mode. It fails
                 // when the stream is captured already: nothing to do then.
-                let _ = unsafe {
+                let rc = unsafe {
                     f(
                         self.foreign[k].as_raw(),
                         CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
                     )
                 };
+                if rc == CUresult::CUDA_SUCCESS {
+                    self.began.push(self.foreign[k].as_raw() as usize);
+                }
             }
             Op::RawCaptureEnd { stream } => {
                 if let Some(k) = pick(&self.foreign, stream) {
@@ -893,15 +919,21 @@ impl<'c> State<'c> {
                     1 => CaptureMode::Global,
                     _ => CaptureMode::Relaxed,
                 };
-                let _ = self.stream(stream).begin_capture(mode);
+                let s = self.stream(stream);
+                if s.begin_capture(mode).is_ok() {
+                    self.began.push(s.as_raw() as usize);
+                }
             }
             Op::BeginCaptureOnThread { stream } => {
                 let s = self.stream(stream).clone();
-                std::thread::spawn(move || {
-                    let _ = s.begin_capture(CaptureMode::Relaxed);
-                })
-                .join()
-                .expect("the capturing thread");
+                let raw = s.as_raw() as usize;
+                let began =
+                    std::thread::spawn(move || s.begin_capture(CaptureMode::Relaxed).is_ok())
+                        .join()
+                        .expect("the capturing thread");
+                if began {
+                    self.began.push(raw);
+                }
             }
             Op::EndCapture { stream } => {
                 if let Ok(g) = self.stream(stream).end_capture()
