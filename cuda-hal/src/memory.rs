@@ -94,6 +94,12 @@ impl Allocation {
             .try_enqueue_lock()
             .ok_or(Error::Capturing { what })?;
         earlier.refuse_capture(what)?;
+        // Captured behind this crate's back (another library's capture of a foreign stream,
+        // or of another wrapper of it): an event recorded there lands in that graph, and
+        // `later` waiting for it would join that capture.
+        if earlier.is_capturing().unwrap_or(false) {
+            return Err(Error::Capturing { what });
+        }
         if later.capture_log().is_some() {
             // An outside event cannot join the capture: wait on the host instead (the
             // allocation is then complete for every later launch too).
@@ -122,6 +128,15 @@ impl Allocation {
     /// caller holds the order locks of `used` and the home stream, and no capture records
     /// them.
     fn quiesce(&self, used: &[Stream]) -> Result<()> {
+        // A stream captured behind this crate's back (by another library, or through
+        // another wrapper of it) records instead of running: an event recorded there lands
+        // in its graph, the home stream waiting for it joins that capture (and the release
+        // with it), and a host wait spoils it. Nothing proves the memory idle: refuse.
+        if used.iter().any(|s| s.is_capturing().unwrap_or(false)) {
+            return Err(Error::Capturing {
+                what: "releasing memory used on a stream being captured",
+            });
+        }
         match &self.home {
             Some(home) => {
                 for s in used.iter().filter(|s| s.key() != home.key()) {

@@ -177,6 +177,42 @@ fn every_step_kind_runs_clean_on_its_own() {
             us: 9,
         },
         Op::Synchronize { stream: 0 },
+        // Other crates' memory, streams and contexts.
+        Op::AdoptContext { dev: 0 },
+        Op::ForeignStream {
+            stream: 0,
+            alias: false,
+        },
+        Op::AdoptOwned {
+            slot: 0,
+            stream: 0,
+            on_home: false,
+        },
+        Op::AdoptOwned {
+            slot: 0,
+            stream: 5,
+            on_home: true,
+        },
+        Op::Fill {
+            slot: 4,
+            stream: 6,
+            value: 1,
+        },
+        Op::IntoRaw { slot: 4 },
+        Op::GiveBackOwner { slot: 4 },
+        Op::IntoRaw { slot: 0 },
+        Op::ExpectImmediate { stream: 6 },
+        Op::AfterEnqueue { slot: 0, stream: 6 },
+        Op::RawCaptureBegin { stream: 0 },
+        Op::Fill {
+            slot: 0,
+            stream: 6,
+            value: 2,
+        },
+        Op::ExpectImmediate { stream: 6 },
+        Op::RawCaptureEnd { stream: 0 },
+        Op::Drop { slot: 0 },
+        Op::RawLaunch { graph: 0 },
     ];
     model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
 }
@@ -393,6 +429,46 @@ fn found_a_failure_that_fires_in_the_last_drops_excuses_its_leak() {
                 "cuStreamSynchronize",
                 cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
             )),
+        ],
+    };
+    model::run(&p, model::DEADLINE).unwrap();
+}
+
+/// Found by the checker's new steps (written down from the first program that showed it,
+/// then minimal): memory adopted with a home stream and used on a foreign stream that
+/// another library then captures behind the crate's back. Its release ordered the home
+/// stream after that stream with an event recorded there (into the other library's
+/// graph): the home stream joined that capture, and the owner's stream-ordered free, with
+/// every later use of the home stream, landed in the other library's graph instead of
+/// running. The release now refuses (and leaks, as documented) while a stream it would
+/// order after is captured.
+#[test]
+fn found_a_release_ordered_after_a_foreign_capture_joined_it() {
+    let p = Program {
+        setup: Setup {
+            version: NcclVersion(22803),
+            second_non_blocking: false,
+            teardown: 0,
+        },
+        ops: vec![
+            Op::ForeignStream {
+                stream: 0,
+                alias: false,
+            },
+            Op::AdoptOwned {
+                slot: 0,
+                stream: 0,
+                on_home: true,
+            },
+            Op::Fill {
+                slot: 0,
+                stream: 4,
+                value: 1,
+            },
+            Op::RawCaptureBegin { stream: 0 },
+            Op::Drop { slot: 0 },
+            Op::RawCaptureEnd { stream: 0 },
+            Op::RawLaunch { graph: 0 },
         ],
     };
     model::run(&p, model::DEADLINE).unwrap();

@@ -183,6 +183,64 @@ pub enum Op {
         stream: u8,
         faulty: bool,
     },
+    /// Adopts memory kept alive by an owner value (which counts its drops): plain buffer
+    /// `slot`, its work waited for, through `DeviceBuffer::from_owner`; or, `on_home`, a
+    /// fresh stream-ordered buffer of stream `stream` with a fill still pending there,
+    /// through `from_owner_on` (that stream is its home).
+    AdoptOwned {
+        slot: u8,
+        stream: u8,
+        on_home: bool,
+    },
+    /// `into_owner` of buffer `slot` (mostly an adopted one): an adopted buffer's owner comes back (its buffer
+    /// joins the program's plain ones) unless a graph, group or registration holds the
+    /// memory, a stream is being captured or a wait fails; any other buffer is refused.
+    GiveBackOwner {
+        slot: u8,
+    },
+    /// `into_raw` of buffer `slot`: refused for memory an owner or closure releases; a
+    /// plain buffer given up (its work waited for) is taken back with `from_raw`.
+    IntoRaw {
+        slot: u8,
+    },
+    /// A foreign stream (`Stream::from_owner`, kept alive by an `Arc<Stream>`): a new
+    /// stream of stream `stream`'s context or, `alias`, that stream itself under a second
+    /// wrapper. Later steps use it like the others.
+    ForeignStream {
+        stream: u8,
+        alias: bool,
+    },
+    /// Another library begins a (relaxed) capture of foreign stream `stream` through the
+    /// driver's table, behind the crate's back.
+    RawCaptureBegin {
+        stream: u8,
+    },
+    /// ... and ends it: the graph is instantiated (launched later, and once more after the
+    /// teardown: what the crate's work in it uses must still be there).
+    RawCaptureEnd {
+        stream: u8,
+    },
+    /// Launches a graph of `RawCaptureEnd` on the foreign stream it was captured from.
+    RawLaunch {
+        graph: u8,
+    },
+    /// `Stream::expect_immediate`: refused (`Error::Deferred`) exactly while a group is open
+    /// here or the driver says the stream is captured.
+    ExpectImmediate {
+        stream: u8,
+    },
+    /// `Stream::after_enqueue` under the stream's enqueue lock (buffer `slot` noted as
+    /// used): refused while captured; otherwise run once, at the lock's release, or after
+    /// the open group ended.
+    AfterEnqueue {
+        slot: u8,
+        stream: u8,
+    },
+    /// `Context::from_raw` of device `dev`'s primary context with an owner that counts its
+    /// drops, `Context::current` under it, and a buffer and a stream made in it.
+    AdoptContext {
+        dev: u8,
+    },
     /// Never generated: what the checker's own tests break on purpose.
     Sabotage(Sabotage),
 }

@@ -5,10 +5,14 @@
 use std::cell::{OnceCell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cuda_hal::{CaptureMode, Cuda, Dependency, DeviceBuffer, GraphExec, KeepAlive, Stream};
+use cuda_hal::{
+    CaptureMode, Context, Cuda, DeferScope, Dependency, DeviceBuffer, GraphExec, KeepAlive, Stream,
+};
 use cuda_mock::{MockDriver, MockWorld};
+use cuda_sys::{CUresult, CUstreamCaptureMode};
 use nccl_channel::{
     AbortHandle, CommConfig, Communicator, Group, PooledBuffer, ReduceOp, Registration, UniqueId,
     Window, WindowFlags,
@@ -134,22 +138,51 @@ fn message(e: &(dyn std::any::Any + Send)) -> String {
 enum Buf<'c> {
     Plain(DeviceBuffer<i32>),
     Pooled(PooledBuffer<'c, i32>),
+    /// Memory adopted with an [`Owner`]: `owner` indexes the drop counters.
+    Adopted {
+        buf: DeviceBuffer<i32>,
+        owner: usize,
+    },
 }
 
 impl Buf<'_> {
     fn get(&self) -> &DeviceBuffer<i32> {
         match self {
-            Buf::Plain(b) => b,
+            Buf::Plain(b) | Buf::Adopted { buf: b, .. } => b,
             Buf::Pooled(b) => b,
         }
     }
 
     fn get_mut(&mut self) -> &mut DeviceBuffer<i32> {
         match self {
-            Buf::Plain(b) => b,
+            Buf::Plain(b) | Buf::Adopted { buf: b, .. } => b,
             Buf::Pooled(b) => b,
         }
     }
+
+    /// The buffer itself, when it can be moved out (not a pool's).
+    fn into_buffer(self) -> Result<DeviceBuffer<i32>, Self> {
+        match self {
+            Buf::Plain(b) | Buf::Adopted { buf: b, .. } => Ok(b),
+            other => Err(other),
+        }
+    }
+}
+
+/// Counts its drops (owners of adopted memory and contexts).
+struct Token(Arc<AtomicUsize>);
+
+impl Drop for Token {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Another crate's buffer, moved whole into `DeviceBuffer::from_owner(_on)`: dropping it
+/// frees the memory.
+struct Owner {
+    buf: Option<DeviceBuffer<i32>>,
+    _token: Token,
 }
 
 /// A dependency whose `settle` panics with [`INJECTED`].
@@ -192,6 +225,25 @@ struct State<'c> {
     thread_local_group: bool,
     /// Threads still running beside the program (joined by the teardown).
     background: Vec<std::thread::JoinHandle<()>>,
+    /// The drop counters of the owners of adopted memory, by owner.
+    owners: Vec<Arc<AtomicUsize>>,
+    /// The drop counters of the owners of adopted contexts.
+    ctx_owners: Vec<Arc<AtomicUsize>>,
+    /// Stream-ordered memory given back by its owner (`into_raw` of it would need a
+    /// stream-ordered free): their addresses.
+    ordered: Vec<u64>,
+    /// The foreign streams (also in `streams`).
+    foreign: Vec<Stream>,
+    /// Graphs another library captured on foreign stream `.0` (executable, raw).
+    raw_graphs: Vec<(usize, usize)>,
+    /// Another library captured a foreign stream: work the crate enqueued meanwhile keeps
+    /// what it uses for good (documented), so leaks are excused.
+    foreign_capture: bool,
+    /// `after_enqueue` hooks registered in an open group: each runs at most once.
+    hooks: Vec<Arc<AtomicUsize>>,
+    /// The raw streams on which the program began a capture (the crate's or another
+    /// library's): no other stream may ever be found captured.
+    began: Vec<usize>,
 }
 
 fn pick<T>(v: &[T], i: u8) -> Option<usize> {
@@ -274,14 +326,46 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
         faults: Vec::new(),
         thread_local_group: false,
         background: Vec::new(),
+        owners: Vec::new(),
+        ctx_owners: Vec::new(),
+        ordered: Vec::new(),
+        foreign: Vec::new(),
+        raw_graphs: Vec::new(),
+        foreign_capture: false,
+        hooks: Vec::new(),
+        began: Vec::new(),
     };
     for (i, op) in p.ops.iter().enumerate() {
+        // A foreign stream being captured (by another library, or by the crate through
+        // another wrapper of it) keeps what work on it uses for good: a documented leak.
+        st.foreign_capture |= st.foreign.iter().any(|s| s.is_capturing().unwrap_or(true));
         let r = catch_unwind(AssertUnwindSafe(|| st.step(op)));
         if let Err(e) = r {
             let m = message(&*e);
             if !(m == INJECTED && st.injected_panic) {
                 return Err(Failure::Panic(format!("step {i} ({op:?}): {m}")));
             }
+        }
+        // An owner goes only with its memory: never while the program's buffer lives.
+        for b in st.bufs.iter().flatten() {
+            if let Buf::Adopted { owner, .. } = b
+                && st.owners[*owner].load(Ordering::SeqCst) != 0
+            {
+                return Err(Failure::Panic(format!(
+                    "step {i} ({op:?}): owner {owner} was dropped while its buffer lives"
+                )));
+            }
+        }
+        // A stream captured that nobody began a capture on joined one behind everybody's
+        // back (an event of a stream another library captures, waited for by the crate):
+        // its work lands in that graph instead of running, and nothing holds it.
+        if let Some(s) = st.streams.iter().find(|s| {
+            s.is_capturing().unwrap_or(false) && !st.began.contains(&(s.as_raw() as usize))
+        }) {
+            return Err(Failure::Violation(format!(
+                "after step {i} ({op:?}): stream {:?} joined a capture nobody began on it",
+                s.as_raw()
+            )));
         }
         // Steps may fail with typed errors (that is the point); only the sanitizer judges.
         let v = unexpected(gpus.violations());
@@ -310,6 +394,9 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
     // program) takes the leak-on-failure paths: what its unsettled work held is kept.
     let failed = st.non_blocking_aborts.iter().any(AbortHandle::is_requested);
     let (faults, thread_local_group) = (st.faults.clone(), st.thread_local_group);
+    let foreign_capture = st.foreign_capture;
+    let owners: Vec<_> = st.owners.iter().chain(&st.ctx_owners).cloned().collect();
+    let hooks = st.hooks.clone();
     drop(st);
     drop(children);
     drop(modules);
@@ -334,9 +421,25 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
         Fault::Nccl(name, _) => LEAKY.contains(&name) && world.calls(name) > before,
         Fault::Cuda(name, _) => LEAKY.contains(&name) && gpus.calls(name) > before,
     });
-    let excused =
-        injected || fired || thread_local_group || (p.setup.second_non_blocking && failed);
+    if let Some(h) = hooks.iter().find(|h| h.load(Ordering::SeqCst) > 1) {
+        return Err(Failure::Panic(format!(
+            "an after_enqueue hook ran {} times",
+            h.load(Ordering::SeqCst)
+        )));
+    }
+    let excused = injected
+        || fired
+        || thread_local_group
+        || foreign_capture
+        || (p.setup.second_non_blocking && failed);
     if !excused {
+        // Every owner (of memory, of a context) is dropped once its memory is released.
+        if let Some(k) = owners.iter().position(|o| o.load(Ordering::SeqCst) != 1) {
+            return Err(Failure::Leak(format!(
+                "owner {k} dropped {} times",
+                owners[k].load(Ordering::SeqCst)
+            )));
+        }
         // A context released while memory of it lives: a leak (counted by the driver as
         // children outliving their context), allowed on the leak-on-failure paths only.
         if gpus.order_violations() != 0 {
@@ -376,8 +479,322 @@ impl<'c> State<'c> {
         pick(&live, i).map(|k| live[k])
     }
 
+    /// Moves buffer `slot` out, when it is not a pool's.
+    fn take_buffer(&mut self, slot: u8) -> Option<DeviceBuffer<i32>> {
+        let k = self.buf(slot)?;
+        match self.bufs[k].take()?.into_buffer() {
+            Ok(b) => Some(b),
+            Err(other) => {
+                self.bufs[k] = Some(other);
+                None
+            }
+        }
+    }
+
+    /// Whether `into_owner` may refuse a buffer nobody else holds: a wait that may fail
+    /// (an injected failure), a capture (of any stream: the checker does not know which
+    /// streams the memory was used on) or an open group.
+    fn may_refuse(&self) -> bool {
+        !self.faults.is_empty()
+            || DeferScope::is_open()
+            || self
+                .streams
+                .iter()
+                .any(|s| s.is_capturing().unwrap_or(true))
+    }
+
+    /// The adoption steps: other crates' memory, streams and contexts.
+    fn foreign_step(&mut self, op: &Op) {
+        match *op {
+            Op::AdoptOwned {
+                slot,
+                stream,
+                on_home,
+            } => {
+                let drops = Arc::new(AtomicUsize::new(0));
+                let token = Token(drops.clone());
+                let buf = if on_home {
+                    let home = self.stream(stream).clone();
+                    let len = 1 + (slot % 4) as usize * 2;
+                    let Ok(mut theirs) = DeviceBuffer::<i32>::alloc_on(&home, len) else {
+                        return;
+                    };
+                    // Pending on the home stream only, as `from_owner_on` allows.
+                    let _ = theirs.fill_async(i32::from(slot), &home);
+                    let ptr = theirs.as_raw();
+                    let owner = Owner {
+                        buf: Some(theirs),
+                        _token: token,
+                    };
+                    // SAFETY: `len` `i32`s of `home`'s context, allocated in order on `home`
+                    // while `owner` (holding `theirs`) lives, which frees them in order
+                    // there; its only pending work is on `home`; nothing else uses them.
+                    unsafe { DeviceBuffer::from_owner_on(&home, ptr, len, owner) }
+                } else {
+                    let Some(k) = self.buf(slot) else { return };
+                    if !matches!(&self.bufs[k], Some(Buf::Plain(b)) if b.owners() == 1) {
+                        return;
+                    }
+                    let Some(Buf::Plain(theirs)) = self.bufs[k].take() else {
+                        return;
+                    };
+                    if theirs.synchronize_uses().is_err() {
+                        self.bufs[k] = Some(Buf::Plain(theirs));
+                        return;
+                    }
+                    let (ctx, ptr, len) = (theirs.context().clone(), theirs.as_raw(), theirs.len());
+                    let owner = Owner {
+                        buf: Some(theirs),
+                        _token: token,
+                    };
+                    // SAFETY: `len` `i32`s of `ctx`, allocated while `owner` (holding the
+                    // buffer, its sole holder) lives; its work is done (waited for above);
+                    // nothing but the new buffer uses them until the owner goes.
+                    unsafe { DeviceBuffer::from_owner(&ctx, ptr, len, owner) }
+                };
+                self.bufs.push(Some(Buf::Adopted {
+                    buf,
+                    owner: self.owners.len(),
+                }));
+                self.owners.push(drops);
+            }
+            Op::GiveBackOwner { slot } => {
+                // Mostly an adopted buffer (when there is one), else any.
+                let adopted: Vec<usize> = (0..self.bufs.len())
+                    .filter(|&k| matches!(self.bufs[k], Some(Buf::Adopted { .. })))
+                    .collect();
+                let k = match pick(&adopted, slot / 4) {
+                    Some(i) if slot % 4 != 0 => Some(adopted[i]),
+                    _ => self.buf(slot),
+                };
+                let Some(k) = k else { return };
+                let Some(b) = self.bufs[k].take() else { return };
+                let adopted = match &b {
+                    Buf::Adopted { owner, .. } => Some(*owner),
+                    _ => None,
+                };
+                let Ok(buf) = b.into_buffer() else {
+                    return;
+                };
+                let (held, ptr, len) = (buf.owners() > 1, buf.as_raw(), buf.len());
+                let may_refuse = held || self.may_refuse();
+                match buf.into_owner::<Owner>() {
+                    Ok(mut o) => {
+                        assert!(!held, "into_owner gave back an owner whose memory is held");
+                        if let Some(i) = adopted {
+                            assert_eq!(self.owners[i].load(Ordering::SeqCst), 0);
+                        }
+                        let theirs = o.buf.take().expect("the owner's buffer");
+                        assert_eq!((theirs.as_raw(), theirs.len()), (ptr, len));
+                        self.ordered.push(ptr);
+                        drop(o);
+                        self.bufs[k] = Some(Buf::Plain(theirs));
+                    }
+                    Err(buf) => {
+                        assert_eq!((buf.as_raw(), buf.len()), (ptr, len), "given back changed");
+                        assert!(
+                            adopted.is_none() || may_refuse,
+                            "into_owner refused an idle adopted buffer"
+                        );
+                        self.bufs[k] = Some(match adopted {
+                            Some(owner) => Buf::Adopted { buf, owner },
+                            None => Buf::Plain(buf),
+                        });
+                    }
+                }
+            }
+            Op::IntoRaw { slot } => {
+                let Some(k) = self.buf(slot) else { return };
+                match self.bufs[k].take() {
+                    Some(Buf::Adopted { buf, owner }) => match buf.into_raw() {
+                        Ok(_) => panic!("into_raw handed out the address of memory an owner keeps"),
+                        Err(buf) => self.bufs[k] = Some(Buf::Adopted { buf, owner }),
+                    },
+                    Some(Buf::Plain(buf))
+                        if !self.ordered.contains(&buf.as_raw())
+                            && buf.synchronize_uses().is_ok() =>
+                    {
+                        let ctx = buf.context().clone();
+                        match buf.into_raw() {
+                            Ok((ptr, len)) => {
+                                // SAFETY: the allocation of `ctx` just given up: `cuMemAlloc`'s
+                                // (stream-ordered memory is not given up here, and memory a
+                                // closure releases is refused), `len` long, its work done.
+                                let b = unsafe { DeviceBuffer::<i32>::from_raw(&ctx, ptr, len) };
+                                self.bufs[k] = Some(Buf::Plain(b));
+                            }
+                            Err(buf) => self.bufs[k] = Some(Buf::Plain(buf)),
+                        }
+                    }
+                    other => self.bufs[k] = other,
+                }
+            }
+            Op::ForeignStream { stream, alias } => {
+                let base = self.stream(stream).clone();
+                let theirs = if alias {
+                    base
+                } else {
+                    let Ok(s) = Stream::non_blocking(base.context()) else {
+                        return;
+                    };
+                    s
+                };
+                let theirs = Arc::new(theirs);
+                // SAFETY: `theirs` keeps its stream, of its context, alive.
+                let s = unsafe {
+                    Stream::from_owner(theirs.context(), theirs.as_raw(), theirs.clone())
+                };
+                self.streams.push(s.clone());
+                self.foreign.push(s);
+            }
+            Op::RawCaptureBegin { stream } => {
+                let Some(k) = pick(&self.foreign, stream) else {
+                    return;
+                };
+                let f = self.cuda.fns().cuStreamBeginCapture;
+                // SAFETY: a live stream (held by `foreign`); a documented mode. It fails
+                // when the stream is captured already: nothing to do then.
+                let rc = unsafe {
+                    f(
+                        self.foreign[k].as_raw(),
+                        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                    )
+                };
+                if rc == CUresult::CUDA_SUCCESS {
+                    self.began.push(self.foreign[k].as_raw() as usize);
+                }
+            }
+            Op::RawCaptureEnd { stream } => {
+                if let Some(k) = pick(&self.foreign, stream) {
+                    self.raw_end(k);
+                }
+            }
+            Op::RawLaunch { graph } => {
+                if let Some(g) = pick(&self.raw_graphs, graph) {
+                    self.raw_launch(g);
+                }
+            }
+            Op::ExpectImmediate { stream } => {
+                let s = self.stream(stream).clone();
+                let deferred = DeferScope::is_open() || s.is_capturing().unwrap_or(true);
+                match s.expect_immediate("model") {
+                    Ok(()) => assert!(!deferred, "expect_immediate: Ok while deferred"),
+                    Err(cuda_hal::Error::Deferred { what: "model", .. }) => {
+                        assert!(deferred, "expect_immediate: Deferred while immediate");
+                    }
+                    Err(e) => panic!("expect_immediate: {e}"),
+                }
+            }
+            Op::AfterEnqueue { slot, stream } => {
+                let s = self.stream(stream).clone();
+                let grouped = DeferScope::is_open();
+                let ran = Arc::new(AtomicUsize::new(0));
+                let r = {
+                    let _order = s.enqueue_lock();
+                    let captured = s.is_capturing().unwrap_or(true);
+                    if let Some(k) = self.buf(slot)
+                        && let Some(b) = &self.bufs[k]
+                        && b.get().context() == s.context()
+                    {
+                        let _ = b.get().used_on(&s);
+                    }
+                    let hook = ran.clone();
+                    let r = s.after_enqueue(move || {
+                        hook.fetch_add(1, Ordering::SeqCst);
+                    });
+                    match &r {
+                        Ok(()) => assert!(!captured, "after_enqueue: Ok while captured"),
+                        Err(cuda_hal::Error::Deferred { .. }) => {
+                            assert!(captured, "after_enqueue: Deferred while not captured");
+                        }
+                        Err(e) => panic!("after_enqueue: {e}"),
+                    }
+                    assert_eq!(ran.load(Ordering::SeqCst), 0, "a hook ran under the lock");
+                    r
+                };
+                if r.is_ok() {
+                    if grouped {
+                        self.hooks.push(ran);
+                    } else {
+                        assert_eq!(ran.load(Ordering::SeqCst), 1, "the hook did not run");
+                    }
+                }
+            }
+            Op::AdoptContext { dev } => {
+                let ctx = self.ctx(dev);
+                let drops = Arc::new(AtomicUsize::new(0));
+                // SAFETY: the primary context's handle, kept alive by the retain of the
+                // clone of `ctx` in the owner.
+                let adopted = unsafe {
+                    Context::from_raw(
+                        ctx.device(),
+                        ctx.as_raw(),
+                        (ctx.clone(), Token(drops.clone())),
+                    )
+                };
+                self.ctx_owners.push(drops);
+                assert_eq!(adopted, ctx);
+                if let Ok(_current) = adopted.bind() {
+                    assert_eq!(
+                        Context::current(self.cuda).ok().flatten().as_ref(),
+                        Some(&ctx),
+                        "Context::current under an adopted primary context"
+                    );
+                }
+                if let Ok(b) = DeviceBuffer::<i32>::zeroed(&adopted, 3) {
+                    self.bufs.push(Some(Buf::Plain(b)));
+                }
+                if let Ok(s) = Stream::non_blocking(&adopted) {
+                    self.streams.push(s);
+                }
+            }
+            _ => unreachable!("not an adoption step"),
+        }
+    }
+
+    /// Ends another library's capture of foreign stream `k`, if one runs, and keeps its
+    /// graph instantiated.
+    fn raw_end(&mut self, k: usize) {
+        let fns = self.cuda.fns();
+        let raw = self.foreign[k].as_raw();
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: a live stream, a valid out-pointer.
+        if unsafe { (fns.cuStreamEndCapture)(raw, &mut graph) } != CUresult::CUDA_SUCCESS {
+            return;
+        }
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: the graph just made, a valid out-pointer; the graph is destroyed once
+        // (the executable graph is a copy).
+        unsafe {
+            if (fns.cuGraphInstantiateWithFlags)(&mut exec, graph, 0) == CUresult::CUDA_SUCCESS {
+                self.raw_graphs.push((k, exec as usize));
+            }
+            (fns.cuGraphDestroy)(graph);
+        }
+    }
+
+    /// Launches raw graph `g` on the foreign stream it was captured from.
+    fn raw_launch(&self, g: usize) {
+        let (k, exec) = self.raw_graphs[g];
+        // SAFETY: a live executable graph and stream; what its work uses is kept alive
+        // by the crate for good (the documented rule for work captured behind its back).
+        let _ = unsafe {
+            (self.cuda.fns().cuGraphLaunch)(exec as cuda_sys::CUgraphExec, self.foreign[k].as_raw())
+        };
+    }
+
     fn step(&mut self, op: &Op) {
         match *op {
+            Op::AdoptOwned { .. }
+            | Op::GiveBackOwner { .. }
+            | Op::IntoRaw { .. }
+            | Op::ForeignStream { .. }
+            | Op::RawCaptureBegin { .. }
+            | Op::RawCaptureEnd { .. }
+            | Op::RawLaunch { .. }
+            | Op::ExpectImmediate { .. }
+            | Op::AfterEnqueue { .. }
+            | Op::AdoptContext { .. } => self.foreign_step(op),
             Op::Alloc { dev, len } => {
                 let ctx = self.ctx(dev);
                 if let Ok(b) = DeviceBuffer::<i32>::zeroed(&ctx, len as usize) {
@@ -400,14 +817,23 @@ impl<'c> State<'c> {
             }
             Op::Drop { slot } => {
                 if let Some(k) = self.buf(slot) {
+                    let held = match &self.bufs[k] {
+                        Some(Buf::Adopted { buf, owner }) if buf.owners() > 1 => Some(*owner),
+                        _ => None,
+                    };
                     self.bufs[k] = None;
+                    if let Some(o) = held {
+                        assert_eq!(
+                            self.owners[o].load(Ordering::SeqCst),
+                            0,
+                            "owner {o} was dropped while a graph, group or registration \
+                             holds its memory"
+                        );
+                    }
                 }
             }
             Op::DropOnThread { slot } => {
-                if let Some(k) = self.buf(slot)
-                    && matches!(self.bufs[k], Some(Buf::Plain(_)))
-                    && let Some(Buf::Plain(b)) = self.bufs[k].take()
-                {
+                if let Some(b) = self.take_buffer(slot) {
                     std::thread::spawn(move || drop(b))
                         .join()
                         .expect("the dropping thread");
@@ -422,10 +848,21 @@ impl<'c> State<'c> {
                 }
                 let (lo, hi) = (a.min(b), a.max(b));
                 let (x, y) = self.bufs.split_at_mut(hi);
-                if let (Some(Buf::Pooled(p)), Some(Buf::Plain(q)))
-                | (Some(Buf::Plain(q)), Some(Buf::Pooled(p))) = (&mut x[lo], &mut y[0])
-                {
-                    std::mem::swap(&mut **p, q);
+                let swapped = match (&mut x[lo], &mut y[0]) {
+                    (Some(Buf::Pooled(p)), Some(Buf::Plain(q) | Buf::Adopted { buf: q, .. })) => {
+                        std::mem::swap(&mut **p, q);
+                        hi
+                    }
+                    (Some(Buf::Plain(q) | Buf::Adopted { buf: q, .. }), Some(Buf::Pooled(p))) => {
+                        std::mem::swap(&mut **p, q);
+                        lo
+                    }
+                    _ => return,
+                };
+                // Adopted memory went to the pool (its owner is still counted); the
+                // pool's came out, a plain buffer.
+                if let Some(Buf::Adopted { buf, .. }) = self.bufs[swapped].take() {
+                    self.bufs[swapped] = Some(Buf::Plain(buf));
                 }
             }
             Op::Fill {
@@ -482,15 +919,21 @@ impl<'c> State<'c> {
                     1 => CaptureMode::Global,
                     _ => CaptureMode::Relaxed,
                 };
-                let _ = self.stream(stream).begin_capture(mode);
+                let s = self.stream(stream);
+                if s.begin_capture(mode).is_ok() {
+                    self.began.push(s.as_raw() as usize);
+                }
             }
             Op::BeginCaptureOnThread { stream } => {
                 let s = self.stream(stream).clone();
-                std::thread::spawn(move || {
-                    let _ = s.begin_capture(CaptureMode::Relaxed);
-                })
-                .join()
-                .expect("the capturing thread");
+                let raw = s.as_raw() as usize;
+                let began =
+                    std::thread::spawn(move || s.begin_capture(CaptureMode::Relaxed).is_ok())
+                        .join()
+                        .expect("the capturing thread");
+                if began {
+                    self.began.push(raw);
+                }
             }
             Op::EndCapture { stream } => {
                 if let Ok(g) = self.stream(stream).end_capture()
@@ -672,10 +1115,7 @@ impl<'c> State<'c> {
                             drop(g);
                         }));
                     }
-                } else if let Some(k) = self.buf(slot)
-                    && matches!(self.bufs[k], Some(Buf::Plain(_)))
-                    && let Some(Buf::Plain(b)) = self.bufs[k].take()
-                {
+                } else if let Some(b) = self.take_buffer(slot) {
                     self.background.push(std::thread::spawn(move || {
                         std::thread::sleep(pause);
                         drop(b);
@@ -817,6 +1257,10 @@ impl<'c> State<'c> {
         for t in self.background.drain(..) {
             t.join().expect("a thread beside the program");
         }
+        // Another library ends its captures first (the crate cannot end them).
+        for k in 0..self.foreign.len() {
+            self.raw_end(k);
+        }
         let mut r = Rng::new(seed);
         let mut parts: Vec<u8> = (0..6).collect();
         for i in (1..parts.len()).rev() {
@@ -847,6 +1291,16 @@ impl<'c> State<'c> {
                     }
                 }
             }
+        }
+        // Another library launches its graphs once more, after everything was dropped:
+        // what the crate's work in them uses must still be there; then it destroys them.
+        for g in 0..self.raw_graphs.len() {
+            self.raw_launch(g);
+        }
+        for (k, exec) in self.raw_graphs.drain(..) {
+            let _ = self.foreign[k].synchronize();
+            // SAFETY: a live executable graph, destroyed once.
+            let _ = unsafe { (self.cuda.fns().cuGraphExecDestroy)(exec as cuda_sys::CUgraphExec) };
         }
         let _ = (self.gpus, self.world);
     }
