@@ -180,6 +180,18 @@ pub enum Error {
         /// The operation.
         what: &'static str,
     },
+    /// Memory whose home stream (stream-ordered allocation, adopted memory) still has work
+    /// pending is first used inside a capture that forbids the host wait ordering it.
+    #[error(
+        "{what}: its home stream may still have work pending on it, and the capture \
+         (global or thread-local mode) forbids this thread the host wait that would order \
+         the captured work after it; use the memory once before the capture, or capture in \
+         CaptureMode::Relaxed"
+    )]
+    PendingInCapture {
+        /// The operation.
+        what: &'static str,
+    },
     /// Captured work depends on something that is no longer usable.
     #[error("the graph cannot be launched: {what}")]
     Unusable {

@@ -101,7 +101,17 @@ impl Stream {
         // Before the driver call: a thread whose work the driver records must see it.
         // Another thread's open group that recorded work here launches it into this
         // capture: the graph holds what that group holds.
-        let log = CaptureLog::default();
+        let forbids = match mode {
+            CaptureMode::Global => Some(crate::tracking::Forbids::Everyone),
+            CaptureMode::ThreadLocal => Some(crate::tracking::Forbids::Thread(
+                std::thread::current().id(),
+            )),
+            CaptureMode::Relaxed => None,
+        };
+        let log = CaptureLog {
+            forbids,
+            ..CaptureLog::default()
+        };
         *crate::tracking::lock(&log.held) = self.group_holds();
         self.set_capture(Some(Arc::new(log)));
         let _g = self.bind_if_legacy()?;

@@ -100,9 +100,15 @@ impl Allocation {
         if earlier.is_capturing().unwrap_or(false) {
             return Err(Error::Capturing { what });
         }
-        if later.capture_log().is_some() {
+        if let Some(log) = later.capture_log() {
             // An outside event cannot join the capture: wait on the host instead (the
-            // allocation is then complete for every later launch too).
+            // allocation is then complete for every later launch too), unless the capture
+            // forbids this thread host waits: the wait would fail and spoil the capture.
+            if log.forbids_sync_here() {
+                return Err(Error::PendingInCapture {
+                    what: "the first use of this memory on another stream than its home stream",
+                });
+            }
             return earlier.synchronize();
         }
         Self::order_locked(later, earlier)

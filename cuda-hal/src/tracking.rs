@@ -436,11 +436,32 @@ static_assertions::assert_impl_all!(KeepAlive: Send, Sync, Clone, std::fmt::Debu
 pub(crate) struct CaptureLog {
     pub(crate) held: Mutex<Vec<KeepAlive>>,
     pub(crate) ended: std::sync::atomic::AtomicBool,
+    /// Which threads the capture forbids host synchronisations (CUDA's "potentially
+    /// unsafe" calls): `None` for a relaxed capture.
+    pub(crate) forbids: Option<Forbids>,
+}
+
+/// The threads a capture forbids host synchronisations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Forbids {
+    /// Every thread (global mode).
+    Everyone,
+    /// The thread that began it (thread-local mode).
+    Thread(std::thread::ThreadId),
 }
 
 impl CaptureLog {
     pub(crate) fn is_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
+    }
+
+    /// Whether a host synchronisation from this thread would fail (and spoil the capture).
+    pub(crate) fn forbids_sync_here(&self) -> bool {
+        match self.forbids {
+            None => false,
+            Some(Forbids::Everyone) => true,
+            Some(Forbids::Thread(t)) => t == std::thread::current().id(),
+        }
     }
 }
 

@@ -163,6 +163,14 @@ mock_fns! {
         }))
     }
     fn cuCtxSynchronize = cu_ctx_synchronize(w, s) [init] {
+        // A host synchronisation a running capture forbids this thread fails and spoils
+        // that capture, as on a real device.
+        if let Some(origin) = crate::queue::forbidding_capture(&s)
+            && let Some(st) = s.streams.get_mut(&origin)
+        {
+            st.capture_invalid = true;
+            return CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
         match current(w, &s) {
             Ok(_) => {
                 // Device-wide: the host is now ordered after all work (over-approximated

@@ -9,10 +9,11 @@ use cuda_sys::*;
 
 mock_fns! {
     fn cuStreamBeginCapture = cu_stream_begin_capture(w, s, stream: CUstream, mode: CUstreamCaptureMode) [init] {
-        let _ = (w, mode);
+        let _ = w;
         match s.streams.get_mut(&p2h(stream)) {
             Some(st) if st.capture.is_none() => {
                 st.capture = Some(Vec::new());
+                st.capture_mode = Some((mode, std::thread::current().id()));
                 CUresult::CUDA_SUCCESS
             }
             Some(_) => CUresult::CUDA_ERROR_ILLEGAL_STATE,
@@ -26,7 +27,10 @@ mock_fns! {
         }
         let (ops, invalid) = match s.streams.get_mut(&p2h(stream)) {
             Some(st) => match st.capture.take() {
-                Some(ops) => (ops, std::mem::take(&mut st.capture_invalid)),
+                Some(ops) => {
+                    st.capture_mode = None;
+                    (ops, std::mem::take(&mut st.capture_invalid))
+                }
                 None => return CUresult::CUDA_ERROR_ILLEGAL_STATE,
             },
             None => return CUresult::CUDA_ERROR_INVALID_HANDLE,

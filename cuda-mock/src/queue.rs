@@ -15,7 +15,7 @@ use crate::op::{Op, OpKind, device_access};
 use crate::sanitizer::{Access, Touch, Use};
 use crate::state::State;
 use crate::world::World;
-use cuda_sys::{CUresult, CUstream};
+use cuda_sys::{CUresult, CUstream, CUstreamCaptureMode};
 
 /// Checks that function `f` is still loaded; a function of an unloaded module (or no
 /// function at all) is reported, prefixed by `prefix`, as `CUDA_ERROR_INVALID_HANDLE`.
@@ -88,6 +88,18 @@ pub(super) fn capture_origin(s: &State, key: usize) -> Option<usize> {
         .get(&origin)
         .is_some_and(|o| o.capture.is_some())
         .then_some(origin)
+}
+
+/// The running capture (its origin stream) that forbids the calling thread "potentially
+/// unsafe" calls, host synchronisations among them: one this thread began in global or
+/// thread-local mode, or any thread's in global mode (CUDA's `cudaStreamCaptureMode`).
+pub(super) fn forbidding_capture(s: &State) -> Option<usize> {
+    let me = std::thread::current().id();
+    s.streams.iter().find_map(|(k, st)| match st.capture_mode {
+        Some((CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL, _)) => Some(*k),
+        Some((CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, t)) if t == me => Some(*k),
+        _ => None,
+    })
 }
 
 /// Checks what can be checked before an op runs (arguments, not addresses).

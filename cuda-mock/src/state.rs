@@ -7,7 +7,7 @@ use crate::image::Image;
 use crate::kernel::Binding;
 use crate::op::Op;
 use crate::sanitizer::{Alloc, Clock, Quarantine, Use};
-use cuda_sys::CUresult;
+use cuda_sys::{CUresult, CUstreamCaptureMode};
 
 /// One simulated device.
 ///
@@ -181,6 +181,10 @@ pub(crate) struct StreamInfo {
     pub(crate) ctx: usize,
     pub(crate) capture: Option<Vec<Op>>,
     pub(crate) capture_invalid: bool,
+    /// The running capture's mode and the thread that began it: a capture begun in
+    /// global or thread-local mode forbids "unsafe" calls (host synchronisations) to that
+    /// thread (global: to every thread), as CUDA does.
+    pub(crate) capture_mode: Option<(CUstreamCaptureMode, std::thread::ThreadId)>,
     /// The stream whose capture this one joined by waiting for an event recorded in it:
     /// its work is recorded into that capture until the capture ends.
     pub(crate) joined: Option<usize>,

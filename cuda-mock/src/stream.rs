@@ -7,7 +7,9 @@ use crate::current::current;
 use crate::handle::{check_ptr, h2p, ok, p2h};
 use crate::macros::mock_fns;
 use crate::op::{Op, OpKind};
-use crate::queue::{capture_origin, capturing, enqueue, stream_ctx, stream_key};
+use crate::queue::{
+    capture_origin, capturing, enqueue, forbidding_capture, stream_ctx, stream_key,
+};
 use crate::sanitizer::Clock;
 use crate::state::{State, StreamInfo};
 use crate::world::World;
@@ -28,6 +30,7 @@ fn create_stream(w: &World, s: &mut State, out: *mut CUstream, flags: c_uint) ->
             ctx,
             capture: None,
             capture_invalid: false,
+            capture_mode: None,
             joined: None,
             non_blocking: flags & CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0,
             clock: Clock::default(),
@@ -58,8 +61,9 @@ mock_fns! {
             Ok(k) => k,
             Err(e) => return e,
         };
-        // As on a real device: synchronising a capturing stream fails and spoils the capture.
-        if let Some(origin) = capture_origin(&s, key)
+        // As on a real device: synchronising a capturing stream fails and spoils the
+        // capture; so does any host synchronisation a running capture forbids this thread.
+        if let Some(origin) = capture_origin(&s, key).or_else(|| forbidding_capture(&s))
             && let Some(st) = s.streams.get_mut(&origin)
         {
             st.capture_invalid = true;

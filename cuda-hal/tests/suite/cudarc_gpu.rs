@@ -67,6 +67,15 @@ fn cudarc_memory_moves_in_runs_in_a_captured_graph_and_comes_back() {
     let slice: CudaSlice<f32> = home.alloc_zeros(n).unwrap();
     let mut buf = DeviceBuffer::from_cudarc(&ctx, slice).unwrap();
     let ours = Stream::non_blocking(&ctx).unwrap();
+    // First use on our stream inside a strict capture: ordering it after cudarc's pending
+    // allocation would need a host wait the capture forbids; refused, capture intact.
+    ours.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    assert!(matches!(
+        buf.fill_async(1.0, &ours),
+        Err(Error::PendingInCapture { .. })
+    ));
+    ours.end_capture().unwrap();
+    buf.fill_async(0.0, &ours).unwrap(); // once outside: ordered with events
     ours.begin_capture(CaptureMode::ThreadLocal).unwrap();
     buf.fill_async(2.5, &ours).unwrap();
     let exec = ours.end_capture().unwrap().instantiate().unwrap();

@@ -356,3 +356,48 @@ fn an_owner_hears_of_each_launch_of_a_graph_that_uses_it_once_enqueued() {
     stream.synchronize().unwrap();
     assert!(world.violations().is_empty(), "{:?}", world.violations());
 }
+
+/// Found on an H200: memory whose home stream has pending work (stream-ordered, or
+/// adopted from cudarc) first used inside a thread-local capture on another stream made
+/// the crate wait for the home stream on the host, which CUDA refuses there, spoiling the
+/// capture (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`). Now a typed error, the capture
+/// intact; a relaxed capture waits and records.
+#[test]
+fn home_stream_memory_first_used_in_a_strict_capture_is_a_typed_error() {
+    let (_cuda, world, ctx) = rig();
+    let home = Stream::non_blocking(&ctx).unwrap();
+    let ours = Stream::non_blocking(&ctx).unwrap();
+    for (mode, refused) in [
+        (CaptureMode::ThreadLocal, true),
+        (CaptureMode::Global, true),
+        (CaptureMode::Relaxed, false),
+    ] {
+        let theirs = DeviceBuffer::<u32>::alloc_on(&home, 4).unwrap();
+        let p = theirs.as_raw();
+        // SAFETY: 16 bytes of `ctx`, freed in order on `home` by `theirs`.
+        let mut buf = unsafe { DeviceBuffer::<u32>::from_owner_on(&home, p, 4, theirs) };
+        ours.begin_capture(mode).unwrap();
+        let r = buf.fill_async(6, &ours);
+        let graph = ours.end_capture();
+        if refused {
+            assert!(
+                matches!(r, Err(Error::PendingInCapture { .. })),
+                "{mode:?}: {r:?}"
+            );
+            assert!(graph.is_ok(), "{mode:?}: the capture is intact");
+        } else {
+            r.unwrap();
+            graph.unwrap().instantiate().unwrap().launch(&ours).unwrap();
+            ours.synchronize().unwrap();
+            assert_eq!(buf.to_vec().unwrap(), [6; 4]);
+        }
+        // Used once outside the capture, it can be captured in any mode.
+        buf.fill_async(1, &ours).unwrap();
+        ours.begin_capture(mode).unwrap();
+        buf.fill_async(2, &ours).unwrap();
+        ours.end_capture().unwrap();
+    }
+    home.synchronize().unwrap();
+    ours.synchronize().unwrap();
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}

@@ -587,3 +587,65 @@ fn read_device_and_write_device_move_checked_data_under_the_lock() {
     );
     free(&d, other);
 }
+
+/// As CUDA: a capture begun in thread-local mode forbids its thread host
+/// synchronisations (they fail and spoil the capture), a global one every thread's, a
+/// relaxed one none. (Found on an H200: the simulator used to allow them.)
+#[test]
+fn a_capture_forbids_host_synchronisations_as_its_mode_says() {
+    let (d, _world, ctx) = setup();
+    let f = d.fns();
+    let (s, other) = (stream(&d, 1), stream(&d, 1));
+    let mut graph = std::ptr::null_mut();
+    const THREAD_LOCAL: CUstreamCaptureMode =
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: mock driver calls with live handles and valid out-pointers.
+    unsafe {
+        // Thread-local: this thread's synchronisation of another stream fails, and so does
+        // the capture at its end.
+        assert_eq!((f.cuStreamBeginCapture)(s, THREAD_LOCAL), OK);
+        assert_eq!(
+            (f.cuStreamSynchronize)(other),
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        );
+        assert_eq!(
+            (f.cuCtxSynchronize)(),
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        );
+        // Another thread is not concerned.
+        let (fns, other_addr, ctx_addr) = (*f, other as usize, ctx as usize);
+        let rc = std::thread::spawn(move || {
+            (fns.cuCtxSetCurrent)(ctx_addr as CUcontext);
+            (fns.cuStreamSynchronize)(other_addr as CUstream)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(rc, OK);
+        assert_eq!(
+            (f.cuStreamEndCapture)(s, &mut graph),
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        );
+        // Global: another thread's synchronisation fails too.
+        assert_eq!((f.cuStreamBeginCapture)(s, GLOBAL), OK);
+        let rc = std::thread::spawn(move || {
+            (fns.cuCtxSetCurrent)(ctx_addr as CUcontext);
+            (fns.cuStreamSynchronize)(other_addr as CUstream)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(rc, CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        assert_eq!(
+            (f.cuStreamEndCapture)(s, &mut graph),
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        );
+        // Relaxed: allowed, and the capture ends well.
+        assert_eq!((f.cuStreamBeginCapture)(s, RELAXED), OK);
+        assert_eq!((f.cuStreamSynchronize)(other), OK);
+        assert_eq!((f.cuCtxSynchronize)(), OK);
+        assert_eq!((f.cuStreamEndCapture)(s, &mut graph), OK);
+        // Ended: nothing is forbidden any more.
+        assert_eq!((f.cuStreamSynchronize)(other), OK);
+    }
+}
