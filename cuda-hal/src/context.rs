@@ -287,9 +287,15 @@ impl Context {
         Ok(MemoryInfo { free, total })
     }
 
-    /// Waits for all work in the context.
+    /// Waits for all work in the context ([`Error::Capturing`](crate::Error::Capturing)
+    /// while a strict capture forbids it, as for [`Stream::synchronize`](crate::Stream::synchronize)).
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        if crate::tracking::forbidding_capture().is_some() {
+            return Err(crate::Error::Capturing {
+                what: "Context::synchronize",
+            });
+        }
         let _g = self.bind()?;
         // SAFETY: a context is current.
         unsafe { call!(self.cuda(), cuCtxSynchronize()) }

@@ -123,7 +123,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
     /// Refused while the stream is captured; no capture can begin until the wait is over.
     pub fn copy_to_host_on(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
         let _order = stream.enqueue_lock();
-        stream.refuse_capture("copy_to_host_on")?;
+        stream.refuse_host_wait("copy_to_host_on")?;
         // SAFETY: we wait for the stream before `dst`'s borrow ends (also when the wait
         // fails: `synchronize_for_borrow` returns only once no copy into `dst` can run),
         // holding the stream's order lock throughout, so no capture records the host
@@ -253,7 +253,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
     /// while the stream is captured; no capture can begin until the wait is over.
     pub fn copy_from_host_on(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         let _order = stream.enqueue_lock();
-        stream.refuse_capture("copy_from_host_on")?;
+        stream.refuse_host_wait("copy_from_host_on")?;
         // SAFETY: we wait for the stream before `src`'s borrow ends (also when the wait
         // fails: `synchronize_for_borrow` returns only once no copy from `src` can run),
         // holding the stream's order lock throughout, so no capture records the host
@@ -308,6 +308,9 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
         src: &S,
         stream: &Stream,
     ) -> Result<()> {
+        // Refused before anything is enqueued: a capture would record the copy, and the
+        // wait after it would fail.
+        stream.refuse_host_wait("copy_from_on")?;
         self.copy_from_async(src, stream)?;
         stream.synchronize()
     }

@@ -113,7 +113,8 @@ impl Stream {
             ..CaptureLog::default()
         };
         *crate::tracking::lock(&log.held) = self.group_holds();
-        self.set_capture(Some(Arc::new(log)));
+        let log = Arc::new(log);
+        self.set_capture(Some(log.clone()));
         let _g = self.bind_if_legacy()?;
         // SAFETY: a valid stream; the mode is a documented value.
         let r = unsafe {
@@ -122,8 +123,9 @@ impl Stream {
                 cuStreamBeginCapture(self.as_raw(), mode.raw())
             )
         };
-        if r.is_err() {
-            self.set_capture(None);
+        match r {
+            Ok(()) => crate::tracking::note_strict(&log),
+            Err(_) => self.set_capture(None),
         }
         r
     }

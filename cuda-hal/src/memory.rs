@@ -77,7 +77,7 @@ impl Allocation {
             let _order = own.try_enqueue_lock().ok_or(Error::Capturing {
                 what: "a synchronous call on stream-ordered memory",
             })?;
-            own.refuse_capture("a synchronous call on stream-ordered memory")?;
+            own.refuse_host_wait("a synchronous call on stream-ordered memory")?;
             own.synchronize()?;
             self.ready.store(true, Ordering::Release);
         }
@@ -100,11 +100,11 @@ impl Allocation {
         if earlier.is_capturing().unwrap_or(false) {
             return Err(Error::Capturing { what });
         }
-        if let Some(log) = later.capture_log() {
+        if later.capture_log().is_some() {
             // An outside event cannot join the capture: wait on the host instead (the
             // allocation is then complete for every later launch too), unless the capture
             // forbids this thread host waits: the wait would fail and spoil the capture.
-            if log.forbids_sync_here() {
+            if crate::tracking::forbidding_capture().is_some() {
                 return Err(Error::PendingInCapture {
                     what: "the first use of this memory on another stream than its home stream",
                 });
@@ -214,7 +214,13 @@ impl Drop for Allocation {
         // A wait, an event or the free itself enqueued now on a stream being captured would
         // land in the user's graph (a free node frees again at every launch): the capture's
         // graph owns the memory instead, and frees it when it goes.
-        if let Some(log) = used.iter().find_map(Stream::capture_log) {
+        // So does a host wait that a strict capture forbids this thread: that capture's
+        // graph owns the memory then.
+        let recording = used
+            .iter()
+            .find_map(Stream::capture_log)
+            .or_else(crate::tracking::forbidding_capture);
+        if let Some(log) = recording {
             // The uses alone (the home stream was pushed last).
             let uses = used[..used.len() - usize::from(self.home.is_some())].to_vec();
             let moved = Allocation {

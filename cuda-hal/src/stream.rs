@@ -534,6 +534,17 @@ impl Stream {
         Ok(())
     }
 
+    /// `Err` before a host wait for this stream that would fail on a real device and spoil
+    /// a capture: this stream is captured, or a capture begun through this crate in global
+    /// or thread-local mode forbids this thread host synchronisations.
+    pub(crate) fn refuse_host_wait(&self, what: &'static str) -> Result<()> {
+        self.refuse_capture(what)?;
+        if crate::tracking::forbidding_capture().is_some() {
+            return Err(Error::Capturing { what });
+        }
+        Ok(())
+    }
+
     /// The raw handle (to pass to other CUDA libraries, e.g. NCCL).
     #[inline]
     #[must_use]
@@ -549,8 +560,18 @@ impl Stream {
     }
 
     /// Blocks until all work on the stream is done.
+    ///
+    /// [`Error::Capturing`] while a capture begun through this crate forbids the wait
+    /// (a global-mode capture, or a thread-local one of this thread, as CUDA's
+    /// `CUstreamCaptureMode` says), before any driver call: the driver would refuse it and
+    /// spoil that capture. A relaxed capture forbids nothing.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        if crate::tracking::forbidding_capture().is_some() {
+            return Err(Error::Capturing {
+                what: "Stream::synchronize",
+            });
+        }
         let _g = self.bind_if_legacy()?;
         // SAFETY: a valid stream (the legacy one with its context current).
         unsafe { call!(self.inner.ctx.cuda(), cuStreamSynchronize(self.inner.raw)) }

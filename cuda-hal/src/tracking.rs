@@ -210,7 +210,7 @@ impl UseLog {
     /// the caller) while one of them is being captured: the wait would spoil the capture.
     pub(crate) fn synchronize(&self, what: &'static str) -> Result<()> {
         for s in self.streams() {
-            s.refuse_capture(what)?;
+            s.refuse_host_wait(what)?;
             s.synchronize()?;
         }
         Ok(())
@@ -454,15 +454,45 @@ impl CaptureLog {
     pub(crate) fn is_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }
+}
 
-    /// Whether a host synchronisation from this thread would fail (and spoil the capture).
-    pub(crate) fn forbids_sync_here(&self) -> bool {
-        match self.forbids {
-            None => false,
-            Some(Forbids::Everyone) => true,
-            Some(Forbids::Thread(t)) => t == std::thread::current().id(),
+thread_local! {
+    /// The thread-local-mode captures this thread began (live while not ended).
+    static STRICT_HERE: RefCell<Vec<std::sync::Weak<CaptureLog>>> = const { RefCell::new(Vec::new()) };
+}
+/// The global-mode captures of any thread.
+static STRICT_GLOBAL: Mutex<Vec<std::sync::Weak<CaptureLog>>> = Mutex::new(Vec::new());
+
+/// Notes a capture just begun in global or thread-local mode: until it ends, host
+/// synchronisations from this thread (global: from every thread) fail on a real device
+/// and spoil it, so this crate refuses them first ([`forbidding_capture`]).
+pub(crate) fn note_strict(log: &Arc<CaptureLog>) {
+    match log.forbids {
+        None => {}
+        Some(Forbids::Everyone) => {
+            let mut g = lock(&STRICT_GLOBAL);
+            g.retain(|w| w.upgrade().is_some_and(|l| !l.is_ended()));
+            g.push(Arc::downgrade(log));
+        }
+        Some(Forbids::Thread(_)) => {
+            let _ = STRICT_HERE.try_with(|v| {
+                let mut v = v.borrow_mut();
+                v.retain(|w| w.upgrade().is_some_and(|l| !l.is_ended()));
+                v.push(Arc::downgrade(log));
+            });
         }
     }
+}
+
+/// A running capture begun through this crate that forbids this thread host
+/// synchronisations (one this thread began in thread-local mode, or any global one).
+pub(crate) fn forbidding_capture() -> Option<Arc<CaptureLog>> {
+    let live = |w: &std::sync::Weak<CaptureLog>| w.upgrade().filter(|l| !l.is_ended());
+    STRICT_HERE
+        .try_with(|v| v.borrow().iter().find_map(live))
+        .ok()
+        .flatten()
+        .or_else(|| lock(&STRICT_GLOBAL).iter().find_map(live))
 }
 
 /// The streams whose work used something another crate owns (an NCCL registration, a

@@ -401,3 +401,48 @@ fn home_stream_memory_first_used_in_a_strict_capture_is_a_typed_error() {
     ours.synchronize().unwrap();
     assert!(world.violations().is_empty(), "{:?}", world.violations());
 }
+
+/// Host waits a strict capture forbids this thread are refused before the driver is
+/// called (the driver would refuse them and spoil the capture), and a free that needs one
+/// is handed to the capture's graph, which frees the memory when it goes.
+#[test]
+fn host_waits_a_strict_capture_forbids_are_refused_and_frees_wait_for_its_graph() {
+    let (_cuda, world, ctx) = rig();
+    let (s, other) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 96).unwrap();
+    buf.fill_async(1, &other).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    assert_eq!(
+        other.synchronize(),
+        Err(Error::Capturing {
+            what: "Stream::synchronize"
+        })
+    );
+    assert_eq!(
+        ctx.synchronize(),
+        Err(Error::Capturing {
+            what: "Context::synchronize"
+        })
+    );
+    assert_eq!(
+        buf.synchronize_uses(),
+        Err(Error::Capturing {
+            what: "DeviceBuffer::synchronize_uses"
+        })
+    );
+    drop(buf); // its free would wait for `other` on the host
+    assert_eq!(world.used_memory(0), 96, "held by the capture");
+    let graph = s.end_capture().unwrap();
+    assert_eq!(world.used_memory(0), 96, "held by the graph");
+    drop(graph);
+    assert_eq!(world.used_memory(0), 0);
+    // Relaxed: nothing is forbidden.
+    s.begin_capture(CaptureMode::Relaxed).unwrap();
+    other.synchronize().unwrap();
+    ctx.synchronize().unwrap();
+    s.end_capture().unwrap();
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
