@@ -137,11 +137,12 @@ fn borrowed_cudarc_memory_is_ordered_both_ways_and_refused_where_work_outlives_i
         ),
         "{refused:?}"
     );
+    // (Allocated first: a synchronous zeroing inside a thread-local capture fails.)
+    let mut scratch = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
     ours.begin_capture(CaptureMode::ThreadLocal).unwrap();
     let captured = {
         let to = BorrowedMut::new(&ctx, &mut dst).unwrap();
-        DeviceViewMut::new(&mut DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap())
-            .copy_from_async(&to, &ours)
+        DeviceViewMut::new(&mut scratch).copy_from_async(&to, &ours)
     };
     ours.end_capture().unwrap();
     assert!(
