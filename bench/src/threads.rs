@@ -81,11 +81,18 @@ where
         };
         let Some((r, res)) = got else { break };
         ended += 1;
-        if let Err(e) = res
-            && failed.is_none()
-        {
-            failed = Some((r, e));
-            deadline = Some(Instant::now() + grace);
+        if let Err(e) = res {
+            // A rank the gate released with `Aborted` failed because another did: that
+            // other rank's error is the one to report, whichever thread sent first.
+            let cause_known = failed
+                .as_ref()
+                .is_some_and(|(_, f)| !matches!(f, Error::Aborted));
+            if failed.is_none() {
+                deadline = Some(Instant::now() + grace);
+            }
+            if !cause_known && (failed.is_none() || !matches!(e, Error::Aborted)) {
+                failed = Some((r, e));
+            }
         }
     }
     match failed {
