@@ -99,6 +99,7 @@ mod comms;
 mod config;
 mod dtype;
 mod group;
+mod grow;
 mod handle;
 mod init;
 mod macros;
