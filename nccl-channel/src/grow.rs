@@ -64,10 +64,13 @@ fn grow_each(
     };
     let (f, call) = optional!(first.nccl(), ncclCommGrow)?;
     let n = new_size_arg(what, new_size, parents)?;
-    let raw_ids: Vec<Option<ncclUniqueId>> = ids.iter().map(|id| id.map(UniqueId::to_raw)).collect();
+    let raw_ids: Vec<Option<ncclUniqueId>> =
+        ids.iter().map(|id| id.map(UniqueId::to_raw)).collect();
     // Lowered before the grow; it and its names outlive make_children, which returns only
     // once NCCL is done with the grow.
-    let mut raw_config = config.map(|c| c.to_raw(first.nccl().version())).transpose()?;
+    let mut raw_config = config
+        .map(|c| c.to_raw(first.nccl().version()))
+        .transpose()?;
     let config_ptr = raw_config
         .as_mut()
         .map_or(std::ptr::null_mut(), |c| c.as_mut_ptr());
@@ -226,7 +229,13 @@ impl Communicator {
         optional!(self.nccl(), ncclCommGrow)?;
         self.handle()?;
         refuse_in_group("grow", GROW_ALL)?;
-        let mut grown = grow_each(&[self], &[id], new_size, config, ("Communicator::grow", false))?;
+        let mut grown = grow_each(
+            &[self],
+            &[id],
+            new_size,
+            config,
+            ("Communicator::grow", false),
+        )?;
         grown.pop().ok_or_else(|| Error::InvalidArgument {
             what: "Communicator::grow",
             problem: "NCCL returned no communicator for this rank".into(),

@@ -35,16 +35,16 @@ pub(crate) fn init_via(
         .then(|| notice::watch(Deadline::Blocking, || init_of(rank, size, ctx, call)));
     let rc = issue(&mut raw, cfg.as_mut_ptr());
     drop(watch);
-    if rc != ncclResult_t::ncclInProgress {
-        if let Err(e) = check(nccl, rc, call, None) {
-            if !raw.is_null() {
-                // NCCL handed out a communicator that failed (a grow writes it early):
-                // nobody will own it.
-                // SAFETY: NCCL made `raw` for us; aborting frees it, once.
-                unsafe { (nccl.fns().ncclCommAbort)(raw) };
-            }
-            return Err(e);
+    if rc != ncclResult_t::ncclInProgress
+        && let Err(e) = check(nccl, rc, call, None)
+    {
+        if !raw.is_null() {
+            // NCCL handed out a communicator that failed (a grow writes it early):
+            // nobody will own it.
+            // SAFETY: NCCL made `raw` for us; aborting frees it, once.
+            unsafe { (nccl.fns().ncclCommAbort)(raw) };
         }
+        return Err(e);
     }
     if !config.is_blocking() || rc == ncclResult_t::ncclInProgress {
         let abort = AbortHandle::default();
@@ -166,8 +166,8 @@ pub fn scalable_root(rank: usize, size: usize, ids: usize) -> bool {
     let (rmr, rpr) = (size % ids, size / ids);
     let rlim = rmr * (rpr + 1);
     if rank < rlim {
-        rank % (rpr + 1) == 0
+        rank.is_multiple_of(rpr + 1)
     } else {
-        rpr != 0 && (rank - rlim) % rpr == 0
+        rpr != 0 && (rank - rlim).is_multiple_of(rpr)
     }
 }

@@ -368,7 +368,13 @@ impl Link {
     /// the hub (which echoes it to this rank too).
     pub(crate) fn publish_grow_id(&self, seq: u64, id: &[u8]) {
         self.shared.lock().grow_ids.insert(seq, id.to_vec());
-        let _ = wire::send(&self.stream, &Msg::GrowId { seq, id: id.to_vec() });
+        let _ = wire::send(
+            &self.stream,
+            &Msg::GrowId {
+                seq,
+                id: id.to_vec(),
+            },
+        );
     }
 
     /// Waits until `deadline` for the grow id of grow number `seq`; `None` then, or once
