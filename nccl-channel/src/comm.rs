@@ -311,13 +311,13 @@ fn to_c_int(what: &'static str, v: usize) -> Result<c_int> {
 }
 
 /// An init, for a wait notice: "init of rank 1 of 2 on device 0 (ncclCommInitRank)".
-fn init_of(rank: usize, size: usize, ctx: &Context, call: &str) -> String {
+pub(crate) fn init_of(rank: usize, size: usize, ctx: &Context, call: &str) -> String {
     let device = ctx.device().ordinal();
     format!("init of rank {rank} of {size} on device {device} ({call})")
 }
 
 /// Checks a size and rank for init and converts them to NCCL's ints.
-fn world_args(what: &'static str, size: usize, rank: usize) -> Result<(c_int, c_int)> {
+pub(crate) fn world_args(what: &'static str, size: usize, rank: usize) -> Result<(c_int, c_int)> {
     if size == 0 || rank >= size {
         return Err(Error::InvalidRank { what, rank, size });
     }
@@ -622,7 +622,7 @@ impl Communicator {
         })
     }
 
-    fn with_config(self, config: CommConfig) -> Communicator {
+    pub(crate) fn with_config(self, config: CommConfig) -> Communicator {
         match Arc::try_unwrap(self.shared) {
             Ok(mut s) => {
                 s.config = config;

@@ -28,7 +28,7 @@ const SHRINK_ALL: &str = "Communicator::shrink_all";
 
 /// Splits and shrinks inside an open group would give their new communicator only after
 /// the group ends (NCCL's rule): refused, pointing to the grouped API.
-fn refuse_in_group(what: &'static str, instead: &'static str) -> Result<()> {
+pub(crate) fn refuse_in_group(what: &'static str, instead: &'static str) -> Result<()> {
     if DeferScope::is_open() {
         return Err(Error::SplitInGroup { what, instead });
     }
@@ -68,7 +68,7 @@ fn survivable(e: &Error) -> bool {
 /// Checks that `parents` can split together in one group from this thread, and that
 /// each is live (performing a requested abort, as every call does). `what` is the
 /// grouped API called.
-fn check_parents(what: &'static str, parents: &[&Communicator]) -> Result<()> {
+pub(crate) fn check_parents(what: &'static str, parents: &[&Communicator]) -> Result<()> {
     let bad = |problem| Err(Error::GroupedParents { what, problem });
     let Some(first) = parents.first() else {
         return bad(ParentsProblem::Empty);
@@ -133,16 +133,16 @@ fn abort_all(nccl: &Nccl, raws: impl IntoIterator<Item = ncclComm_t>) {
 }
 
 /// How the children of [`make_children`] are made.
-struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     /// The NCCL function, for errors.
-    call: &'static str,
+    pub(crate) call: &'static str,
     /// Inside one group of their own.
-    grouped: bool,
+    pub(crate) grouped: bool,
     /// Which parents get a child (a split's NOCOLOR ranks do not).
-    expect: &'a [bool],
+    pub(crate) expect: &'a [bool],
     /// The children's configuration when NCCL was given one (else each has its
     /// parent's, NCCL's NULL config); it has the parents' blocking mode.
-    config: Option<&'a CommConfig>,
+    pub(crate) config: Option<&'a CommConfig>,
 }
 
 /// Creates the children of `parents`, one NCCL call each (`issue(i, parent, newcomm)`).
@@ -150,7 +150,7 @@ struct Plan<'a> {
 /// aborted and the first error returned, and parents are aborted as
 /// [`Communicator::check`] would (and always when a wait for them failed, to stop their
 /// split). The parents were checked by the caller.
-fn make_children(
+pub(crate) fn make_children(
     parents: &[&Communicator],
     plan: Plan<'_>,
     issue: &mut dyn FnMut(usize, ncclComm_t, *mut ncclComm_t) -> ncclResult_t,

@@ -42,6 +42,8 @@ struct State {
     splits: HashMap<u64, SplitRound>,
     /// Ranks whose communicator was aborted.
     aborted: Vec<usize>,
+    /// Grow ids the coordinator published (`ncclCommGetUniqueId`), by grow number.
+    grow_ids: HashMap<u64, Vec<u8>>,
 }
 
 /// A rank's (color, key) in a split, and where its result goes.
@@ -422,6 +424,40 @@ impl Clique {
             st = self
                 .cond
                 .wait_timeout(st, notice.until(deadline).saturating_duration_since(now))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// The coordinator's grow id for grow number `seq`, for every rank of the communicator
+    /// (NCCL's `bcastGrowHandle` over the parent's bootstrap; across processes through
+    /// the hub).
+    pub(crate) fn publish_grow_id(&self, seq: u64, id: &[u8]) {
+        if let Some(link) = &self.net {
+            return link.publish_grow_id(seq, id);
+        }
+        lock(&self.state).grow_ids.insert(seq, id.to_vec());
+        self.cond.notify_all();
+    }
+
+    /// Waits until `deadline` for the grow id of grow number `seq`; `None` then, or when
+    /// this rank's connection to its hub is gone.
+    pub(crate) fn grow_id(&self, seq: u64, deadline: Instant) -> Option<Vec<u8>> {
+        if let Some(link) = &self.net {
+            return link.grow_id(seq, deadline);
+        }
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(id) = st.grow_ids.get(&seq) {
+                return Some(id.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            st = self
+                .cond
+                .wait_timeout(st, deadline - now)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }

@@ -22,7 +22,7 @@ use crate::world::{NWorld, slot_of};
 use nccl_sys::*;
 
 /// The device of the calling thread's current context, as NCCL's init uses.
-fn current_device(w: &NWorld) -> i32 {
+pub(crate) fn current_device(w: &NWorld) -> i32 {
     w.cuda.current_device().unwrap_or(0)
 }
 
@@ -33,6 +33,21 @@ fn init_rank(
     id: ncclUniqueId,
     rank: c_int,
     config: Option<MockConfig>,
+) -> ncclResult_t {
+    let key: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+    init_rank_key(w, out, (nranks, rank), key, config, current_device(w))
+}
+
+/// An init by rank whose ranks meet at `key` (one unique id's bytes, or several ids' of a
+/// scalable init, or a grow id), on `device`: in a group it is deferred to the group's
+/// end, non-blocking it joins in the background, else it joins now.
+pub(crate) fn init_rank_key(
+    w: &NWorld,
+    out: *mut ncclComm_t,
+    (nranks, rank): (c_int, c_int),
+    key: Vec<u8>,
+    config: Option<MockConfig>,
+    device: i32,
 ) -> ncclResult_t {
     let blocking = config
         .as_ref()
@@ -50,8 +65,6 @@ fn init_rank(
         return fail(&mut w.lock(), ncclResult_t::ncclInvalidArgument, msg);
     }
     let (n, r) = (nranks as usize, rank as usize);
-    let device = current_device(w);
-    let key: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
     if in_group(w.id) {
         let h = {
             let mut s = w.lock();
@@ -229,36 +242,43 @@ fn join_children(w: &NWorld, children: &[Done]) {
     }
 }
 
+/// A new id not derived from `NCCL_COMM_ID`: in the multi-process mode a hub for its
+/// ranks (NCCL's bootstrap root), whose address the id names; else a fresh in-process key.
+pub(crate) fn fresh_id(w: &NWorld, s: &mut State) -> Result<[u8; 128], String> {
+    if w.multi_process {
+        return new_hub_id(w);
+    }
+    let mut bytes = [0u8; 128];
+    s.id_counter += 1;
+    bytes[..8].copy_from_slice(b"MOCKNCCL");
+    bytes[8..16].copy_from_slice(&w.id.to_le_bytes());
+    bytes[16..24].copy_from_slice(&s.id_counter.to_le_bytes());
+    bytes[24..32].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    Ok(bytes)
+}
+
 mock_fns! {
     fn ncclGetUniqueId = get_unique_id(w, s, id: *mut ncclUniqueId) {
         if id.is_null() {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, "uniqueId is NULL".into());
         }
-        let mut bytes = [0u8; 128];
-        match std::env::var("NCCL_COMM_ID") {
+        let bytes = match std::env::var("NCCL_COMM_ID") {
             // Like NCCL: with NCCL_COMM_ID every call gives the same id (the address).
             Ok(addr) if !addr.is_empty() => {
+                let mut bytes = [0u8; 128];
                 bytes[..8].copy_from_slice(b"MOCKADDR");
                 let a = addr.as_bytes();
                 let n = a.len().min(120);
                 bytes[8..8 + n].copy_from_slice(&a[..n]);
+                bytes
             }
-            // Multi-process mode: a hub for the ranks of this id (NCCL's bootstrap
-            // root); the id names its address.
-            _ if w.multi_process => match new_hub_id(w) {
-                Ok(id) => bytes = id,
+            _ => match fresh_id(w, &mut s) {
+                Ok(bytes) => bytes,
                 Err(msg) => {
                     return fail(&mut s, ncclResult_t::ncclSystemError, format!("{CALL}: {msg}"));
                 }
             },
-            _ => {
-                s.id_counter += 1;
-                bytes[..8].copy_from_slice(b"MOCKNCCL");
-                bytes[8..16].copy_from_slice(&w.id.to_le_bytes());
-                bytes[16..24].copy_from_slice(&s.id_counter.to_le_bytes());
-                bytes[24..32].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
-            }
-        }
+        };
         // SAFETY: checked non-null out-pointer.
         unsafe { (*id).internal = bytes.map(|b| b as c_char) };
         ncclResult_t::ncclSuccess

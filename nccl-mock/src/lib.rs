@@ -61,6 +61,14 @@
 //! joins them. The child follows its parent's blocking mode unless the config sets one;
 //! a group refuses blocking and non-blocking parents together, as NCCL does.
 //!
+//! Grows (`ncclCommGetUniqueId`, `ncclCommGrow`, from 2.29.2) and the scalable init
+//! (`ncclCommInitRankScalable`, from 2.23) are simulated in one process and across
+//! processes: the coordinator's grow id reaches the other existing ranks through the
+//! communicator (across processes through its hub), and every rank of the grown
+//! communicator meets at that id as an init does; ranks that disagree on the size all
+//! fail with one error, late ones included. A second grow id before the grow consumed the
+//! first is `ncclInvalidUsage`, as the header forbids (see the `grow` module).
+//!
 //! Configurations (`ncclCommInitRankConfig`, and a split's or shrink's non-NULL config)
 //! are read as NCCL reads them: `min(size, sizeof)` bytes, `magic` checked, fields newer
 //! than the config's `version` or than the reported version reset to unset. Stricter than
@@ -99,6 +107,7 @@ mod comms;
 mod config;
 mod dtype;
 mod group;
+mod grow;
 mod handle;
 mod init;
 mod macros;

@@ -36,6 +36,10 @@ pub(super) fn join_init(
     }
     let deadline = Instant::now() + w.timeout;
     let mut s = w.lock();
+    if let Some(msg) = s.failed_grows.get(id).cloned() {
+        // A grow whose ranks disagreed: its late ranks fail alike, not at the deadline.
+        return Err(fail(&mut s, ncclResult_t::ncclInvalidArgument, msg));
+    }
     {
         let init = s.inits.entry(id.to_vec()).or_insert_with(|| Init {
             nranks,
@@ -55,6 +59,9 @@ pub(super) fn join_init(
             init.failed = Some(msg.clone());
             if init.devices.iter().all(Option::is_none) {
                 s.inits.remove(id);
+            }
+            if crate::grow::is_grow_id(id) {
+                s.failed_grows.insert(id.to_vec(), msg.clone());
             }
             w.cond.notify_all();
             return Err(fail(&mut s, ncclResult_t::ncclInvalidArgument, msg));

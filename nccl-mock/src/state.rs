@@ -155,6 +155,11 @@ pub(crate) struct State {
     /// `slow_polls` a non-blocking communicator's registration or window registration
     /// sets (it then answers ncclInProgress); 0: registrations complete at once.
     pub(crate) slow_registrations: u64,
+    /// Grows of each communicator so far, and whether its coordinator's grow id is not
+    /// consumed yet (`ncclCommGetUniqueId` then `ncclCommGrow`).
+    pub(crate) grows: HashMap<usize, (u64, bool)>,
+    /// Grow ids whose ranks disagreed on the size -> why: their late ranks fail alike.
+    pub(crate) failed_grows: HashMap<Vec<u8>, String>,
 }
 
 impl State {

@@ -19,6 +19,7 @@ mod lazy_open;
 mod mock_collectives;
 #[cfg(feature = "half")]
 mod mock_comm;
+mod mock_grow;
 mod mock_reliability;
 mod mock_split;
 mod model_check;

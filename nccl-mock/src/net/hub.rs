@@ -65,6 +65,11 @@ pub(crate) fn is_local(addr: &str) -> bool {
 }
 
 /// The longest rank 0 waits for a fixed hub address (`NCCL_COMM_ID`) that is in use.
+/// How long the hub of a failed init still refuses late ranks once nobody is connected.
+/// Shorter than [`BIND_RETRY`], so that a fixed address (`NCCL_COMM_ID`) is free again
+/// for the next init's rank 0.
+const FAILED_LINGER: Duration = Duration::from_secs(1);
+
 pub(crate) const BIND_RETRY: Duration = Duration::from_secs(2);
 
 /// Binds `addr`; while it is in use (`AddrInUse`), retries until `retry_until` (`None`:
@@ -251,11 +256,18 @@ impl Hub {
             }
             if !self.conns.is_empty() {
                 idle_since = None;
-            } else if self.formed || self.failed.is_some() {
+            } else if self.formed {
                 break;
             } else {
+                // A failed init lingers briefly, to refuse its late ranks with the reason
+                // (a grow's ranks come at once from several processes) rather than leave
+                // them to time out on a closed port.
+                let idle = match self.failed {
+                    Some(_) => self.timeout.min(FAILED_LINGER),
+                    None => self.timeout,
+                };
                 let since = *idle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= self.timeout {
+                if since.elapsed() >= idle {
                     break;
                 }
             }
@@ -369,6 +381,8 @@ impl Hub {
                 self.p2p(r, is_send, peer as usize, p);
             }
             (Some(r), Msg::Abort) => self.lose(r, true),
+            // The coordinator's grow id, for every rank (NCCL's `bcastGrowHandle`).
+            (Some(_), msg @ Msg::GrowId { .. }) => self.tell_ranks(&msg),
             (Some(r), Msg::Leave) => {
                 self.lose(r, false);
                 // The acknowledgement: every answer before it is written (see `is_local`).
@@ -469,7 +483,8 @@ impl Hub {
         self.ranks.clear();
         self.nranks = None;
         self.failed = Some(msg);
-        self.stop_accepting();
+        // Still accepting for a moment (see `FAILED_LINGER`): late ranks are refused
+        // with the reason.
     }
 
     fn closed(&mut self, id: usize) {

@@ -52,6 +52,8 @@ struct State {
     aborted: bool,
     /// The hub's connection closed: nothing more will be answered.
     closed: bool,
+    /// Grow ids the coordinator published through the hub, by grow number.
+    grow_ids: HashMap<u64, Vec<u8>>,
 }
 
 struct Shared {
@@ -362,6 +364,40 @@ impl Link {
         st.peer_gone || st.aborted || st.closed
     }
 
+    /// Publishes the coordinator's grow id for grow number `seq` to every rank, through
+    /// the hub (which echoes it to this rank too).
+    pub(crate) fn publish_grow_id(&self, seq: u64, id: &[u8]) {
+        self.shared.lock().grow_ids.insert(seq, id.to_vec());
+        let _ = wire::send(
+            &self.stream,
+            &Msg::GrowId {
+                seq,
+                id: id.to_vec(),
+            },
+        );
+    }
+
+    /// Waits until `deadline` for the grow id of grow number `seq`; `None` then, or once
+    /// the hub's connection closed or this rank aborted.
+    pub(crate) fn grow_id(&self, seq: u64, deadline: Instant) -> Option<Vec<u8>> {
+        let mut st = self.shared.lock();
+        loop {
+            if let Some(id) = st.grow_ids.get(&seq) {
+                return Some(id.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline || st.closed || st.aborted {
+                return None;
+            }
+            st = self
+                .shared
+                .cond
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
     /// Operations waiting for the hub's answer.
     pub(crate) fn pending(&self) -> usize {
         self.shared.lock().pending.len()
@@ -478,6 +514,9 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
                 shared.lock().welcome = Some(Err((ncclResult_t(rc), msg)));
             }
             Msg::Gone { .. } => shared.lock().peer_gone = true,
+            Msg::GrowId { seq, id } => {
+                shared.lock().grow_ids.insert(seq, id);
+            }
             Msg::Done { op, rc, data } => {
                 let Some(p) = shared.lock().pending.remove(&op) else {
                     continue;

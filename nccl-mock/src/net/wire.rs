@@ -88,6 +88,9 @@ pub(crate) enum Msg {
     },
     /// Hub to ranks: rank `rank` aborted or its process went away.
     Gone { rank: u32 },
+    /// Coordinator to hub, and hub to every rank: the id of grow number `seq`
+    /// (`ncclCommGetUniqueId`), which ranks that pass none to `ncclCommGrow` use.
+    GrowId { seq: u64, id: Vec<u8> },
 }
 
 /// A malformed frame, by what was wrong.
@@ -348,6 +351,11 @@ impl Msg {
                 w.u8(10);
                 w.u32(*rank);
             }
+            Msg::GrowId { seq, id } => {
+                w.u8(11);
+                w.u64(*seq);
+                w.bytes(id);
+            }
         }
         w.0
     }
@@ -403,6 +411,10 @@ impl Msg {
                 data: if r.bool()? { Some(r.bytes()?) } else { None },
             },
             10 => Msg::Gone { rank: r.u32()? },
+            11 => Msg::GrowId {
+                seq: r.u64()?,
+                id: r.bytes()?,
+            },
             t => return bad(format!("unknown message {t}")),
         };
         r.end()?;
@@ -518,6 +530,10 @@ mod tests {
             data: None,
         });
         round_trip(Msg::Gone { rank: 1 });
+        round_trip(Msg::GrowId {
+            seq: 2,
+            id: vec![7; 128],
+        });
     }
 
     #[test]

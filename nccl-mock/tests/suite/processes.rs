@@ -825,3 +825,39 @@ fn a_process_that_dies_fails_its_peer_with_a_remote_error() {
     );
     assert!(out[1].contains("2x2xi32=[101 102][101 102]"), "{}", out[1]);
 }
+
+#[test]
+fn a_rank_coming_after_a_size_mismatch_is_refused_with_the_reason_not_left_to_time_out() {
+    let _g = serial();
+    if !in_own_child(
+        "a_rank_coming_after_a_size_mismatch_is_refused_with_the_reason_not_left_to_time_out",
+    ) {
+        return;
+    }
+    let timeout = Duration::from_secs(20);
+    let id = hub_id(timeout);
+    let t = std::thread::spawn(move || process(timeout).init_rank(0, id, 2, 0).0);
+    std::thread::sleep(Duration::from_millis(150));
+    let b = process(timeout);
+    assert_eq!(b.init_rank(0, id, 3, 1).0, ncclResult_t::ncclInvalidUsage);
+    assert_eq!(t.join().unwrap(), ncclResult_t::ncclInvalidUsage);
+    // A grow's ranks come at once from several processes: one a little late still learns
+    // why, at once, instead of waiting out its deadline on a closed port.
+    let late = process(timeout);
+    let started = Instant::now();
+    let (rc, _) = late.init_rank(0, id, 2, 1);
+    assert_eq!(rc, ncclResult_t::ncclInvalidUsage, "{}", late.last_error());
+    assert!(
+        late.last_error().contains(
+            "this id's init already failed: rank 1 asked for 3 ranks, another rank for 2"
+        ),
+        "{}",
+        late.last_error()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_no_network_threads();
+}
