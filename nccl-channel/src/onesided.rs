@@ -100,8 +100,9 @@ impl Window<'_> {
     /// let comms = Communicator::init_all(&nccl, &ctxs)?;
     /// let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
     /// let mut src = [comms[0].alloc_nccl::<u32>(1024)?, comms[1].alloc_nccl::<u32>(1024)?];
-    /// let dst = [comms[0].alloc_nccl::<u32>(1024)?, comms[1].alloc_nccl::<u32>(1024)?];
+    /// let mut dst = [comms[0].alloc_nccl::<u32>(1024)?, comms[1].alloc_nccl::<u32>(1024)?];
     /// src[0].fill(7)?;
+    /// dst[1].fill(0)?;
     /// let sym = WindowFlags::COLL_SYMMETRIC;
     /// let _src_windows = Communicator::register_windows(&[(&comms[0], &src[0]), (&comms[1], &src[1])], sym)?;
     /// let windows = Communicator::register_windows(&[(&comms[0], &dst[0]), (&comms[1], &dst[1])], sym)?;
