@@ -57,7 +57,7 @@ impl Communicator {
     /// The checks every operation starts with: live, a type this NCCL has, our stream.
     /// The returned lock is held until the work is enqueued (no capture begins or ends
     /// between the noting of what the work uses and its enqueue).
-    fn begin<'s, T: NcclType>(
+    pub(crate) fn begin<'s, T: NcclType>(
         &self,
         what: &'static str,
         stream: &'s Stream,
@@ -68,7 +68,11 @@ impl Communicator {
 
     /// Live, and `stream` is ours; the work about to be enqueued on it needs this
     /// communicator (held by an open capture or group).
-    fn check_stream<'s>(&self, what: &'static str, stream: &'s Stream) -> Result<EnqueueLock<'s>> {
+    pub(crate) fn check_stream<'s>(
+        &self,
+        what: &'static str,
+        stream: &'s Stream,
+    ) -> Result<EnqueueLock<'s>> {
         self.handle()?;
         let order = stream.enqueue_lock();
         self.hold_for(stream);
@@ -78,7 +82,7 @@ impl Communicator {
 
     /// `buf` is ours and holds `expected` elements; the work about to be enqueued on
     /// `stream` uses it (its free waits for that work; an open capture or group holds it).
-    fn check_buf<T: NcclType>(
+    pub(crate) fn check_buf<T: NcclType>(
         &self,
         what: &'static str,
         buffer: &'static str,
@@ -105,7 +109,7 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_rank(&self, what: &'static str, rank: usize) -> Result<i32> {
+    pub(crate) fn check_rank(&self, what: &'static str, rank: usize) -> Result<i32> {
         if rank >= self.size() {
             return Err(Error::InvalidRank {
                 what,

@@ -252,6 +252,18 @@ pub enum Error {
         /// What is wrong with the list.
         problem: ParentsProblem,
     },
+    /// A one-sided put would write past the end of the peer's window.
+    #[error("{what}: {bytes} bytes at offset {offset} do not fit a window of {window} bytes")]
+    OutOfWindow {
+        /// The operation.
+        what: &'static str,
+        /// The offset into the window, in bytes.
+        offset: usize,
+        /// How many bytes the put writes.
+        bytes: usize,
+        /// The window's size in bytes.
+        window: usize,
+    },
 }
 
 /// Why communicators cannot go together into one grouped split or shrink

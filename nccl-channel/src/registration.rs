@@ -501,7 +501,20 @@ impl std::fmt::Debug for Window<'_> {
     }
 }
 
-impl Window<'_> {
+impl<'c> Window<'c> {
+    /// Its communicator.
+    pub(crate) fn comm(&self) -> &'c Communicator {
+        self.0.comm
+    }
+
+    /// NCCL's handle, while the window is active.
+    pub(crate) fn raw(&self) -> Option<ncclWindow_t> {
+        self.0
+            .shared
+            .handle()
+            .map(std::ptr::with_exposed_provenance_mut::<nccl_sys::ncclWindow_vidmem>)
+    }
+
     /// Whether NCCL made a window (it returns none where it has no symmetric support).
     #[must_use]
     pub fn is_active(&self) -> bool {

@@ -77,6 +77,8 @@ pub(crate) struct Clique {
     /// Multi-process mode: this one rank's connection to the hub, which matches the
     /// parts of every rank instead of `state` (see [`Link`]).
     net: Option<Link>,
+    /// One-sided operations' windows and signals (in one process).
+    pub(crate) rma: crate::rma::Rma,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,6 +93,7 @@ impl Clique {
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
             net: None,
+            rma: crate::rma::Rma::default(),
         })
     }
 
@@ -103,6 +106,7 @@ impl Clique {
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
             net: Some(link),
+            rma: crate::rma::Rma::default(),
         })
     }
 
@@ -118,6 +122,7 @@ impl Clique {
         if let Some(link) = &self.net {
             return link.abort();
         }
+        self.rma.abort(rank);
         let mut st = lock(&self.state);
         st.aborted.push(rank);
         let fail = |d: &Done| {
@@ -139,6 +144,12 @@ impl Clique {
                 !involved
             });
         }
+        self.cond.notify_all();
+    }
+
+    /// Wakes the waits on this clique's parts (a one-sided operation completed some).
+    pub(crate) fn wake(&self) {
+        let _st = lock(&self.state);
         self.cond.notify_all();
     }
 
@@ -469,7 +480,8 @@ impl Clique {
             return link.pending();
         }
         let st = lock(&self.state);
-        st.colls.len()
+        self.rma.pending()
+            + st.colls.len()
             + st.sends.values().map(VecDeque::len).sum::<usize>()
             + st.recvs.values().map(VecDeque::len).sum::<usize>()
     }

@@ -26,7 +26,7 @@ use crate::world::{NWorld, slot_of};
 use nccl_sys::*;
 
 /// Checks that `[ptr, ptr + bytes)` is simulated device memory on `device`.
-fn check_buffer(
+pub(crate) fn check_buffer(
     w: &NWorld,
     s: &mut State,
     call: &str,
@@ -60,7 +60,7 @@ fn check_buffer(
     }
 }
 
-fn check_stream(
+pub(crate) fn check_stream(
     w: &NWorld,
     s: &mut State,
     stream: cudaStream_t,
@@ -83,7 +83,7 @@ fn check_stream(
 
 /// Runs checked work: deferred by an open group, in the background on a non-blocking
 /// communicator, or in the stream's order.
-fn dispatch(w: &NWorld, work: Work, blocking: bool) -> ncclResult_t {
+pub(crate) fn dispatch(w: &NWorld, work: Work, blocking: bool) -> ncclResult_t {
     if in_group(w.id) {
         defer(w.id, Deferred::Work(work));
         return ncclResult_t::ncclSuccess;

@@ -71,7 +71,9 @@ pub(super) fn release_comm(w: &NWorld, s: &mut State, comm: usize, by: &'static 
         .map(|(h, _)| *h)
         .collect();
     for h in gone {
-        s.regs.remove(&h);
+        if let Some(p) = s.regs.remove(&h).and_then(|r| r.win) {
+            p.clique.rma.window_gone(p.rank, p.seq);
+        }
         s.dead_regs.insert(h, by);
         w.cuda.unpin(h as u64);
     }
@@ -115,6 +117,9 @@ fn deregister(
     let Some(r) = s.regs.remove(&h) else {
         return ncclResult_t::ncclInternalError;
     };
+    if let Some(p) = &r.win {
+        p.clique.rma.window_gone(p.rank, p.seq);
+    }
     let mut uses: Vec<_> = r.uses.iter().collect();
     uses.sort_by_key(|(k, _)| **k);
     for (key, (stamp, used_by)) in uses {
@@ -223,7 +228,7 @@ mock_fns! {
             Some(r) => r,
             None => {
                 let r = s.handle(w.id);
-                s.regs.insert(r, Reg { comm: h, ptr: begin, len: (end - begin) as usize, window: false, refs: 1, uses: HashMap::new() });
+                s.regs.insert(r, Reg { comm: h, ptr: begin, len: (end - begin) as usize, window: false, win: None, refs: 1, uses: HashMap::new() });
                 w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL registration {r:#x} of communicator {h:#x} (ncclCommRegister)"));
                 r
             }
@@ -243,7 +248,6 @@ mock_fns! {
         deregister(w, &mut s, CALL, h, p2h(handle), false)
     }
     fn ncclCommWindowRegister = window_register(w, s, comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, flags: c_int) {
-        let _ = flags;
         let h = match s.check_comm(w, CALL, comm) {
             Ok(h) => h,
             Err(rc) => return rc,
@@ -289,7 +293,11 @@ mock_fns! {
             return fail(&mut s, ncclResult_t::ncclInvalidArgument, m);
         }
         let r = s.handle(w.id);
-        s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, refs: 1, uses: HashMap::new() });
+        let place = s.comms.get(&h).and_then(|c| Some(crate::rma::WinPlace { clique: c.clique.clone()?, rank: c.rank, seq, flags }));
+        if let Some(p) = &place {
+            p.clique.rma.window_added(p.rank, p.seq, buff.addr() as u64, size);
+        }
+        s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, win: place, refs: 1, uses: HashMap::new() });
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));
         // SAFETY: checked non-null out-pointer.
         unsafe { *win = h2p(r) };

@@ -6,7 +6,7 @@
 
 use std::ffi::{CStr, c_void};
 
-use crate::{collective, group, grow, init, query, redop, registry};
+use crate::{collective, group, grow, init, onesided, query, redop, registry};
 use nccl_sys::NcclFns;
 
 pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *const c_void {
@@ -38,6 +38,7 @@ fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
         group::lookup::<W>,
         redop::lookup::<W>,
         grow::lookup::<W>,
+        onesided::lookup::<W>,
     ];
     modules
         .iter()

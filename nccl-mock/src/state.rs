@@ -109,6 +109,9 @@ pub(crate) struct Reg {
     pub(crate) ptr: u64,
     pub(crate) len: usize,
     pub(crate) window: bool,
+    /// A window's place among its communicator's windows (one-sided puts reach the
+    /// peers' windows of the same place) and its flags; `None` for a local registration.
+    pub(crate) win: Option<crate::rma::WinPlace>,
     /// Registrations NCCL handed out as this one (`ncclCommRegister` of a range an
     /// existing registration covers returns it again, counted): released at the last.
     pub(crate) refs: usize,

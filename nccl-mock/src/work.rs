@@ -27,12 +27,19 @@ pub(crate) enum Part {
         count: usize,
         dtype: ncclDataType_t,
     },
+    /// A one-sided operation (put, signal or wait).
+    Rma {
+        clique: Arc<Clique>,
+        op: crate::rma::Rma1,
+    },
 }
 
 impl Part {
     pub(crate) fn clique(&self) -> &Arc<Clique> {
         match self {
-            Part::Coll { clique, .. } | Part::P2p { clique, .. } => clique,
+            Part::Coll { clique, .. } | Part::P2p { clique, .. } | Part::Rma { clique, .. } => {
+                clique
+            }
         }
     }
 
@@ -41,6 +48,7 @@ impl Part {
         match self {
             Part::Coll { clique, rank, .. } => format!("{call} of rank {rank} of {}", clique.size),
             Part::P2p { src, dst, .. } => format!("{call} from rank {src} to rank {dst}"),
+            Part::Rma { op, .. } => op.describe(call),
         }
     }
 
@@ -63,6 +71,7 @@ impl Part {
                 count,
                 dtype,
             } => clique.post(cuda, *is_send, *src, *dst, *ptr, *count, *dtype),
+            Part::Rma { clique, op } => op.start(clique, cuda),
         }
     }
 
@@ -84,6 +93,7 @@ impl Part {
                 dtype,
                 ..
             } => drop(clique.withdraw_p2p(*is_send, *src, *dst, *count, *dtype)),
+            Part::Rma { clique, op } => op.withdraw(clique),
         }
     }
 }

@@ -75,6 +75,24 @@ impl RegShared {
         lock(&self.pending).as_ref().is_some_and(|p| p.handle != 0)
     }
 
+    /// NCCL's handle, while it is active.
+    pub(crate) fn handle(&self) -> Option<usize> {
+        lock(&self.pending)
+            .as_ref()
+            .map(|p| p.handle)
+            .filter(|h| *h != 0)
+    }
+
+    /// Whether it is an active window that holds all of `[ptr, ptr + bytes)`.
+    pub(crate) fn is_window_holding(&self, ptr: u64, bytes: usize) -> bool {
+        let end = self.start.saturating_add(self.bytes as u64);
+        lock(&self.pending)
+            .as_ref()
+            .is_some_and(|p| p.kind == Kind::Window && p.handle != 0)
+            && self.start <= ptr
+            && ptr.saturating_add(bytes as u64) <= end
+    }
+
     fn note(&self, stream: &Stream) {
         if let Some(p) = &*lock(&self.pending) {
             p.uses.note(stream);
@@ -266,6 +284,17 @@ impl Registry {
             q.note(stream);
             stream.hold(|| KeepAlive::new(q.clone()));
         }
+    }
+
+    /// Whether an active window of the communicator holds all of `[ptr, ptr + bytes)`.
+    pub(crate) fn in_window(&self, ptr: u64, bytes: usize) -> bool {
+        // Upgraded under the lock, looked at (and let go) after it: the last owner's drop
+        // takes the list's write lock.
+        let live: Vec<Arc<RegShared>> = {
+            let l = self.list.read().unwrap_or_else(|e| e.into_inner());
+            l.iter().filter_map(|(_, _, _, w)| w.upgrade()).collect()
+        };
+        live.iter().any(|r| r.is_window_holding(ptr, bytes))
     }
 
     fn add_slot(&self, s: &Arc<Slot>) {

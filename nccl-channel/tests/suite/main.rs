@@ -23,6 +23,7 @@ mod mock_grow;
 mod mock_reliability;
 mod mock_split;
 mod model_check;
+mod onesided;
 mod pool_attacks;
 mod quick_start;
 mod registration;

@@ -146,6 +146,15 @@ fn every_step_kind_runs_clean_on_its_own() {
         },
         Op::Register { comm: 0, slot: 3 },
         Op::Window { comm: 0, slot: 3 },
+        Op::PutSignal {
+            win: 0,
+            slot: 3,
+            offset: 0,
+            stream: 0,
+        },
+        Op::Signal { comm: 0, stream: 1 },
+        Op::WaitSignal { comm: 0, stream: 1 },
+        Op::WaitSignal { comm: 0, stream: 0 },
         Op::Split { comm: 0 },
         Op::Collective {
             kind: Coll::SendRecv,

@@ -99,7 +99,7 @@ pub fn program(seed: u64, len: usize) -> Program {
 fn step(r: &mut Rng, depth: &mut u32) -> Op {
     let b = |r: &mut Rng| r.byte();
     let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
-    match r.below(114) {
+    match r.below(117) {
         0..=9 => Op::Alloc {
             dev: b(r),
             len: len(r),
@@ -209,6 +209,21 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
         112 if r.below(2) == 0 => Op::ExpectImmediate { stream: b(r) },
         112 => Op::AfterEnqueue {
             slot: b(r),
+            stream: b(r),
+        },
+        // One-sided operations on windows.
+        114 => Op::PutSignal {
+            win: b(r),
+            slot: b(r),
+            offset: r.below(8) as u8,
+            stream: b(r),
+        },
+        115 => Op::Signal {
+            comm: b(r),
+            stream: b(r),
+        },
+        116 => Op::WaitSignal {
+            comm: b(r),
             stream: b(r),
         },
         _ => Op::AdoptContext { dev: b(r) },

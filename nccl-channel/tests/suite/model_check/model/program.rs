@@ -123,6 +123,25 @@ pub enum Op {
     DropWindow {
         win: u8,
     },
+    /// A put of buffer `slot` into this rank's own window `win` at byte `4 * offset`,
+    /// with its signal.
+    PutSignal {
+        win: u8,
+        slot: u8,
+        offset: u8,
+        stream: u8,
+    },
+    /// A signal of communicator `comm` to its own rank.
+    Signal {
+        comm: u8,
+        stream: u8,
+    },
+    /// A wait for one signal of communicator `comm`'s own rank, issued only when one is
+    /// known to have arrived (a wait for none would end only at the deadline).
+    WaitSignal {
+        comm: u8,
+        stream: u8,
+    },
     Split {
         comm: u8,
     },

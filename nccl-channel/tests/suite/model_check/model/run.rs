@@ -14,8 +14,8 @@ use cuda_hal::{
 use cuda_mock::{MockDriver, MockWorld};
 use cuda_sys::{CUresult, CUstreamCaptureMode};
 use nccl_channel::{
-    AbortHandle, CommConfig, Communicator, Group, PooledBuffer, ReduceOp, Registration, UniqueId,
-    Window, WindowFlags,
+    AbortHandle, CommConfig, Communicator, Group, PooledBuffer, ReduceOp, Registration, Signal,
+    SignalWait, UniqueId, Window, WindowFlags,
 };
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
@@ -216,6 +216,11 @@ struct State<'c> {
     graphs: Vec<Option<GraphExec>>,
     regs: Vec<Option<Registration<'c>>>,
     wins: Vec<Option<Window<'c>>>,
+    /// Signals known to have arrived, by communicator address (puts and signals done
+    /// outside groups and captures).
+    arrived: std::collections::HashMap<usize, u32>,
+    /// The communicator of each of `wins`.
+    win_comms: Vec<Option<&'c Communicator>>,
     groups: Vec<Group<'c>>,
     injected_panic: bool,
     /// Injected failures, with the calls of their function so far when injected: one
@@ -321,6 +326,8 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
         graphs: Vec::new(),
         regs: Vec::new(),
         wins: Vec::new(),
+        arrived: Default::default(),
+        win_comms: Vec::new(),
         groups: Vec::new(),
         injected_panic: false,
         faults: Vec::new(),
@@ -466,6 +473,11 @@ impl<'c> State<'c> {
             .chain(self.children.iter().filter_map(OnceCell::get))
             .collect();
         pick(&live, i).map(|k| live[k])
+    }
+
+    /// Whether work enqueued on `s` now runs now (no open group, no capture).
+    fn runs_now(&self, s: &Stream) -> bool {
+        !DeferScope::is_open() && !s.is_capturing().unwrap_or(true)
     }
 
     fn stream(&self, i: u8) -> &Stream {
@@ -983,11 +995,57 @@ impl<'c> State<'c> {
                     && let Ok(w) = c.register_window(b.get(), WindowFlags::COLL_SYMMETRIC)
                 {
                     self.wins.push(Some(w));
+                    self.win_comms.push(Some(c));
                 }
             }
             Op::DropWindow { win } => {
                 if let Some(k) = pick(&self.wins, win) {
                     self.wins[k] = None;
+                }
+            }
+            Op::PutSignal {
+                win,
+                slot,
+                offset,
+                stream,
+            } => {
+                let s = self.stream(stream).clone();
+                let now = self.runs_now(&s);
+                if let (Some(w), Some(k)) = (pick(&self.wins, win), self.buf(slot))
+                    && let (Some(c), Some(w), Some(b)) =
+                        (self.win_comms[w], &self.wins[w], &self.bufs[k])
+                    && w.put_signal(b.get(), c.rank(), 4 * offset as usize, Signal::DEFAULT, &s)
+                        .is_ok()
+                    && now
+                {
+                    *self
+                        .arrived
+                        .entry(std::ptr::from_ref(c).addr())
+                        .or_default() += 1;
+                }
+            }
+            Op::Signal { comm, stream } => {
+                let s = self.stream(stream).clone();
+                let now = self.runs_now(&s);
+                if let Some(c) = self.comm(comm)
+                    && c.signal(c.rank(), Signal::DEFAULT, &s).is_ok()
+                    && now
+                {
+                    *self
+                        .arrived
+                        .entry(std::ptr::from_ref(c).addr())
+                        .or_default() += 1;
+                }
+            }
+            Op::WaitSignal { comm, stream } => {
+                let s = self.stream(stream).clone();
+                if let Some(c) = self.comm(comm)
+                    && self.runs_now(&s)
+                    && let Some(n) = self.arrived.get_mut(&std::ptr::from_ref(c).addr())
+                    && *n > 0
+                {
+                    *n -= 1;
+                    let _ = c.wait_signal(&[SignalWait::new(c.rank(), 1)], &s);
                 }
             }
             Op::Split { comm } => {

@@ -1,0 +1,303 @@
+//! One-sided puts, signals and waits on windows, on the simulated driver and NCCL, whose
+//! sanitizers check when a put runs that its source and both windows are still there.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use crate::common::Rig;
+use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
+use nccl_channel::{Communicator, Error, Signal, SignalWait, Window, WindowFlags, group};
+use nccl_sys::NcclVersion;
+
+const SYM: WindowFlags = WindowFlags::COLL_SYMMETRIC;
+
+/// `n` ranks from one thread: communicators, streams, source and target buffers (1024
+/// u32 each) and their windows.
+struct Ring {
+    comms: Vec<Communicator>,
+    streams: Vec<Stream>,
+}
+
+fn ring(rig: &Rig, n: usize) -> Ring {
+    let ctxs = rig.contexts(n);
+    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let streams = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+    Ring { comms, streams }
+}
+
+fn windows<'c>(comms: &'c [Communicator], bufs: &[DeviceBuffer<u32>]) -> Vec<Window<'c>> {
+    let pairs: Vec<_> = comms.iter().zip(bufs).collect();
+    Communicator::register_windows(&pairs, SYM).unwrap()
+}
+
+fn nccl_bufs(comms: &[Communicator], fill: impl Fn(usize) -> u32) -> Vec<DeviceBuffer<u32>> {
+    comms
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let mut b = c.alloc_nccl::<u32>(1024).unwrap();
+            b.fill(fill(r)).unwrap();
+            b
+        })
+        .collect()
+}
+
+#[test]
+fn a_ring_of_puts_among_three_ranks_delivers_each_ranks_data_to_the_next() {
+    let rig = Rig::new(3);
+    let Ring { comms, streams } = ring(&rig, 3);
+    let src = nccl_bufs(&comms, |r| 100 + r as u32);
+    let dst = nccl_bufs(&comms, |_| 0);
+    let src_w = windows(&comms, &src);
+    let dst_w = windows(&comms, &dst);
+    for r in 0..3 {
+        // Rank r writes 4 elements at element 4 * r of rank r + 1's window.
+        let next = (r + 1) % 3;
+        dst_w[r]
+            .put_signal(
+                &src[r].slice(0..4).unwrap(),
+                next,
+                16 * r,
+                Signal::DEFAULT,
+                &streams[r],
+            )
+            .unwrap();
+        // And a plain signal after it.
+        comms[r].signal(next, Signal::DEFAULT, &streams[r]).unwrap();
+    }
+    for r in 0..3 {
+        comms[r]
+            .wait_signal(&[SignalWait::new((r + 2) % 3, 2)], &streams[r])
+            .unwrap();
+    }
+    for (r, s) in streams.iter().enumerate() {
+        s.synchronize().unwrap();
+        let prev = (r + 2) % 3;
+        let mut want = vec![0u32; 1024];
+        want[4 * prev..4 * prev + 4].fill(100 + prev as u32);
+        assert_eq!(dst[r].to_vec().unwrap(), want, "rank {r}");
+    }
+    assert_eq!(rig.world.calls("ncclPutSignal"), 3);
+    assert_eq!(rig.world.calls("ncclSignal"), 3);
+    assert_eq!(rig.world.calls("ncclWaitSignal"), 3);
+    drop((src_w, dst_w));
+    drop((src, dst, streams, comms));
+    rig.assert_clean();
+}
+
+#[test]
+fn ranks_on_threads_ping_pong_with_puts_and_waits() {
+    let rig = Rig::new(2);
+    let out = rig.run(2, |c, s| {
+        let mut src = c.alloc_nccl::<u32>(1024).unwrap();
+        let mut dst = c.alloc_nccl::<u32>(1024).unwrap();
+        src.fill(c.rank() as u32 + 1).unwrap();
+        dst.fill(0).unwrap();
+        let _sw = c.register_window(&src, SYM).unwrap();
+        let dw = c.register_window(&dst, SYM).unwrap();
+        let peer = 1 - c.rank();
+        if c.rank() == 0 {
+            dw.put_signal(&src.slice(0..2).unwrap(), peer, 0, Signal::DEFAULT, s)
+                .unwrap();
+            c.wait_signal(&[SignalWait::new(peer, 1)], s).unwrap();
+        } else {
+            c.wait_signal(&[SignalWait::new(peer, 1)], s).unwrap();
+            dw.put_signal(&src.slice(0..2).unwrap(), peer, 0, Signal::DEFAULT, s)
+                .unwrap();
+        }
+        s.synchronize().unwrap();
+        dst.to_vec().unwrap()[..3].to_vec()
+    });
+    assert_eq!(out, vec![vec![2, 2, 0], vec![1, 1, 0]]);
+    rig.assert_clean();
+}
+
+#[test]
+fn a_put_past_the_window_and_a_source_outside_any_window_are_typed_errors() {
+    let rig = Rig::new(2);
+    let Ring { comms, streams } = ring(&rig, 2);
+    let src = nccl_bufs(&comms, |_| 1);
+    let dst = nccl_bufs(&comms, |_| 0);
+    let src_w = windows(&comms, &src);
+    let dst_w = windows(&comms, &dst);
+    assert_eq!(
+        dst_w[0].put_signal(
+            &src[0].slice(0..4).unwrap(),
+            1,
+            4084,
+            Signal::DEFAULT,
+            &streams[0]
+        ),
+        Err(Error::OutOfWindow {
+            what: "Window::put_signal",
+            offset: 4084,
+            bytes: 16,
+            window: 4096
+        })
+    );
+    assert_eq!(
+        dst_w[0].put_signal(
+            &src[0].slice(0..1).unwrap(),
+            1,
+            usize::MAX,
+            Signal::DEFAULT,
+            &streams[0]
+        ),
+        Err(Error::OutOfWindow {
+            what: "Window::put_signal",
+            offset: usize::MAX,
+            bytes: 4,
+            window: 4096
+        })
+    );
+    let plain = comms[0].alloc_nccl::<u32>(4).unwrap();
+    match dst_w[0].put_signal(&plain, 1, 0, Signal::DEFAULT, &streams[0]) {
+        Err(Error::InvalidArgument { what, problem }) => {
+            assert_eq!(what, "Window::put_signal");
+            assert!(
+                problem.starts_with("the source must lie in a window"),
+                "{problem}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        dst_w[0].put_signal(&src[0], 2, 0, Signal::DEFAULT, &streams[0]),
+        Err(Error::InvalidRank {
+            what: "Window::put_signal",
+            rank: 2,
+            size: 2
+        })
+    );
+    // NCCL has only signal 0 of context 0.
+    match comms[0].signal(
+        1,
+        Signal {
+            index: 1,
+            context: 0,
+        },
+        &streams[0],
+    ) {
+        Err(Error::Nccl { call, name, .. }) => {
+            assert_eq!((call, name.as_str()), ("ncclSignal", "ncclInvalidArgument"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.world.calls("ncclPutSignal"), 0);
+    assert_eq!(dst_w[0].user_ptr().unwrap(), Some(dst[0].as_raw()));
+    drop((src_w, dst_w));
+    drop((plain, src, dst, streams, comms));
+    rig.assert_clean();
+}
+
+#[test]
+fn a_wait_for_a_signal_that_never_comes_is_a_timeout_not_a_hang() {
+    let rig = Rig::new(2);
+    let out = rig.non_blocking_ranks(Duration::from_millis(300), |rank, ctx, c| {
+        let s = Stream::new(ctx).unwrap();
+        if rank == 0 {
+            Some(c.wait_signal(&[SignalWait::new(1, 1)], &s))
+        } else {
+            None
+        }
+    });
+    match &out[0] {
+        Some(Err(Error::Timeout { after, .. })) => assert_eq!(*after, Duration::from_millis(300)),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        rig.gpus.violations().is_empty(),
+        "{:?}",
+        rig.gpus.violations()
+    );
+}
+
+/// Drops the source, its window and the target window right after the put: they stay
+/// alive until the put ran (or the group or graph that holds it let go).
+#[test]
+fn dropping_the_source_and_the_windows_after_a_put_stays_sound() {
+    for how in ["plain", "group", "capture"] {
+        let rig = Rig::new(2);
+        let Ring { comms, streams } = ring(&rig, 2);
+        let mut dst1 = comms[1].alloc_nccl::<u32>(1024).unwrap();
+        dst1.fill(0).unwrap();
+        let dst0 = comms[0].alloc_nccl::<u32>(1024).unwrap();
+        let mut src = nccl_bufs(&comms, |r| 5 + r as u32);
+        let mut src_w = windows(&comms, &src);
+        let mut dst_w =
+            Communicator::register_windows(&[(&comms[0], &dst0), (&comms[1], &dst1)], SYM).unwrap();
+        let (s0, w0, sw0) = (src.remove(0), dst_w.remove(0), src_w.remove(0));
+        let st0 = &streams[0];
+        let put = move || {
+            w0.put_signal(&s0.slice(0..8).unwrap(), 1, 32, Signal::DEFAULT, st0)
+                .unwrap();
+            drop((s0, w0, sw0, dst0));
+        };
+        match how {
+            "plain" => put(),
+            "group" => group(&rig.nccl, || {
+                put();
+                Ok(())
+            })
+            .unwrap(),
+            _ => {
+                streams[0].begin_capture(CaptureMode::ThreadLocal).unwrap();
+                put();
+                let graph = streams[0].end_capture().unwrap().instantiate().unwrap();
+                assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 0, "{how}");
+                graph.launch(&streams[0]).unwrap();
+                streams[0].synchronize().unwrap();
+                drop(graph);
+            }
+        }
+        comms[1]
+            .wait_signal(&[SignalWait::new(0, 1)], &streams[1])
+            .unwrap();
+        streams[1].synchronize().unwrap();
+        let mut want = vec![0u32; 1024];
+        want[8..16].fill(5);
+        assert_eq!(dst1.to_vec().unwrap(), want, "{how}");
+        assert!(
+            rig.gpus.violations().is_empty(),
+            "{how}: {:?}",
+            rig.gpus.violations()
+        );
+        drop((dst_w, src_w));
+        drop((src, dst1, streams, comms));
+        rig.assert_clean();
+    }
+}
+
+#[test]
+fn older_nccl_says_one_sided_operations_need_2_29_2() {
+    let rig = Rig::with_version(2, NcclVersion::new(2, 28, 9));
+    let Ring { comms, streams } = ring(&rig, 2);
+    let unsupported = |feature| {
+        Err(Error::Unsupported {
+            feature,
+            needed: "2.29.2".into(),
+            found: "2.28.9".into(),
+        })
+    };
+    assert_eq!(
+        comms[0].signal(1, Signal::DEFAULT, &streams[0]),
+        unsupported("ncclSignal")
+    );
+    assert_eq!(
+        comms[0].wait_signal(&[SignalWait::new(1, 1)], &streams[0]),
+        unsupported("ncclWaitSignal")
+    );
+    let src = nccl_bufs(&comms, |_| 1);
+    let w = windows(&comms, &src);
+    assert_eq!(
+        w[0].put_signal(&src[0], 1, 0, Signal::DEFAULT, &streams[0]),
+        unsupported("ncclPutSignal")
+    );
+    assert_eq!(
+        w[0].user_ptr(),
+        unsupported("ncclWinGetUserPtr").map(|()| None)
+    );
+    drop(w);
+    drop((src, streams, comms));
+    rig.assert_clean();
+}

@@ -1,0 +1,227 @@
+//! One-sided operations among the ranks of one process (`ncclPutSignal`, `ncclSignal`,
+//! `ncclWaitSignal`, NCCL ≥ 2.29): where each rank's windows are, and the signals that
+//! arrived and the waits for them.
+//!
+//! A put reaches the peer's window of the same place (its communicator's n-th window,
+//! the symmetric layout NCCL gives): its data lands in that window through the driver's
+//! checked [`MockWorld::write_device`], then the peer's signal from this rank counts one
+//! more, in program order per (peer, sender) as NCCL orders them. A window its owner has
+//! released takes no data (NCCL's peers keep their mapping of its memory, which nobody
+//! reads any more), but the signal still counts. A wait completes once every signal it
+//! asks for has arrived, and consumes them; until then it is pending, and the deadline of
+//! whoever waits for it ends it (a timeout, not a hang). A rank aborted, or a put or
+//! signal withdrawn by the sanitizer, fails the waits that need it with
+//! `ncclRemoteError`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use cuda_mock::MockWorld;
+use nccl_sys::ncclResult_t;
+
+use crate::clique::Clique;
+use crate::parts::Done;
+
+/// Where a window sits among its communicator's windows, for the puts that target it.
+pub(crate) struct WinPlace {
+    pub(crate) clique: Arc<Clique>,
+    pub(crate) rank: usize,
+    /// Its place: the communicator's n-th window.
+    pub(crate) seq: u64,
+    pub(crate) flags: i32,
+}
+
+/// A wait: what it needs (peer, count), and its completion.
+struct Waiting {
+    rank: usize,
+    need: Vec<(usize, u64)>,
+    done: Weak<Mutex<Option<ncclResult_t>>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// (rank, place) -> (address, bytes) of live windows.
+    windows: HashMap<(usize, u64), (u64, usize)>,
+    /// (receiver, sender) -> signals arrived and not yet waited for.
+    signals: HashMap<(usize, usize), u64>,
+    /// (receiver, sender) pairs whose next signal will never come (sender aborted, or its
+    /// part withdrawn).
+    broken: HashSet<(usize, usize)>,
+    /// Ranks aborted: no signal of theirs comes any more.
+    aborted: HashSet<usize>,
+    waits: Vec<Waiting>,
+}
+
+/// The one-sided state of one communicator's ranks in one process.
+#[derive(Default)]
+pub(crate) struct Rma {
+    state: Mutex<State>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn finish(done: &Done, rc: ncclResult_t) {
+    let mut g = lock(done);
+    if g.is_none() {
+        *g = Some(rc);
+    }
+}
+
+impl State {
+    /// Completes the waits that can complete now (in the order they came).
+    fn settle(&mut self) {
+        let mut i = 0;
+        while i < self.waits.len() {
+            let w = &self.waits[i];
+            let Some(done) = w.done.upgrade() else {
+                // Its waiter gave up (a deadline): it consumes nothing.
+                self.waits.remove(i);
+                continue;
+            };
+            if w.need
+                .iter()
+                .any(|&(p, _)| self.broken.contains(&(w.rank, p)) || self.aborted.contains(&p))
+            {
+                finish(&done, ncclResult_t::ncclRemoteError);
+                self.waits.remove(i);
+                continue;
+            }
+            let ready = w
+                .need
+                .iter()
+                .all(|&(p, n)| self.signals.get(&(w.rank, p)).copied().unwrap_or(0) >= n);
+            if ready {
+                let w = self.waits.remove(i);
+                for (p, n) in w.need {
+                    if let Some(c) = self.signals.get_mut(&(w.rank, p)) {
+                        *c -= n;
+                    }
+                }
+                finish(&done, ncclResult_t::ncclSuccess);
+                continue;
+            }
+            i += 1;
+        }
+    }
+}
+
+impl Rma {
+    /// `rank`'s window of place `seq` is `[ptr, ptr + len)`.
+    pub(crate) fn window_added(&self, rank: usize, seq: u64, ptr: u64, len: usize) {
+        lock(&self.state).windows.insert((rank, seq), (ptr, len));
+    }
+
+    /// `rank` released its window of place `seq`: later puts into it land nowhere.
+    pub(crate) fn window_gone(&self, rank: usize, seq: u64) {
+        lock(&self.state).windows.remove(&(rank, seq));
+    }
+
+    /// `rank` is gone: the waits for its signals fail.
+    pub(crate) fn abort(&self, rank: usize) {
+        let mut st = lock(&self.state);
+        st.aborted.insert(rank);
+        st.settle();
+    }
+
+    /// Waits pending (for leak checks).
+    pub(crate) fn pending(&self) -> usize {
+        let st = lock(&self.state);
+        st.waits
+            .iter()
+            .filter(|w| w.done.strong_count() > 0)
+            .count()
+    }
+}
+
+/// One rank's one-sided operation.
+pub(crate) enum Rma1 {
+    /// `bytes` from `src` on rank `from` into rank `to`'s window of place `seq`, at
+    /// `offset`; then a signal. No data: a plain signal.
+    Put {
+        from: usize,
+        to: usize,
+        data: Option<(u64, usize, u64, u64)>,
+    },
+    /// Rank `rank` waits for `need` (peer, count).
+    Wait {
+        rank: usize,
+        need: Vec<(usize, u64)>,
+    },
+}
+
+impl Rma1 {
+    /// The operation's call and rank, for a wait notice.
+    pub(crate) fn describe(&self, call: &str) -> String {
+        match self {
+            Rma1::Put { from, to, .. } => format!("{call} from rank {from} to rank {to}"),
+            Rma1::Wait { rank, need } => format!("{call} of rank {rank} for {need:?}"),
+        }
+    }
+
+    /// Runs it now on `cuda`'s device memory (a wait: registers it, completed once its
+    /// signals are in).
+    pub(crate) fn start(&self, clique: &Clique, cuda: &MockWorld) -> Done {
+        let done: Done = Arc::new(Mutex::new(None));
+        let rma = &clique.rma;
+        match self {
+            Rma1::Put { from, to, data } => {
+                if let Some((src, bytes, seq, offset)) = *data
+                    && bytes > 0
+                {
+                    let call = format!("ncclPutSignal on rank {from}");
+                    let Ok(d) = cuda.read_device(&call, src, bytes) else {
+                        self.withdraw(clique);
+                        finish(&done, ncclResult_t::ncclUnhandledCudaError);
+                        return done;
+                    };
+                    let target = lock(&rma.state).windows.get(&(*to, seq)).copied();
+                    if let Some((ptr, _)) = target
+                        && cuda
+                            .write_device(
+                                &format!("{call} into rank {to}'s window"),
+                                ptr + offset,
+                                &d,
+                            )
+                            .is_err()
+                    {
+                        self.withdraw(clique);
+                        finish(&done, ncclResult_t::ncclRemoteError);
+                        return done;
+                    }
+                }
+                let mut st = lock(&rma.state);
+                *st.signals.entry((*to, *from)).or_default() += 1;
+                st.settle();
+                drop(st);
+                finish(&done, ncclResult_t::ncclSuccess);
+            }
+            Rma1::Wait { rank, need } => {
+                let mut st = lock(&rma.state);
+                st.waits.push(Waiting {
+                    rank: *rank,
+                    need: need.clone(),
+                    done: Arc::downgrade(&done),
+                });
+                st.settle();
+            }
+        }
+        clique.wake();
+        done
+    }
+
+    /// Takes its place without doing it: the waits that need it fail.
+    pub(crate) fn withdraw(&self, clique: &Clique) {
+        let mut st = lock(&clique.rma.state);
+        match self {
+            Rma1::Put { from, to, .. } => {
+                st.broken.insert((*to, *from));
+            }
+            Rma1::Wait { .. } => {}
+        }
+        st.settle();
+        drop(st);
+        clique.wake();
+    }
+}
