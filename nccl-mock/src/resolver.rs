@@ -29,7 +29,7 @@ static LOOKUPS: [fn(&[u8]) -> *const c_void; cuda_mock::MAX_WORLDS] =
 
 /// Slot `W`'s function named `name`, from whichever module declares it.
 fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
-    let modules: [fn(&[u8]) -> *const c_void; 8] = [
+    let modules: [fn(&[u8]) -> *const c_void; 9] = [
         registry::lookup::<W>,
         init::lookup::<W>,
         query::lookup::<W>,
