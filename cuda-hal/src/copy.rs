@@ -155,6 +155,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
             return Ok(());
         }
         DeviceSlice::used_on(self, stream)?;
+        let _done = crate::Enqueuing::new(&*self, stream);
         let ctx = self.context();
         let _g = ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `dst` alive.
@@ -286,6 +287,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
             return Ok(());
         }
         DeviceSlice::used_on(self, stream)?;
+        let _done = crate::Enqueuing::new(&*self, stream);
         let ctx = self.context();
         let _g = ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `src` alive.
@@ -333,7 +335,9 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
         }
         let _order = stream.enqueue_lock();
         DeviceSlice::used_on(self, stream)?;
+        let _dst_done = crate::Enqueuing::new(&*self, stream);
         src.used_on(stream)?;
+        let _src_done = crate::Enqueuing::new(src, stream);
         let _g = ctx.bind()?;
         if src.context() == ctx {
             // SAFETY: both ranges are live device memory of `size_bytes()`, kept so for
@@ -450,6 +454,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
         let n = self.size_bytes();
         let _order = stream.enqueue_lock();
         DeviceSlice::used_on(self, stream)?;
+        let _done = crate::Enqueuing::new(&*self, stream);
         let _g = ctx.bind()?;
         let (cuda, p, s) = (ctx.cuda(), self.as_raw(), stream.as_raw());
         match pattern {

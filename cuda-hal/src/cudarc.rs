@@ -225,36 +225,40 @@ impl<'a, T: DeviceRepr> BorrowedMut<'a, T> {
 }
 
 impl Lent {
-    /// Before work on `stream`: refused if it could outlive the borrow; `stream` waits
-    /// for the home stream; once the work is enqueued, cudarc's event is recorded after
-    /// it and the home stream waits for it.
+    /// Before work on `stream`: refused if it could outlive the borrow (a group, a capture
+    /// of `stream` or of the home stream, which an event recorded there would drag
+    /// `stream` into); then `stream` waits for the home stream.
     fn used_on(&self, stream: &Stream) -> Result<()> {
         stream.expect_immediate(self.what)?;
-        let cuda = self.ctx.cuda().clone();
-        let same = stream.as_raw() == self.home.as_raw();
-        if !same {
+        self.home.expect_immediate(self.what)?;
+        if stream.as_raw() != self.home.as_raw() {
             order(&self.home, stream)?;
         }
-        let (event, home, ours) = (self.event, self.home.clone(), stream.clone());
-        stream.after_enqueue(move || {
-            let mut ok = true;
-            if let Some(e) = event {
-                // SAFETY: cudarc's event, alive for the borrow, which lasts until the
-                // enqueueing call returns (this runs before it does: no group or capture,
-                // checked above); `ours` is a live stream of the event's context.
-                let rc = unsafe { (cuda.fns().cuEventRecord)(e, ours.as_raw()) };
-                ok &= rc.0 == 0;
-            }
-            if !same {
-                ok &= order(&ours, &home).is_ok();
-            }
-            if !ok && ours.synchronize().is_err() {
-                eprintln!(
-                    "cuda-hal: cudarc memory at a lost stream: its next use in cudarc is \
-                     not ordered after this crate's work"
-                );
-            }
-        })
+        Ok(())
+    }
+
+    /// After the enqueueing call, while the borrow still lasts: cudarc's event is recorded
+    /// after this crate's work, and the home stream waits for it, so cudarc's next use
+    /// and its free come after (failing both, the host waits for `stream`).
+    fn enqueued_on(&self, stream: &Stream) {
+        let cuda = self.ctx.cuda();
+        let mut ok = true;
+        if let Some(e) = self.event {
+            // SAFETY: cudarc's event, alive while the slice is borrowed, which it is for
+            // as long as `self` is (this runs from the enqueueing call, which borrows it);
+            // `stream` is a live stream of the event's context.
+            let rc = unsafe { (cuda.fns().cuEventRecord)(e, stream.as_raw()) };
+            ok &= rc.0 == 0;
+        }
+        if stream.as_raw() != self.home.as_raw() {
+            ok &= order(stream, &self.home).is_ok();
+        }
+        if !ok && stream.synchronize().is_err() {
+            eprintln!(
+                "cuda-hal: cudarc memory used on a failed stream: its next use in cudarc is not \
+                 ordered after this crate's work"
+            );
+        }
     }
 }
 
@@ -294,9 +298,11 @@ fn same_context(ctx: &Context, theirs: &Arc<CudaContext>, what: &'static str) ->
 macro_rules! lent_slice {
     ($ty:ident) => {
         // SAFETY: cudarc's memory of `ctx`, `len` elements at `ptr`, borrowed for 'a so it
-        // is neither freed nor written by cudarc meanwhile; work enqueued after `used_on`
-        // runs before the borrow ends (deferred work is refused), and cudarc's next use
-        // and its free wait for it (the hook of `Lent::used_on`).
+        // is neither freed nor written by cudarc meanwhile. Work enqueued after `used_on`
+        // is enqueued for real by the call that asked (groups and captures, of the stream
+        // or of the home stream, are refused), and `enqueued_on`, which that call makes
+        // while the borrow lasts, makes cudarc's next use and its free wait for it. A
+        // `used_on` without an enqueueing call enqueues nothing that could need ordering.
         unsafe impl<T: DeviceRepr> DeviceSlice for $ty<'_, T> {
             type Elem = T;
             fn device_ptr(&self) -> CUdeviceptr {
@@ -310,6 +316,9 @@ macro_rules! lent_slice {
             }
             fn used_on(&self, stream: &Stream) -> Result<()> {
                 self.lent.used_on(stream)
+            }
+            fn enqueued_on(&self, stream: &Stream) {
+                self.lent.enqueued_on(stream)
             }
             /// Synchronous calls run on the legacy default stream, which does not wait
             /// for cudarc's (non-blocking) streams: wait for the home stream here.

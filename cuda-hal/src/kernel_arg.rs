@@ -75,6 +75,14 @@ pub unsafe trait KernelArg {
     /// is noted as used on `stream` here (see [`DeviceSlice::used_on`]). An `Err` means
     /// nothing is launched.
     fn prepare(&self, stream: &Stream) -> Result<Self::Raw>;
+
+    /// The launch that [`prepare`](Self::prepare) prepared for has been enqueued (or
+    /// failed): device memory hears of it ([`DeviceSlice::enqueued_on`]). The default
+    /// does nothing.
+    #[inline]
+    fn enqueued(&self, stream: &Stream) {
+        let _ = stream;
+    }
 }
 
 macro_rules! scalar_arg {
@@ -167,6 +175,10 @@ unsafe impl<S: DeviceSlice + ?Sized> KernelArg for &S {
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
         memory(*self, stream)
     }
+    #[inline]
+    fn enqueued(&self, stream: &Stream) {
+        (**self).enqueued_on(stream);
+    }
 }
 
 // SAFETY: as above.
@@ -175,6 +187,10 @@ unsafe impl<S: DeviceSliceMut + ?Sized> KernelArg for &mut S {
     #[inline]
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
         memory(&**self, stream)
+    }
+    #[inline]
+    fn enqueued(&self, stream: &Stream) {
+        (**self).enqueued_on(stream);
     }
 }
 
@@ -185,6 +201,10 @@ unsafe impl<T: DeviceRepr> KernelArg for DeviceView<'_, T> {
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
         memory(self, stream)
     }
+    #[inline]
+    fn enqueued(&self, stream: &Stream) {
+        DeviceSlice::enqueued_on(self, stream);
+    }
 }
 
 // SAFETY: as above.
@@ -193,6 +213,10 @@ unsafe impl<T: DeviceRepr> KernelArg for DeviceViewMut<'_, T> {
     #[inline]
     fn prepare(&self, stream: &Stream) -> Result<CUdeviceptr> {
         memory(self, stream)
+    }
+    #[inline]
+    fn enqueued(&self, stream: &Stream) {
+        DeviceSlice::enqueued_on(self, stream);
     }
 }
 
@@ -231,6 +255,11 @@ pub trait KernelArgs: sealed::Sealed {
     /// Pointers to each value of `raw`, valid while `raw` is neither moved nor dropped.
     #[doc(hidden)]
     fn pointers(raw: &mut Self::Raw) -> Self::Pointers;
+
+    /// The launch has been enqueued (or failed): every argument hears of it
+    /// ([`KernelArg::enqueued`]).
+    #[doc(hidden)]
+    fn enqueued(&self, stream: &Stream);
 }
 
 impl sealed::Sealed for () {}
@@ -244,6 +273,7 @@ impl KernelArgs for () {
     fn pointers(_: &mut ()) -> [*mut c_void; 0] {
         []
     }
+    fn enqueued(&self, _: &Stream) {}
 }
 
 macro_rules! tuple_args {
@@ -260,6 +290,10 @@ macro_rules! tuple_args {
             #[inline]
             fn pointers(raw: &mut Self::Raw) -> Self::Pointers {
                 [$((&raw mut raw.$i).cast::<c_void>()),+]
+            }
+            #[inline]
+            fn enqueued(&self, stream: &Stream) {
+                $(self.$i.enqueued(stream);)+
             }
         }
     };

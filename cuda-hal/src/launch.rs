@@ -159,7 +159,7 @@ impl Function<'_> {
         // until the call returns (the driver copies them); no `extra`. Device memory in
         // the arguments is of this context and kept allocated for the kernel by `prepare`.
         // What the kernel does with them is the caller's contract.
-        unsafe {
+        let launched = unsafe {
             call!(
                 self.ctx.cuda(),
                 cuLaunchKernel(
@@ -176,7 +176,10 @@ impl Function<'_> {
                     std::ptr::null_mut()
                 )
             )
-        }
+        };
+        // Still borrowed: owners of the memory hear of the launch.
+        args.enqueued(stream);
+        launched
     }
 
     fn check_config(&self, config: &LaunchConfig) -> Result<()> {

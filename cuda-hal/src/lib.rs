@@ -215,7 +215,7 @@ pub use module::{Global, Module};
 pub use pinned::PinnedBuffer;
 pub use repr::DeviceRepr;
 pub use selector::{DeviceSelector, DeviceUuid, PciBusId};
-pub use slice::{DeviceSlice, DeviceSliceMut};
+pub use slice::{DeviceSlice, DeviceSliceMut, Enqueuing};
 pub use stream::{EnqueueLock, Stream};
 pub use tracking::{DeferScope, Dependency, KeepAlive, StreamLog};
 pub use view::{Chunks, ChunksMut, DeviceView, DeviceViewMut};

@@ -101,6 +101,17 @@ pub unsafe trait DeviceSlice: Sync {
     /// means nothing is enqueued.
     fn used_on(&self, stream: &Stream) -> Result<()>;
 
+    /// The work [`used_on`](Self::used_on) announced for `stream` has been enqueued (or
+    /// its enqueueing call failed): called by every enqueueing call of this crate and
+    /// nccl-channel right after the driver or NCCL call, while the value is still
+    /// borrowed. An owner that orders its own next use after this crate's work with events
+    /// (cudarc does) records them here. Inside an NCCL group the work is only enqueued at
+    /// the group's end: for that, use [`Stream::after_enqueue`] with data of your own, or
+    /// refuse groups ([`Stream::expect_immediate`]). The default does nothing.
+    fn enqueued_on(&self, stream: &Stream) {
+        let _ = stream;
+    }
+
     /// A synchronous call is about to use this memory (e.g. an allocation made in stream
     /// order must be complete first). The default: nothing to do.
     fn used_synchronously(&self) -> Result<()> {
@@ -157,3 +168,53 @@ pub unsafe trait DeviceSlice: Sync {
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
 pub unsafe trait DeviceSliceMut: DeviceSlice {}
+
+/// Calls [`DeviceSlice::enqueued_on`] when dropped: made right after
+/// [`used_on`](DeviceSlice::used_on) succeeded and kept until the enqueueing call is done,
+/// so that the owner hears of the work on every path out of the call (an error, a panic).
+///
+/// ```
+/// use cuda_hal::{DeviceBuffer, DeviceSlice, Enqueuing, Stream};
+/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+/// # let ctx = cuda.device(0)?.primary_context()?;
+/// let stream = Stream::non_blocking(&ctx)?;
+/// let buf = DeviceBuffer::<u8>::zeroed(&ctx, 64)?;
+/// {
+///     let _order = stream.enqueue_lock();
+///     buf.used_on(&stream)?;
+///     let _enqueuing = Enqueuing::new(&buf, &stream);
+///     let f = cuda.fns().cuMemsetD8Async;
+///     // SAFETY: 64 bytes of live device memory of the stream's context, noted as used.
+///     cuda.check(unsafe { f(buf.as_raw(), 7, 64, stream.as_raw()) }, "cuMemsetD8Async")?;
+/// } // `buf.enqueued_on(&stream)`, then the lock's release
+/// assert_eq!(buf.to_vec()?, [7; 64]);
+/// # Ok::<(), cuda_hal::Error>(())
+/// ```
+#[must_use = "the owner hears of the work when this is dropped"]
+pub struct Enqueuing<'a, S: DeviceSlice + ?Sized> {
+    slice: &'a S,
+    stream: &'a Stream,
+}
+
+impl<'a, S: DeviceSlice + ?Sized> Enqueuing<'a, S> {
+    /// For `slice`, whose work on `stream` is about to be enqueued.
+    #[inline]
+    pub fn new(slice: &'a S, stream: &'a Stream) -> Self {
+        Enqueuing { slice, stream }
+    }
+}
+
+impl<S: DeviceSlice + ?Sized> Drop for Enqueuing<'_, S> {
+    #[inline]
+    fn drop(&mut self) {
+        self.slice.enqueued_on(self.stream);
+    }
+}
+
+impl<S: DeviceSlice + ?Sized> std::fmt::Debug for Enqueuing<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enqueuing")
+            .field("len", &self.slice.len())
+            .finish()
+    }
+}

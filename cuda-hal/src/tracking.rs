@@ -415,9 +415,7 @@ impl Drop for DeferScope {
             if settled {
                 // The group's work is enqueued: its owners may order themselves after it
                 // (unsettled, they never run: what they would order stays held).
-                for f in ManuallyDrop::into_inner(after) {
-                    f();
-                }
+                after::run_all(ManuallyDrop::into_inner(after));
                 drop(ManuallyDrop::into_inner(each));
                 drop(ManuallyDrop::into_inner(held));
                 drop(ManuallyDrop::into_inner(streams));
@@ -613,8 +611,17 @@ pub(crate) mod after {
             })
             .unwrap_or_default();
         // Outside the borrow: a hook may enqueue (record an event) and take locks.
-        for f in mine {
-            f();
+        run_all(mine);
+    }
+
+    /// Runs every hook, even when one panics (the others order owners' memory after
+    /// work already enqueued). Hooks run from drops (a lock's release, a group's end),
+    /// which never panic: a hook's panic is said on stderr instead.
+    pub(crate) fn run_all(hooks: Vec<Hook>) {
+        for f in hooks {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                eprintln!("cuda-hal: a Stream::after_enqueue hook panicked; the others ran");
+            }
         }
     }
 }

@@ -37,6 +37,13 @@ impl<'a, T: DeviceRepr> Base<'a, T> {
     }
 
     #[inline]
+    fn enqueued_on(&self, stream: &Stream) {
+        if let Base::Slice(s) = self {
+            s.enqueued_on(stream);
+        }
+    }
+
+    #[inline]
     fn used_synchronously(&self) -> Result<()> {
         match self {
             Base::Slice(s) => s.used_synchronously(),
@@ -529,6 +536,10 @@ macro_rules! view_slice {
             #[inline]
             fn used_on(&self, stream: &Stream) -> Result<()> {
                 self.base.used_on(stream)
+            }
+            #[inline]
+            fn enqueued_on(&self, stream: &Stream) {
+                self.base.enqueued_on(stream)
             }
             #[inline]
             fn used_synchronously(&self) -> Result<()> {

@@ -2,7 +2,9 @@
 
 use std::ffi::c_void;
 
-use cuda_hal::{DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, EnqueueLock, Stream};
+use cuda_hal::{
+    DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, EnqueueLock, Enqueuing, Stream,
+};
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
 use crate::{Communicator, Error, NcclType, ReduceOp, Result, group};
@@ -82,11 +84,27 @@ impl Communicator {
 
     /// `buf` is ours and holds `expected` elements; the work about to be enqueued on
     /// `stream` uses it (its free waits for that work; an open capture or group holds it).
-    pub(crate) fn check_buf<T: NcclType>(
+    /// The guard tells `buf` when the call is done ([`DeviceSlice::enqueued_on`]): keep it
+    /// until after the NCCL call.
+    pub(crate) fn check_buf<'b, T: NcclType, S: DeviceSlice<Elem = T> + ?Sized>(
         &self,
         what: &'static str,
         buffer: &'static str,
-        buf: &(impl DeviceSlice<Elem = T> + ?Sized),
+        buf: &'b S,
+        expected: usize,
+        stream: &'b Stream,
+    ) -> Result<Enqueuing<'b, S>> {
+        self.check_buf_noted(what, buffer, buf, expected, stream)?;
+        Ok(Enqueuing::new(buf, stream))
+    }
+
+    /// As [`check_buf`](Self::check_buf), without the guard: the caller makes one for a
+    /// value that outlives this call (a root-only view moved back out).
+    fn check_buf_noted<T: NcclType, S: DeviceSlice<Elem = T> + ?Sized>(
+        &self,
+        what: &'static str,
+        buffer: &'static str,
+        buf: &S,
         expected: usize,
         stream: &Stream,
     ) -> Result<()> {
@@ -217,8 +235,8 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_reduce";
         let _order = self.begin::<T>(W, stream)?;
-        self.check_buf(W, "send", send, send.len(), stream)?;
-        self.check_buf(W, "recv", recv, send.len(), stream)?;
+        let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
+        let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
         self.raw_all_reduce(at(send), at(recv), send.len(), op, stream)
     }
 
@@ -231,7 +249,7 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_reduce_in_place";
         let _order = self.begin::<T>(W, stream)?;
-        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
         self.raw_all_reduce(p, p, buf.len(), op, stream)
     }
@@ -308,8 +326,9 @@ impl Communicator {
         const W: &str = "all_gather";
         let _order = self.begin::<T>(W, stream)?;
         let count = send.len();
-        self.check_buf(W, "send", send, count, stream)?;
-        self.check_buf(W, "recv", recv, count.saturating_mul(self.size()), stream)?;
+        let _send_done = self.check_buf(W, "send", send, count, stream)?;
+        let _recv_done =
+            self.check_buf(W, "recv", recv, count.saturating_mul(self.size()), stream)?;
         self.raw_all_gather::<T>(at(send), at(recv), count, stream)
     }
 
@@ -354,7 +373,7 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_gather_in_place";
         let _order = self.begin::<T>(W, stream)?;
-        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         self.raw_all_gather::<T>(offset(buf, self.rank() * count), at(buf), count, stream)
     }
@@ -422,8 +441,9 @@ impl Communicator {
         const W: &str = "reduce_scatter";
         let _order = self.begin::<T>(W, stream)?;
         let count = recv.len();
-        self.check_buf(W, "send", send, count.saturating_mul(self.size()), stream)?;
-        self.check_buf(W, "recv", recv, count, stream)?;
+        let _send_done =
+            self.check_buf(W, "send", send, count.saturating_mul(self.size()), stream)?;
+        let _recv_done = self.check_buf(W, "recv", recv, count, stream)?;
         self.raw_reduce_scatter(at(send), at(recv), count, op, stream)
     }
 
@@ -436,7 +456,7 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "reduce_scatter_in_place";
         let _order = self.begin::<T>(W, stream)?;
-        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         let recv = offset(buf, self.rank() * count);
         self.raw_reduce_scatter(at(buf), recv, count, op, stream)
@@ -510,10 +530,10 @@ impl Communicator {
         const W: &str = "broadcast";
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "recv", recv, recv.len(), stream)?;
-        let sendp = self
-            .root_send(W, send, root, recv.len(), stream)?
-            .unwrap_or(at(recv));
+        let _recv_done = self.check_buf(W, "recv", recv, recv.len(), stream)?;
+        let send = self.root_send(W, send, root, recv.len(), stream)?;
+        let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
+        let sendp = send.as_ref().map_or(at(recv), at);
         self.raw_broadcast::<T>(sendp, at(recv), recv.len(), r, stream)
     }
 
@@ -528,21 +548,21 @@ impl Communicator {
         const W: &str = "broadcast_in_place";
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
         self.raw_broadcast::<T>(p, p, buf.len(), r, stream)
     }
 
     /// The root's send pointer: required on the root (with `len` elements), ignored
     /// elsewhere.
-    fn root_send<T: NcclType>(
+    fn root_send<'v, T: NcclType>(
         &self,
         what: &'static str,
-        send: Option<DeviceView<'_, T>>,
+        send: Option<DeviceView<'v, T>>,
         root: usize,
         len: usize,
         stream: &Stream,
-    ) -> Result<Option<*mut c_void>> {
+    ) -> Result<Option<DeviceView<'v, T>>> {
         if self.rank() != root {
             return Ok(None);
         }
@@ -552,8 +572,8 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the send buffer"),
             });
         };
-        self.check_buf(what, "send", &s, len, stream)?;
-        Ok(Some(at(&s)))
+        self.check_buf_noted(what, "send", &s, len, stream)?;
+        Ok(Some(s))
     }
 
     fn raw_broadcast<T: NcclType>(
@@ -624,10 +644,10 @@ impl Communicator {
         const W: &str = "reduce";
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "send", send, send.len(), stream)?;
-        let recvp = self
-            .root_recv(W, recv, root, send.len(), stream)?
-            .unwrap_or(at(send));
+        let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
+        let recv = self.root_recv(W, recv, root, send.len(), stream)?;
+        let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
+        let recvp = recv.as_ref().map_or(at(send), at);
         self.raw_reduce(at(send), recvp, send.len(), op, r, stream)
     }
 
@@ -642,19 +662,19 @@ impl Communicator {
         const W: &str = "reduce_in_place";
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
         self.raw_reduce(p, p, buf.len(), op, r, stream)
     }
 
-    fn root_recv<T: NcclType>(
+    fn root_recv<'v, T: NcclType>(
         &self,
         what: &'static str,
-        recv: Option<DeviceViewMut<'_, T>>,
+        recv: Option<DeviceViewMut<'v, T>>,
         root: usize,
         len: usize,
         stream: &Stream,
-    ) -> Result<Option<*mut c_void>> {
+    ) -> Result<Option<DeviceViewMut<'v, T>>> {
         if self.rank() != root {
             return Ok(None);
         }
@@ -664,8 +684,8 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the receive buffer"),
             });
         };
-        self.check_buf(what, "recv", &r, len, stream)?;
-        Ok(Some(at(&r)))
+        self.check_buf_noted(what, "recv", &r, len, stream)?;
+        Ok(Some(r))
     }
 
     fn raw_reduce<T: NcclType>(
@@ -743,7 +763,7 @@ impl Communicator {
         const W: &str = "send";
         let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
-        self.check_buf(W, "send", buf, buf.len(), stream)?;
+        let _send_done = self.check_buf(W, "send", buf, buf.len(), stream)?;
         self.raw_send::<T>(at(buf), buf.len(), p, stream)
     }
 
@@ -759,7 +779,7 @@ impl Communicator {
         const W: &str = "recv";
         let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
-        self.check_buf(W, "recv", buf, buf.len(), stream)?;
+        let _recv_done = self.check_buf(W, "recv", buf, buf.len(), stream)?;
         self.raw_recv::<T>(at(buf), buf.len(), p, stream)
     }
 
@@ -855,8 +875,8 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_to_all";
         let _order = self.begin::<T>(W, stream)?;
-        self.check_buf(W, "send", send, send.len(), stream)?;
-        self.check_buf(W, "recv", recv, send.len(), stream)?;
+        let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
+        let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
         let m = self.divisible(W, "send", send.len())?;
         if let Ok((f, call)) = optional!(self.nccl(), ncclAlltoAll) {
             // SAFETY: both buffers hold n * m elements of T on our device.
@@ -937,8 +957,10 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = send.len();
-        self.check_buf(W, "send", send, m, stream)?;
-        let recvp = self.root_recv(W, recv, root, m.saturating_mul(self.size()), stream)?;
+        let _send_done = self.check_buf(W, "send", send, m, stream)?;
+        let recv = self.root_recv(W, recv, root, m.saturating_mul(self.size()), stream)?;
+        let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
+        let recvp = recv.as_ref().map(at);
         if let Ok((f, call)) = optional!(self.nccl(), ncclGather) {
             let recvp = recvp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no receive buffer, which NCCL ignores.
@@ -1022,8 +1044,10 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = recv.len();
-        self.check_buf(W, "recv", recv, m, stream)?;
-        let sendp = self.root_send(W, send, root, m.saturating_mul(self.size()), stream)?;
+        let _recv_done = self.check_buf(W, "recv", recv, m, stream)?;
+        let send = self.root_send(W, send, root, m.saturating_mul(self.size()), stream)?;
+        let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
+        let sendp = send.as_ref().map(at);
         if let Ok((f, call)) = optional!(self.nccl(), ncclScatter) {
             let sendp = sendp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no send buffer, which NCCL ignores.

@@ -157,7 +157,7 @@ impl Window<'_> {
                     .into(),
             });
         }
-        comm.check_buf(W, "send", src, src.len(), stream)?;
+        let _send_done = comm.check_buf(W, "send", src, src.len(), stream)?;
         // NCCL reaches the peer's memory through this window: its release waits for the
         // put, and an open capture or group holds it.
         registry.used(self.device_ptr(), self.size_bytes(), stream);

@@ -446,3 +446,82 @@ fn host_waits_a_strict_capture_forbids_are_refused_and_frees_wait_for_its_graph(
     s.end_capture().unwrap();
     assert!(world.violations().is_empty(), "{:?}", world.violations());
 }
+
+/// Memory that counts what it hears: `used_on` before, `enqueued_on` after the driver call
+/// (seen through the simulated driver's call counter), once each per use, while borrowed.
+struct Probe<'a> {
+    buf: &'a DeviceBuffer<u32>,
+    world: &'a cuda_mock::MockWorld,
+    heard: Mutex<Vec<(&'static str, u64)>>,
+}
+// SAFETY: forwards to the buffer, which keeps the promises.
+unsafe impl cuda_hal::DeviceSlice for Probe<'_> {
+    type Elem = u32;
+    fn device_ptr(&self) -> cuda_hal::cuda_sys::CUdeviceptr {
+        self.buf.as_raw()
+    }
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+    fn context(&self) -> &Context {
+        self.buf.context()
+    }
+    fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
+        let n = self.world.calls("cuMemcpyDtoDAsync") + self.world.calls("cuMemsetD32Async");
+        self.heard.lock().unwrap().push(("used_on", n));
+        self.buf.used_on(stream)
+    }
+    fn enqueued_on(&self, _stream: &Stream) {
+        let n = self.world.calls("cuMemcpyDtoDAsync") + self.world.calls("cuMemsetD32Async");
+        self.heard.lock().unwrap().push(("enqueued_on", n));
+    }
+}
+
+// SAFETY: the buffer's memory is writable, and `&mut Probe` is its only writer here.
+unsafe impl cuda_hal::DeviceSliceMut for Probe<'_> {}
+
+#[test]
+fn memory_hears_of_each_enqueue_after_the_driver_call_while_borrowed() {
+    let (_cuda, world, ctx) = rig();
+    let stream = Stream::non_blocking(&ctx).unwrap();
+    let (a, b) = (
+        DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap(),
+        DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap(),
+    );
+    let probe = |buf| Probe {
+        buf,
+        world: &world,
+        heard: Mutex::new(Vec::new()),
+    };
+    let (src, mut dst) = (probe(&a), probe(&b));
+    cuda_hal::DeviceViewMut::new(&mut dst)
+        .copy_from_async(&src, &stream)
+        .unwrap();
+    assert_eq!(
+        *src.heard.lock().unwrap(),
+        [("used_on", 0), ("enqueued_on", 1)]
+    );
+    assert_eq!(
+        *dst.heard.lock().unwrap(),
+        [("used_on", 0), ("enqueued_on", 1)]
+    );
+    cuda_hal::DeviceViewMut::new(&mut dst)
+        .fill_async(7, &stream)
+        .unwrap();
+    assert_eq!(
+        dst.heard.lock().unwrap()[2..],
+        [("used_on", 1), ("enqueued_on", 2)]
+    );
+    // A use that enqueues nothing is not heard of later (nothing to order).
+    {
+        let _order = stream.enqueue_lock();
+        cuda_hal::DeviceSlice::used_on(&src, &stream).unwrap();
+    }
+    assert_eq!(
+        src.heard.lock().unwrap().len(),
+        3,
+        "used_on alone: no later call"
+    );
+    stream.synchronize().unwrap();
+    assert_eq!(b.to_vec().unwrap(), [7; 4]);
+}

@@ -3,6 +3,7 @@
 //! the exit status. Each case runs in a child process (the machine is per process).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cudarc_attacks;
 mod cudarc_interop;
 
 use std::path::{Path, PathBuf};
