@@ -70,6 +70,7 @@ impl Communicator {
     /// communicator (held by an open capture or group).
     fn check_stream<'s>(&self, what: &'static str, stream: &'s Stream) -> Result<EnqueueLock<'s>> {
         self.handle()?;
+        self.shared().suspend.refuse(what)?;
         let order = stream.enqueue_lock();
         self.hold_for(stream);
         self.same_context(what, "stream", stream.context())?;

@@ -6,7 +6,7 @@
 
 use std::ffi::{CStr, c_void};
 
-use crate::{collective, group, init, query, redop, registry};
+use crate::{collective, encryption, group, init, params, query, redop, registry, simulate, suspend};
 use nccl_sys::NcclFns;
 
 pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *const c_void {
@@ -29,7 +29,7 @@ static LOOKUPS: [fn(&[u8]) -> *const c_void; cuda_mock::MAX_WORLDS] =
 
 /// Slot `W`'s function named `name`, from whichever module declares it.
 fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
-    let modules: [fn(&[u8]) -> *const c_void; 7] = [
+    let modules: [fn(&[u8]) -> *const c_void; 12] = [
         registry::lookup::<W>,
         init::lookup::<W>,
         query::lookup::<W>,
@@ -37,6 +37,11 @@ fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
         collective::lookup::<W>,
         group::lookup::<W>,
         redop::lookup::<W>,
+        suspend::lookup::<W>,
+        simulate::lookup::<W>,
+        params::lookup::<W>,
+        params::void_lookup::<W>,
+        encryption::lookup::<W>,
     ];
     modules
         .iter()

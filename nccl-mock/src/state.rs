@@ -155,6 +155,8 @@ pub(crate) struct State {
     /// `slow_polls` a non-blocking communicator's registration or window registration
     /// sets (it then answers ncclInProgress); 0: registrations complete at once.
     pub(crate) slow_registrations: u64,
+    /// Communicators suspended by `ncclCommSuspend(NCCL_SUSPEND_MEM)` (suspend.rs).
+    pub(crate) suspended: std::collections::HashSet<usize>,
 }
 
 impl State {

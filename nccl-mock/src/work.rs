@@ -116,8 +116,12 @@ impl Work {
     /// and the ranges valid; the ranges are recorded as uses on the stream. A refused
     /// part is withdrawn and `Err` holds `ncclUnhandledCudaError`.
     pub(crate) fn admit(&self, w: &NWorld, call: &str) -> Result<(), ncclResult_t> {
-        let dead = w.lock().dead.get(&self.comm).copied();
-        let refused = match dead {
+        let (dead, suspended) = {
+            let mut s = w.lock();
+            let suspended = s.refuse_suspended(w, call, self.comm).is_err();
+            (s.dead.get(&self.comm).copied(), suspended)
+        };
+        let refused = suspended || match dead {
             Some(by) => {
                 let comm = self.comm;
                 w.cuda
