@@ -108,7 +108,8 @@ impl Group<'_> {
     /// returns NCCL's prediction of its time (`ncclSimInfo_t.estimatedTime`, in
     /// microseconds). None of the group's collectives and sends/receives runs (a peer
     /// that launches its part for real waits for this rank's, as with NCCL); inits and
-    /// splits in the group do complete. What the calls held is released at once.
+    /// splits in the group do complete. What the calls held is released at once. A group
+    /// with nothing to launch predicts zero.
     ///
     /// Refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument) (after
     /// ending the group) when NCCL answers "in progress": a group of non-blocking
@@ -157,6 +158,10 @@ impl Group<'_> {
         }
         check(self.nccl, rc, call, None)?;
         let us = f64::from(info.estimatedTime);
+        if info.estimatedTime == nccl_sys::NCCL_SIM_INFO_INITIALIZER.estimatedTime {
+            // Left as initialised: the group held nothing to launch.
+            return Ok(std::time::Duration::ZERO);
+        }
         if !us.is_finite() || us < 0.0 {
             return Err(crate::Error::InvalidArgument {
                 what: "Group::simulate_end",

@@ -11,7 +11,13 @@ use crate::{Error, Result, check};
 
 mod sealed {
     pub trait Sealed {}
+
+    /// A handle `ncclParamBind` gave: only this module makes one, so the trait's reader
+    /// cannot be called with anything else.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Handle(pub(super) nccl_sys::ncclParamHandle_t);
 }
+use sealed::Handle;
 
 /// A type an NCCL parameter can be read as: `i8` to `i64`, `u8` to `u64`, and `String`.
 /// Each parameter has one type; reading it as another is [`Error::ParamType`].
@@ -19,7 +25,7 @@ pub trait ParamValue: sealed::Sealed + Sized {
     /// The Rust name, for errors.
     const NAME: &'static str;
     #[doc(hidden)]
-    fn read(nccl: &Nccl, h: ncclParamHandle_t) -> Result<Option<Self>>;
+    fn read(nccl: &Nccl, h: Handle) -> Result<Option<Self>>;
 }
 
 macro_rules! numbers {
@@ -27,12 +33,12 @@ macro_rules! numbers {
         impl sealed::Sealed for $t {}
         impl ParamValue for $t {
             const NAME: &'static str = stringify!($t);
-            fn read(nccl: &Nccl, h: ncclParamHandle_t) -> Result<Option<Self>> {
+            fn read(nccl: &Nccl, h: Handle) -> Result<Option<Self>> {
                 let (f, call) = optional!(nccl, $f)?;
                 let mut v: $t = 0;
                 // SAFETY: a handle ncclParamBind gave (owned by NCCL's registry for the
                 // process's life) and a valid out-pointer of the getter's type.
-                let rc = unsafe { f(h, &mut v) };
+                let rc = unsafe { f(h.0, &mut v) };
                 typed(nccl, rc, call).map(|ok| ok.then_some(v))
             }
         }
@@ -47,11 +53,11 @@ numbers!(
 impl sealed::Sealed for String {}
 impl ParamValue for String {
     const NAME: &'static str = "String";
-    fn read(nccl: &Nccl, h: ncclParamHandle_t) -> Result<Option<Self>> {
+    fn read(nccl: &Nccl, h: Handle) -> Result<Option<Self>> {
         let (f, call) = optional!(nccl, ncclParamGetStr)?;
         let mut p: *const c_char = std::ptr::null();
         // SAFETY: a handle ncclParamBind gave and a valid out-pointer.
-        let rc = unsafe { f(h, &mut p) };
+        let rc = unsafe { f(h.0, &mut p) };
         if !typed(nccl, rc, call)? {
             return Ok(None);
         }
@@ -106,7 +112,7 @@ fn c_key(key: &str) -> Result<CString> {
 /// ```
 pub struct Param<'n, T: ParamValue> {
     nccl: &'n Nccl,
-    handle: ncclParamHandle_t,
+    handle: Handle,
     key: String,
     _t: PhantomData<fn() -> T>,
 }
@@ -121,7 +127,7 @@ impl<T: ParamValue> std::fmt::Debug for Param<'_, T> {
 }
 
 /// The handle of `key` (`ncclParamBind`).
-fn bind(nccl: &Nccl, key: &str) -> Result<ncclParamHandle_t> {
+fn bind(nccl: &Nccl, key: &str) -> Result<Handle> {
     let (f, call) = optional!(nccl, ncclParamBind)?;
     let c = c_key(key)?;
     let mut h: ncclParamHandle_t = std::ptr::null_mut();
@@ -129,7 +135,7 @@ fn bind(nccl: &Nccl, key: &str) -> Result<ncclParamHandle_t> {
     let rc = unsafe { f(&mut h, c.as_ptr()) };
     match rc {
         ncclResult_t::ncclInvalidArgument => Err(Error::UnknownParam { key: key.into() }),
-        _ => check(nccl, rc, call, None).map(|()| h),
+        _ => check(nccl, rc, call, None).map(|()| Handle(h)),
     }
 }
 

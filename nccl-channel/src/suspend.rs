@@ -224,7 +224,10 @@ impl Communicator {
         let shared = self.shared();
         shared.suspend.refuse(WHAT)?;
         let busy = if DeferScope::is_open() || shared.in_group() {
-            Some("a group is open: NCCL would suspend only at its end; suspend outside groups".into())
+            Some(
+                "a group is open: NCCL would suspend only at its end; suspend outside groups"
+                    .into(),
+            )
         } else {
             shared.suspend.busy()
         };

@@ -148,7 +148,11 @@ impl Param {
                 }
                 Some(v) => v
                     .split(',')
-                    .filter_map(|n| self.options.iter().find(|(o, _)| o.eq_ignore_ascii_case(n.trim())))
+                    .filter_map(|n| {
+                        self.options
+                            .iter()
+                            .find(|(o, _)| o.eq_ignore_ascii_case(n.trim()))
+                    })
                     .fold(0, |a, (_, b)| a | b),
             }),
             Ty::Str => None,
@@ -159,7 +163,12 @@ impl Param {
     fn text(&self) -> String {
         match self.ty {
             Ty::Str => env(self.key).unwrap_or_else(|| self.default_str.to_string()),
-            Ty::Bool => if self.number() == Some(1) { "TRUE" } else { "FALSE" }.to_string(),
+            Ty::Bool => if self.number() == Some(1) {
+                "TRUE"
+            } else {
+                "FALSE"
+            }
+            .to_string(),
             Ty::Level => self
                 .number()
                 .and_then(|v| self.options.iter().find(|(_, b)| *b == v))
@@ -167,6 +176,10 @@ impl Param {
                 .to_string(),
             Ty::U32 | Ty::U64 => {
                 let v = self.number().unwrap_or(0);
+                // NCCL prints the option that equals the value first: "ALL".
+                if v != 0 && v == self.options.iter().fold(0, |a, (_, b)| a | b) {
+                    return "ALL".to_string();
+                }
                 let names: Vec<&str> = self
                     .options
                     .iter()
@@ -235,11 +248,20 @@ unsafe fn typed(
     size: usize,
 ) -> ncclResult_t {
     if h.is_null() || out.is_null() {
-        return fail(s, ncclResult_t::ncclInvalidArgument, format!("{call}: NULL argument"));
+        return fail(
+            s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("{call}: NULL argument"),
+        );
     }
     let Some(p) = unwrap(h) else {
-        w.cuda.report(format!("{call}: {h:p} is not a handle ncclParamBind gave"));
-        return fail(s, ncclResult_t::ncclInvalidArgument, format!("{call}: invalid handle"));
+        w.cuda
+            .report(format!("{call}: {h:p} is not a handle ncclParamBind gave"));
+        return fail(
+            s,
+            ncclResult_t::ncclInvalidArgument,
+            format!("{call}: invalid handle"),
+        );
     };
     if Some(p.ty) != ty {
         return fail(

@@ -6,7 +6,9 @@
 
 use std::ffi::{CStr, c_void};
 
-use crate::{collective, encryption, group, init, params, query, redop, registry, simulate, suspend};
+use crate::{
+    collective, encryption, group, init, params, query, redop, registry, simulate, suspend,
+};
 use nccl_sys::NcclFns;
 
 pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *const c_void {

@@ -57,9 +57,7 @@ fn simulate_end(w: &NWorld, sim: *mut ncclSimInfo_t) -> ncclResult_t {
     let mut info = nccl_sys::NCCL_SIM_INFO_INITIALIZER;
     info.magic = 0;
     // SAFETY: `size` bytes of the caller's struct into ours, which holds at least as many.
-    unsafe {
-        std::ptr::copy_nonoverlapping(sim.cast::<u8>(), (&raw mut info).cast::<u8>(), size)
-    };
+    unsafe { std::ptr::copy_nonoverlapping(sim.cast::<u8>(), (&raw mut info).cast::<u8>(), size) };
     if info.magic != MAGIC {
         let rc = ncclResult_t::ncclInvalidArgument;
         w.lock()

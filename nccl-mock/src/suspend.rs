@@ -65,7 +65,9 @@ impl State {
             return Err(fail(
                 self,
                 ncclResult_t::ncclInvalidArgument,
-                format!("{call}: Attempt to use communicator before the previous operation returned ncclSuccess"),
+                format!(
+                    "{call}: Attempt to use communicator before the previous operation returned ncclSuccess"
+                ),
             ));
         }
         Ok(())

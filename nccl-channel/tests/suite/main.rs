@@ -22,6 +22,8 @@ mod mock_comm;
 mod mock_reliability;
 mod mock_split;
 mod model_check;
+mod newer_api;
+mod params_real;
 mod pool_attacks;
 mod quick_start;
 mod registration;
