@@ -46,8 +46,8 @@ fn simulate_end(w: &NWorld, sim: *mut ncclSimInfo_t) -> ncclResult_t {
             "ncclGroupEnd: not in a group call.".into(),
         );
     };
-    if work.is_empty() && error.is_none() {
-        // A nested level (or an empty group): nothing to simulate.
+    if crate::thread_groups::in_group(w.id) {
+        // A nested level: only closed, as NCCL does before reading simInfo.
         return ncclResult_t::ncclSuccess;
     }
     // NCCL reads min(size, sizeof) bytes of the caller's struct.
@@ -66,6 +66,10 @@ fn simulate_end(w: &NWorld, sim: *mut ncclSimInfo_t) -> ncclResult_t {
     }
     if error.is_some() {
         return finish(w, work, error);
+    }
+    if work.is_empty() {
+        // Nothing to launch: NCCL leaves simInfo as it was.
+        return ncclResult_t::ncclSuccess;
     }
     if work
         .iter()
