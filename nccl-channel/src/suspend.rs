@@ -84,7 +84,7 @@ pub(crate) struct SuspendState {
     suspended: AtomicBool,
     /// The stream noted last (its key), so that noting it again is one load.
     last: AtomicUsize,
-    /// Streams the communicator enqueued on whose work may not be done.
+    /// Streams the communicator enqueued on, whose work may not be done.
     streams: Mutex<Vec<Stream>>,
     /// One clone per live hold of a capture or group ([`held`]).
     holds: Arc<()>,
@@ -103,8 +103,8 @@ impl SuspendState {
         Ok(())
     }
 
-    /// Work is about to be enqueued on `stream`. Streams whose work is done are dropped
-    /// from the list when a new one comes.
+    /// Work is about to be enqueued on `stream`: kept (a clone, so the stream lives as long
+    /// as the communicator or until a suspend finds its work done).
     #[inline]
     pub(crate) fn note(&self, stream: &Stream) {
         let key = Arc::as_ptr(&self.holds).addr() ^ stream.as_raw().addr();
@@ -115,8 +115,9 @@ impl SuspendState {
 
     #[cold]
     fn note_new(&self, stream: &Stream, key: usize) {
+        // No query here: work may be being captured, and a query of a capturing stream
+        // spoils its capture. The list is pruned by `busy`.
         let mut v = lock(&self.streams);
-        v.retain(|s| !matches!(s.is_idle(), Ok(true)));
         if !v.iter().any(|s| s.as_raw() == stream.as_raw()) {
             v.push(stream.clone());
         }
@@ -133,7 +134,8 @@ impl SuspendState {
             );
         }
         let mut v = lock(&self.streams);
-        v.retain(|s| !matches!(s.is_idle(), Ok(true)));
+        // A capturing stream is not queried (that would spoil its capture): busy.
+        v.retain(|s| s.is_capturing().unwrap_or(true) || !matches!(s.is_idle(), Ok(true)));
         self.last.store(0, Ordering::Relaxed);
         v.first().map(|s| {
             format!(
