@@ -76,6 +76,7 @@ impl Communicator {
         stream: &'s Stream,
     ) -> Result<EnqueueLock<'s>> {
         self.handle()?;
+        self.shared().suspend.refuse(what)?;
         let order = stream.enqueue_lock();
         self.hold_for(stream);
         self.same_context(what, "stream", stream.context())?;

@@ -45,6 +45,8 @@ pub(crate) struct CommShared {
     /// Dropped after the teardown: NCCL releases them with the communicator, and only
     /// then may their memory go.
     pub(crate) registry: Registry,
+    /// Suspended or not, and what may still run on it (suspend.rs).
+    pub(crate) suspend: crate::suspend::SuspendState,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
@@ -74,8 +76,13 @@ impl CommShared {
         self.dead.load(Ordering::Acquire)
     }
 
+    /// Excludes graph launches (which hold the gate shared) while the state changes.
+    pub(crate) fn exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.gate.write().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Whether an open group still holds the handle (on any thread).
-    fn in_group(&self) -> bool {
+    pub(crate) fn in_group(&self) -> bool {
         self.grouped.load(Ordering::Acquire) > 0
     }
 
@@ -173,6 +180,14 @@ impl Dependency for CommShared {
         launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
     ) -> cuda_hal::Result<()> {
         let _shared = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        if self.suspend.is_suspended() {
+            return Err(cuda_hal::Error::Unusable {
+                what: format!(
+                    "it uses the NCCL communicator of rank {} of {}, which is suspended",
+                    self.rank, self.size
+                ),
+            });
+        }
         if self.is_dead() {
             return Err(cuda_hal::Error::Unusable {
                 what: format!(
@@ -588,6 +603,7 @@ impl Communicator {
             grouped: AtomicUsize::new(0),
             group_thread: Mutex::new(None),
             registry: Registry::default(),
+            suspend: Default::default(),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
         // SAFETY: a live communicator and valid out-pointers. On error `shared` drops and
@@ -755,7 +771,8 @@ impl Communicator {
     /// alive by an open capture or group.
     #[inline]
     pub(crate) fn hold_for(&self, stream: &Stream) {
-        stream.hold(|| self.keep_alive());
+        self.shared.suspend.note(stream);
+        stream.hold(|| crate::suspend::held(&self.shared));
     }
 
     /// An error recorded by NCCL for this communicator's background work.

@@ -264,6 +264,37 @@ pub enum Error {
         /// The window's size in bytes.
         window: usize,
     },
+    /// The communicator is suspended ([`Communicator::suspend`](crate::Communicator::suspend)):
+    /// NCCL released its memory, so it takes no work until
+    /// [`resume`](crate::Communicator::resume).
+    #[error("{what}: the communicator is suspended; resume it first")]
+    Suspended {
+        /// The operation refused.
+        what: &'static str,
+    },
+    /// Work that may use the communicator may still run (on a stream, in an open group, in
+    /// a captured graph), so it cannot be suspended now.
+    #[error("{what}: {problem}")]
+    InFlight {
+        /// The operation refused.
+        what: &'static str,
+        /// What may still run, and what to do.
+        problem: String,
+    },
+    /// NCCL has no parameter of this name ([`Param`](crate::Param)).
+    #[error("NCCL has no parameter {key}")]
+    UnknownParam {
+        /// The key asked for.
+        key: String,
+    },
+    /// An NCCL parameter is not of the type asked for ([`Param`](crate::Param)).
+    #[error("NCCL parameter {key} is not of type {asked}")]
+    ParamType {
+        /// The key.
+        key: String,
+        /// The Rust type asked for (`"u32"`).
+        asked: &'static str,
+    },
 }
 
 /// Why communicators cannot go together into one grouped split or shrink

@@ -103,6 +103,75 @@ impl<'a> Group<'a> {
     }
 }
 
+impl Group<'_> {
+    /// Ends the group without launching it (`ncclGroupSimulateEnd`, NCCL ≥ 2.22) and
+    /// returns NCCL's prediction of its time (`ncclSimInfo_t.estimatedTime`, in
+    /// microseconds). None of the group's collectives and sends/receives runs (a peer
+    /// that launches its part for real waits for this rank's, as with NCCL); inits and
+    /// splits in the group do complete. What the calls held is released at once. A group
+    /// with nothing to launch predicts zero.
+    ///
+    /// Refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument) (after
+    /// ending the group) when NCCL answers "in progress": a group of non-blocking
+    /// communicators, which NCCL launches for real in the background and does not
+    /// simulate. The simulated NCCL predicts each call as 10 µs plus its largest buffer at
+    /// 100 GB/s ([`nccl_mock::LATENCY_US`](https://docs.rs/nccl-mock)):
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// use nccl_channel::{Communicator, Group, ReduceOp};
+    /// # let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+    /// # let nccl = Arc::new(nccl_mock::MockNccl::new(&gpus).build()?.0);
+    /// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// let mut bufs = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1u8; 1_000_000])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[2u8; 1_000_000])?,
+    /// ];
+    /// let g = Group::start(&nccl)?;
+    /// for r in 0..2 {
+    ///     comms[r].all_reduce_in_place(&mut bufs[r], ReduceOp::Sum, &streams[r])?;
+    /// }
+    /// let predicted = g.simulate_end()?;
+    /// // Two ranks' parts, each 10 µs + 1 MB at 100 GB/s.
+    /// assert_eq!(predicted, Duration::from_micros(40));
+    /// assert_eq!(bufs[0].to_vec()?[0], 1, "nothing ran");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "ncclGroupSimulateEnd")]
+    pub fn simulate_end(mut self) -> Result<std::time::Duration> {
+        let (f, call) = optional!(self.nccl, ncclGroupSimulateEnd)?;
+        self.open = false;
+        let mut info = nccl_sys::NCCL_SIM_INFO_INITIALIZER;
+        // SAFETY: ends the group this value started; `info` is initialised by
+        // NCCL_SIM_INFO_INITIALIZER and outlives the call.
+        let rc = unsafe { f(&mut info) };
+        if rc == nccl_sys::ncclResult_t::ncclInProgress {
+            return Err(crate::Error::InvalidArgument {
+                what: "Group::simulate_end",
+                problem: "the group holds non-blocking communicators, which NCCL launches                           for real instead of simulating"
+                    .into(),
+            });
+        }
+        check(self.nccl, rc, call, None)?;
+        let us = f64::from(info.estimatedTime);
+        if info.estimatedTime == nccl_sys::NCCL_SIM_INFO_INITIALIZER.estimatedTime {
+            // Left as initialised: the group held nothing to launch.
+            return Ok(std::time::Duration::ZERO);
+        }
+        if !us.is_finite() || us < 0.0 {
+            return Err(crate::Error::InvalidArgument {
+                what: "Group::simulate_end",
+                problem: format!("NCCL gave no estimate (estimatedTime = {us})"),
+            });
+        }
+        Ok(std::time::Duration::from_nanos((us * 1e3).round() as u64))
+    }
+}
+
 impl Drop for Group<'_> {
     fn drop(&mut self) {
         if self.open {

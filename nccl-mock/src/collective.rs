@@ -146,6 +146,13 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
                 part2.withdraw();
                 return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
             }
+            // A suspended communicator's memory is released: reported and refused.
+            let suspended = w.lock().refuse_suspended(&w, call, comm).is_err();
+            if suspended {
+                *r2.lock().unwrap_or_else(|e| e.into_inner()) = ncclResult_t::ncclInvalidUsage;
+                part2.withdraw();
+                return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
+            }
             // Registrations it resolved at enqueue must still be there; the use is
             // recorded where the driver runs the op (the launch stream at a replay).
             if !admit(&w, call, &regs, w.cuda.running_op()) {
@@ -234,6 +241,9 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         Ok(h) => h,
         Err(rc) => return rc,
     };
+    if let Err(rc) = s.refuse_suspended(w, call.name, h) {
+        return rc;
+    }
     let Some(comm) = s.comms.get(&h) else {
         return ncclResult_t::ncclInternalError;
     };
@@ -385,6 +395,9 @@ fn p2p(
         Ok(h) => h,
         Err(rc) => return rc,
     };
+    if let Err(rc) = s.refuse_suspended(w, name, h) {
+        return rc;
+    }
     let Some(c) = s.comms.get(&h) else {
         return ncclResult_t::ncclInternalError;
     };

@@ -23,6 +23,12 @@ fn group_end(w: &NWorld) -> ncclResult_t {
             "ncclGroupEnd without ncclGroupStart".into(),
         );
     };
+    finish(w, work, error)
+}
+
+/// The outermost end of a group whose deferred `work` and first `error` were taken: runs
+/// the work (none of it after an error, which is returned).
+pub(super) fn finish(w: &NWorld, work: Vec<Deferred>, error: Option<ncclResult_t>) -> ncclResult_t {
     if let Some(rc) = error {
         // The failed call's message stays the last error.
         cancel(&mut w.lock(), work, rc);
@@ -122,7 +128,7 @@ fn merge(rc: &mut ncclResult_t, r: ncclResult_t) {
     }
 }
 
-fn is_blocking(w: &NWorld, comm: usize) -> bool {
+pub(super) fn is_blocking(w: &NWorld, comm: usize) -> bool {
     w.lock().comms.get(&comm).is_none_or(|c| c.blocking)
 }
 
@@ -173,6 +179,11 @@ fn start_in_background(w: &NWorld, work: Vec<Work>, deadline: Instant) -> ncclRe
         *done.lock().unwrap_or_else(|e| e.into_inner()) = Some(rc);
     });
     ncclResult_t::ncclInProgress
+}
+
+/// `ncclGroupEnd` (also `ncclGroupSimulateEnd` with a NULL `simInfo`).
+pub(super) fn group_end_plain(w: &NWorld) -> ncclResult_t {
+    group_end(w)
 }
 
 mock_fns! {

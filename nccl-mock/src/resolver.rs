@@ -6,7 +6,10 @@
 
 use std::ffi::{CStr, c_void};
 
-use crate::{collective, group, grow, init, onesided, query, redop, registry};
+use crate::{
+    collective, encryption, group, grow, init, onesided, params, query, redop, registry, simulate,
+    suspend,
+};
 use nccl_sys::NcclFns;
 
 pub(super) fn resolver(slot: usize, version: i32) -> impl FnMut(&CStr, i32) -> *const c_void {
@@ -29,7 +32,7 @@ static LOOKUPS: [fn(&[u8]) -> *const c_void; cuda_mock::MAX_WORLDS] =
 
 /// Slot `W`'s function named `name`, from whichever module declares it.
 fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
-    let modules: [fn(&[u8]) -> *const c_void; 9] = [
+    let modules: [fn(&[u8]) -> *const c_void; 14] = [
         registry::lookup::<W>,
         init::lookup::<W>,
         query::lookup::<W>,
@@ -39,6 +42,11 @@ fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
         redop::lookup::<W>,
         grow::lookup::<W>,
         onesided::lookup::<W>,
+        suspend::lookup::<W>,
+        simulate::lookup::<W>,
+        params::lookup::<W>,
+        params::void_lookup::<W>,
+        encryption::lookup::<W>,
     ];
     modules
         .iter()

@@ -163,6 +163,8 @@ pub(crate) struct State {
     pub(crate) grows: HashMap<usize, (u64, bool)>,
     /// Grow ids whose ranks disagreed on the size -> why: their late ranks fail alike.
     pub(crate) failed_grows: HashMap<Vec<u8>, String>,
+    /// Communicators suspended by `ncclCommSuspend(NCCL_SUSPEND_MEM)` (suspend.rs).
+    pub(crate) suspended: std::collections::HashSet<usize>,
 }
 
 impl State {

@@ -126,19 +126,24 @@ impl Work {
     /// and the ranges valid; the ranges are recorded as uses on the stream. A refused
     /// part is withdrawn and `Err` holds `ncclUnhandledCudaError`.
     pub(crate) fn admit(&self, w: &NWorld, call: &str) -> Result<(), ncclResult_t> {
-        let dead = w.lock().dead.get(&self.comm).copied();
-        let refused = match dead {
-            Some(by) => {
-                let comm = self.comm;
-                w.cuda
-                    .report(format!("{call}: communicator {comm:#x} was freed by {by}"));
-                true
-            }
-            None => {
-                w.cuda.access(self.stream, call, &self.touches).is_err()
-                    || !admit(w, call, &self.regs, w.cuda.stream_position(self.stream))
-            }
+        let (dead, suspended) = {
+            let mut s = w.lock();
+            let suspended = s.refuse_suspended(w, call, self.comm).is_err();
+            (s.dead.get(&self.comm).copied(), suspended)
         };
+        let refused = suspended
+            || match dead {
+                Some(by) => {
+                    let comm = self.comm;
+                    w.cuda
+                        .report(format!("{call}: communicator {comm:#x} was freed by {by}"));
+                    true
+                }
+                None => {
+                    w.cuda.access(self.stream, call, &self.touches).is_err()
+                        || !admit(w, call, &self.regs, w.cuda.stream_position(self.stream))
+                }
+            };
         if refused {
             self.part.withdraw();
             let msg = format!("{call}: refused by the sanitizer (see the mock's violations)");

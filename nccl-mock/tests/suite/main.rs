@@ -4,6 +4,7 @@ mod arithmetic;
 mod common;
 mod config;
 mod init;
+mod newer_api;
 mod processes;
 mod processes_comm_id;
 mod registry;
