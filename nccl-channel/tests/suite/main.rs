@@ -24,6 +24,7 @@ mod mock_reliability;
 mod mock_split;
 mod model_check;
 mod newer_api;
+mod newer_api_gpu;
 mod onesided;
 mod params_real;
 mod pool_attacks;
