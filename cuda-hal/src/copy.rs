@@ -155,7 +155,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
             return Ok(());
         }
         DeviceSlice::used_on(self, stream)?;
-        let _done = crate::Enqueuing::new(&*self, stream);
+        let _done = crate::Enqueuing::new(self, stream);
         let ctx = self.context();
         let _g = ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `dst` alive.
