@@ -17,6 +17,7 @@
 //! in nccl-channel's package either.
 
 mod args;
+mod dispatch;
 pub mod dropin;
 mod machine;
 mod processes;
@@ -29,6 +30,7 @@ mod simulated;
 mod watch;
 
 pub use args::{parse_decimal, positive, seconds};
+pub use dispatch::dispatch;
 pub use machine::{Machine, machine};
 pub use processes::{nprocs_in_a_world, processes};
 pub use rank::{RankChannel, rank_channel};

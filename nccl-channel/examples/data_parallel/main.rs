@@ -114,24 +114,12 @@ impl Opts {
 
 fn main() -> ExitCode {
     let o = Opts::parse();
-    let result = match (World::from_env(), o.nprocs) {
-        (Err(e), _) => Err(e.to_string()),
-        (Ok(Some(world)), Some(_)) => Err(launch::nprocs_in_a_world(&world)),
-        (Ok(Some(world)), None) => rank_from_env(world, &o),
-        (Ok(None), Some(n)) if n >= 1 => launch(n, &o),
-        (Ok(None), _) => Err(
-            "no world configured: pass --nprocs N (N >= 1), or set NCCL_CHANNEL_NPROCS/\
-             NCCL_CHANNEL_PROCID and NCCL_COMM_ID=host:port"
-                .into(),
-        ),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("data_parallel: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    launch::dispatch(
+        "data_parallel",
+        o.nprocs,
+        |world| rank_from_env(world, &o),
+        |n| launch(n, &o),
+    )
 }
 
 /// One process per rank, each on its own GPU or, without a CUDA driver, on a simulated

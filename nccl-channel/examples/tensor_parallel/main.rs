@@ -85,24 +85,12 @@ impl Opts {
 
 fn main() -> ExitCode {
     let o = Opts::parse();
-    let result = match (World::from_env(), o.nprocs) {
-        (Err(e), _) => Err(e.to_string()),
-        (Ok(Some(world)), Some(_)) => Err(launch::nprocs_in_a_world(&world)),
-        (Ok(Some(world)), None) => rank_from_env(world, &o),
-        (Ok(None), Some(n)) if n >= 1 => start(n, &o),
-        (Ok(None), _) => Err(
-            "no world configured: pass --nprocs N (N >= 1), or set NCCL_CHANNEL_NPROCS/\
-             NCCL_CHANNEL_PROCID and NCCL_COMM_ID=host:port"
-                .into(),
-        ),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tensor_parallel: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    launch::dispatch(
+        "tensor_parallel",
+        o.nprocs,
+        |world| rank_from_env(world, &o),
+        |n| start(n, &o),
+    )
 }
 
 /// One process per rank, each on its own GPU (real, or of the drop-in simulator).
