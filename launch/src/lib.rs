@@ -9,6 +9,9 @@
 //!   executable `N` times, one rank per GPU (or simulated device), as torchrun would.
 //! * [`machine`](fn@machine): whether those ranks get GPUs or simulated devices, said
 //!   before they start.
+//! * [`processes_replacing`](fn@processes_replacing) and [`rank_device`](fn@rank_device):
+//!   elastic runs, where a killed rank's replacement is started on its device and a rank
+//!   makes its communicators itself (several, or a grown one it joins).
 //!
 //! * [`dropin`]: host twins for a program's kernels when the driver is the drop-in
 //!   simulator (cudarc and the safe crates on `libsimgpu.so`).
@@ -17,8 +20,10 @@
 //! in nccl-channel's package either.
 
 mod args;
+mod device;
 mod dispatch;
 pub mod dropin;
+mod elastic;
 mod machine;
 mod processes;
 mod rank;
@@ -30,7 +35,9 @@ mod simulated;
 mod watch;
 
 pub use args::{parse_decimal, positive, seconds};
+pub use device::{RankDevice, rank_device};
 pub use dispatch::dispatch;
+pub use elastic::{Replacement, processes_replacing};
 pub use machine::{Machine, machine};
 pub use processes::{nprocs_in_a_world, processes};
 pub use rank::{RankChannel, rank_channel};

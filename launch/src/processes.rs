@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use nccl_channel::World;
 
-use crate::relay::{Output, relay};
+use crate::relay::{Output, Who, relay};
 use crate::report;
 
 /// The refusal of `--nprocs` in a process its launcher already made a rank of a world
@@ -82,7 +82,7 @@ pub fn processes(
 }
 
 /// A key of this launch: the process and the time.
-fn key() -> String {
+pub(crate) fn key() -> String {
     format!(
         "launch-{}-{}",
         std::process::id(),
@@ -93,26 +93,52 @@ fn key() -> String {
 }
 
 /// What every rank of one launch gets.
-struct Launch<'a> {
-    args: &'a [String],
-    port: u16,
-    key: String,
-    output: Output,
+pub(crate) struct Launch<'a> {
+    pub(crate) args: &'a [String],
+    pub(crate) port: u16,
+    pub(crate) key: String,
+    pub(crate) output: Output,
+}
+
+/// Where a started process sits: rank `rank` of `size`, on the device of local rank
+/// `local`, its output relayed as `who`'s.
+pub(crate) struct Place {
+    pub(crate) size: usize,
+    pub(crate) rank: usize,
+    pub(crate) local: usize,
+    pub(crate) who: Who,
 }
 
 impl Launch<'_> {
     /// Starts rank `r` of `n` and the threads that relay its output.
-    fn start(
+    pub(crate) fn start(
         &self,
         exe: &std::path::Path,
         n: usize,
         r: usize,
     ) -> std::io::Result<(Child, Vec<JoinHandle<()>>)> {
+        let place = Place {
+            size: n,
+            rank: r,
+            local: r,
+            who: Who::Rank(r),
+        };
+        self.start_at(exe, self.args, &place)
+    }
+
+    /// Starts this executable with `args` at `place` (with this launch's rendezvous) and
+    /// the threads that relay its output.
+    pub(crate) fn start_at(
+        &self,
+        exe: &std::path::Path,
+        args: &[String],
+        place: &Place,
+    ) -> std::io::Result<(Child, Vec<JoinHandle<()>>)> {
         let mut cmd = Command::new(exe);
-        cmd.args(self.args)
-            .env("NCCL_CHANNEL_NPROCS", n.to_string())
-            .env("NCCL_CHANNEL_PROCID", r.to_string())
-            .env("NCCL_CHANNEL_LOCAL_PROCID", r.to_string())
+        cmd.args(args)
+            .env("NCCL_CHANNEL_NPROCS", place.size.to_string())
+            .env("NCCL_CHANNEL_PROCID", place.rank.to_string())
+            .env("NCCL_CHANNEL_LOCAL_PROCID", place.local.to_string())
             .env(
                 "NCCL_CHANNEL_RENDEZVOUS",
                 format!("127.0.0.1:{}", self.port),
@@ -126,16 +152,21 @@ impl Launch<'_> {
             cmd.env("NCCL_NVLS_ENABLE", "0");
         }
         let mut child = cmd.spawn()?;
-        let (output, show) = (self.output, self.output.shows_stdout(r));
+        let who = place.who;
+        let show = match who {
+            Who::Rank(r) => self.output.shows_stdout(r),
+            Who::Named(_) => self.output == Output::Prefixed,
+        };
+        let output = self.output;
         let mut relays = Vec::new();
         if let Some(out) = child.stdout.take() {
             relays.push(std::thread::spawn(move || {
-                relay(r, out, false, show, output)
+                relay(who, out, false, show, output)
             }));
         }
         if let Some(err) = child.stderr.take() {
             relays.push(std::thread::spawn(move || {
-                relay(r, err, true, true, output)
+                relay(who, err, true, true, output)
             }));
         }
         Ok((child, relays))
@@ -182,7 +213,7 @@ fn wait_all(children: &mut [Child], deadline: Instant, timeout: Duration) -> Vec
     failed
 }
 
-fn kill_all(children: &mut [Child]) {
+pub(crate) fn kill_all(children: &mut [Child]) {
     for c in children.iter_mut() {
         let _ = c.kill();
         let _ = c.wait();

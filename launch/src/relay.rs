@@ -19,14 +19,30 @@ impl Output {
     }
 }
 
-/// Copies a rank's output to ours, line by line until the rank closes it: prefixed with
-/// the rank, or (rank 0 only) as it is; `show` false drops it (standard output only).
-pub(crate) fn relay(rank: usize, stream: impl Read, err: bool, show: bool, output: Output) {
+/// Who a relayed line is from: a rank of the launch, or a process started later (a
+/// replacement, `[name] `).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Who {
+    Rank(usize),
+    Named(&'static str),
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Who::Rank(r) => write!(f, "rank {r}"),
+            Who::Named(name) => f.write_str(name),
+        }
+    }
+}
+
+/// Copies a process's output to ours, line by line until it closes it: prefixed with who
+/// it is, or (rank 0 only) as it is; `show` false drops it (standard output only).
+pub(crate) fn relay(who: Who, stream: impl Read, err: bool, show: bool, output: Output) {
     for line in BufReader::new(stream).lines().map_while(Result::ok) {
-        let line = match output {
-            Output::Prefixed => format!("[rank {rank}] {line}"),
-            Output::Rank0 if rank == 0 => line,
-            Output::Rank0 => format!("[rank {rank}] {line}"),
+        let line = match (output, who) {
+            (Output::Rank0, Who::Rank(0)) => line,
+            _ => format!("[{who}] {line}"),
         };
         match (err, show) {
             (true, _) => eprintln!("{line}"),

@@ -160,10 +160,17 @@ fn start_child(
         let msg = format!("{call}: the parent communicator is not initialised yet");
         return fail_call(w, &mut s, ncclResult_t::ncclInvalidUsage, msg);
     };
+    if clique.is_networked() && call == "ncclCommShrink" {
+        let child = crate::net::shrink::Child {
+            blocking: child_blocking,
+            config: child_config,
+        };
+        return crate::net::shrink::shrink(w, s, (call, parent, clique), child, &excluded, newcomm);
+    }
     if clique.is_networked() {
         let msg = format!(
-            "{call}: splits and shrinks are not simulated across processes \
-             (MockNccl::multi_process)"
+            "{call}: splits are not simulated across processes (MockNccl::multi_process; \
+             shrinks are)"
         );
         return fail_call(w, &mut s, ncclResult_t::ncclInvalidUsage, msg);
     }

@@ -87,8 +87,9 @@
 //! reads its own input range through the driver, ships it to the hub, which computes
 //! every rank's output with the same code as the in-process mode, and writes the answer
 //! to its receive buffer through the driver. A peer that aborts, is destroyed or whose
-//! process goes makes what needs it fail with `ncclRemoteError`; splits and shrinks are
-//! not simulated across processes (`ncclInvalidUsage`). [`network_threads`] counts the
+//! process goes makes what needs it fail with `ncclRemoteError`; a shrink's survivors
+//! (a dead peer's too) meet at a new hub started by the lowest of them; splits are not
+//! simulated across processes (`ncclInvalidUsage`). [`network_threads`] counts the
 //! mode's threads, for leak checks.
 //!
 //! ```

@@ -18,7 +18,13 @@
 //! # One rank, configured by the environment, as the allgather demo
 //! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://0 &
 //! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=1 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://1
+//! # Elastic: rank 1 of 3 dies at step 10, the survivors shrink, its replacement is grown
+//! # back in (see elastic.rs)
+//! data_parallel --nprocs 3 --elastic --kill-rank 1 --kill-at 10
 //! ```
+//!
+//! Modules: `data` (the shards), `twins` (the kernels' host twins), `reference` (the host's
+//! f64 training), `elastic` (`--elastic`).
 
 use nccl_launch as launch;
 
@@ -27,8 +33,16 @@ use std::time::Duration;
 
 use clap::Parser;
 use cuda_hal::{DeviceBuffer, Event, LaunchConfig, Module, Stream};
-use cuda_mock::{KernelCall, MockDriver};
 use nccl_channel::{Channel, Communicator, ReduceOp, World};
+
+mod data;
+mod elastic;
+mod reference;
+mod twins;
+
+use data::shard;
+use reference::check_reference;
+use twins::with_kernels;
 
 /// The kernels, compiled from `kernels.cu` (see there).
 const KERNELS: &str = include_str!("kernels.ptx");
@@ -72,6 +86,8 @@ struct Opts {
     /// Seconds the launcher lets the ranks run, and a rank waits for the others.
     #[arg(long, default_value_t = 300.0, value_parser = positive_seconds)]
     timeout: f64,
+    #[command(flatten)]
+    elastic: elastic::ElasticOpts,
 }
 
 /// The most `--steps`: each step keeps three timing events until the end.
@@ -108,6 +124,7 @@ impl Opts {
         if self.no_reference {
             a.push("--no-reference".into());
         }
+        a.extend(self.elastic.rank_args());
         a
     }
 }
@@ -126,6 +143,8 @@ fn main() -> ExitCode {
 /// device whose kernels are their host twins.
 fn launch(n: usize, o: &Opts) -> Result<(), String> {
     let timeout = Duration::from_secs_f64(o.timeout);
+    // The ranks check it too; refused here before any starts.
+    o.elastic.check(n, o.steps).map_err(|e| e.to_string())?;
     if let launch::Machine::Simulated(why) = launch::machine(n)? {
         println!(
             "no CUDA driver ({why}): {n} rank{} on simulated devices, one process each, kernels \
@@ -135,10 +154,25 @@ fn launch(n: usize, o: &Opts) -> Result<(), String> {
     }
     let mut args = o.rank_args();
     args.push(format!("--timeout={}", o.timeout));
-    launch::processes(n, &args, timeout, launch::Output::Prefixed)
+    match o.elastic.kill_rank {
+        Some(r) if o.elastic.elastic => {
+            let mut join = args.clone();
+            join.push("--join".into());
+            let replacement = launch::Replacement {
+                rank: r as usize,
+                as_rank: n - 1,
+                args: join,
+            };
+            launch::processes_replacing(n, &args, timeout, launch::Output::Prefixed, &replacement)
+        }
+        _ => launch::processes(n, &args, timeout, launch::Output::Prefixed),
+    }
 }
 
 fn rank_from_env(world: World, o: &Opts) -> Result<(), String> {
+    if o.elastic.elastic {
+        return elastic::run(world, o);
+    }
     let setup = launch::RankSetup {
         device: o.device.clone(),
         timeout: Some(Duration::from_secs_f64(o.timeout)),
@@ -149,66 +183,6 @@ fn rank_from_env(world: World, o: &Opts) -> Result<(), String> {
     println!("{}", rank.line);
     train(&rank.channel, o)?;
     rank.close()
-}
-
-// ---------------------------------------------------------------------------------------
-// Data
-
-/// SplitMix64: a tiny deterministic generator, so every rank and the host reference make
-/// the same data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
-/// The weights the data is made from (bias last).
-fn true_weights(d: usize) -> Vec<f32> {
-    (0..=d)
-        .map(|j| ((j * 7919) % 13) as f32 / 6.0 - 1.0)
-        .collect()
-}
-
-/// Rank `rank`'s shard: `n` rows of `d` features in [-1, 1), labels `x . w + b + noise`.
-fn shard(rank: usize, n: usize, d: usize) -> nccl_channel::Result<(Vec<f32>, Vec<f32>)> {
-    let w = true_weights(d);
-    let mut rng = Rng(0x5EED_0000 + rank as u64);
-    let mut x = host_vec(n as u128 * d as u128, "a rank's shard")?;
-    x.extend((0..n * d).map(|_| rng.uniform()));
-    let mut y = host_vec(n as u128, "a rank's shard")?;
-    y.extend(x.chunks(d).map(|row| {
-        let dot: f32 = row.iter().zip(&w).map(|(a, b)| a * b).sum();
-        dot + w[d] + 0.01 * rng.uniform()
-    }));
-    Ok((x, y))
-}
-
-/// An empty host vector with room for `len` floats (sized by `--samples` and
-/// `--features`), or an error that names those options, what was sized and the bytes the
-/// host refused, instead of an abort.
-fn host_vec<T>(len: u128, what: &str) -> nccl_channel::Result<Vec<T>> {
-    let too_large = || nccl_channel::Error::InvalidArgument {
-        what: "--samples and --features",
-        problem: format!(
-            "the host cannot hold {what}: {len} values ({} bytes)",
-            len * size_of::<T>() as u128
-        ),
-    };
-    let mut v = Vec::new();
-    v.try_reserve_exact(usize::try_from(len).map_err(|_| too_large())?)
-        .map_err(|_| too_large())?;
-    Ok(v)
 }
 
 /// The device memory a rank needs for `--samples` `n` and `--features` `d`, checked
@@ -411,138 +385,4 @@ impl One for DeviceBuffer<f32> {
         self.copy_to_host_on(&mut v, s)?;
         Ok(v[0])
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// The host reference
-
-/// Trains on all shards at once in f64 and compares the logged losses.
-fn check_reference(
-    dev: &Losses,
-    ranks: usize,
-    n: usize,
-    d: usize,
-    o: &Opts,
-) -> Result<(), Box<dyn std::error::Error>> {
-    // Every rank's shard, on this host: sized by --samples and --features times the ranks.
-    let mut shards = Vec::with_capacity(ranks);
-    for rank in 0..ranks {
-        shards.push(
-            shard(rank, n, d)
-                .map_err(|e| format!("the host reference (--no-reference skips it): {e}"))?,
-        );
-    }
-    let total = (ranks * n) as f64;
-    let mut w = vec![0.0f64; d + 1];
-    let mut r = host_vec::<f64>(ranks as u128 * n as u128, "the host reference's residuals")?;
-    r.resize(ranks * n, 0.0);
-    let residuals = |w: &[f64], r: &mut [f64]| {
-        let mut i = 0;
-        for (x, y) in &shards {
-            for (row, yi) in x.chunks(d).zip(y) {
-                let dot: f64 = row.iter().zip(w).map(|(a, b)| f64::from(*a) * b).sum();
-                r[i] = dot + w[d] - f64::from(*yi);
-                i += 1;
-            }
-        }
-        r.iter().map(|v| v * v).sum::<f64>() / total
-    };
-    let mut host = Vec::new();
-    for step in 0..o.steps {
-        let l = residuals(&w, &mut r);
-        if step % o.log_every as usize == 0 {
-            host.push((step, l));
-        }
-        let mut g = vec![0.0f64; d + 1];
-        let mut i = 0;
-        for (x, _) in &shards {
-            for row in x.chunks(d) {
-                for (gj, xj) in g.iter_mut().zip(row) {
-                    *gj += r[i] * f64::from(*xj);
-                }
-                g[d] += r[i];
-                i += 1;
-            }
-        }
-        for (wj, gj) in w.iter_mut().zip(&g) {
-            *wj -= f64::from(o.lr) * 2.0 * gj / total;
-        }
-    }
-    host.push((o.steps, residuals(&w, &mut r)));
-    let mut worst = 0.0f64;
-    for ((step, dl), (hstep, hl)) in dev.logged.iter().zip(&host) {
-        if step != hstep {
-            return Err(format!("reference steps differ: {step} vs {hstep}").into());
-        }
-        worst = worst.max((f64::from(*dl) - hl).abs() / hl.abs().max(1e-30));
-    }
-    let (last_dev, last_host) = (
-        dev.logged.last().map_or(0.0, |l| l.1),
-        host[host.len() - 1].1,
-    );
-    println!(
-        "host reference (f64): final loss {last_host:.6e}, device {last_dev:.6e}; largest relative \
-         difference over {} logged losses {worst:.2e}",
-        host.len()
-    );
-    if worst > 2e-2 {
-        return Err(
-            format!("the device losses differ from the host reference by {worst:.2e}").into(),
-        );
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// The kernels' host twins, for simulated devices
-
-fn f32s(call: &mut KernelCall<'_>, param: usize, len: usize) -> Vec<f32> {
-    let p = call.param::<u64>(param);
-    call.read::<f32>(p, len)
-}
-
-/// A mock driver whose kernels `residual`, `gradient`, `sgd` and `mse` do on the host what
-/// `kernels.cu` does on a GPU (one call per launch, covering the whole grid).
-fn with_kernels(driver: MockDriver) -> MockDriver {
-    driver
-        .kernel("residual", &[8, 8, 8, 8, 4, 4], |c| {
-            let (n, d) = (c.param::<i32>(4) as usize, c.param::<i32>(5) as usize);
-            let (x, w, y) = (f32s(c, 0, n * d), f32s(c, 1, d + 1), f32s(c, 2, n));
-            let r: Vec<f32> = x
-                .chunks(d.max(1))
-                .zip(&y)
-                .map(|(row, yi)| row.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>() + w[d] - yi)
-                .collect();
-            let p = c.param::<u64>(3);
-            c.write(p, &r);
-        })
-        .kernel("gradient", &[8, 8, 8, 4, 4, 4], |c| {
-            let (n, d) = (c.param::<i32>(3) as usize, c.param::<i32>(4) as usize);
-            let scale = c.param::<f32>(5);
-            let (x, r, mut g) = (f32s(c, 0, n * d), f32s(c, 1, n), f32s(c, 2, d + 1));
-            for (row, ri) in x.chunks(d.max(1)).zip(&r) {
-                for (gj, xj) in g.iter_mut().zip(row) {
-                    *gj += scale * ri * xj;
-                }
-                g[d] += scale * ri;
-            }
-            let p = c.param::<u64>(2);
-            c.write(p, &g);
-        })
-        .kernel("sgd", &[8, 8, 4, 4], |c| {
-            let (lr, m) = (c.param::<f32>(2), c.param::<i32>(3) as usize);
-            let (mut w, g) = (f32s(c, 0, m), f32s(c, 1, m));
-            for (wj, gj) in w.iter_mut().zip(&g) {
-                *wj -= lr * gj;
-            }
-            let p = c.param::<u64>(0);
-            c.write(p, &w);
-        })
-        .kernel("mse", &[8, 8, 4], |c| {
-            let n = c.param::<i32>(2) as usize;
-            let r = f32s(c, 0, n);
-            let l = r.iter().map(|v| v * v).sum::<f32>() / n as f32;
-            let p = c.param::<u64>(1);
-            c.write(p, &[l]);
-        })
 }

@@ -10,6 +10,7 @@ mod control_flow_gpu;
 mod data_parallel;
 mod demo_gpu;
 mod demo_mock;
+mod elastic;
 #[cfg(feature = "half")]
 mod gpu;
 mod inputs;

@@ -13,10 +13,12 @@
 //! - [`wire`]: the messages and their framing.
 //! - [`hub`]: rank 0's coordinator.
 //! - [`link`]: a rank's connection to it.
+//! - [`shrink`]: a shrink's survivors meeting at a new hub.
 //! - [`thread`]: the count of the mode's threads.
 
 pub(crate) mod hub;
 pub(crate) mod link;
+pub(crate) mod shrink;
 mod thread;
 mod wire;
 

@@ -611,10 +611,83 @@ fn splits_across_processes_are_refused_cleanly() {
     });
     for (rc, msg, null, ok, out) in out {
         assert_eq!(rc, ncclResult_t::ncclInvalidUsage);
-        assert!(msg.contains("not simulated across processes"), "{msg}");
+        assert!(
+            msg.contains("splits are not simulated across processes"),
+            "{msg}"
+        );
         assert!(null);
         assert_eq!((ok, out), (NCCL_OK, vec![0i8, 1]));
     }
+    assert_no_network_threads();
+}
+
+/// A shrink across processes after a peer aborted (as a killed process does): the
+/// survivors of three form a communicator of two at a new hub, keep their order, and
+/// all-reduce on it; twice from the same parent (two children). The lost rank's
+/// communicator took no part. Before, every shrink across processes was refused with
+/// `ncclInvalidUsage`.
+#[test]
+fn survivors_shrink_across_processes_after_a_peer_aborted() {
+    let _g = serial();
+    if !in_own_child("survivors_shrink_across_processes_after_a_peer_aborted") {
+        return;
+    }
+    let timeout = Duration::from_secs(30);
+    let id = hub_id(timeout);
+    let out = ranks(3, timeout, move |rig, r| {
+        let (rc, comm) = rig.init_rank(0, id, 3, r as i32);
+        assert_eq!(rc, NCCL_OK);
+        if r == 1 {
+            rig.abort(comm);
+            return Vec::new();
+        }
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let mut exclude = [1i32];
+            let mut child = std::ptr::null_mut();
+            let shrink = rig
+                .nccl
+                .fns()
+                .ncclCommShrink
+                .expect("ncclCommShrink (2.27)");
+            // SAFETY: a live communicator, a one-rank list, a valid out-pointer.
+            let rc = unsafe {
+                shrink(
+                    comm,
+                    exclude.as_mut_ptr(),
+                    1,
+                    &mut child,
+                    std::ptr::null_mut(),
+                    0,
+                )
+            };
+            assert_eq!(rc, NCCL_OK, "{}", rig.last_error());
+            let (mut rank, mut size) = (-1, -1);
+            // SAFETY: the live child and valid out-pointers.
+            unsafe {
+                (rig.nccl.fns().ncclCommUserRank)(child, &mut rank);
+                (rig.nccl.fns().ncclCommCount)(child, &mut size);
+            }
+            let (rc, sum) = rig.run(
+                0,
+                Coll::AllReduce(ncclRedOp_t::ncclSum),
+                &[10 + r as i32],
+                1,
+                1,
+                0,
+                child,
+            );
+            assert_eq!(rc, NCCL_OK, "{}", rig.last_error());
+            got.push((rank, size, sum));
+            rig.destroy(child);
+        }
+        rig.destroy(comm);
+        assert!(rig.world.live().is_empty(), "{:?}", rig.world.live());
+        got
+    });
+    assert_eq!(out[0], [(0, 2, vec![22]), (0, 2, vec![22])]);
+    assert!(out[1].is_empty());
+    assert_eq!(out[2], [(1, 2, vec![22]), (1, 2, vec![22])]);
     assert_no_network_threads();
 }
 
