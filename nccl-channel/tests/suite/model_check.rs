@@ -597,3 +597,36 @@ fn found_a_release_ordered_after_a_foreign_capture_joined_it() {
     };
     model::run(&p, model::DEADLINE).unwrap();
 }
+
+/// Found by the 5-minute soak (seed 290029, case 292477:23:10,11,20,21,22): a group holding
+/// communicator 0 ends at the teardown while another thread captures a foreign stream,
+/// begun by the program's last step. What the group held is then kept for good (the
+/// documented leak of work enqueued during a capture behind the crate's back), but the
+/// oracle noted foreign captures only before each step, so it called the kept
+/// communicator a leak. The oracle's fix: a capture is noted after the last step too.
+#[test]
+fn found_a_foreign_capture_begun_by_the_last_step_excuses_its_leak() {
+    let setup = Setup {
+        version: NcclVersion(23203),
+        second_non_blocking: true,
+        teardown: 16429042722331905422,
+        scalable: false,
+    };
+    let ops = vec![
+        Op::GroupStart,
+        Op::Alloc { dev: 125, len: 5 },
+        Op::ForeignStream {
+            stream: 11,
+            alias: false,
+        },
+        Op::Collective {
+            kind: Coll::Reduce,
+            comm: 206,
+            slot: 248,
+            other: 237,
+            stream: 94,
+        },
+        Op::BeginCaptureOnThread { stream: 249 },
+    ];
+    model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
+}

@@ -387,6 +387,8 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             )));
         }
     }
+    // (Also a capture the last step began.)
+    st.foreign_capture |= st.foreign.iter().any(|s| s.is_capturing().unwrap_or(true));
     let r = catch_unwind(AssertUnwindSafe(|| st.teardown(p.setup.teardown)));
     if let Err(e) = r {
         let m = message(&*e);
