@@ -109,7 +109,9 @@ impl Group<'_> {
     /// microseconds). None of the group's collectives and sends/receives runs (a peer
     /// that launches its part for real waits for this rank's, as with NCCL); inits and
     /// splits in the group do complete. What the calls held is released at once. A group
-    /// with nothing to launch predicts zero.
+    /// with nothing to launch predicts zero. Before 2.22.3 it is
+    /// [`Error::Unsupported`](crate::Error::Unsupported) and the group ends as
+    /// [`end`](Self::end) ends it (NCCL has no other way to close it): its calls run.
     ///
     /// Refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument) (after
     /// ending the group) when NCCL answers "in progress": a group of non-blocking

@@ -26,6 +26,7 @@ mod mock_split;
 mod model_check;
 mod newer_api;
 mod newer_api_gpu;
+mod newer_api_real;
 mod onesided;
 mod params_real;
 mod pool_attacks;

@@ -106,6 +106,7 @@ fn every_step_kind_runs_clean_on_its_own() {
         version: NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
         second_non_blocking: true,
         teardown: 7,
+        scalable: false,
     };
     let ops = vec![
         Op::Alloc { dev: 0, len: 3 },
@@ -222,8 +223,116 @@ fn every_step_kind_runs_clean_on_its_own() {
         Op::RawCaptureEnd { stream: 0 },
         Op::Drop { slot: 0 },
         Op::RawLaunch { graph: 0 },
+        // The newer API.
+        Op::Params { key: 0 },
+        Op::Params { key: 1 },
+        Op::Params { key: 3 },
+        Op::SetEncryption { mode: 1 },
+        Op::SetEncryption { mode: 2 },
+        Op::MemStats { comm: 0 },
+        Op::Suspend {
+            comm: 0,
+            mem: false,
+            sync: true,
+        },
+        Op::GroupStart,
+        Op::Suspend {
+            comm: 0,
+            mem: true,
+            sync: false,
+        },
+        Op::SimulateEnd,
+        Op::SimulatedGroup {
+            comm: 0,
+            stream: 0,
+            drop_inside: false,
+        },
+        Op::SimulatedGroup {
+            comm: 1,
+            stream: 2,
+            drop_inside: true,
+        },
+        Op::Grow { comm: 0 },
+        Op::Grow { comm: 1 },
+        Op::Suspend {
+            comm: 0,
+            mem: true,
+            sync: true,
+        },
+        Op::MemStats { comm: 0 },
+        Op::Collective {
+            kind: Coll::AllReduce,
+            comm: 0,
+            slot: 0,
+            other: 0,
+            stream: 0,
+        },
+        Op::Suspend {
+            comm: 0,
+            mem: true,
+            sync: true,
+        },
+        Op::Resume { comm: 0 },
+        Op::Resume { comm: 0 },
     ];
     model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
+}
+
+/// The newer API's steps on the world made by `init_rank_scalable`, and on an old release
+/// where each is `Unsupported` (checked inside the steps).
+#[test]
+fn the_newer_steps_run_clean_on_a_scalable_world_and_an_old_release() {
+    let ops = vec![
+        Op::Alloc { dev: 0, len: 3 },
+        Op::Params { key: 2 },
+        Op::Params { key: 4 },
+        Op::SetEncryption { mode: 0 },
+        Op::Suspend {
+            comm: 0,
+            mem: true,
+            sync: true,
+        },
+        Op::Collective {
+            kind: Coll::Broadcast,
+            comm: 0,
+            slot: 0,
+            other: 0,
+            stream: 0,
+        },
+        Op::SimulatedGroup {
+            comm: 0,
+            stream: 0,
+            drop_inside: false,
+        },
+        Op::Grow { comm: 0 },
+        Op::MemStats { comm: 0 },
+        Op::Resume { comm: 0 },
+        Op::GroupStart,
+        Op::Collective {
+            kind: Coll::AllReduce,
+            comm: 0,
+            slot: 0,
+            other: 0,
+            stream: 0,
+        },
+        Op::Drop { slot: 0 },
+        Op::SimulateEnd,
+    ];
+    for (version, second_non_blocking) in [
+        (NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32), false),
+        (NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32), true),
+        (NcclVersion(22803), true),
+        (NcclVersion(21803), false),
+    ] {
+        let setup = Setup {
+            version,
+            second_non_blocking,
+            teardown: 3,
+            scalable: true,
+        };
+        let ops = ops.clone();
+        model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
+    }
 }
 
 /// The oracle can fail: each kind of failure, done on purpose, is caught and named (a
@@ -235,6 +344,7 @@ fn the_oracle_catches_each_kind_of_failure() {
             version: NcclVersion(22803),
             second_non_blocking: false,
             teardown: 1,
+            scalable: false,
         },
         ops: vec![Op::Alloc { dev: 0, len: 1 }, Op::Sabotage(s)],
     };
@@ -317,6 +427,7 @@ fn found_a_barrier_in_a_group_uses_a_registration_of_its_page() {
             version: NcclVersion(22803),
             second_non_blocking: false,
             teardown: 13773780638969340487,
+            scalable: false,
         },
         ops: vec![
             Op::Fail(Fault::Cuda(
@@ -353,6 +464,7 @@ fn the_fallbacks_group_as_a_program() {
             version: NcclVersion(22703),
             second_non_blocking: true,
             teardown: 0,
+            scalable: false,
         },
         ops: vec![
             Op::Alloc { dev: 1, len: 1 },
@@ -383,6 +495,7 @@ fn found_an_abort_while_a_non_blocking_group_is_in_the_background() {
             version: NcclVersion(22703),
             second_non_blocking: true,
             teardown: 9612127084001007596,
+            scalable: false,
         },
         ops: vec![
             Op::Pooled { comm: 11, len: 1 },
@@ -422,6 +535,7 @@ fn found_a_failure_that_fires_in_the_last_drops_excuses_its_leak() {
             version: NcclVersion(22703),
             second_non_blocking: true,
             teardown: 4935208380479766966,
+            scalable: false,
         },
         ops: vec![
             Op::Alloc { dev: 217, len: 3 },
@@ -458,6 +572,7 @@ fn found_a_release_ordered_after_a_foreign_capture_joined_it() {
             version: NcclVersion(22803),
             second_non_blocking: false,
             teardown: 0,
+            scalable: false,
         },
         ops: vec![
             Op::ForeignStream {
@@ -481,4 +596,37 @@ fn found_a_release_ordered_after_a_foreign_capture_joined_it() {
         ],
     };
     model::run(&p, model::DEADLINE).unwrap();
+}
+
+/// Found by the 5-minute soak (seed 290029, case 292477:23:10,11,20,21,22): a group holding
+/// communicator 0 ends at the teardown while another thread captures a foreign stream,
+/// begun by the program's last step. What the group held is then kept for good (the
+/// documented leak of work enqueued during a capture behind the crate's back), but the
+/// oracle noted foreign captures only before each step, so it called the kept
+/// communicator a leak. The oracle's fix: a capture is noted after the last step too.
+#[test]
+fn found_a_foreign_capture_begun_by_the_last_step_excuses_its_leak() {
+    let setup = Setup {
+        version: NcclVersion(23203),
+        second_non_blocking: true,
+        teardown: 16429042722331905422,
+        scalable: false,
+    };
+    let ops = vec![
+        Op::GroupStart,
+        Op::Alloc { dev: 125, len: 5 },
+        Op::ForeignStream {
+            stream: 11,
+            alias: false,
+        },
+        Op::Collective {
+            kind: Coll::Reduce,
+            comm: 206,
+            slot: 248,
+            other: 237,
+            stream: 94,
+        },
+        Op::BeginCaptureOnThread { stream: 249 },
+    ];
+    model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
 }

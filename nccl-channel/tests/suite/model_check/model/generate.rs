@@ -86,6 +86,7 @@ pub fn program(seed: u64, len: usize) -> Program {
         version: r.pick(&VERSIONS),
         second_non_blocking: r.below(2) == 0,
         teardown: r.next(),
+        scalable: r.below(2) == 0,
     };
     let mut depth = 0u32;
     let mut ops = Vec::with_capacity(len);
@@ -99,7 +100,7 @@ pub fn program(seed: u64, len: usize) -> Program {
 fn step(r: &mut Rng, depth: &mut u32) -> Op {
     let b = |r: &mut Rng| r.byte();
     let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
-    match r.below(117) {
+    match r.below(127) {
         0..=9 => Op::Alloc {
             dev: b(r),
             len: len(r),
@@ -225,6 +226,35 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
         116 => Op::WaitSignal {
             comm: b(r),
             stream: b(r),
+        },
+        // The newer API (2.22 to 2.32).
+        117..=118 => Op::Suspend {
+            comm: b(r),
+            mem: r.below(4) != 0,
+            sync: r.below(2) == 0,
+        },
+        119..=120 => Op::Resume { comm: b(r) },
+        121 if r.below(2) == 0 => Op::MemStats { comm: b(r) },
+        121 => Op::SetEncryption { mode: b(r) },
+        122 => Op::SimulatedGroup {
+            comm: b(r),
+            stream: b(r),
+            drop_inside: r.below(2) == 0,
+        },
+        123 if *depth > 0 => {
+            *depth -= 1;
+            Op::SimulateEnd
+        }
+        123 => {
+            *depth += 1;
+            Op::GroupStart
+        }
+        124 => Op::Params { key: b(r) },
+        125 => Op::Grow { comm: b(r) },
+        126 => Op::Suspend {
+            comm: b(r),
+            mem: true,
+            sync: true,
         },
         _ => Op::AdoptContext { dev: b(r) },
     }

@@ -260,6 +260,47 @@ pub enum Op {
     AdoptContext {
         dev: u8,
     },
+    /// `Communicator::suspend` of communicator `comm`, with `SuspendFlags::MEM` when `mem`;
+    /// `sync`: every stream synchronized first, so that when nothing else holds the
+    /// communicator (no group, graph, capture or thread beside the program) it must succeed.
+    /// Refused with `InFlight` exactly in an open group, `Suspended` exactly when suspended.
+    Suspend {
+        comm: u8,
+        mem: bool,
+        sync: bool,
+    },
+    /// `Communicator::resume`: `Ok` exactly when suspended, else `InvalidArgument`.
+    Resume {
+        comm: u8,
+    },
+    /// `Communicator::mem_stats`: says suspended exactly when the program suspended it.
+    MemStats {
+        comm: u8,
+    },
+    /// A group of its own (when none is open) holding a pre-multiplied all-reduce of a
+    /// fresh buffer of communicator `comm` (dropped inside the group when `drop_inside`),
+    /// ended with `Group::simulate_end`: nothing may run (blocking communicators).
+    SimulatedGroup {
+        comm: u8,
+        stream: u8,
+        drop_inside: bool,
+    },
+    /// Ends the innermost open group of the program with `simulate_end` instead of `end`.
+    SimulateEnd,
+    /// `Param` bind/get/get_value/value_string/keys of one of a few keys, as its type or
+    /// another.
+    Params {
+        key: u8,
+    },
+    /// A grow of communicator `comm` by one rank: `grow_id` and `grow` here, `join_grown`
+    /// on a thread for the other device; both grown ranks all-reduce once and are dropped.
+    Grow {
+        comm: u8,
+    },
+    /// `set_encryption`: none, a key long enough, or one too short.
+    SetEncryption {
+        mode: u8,
+    },
     /// Never generated: what the checker's own tests break on purpose.
     Sabotage(Sabotage),
 }
@@ -273,6 +314,9 @@ pub struct Setup {
     pub second_non_blocking: bool,
     /// Seeds the order in which the teardown drops what is left.
     pub teardown: u64,
+    /// The communicators are made with `init_rank_scalable` (one id; two are refused),
+    /// where the release has it.
+    pub scalable: bool,
 }
 
 /// A program: its setup and its steps.

@@ -15,13 +15,15 @@ use cuda_mock::{MockDriver, MockWorld};
 use cuda_sys::{CUresult, CUstreamCaptureMode};
 use nccl_channel::{
     AbortHandle, CommConfig, Communicator, Group, PooledBuffer, ReduceOp, Registration, Signal,
-    SignalWait, UniqueId, Window, WindowFlags,
+    SignalWait, Window, WindowFlags,
 };
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
 
 use super::generate::Rng;
 use super::program::{Coll, Fault, Op, Program, Sabotage};
+
+mod newer;
 
 /// The calls whose failure takes a documented leak-on-failure path: a free whose wait
 /// fails keeps its memory; a settle whose poll fails keeps what its group held; NCCL that
@@ -249,6 +251,10 @@ struct State<'c> {
     /// The raw streams on which the program began a capture (the crate's or another
     /// library's): no other stream may ever be found captured.
     began: Vec<usize>,
+    /// The simulated NCCL's release.
+    version: nccl_sys::NcclVersion,
+    /// The communicators the program suspended (by address) and did not resume.
+    suspended: std::collections::HashSet<usize>,
 }
 
 fn pick<T>(v: &[T], i: u8) -> Option<usize> {
@@ -285,17 +291,13 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             .and_then(|d| d.primary_context())
             .expect("device 1"),
     ];
-    let first = Communicator::init_all(&nccl, std::slice::from_ref(&ctxs[0]))
-        .expect("communicator 0")
-        .remove(0);
+    let blocking = CommConfig::new();
+    let first = newer::init(&nccl, &ctxs[0], &blocking, p.setup.scalable).expect("communicator 0");
     let second = if p.setup.second_non_blocking {
         let config = CommConfig::non_blocking(Duration::from_secs(3));
-        let id = UniqueId::generate(&nccl).expect("an id");
-        Communicator::init_rank_with(&nccl, &ctxs[1], &id, 1, 0, &config).expect("communicator 1")
+        newer::init(&nccl, &ctxs[1], &config, p.setup.scalable).expect("communicator 1")
     } else {
-        Communicator::init_all(&nccl, std::slice::from_ref(&ctxs[1]))
-            .expect("communicator 1")
-            .remove(0)
+        newer::init(&nccl, &ctxs[1], &blocking, p.setup.scalable).expect("communicator 1")
     };
     let children: [OnceCell<Communicator>; 4] = Default::default();
     let modules = [
@@ -341,6 +343,8 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
         foreign_capture: false,
         hooks: Vec::new(),
         began: Vec::new(),
+        version: p.setup.version,
+        suspended: Default::default(),
     };
     for (i, op) in p.ops.iter().enumerate() {
         // A foreign stream being captured (by another library, or by the crate through
@@ -383,6 +387,8 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             )));
         }
     }
+    // (Also a capture the last step began.)
+    st.foreign_capture |= st.foreign.iter().any(|s| s.is_capturing().unwrap_or(true));
     let r = catch_unwind(AssertUnwindSafe(|| st.teardown(p.setup.teardown)));
     if let Err(e) = r {
         let m = message(&*e);
@@ -807,6 +813,14 @@ impl<'c> State<'c> {
             | Op::ExpectImmediate { .. }
             | Op::AfterEnqueue { .. }
             | Op::AdoptContext { .. } => self.foreign_step(op),
+            Op::Suspend { .. }
+            | Op::Resume { .. }
+            | Op::MemStats { .. }
+            | Op::SimulatedGroup { .. }
+            | Op::SimulateEnd
+            | Op::Params { .. }
+            | Op::Grow { .. }
+            | Op::SetEncryption { .. } => self.newer_step(op),
             Op::Alloc { dev, len } => {
                 let ctx = self.ctx(dev);
                 if let Ok(b) = DeviceBuffer::<i32>::zeroed(&ctx, len as usize) {
@@ -1219,10 +1233,12 @@ impl<'c> State<'c> {
         let s = self.stream(stream).clone();
         let Some(a) = self.buf(slot) else {
             if kind == Coll::Barrier {
-                let _ = c.barrier(&s);
+                let r = c.barrier(&s);
+                self.refused_if_suspended(c, "barrier", &r);
             }
             return;
         };
+        let suspended = self.is_suspended(c);
         let b = self.buf(other).filter(|&b| b != a);
         let nccl = self.nccl.clone();
         // Two distinct buffers, when the collective needs them.
@@ -1241,7 +1257,8 @@ impl<'c> State<'c> {
         };
         let Some(x) = first else { return };
         let x = x.get_mut();
-        let _ = match kind {
+        let called = !matches!((kind, &second), (Coll::AllToAll | Coll::SendRecv, None));
+        let r = match kind {
             Coll::AllReduce => c.all_reduce_in_place(x, ReduceOp::Sum, &s),
             Coll::PreMulSum => c.all_reduce_in_place(x, ReduceOp::PreMulSum(3), &s),
             Coll::AllGather => c.all_gather_in_place(x, &s),
@@ -1269,6 +1286,9 @@ impl<'c> State<'c> {
                 None => Ok(()),
             },
         };
+        if called && suspended {
+            newer::refused_as_suspended(c, &format!("{kind:?}"), &r);
+        }
     }
 
     /// What the oracle must catch (the checker's own tests).
