@@ -154,7 +154,8 @@ impl Group<'_> {
         if rc == nccl_sys::ncclResult_t::ncclInProgress {
             return Err(crate::Error::InvalidArgument {
                 what: "Group::simulate_end",
-                problem: "the group holds non-blocking communicators, which NCCL launches                           for real instead of simulating"
+                problem: "the group holds non-blocking communicators, which NCCL launches for \
+                          real instead of simulating"
                     .into(),
             });
         }
