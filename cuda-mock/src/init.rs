@@ -1,6 +1,5 @@
 //! Initialisation, versions, error names and device queries: what needs no context.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint};
 use std::sync::{Mutex, OnceLock};
@@ -61,12 +60,6 @@ fn error_text(code: CUresult) -> Option<(&'static CStr, &'static CStr)> {
     map.get(&code.0).map(|(n, m)| (n.as_c_str(), m.as_c_str()))
 }
 
-thread_local! {
-    /// Why the calling thread's last name lookup failed (status, full message): the
-    /// message `cuGetErrorString` gives for that status next on this thread, once.
-    static DETAIL: Cell<Option<(u32, &'static CStr)>> = const { Cell::new(None) };
-}
-
 /// Notes the outcome of a name lookup on this thread: `Some((status, why))` for a failure,
 /// whose `cuGetErrorString` then reads `simulated driver: <status words>: <why>`; `None`
 /// for a success (so that no earlier detail is given for a later failure).
@@ -78,7 +71,7 @@ pub(crate) fn note_lookup(failure: Option<(CUresult, String)>) {
             intern(format!("{}: {why}", plain.to_string_lossy()))?,
         ))
     });
-    DETAIL.with(|d| d.set(detail));
+    crate::detail::set(detail);
 }
 
 /// A message that lives as long as the process: a pointer `cuGetErrorString` hands out
@@ -100,13 +93,7 @@ fn intern(msg: String) -> Option<&'static CStr> {
 
 /// This thread's noted detail for `code`, taken.
 fn take_detail(code: CUresult) -> Option<&'static CStr> {
-    DETAIL.with(|d| match d.get() {
-        Some((c, m)) if c == code.0 => {
-            d.set(None);
-            Some(m)
-        }
-        _ => None,
-    })
+    crate::detail::take(code.0)
 }
 
 mock_fns! {

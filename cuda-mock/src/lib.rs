@@ -72,6 +72,7 @@ mod alloc;
 mod checks;
 mod context;
 mod current;
+mod detail;
 mod event;
 mod foreign;
 mod function;

@@ -23,7 +23,7 @@ macro_rules! mock_fns {
                 let $w: &crate::world::World = &world;
                 // A lookup's detail is for the error text asked for right after it.
                 if !matches!(stringify!($cname), "cuGetErrorString" | "cuGetErrorName") {
-                    crate::init::note_lookup(None);
+                    crate::detail::clear();
                 }
                 #[allow(unused_mut)]
                 let mut $s = $w.lock();

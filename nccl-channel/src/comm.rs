@@ -46,7 +46,7 @@ pub(crate) struct CommShared {
     /// then may their memory go.
     pub(crate) registry: Registry,
     /// Suspended or not, and what may still run on it (suspend.rs).
-    pub(crate) suspend: crate::suspend::SuspendState,
+    pub(crate) suspend: crate::suspension::SuspendState,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
@@ -772,7 +772,7 @@ impl Communicator {
     #[inline]
     pub(crate) fn hold_for(&self, stream: &Stream) {
         self.shared.suspend.note(stream);
-        stream.hold(|| crate::suspend::held(&self.shared));
+        stream.hold(|| held(&self.shared));
     }
 
     /// An error recorded by NCCL for this communicator's background work.
@@ -1048,4 +1048,43 @@ impl Communicator {
         let rc = unsafe { f(raw, 0) };
         self.check(rc, call)
     }
+}
+
+/// What a capture or group holds of a communicator for work it recorded: the communicator,
+/// counted, so that a suspend can see that work may still run.
+struct Held {
+    shared: Arc<CommShared>,
+    _count: Arc<()>,
+}
+
+impl Dependency for Held {
+    fn gated(&self) -> bool {
+        self.shared.gated()
+    }
+    fn while_usable(
+        &self,
+        launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
+    ) -> cuda_hal::Result<()> {
+        self.shared.while_usable(launch)
+    }
+    fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
+        self.shared.used_on(stream)
+    }
+    fn launched(&self, stream: &Stream) {
+        self.shared.launched(stream);
+    }
+    fn deferred(&self) {
+        self.shared.deferred();
+    }
+    fn settle(&self) -> bool {
+        self.shared.settle()
+    }
+}
+
+/// A counted hold of `shared` for a capture or group.
+fn held(shared: &Arc<CommShared>) -> KeepAlive {
+    KeepAlive::new(Arc::new(Held {
+        shared: shared.clone(),
+        _count: shared.suspend.holds.clone(),
+    }))
 }

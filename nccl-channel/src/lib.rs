@@ -164,6 +164,7 @@ mod rendezvous;
 mod scalable;
 mod split;
 mod suspend;
+mod suspension;
 mod sync;
 mod types;
 mod unique_id;

@@ -7,14 +7,9 @@
 //! is suspended its collectives are refused ([`Error::Suspended`]) and graphs that
 //! captured it refuse to launch.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
-use cuda_hal::{DeferScope, Dependency, KeepAlive, Stream};
+use cuda_hal::DeferScope;
 use nccl_sys::ncclCommMemStat_t;
 
-use crate::comm::CommShared;
-use crate::sync::lock;
 use crate::{Communicator, Error, Result};
 
 /// What `ncclCommSuspend` releases (its `flags`).
@@ -78,114 +73,6 @@ pub struct MemStats {
     pub total: u64,
 }
 
-/// A communicator's suspension, and the streams its work went to.
-#[derive(Default)]
-pub(crate) struct SuspendState {
-    suspended: AtomicBool,
-    /// The stream noted last (its key), so that noting it again is one load.
-    last: AtomicUsize,
-    /// Streams the communicator enqueued on, whose work may not be done.
-    streams: Mutex<Vec<Stream>>,
-    /// One clone per live hold of a capture or group ([`held`]).
-    holds: Arc<()>,
-}
-
-impl SuspendState {
-    pub(crate) fn is_suspended(&self) -> bool {
-        self.suspended.load(Ordering::Acquire)
-    }
-
-    /// [`Error::Suspended`] while suspended.
-    pub(crate) fn refuse(&self, what: &'static str) -> Result<()> {
-        if self.is_suspended() {
-            return Err(Error::Suspended { what });
-        }
-        Ok(())
-    }
-
-    /// Work is about to be enqueued on `stream`: kept (a clone, so the stream lives as long
-    /// as the communicator or until a suspend finds its work done).
-    #[inline]
-    pub(crate) fn note(&self, stream: &Stream) {
-        let key = Arc::as_ptr(&self.holds).addr() ^ stream.as_raw().addr();
-        if self.last.load(Ordering::Relaxed) != key {
-            self.note_new(stream, key);
-        }
-    }
-
-    #[cold]
-    fn note_new(&self, stream: &Stream, key: usize) {
-        // No query here: work may be being captured, and a query of a capturing stream
-        // spoils its capture. The list is pruned by `busy`.
-        let mut v = lock(&self.streams);
-        if !v.iter().any(|s| s.as_raw() == stream.as_raw()) {
-            v.push(stream.clone());
-        }
-        self.last.store(key, Ordering::Relaxed);
-    }
-
-    /// Why work may still use the communicator, if it may.
-    fn busy(&self) -> Option<String> {
-        if Arc::strong_count(&self.holds) > 1 {
-            return Some(
-                "an open group or a captured graph holds work that uses the communicator: end \
-                 the group or drop the graph first"
-                    .into(),
-            );
-        }
-        let mut v = lock(&self.streams);
-        // A capturing stream is not queried (that would spoil its capture): busy.
-        v.retain(|s| s.is_capturing().unwrap_or(true) || !matches!(s.is_idle(), Ok(true)));
-        self.last.store(0, Ordering::Relaxed);
-        v.first().map(|s| {
-            format!(
-                "work it enqueued on stream {:?} is not done: synchronize the stream (or \
-                 Communicator::wait) first",
-                s.as_raw()
-            )
-        })
-    }
-}
-
-/// What a capture or group holds of a communicator for work it recorded: the communicator,
-/// counted, so that a suspend can see that work may still run.
-struct Held {
-    shared: Arc<CommShared>,
-    _count: Arc<()>,
-}
-
-impl Dependency for Held {
-    fn gated(&self) -> bool {
-        self.shared.gated()
-    }
-    fn while_usable(
-        &self,
-        launch: &mut dyn FnMut() -> cuda_hal::Result<()>,
-    ) -> cuda_hal::Result<()> {
-        self.shared.while_usable(launch)
-    }
-    fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
-        self.shared.used_on(stream)
-    }
-    fn launched(&self, stream: &Stream) {
-        self.shared.launched(stream);
-    }
-    fn deferred(&self) {
-        self.shared.deferred();
-    }
-    fn settle(&self) -> bool {
-        self.shared.settle()
-    }
-}
-
-/// A counted hold of `shared` for a capture or group.
-pub(crate) fn held(shared: &Arc<CommShared>) -> KeepAlive {
-    KeepAlive::new(Arc::new(Held {
-        shared: shared.clone(),
-        _count: shared.suspend.holds.clone(),
-    }))
-}
-
 impl Communicator {
     /// Suspends the communicator (`ncclCommSuspend`, NCCL ≥ 2.29.7): with
     /// [`SuspendFlags::MEM`], NCCL releases its dynamic GPU memory until
@@ -246,7 +133,7 @@ impl Communicator {
         let rc = unsafe { f(raw, flags.bits()) };
         self.check(rc, call)?;
         if flags.contains(SuspendFlags::MEM) {
-            shared.suspend.suspended.store(true, Ordering::Release);
+            shared.suspend.set(true);
         }
         Ok(())
     }
@@ -270,7 +157,7 @@ impl Communicator {
         // SAFETY: a live, suspended communicator.
         let rc = unsafe { f(raw) };
         self.check(rc, call)?;
-        shared.suspend.suspended.store(false, Ordering::Release);
+        shared.suspend.set(false);
         Ok(())
     }
 

@@ -46,6 +46,17 @@ fn suspend_resume_and_memory_stats_on_a_real_nccl() {
         println!("suspend: Unsupported on NCCL {}", nccl.version());
         return;
     }
+    // Work in flight on a stream the communicator used: refused, NCCL's memory kept.
+    let n = 1usize << 30; // 4 GiB of f32 each way: the copy takes about a millisecond
+    let send = DeviceBuffer::<f32>::zeroed(comm.context(), n).unwrap();
+    let mut recv = DeviceBuffer::<f32>::alloc(comm.context(), n).unwrap();
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)
+        .unwrap();
+    let busy = comm.suspend(SuspendFlags::MEM);
+    println!("suspend right after a 4 GiB all-reduce was enqueued: {busy:?}");
+    assert!(matches!(busy, Err(Error::InFlight { .. })), "{busy:?}");
+    stream.synchronize().unwrap();
+    drop((send, recv));
     let before = comm.mem_stats().unwrap();
     comm.suspend(SuspendFlags::MEM).unwrap();
     let during = comm.mem_stats().unwrap();
