@@ -20,26 +20,13 @@ use std::ffi::{c_char, c_int};
 use std::time::Instant;
 
 use crate::config::{MockConfig, read as read_config};
+use crate::grow_id::{GROW_MARK, old_size};
 use crate::init::{current_device, fresh_id, init_rank_key};
 use crate::macros::mock_fns;
 use crate::state::fail;
 use crate::thread_groups::note_error;
 use crate::world::NWorld;
 use nccl_sys::*;
-
-/// Bytes 120..124 of a grow id; the old size follows (u32, little-endian).
-const GROW_MARK: &[u8; 4] = b"GROW";
-
-/// Whether `key` is a grow id (made by `ncclCommGetUniqueId`).
-pub(crate) fn is_grow_id(key: &[u8]) -> bool {
-    key.len() == 128 && &key[120..124] == GROW_MARK
-}
-
-/// The size of the communicator a grow id grows.
-fn old_size(key: &[u8]) -> Option<usize> {
-    let b: [u8; 4] = key.get(124..128)?.try_into().ok()?;
-    is_grow_id(key).then(|| u32::from_le_bytes(b) as usize)
-}
 
 fn bytes_of(id: &ncclUniqueId) -> Vec<u8> {
     id.internal.iter().map(|&c| c as u8).collect()

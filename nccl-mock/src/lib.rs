@@ -110,6 +110,7 @@ mod dtype;
 mod encryption;
 mod group;
 mod grow;
+mod grow_id;
 mod handle;
 mod init;
 mod macros;

@@ -60,7 +60,7 @@ pub(super) fn join_init(
             if init.devices.iter().all(Option::is_none) {
                 s.inits.remove(id);
             }
-            if crate::grow::is_grow_id(id) {
+            if crate::grow_id::is_grow_id(id) {
                 s.failed_grows.insert(id.to_vec(), msg.clone());
             }
             w.cond.notify_all();
