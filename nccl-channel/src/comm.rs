@@ -1068,6 +1068,9 @@ impl Dependency for Held {
         self.shared.while_usable(launch)
     }
     fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
+        // A graph's launch runs the communicator's work on `stream`: a suspend must see
+        // it (the graph may be dropped before the launch is done).
+        self.shared.suspend.note(stream);
         self.shared.used_on(stream)
     }
     fn launched(&self, stream: &Stream) {

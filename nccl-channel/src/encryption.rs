@@ -56,7 +56,7 @@ pub fn set_encryption(nccl: &Nccl, mode: &Encryption) -> Result<()> {
         mode: nccl_sys::ncclEncryptionMode_t::NCCL_ENCRYPTION_MODE_NONE.0 as i32,
         psk: std::ptr::null(),
     };
-    let psk;
+    let psk: &'static std::ffi::CStr;
     match mode {
         Encryption::None => {}
         Encryption::Psk(key) => {
@@ -69,16 +69,20 @@ pub fn set_encryption(nccl: &Nccl, mode: &Encryption) -> Result<()> {
                     ),
                 });
             }
-            psk = CString::new(key.as_str()).map_err(|_| Error::InvalidArgument {
+            let key = CString::new(key.as_str()).map_err(|_| Error::InvalidArgument {
                 what: WHAT,
                 problem: "the pre-shared key holds a NUL byte".into(),
             })?;
+            // Kept for the life of the process: NCCL's header does not say whether it
+            // copies the key or keeps the pointer, so it must never dangle (one key per
+            // call, a few bytes).
+            psk = Box::leak(key.into_boxed_c_str());
             config.mode = nccl_sys::ncclEncryptionMode_t::NCCL_ENCRYPTION_MODE_PSK.0 as i32;
             config.psk = psk.as_ptr();
         }
     }
     // SAFETY: a config laid out as NCCL_ENCRYPTION_CONFIG_INITIALIZER makes it, whose key (if any)
-    // outlives the call; NCCL copies what it keeps.
+    // lives as long as the process, whether NCCL copies it or keeps the pointer.
     let rc = unsafe { f(&config) };
     crate::check(nccl, rc, call, None)
 }

@@ -5,10 +5,18 @@
 //! kept alive until then, even when their owners are dropped inside the group. NCCL's
 //! group state belongs to the thread, so [`Group`] is not `Send`.
 
+use std::cell::Cell;
+
 use cuda_hal::DeferScope;
 use nccl_sys::Nccl;
 
 use crate::{Result, check};
+
+thread_local! {
+    /// How many groups started through this crate are open on this thread (NCCL's groups
+    /// nest: only the outermost end launches).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
 
 /// An open NCCL group. [`end`](Self::end) closes it and reports its error; dropping it
 /// closes it too, so a failing operation inside never leaves the group open.
@@ -80,6 +88,7 @@ impl<'a> Group<'a> {
         })?;
         // SAFETY: no preconditions.
         unsafe { nccl_call!(nccl, ncclGroupStart()) }?;
+        let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
         Ok(Group {
             nccl,
             open: true,
@@ -146,6 +155,16 @@ impl Group<'_> {
     #[doc(alias = "ncclGroupSimulateEnd")]
     pub fn simulate_end(mut self) -> Result<std::time::Duration> {
         let (f, call) = optional!(self.nccl, ncclGroupSimulateEnd)?;
+        if DEPTH.try_with(Cell::get).unwrap_or(0) > 1 {
+            // NCCL would only close this level, and the outermost end would run the calls.
+            self.end()?;
+            return Err(crate::Error::InvalidArgument {
+                what: "Group::simulate_end",
+                problem: "the group is nested in another one, whose end runs the calls: \
+                          simulate the outermost group"
+                    .into(),
+            });
+        }
         self.open = false;
         let mut info = nccl_sys::NCCL_SIM_INFO_INITIALIZER;
         // SAFETY: ends the group this value started; `info` is initialised by
@@ -177,6 +196,7 @@ impl Group<'_> {
 
 impl Drop for Group<'_> {
     fn drop(&mut self) {
+        let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
         if self.open {
             // SAFETY: ends the group this value started; the error has nowhere to go.
             let _ = unsafe { (self.nccl.fns().ncclGroupEnd)() };

@@ -82,10 +82,13 @@ impl Window<'_> {
     /// makes no matching call; it sees the data after its
     /// [`wait_signal`](Communicator::wait_signal) for it. `src` must lie in a
     /// [`COLL_SYMMETRIC`](crate::WindowFlags::COLL_SYMMETRIC) window of this
-    /// communicator. A put past the window's end is [`Error::OutOfWindow`] (windows of
-    /// one place have one size on every rank). This window and `src` stay alive until
-    /// the put is done (and as long as a capture or group that recorded it can launch
-    /// it).
+    /// communicator. A put past the end of the smallest window of this place on any
+    /// rank is [`Error::OutOfWindow`] (NCCL lets the sizes differ, agreed at
+    /// registration, and does not check a put against the peer's). This window and `src`
+    /// stay alive until the put is done (and as long as a capture or group that recorded
+    /// it can launch it). The peer's window is the peer's: NCCL keeps its peers' mappings
+    /// of it, so a put that lands after the peer released it writes memory nobody reads
+    /// any more (NCCL's guarantee, not this crate's).
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -136,15 +139,17 @@ impl Window<'_> {
             });
         };
         let bytes = src.size_bytes();
+        // The smallest window of this place on any rank: NCCL lets the sizes differ and
+        // does not check that a put fits the peer's.
         if offset
             .checked_add(bytes)
-            .is_none_or(|end| end > self.size_bytes())
+            .is_none_or(|end| end > self.peer_bytes())
         {
             return Err(Error::OutOfWindow {
                 what: W,
                 offset,
                 bytes,
-                window: self.size_bytes(),
+                window: self.peer_bytes(),
             });
         }
         comm.same_context(W, "source", src.context())?;

@@ -228,13 +228,11 @@ impl Communicator {
             }
             return Err(e);
         }
-        Ok(Window(self.adopt_registration(
-            Kind::Window,
-            win.expose_provenance(),
-            ptr,
-            bytes,
-            memory,
-        )))
+        let reg =
+            self.adopt_registration(Kind::Window, win.expose_provenance(), ptr, bytes, memory);
+        // Registered (released with `reg` if the agreement fails).
+        let smallest = smallest_window(&[(self, bytes)])?[0];
+        Ok(Window(reg, smallest))
     }
 
     /// Registers one window per rank, for one thread driving several ranks (a window
@@ -312,13 +310,13 @@ impl Communicator {
                 if c.is_unsettled() {
                     std::mem::forget(memory);
                 } else {
-                    kept.push(Window(c.adopt_registration(
+                    kept.push(c.adopt_registration(
                         Kind::Window,
                         win.expose_provenance(),
                         ptr,
                         bytes,
                         memory,
-                    )));
+                    ));
                 }
             }
             std::mem::forget(wins);
@@ -332,19 +330,23 @@ impl Communicator {
         for ((_, (ptr, bytes, memory)), (c, win)) in
             targets.into_iter().zip(ranks.iter().map(|r| r.0).zip(wins))
         {
-            out.push(Window(c.adopt_registration(
-                Kind::Window,
-                win.expose_provenance(),
-                ptr,
+            out.push((
+                c,
                 bytes,
-                memory,
-            )));
+                c.adopt_registration(Kind::Window, win.expose_provenance(), ptr, bytes, memory),
+            ));
         }
         // On failure the windows made so far are released with `out`.
         issued?;
         ended?;
         waited?;
-        Ok(out)
+        let sizes: Vec<(&Communicator, usize)> = out.iter().map(|(c, b, _)| (*c, *b)).collect();
+        let smallest = smallest_window(&sizes)?;
+        Ok(out
+            .into_iter()
+            .zip(smallest)
+            .map(|((_, _, reg), min)| Window(reg, min))
+            .collect())
     }
 
     fn adopt_registration(
@@ -489,7 +491,7 @@ impl Drop for Registration<'_> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "dropping it deregisters the window at once"]
-pub struct Window<'c>(Registration<'c>);
+pub struct Window<'c>(Registration<'c>, usize);
 
 impl std::fmt::Debug for Window<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -502,6 +504,12 @@ impl std::fmt::Debug for Window<'_> {
 }
 
 impl<'c> Window<'c> {
+    /// The smallest size of this window among the communicator's ranks, in bytes: NCCL
+    /// lets ranks register windows of different sizes, and a put must fit the peer's.
+    pub(crate) fn peer_bytes(&self) -> usize {
+        self.1
+    }
+
     /// Its communicator.
     pub(crate) fn comm(&self) -> &'c Communicator {
         self.0.comm
@@ -590,4 +598,42 @@ mod tests {
         assert_eq!(world.calls("ncclCommDeregister"), 2);
         drop((a, b, stream));
     }
+}
+
+/// The smallest of every rank's size for the window being registered (an all-reduce of
+/// the sizes, with the minimum, over each given communicator, in one group when several
+/// ranks are driven from this thread): every rank calls window registration, so every
+/// rank reaches this too. NCCL accepts windows of different sizes on different ranks and
+/// does not check that a put fits the peer's, so puts are bounded by this.
+fn smallest_window(ranks: &[(&Communicator, usize)]) -> Result<Vec<usize>> {
+    let mut parts = Vec::with_capacity(ranks.len());
+    for (c, bytes) in ranks {
+        let stream = cuda_hal::Stream::non_blocking(c.context())?;
+        let size = cuda_hal::DeviceBuffer::from_slice(c.context(), &[*bytes as u64])?;
+        parts.push((*c, stream, size));
+    }
+    let reduce =
+        |parts: &mut Vec<(&Communicator, cuda_hal::Stream, cuda_hal::DeviceBuffer<u64>)>| {
+            for (c, stream, size) in parts.iter_mut() {
+                c.all_reduce_in_place(size, crate::ReduceOp::Min, stream)?;
+            }
+            Ok(())
+        };
+    match parts.first() {
+        Some((c, ..)) if parts.len() > 1 => {
+            let nccl = c.nccl().clone();
+            crate::group::group(&nccl, || reduce(&mut parts))?;
+        }
+        _ => reduce(&mut parts)?,
+    }
+    let mut out = Vec::with_capacity(parts.len());
+    for (c, stream, size) in &parts {
+        if !c.config().is_blocking() {
+            c.wait(stream)?;
+        }
+        stream.synchronize()?;
+        let v = size.to_vec()?;
+        out.push(usize::try_from(v[0]).unwrap_or(usize::MAX));
+    }
+    Ok(out)
 }

@@ -154,7 +154,9 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
                 return CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
             }
             // Registrations it resolved at enqueue must still be there; the use is
-            // recorded where the driver runs the op (the launch stream at a replay).
+            // recorded where the driver runs the op (the launch stream at a replay), for
+            // the registrations and for a suspend of the communicator.
+            crate::work::note_comm_use(&w, comm, call, w.cuda.running_op());
             if !admit(&w, call, &regs, w.cuda.running_op()) {
                 *r2.lock().unwrap_or_else(|e| e.into_inner()) = ncclResult_t::ncclInvalidArgument;
                 part2.withdraw();

@@ -261,8 +261,8 @@ mock_fns! {
             unsafe { *win = std::ptr::null_mut() };
             return ncclResult_t::ncclSuccess;
         }
-        let (device, clique) = match s.comms.get(&h) {
-            Some(c) => (c.device, c.clique.as_ref().map(|c| std::sync::Arc::as_ptr(c).addr()).unwrap_or(0)),
+        let device = match s.comms.get(&h) {
+            Some(c) => c.device,
             None => return ncclResult_t::ncclInternalError,
         };
         let a = match check_memory(w, &mut s, CALL, buff.addr() as u64, size, device) {
@@ -280,18 +280,14 @@ mock_fns! {
                 "{CALL}: offset {offset} into its allocation is not a multiple of {NCCL_WIN_REQUIRED_ALIGNMENT}"
             ));
         }
-        // Collective: the ranks' n-th windows of one communicator have one size.
+        // Collective: the ranks' n-th windows of one communicator are one place. Their sizes
+        // may differ, as NCCL allows (it maps the largest); a put that does not fit the
+        // peer's is reported when it runs.
         let seq = {
             let n = s.win_seq.entry(h).or_insert(0);
             *n += 1;
             *n
         };
-        let first = *s.win_sizes.entry((clique, seq)).or_insert(size);
-        if first != size {
-            let m = format!("{CALL}: window {seq} of communicator {h:#x} has {size} bytes, another rank's has {first}");
-            w.cuda.report(m.clone());
-            return fail(&mut s, ncclResult_t::ncclInvalidArgument, m);
-        }
         let r = s.handle(w.id);
         let place = s.comms.get(&h).and_then(|c| Some(crate::rma::WinPlace { clique: c.clique.clone()?, rank: c.rank, seq, flags }));
         if let Some(p) = &place {

@@ -149,8 +149,6 @@ pub(crate) struct State {
     pub(crate) dead_regs: HashMap<usize, &'static str>,
     /// Windows registered so far per communicator (their sequence numbers).
     pub(crate) win_seq: HashMap<usize, u64>,
-    /// The size of the first rank's n-th window, per clique and n.
-    pub(crate) win_sizes: HashMap<(usize, u64), usize>,
     /// Ranks waiting for their hub in an init of the multi-process mode.
     pub(crate) net_inits: usize,
     /// `slow_polls` of each communicator made from now on.
@@ -165,6 +163,9 @@ pub(crate) struct State {
     pub(crate) failed_grows: HashMap<Vec<u8>, String>,
     /// Communicators suspended by `ncclCommSuspend(NCCL_SUSPEND_MEM)` (suspend.rs).
     pub(crate) suspended: std::collections::HashSet<usize>,
+    /// Per communicator, the newest op of its work on each stream (key -> stamp, call),
+    /// recorded when the work runs: a suspend checks the host waited for each.
+    pub(crate) comm_uses: HashMap<usize, HashMap<usize, (u64, String)>>,
 }
 
 impl State {

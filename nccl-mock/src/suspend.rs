@@ -93,6 +93,21 @@ mock_fns! {
         if s.suspended.contains(&h) {
             return fail(&mut s, ncclResult_t::ncclInvalidUsage, "MemManager: Already suspended".into());
         }
+        // NCCL releases the memory its work uses now: work of this communicator that the
+        // host did not wait for may still run on it (the sanitizer's check; NCCL does not).
+        let mut uses: Vec<(usize, (u64, String))> = s
+            .comm_uses
+            .get(&h)
+            .map(|u| u.iter().map(|(k, v)| (*k, v.clone())).collect())
+            .unwrap_or_default();
+        uses.sort_by_key(|(k, _)| *k);
+        for (key, (stamp, call)) in uses {
+            if !w.cuda.host_waited_for(key, stamp) {
+                w.cuda.report(format!(
+                    "{CALL} of communicator {h:#x}: its work enqueued on stream {key:#x} ({call}) may still use the memory NCCL releases: the host did not wait for it"
+                ));
+            }
+        }
         s.suspended.insert(h);
         ncclResult_t::ncclSuccess
     }

@@ -140,8 +140,11 @@ impl Work {
                     true
                 }
                 None => {
-                    w.cuda.access(self.stream, call, &self.touches).is_err()
-                        || !admit(w, call, &self.regs, w.cuda.stream_position(self.stream))
+                    let illegal = w.cuda.access(self.stream, call, &self.touches).is_err();
+                    // Where it stands on its stream once stamped (after the access).
+                    let pos = w.cuda.stream_position(self.stream);
+                    note_comm_use(w, self.comm, call, pos);
+                    illegal || !admit(w, call, &self.regs, pos)
                 }
             };
         if refused {
@@ -190,6 +193,18 @@ pub(super) fn overlapping(s: &State, comm: usize, ranges: &[(u64, usize)]) -> Ve
         .collect();
     v.sort_unstable();
     v
+}
+
+/// Work of communicator `comm` runs now at `pos` (stream key, stamp): a later suspend
+/// checks that the host waited for it.
+pub(crate) fn note_comm_use(w: &NWorld, comm: usize, call: &str, pos: Option<(usize, u64)>) {
+    if let Some((key, stamp)) = pos {
+        w.lock()
+            .comm_uses
+            .entry(comm)
+            .or_default()
+            .insert(key, (stamp, call.to_string()));
+    }
 }
 
 /// Work that resolved `regs` at enqueue runs now: each must still be live (reported

@@ -25,6 +25,7 @@ mod mock_reliability;
 mod mock_split;
 mod model_check;
 mod newer_api;
+mod newer_api_attacks;
 mod newer_api_gpu;
 mod newer_api_real;
 mod onesided;

@@ -499,7 +499,7 @@ fn a_window_at_a_misaligned_offset_is_refused() {
 }
 
 #[test]
-fn the_ranks_windows_must_have_one_size() {
+fn the_ranks_windows_may_have_different_sizes() {
     let rig = rig(2);
     let comms = rig.comms(2);
     let align = NCCL_WIN_REQUIRED_ALIGNMENT as usize;
@@ -518,21 +518,20 @@ fn the_ranks_windows_must_have_one_size() {
     assert_ne!(w0, w1);
     rig.assert_clean();
 
-    // Window 2: rank 1 disagrees.
+    // Window 2: rank 1's is smaller, as NCCL allows (a put must fit the peer's: the safe
+    // crate bounds puts by the smallest; a put that does not fit is reported when it runs).
     let (rc0, v0) = rig.window(comms[0], mems[0] + align as CUdeviceptr, 2 * align);
-    assert_eq!(rc0, NCCL_OK);
     let (rc1, v1) = rig.window(comms[1], mems[1] + align as CUdeviceptr, align);
-    assert_eq!(rc1, INVALID);
-    assert!(v1.is_null());
-    let m = format!(
-        "ncclCommWindowRegister: window 2 of communicator {:#x} has {align} bytes, another rank's has {}",
-        comms[1].addr(),
-        2 * align
-    );
-    assert_eq!(rig.world.take_violations(), std::slice::from_ref(&m));
-    assert_eq!(rig.last_error(comms[1]), m);
+    assert_eq!((rc0, rc1), (NCCL_OK, NCCL_OK));
+    assert!(!v0.is_null() && !v1.is_null());
+    rig.assert_clean();
 
-    for (c, w) in [(comms[0], w0), (comms[1], w1), (comms[0], v0)] {
+    for (c, w) in [
+        (comms[0], w0),
+        (comms[1], w1),
+        (comms[0], v0),
+        (comms[1], v1),
+    ] {
         assert_eq!(rig.window_deregister(c, w), NCCL_OK);
     }
     for (d, p) in mems.into_iter().enumerate() {
