@@ -27,6 +27,7 @@ mod model_check;
 mod newer_api;
 mod newer_api_gpu;
 mod onesided;
+mod onesided_processes;
 mod params_real;
 mod pool_attacks;
 mod quick_start;
