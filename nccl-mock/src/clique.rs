@@ -77,8 +77,9 @@ pub(crate) struct Clique {
     /// Multi-process mode: this one rank's connection to the hub, which matches the
     /// parts of every rank instead of `state` (see [`Link`]).
     net: Option<Link>,
-    /// One-sided operations' windows and signals (in one process).
-    pub(crate) rma: crate::rma::Rma,
+    /// One-sided operations' windows and signals of this process's ranks (across
+    /// processes shared with the link, whose reader lands the puts that arrive).
+    pub(crate) rma: Arc<crate::rma::Rma>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,7 +94,7 @@ impl Clique {
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
             net: None,
-            rma: crate::rma::Rma::default(),
+            rma: Arc::default(),
         })
     }
 
@@ -105,8 +106,8 @@ impl Clique {
             devices,
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
+            rma: link.rma(),
             net: Some(link),
-            rma: crate::rma::Rma::default(),
         })
     }
 
@@ -119,10 +120,10 @@ impl Clique {
     /// collective, its sends and receives) fails with a remote error instead of waiting.
     /// Transfers between other ranks go on, as with NCCL.
     pub(crate) fn abort(&self, rank: usize) {
+        self.rma.abort(rank);
         if let Some(link) = &self.net {
             return link.abort();
         }
-        self.rma.abort(rank);
         let mut st = lock(&self.state);
         st.aborted.push(rank);
         let fail = |d: &Done| {
@@ -149,8 +150,26 @@ impl Clique {
 
     /// Wakes the waits on this clique's parts (a one-sided operation completed some).
     pub(crate) fn wake(&self) {
+        if let Some(link) = &self.net {
+            link.wake();
+        }
         let _st = lock(&self.state);
         self.cond.notify_all();
+    }
+
+    /// Ships a put (`data`: its window place, offset and bytes) or a plain signal of this
+    /// process's rank to rank `to` through the hub; `withdrawn`: refused here, so that
+    /// the receiver's waits for it fail. Across processes only.
+    pub(crate) fn put_remote(
+        &self,
+        to: usize,
+        data: Option<(u64, u64, Vec<u8>)>,
+        withdrawn: bool,
+    ) -> ncclResult_t {
+        match &self.net {
+            Some(link) => link.put(to, data, withdrawn),
+            None => ncclResult_t::ncclInternalError,
+        }
     }
 
     /// Whether any rank was aborted (its peers' asynchronous error reports it).
@@ -477,7 +496,7 @@ impl Clique {
     /// Parts submitted and not yet matched (for leak checks).
     pub(crate) fn pending(&self) -> usize {
         if let Some(link) = &self.net {
-            return link.pending();
+            return link.pending() + self.rma.pending();
         }
         let st = lock(&self.state);
         self.rma.pending()

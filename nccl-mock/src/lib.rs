@@ -88,8 +88,9 @@
 //! every rank's output with the same code as the in-process mode, and writes the answer
 //! to its receive buffer through the driver. A peer that aborts, is destroyed or whose
 //! process goes makes what needs it fail with `ncclRemoteError`; a shrink's survivors
-//! (a dead peer's too) meet at a new hub started by the lowest of them; splits are not
-//! simulated across processes (`ncclInvalidUsage`). [`network_threads`] counts the
+//! (a dead peer's too) meet at a new hub started by the lowest of them; one-sided puts
+//! and signals travel through the hub to the peer's process, which lands them in its
+//! window; splits are not simulated across processes (`ncclInvalidUsage`). [`network_threads`] counts the
 //! mode's threads, for leak checks.
 //!
 //! ```
@@ -248,6 +249,11 @@ impl MockNccl {
     ///   every pending and later operation that needs it fail with `ncclRemoteError`, and
     ///   its peers' asynchronous error say so; a destroyed one fails what still waits for
     ///   it the same way. Nothing waits past the timeout.
+    /// - One-sided puts and signals (`ncclPutSignal`, `ncclSignal`) pass the same checks
+    ///   at the call; the sender reads its source through its driver and ships it; the
+    ///   hub forwards it, in the sender's order, to the peer's process, whose driver
+    ///   writes it into the window (checked to fit it; a put for a window not registered
+    ///   there yet waits for it) and counts the signal for `ncclWaitSignal`.
     /// - Not simulated across processes: splits and shrinks (they fail with
     ///   `ncclInvalidUsage` and say so). A rank's input is read when its part is due, so
     ///   a send buffer freed after that, while the part waits for its peers, goes

@@ -10,8 +10,10 @@
 //! - Both windows are resolved at the call and must still be live when the put runs (in
 //!   stream order, at a group's end, at each launch of a graph that captured it).
 //!
-//! How the operations move data and signals among the ranks: [`crate::rma`]. Across
-//! simulated processes they are not simulated (`ncclInvalidUsage`).
+//! How the operations move data and signals among the ranks, in one process and across
+//! simulated processes: [`crate::rma`]. The checks at the call are the same in both
+//! modes; across processes the receiver's process also checks that a put fits its
+//! window when it lands.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::MutexGuard;
@@ -28,9 +30,9 @@ use crate::work::{Part, Work};
 use crate::world::NWorld;
 use nccl_sys::*;
 
-/// The checks shared by the three operations: a live, initialised, in-process
-/// communicator, zero `sigIdx`/`ctx`/`flags`, a peer in range. Its handle, clique, rank,
-/// device and blocking mode.
+/// The checks shared by the three operations: a live, initialised communicator, zero
+/// `sigIdx`/`ctx`/`flags`, a peer in range. Its handle, clique, rank, device and
+/// blocking mode.
 #[allow(clippy::type_complexity)]
 fn common(
     w: &NWorld,
@@ -61,13 +63,6 @@ fn common(
         ));
     };
     let (rank, size, device, blocking) = (c.rank, c.size, c.device, c.blocking);
-    if clique.is_networked() {
-        return Err(fail(
-            s,
-            ncclResult_t::ncclInvalidUsage,
-            format!("{call}: one-sided operations are not simulated across processes"),
-        ));
-    }
     let (sig, ctx, flags) = zeros;
     if ctx != 0 || sig != 0 || flags != 0 {
         return Err(fail(

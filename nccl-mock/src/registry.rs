@@ -291,7 +291,7 @@ mock_fns! {
         let r = s.handle(w.id);
         let place = s.comms.get(&h).and_then(|c| Some(crate::rma::WinPlace { clique: c.clique.clone()?, rank: c.rank, seq, flags }));
         if let Some(p) = &place {
-            p.clique.rma.window_added(p.rank, p.seq, buff.addr() as u64, size);
+            p.clique.rma.window_added(&w.cuda, p.rank, p.seq, buff.addr() as u64, size);
         }
         s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, win: place, refs: 1, uses: HashMap::new() });
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));

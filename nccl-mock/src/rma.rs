@@ -12,11 +12,20 @@
 //! whoever waits for it ends it (a timeout, not a hang). A rank aborted, or a put or
 //! signal withdrawn by the sanitizer, fails the waits that need it with
 //! `ncclRemoteError`.
+//!
+//! Across simulated processes the sender reads its source through its own driver and
+//! ships the bytes to its hub, which forwards them to the peer's process; there the
+//! link's reader hands them to [`Rma::arrive`], which writes them into the peer's window
+//! through that process's driver (checked to fit the window, reported otherwise) and
+//! counts the signal, in the order the sender issued them. A put for a window its
+//! receiver has not registered yet (NCCL's registration is collective; here each process
+//! registers on its own) waits for that registration, and so do the later puts and
+//! signals of the same sender.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use cuda_mock::MockWorld;
+use cuda_mock::{MockWorld, WeakMockWorld};
 use nccl_sys::ncclResult_t;
 
 use crate::clique::Clique;
@@ -50,6 +59,26 @@ struct State {
     /// Ranks aborted: no signal of theirs comes any more.
     aborted: HashSet<usize>,
     waits: Vec<Waiting>,
+    /// Across processes: the highest window place each rank of this process registered.
+    latest: HashMap<usize, u64>,
+    /// Across processes: puts and signals that arrived before the window they target,
+    /// with everything after them from the same sender, in arrival order.
+    early: VecDeque<Arrival>,
+    /// The driver of this process's windows (across processes, where arrivals land).
+    cuda: Option<WeakMockWorld>,
+    /// Across processes: the connection to the other processes is gone; no signal comes.
+    cut: bool,
+}
+
+/// A put or signal from a rank of another process, as its hub forwards it.
+#[derive(Debug)]
+pub(crate) struct Arrival {
+    pub(crate) to: usize,
+    pub(crate) from: usize,
+    /// A put's window place, offset and bytes; `None`: a plain signal.
+    pub(crate) data: Option<(u64, u64, Vec<u8>)>,
+    /// The sender's sanitizer refused it: the waits that need it fail.
+    pub(crate) withdrawn: bool,
 }
 
 /// The one-sided state of one communicator's ranks in one process.
@@ -80,9 +109,10 @@ impl State {
                 self.waits.remove(i);
                 continue;
             };
-            if w.need
-                .iter()
-                .any(|&(p, _)| self.broken.contains(&(w.rank, p)) || self.aborted.contains(&p))
+            if self.cut
+                || w.need
+                    .iter()
+                    .any(|&(p, _)| self.broken.contains(&(w.rank, p)) || self.aborted.contains(&p))
             {
                 finish(&done, ncclResult_t::ncclRemoteError);
                 self.waits.remove(i);
@@ -107,10 +137,96 @@ impl State {
     }
 }
 
+impl State {
+    /// Takes an arrival from another process: applied now, or queued behind an earlier
+    /// one of its sender or until its window is registered.
+    fn receive(&mut self, a: Arrival) {
+        let waits_for_window = a
+            .data
+            .as_ref()
+            .is_some_and(|(seq, ..)| *seq > self.latest.get(&a.to).copied().unwrap_or(0));
+        let behind = self.early.iter().any(|e| e.to == a.to && e.from == a.from);
+        if waits_for_window || behind {
+            self.early.push_back(a);
+        } else {
+            self.apply(a);
+        }
+    }
+
+    /// Lands an arrival in its window (a released window takes no data) and counts its
+    /// signal; one that does not fit the window, or that the driver refuses, is reported
+    /// and fails the waits for its sender instead.
+    fn apply(&mut self, a: Arrival) {
+        if a.withdrawn {
+            self.broken.insert((a.to, a.from));
+            return;
+        }
+        if let Some((seq, offset, bytes)) = &a.data
+            && !bytes.is_empty()
+            && let Some(&(ptr, len)) = self.windows.get(&(a.to, *seq))
+        {
+            let who = format!(
+                "ncclPutSignal from rank {} into rank {}'s window",
+                a.from, a.to
+            );
+            let cuda = self.cuda.as_ref().and_then(WeakMockWorld::upgrade);
+            let fits = offset
+                .checked_add(bytes.len() as u64)
+                .is_some_and(|end| end <= len as u64);
+            let landed = match cuda {
+                Some(cuda) if !fits => {
+                    cuda.report(format!(
+                        "{who}: {} bytes at offset {offset} do not fit its {len} bytes",
+                        bytes.len()
+                    ));
+                    false
+                }
+                Some(cuda) => cuda.write_device(&who, ptr + offset, bytes).is_ok(),
+                None => false,
+            };
+            if !landed {
+                self.broken.insert((a.to, a.from));
+                return;
+            }
+        }
+        *self.signals.entry((a.to, a.from)).or_default() += 1;
+    }
+}
+
 impl Rma {
-    /// `rank`'s window of place `seq` is `[ptr, ptr + len)`.
-    pub(crate) fn window_added(&self, rank: usize, seq: u64, ptr: u64, len: usize) {
-        lock(&self.state).windows.insert((rank, seq), (ptr, len));
+    /// `rank`'s window of place `seq` is `[ptr, ptr + len)` on `cuda`'s memory; puts
+    /// from other processes that were waiting for it land now.
+    pub(crate) fn window_added(
+        &self,
+        cuda: &MockWorld,
+        rank: usize,
+        seq: u64,
+        ptr: u64,
+        len: usize,
+    ) {
+        let mut st = lock(&self.state);
+        st.windows.insert((rank, seq), (ptr, len));
+        st.cuda = Some(cuda.downgrade());
+        let latest = st.latest.entry(rank).or_insert(0);
+        *latest = (*latest).max(seq);
+        for a in std::mem::take(&mut st.early) {
+            st.receive(a);
+        }
+        st.settle();
+    }
+
+    /// A put or signal from another process arrived (in its sender's order).
+    pub(crate) fn arrive(&self, a: Arrival) {
+        let mut st = lock(&self.state);
+        st.receive(a);
+        st.settle();
+    }
+
+    /// The connection to the other processes is gone: every wait fails.
+    pub(crate) fn cut(&self) {
+        let mut st = lock(&self.state);
+        st.cut = true;
+        st.settle();
     }
 
     /// `rank` released its window of place `seq`: later puts into it land nowhere.
@@ -161,11 +277,27 @@ impl Rma1 {
     }
 
     /// Runs it now on `cuda`'s device memory (a wait: registers it, completed once its
-    /// signals are in).
+    /// signals are in). Across processes a put reads its source here and ships it.
     pub(crate) fn start(&self, clique: &Clique, cuda: &MockWorld) -> Done {
         let done: Done = Arc::new(Mutex::new(None));
         let rma = &clique.rma;
         match self {
+            Rma1::Put { from, to, data } if clique.is_networked() => {
+                let mut payload = None;
+                if let Some((src, bytes, seq, offset)) = *data {
+                    let read = match bytes {
+                        0 => Ok(Vec::new()),
+                        _ => cuda.read_device(&format!("ncclPutSignal on rank {from}"), src, bytes),
+                    };
+                    let Ok(d) = read else {
+                        self.withdraw(clique);
+                        finish(&done, ncclResult_t::ncclUnhandledCudaError);
+                        return done;
+                    };
+                    payload = Some((seq, offset, d));
+                }
+                finish(&done, clique.put_remote(*to, payload, false));
+            }
             Rma1::Put { from, to, data } => {
                 if let Some((src, bytes, seq, offset)) = *data
                     && bytes > 0
@@ -213,6 +345,13 @@ impl Rma1 {
 
     /// Takes its place without doing it: the waits that need it fail.
     pub(crate) fn withdraw(&self, clique: &Clique) {
+        if let Rma1::Put { to, .. } = self
+            && clique.is_networked()
+        {
+            // The receiver's waits for it fail in its process.
+            clique.put_remote(*to, None, true);
+            return;
+        }
         let mut st = lock(&clique.rma.state);
         match self {
             Rma1::Put { from, to, .. } => {

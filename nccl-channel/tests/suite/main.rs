@@ -29,6 +29,7 @@ mod newer_api_attacks;
 mod newer_api_gpu;
 mod newer_api_real;
 mod onesided;
+mod onesided_processes;
 mod params_real;
 mod pool_attacks;
 mod quick_start;

@@ -380,6 +380,14 @@ impl Hub {
                 };
                 self.p2p(r, is_send, peer as usize, p);
             }
+            (
+                Some(r),
+                Msg::Put {
+                    peer,
+                    withdrawn,
+                    data,
+                },
+            ) => self.put(r, peer as usize, withdrawn, data),
             (Some(r), Msg::Abort) => self.lose(r, true),
             // The coordinator's grow id, for every rank (NCCL's `bcastGrowHandle`).
             (Some(_), msg @ Msg::GrowId { .. }) => self.tell_ranks(&msg),
@@ -592,6 +600,23 @@ impl Hub {
             .collect();
         for (p, (rc, out)) in parts.iter().zip(run(&parts)) {
             self.done(p.conn, p.op, rc, out);
+        }
+    }
+
+    /// Forwards rank `r`'s one-sided put or signal to rank `to`'s process, in the order
+    /// it came. A rank that is gone takes nothing (as in one process, the put still
+    /// succeeds for its sender: nobody will wait for it there).
+    fn put(&mut self, r: usize, to: usize, withdrawn: bool, data: Option<(u64, u64, Vec<u8>)>) {
+        if self.gone.contains(&to) {
+            return;
+        }
+        if let Some(Some((conn, _))) = self.ranks.get(to) {
+            let msg = Msg::Put {
+                peer: r as u32,
+                withdrawn,
+                data,
+            };
+            self.tell(*conn, &msg);
         }
     }
 

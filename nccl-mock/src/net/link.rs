@@ -16,6 +16,7 @@ use cuda_mock::{MockWorld, WeakMockWorld};
 use super::thread::{spawn, stop};
 use super::wire::{self, Msg};
 use crate::parts::{Contrib, Done, input_bytes, output_bytes};
+use crate::rma::{Arrival, Rma};
 use nccl_sys::{ncclDataType_t, ncclResult_t};
 
 /// Where an answer's bytes go: a receive buffer of the rank's simulated device.
@@ -82,6 +83,8 @@ fn new_done(rc: Option<ncclResult_t>) -> Done {
 /// One rank's connection to its hub.
 pub(crate) struct Link {
     shared: Arc<Shared>,
+    /// This rank's one-sided state: the reader lands the puts other processes send.
+    rma: Arc<Rma>,
     stream: TcpStream,
     rank: usize,
     /// The hub runs in this process: leaving waits for its acknowledgement, at most this
@@ -130,12 +133,16 @@ impl Link {
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
         });
-        let s2 = shared.clone();
-        spawn("mock-nccl-link", move || serve(reader_stream, &s2))
-            .map_err(|e| ConnectError::Unreachable(e.to_string()))?;
+        let (s2, rma) = (shared.clone(), Arc::new(Rma::default()));
+        let rma2 = rma.clone();
+        spawn("mock-nccl-link", move || {
+            serve(reader_stream, &s2, &rma2, rank)
+        })
+        .map_err(|e| ConnectError::Unreachable(e.to_string()))?;
         let linger = super::hub::is_local(addr).then(|| write_timeout.min(LINGER));
         Ok(Link {
             shared,
+            rma,
             stream,
             rank,
             linger,
@@ -328,6 +335,45 @@ impl Link {
         done
     }
 
+    /// This rank's one-sided state, shared with the reader.
+    pub(crate) fn rma(&self) -> Arc<Rma> {
+        self.rma.clone()
+    }
+
+    /// Ships a put (its window place, offset and bytes) or a plain signal to rank `to`
+    /// (`withdrawn`: refused by this rank's sanitizer). It completes once shipped: the
+    /// receiver's process lands it and counts its signal, in this rank's order.
+    pub(crate) fn put(
+        &self,
+        to: usize,
+        data: Option<(u64, u64, Vec<u8>)>,
+        withdrawn: bool,
+    ) -> ncclResult_t {
+        {
+            let st = self.shared.lock();
+            if st.aborted || st.closed {
+                return ncclResult_t::ncclRemoteError;
+            }
+        }
+        let msg = Msg::Put {
+            peer: to as u32,
+            withdrawn,
+            data,
+        };
+        if wire::send(&self.stream, &msg).is_err() {
+            self.shared.lock().closed = true;
+            self.shared.cond.notify_all();
+            return ncclResult_t::ncclRemoteError;
+        }
+        ncclResult_t::ncclSuccess
+    }
+
+    /// Wakes the waits on this link (a one-sided operation completed one).
+    pub(crate) fn wake(&self) {
+        let _st = self.shared.lock();
+        self.shared.cond.notify_all();
+    }
+
     /// Waits for `done` until `deadline` (`ncclSystemError` then, as in one process).
     pub(crate) fn wait(&self, done: &Done, deadline: Instant) -> ncclResult_t {
         let mut st = self.shared.lock();
@@ -490,8 +536,9 @@ fn fail_all(st: &mut State) {
     }
 }
 
-/// The reader thread: handles the hub's messages until the connection closes.
-fn serve(mut stream: TcpStream, shared: &Shared) {
+/// The reader thread: handles the hub's messages until the connection closes. `rank`:
+/// this link's rank, whose puts from other processes land in `rma`.
+fn serve(mut stream: TcpStream, shared: &Shared, rma: &Rma, rank: usize) {
     loop {
         let msg = match wire::recv(&mut stream) {
             Ok(m) => m,
@@ -503,6 +550,9 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
                     st.welcome = Some(Err((ncclResult_t::ncclSystemError, why)));
                 }
                 fail_all(&mut st);
+                drop(st);
+                rma.cut();
+                let _st = shared.lock();
                 shared.cond.notify_all();
                 return;
             }
@@ -513,7 +563,26 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
             Msg::Refused { rc, msg } => {
                 shared.lock().welcome = Some(Err((ncclResult_t(rc), msg)));
             }
-            Msg::Gone { .. } => shared.lock().peer_gone = true,
+            Msg::Gone { rank: gone } => {
+                shared.lock().peer_gone = true;
+                rma.abort(gone as usize);
+                // Taken once more so no waiter misses the wake-up below.
+                drop(shared.lock());
+            }
+            // Landed outside the link's lock: the driver takes its own.
+            Msg::Put {
+                peer,
+                withdrawn,
+                data,
+            } => {
+                rma.arrive(Arrival {
+                    to: rank,
+                    from: peer as usize,
+                    data,
+                    withdrawn,
+                });
+                drop(shared.lock());
+            }
             Msg::GrowId { seq, id } => {
                 shared.lock().grow_ids.insert(seq, id);
             }

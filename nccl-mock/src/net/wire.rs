@@ -91,6 +91,14 @@ pub(crate) enum Msg {
     /// Coordinator to hub, and hub to every rank: the id of grow number `seq`
     /// (`ncclCommGetUniqueId`), which ranks that pass none to `ncclCommGrow` use.
     GrowId { seq: u64, id: Vec<u8> },
+    /// Rank to hub: a one-sided put (`data`: the peer's window place, the offset and the
+    /// bytes) or plain signal (`None`) for rank `peer`; hub to that rank: the same from
+    /// rank `peer`. `withdrawn`: the sender's sanitizer refused it.
+    Put {
+        peer: u32,
+        withdrawn: bool,
+        data: Option<(u64, u64, Vec<u8>)>,
+    },
 }
 
 /// A malformed frame, by what was wrong.
@@ -356,6 +364,24 @@ impl Msg {
                 w.u64(*seq);
                 w.bytes(id);
             }
+            Msg::Put {
+                peer,
+                withdrawn,
+                data,
+            } => {
+                w.u8(12);
+                w.u32(*peer);
+                w.u8(u8::from(*withdrawn));
+                match data {
+                    Some((seq, offset, bytes)) => {
+                        w.u8(1);
+                        w.u64(*seq);
+                        w.u64(*offset);
+                        w.bytes(bytes);
+                    }
+                    None => w.u8(0),
+                }
+            }
         }
         w.0
     }
@@ -414,6 +440,15 @@ impl Msg {
             11 => Msg::GrowId {
                 seq: r.u64()?,
                 id: r.bytes()?,
+            },
+            12 => Msg::Put {
+                peer: r.u32()?,
+                withdrawn: r.bool()?,
+                data: if r.bool()? {
+                    Some((r.u64()?, r.u64()?, r.bytes()?))
+                } else {
+                    None
+                },
             },
             t => return bad(format!("unknown message {t}")),
         };
@@ -530,6 +565,16 @@ mod tests {
             data: None,
         });
         round_trip(Msg::Gone { rank: 1 });
+        round_trip(Msg::Put {
+            peer: 2,
+            withdrawn: false,
+            data: Some((1, 16, vec![1, 2, 3])),
+        });
+        round_trip(Msg::Put {
+            peer: 0,
+            withdrawn: true,
+            data: None,
+        });
         round_trip(Msg::GrowId {
             seq: 2,
             id: vec![7; 128],
