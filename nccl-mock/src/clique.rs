@@ -585,3 +585,23 @@ fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Vec<ncclResult_t> {
     move_data(&mut mem, &contribs);
     results(&mem.failed)
 }
+
+impl crate::rma::Peers for Clique {
+    fn rma(&self) -> &crate::rma::Rma {
+        &self.rma
+    }
+    fn is_networked(&self) -> bool {
+        Clique::is_networked(self)
+    }
+    fn put_remote(
+        &self,
+        to: usize,
+        data: Option<(u64, u64, Vec<u8>)>,
+        withdrawn: bool,
+    ) -> ncclResult_t {
+        Clique::put_remote(self, to, data, withdrawn)
+    }
+    fn wake(&self) {
+        Clique::wake(self);
+    }
+}

@@ -72,7 +72,7 @@ pub(super) fn release_comm(w: &NWorld, s: &mut State, comm: usize, by: &'static 
         .collect();
     for h in gone {
         if let Some(p) = s.regs.remove(&h).and_then(|r| r.win) {
-            p.clique.rma.window_gone(p.rank, p.seq);
+            p.clique.rma().window_gone(p.rank, p.seq);
         }
         s.dead_regs.insert(h, by);
         w.cuda.unpin(h as u64);
@@ -118,7 +118,7 @@ fn deregister(
         return ncclResult_t::ncclInternalError;
     };
     if let Some(p) = &r.win {
-        p.clique.rma.window_gone(p.rank, p.seq);
+        p.clique.rma().window_gone(p.rank, p.seq);
     }
     let mut uses: Vec<_> = r.uses.iter().collect();
     uses.sort_by_key(|(k, _)| **k);
@@ -291,7 +291,7 @@ mock_fns! {
         let r = s.handle(w.id);
         let place = s.comms.get(&h).and_then(|c| Some(crate::rma::WinPlace { clique: c.clique.clone()?, rank: c.rank, seq, flags }));
         if let Some(p) = &place {
-            p.clique.rma.window_added(&w.cuda, p.rank, p.seq, buff.addr() as u64, size);
+            p.clique.rma().window_added(&w.cuda, p.rank, p.seq, buff.addr() as u64, size);
         }
         s.regs.insert(r, Reg { comm: h, ptr: buff.addr() as u64, len: size, window: true, win: place, refs: 1, uses: HashMap::new() });
         w.cuda.pin(buff.addr() as u64, r as u64, format!("NCCL window {r:#x} of communicator {h:#x} (ncclCommWindowRegister)"));

@@ -28,12 +28,29 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use cuda_mock::{MockWorld, WeakMockWorld};
 use nccl_sys::ncclResult_t;
 
-use crate::clique::Clique;
 use crate::parts::Done;
+
+/// What one-sided work needs of its communicator's ranks in this process (the clique,
+/// which implements it: this module stays below it).
+pub(crate) trait Peers: Send + Sync {
+    /// The one-sided state of these ranks.
+    fn rma(&self) -> &Rma;
+    /// Whether some ranks are in other processes (reached over the hub).
+    fn is_networked(&self) -> bool;
+    /// Sends a put (or a withdrawn one) to rank `to` in another process.
+    fn put_remote(
+        &self,
+        to: usize,
+        data: Option<(u64, u64, Vec<u8>)>,
+        withdrawn: bool,
+    ) -> ncclResult_t;
+    /// Wakes whoever waits for these ranks' work.
+    fn wake(&self);
+}
 
 /// Where a window sits among its communicator's windows, for the puts that target it.
 pub(crate) struct WinPlace {
-    pub(crate) clique: Arc<Clique>,
+    pub(crate) clique: Arc<dyn Peers>,
     pub(crate) rank: usize,
     /// Its place: the communicator's n-th window.
     pub(crate) seq: u64,
@@ -109,19 +126,22 @@ impl State {
                 self.waits.remove(i);
                 continue;
             };
-            if self.cut
-                || w.need
-                    .iter()
-                    .any(|&(p, _)| self.broken.contains(&(w.rank, p)) || self.aborted.contains(&p))
+            let arrived =
+                |p: usize, n: u64| self.signals.get(&(w.rank, p)).copied().unwrap_or(0) >= n;
+            let ready = w.need.iter().all(|&(p, n)| arrived(p, n));
+            // A sender aborted (or a part withdrawn) fails only the waits whose signals
+            // from it have not all arrived: those that arrived were delivered.
+            if !ready
+                && (self.cut
+                    || w.need.iter().any(|&(p, n)| {
+                        !arrived(p, n)
+                            && (self.broken.contains(&(w.rank, p)) || self.aborted.contains(&p))
+                    }))
             {
                 finish(&done, ncclResult_t::ncclRemoteError);
                 self.waits.remove(i);
                 continue;
             }
-            let ready = w
-                .need
-                .iter()
-                .all(|&(p, n)| self.signals.get(&(w.rank, p)).copied().unwrap_or(0) >= n);
             if ready {
                 let w = self.waits.remove(i);
                 for (p, n) in w.need {
@@ -278,9 +298,9 @@ impl Rma1 {
 
     /// Runs it now on `cuda`'s device memory (a wait: registers it, completed once its
     /// signals are in). Across processes a put reads its source here and ships it.
-    pub(crate) fn start(&self, clique: &Clique, cuda: &MockWorld) -> Done {
+    pub(crate) fn start(&self, clique: &dyn Peers, cuda: &MockWorld) -> Done {
         let done: Done = Arc::new(Mutex::new(None));
-        let rma = &clique.rma;
+        let rma = clique.rma();
         match self {
             Rma1::Put { from, to, data } if clique.is_networked() => {
                 let mut payload = None;
@@ -344,7 +364,7 @@ impl Rma1 {
     }
 
     /// Takes its place without doing it: the waits that need it fail.
-    pub(crate) fn withdraw(&self, clique: &Clique) {
+    pub(crate) fn withdraw(&self, clique: &dyn Peers) {
         if let Rma1::Put { to, .. } = self
             && clique.is_networked()
         {
@@ -352,7 +372,7 @@ impl Rma1 {
             clique.put_remote(*to, None, true);
             return;
         }
-        let mut st = lock(&clique.rma.state);
+        let mut st = lock(&clique.rma().state);
         match self {
             Rma1::Put { from, to, .. } => {
                 st.broken.insert((*to, *from));

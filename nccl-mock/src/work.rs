@@ -71,7 +71,7 @@ impl Part {
                 count,
                 dtype,
             } => clique.post(cuda, *is_send, *src, *dst, *ptr, *count, *dtype),
-            Part::Rma { clique, op } => op.start(clique, cuda),
+            Part::Rma { clique, op } => op.start(&**clique, cuda),
         }
     }
 
@@ -93,7 +93,7 @@ impl Part {
                 dtype,
                 ..
             } => drop(clique.withdraw_p2p(*is_send, *src, *dst, *count, *dtype)),
-            Part::Rma { clique, op } => op.withdraw(clique),
+            Part::Rma { clique, op } => op.withdraw(&**clique),
         }
     }
 }
