@@ -548,6 +548,44 @@ impl<'c> Window<'c> {
     }
 }
 
+/// The smallest of every rank's size for the window being registered (an all-reduce of
+/// the sizes, with the minimum, over each given communicator, in one group when several
+/// ranks are driven from this thread): every rank calls window registration, so every
+/// rank reaches this too. NCCL accepts windows of different sizes on different ranks and
+/// does not check that a put fits the peer's, so puts are bounded by this.
+fn smallest_window(ranks: &[(&Communicator, usize)]) -> Result<Vec<usize>> {
+    let mut parts = Vec::with_capacity(ranks.len());
+    for (c, bytes) in ranks {
+        let stream = cuda_hal::Stream::non_blocking(c.context())?;
+        let size = cuda_hal::DeviceBuffer::from_slice(c.context(), &[*bytes as u64])?;
+        parts.push((*c, stream, size));
+    }
+    let reduce =
+        |parts: &mut Vec<(&Communicator, cuda_hal::Stream, cuda_hal::DeviceBuffer<u64>)>| {
+            for (c, stream, size) in parts.iter_mut() {
+                c.all_reduce_in_place(size, crate::ReduceOp::Min, stream)?;
+            }
+            Ok(())
+        };
+    match parts.first() {
+        Some((c, ..)) if parts.len() > 1 => {
+            let nccl = c.nccl().clone();
+            crate::group::group(&nccl, || reduce(&mut parts))?;
+        }
+        _ => reduce(&mut parts)?,
+    }
+    let mut out = Vec::with_capacity(parts.len());
+    for (c, stream, size) in &parts {
+        if !c.config().is_blocking() {
+            c.wait(stream)?;
+        }
+        stream.synchronize()?;
+        let v = size.to_vec()?;
+        out.push(usize::try_from(v[0]).unwrap_or(usize::MAX));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -598,42 +636,4 @@ mod tests {
         assert_eq!(world.calls("ncclCommDeregister"), 2);
         drop((a, b, stream));
     }
-}
-
-/// The smallest of every rank's size for the window being registered (an all-reduce of
-/// the sizes, with the minimum, over each given communicator, in one group when several
-/// ranks are driven from this thread): every rank calls window registration, so every
-/// rank reaches this too. NCCL accepts windows of different sizes on different ranks and
-/// does not check that a put fits the peer's, so puts are bounded by this.
-fn smallest_window(ranks: &[(&Communicator, usize)]) -> Result<Vec<usize>> {
-    let mut parts = Vec::with_capacity(ranks.len());
-    for (c, bytes) in ranks {
-        let stream = cuda_hal::Stream::non_blocking(c.context())?;
-        let size = cuda_hal::DeviceBuffer::from_slice(c.context(), &[*bytes as u64])?;
-        parts.push((*c, stream, size));
-    }
-    let reduce =
-        |parts: &mut Vec<(&Communicator, cuda_hal::Stream, cuda_hal::DeviceBuffer<u64>)>| {
-            for (c, stream, size) in parts.iter_mut() {
-                c.all_reduce_in_place(size, crate::ReduceOp::Min, stream)?;
-            }
-            Ok(())
-        };
-    match parts.first() {
-        Some((c, ..)) if parts.len() > 1 => {
-            let nccl = c.nccl().clone();
-            crate::group::group(&nccl, || reduce(&mut parts))?;
-        }
-        _ => reduce(&mut parts)?,
-    }
-    let mut out = Vec::with_capacity(parts.len());
-    for (c, stream, size) in &parts {
-        if !c.config().is_blocking() {
-            c.wait(stream)?;
-        }
-        stream.synchronize()?;
-        let v = size.to_vec()?;
-        out.push(usize::try_from(v[0]).unwrap_or(usize::MAX));
-    }
-    Ok(out)
 }
