@@ -51,6 +51,12 @@ fn sum_of_ranks(comm: &Communicator) -> Vec<i32> {
 
 #[test]
 fn two_ranks_grow_to_three_with_a_new_rank_in_a_thread() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!("two_ranks_grow_to_three_with_a_new_rank_in_a_thread", &[])
+    {
+        return;
+    }
     let rig = Rig::new(3);
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let (tx, rx) = channel::<UniqueId>();
@@ -103,6 +109,11 @@ type Outcome = ((usize, usize), Vec<i32>);
 
 #[test]
 fn two_processes_grow_to_three_with_a_new_process() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!("two_processes_grow_to_three_with_a_new_process", &[]) {
+        return;
+    }
     let timeout = Duration::from_secs(20);
     // Ids travel between "processes" as plain bytes, as they would through a launcher.
     let (id_tx, id_rx) = channel::<[u8; 128]>();
@@ -215,8 +226,15 @@ fn nccl_error(e: &Error) -> (&'static str, ncclResult_t, bool) {
 }
 
 #[test]
-#[ignore = "hung once under heavy load (a rank left waiting in ncclCommGrow): to be found; run by hand"]
 fn a_grow_whose_ranks_disagree_on_the_size_fails_every_side_in_one_process() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_grow_whose_ranks_disagree_on_the_size_fails_every_side_in_one_process",
+        &[]
+    ) {
+        return;
+    }
     let rig = Rig::new(3);
     let ctxs = rig.contexts(3);
     let n = || rig.nccl.clone();
@@ -234,8 +252,15 @@ fn a_grow_whose_ranks_disagree_on_the_size_fails_every_side_in_one_process() {
 }
 
 #[test]
-#[ignore = "hung once under heavy load (a rank left waiting in ncclCommGrow): to be found; run by hand"]
 fn a_grow_whose_ranks_disagree_on_the_size_fails_every_side_across_processes() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_grow_whose_ranks_disagree_on_the_size_fails_every_side_across_processes",
+        &[]
+    ) {
+        return;
+    }
     let timeout = Duration::from_secs(20);
     let ps = [process(timeout), process(timeout), process(timeout)];
     let pair = |p: &Process| (p.nccl.clone(), p.ctx.clone());
@@ -248,6 +273,11 @@ fn a_grow_whose_ranks_disagree_on_the_size_fails_every_side_across_processes() {
 
 #[test]
 fn grow_all_grows_every_local_rank_from_one_thread() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!("grow_all_grows_every_local_rank_from_one_thread", &[]) {
+        return;
+    }
     let rig = Rig::new(3);
     let ctxs = rig.contexts(3);
     let comms = Communicator::init_all(&rig.nccl, &ctxs[..2]).unwrap();
@@ -290,6 +320,14 @@ fn grow_all_grows_every_local_rank_from_one_thread() {
 
 #[test]
 fn a_second_grow_id_before_the_grow_is_an_nccl_usage_error() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_second_grow_id_before_the_grow_is_an_nccl_usage_error",
+        &[]
+    ) {
+        return;
+    }
     let rig = Rig::new(1);
     let (_ctx, comm) = rig.one_rank(0);
     comm.grow_id().unwrap();
@@ -311,6 +349,14 @@ fn a_second_grow_id_before_the_grow_is_an_nccl_usage_error() {
 
 #[test]
 fn a_grow_that_does_not_grow_and_a_new_rank_out_of_range_are_refused_before_nccl() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_grow_that_does_not_grow_and_a_new_rank_out_of_range_are_refused_before_nccl",
+        &[]
+    ) {
+        return;
+    }
     let rig = Rig::new(2);
     let (ctx, comm) = rig.one_rank(0);
     assert_eq!(
@@ -334,6 +380,14 @@ fn a_grow_that_does_not_grow_and_a_new_rank_out_of_range_are_refused_before_nccl
 
 #[test]
 fn grow_and_scalable_init_are_unsupported_naming_their_release() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "grow_and_scalable_init_are_unsupported_naming_their_release",
+        &[]
+    ) {
+        return;
+    }
     let rig = Rig::with_version(1, NcclVersion::new(2, 28, 9));
     let (ctx, comm) = rig.one_rank(0);
     let id = UniqueId::generate(&rig.nccl).unwrap();
@@ -370,6 +424,14 @@ fn grow_and_scalable_init_are_unsupported_naming_their_release() {
 
 #[test]
 fn a_scalable_init_needs_one_to_size_ids_and_sums_over_several() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_scalable_init_needs_one_to_size_ids_and_sums_over_several",
+        &[]
+    ) {
+        return;
+    }
     let rig = Rig::new(3);
     let ctx = rig.contexts(1).remove(0);
     let config = CommConfig::new();

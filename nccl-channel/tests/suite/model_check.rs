@@ -54,6 +54,11 @@ fn model_child() {
 /// then up to 90 s (`MODEL_SECONDS`) or 1500 programs.
 #[test]
 fn seeded_short_run() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID (a launcher's) would make
+    // NCCL refuse grow ids, and a program must not depend on its caller's environment.
+    if !test_support::in_scrubbed_child!("seeded_short_run", &[]) {
+        return;
+    }
     let budget = std::env::var("MODEL_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -102,6 +107,11 @@ fn soak() {
 /// program of every step kind.
 #[test]
 fn every_step_kind_runs_clean_on_its_own() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID (a launcher's) would make
+    // NCCL refuse grow ids, and a program must not depend on its caller's environment.
+    if !test_support::in_scrubbed_child!("every_step_kind_runs_clean_on_its_own", &[]) {
+        return;
+    }
     let setup = Setup {
         version: NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
         second_non_blocking: true,
@@ -282,6 +292,14 @@ fn every_step_kind_runs_clean_on_its_own() {
 /// where each is `Unsupported` (checked inside the steps).
 #[test]
 fn the_newer_steps_run_clean_on_a_scalable_world_and_an_old_release() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID (a launcher's) would make
+    // NCCL refuse grow ids, and a program must not depend on its caller's environment.
+    if !test_support::in_scrubbed_child!(
+        "the_newer_steps_run_clean_on_a_scalable_world_and_an_old_release",
+        &[]
+    ) {
+        return;
+    }
     let ops = vec![
         Op::Alloc { dev: 0, len: 3 },
         Op::Params { key: 2 },

@@ -116,6 +116,14 @@ fn blocking() -> CommConfig {
 /// crossed from one process's simulated device to the next one's.
 #[test]
 fn a_ring_of_puts_among_three_processes_delivers_each_ranks_data_to_the_next() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_ring_of_puts_among_three_processes_delivers_each_ranks_data_to_the_next",
+        &[]
+    ) {
+        return;
+    }
     let out = processes(3, &blocking(), |rank, comm, stream| {
         let mut src = comm.alloc_nccl::<u32>(1024).unwrap();
         src.fill(100 + rank as u32).unwrap();
@@ -156,6 +164,14 @@ fn a_ring_of_puts_among_three_processes_delivers_each_ranks_data_to_the_next() {
 /// rank 0's spare one and ends at the non-blocking communicator's deadline.
 #[test]
 fn signals_count_per_sender_and_a_wait_without_signal_times_out_across_processes() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "signals_count_per_sender_and_a_wait_without_signal_times_out_across_processes",
+        &[]
+    ) {
+        return;
+    }
     let deadline = Duration::from_millis(400);
     let done = AtomicBool::new(false);
     let out = processes(
@@ -204,6 +220,14 @@ fn signals_count_per_sender_and_a_wait_without_signal_times_out_across_processes
 /// rank's own part, launches nothing, and leaves the ranks in step for the next one.
 #[test]
 fn suspend_resume_and_simulated_group_ends_across_processes_are_those_of_one_process() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "suspend_resume_and_simulated_group_ends_across_processes_are_those_of_one_process",
+        &[]
+    ) {
+        return;
+    }
     let out = processes(2, &blocking(), |rank, comm, stream| {
         let ctx = comm.context();
         let mut buf = DeviceBuffer::from_slice(ctx, &[rank as u32 + 1; 250_000]).unwrap();
@@ -255,6 +279,14 @@ fn suspend_resume_and_simulated_group_ends_across_processes_are_those_of_one_pro
 /// the processes, and a put past it is refused on the sender, before NCCL.
 #[test]
 fn a_put_past_the_receivers_smaller_window_is_refused_by_the_sender() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_put_past_the_receivers_smaller_window_is_refused_by_the_sender",
+        &[]
+    ) {
+        return;
+    }
     let out = processes_reporting(2, &blocking(), |rank, _, comm, stream| {
         let mut src = comm.alloc_nccl::<u32>(1024).unwrap();
         src.fill(9).unwrap();
@@ -292,6 +324,14 @@ fn a_put_past_the_receivers_smaller_window_is_refused_by_the_sender() {
 /// instead of waiting out its deadline, as in one process.
 #[test]
 fn a_wait_for_a_peer_that_aborted_in_its_process_is_a_remote_error() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_wait_for_a_peer_that_aborted_in_its_process_is_a_remote_error",
+        &[]
+    ) {
+        return;
+    }
     let aborted = AtomicBool::new(false);
     let out = processes(2, &blocking(), |rank, comm, stream| {
         if rank == 0 {
@@ -326,6 +366,14 @@ fn a_wait_for_a_peer_that_aborted_in_its_process_is_a_remote_error() {
 /// call, across processes as in one (raw calls: the safe API's lifetimes rule it out).
 #[test]
 fn a_put_into_a_released_window_is_reported_across_processes() {
+    // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
+    // ids NCCL hands out (a launcher's environment must not steer these worlds).
+    if !test_support::in_scrubbed_child!(
+        "a_put_into_a_released_window_is_reported_across_processes",
+        &[]
+    ) {
+        return;
+    }
     let out = processes_reporting(2, &blocking(), |rank, p, comm, stream| {
         let mut src = comm.alloc_nccl::<u32>(1024).unwrap();
         src.fill(1).unwrap();

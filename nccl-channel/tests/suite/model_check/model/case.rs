@@ -4,7 +4,7 @@
 //! may reach the next program.
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use super::program::Program;
@@ -65,7 +65,9 @@ impl Case {
 /// `deadline`.
 pub fn run(case: &Case, deadline: Duration) -> Result<(), Failure> {
     let exe = std::env::current_exe().expect("the test binary");
-    let mut child = Command::new(exe)
+    // A scrubbed environment: a launcher's variables (NCCL_COMM_ID) change what the
+    // simulated NCCL hands out, and a program must not depend on its caller's.
+    let mut child = test_support::env::scrubbed(exe)
         .args([
             "--exact",
             "model_check::model_child",
