@@ -525,3 +525,35 @@ fn memory_hears_of_each_enqueue_after_the_driver_call_while_borrowed() {
     stream.synchronize().unwrap();
     assert_eq!(b.to_vec().unwrap(), [7; 4]);
 }
+
+/// Two strict captures on one thread (and a global one): ending one leaves the other
+/// forbidding host waits, until it ends too.
+#[test]
+fn every_running_strict_capture_forbids_host_waits_until_it_ends() {
+    let (_cuda, world, ctx) = rig();
+    let (a, b, c, other) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let refused = Err(Error::Capturing {
+        what: "Stream::synchronize",
+    });
+    for second in [CaptureMode::ThreadLocal, CaptureMode::Global] {
+        a.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        b.begin_capture(second).unwrap();
+        c.begin_capture(second).unwrap();
+        drop(c.end_capture().unwrap());
+        assert_eq!(other.synchronize(), refused, "a and b still run");
+        drop(b.end_capture().unwrap());
+        assert_eq!(other.synchronize(), refused, "a still runs");
+        drop(a.end_capture().unwrap());
+        other.synchronize().unwrap();
+    }
+    let buf = DeviceBuffer::<u8>::zeroed(&ctx, 4).unwrap();
+    let guard = cuda_hal::Enqueuing::new(&buf, &other);
+    assert_eq!(format!("{guard:?}"), "Enqueuing { len: 4 }");
+    drop(guard);
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
