@@ -440,50 +440,17 @@ impl Communicator {
             return Ok(c.with_config(config.clone()));
         }
         let (n, r) = world_args("Communicator::init_rank_with", size, rank)?;
-        // Checked and lowered before anything is created; it (and the names it points
-        // to) lives until the communicator is ready, past NCCL's reading of it.
-        let mut cfg = config.to_raw(nccl.version())?;
-        let _g = ctx.bind()?;
-        let mut raw: ncclComm_t = std::ptr::null_mut();
-        // A blocking config blocks in the call until every rank came: watched.
-        let watch = config.is_blocking().then(|| {
-            notice::watch(Deadline::Blocking, || {
-                init_of(rank, size, ctx, "ncclCommInitRankConfig")
-            })
-        });
-        // SAFETY: valid out-pointer and config (alive until the end of this function);
-        // the device's context is current.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                nccl,
-                ncclCommInitRankConfig(&mut raw, n, id.to_raw(), r, cfg.as_mut_ptr())
-            )
-        };
-        drop(watch);
-        if rc != ncclResult_t::ncclInProgress {
-            check(nccl, rc, call, None)?;
-        }
-        if !config.is_blocking() || rc == ncclResult_t::ncclInProgress {
-            let abort = AbortHandle::default();
-            let timeout = config.get_timeout();
-            if let Err(e) = poll(
-                nccl,
-                raw,
-                call,
-                crate::backoff::deadline_after(timeout),
-                timeout,
-                &abort,
-                || init_of(rank, size, ctx, call),
-            ) {
-                // SAFETY: NCCL made `raw`; aborting frees it, once.
-                unsafe { (nccl.fns().ncclCommAbort)(raw) };
-                return Err(e);
-            }
-        }
-        // SAFETY: initialised by NCCL for `ctx`'s device; owned here.
-        let c = unsafe { Self::from_raw(nccl, ctx, raw) }?;
-        drop(cfg);
-        Ok(c.with_config(config.clone()))
+        let f = nccl.fns().ncclCommInitRankConfig;
+        init_via(
+            nccl,
+            ctx,
+            (size, rank),
+            config,
+            "ncclCommInitRankConfig",
+            // SAFETY: valid out-pointer and config (`init_via` keeps it alive until the
+            // communicator is ready); the device's context is current there.
+            |raw, cfg| unsafe { f(raw, n, id.to_raw(), r, cfg) },
+        )
     }
 
     /// One communicator per context, all in this process (`ncclCommInitAll`); rank `i`
@@ -1090,4 +1057,60 @@ fn held(shared: &Arc<CommShared>) -> KeepAlive {
         shared: shared.clone(),
         _count: shared.suspend.holds.clone(),
     }))
+}
+
+/// Creates one rank's communicator through `issue(newcomm, config)` (an NCCL init taking
+/// a config), then waits for it as [`Communicator::init_rank_with`] does: a blocking
+/// config blocks in the call (watched), a non-blocking one is polled within its
+/// deadline and aborted when the wait fails.
+pub(crate) fn init_via(
+    nccl: &Arc<Nccl>,
+    ctx: &Context,
+    (size, rank): (usize, usize),
+    config: &CommConfig,
+    call: &'static str,
+    issue: impl FnOnce(*mut ncclComm_t, *mut nccl_sys::ncclConfig_t) -> ncclResult_t,
+) -> Result<Communicator> {
+    // Checked and lowered before anything is created; it (and the names it points to)
+    // lives until the communicator is ready, past NCCL's reading of it.
+    let mut cfg = config.to_raw(nccl.version())?;
+    let _g = ctx.bind()?;
+    let mut raw: ncclComm_t = std::ptr::null_mut();
+    let watch = config
+        .is_blocking()
+        .then(|| notice::watch(Deadline::Blocking, || init_of(rank, size, ctx, call)));
+    let rc = issue(&mut raw, cfg.as_mut_ptr());
+    drop(watch);
+    if rc != ncclResult_t::ncclInProgress
+        && let Err(e) = check(nccl, rc, call, None)
+    {
+        if !raw.is_null() {
+            // NCCL handed out a communicator that failed (a grow writes it early):
+            // nobody will own it.
+            // SAFETY: NCCL made `raw` for us; aborting frees it, once.
+            unsafe { (nccl.fns().ncclCommAbort)(raw) };
+        }
+        return Err(e);
+    }
+    if !config.is_blocking() || rc == ncclResult_t::ncclInProgress {
+        let abort = AbortHandle::default();
+        let timeout = config.get_timeout();
+        if let Err(e) = poll(
+            nccl,
+            raw,
+            call,
+            crate::backoff::deadline_after(timeout),
+            timeout,
+            &abort,
+            || init_of(rank, size, ctx, call),
+        ) {
+            // SAFETY: NCCL made `raw`; aborting frees it, once.
+            unsafe { (nccl.fns().ncclCommAbort)(raw) };
+            return Err(e);
+        }
+    }
+    // SAFETY: initialised by NCCL for `ctx`'s device; owned here.
+    let c = unsafe { Communicator::from_raw(nccl, ctx, raw) }?;
+    drop(cfg);
+    Ok(c.with_config(config.clone()))
 }

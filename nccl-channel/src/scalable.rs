@@ -1,73 +1,15 @@
 //! Inits other than by one unique id: with several ids ([`Communicator::init_rank_scalable`],
-//! NCCL ≥ 2.23), and the common path of every init that takes a config and may complete
-//! in the background ([`init_via`], also used by a grow's new ranks).
+//! NCCL ≥ 2.23); they share comm.rs's `init_via`, the path of every init that takes a
+//! config and may complete in the background.
 
 use std::ffi::c_int;
 use std::sync::Arc;
 
 use cuda_hal::Context;
-use nccl_sys::{Nccl, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId};
+use nccl_sys::{Nccl, ncclUniqueId};
 
-use crate::comm::{init_of, world_args};
-use crate::notice::{self, Deadline};
-use crate::reliability::{AbortHandle, poll};
-use crate::{CommConfig, Communicator, Error, Result, UniqueId, check};
-
-/// Creates one rank's communicator through `issue(newcomm, config)` (an NCCL init taking
-/// a config), then waits for it as [`Communicator::init_rank_with`] does: a blocking
-/// config blocks in the call (watched), a non-blocking one is polled within its
-/// deadline and aborted when the wait fails.
-pub(crate) fn init_via(
-    nccl: &Arc<Nccl>,
-    ctx: &Context,
-    (size, rank): (usize, usize),
-    config: &CommConfig,
-    call: &'static str,
-    issue: impl FnOnce(*mut ncclComm_t, *mut ncclConfig_t) -> ncclResult_t,
-) -> Result<Communicator> {
-    // Checked and lowered before anything is created; it (and the names it points to)
-    // lives until the communicator is ready, past NCCL's reading of it.
-    let mut cfg = config.to_raw(nccl.version())?;
-    let _g = ctx.bind()?;
-    let mut raw: ncclComm_t = std::ptr::null_mut();
-    let watch = config
-        .is_blocking()
-        .then(|| notice::watch(Deadline::Blocking, || init_of(rank, size, ctx, call)));
-    let rc = issue(&mut raw, cfg.as_mut_ptr());
-    drop(watch);
-    if rc != ncclResult_t::ncclInProgress
-        && let Err(e) = check(nccl, rc, call, None)
-    {
-        if !raw.is_null() {
-            // NCCL handed out a communicator that failed (a grow writes it early):
-            // nobody will own it.
-            // SAFETY: NCCL made `raw` for us; aborting frees it, once.
-            unsafe { (nccl.fns().ncclCommAbort)(raw) };
-        }
-        return Err(e);
-    }
-    if !config.is_blocking() || rc == ncclResult_t::ncclInProgress {
-        let abort = AbortHandle::default();
-        let timeout = config.get_timeout();
-        if let Err(e) = poll(
-            nccl,
-            raw,
-            call,
-            crate::backoff::deadline_after(timeout),
-            timeout,
-            &abort,
-            || init_of(rank, size, ctx, call),
-        ) {
-            // SAFETY: NCCL made `raw`; aborting frees it, once.
-            unsafe { (nccl.fns().ncclCommAbort)(raw) };
-            return Err(e);
-        }
-    }
-    // SAFETY: initialised by NCCL for `ctx`'s device; owned here.
-    let c = unsafe { Communicator::from_raw(nccl, ctx, raw) }?;
-    drop(cfg);
-    Ok(c.with_config(config.clone()))
-}
+use crate::comm::{init_via, world_args};
+use crate::{CommConfig, Communicator, Error, Result, UniqueId};
 
 impl Communicator {
     /// Joins the communicator of several unique ids as `rank` of `size`
