@@ -7,20 +7,25 @@ use std::sync::Arc;
 
 use cuda_hal::DeviceBuffer;
 
-use crate::registered::{CommState, PooledBuffer, REGISTER_FROM, Slot, gains};
+use crate::registered::{CommState, PoolPolicy, PooledBuffer, Slot};
 use crate::{Communicator, Error, NcclType, Result};
 
 impl Communicator {
     /// A buffer of `len` elements from this communicator's pool of NCCL memory, which
-    /// registers itself the first time a collective that gains from registration uses it
-    /// (see [`REGISTER_FROM`] and the table in BENCHMARKS.md): the default, as fast as
-    /// plain memory or faster, except a buffer that an all-gather registered and that is
-    /// then broadcast (registered broadcasts are slower: give them their own buffer). Its
+    /// registers itself the first time a collective uses it at a size that gains from
+    /// registration (the communicator's [`PoolPolicy`], by default the measured one:
+    /// [`PoolPolicy::measured`]): the default, as fast as plain memory or faster, except
+    /// a buffer that an all-gather registered and that is then broadcast (registered
+    /// broadcasts are slower: give them their own buffer). Its
     /// contents are whatever the last user left (like [`DeviceBuffer::alloc`]). On drop
     /// it returns to the pool if nothing else holds it then (no graph, open group or
     /// registration of yours; otherwise it is released like any buffer, after them), up
     /// to 8 buffers of one type and length; [`trim_pool`](Self::trim_pool) releases what
     /// the pool keeps. Plain memory where the loaded NCCL has no NCCL memory (< 2.19).
+    ///
+    /// The first call chooses the table unless [`set_pool_policy`](Self::set_pool_policy)
+    /// did: the file [`POOL_POLICY_ENV`](crate::POOL_POLICY_ENV) names, else the measured
+    /// one; a variable that names no readable table is an [`Error::Env`].
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -42,6 +47,7 @@ impl Communicator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn buffer<T: NcclType>(&self, len: usize) -> Result<PooledBuffer<'_, T>> {
+        self.pool.policy()?;
         if let Some(b) = self.pool.reuse(self, len) {
             return Ok(b);
         }
@@ -73,7 +79,7 @@ impl Communicator {
         ptr: u64,
         bytes: usize,
     ) -> Result<Option<Arc<Slot>>> {
-        if bytes >= REGISTER_FROM && gains(what) && self.shared().registry.has_slots() {
+        if self.shared().registry.has_slots() && self.pool.registers(what, bytes) {
             self.register_pooled_slow(ptr, bytes)
         } else {
             Ok(None)
@@ -105,6 +111,31 @@ impl Communicator {
         }
     }
 
+    /// Sets the table the pool follows from now on: which collectives register the
+    /// pooled buffers they use, from which sizes (a buffer registered already stays so).
+    /// A table measured on your machine: `bench ... -R nccl,1 | pool-policy` (BENCHMARKS.md).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
+    /// use nccl_channel::{Communicator, PoolPolicy, ReduceOp};
+    /// # let (cuda, world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
+    /// # let (nccl, _) = MockNccl::new(&world).build()?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let comm = Communicator::init_all(&Arc::new(nccl), &[ctx.clone()])?.remove(0);
+    /// let stream = Stream::new(&ctx)?;
+    /// comm.set_pool_policy(PoolPolicy::parse("all_reduce 4K registered")?);
+    /// let mut grads = comm.buffer::<f32>(1024)?;
+    /// comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
+    /// assert!(grads.is_registered());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_pool_policy(&self, policy: PoolPolicy) {
+        self.pool.set_policy(policy);
+    }
+
     /// How many free buffers the pool keeps.
     pub fn pooled_buffers(&self) -> usize {
         self.pool.count()
@@ -126,8 +157,9 @@ mod tests {
     use cuda_mock::MockDriver;
     use nccl_mock::MockNccl;
 
-    use super::REGISTER_FROM;
     use crate::Communicator;
+
+    const REGISTER_FROM: usize = 16 << 20;
 
     /// Every collective skips the pool's lookup while the registry knows no pooled buffer
     /// waiting for registration: it knows exactly the live, unregistered, non-empty ones.

@@ -181,7 +181,7 @@ pub use notice::WAIT_NOTICE_AFTER;
 pub use onesided::{Signal, SignalWait};
 pub use params::{Param, ParamValue};
 pub use raw::RawCollectives;
-pub use registered::{PooledBuffer, REGISTER_FROM};
+pub use registered::{POOL_POLICY_ENV, PoolMemory, PoolPolicy, PooledBuffer};
 pub use registration::{Registration, Window, WindowFlags};
 pub use reliability::AbortHandle;
 pub use rendezvous::{DEFAULT_TIMEOUT, PORT_BASE, PORT_SPAN, Rendezvous, RendezvousKind};

@@ -21,17 +21,21 @@
 //!   go on any thread; the communicator's shared state as [`CommState`].
 //! * release.rs: adopting and releasing on the owner's thread, the communicator as
 //!   [`CommOwner`].
+//! * policy.rs: the table of which collectives and sizes register, [`PoolPolicy`]
+//!   (imports nothing of these).
 //! * pool.rs: the free buffers of [`Communicator::buffer`](crate::Communicator::buffer)
 //!   and the [`PooledBuffer`]s it lends.
 //!
 //! The doors (`Communicator::register`, `register_window`, `buffer`, ...) are in
 //! registration.rs and buffer.rs, on top of the communicator.
 
+mod policy;
 mod pool;
 mod registry;
 mod release;
 
-pub(crate) use pool::{Pool, gains};
-pub use pool::{PooledBuffer, REGISTER_FROM};
+pub use policy::{POOL_POLICY_ENV, PoolMemory, PoolPolicy};
+pub(crate) use pool::Pool;
+pub use pool::PooledBuffer;
 pub(crate) use registry::{CommState, Kind, RegShared, Registry, Slot};
 pub(crate) use release::{CommOwner, adopt, release_deferred, release_registration};

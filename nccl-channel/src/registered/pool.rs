@@ -2,22 +2,23 @@
 //! [`Communicator::buffer`](crate::Communicator::buffer) hands out NCCL memory
 //! (`ncclMemAlloc`) and takes it back on drop for the next request of the same type and
 //! length. A pooled buffer is registered with the communicator (`ncclCommRegister`) the
-//! first time a collective that gains from registration uses at least
-//! [`REGISTER_FROM`] bytes of it, and stays registered while the pool keeps it
-//! (registering costs far more than a collective: a training loop pays it once).
+//! first time a collective uses it at a size that gains from registration, and stays
+//! registered while the pool keeps it (registering costs far more than a collective: a
+//! training loop pays it once).
 //!
-//! Which collectives, from the measurements in BENCHMARKS.md (2 × H200 over NVLink,
-//! NCCL 2.28.3 and 2.28.9): local registration made all-gather, all-to-all and
-//! send/receive up to 1.3× faster from a few MiB on, left all-reduce, reduce and
-//! reduce-scatter unchanged, and made broadcast 4–13 % *slower* from 2 MiB on; NCCL
-//! memory without registration changed nothing. So the pool registers a buffer only for
-//! the first three, and a buffer only ever broadcast or reduced stays unregistered NCCL
-//! memory, exactly as fast as plain memory. Windows are not the pool's: they win small
-//! all-reduce latency but cost large all-reduce bandwidth (up to 1.3× slower).
+//! Which collectives and sizes register is a table the benchmark writes from
+//! measurements, [`PoolPolicy`] (policy.rs): by default the one measured on 2 × H200 over
+//! NVLink (BENCHMARKS.md, "The pool's table"), where registration made all-gather,
+//! all-to-all and send/receive faster from a few MiB on, left all-reduce, reduce and
+//! reduce-scatter unchanged, and made broadcast slower; NCCL memory without registration
+//! changed nothing, so a buffer its collectives do not gain from stays unregistered NCCL
+//! memory, exactly as fast as plain memory. Windows are not the pool's: registering one
+//! is collective (every rank must call it), which a buffer's first use cannot promise.
 //! Where the loaded NCCL has no registration or NCCL memory (< 2.19) the pool hands out
 //! plain memory.
 
 use std::any::{Any, TypeId};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -26,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use cuda_hal::{DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream};
 use cuda_sys::CUdeviceptr;
 
+use super::policy::{PoolMemory, PoolPolicy};
 use super::registry::{CommState, Slot, SlotReg};
 use super::release::{CommOwner, release_registration};
 use crate::sync::lock;
@@ -33,19 +35,6 @@ use crate::{NcclType, Result};
 
 /// Buffers kept per (type, length): enough for a few in flight at once.
 const KEEP_PER_SHAPE: usize = 8;
-
-/// The smallest use (bytes of one buffer in one call) that registers a pooled buffer:
-/// below it registration gained nothing measurable.
-pub const REGISTER_FROM: usize = 1 << 20;
-
-/// Whether the collective `what` (the names of collective.rs) gains from registered
-/// buffers (see the module docs).
-pub(crate) fn gains(what: &str) -> bool {
-    matches!(
-        what,
-        "all_gather" | "all_gather_in_place" | "all_to_all" | "send" | "recv"
-    )
-}
 
 type Entry = (Box<dyn Any + Send>, Arc<Slot>);
 
@@ -57,9 +46,37 @@ type Free = HashMap<(TypeId, usize), Vec<Entry>>;
 #[derive(Default)]
 pub(crate) struct Pool {
     free: Arc<Mutex<Free>>,
+    /// Its table: chosen by the first [`buffer`](crate::Communicator::buffer) call (the
+    /// process's default) unless set before. Read on the communicator's thread only.
+    policy: RefCell<Option<Arc<PoolPolicy>>>,
 }
 
 impl Pool {
+    /// The table, chosen now if nothing chose it yet (an error where
+    /// `NCCL_CHANNEL_POOL_POLICY` names no readable table).
+    pub(crate) fn policy(&self) -> Result<Arc<PoolPolicy>> {
+        if let Some(p) = &*self.policy.borrow() {
+            return Ok(p.clone());
+        }
+        let p = PoolPolicy::from_env()?;
+        *self.policy.borrow_mut() = Some(p.clone());
+        Ok(p)
+    }
+
+    pub(crate) fn set_policy(&self, policy: PoolPolicy) {
+        *self.policy.borrow_mut() = Some(Arc::new(policy));
+    }
+
+    /// Whether the table registers a buffer that `what` uses for `bytes` bytes (never
+    /// before a table was chosen: no buffer was handed out then).
+    #[inline]
+    pub(crate) fn registers(&self, what: &str, bytes: usize) -> bool {
+        self.policy
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.memory(what, bytes) == PoolMemory::Registered)
+    }
+
     /// A free buffer of `len` elements of `T`, lent again once its last user's work is
     /// done; one whose wait fails is dropped instead, its registration released.
     pub(crate) fn reuse<'c, T: NcclType, C: CommOwner + ?Sized>(
@@ -140,15 +157,16 @@ impl Pool {
 /// [`DeviceBuffer`] (through `Deref`) of NCCL memory, given back to the pool on drop. It
 /// borrows the communicator, whose registration it may use.
 ///
-/// It registers itself when a collective that gains from registration (all-gather,
-/// all-to-all, send/receive) first uses at least [`REGISTER_FROM`] bytes of it, and
-/// stays registered in the pool; a buffer only all-reduced or broadcast does not.
+/// It registers itself when a collective first uses it at a size for which the
+/// communicator's [`PoolPolicy`] says [`Registered`](crate::PoolMemory::Registered)
+/// (measured: all-gather, all-to-all and send/receive from a few MiB), and stays
+/// registered in the pool; a buffer only all-reduced or broadcast does not.
 ///
 /// ```
 /// # use std::sync::Arc;
 /// use cuda_hal::{Cuda, Stream};
 /// use cuda_mock::MockDriver;
-/// use nccl_channel::{Communicator, REGISTER_FROM, ReduceOp};
+/// use nccl_channel::{Communicator, PoolMemory, PoolPolicy, ReduceOp};
 /// use nccl_mock::MockNccl;
 ///
 /// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
@@ -156,7 +174,10 @@ impl Pool {
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
 /// let stream = Stream::new(&ctx)?;
-/// let n = REGISTER_FROM / size_of::<f32>(); // 1 MiB of f32
+/// let n = 16 << 20 >> 2; // 16 MiB of f32
+/// let table = PoolPolicy::measured();
+/// assert_eq!(table.memory("all_reduce", 16 << 20), PoolMemory::Plain);
+/// assert_eq!(table.memory("all_gather", 16 << 20), PoolMemory::Registered);
 ///
 /// let mut grads = comm.buffer::<f32>(n)?;
 /// grads.fill(0.5)?;

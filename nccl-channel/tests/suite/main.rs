@@ -32,6 +32,7 @@ mod onesided;
 mod onesided_processes;
 mod params_real;
 mod pool_attacks;
+mod pool_policy;
 mod quick_start;
 mod registration;
 mod registration_attacks;

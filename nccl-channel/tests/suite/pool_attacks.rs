@@ -8,14 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use crate::common::Rig;
+use crate::common::{MIB_F32, Rig, pooled};
 use cuda_hal::{
     CaptureMode, Context, Dependency, DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream,
 };
 use cuda_sys::CUdeviceptr;
-use nccl_channel::{CommConfig, Communicator, REGISTER_FROM, ReduceOp, UniqueId, group};
-
-const MIB_F32: usize = REGISTER_FROM / 4;
+use nccl_channel::{CommConfig, Communicator, ReduceOp, UniqueId, group};
 
 /// Memory whose first use on a stream runs `on_use` (user code inside a collective's
 /// checks), otherwise a `DeviceBuffer`.
@@ -136,7 +134,7 @@ fn a_pooled_buffer_dropped_during_its_lazy_registration() {
 
     // A pooled buffer whose memory is swapped out; the pooled buffer itself goes to
     // another thread, which drops it when the hook runs.
-    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     let inner = std::mem::replace(&mut *p, DeviceBuffer::zeroed(&ctx, MIB_F32).unwrap());
     let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, MIB_F32).unwrap();
     std::thread::scope(|sc| {
@@ -175,7 +173,7 @@ fn lazy_registration_inside_a_group_and_a_drop_before_its_end() {
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     group(&rig.nccl, || {
-        let mut p = comm.buffer::<f32>(MIB_F32)?;
+        let mut p = pooled(&comm).buffer::<f32>(MIB_F32)?;
         comm.all_gather_in_place(&mut p, &s)?;
         assert!(p.is_registered());
         drop(p);
@@ -200,7 +198,7 @@ fn lazy_registration_of_a_view_during_a_capture() {
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let s2 = Stream::new(&ctx).unwrap();
-    let p = comm.buffer::<f32>(2 * MIB_F32).unwrap();
+    let p = pooled(&comm).buffer::<f32>(2 * MIB_F32).unwrap();
     let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, MIB_F32).unwrap();
     s.begin_capture(CaptureMode::ThreadLocal).unwrap();
     {
@@ -210,7 +208,7 @@ fn lazy_registration_of_a_view_during_a_capture() {
     let graph = s.end_capture().unwrap().instantiate().unwrap();
     assert!(
         p.is_registered(),
-        "a view of at least REGISTER_FROM bytes registers"
+        "a view of at least the test table's 1 MiB registers"
     );
     drop(p);
     assert_eq!(comm.pooled_buffers(), 0, "the graph holds it");
@@ -238,7 +236,7 @@ fn another_communicators_collective_does_not_register_a_pooled_buffer() {
     let (ctx, comm) = rig.one_rank(0);
     let (_, other) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
-    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     other.all_gather_in_place(&mut p, &s).unwrap();
     assert!(!p.is_registered());
     assert_eq!(rig.world.calls("ncclCommRegister"), 0);
@@ -259,8 +257,8 @@ fn non_blocking_lazy_registration_trim_and_abort() {
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
     let s = Stream::new(&ctx).unwrap();
-    let mut a = comm.buffer::<f32>(MIB_F32).unwrap();
-    let mut b = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut a = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+    let mut b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     group(&rig.nccl, || {
         comm.all_gather_in_place(&mut a, &s)?;
         comm.all_gather_in_place(&mut b, &s)
@@ -288,7 +286,7 @@ fn a_lazy_registration_that_aborts_stops_its_collective() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
-    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     rig.world
         .fail_next("ncclCommRegister", nccl_sys::ncclResult_t::ncclSystemError);
     let r = comm.all_gather_in_place(&mut p, &s);
@@ -313,7 +311,7 @@ fn a_lazy_registration_that_fails_falls_back_to_plain_memory() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
-    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     rig.world
         .fail_next("ncclCommRegister", nccl_sys::ncclResult_t::ncclInvalidUsage);
     comm.all_gather_in_place(&mut p, &s).unwrap();
@@ -342,7 +340,7 @@ fn an_abort_asked_for_during_a_collective_that_registers_stops_it() {
         buf: DeviceBuffer::zeroed(&ctx, MIB_F32).unwrap(),
         on_use: Mutex::new(Some(Box::new(move || handle.abort()))),
     };
-    let mut recv = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut recv = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     let r = comm.all_gather(&send, &mut *recv, &s);
     assert_eq!(
         r,
@@ -365,7 +363,7 @@ fn a_registration_of_yours_shared_with_the_pools() {
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     // The pool's first, then yours.
-    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     comm.all_gather_in_place(&mut p, &s).unwrap();
     let mine = comm.register(&*p).unwrap();
     comm.all_gather_in_place(&mut p, &s).unwrap();
@@ -374,7 +372,7 @@ fn a_registration_of_yours_shared_with_the_pools() {
     drop(mine);
     comm.async_error().unwrap();
     // Yours first, then the pool's.
-    let mut q = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut q = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     let mine = comm.register(&*q).unwrap();
     comm.all_gather_in_place(&mut q, &s).unwrap();
     assert!(q.is_registered());

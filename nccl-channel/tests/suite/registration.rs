@@ -3,7 +3,7 @@
 //! registrations it resolved are still there, and that releases wait for that work.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common::Rig;
+use crate::common::{MIB_F32, Rig, pooled};
 use cuda_hal::{CaptureMode, DeviceBuffer, DeviceView, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_sys::NcclVersion;
@@ -267,7 +267,7 @@ fn older_nccl_says_which_release_it_needs() {
         })
     ));
     // The pool falls back to plain memory.
-    let p = comm.buffer::<f32>(4).unwrap();
+    let p = pooled(&comm).buffer::<f32>(4).unwrap();
     assert!(!p.is_registered());
     drop((p, plain));
     drop(comm);
@@ -313,13 +313,12 @@ fn registering_what_cannot_be_held_or_is_elsewhere_is_refused() {
 
 #[test]
 fn the_pool_reuses_its_memory_and_registers_it_once_for_collectives_that_gain() {
-    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
     let mut addrs = Vec::new();
     for step in 0..4 {
-        let mut g = comm.buffer::<f32>(MIB_F32).unwrap();
+        let mut g = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
         // All-reduce does not gain from registration: the buffer stays unregistered.
         g.fill(step as f32).unwrap();
         comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
@@ -334,9 +333,9 @@ fn the_pool_reuses_its_memory_and_registers_it_once_for_collectives_that_gain() 
     assert_eq!(rig.world.calls("ncclCommRegister"), 1);
     assert_eq!(rig.world.calls("ncclMemAlloc"), 1);
     // Two at once: two buffers; another length or type: another buffer.
-    let a = comm.buffer::<f32>(MIB_F32).unwrap();
-    let b = comm.buffer::<f32>(MIB_F32).unwrap();
-    let c = comm.buffer::<i32>(MIB_F32).unwrap();
+    let a = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+    let b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+    let c = pooled(&comm).buffer::<i32>(MIB_F32).unwrap();
     assert!(a.is_registered() && !b.is_registered() && !c.is_registered());
     assert_ne!(a.as_raw(), b.as_raw());
     drop((a, b, c));
@@ -353,10 +352,9 @@ fn the_pool_reuses_its_memory_and_registers_it_once_for_collectives_that_gain() 
 
 #[test]
 fn the_pool_registers_only_for_collectives_and_sizes_that_gain() {
-    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
     let rig = Rig::new(2);
     let out = rig.run(2, |c, s| {
-        let mut big = c.buffer::<f32>(2 * MIB_F32).unwrap();
+        let mut big = pooled(c).buffer::<f32>(2 * MIB_F32).unwrap();
         big.fill(c.rank() as f32).unwrap();
         // Broadcast and the reductions never register (broadcast got slower with it).
         c.broadcast_in_place(&mut big, 1, s).unwrap();
@@ -364,12 +362,12 @@ fn the_pool_registers_only_for_collectives_and_sizes_that_gain() {
             .unwrap();
         c.reduce_in_place(&mut big, ReduceOp::Sum, 0, s).unwrap();
         let after_reductions = big.is_registered();
-        // An all-gather of less than REGISTER_FROM bytes per buffer does not either...
-        let mut small = c.buffer::<f32>(MIB_F32 / 2).unwrap();
+        // An all-gather of less than the test table's 1 MiB per buffer does not either...
+        let mut small = pooled(c).buffer::<f32>(MIB_F32 / 2).unwrap();
         c.all_gather_in_place(&mut small, s).unwrap();
         // ...a send/receive of a whole buffer does.
         let peer = 1 - c.rank();
-        let mut pair = c.buffer::<f32>(MIB_F32).unwrap();
+        let mut pair = pooled(c).buffer::<f32>(MIB_F32).unwrap();
         pair.fill(c.rank() as f32 + 7.0).unwrap();
         if c.rank() == 0 {
             c.send(&*pair, peer, s).unwrap();
@@ -398,7 +396,7 @@ fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
-    let mut g = comm.buffer::<f32>(64).unwrap();
+    let mut g = pooled(&comm).buffer::<f32>(64).unwrap();
     let first = g.as_raw();
     stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
     comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
@@ -406,7 +404,7 @@ fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
     let graph = stream.end_capture().unwrap().instantiate().unwrap();
     drop(g);
     // The graph may still write it: the next buffer is other memory.
-    let h = comm.buffer::<f32>(64).unwrap();
+    let h = pooled(&comm).buffer::<f32>(64).unwrap();
     assert_ne!(h.as_raw(), first);
     graph.launch(&stream).unwrap();
     stream.synchronize().unwrap();
@@ -421,7 +419,7 @@ fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
 fn pooled_buffers_of_an_aborted_communicator_are_released() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
-    drop(comm.buffer::<u8>(100).unwrap());
+    drop(pooled(&comm).buffer::<u8>(100).unwrap());
     assert_eq!(comm.pooled_buffers(), 1);
     comm.abort().unwrap();
     // NCCL released the registration with the communicator; the memory went after.
@@ -469,7 +467,7 @@ fn registrations_windows_and_pooled_buffers_describe_themselves() {
             b.as_raw()
         )
     );
-    let p = comm.buffer::<u8>(4).unwrap();
+    let p = pooled(&comm).buffer::<u8>(4).unwrap();
     assert_eq!(
         format!("{p:?}"),
         format!(
@@ -513,7 +511,9 @@ fn a_failed_window_release_is_reported_by_deregister() {
 fn the_pool_keeps_at_most_eight_buffers_of_one_shape() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
-    let bufs: Vec<_> = (0..9).map(|_| comm.buffer::<u8>(16).unwrap()).collect();
+    let bufs: Vec<_> = (0..9)
+        .map(|_| pooled(&comm).buffer::<u8>(16).unwrap())
+        .collect();
     assert_eq!(rig.world.calls("ncclMemAlloc"), 9);
     drop(bufs);
     assert_eq!(comm.pooled_buffers(), 8);
@@ -529,7 +529,7 @@ fn the_pool_keeps_at_most_eight_buffers_of_one_shape() {
 fn a_pooled_buffer_can_be_registered_by_hand() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
-    let p = comm.buffer::<f32>(16).unwrap();
+    let p = pooled(&comm).buffer::<f32>(16).unwrap();
     let reg = comm.register(&p).unwrap();
     assert_eq!((reg.device_ptr(), reg.size_bytes()), (p.as_raw(), 64));
     assert_eq!(rig.world.calls("ncclCommRegister"), 1);
@@ -543,13 +543,12 @@ fn a_pooled_buffer_can_be_registered_by_hand() {
 
 #[test]
 fn registering_one_pooled_buffer_leaves_the_others_registrable() {
-    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
-    let mut a = comm.buffer::<f32>(MIB_F32).unwrap();
-    let mut b = comm.buffer::<f32>(MIB_F32).unwrap();
-    let mut c = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut a = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+    let mut b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+    let mut c = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     comm.all_gather_in_place(&mut b, &stream).unwrap();
     assert_eq!(
         (a.is_registered(), b.is_registered(), c.is_registered()),
@@ -574,11 +573,10 @@ fn registering_one_pooled_buffer_leaves_the_others_registrable() {
 
 #[test]
 fn a_registered_pooled_buffer_of_an_aborted_communicator_is_not_pooled() {
-    const MIB_F32: usize = nccl_channel::REGISTER_FROM / 4;
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let stream = Stream::new(&ctx).unwrap();
-    let mut p = comm.buffer::<f32>(MIB_F32).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     comm.all_gather_in_place(&mut p, &stream).unwrap();
     assert!(p.is_registered());
     stream.synchronize().unwrap();
@@ -696,7 +694,7 @@ fn a_synchronous_copy_from_a_pooled_buffer_waits_for_its_memory() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let pool = Stream::non_blocking(&ctx).unwrap();
-    let mut p = comm.buffer::<u32>(4).unwrap();
+    let mut p = pooled(&comm).buffer::<u32>(4).unwrap();
     let ordered = DeviceBuffer::<u32>::alloc_on(&pool, 4).unwrap();
     let mine = std::mem::replace(&mut *p, ordered);
     let mut dst = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();

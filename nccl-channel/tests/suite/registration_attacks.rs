@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::common::Rig;
+use crate::common::{MIB_F32, Rig, pooled};
 use cuda_hal::{CaptureMode, DeviceBuffer, DeviceSlice, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, WindowFlags, group};
 use nccl_sys::ncclResult_t;
@@ -79,7 +79,7 @@ fn trim_pool_is_refused_while_another_thread_groups_the_communicator() {
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     // A pooled buffer registered by an all-gather (the pool registers for those).
-    let mut b = comm.buffer::<f32>(nccl_channel::REGISTER_FROM / 4).unwrap();
+    let mut b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
     comm.all_gather_in_place(&mut b, &s).unwrap();
     assert!(b.is_registered());
     s.synchronize().unwrap();
@@ -189,14 +189,14 @@ fn a_buffer_swapped_into_a_pooled_one_is_not_pooled() {
     let rig = Rig::new(2);
     let (ctx0, comm) = rig.one_rank(0);
     let ctx1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
-    let mut p = comm.buffer::<f32>(64).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(64).unwrap();
     let other = DeviceBuffer::<f32>::zeroed(&ctx1, 64).unwrap();
     // Another owner, as the pooled memory's registration is.
     let hold = other.keep_alive();
     let mine = std::mem::replace(&mut *p, other);
     drop(p);
     drop(hold);
-    let q = comm.buffer::<f32>(64).unwrap();
+    let q = pooled(&comm).buffer::<f32>(64).unwrap();
     assert!(
         q.context() == comm.context(),
         "the pool handed out memory of device {}",
@@ -367,7 +367,7 @@ fn a_pooled_buffer_another_communicators_graph_uses_is_not_handed_out_again() {
     let (ctx, comm) = rig.one_rank(0);
     let (_, other) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
-    let mut p = comm.buffer::<f32>(64).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(64).unwrap();
     let first = p.as_raw();
     s.begin_capture(CaptureMode::ThreadLocal).unwrap();
     other
@@ -375,7 +375,7 @@ fn a_pooled_buffer_another_communicators_graph_uses_is_not_handed_out_again() {
         .unwrap();
     let graph = s.end_capture().unwrap().instantiate().unwrap();
     drop(p);
-    let q = comm.buffer::<f32>(64).unwrap();
+    let q = pooled(&comm).buffer::<f32>(64).unwrap();
     assert_ne!(q.as_raw(), first, "the graph still writes that memory");
     graph.launch(&s).unwrap();
     s.synchronize().unwrap();
@@ -445,13 +445,13 @@ fn pooled_buffers_dropped_on_other_threads() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
-    const N: usize = nccl_channel::REGISTER_FROM / 4;
-    let mut p = comm.buffer::<f32>(N).unwrap();
+    const N: usize = MIB_F32;
+    let mut p = pooled(&comm).buffer::<f32>(N).unwrap();
     comm.all_gather_in_place(&mut p, &s).unwrap();
     assert!(p.is_registered());
     std::thread::scope(|sc| sc.spawn(move || drop(p)).join().unwrap());
     assert_eq!(comm.pooled_buffers(), 1);
-    let mut p = comm.buffer::<f32>(N).unwrap();
+    let mut p = pooled(&comm).buffer::<f32>(N).unwrap();
     s.begin_capture(CaptureMode::ThreadLocal).unwrap();
     comm.all_gather_in_place(&mut p, &s).unwrap();
     let graph = s.end_capture().unwrap().instantiate().unwrap();

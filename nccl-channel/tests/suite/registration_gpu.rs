@@ -9,6 +9,8 @@ use cuda_hal::{CaptureMode, Context, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_sys::Nccl;
 
+use crate::common::pooled;
+
 /// NCCL and two GPUs' contexts, or `None` (said) on a machine with fewer.
 fn two_gpus() -> Option<(Arc<Nccl>, Vec<Context>)> {
     crate::common::backend::Machine::gpus(2).map(|m| (m.nccl, m.ctxs))
@@ -162,7 +164,10 @@ fn the_pool_on_two_gpus() {
         .collect();
     let mut first = Vec::new();
     for step in 0..5 {
-        let mut bufs: Vec<_> = comms.iter().map(|c| c.buffer::<f32>(N).unwrap()).collect();
+        let mut bufs: Vec<_> = comms
+            .iter()
+            .map(|c| pooled(c).buffer::<f32>(N).unwrap())
+            .collect();
         if step == 0 {
             first = bufs.iter().map(|b| b.as_raw()).collect();
         }

@@ -343,3 +343,36 @@ pub fn gpus_or_skip(n: usize) -> bool {
         .unwrap();
     test_support::enough_gpus(have, n)
 }
+
+/// The table the pool's tests were written against: all-gather, all-to-all and
+/// send/receive register their pooled buffers from 1 MiB. They set it on each
+/// communicator they pool with ([`pooled`]), so a newly measured default does not change
+/// what they test; the default itself is tested in registration.rs.
+pub const POOL_TEST_POLICY: &str =
+    "all_gather 1M registered\nall_to_all 1M registered\nsendrecv 1M registered\n";
+
+/// 1 MiB of f32: the smallest use [`POOL_TEST_POLICY`] registers.
+pub const MIB_F32: usize = 1 << 18;
+
+/// `comm`, its pool set to [`POOL_TEST_POLICY`].
+pub fn pooled(comm: &Communicator) -> &Communicator {
+    comm.set_pool_policy(nccl_channel::PoolPolicy::parse(POOL_TEST_POLICY).unwrap());
+    comm
+}
+
+/// A table that registers every collective's pooled buffers from 0 bytes.
+pub fn pool_registers_everything() -> nccl_channel::PoolPolicy {
+    let all = [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "reduce",
+        "all_to_all",
+        "sendrecv",
+        "gather",
+        "scatter",
+    ];
+    let text: String = all.iter().map(|c| format!("{c} 0 registered\n")).collect();
+    nccl_channel::PoolPolicy::parse(&text).unwrap()
+}

@@ -175,7 +175,11 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             stream: b(r),
         },
         86 => Op::AsyncError { comm: b(r) },
-        87 => Op::TrimPool { comm: b(r) },
+        87 if r.below(2) == 0 => Op::TrimPool { comm: b(r) },
+        87 => Op::SetPoolPolicy {
+            comm: b(r),
+            table: r.below(3) as u8,
+        },
         88..=90 => Op::Synchronize { stream: b(r) },
         91..=95 => Op::Fail(r.pick(&FAULTS)),
         96 => Op::HoldPanicking { stream: b(r) },

@@ -165,6 +165,12 @@ pub enum Op {
     TrimPool {
         comm: u8,
     },
+    /// Sets communicator `comm`'s pool table: 0 never registers, 1 registers every
+    /// collective's pooled buffers from 0 bytes, 2 the measured one.
+    SetPoolPolicy {
+        comm: u8,
+        table: u8,
+    },
     Synchronize {
         stream: u8,
     },

@@ -14,8 +14,8 @@ use cuda_hal::{
 use cuda_mock::{MockDriver, MockWorld};
 use cuda_sys::{CUresult, CUstreamCaptureMode};
 use nccl_channel::{
-    AbortHandle, CommConfig, Communicator, Group, PooledBuffer, ReduceOp, Registration, Signal,
-    SignalWait, Window, WindowFlags,
+    AbortHandle, CommConfig, Communicator, Group, PoolPolicy, PooledBuffer, ReduceOp, Registration,
+    Signal, SignalWait, Window, WindowFlags,
 };
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
@@ -1110,6 +1110,15 @@ impl<'c> State<'c> {
             Op::TrimPool { comm } => {
                 if let Some(c) = self.comm(comm) {
                     let _ = c.trim_pool();
+                }
+            }
+            Op::SetPoolPolicy { comm, table } => {
+                if let Some(c) = self.comm(comm) {
+                    c.set_pool_policy(match table % 3 {
+                        0 => PoolPolicy::plain(),
+                        1 => crate::common::pool_registers_everything(),
+                        _ => PoolPolicy::measured().clone(),
+                    });
                 }
             }
             Op::Synchronize { stream } => {

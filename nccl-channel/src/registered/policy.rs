@@ -1,0 +1,366 @@
+//! Which collectives and sizes the pool registers its buffers for: a table the benchmark
+//! writes from measurements (`pool-policy`, a binary of the bench package, reads the
+//! benchmark's output), never a guess typed in here. The default is `policy.tsv` beside
+//! this file, written from the run committed under `bench/results/`; a table measured on
+//! another machine is set per communicator or for the whole process through
+//! `NCCL_CHANNEL_POOL_POLICY`.
+//!
+//! The format, one rule per line (`#` starts a comment):
+//!
+//! ```text
+//! # collective  from_bytes  memory
+//! all_gather    2097152     registered
+//! all_gather    1073741824  plain
+//! ```
+//!
+//! A buffer used by a collective of `b` bytes (one buffer's bytes in one call) takes the
+//! memory of that collective's rule with the largest `from_bytes` ≤ `b`; with no such
+//! rule, `plain` (NCCL memory, not registered).
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use crate::{Error, Result};
+
+/// The collectives a table names, as the benchmark (and nccl-tests) name them.
+const COLLECTIVES: [&str; 9] = [
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "sendrecv",
+    "gather",
+    "scatter",
+];
+
+/// The variable that names a table file to use instead of the measured default.
+pub const POOL_POLICY_ENV: &str = "NCCL_CHANNEL_POOL_POLICY";
+
+/// The measured default, as the benchmark wrote it.
+const MEASURED: &str = include_str!("policy.tsv");
+
+/// What the pool makes of a buffer a collective uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolMemory {
+    /// NCCL memory left unregistered: as fast as plain memory where registration gains
+    /// nothing or costs (broadcast).
+    Plain,
+    /// Registered with the communicator (`ncclCommRegister`) at its first such use, and
+    /// kept registered while the pool keeps the buffer.
+    Registered,
+}
+
+impl PoolMemory {
+    fn name(self) -> &'static str {
+        match self {
+            PoolMemory::Plain => "plain",
+            PoolMemory::Registered => "registered",
+        }
+    }
+}
+
+/// The pool's table: for each collective, from which sizes its buffers are registered.
+/// Set on a communicator with
+/// [`Communicator::set_pool_policy`](crate::Communicator::set_pool_policy).
+///
+/// ```
+/// use nccl_channel::{PoolMemory, PoolPolicy};
+///
+/// let p = PoolPolicy::parse("all_gather 1M registered\nall_gather 1G plain  # measured")?;
+/// assert_eq!(p.memory("all_gather", 4 << 20), PoolMemory::Registered);
+/// assert_eq!(p.memory("all_gather", 2 << 30), PoolMemory::Plain);
+/// assert_eq!(p.memory("all_gather", 4096), PoolMemory::Plain);
+/// assert_eq!(p.memory("broadcast", 4 << 20), PoolMemory::Plain); // no rule
+/// // It prints as the table it reads.
+/// assert_eq!(PoolPolicy::parse(&p.to_string())?, p);
+/// # Ok::<(), nccl_channel::Error>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolPolicy {
+    /// Per collective of [`COLLECTIVES`], its rules sorted by `from_bytes`.
+    rules: [Vec<(usize, PoolMemory)>; COLLECTIVES.len()],
+}
+
+static_assertions::assert_impl_all!(PoolPolicy: Send, Sync);
+
+impl PoolPolicy {
+    /// The default: the table the benchmark wrote from the measurements committed with
+    /// this crate (2 × H200 over NVLink; BENCHMARKS.md, "The pool's table").
+    ///
+    /// ```
+    /// use nccl_channel::{PoolMemory, PoolPolicy};
+    /// // Measured: registration made all-gathers faster and broadcasts slower.
+    /// assert_eq!(PoolPolicy::measured().memory("all_gather", 128 << 20), PoolMemory::Registered);
+    /// assert_eq!(PoolPolicy::measured().memory("broadcast", 128 << 20), PoolMemory::Plain);
+    /// ```
+    #[must_use]
+    pub fn measured() -> &'static PoolPolicy {
+        static TABLE: OnceLock<PoolPolicy> = OnceLock::new();
+        // A test parses the committed table, so the fallback is never taken.
+        TABLE.get_or_init(|| PoolPolicy::parse(MEASURED).unwrap_or_default())
+    }
+
+    /// A table that never registers (what the pool does where NCCL cannot register).
+    #[must_use]
+    pub fn plain() -> PoolPolicy {
+        PoolPolicy::default()
+    }
+
+    /// Reads a table (the format is in the module's docs: `collective from_bytes memory`
+    /// per line, sizes in bytes or with a `K`, `M` or `G` suffix). A line that names an
+    /// unknown collective or memory, a malformed size, or a size twice for one collective
+    /// is an [`Error::InvalidArgument`] naming the line.
+    pub fn parse(text: &str) -> Result<PoolPolicy> {
+        let mut p = PoolPolicy::default();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("");
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.is_empty() {
+                continue;
+            }
+            let bad = |problem: String| Error::InvalidArgument {
+                what: "PoolPolicy::parse",
+                problem: format!("line {}: {problem}: {:?}", i + 1, raw.trim()),
+            };
+            let [coll, from, memory] = fields[..] else {
+                return Err(bad("want `collective from_bytes memory`".into()));
+            };
+            let Some(c) = COLLECTIVES.iter().position(|&n| n == coll) else {
+                return Err(bad(format!(
+                    "unknown collective {coll:?} (one of {})",
+                    COLLECTIVES.join(", ")
+                )));
+            };
+            let from = size(from).ok_or_else(|| bad(format!("bad size {from:?}")))?;
+            let memory = match memory {
+                "plain" => PoolMemory::Plain,
+                "registered" => PoolMemory::Registered,
+                _ => {
+                    return Err(bad(format!(
+                        "unknown memory {memory:?} (plain or registered)"
+                    )));
+                }
+            };
+            let rules = &mut p.rules[c];
+            match rules.binary_search_by_key(&from, |r| r.0) {
+                Ok(_) => return Err(bad(format!("a second rule for {coll} from {from} bytes"))),
+                Err(at) => rules.insert(at, (from, memory)),
+            }
+        }
+        Ok(p)
+    }
+
+    /// The table in the file `path` names, read and parsed.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<PoolPolicy> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
+            what: "reading the pool policy",
+            path: path.display().to_string(),
+            source: e.into(),
+        })?;
+        PoolPolicy::parse(&text)
+    }
+
+    /// The memory for a buffer that `collective` (a name of the table, or a method's
+    /// name such as `all_gather_in_place`, `send`, `recv`) uses for `bytes` bytes.
+    #[must_use]
+    pub fn memory(&self, collective: &str, bytes: usize) -> PoolMemory {
+        let Some(c) = family(collective) else {
+            return PoolMemory::Plain;
+        };
+        let rules = &self.rules[c];
+        match rules.partition_point(|r| r.0 <= bytes) {
+            0 => PoolMemory::Plain,
+            k => rules[k - 1].1,
+        }
+    }
+
+    /// The process's default for new communicators: the table in the file
+    /// [`POOL_POLICY_ENV`] names, else [`measured`](Self::measured). A variable that
+    /// names no readable table is an error of the first [`buffer`] call.
+    ///
+    /// [`buffer`]: crate::Communicator::buffer
+    pub(crate) fn from_env() -> Result<Arc<PoolPolicy>> {
+        static DEFAULT: OnceLock<Arc<PoolPolicy>> = OnceLock::new();
+        match std::env::var_os(POOL_POLICY_ENV) {
+            None => Ok(DEFAULT
+                .get_or_init(|| Arc::new(PoolPolicy::measured().clone()))
+                .clone()),
+            Some(v) => PoolPolicy::from_file(&v)
+                .map(Arc::new)
+                .map_err(|e| Error::Env {
+                    variable: POOL_POLICY_ENV.into(),
+                    value: v.to_string_lossy().into_owned(),
+                    problem: e.to_string(),
+                }),
+        }
+    }
+}
+
+/// The table's name for the collective a method `what` of collective.rs runs.
+fn family(what: &str) -> Option<usize> {
+    let base = what.strip_suffix("_in_place").unwrap_or(what);
+    let base = match base {
+        "send" | "recv" => "sendrecv",
+        b => b,
+    };
+    COLLECTIVES.iter().position(|&n| n == base)
+}
+
+/// A size in bytes: decimal, with an optional `K`, `M` or `G` (powers of 1024).
+fn size(s: &str) -> Option<usize> {
+    let (digits, shift) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+impl fmt::Display for PoolPolicy {
+    /// The table, in the format [`parse`](Self::parse) reads.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "# collective  from_bytes  memory")?;
+        for (name, rules) in COLLECTIVES.iter().zip(&self.rules) {
+            for (from, memory) in rules {
+                writeln!(f, "{name:<14} {from:>12}  {}", memory.name())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_table_parses_and_is_not_empty() {
+        let p = PoolPolicy::parse(MEASURED).unwrap();
+        assert_eq!(&p, PoolPolicy::measured());
+        assert!(p.rules.iter().any(|r| !r.is_empty()));
+    }
+
+    #[test]
+    fn a_size_takes_the_rule_with_the_largest_start_at_or_below_it() {
+        let p = PoolPolicy::parse("reduce 100 registered\nreduce 200 plain\nreduce 300 registered")
+            .unwrap();
+        let at = |b| p.memory("reduce_in_place", b);
+        assert_eq!(
+            [
+                at(0),
+                at(99),
+                at(100),
+                at(199),
+                at(200),
+                at(299),
+                at(300),
+                at(usize::MAX)
+            ],
+            [
+                PoolMemory::Plain,
+                PoolMemory::Plain,
+                PoolMemory::Registered,
+                PoolMemory::Registered,
+                PoolMemory::Plain,
+                PoolMemory::Plain,
+                PoolMemory::Registered,
+                PoolMemory::Registered
+            ]
+        );
+    }
+
+    #[test]
+    fn methods_map_to_their_collective() {
+        let p = PoolPolicy::parse("sendrecv 0 registered\nall_gather 0 registered").unwrap();
+        for what in [
+            "send",
+            "recv",
+            "sendrecv",
+            "all_gather",
+            "all_gather_in_place",
+        ] {
+            assert_eq!(p.memory(what, 1), PoolMemory::Registered, "{what}");
+        }
+        for what in [
+            "all_reduce",
+            "gather",
+            "scatter",
+            "Window::put_signal",
+            "_in_place",
+        ] {
+            assert_eq!(p.memory(what, 1), PoolMemory::Plain, "{what}");
+        }
+    }
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_the_rest() {
+        assert_eq!(size("0"), Some(0));
+        assert_eq!(size("4096"), Some(4096));
+        assert_eq!(size("3K"), Some(3 << 10));
+        assert_eq!(size("2m"), Some(2 << 20));
+        assert_eq!(size("1G"), Some(1 << 30));
+        for bad in [
+            "",
+            "K",
+            "-1",
+            "+1",
+            "1.5M",
+            "1T",
+            "0x10",
+            "99999999999999999999",
+        ] {
+            assert_eq!(size(bad), None, "{bad}");
+        }
+        assert_eq!(size(&format!("{}G", usize::MAX >> 20)), None);
+    }
+
+    #[test]
+    fn a_bad_line_is_refused_with_its_number() {
+        let cases = [
+            (
+                "all_gather 1M",
+                "line 1: want `collective from_bytes memory`",
+            ),
+            (
+                "\n# c\nallgather 1M plain",
+                "line 3: unknown collective \"allgather\"",
+            ),
+            ("all_gather 1Q plain", "line 1: bad size \"1Q\""),
+            ("all_gather 1M fast", "line 1: unknown memory \"fast\""),
+            (
+                "all_gather 1M plain\nall_gather 1048576 registered",
+                "line 2: a second rule for all_gather from 1048576 bytes",
+            ),
+        ];
+        for (text, want) in cases {
+            let Err(Error::InvalidArgument { what, problem }) = PoolPolicy::parse(text) else {
+                panic!("{text:?} parsed");
+            };
+            assert_eq!(what, "PoolPolicy::parse");
+            assert!(problem.starts_with(want), "{problem:?} for {text:?}");
+        }
+    }
+
+    #[test]
+    fn it_prints_as_it_reads() {
+        let text = "all_to_all 0 plain\nall_to_all 8M registered\nbroadcast 1K plain\n";
+        let p = PoolPolicy::parse(text).unwrap();
+        let printed = p.to_string();
+        assert_eq!(
+            printed,
+            "# collective  from_bytes  memory\n\
+             broadcast              1024  plain\n\
+             all_to_all                0  plain\n\
+             all_to_all          8388608  registered\n"
+        );
+        assert_eq!(PoolPolicy::parse(&printed).unwrap(), p);
+    }
+}
