@@ -144,10 +144,12 @@ class Buckets(torch.nn.Module):
 
 
 def ddp_buckets(ddp):
-    """The bucket sizes (bytes) DDP reduces with, from its logging data; None if unknown."""
+    """The sizes (bytes) of the buckets DDP rebuilt after its first step, in the order they
+    are reduced, from its logging data (which has them from the third step on); None if
+    unknown."""
     try:
         data = ddp._get_ddp_logging_data()
-        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        sizes = data.get("rebuilt_bucket_sizes") if data.get("has_rebuilt_buckets") else None
         if sizes:
             return [int(s) for s in str(sizes).split(",")]
     except Exception:  # noqa: BLE001 - private API: report unknown instead
@@ -251,7 +253,7 @@ def main():
     sizes = ddp_buckets(ddp)
     ours = len(chunk_ranges(d, o.bucket))
     if sizes is None:
-        got = "its buckets unknown (no rebuilt_bucket_sizes in its logging data)"
+        got = "its buckets unknown (no rebuilt_bucket_sizes in its logging data: fewer than 3 steps?)"
     else:
         got = f"{len(sizes)} buckets of {', '.join(str(s // 4) for s in sizes)} floats"
     if timed > 0:
