@@ -8,7 +8,8 @@
 //! buffer (`--bucket` elements per all-reduce, as data-parallel trainers do), and updates
 //! its weights. With `--overlap` the gradient is computed a bucket at a time, and each
 //! finished bucket's all-reduce runs on a second stream while the next bucket's gradient
-//! is computed (as torch DDP overlaps its buckets' all-reduces with the backward pass). Every `--log-every` steps the loss over all shards is printed. At the end
+//! is computed (as torch DDP overlaps its buckets' all-reduces with the backward pass).
+//! Every `--log-every` steps the loss over all shards is printed. At the end
 //! every rank checks that its weights equal every other rank's (an all-reduce of the max
 //! and of the min), rank 0 compares the losses with the same training done on the host in
 //! f64, and reports the step time and the share of it spent in all-reduce.
