@@ -57,3 +57,31 @@ pub(crate) fn host_vec<T>(len: u128, what: &str) -> nccl_channel::Result<Vec<T>>
         .map_err(|_| too_large())?;
     Ok(v)
 }
+
+/// Prints a few values of rank `rank`'s shard of `n` rows of `d` features, as bits and
+/// as numbers: rows 0, 1 and n - 1, features 0, 1, d - 2 and d - 1, and the labels of
+/// those rows. `bench/ddp_data.py` ports this generator to Python (for the torch DDP
+/// comparison, which must train on the same data); `bench/test_ddp_data.py` checks its
+/// port against these values, and a test of this example checks they do not change.
+pub(crate) fn print_shard(rank: usize, n: usize, d: usize) -> nccl_channel::Result<()> {
+    let (x, y) = shard(rank, n, d)?;
+    let pick = |last: usize| {
+        let mut v = vec![0, 1, last.saturating_sub(1), last];
+        v.retain(|&i| i <= last);
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    println!("shard of rank {rank}: {n} samples of {d} features");
+    let rows = pick(n - 1);
+    for &i in &rows {
+        for j in pick(d - 1) {
+            let v = x[i * d + j];
+            println!("x[{i}][{j}] = {:#010x} {v:e}", v.to_bits());
+        }
+    }
+    for &i in &rows {
+        println!("y[{i}] = {:#010x} {:e}", y[i].to_bits(), y[i]);
+    }
+    Ok(())
+}

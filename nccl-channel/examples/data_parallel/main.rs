@@ -6,7 +6,10 @@
 //! of its shard with its own kernels (`kernels.cu`, compiled to `kernels.ptx`), averages
 //! the gradients over the ranks with in-place all-reduces on views of one flat gradient
 //! buffer (`--bucket` elements per all-reduce, as data-parallel trainers do), and updates
-//! its weights. Every `--log-every` steps the loss over all shards is printed. At the end
+//! its weights. With `--overlap` the gradient is computed a bucket at a time, and each
+//! finished bucket's all-reduce runs on a second stream while the next bucket's gradient
+//! is computed (as torch DDP overlaps its buckets' all-reduces with the backward pass).
+//! Every `--log-every` steps the loss over all shards is printed. At the end
 //! every rank checks that its weights equal every other rank's (an all-reduce of the max
 //! and of the min), rank 0 compares the losses with the same training done on the host in
 //! f64, and reports the step time and the share of it spent in all-reduce.
@@ -18,6 +21,8 @@
 //! # One rank, configured by the environment, as the allgather demo
 //! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=0 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://0 &
 //! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=1 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://1
+//! # Each bucket's all-reduce overlapped with the next bucket's gradient
+//! data_parallel --nprocs 2 --overlap
 //! # Elastic: rank 1 of 3 dies at step 10, the survivors shrink, its replacement is grown
 //! # back in (see elastic.rs)
 //! data_parallel --nprocs 3 --elastic --kill-rank 1 --kill-at 10
@@ -40,7 +45,7 @@ mod elastic;
 mod reference;
 mod twins;
 
-use data::shard;
+use data::{print_shard, shard};
 use reference::check_reference;
 use twins::with_kernels;
 
@@ -68,7 +73,8 @@ struct Opts {
     /// Samples per rank.
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     samples: u32,
-    /// Gradient-descent steps (at most 1000000: each keeps three timing events).
+    /// Gradient-descent steps (at most 1000000: each keeps three timing events, four with
+    /// --overlap).
     #[arg(long, default_value_t = 100, value_parser = steps_arg)]
     steps: usize,
     /// Learning rate.
@@ -80,6 +86,14 @@ struct Opts {
     /// Print the loss every this many steps.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     log_every: u32,
+    /// Compute the gradient a bucket at a time, and all-reduce each finished bucket on a
+    /// second stream while the next one is computed.
+    #[arg(long, conflicts_with = "elastic")]
+    overlap: bool,
+    /// Print a few values of this rank's shard (of --samples and --features) and exit: what
+    /// the Python port of the data generator (bench/ddp_data.py) is checked against.
+    #[arg(long, conflicts_with = "nprocs")]
+    print_shard: Option<u32>,
     /// Skip the host reference (it costs about as much as the training on one CPU core).
     #[arg(long)]
     no_reference: bool,
@@ -90,7 +104,8 @@ struct Opts {
     elastic: elastic::ElasticOpts,
 }
 
-/// The most `--steps`: each step keeps three timing events until the end.
+/// The most `--steps`: each step keeps three timing events (four with `--overlap`) until
+/// the end.
 const MAX_STEPS: usize = 1_000_000;
 
 fn steps_arg(s: &str) -> Result<usize, String> {
@@ -124,6 +139,9 @@ impl Opts {
         if self.no_reference {
             a.push("--no-reference".into());
         }
+        if self.overlap {
+            a.push("--overlap".into());
+        }
         a.extend(self.elastic.rank_args());
         a
     }
@@ -131,6 +149,15 @@ impl Opts {
 
 fn main() -> ExitCode {
     let o = Opts::parse();
+    if let Some(rank) = o.print_shard {
+        return match print_shard(rank as usize, o.samples as usize, o.features as usize) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("data_parallel: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     launch::dispatch(
         "data_parallel",
         o.nprocs,
@@ -230,9 +257,10 @@ fn train_inner(
     let ctx = comm.context();
     fits_on_device(comm, n, d)?;
     let module = Module::from_ptx(ctx, KERNELS)?;
-    let (residual, gradient, sgd, mse) = (
+    let (residual, gradient, gradient_cols, sgd, mse) = (
         module.function("residual")?,
         module.function("gradient")?,
+        module.function("gradient_cols")?,
         module.function("sgd")?,
         module.function("mse")?,
     );
@@ -247,14 +275,16 @@ fn train_inner(
 
     let (ni, di) = (n as i32, d as i32);
     let rows = LaunchConfig::linear(n as u32, BLOCK);
-    let grad_cfg = LaunchConfig::new(
-        [
-            (d as u32 + 1).div_ceil(BLOCK),
-            (n as u32).div_ceil(128).min(64),
-            1,
-        ],
-        [BLOCK, 1, 1],
-    );
+    // The gradient's grid: a thread per column, the rows split over `row_blocks`.
+    let row_blocks = (n as u32).div_ceil(128).min(64);
+    let cols_cfg = |cols: usize| {
+        LaunchConfig::new(
+            [(cols as u32).div_ceil(BLOCK), row_blocks, 1],
+            [BLOCK, 1, 1],
+        )
+    };
+    let grad_cfg = cols_cfg(d + 1);
+    let scale = 2.0 / n as f32;
     let weights = LaunchConfig::for_elements(d + 1, BLOCK);
     let one_block = LaunchConfig::linear(1, BLOCK);
     let buckets = (d + 1).div_ceil(o.bucket as usize);
@@ -275,23 +305,68 @@ fn train_inner(
     };
 
     let timed = || Event::new(ctx);
-    let mut marks: Vec<[Event; 3]> = Vec::with_capacity(o.steps);
+    // With --overlap: the stream the all-reduces run on, and the event a bucket's gradient
+    // records for that stream to wait on (one event recorded again for every bucket: a
+    // wait is for the record made before it).
+    let overlap = match o.overlap {
+        true => Some((Stream::non_blocking(ctx)?, Event::without_timing(ctx)?)),
+        false => None,
+    };
+    let bucket = o.bucket as usize;
+    let mut marks: Vec<Marks> = Vec::with_capacity(o.steps);
     let mut logged = Vec::new();
     for step in 0..o.steps {
-        let m = [timed()?, timed()?, timed()?];
-        m[0].record(s)?;
+        let m = Marks {
+            start: timed()?,
+            ar_start: timed()?,
+            ar_end: timed()?,
+            grad_end: overlap.as_ref().map(|_| timed()).transpose()?,
+        };
+        m.start.record(s)?;
         // SAFETY: as in `enqueue_loss`; `g` holds d + 1 floats, zeroed first since the
-        // gradient kernel adds its row blocks' partial sums.
+        // gradient kernels add their row blocks' partial sums.
         unsafe {
             residual.launch(s, rows, (&x, &w, &y, &mut r, ni, di))?;
             g.fill_async(0.0, s)?;
-            gradient.launch(s, grad_cfg, (&x, &r, &mut g, ni, di, 2.0 / n as f32))?;
         }
-        m[1].record(s)?;
-        for mut bucket in g.chunks_mut(o.bucket as usize)? {
-            comm.all_reduce_in_place(&mut bucket, ReduceOp::Avg, s)?;
+        match (&overlap, &m.grad_end) {
+            (Some((cs, ready)), Some(grad_end)) => {
+                for k in 0..buckets {
+                    let (j0, cols) = (k * bucket, bucket.min(d + 1 - k * bucket));
+                    // SAFETY: as `gradient`, for columns j0 .. j0 + cols of the d + 1 (the
+                    // grid covers them; the kernel checks the bound). It writes only
+                    // those of `g`, which no all-reduce in flight on `cs` touches (those
+                    // are of the buckets before); the zeroing above is ordered before
+                    // them on `s`, and after the last step's all-reduces (`s` waited).
+                    unsafe {
+                        gradient_cols.launch(
+                            s,
+                            cols_cfg(cols),
+                            (&x, &r, &mut g, ni, di, scale, j0 as i32, cols as i32),
+                        )?;
+                    }
+                    let done = if k + 1 == buckets { grad_end } else { ready };
+                    done.record(s)?;
+                    cs.wait_event(done)?;
+                    if k == 0 {
+                        m.ar_start.record(cs)?;
+                    }
+                    let mut view = g.slice_mut(j0..j0 + cols)?;
+                    comm.all_reduce_in_place(&mut view, ReduceOp::Avg, cs)?;
+                }
+                m.ar_end.record(cs)?;
+                s.wait_event(&m.ar_end)?;
+            }
+            _ => {
+                // SAFETY: as in `enqueue_loss`; `g` holds d + 1 floats, the grid covers them.
+                unsafe { gradient.launch(s, grad_cfg, (&x, &r, &mut g, ni, di, scale))? };
+                m.ar_start.record(s)?;
+                for mut part in g.chunks_mut(bucket)? {
+                    comm.all_reduce_in_place(&mut part, ReduceOp::Avg, s)?;
+                }
+                m.ar_end.record(s)?;
+            }
         }
-        m[2].record(s)?;
         // SAFETY: `w` and `g` hold d + 1 floats; the grid covers d + 1 threads.
         unsafe { sgd.launch(s, weights, (&mut w, &g, o.lr, di + 1))? };
         if step % o.log_every as usize == 0 {
@@ -315,15 +390,22 @@ fn train_inner(
     }
 
     // Timing, from the events: a step is from one step's start to the next; steps that
-    // logged (they waited for the host) and the first two (warm-up) are left out.
+    // logged (they waited for the host) and the first two (warm-up) are left out. With
+    // --overlap the all-reduce time is the second stream's, from the first bucket's
+    // all-reduce start to the last one's end (waits for later buckets included), and
+    // `exposed` the part of it after the last bucket's gradient: what overlap did not hide.
     s.synchronize()?;
-    let (mut step_ms, mut ar_ms, mut timed_steps) = (0.0f64, 0.0f64, 0usize);
+    let (mut step_ms, mut ar_ms, mut exposed_ms, mut timed_steps) = (0.0f64, 0.0f64, 0.0f64, 0);
     for k in 2..marks.len().saturating_sub(1) {
         if k % o.log_every as usize == 0 {
             continue;
         }
-        step_ms += marks[k][0].elapsed(&marks[k + 1][0])?.as_secs_f64() * 1e3;
-        ar_ms += marks[k][1].elapsed(&marks[k][2])?.as_secs_f64() * 1e3;
+        let m = &marks[k];
+        step_ms += m.start.elapsed(&marks[k + 1].start)?.as_secs_f64() * 1e3;
+        ar_ms += m.ar_start.elapsed(&m.ar_end)?.as_secs_f64() * 1e3;
+        if let Some(grad_end) = &m.grad_end {
+            exposed_ms += grad_end.elapsed(&m.ar_end)?.as_secs_f64() * 1e3;
+        }
         timed_steps += 1;
     }
 
@@ -348,8 +430,11 @@ fn train_inner(
             "weights equal on all {size} ranks; loss {first:.4e} -> {final_loss:.4e} in {} steps",
             o.steps
         );
+        // Their bits, in short: runs that must agree bit for bit compare this.
+        println!("weights fnv1a {:016x}", fnv1a(&mine));
         if timed_steps > 0 {
-            let (step, ar) = (step_ms / timed_steps as f64, ar_ms / timed_steps as f64);
+            let t = timed_steps as f64;
+            let (step, ar, exposed) = (step_ms / t, ar_ms / t, exposed_ms / t);
             // Simulated devices run kernels on the host when enqueued: their event times
             // measure the simulation, not a GPU.
             let clock = if ctx.cuda().driver().origin() == "mock driver" {
@@ -357,9 +442,17 @@ fn train_inner(
             } else {
                 ""
             };
+            let overlapped = match o.overlap {
+                true => format!(
+                    " on a second stream, {:.1} us of it after the last gradient bucket,",
+                    exposed * 1e3
+                ),
+                false => String::new(),
+            };
             println!(
-                "step time {:.1} us, all_reduce {:.1} us ({:.1} %) in {buckets} buckets of <= {} \
-                 floats ({} floats of gradient), over {timed_steps} steps{clock}",
+                "step time {:.1} us, all_reduce {:.1} us ({:.1} %){overlapped} in {buckets} \
+                 buckets of <= {} floats ({} floats of gradient), over {timed_steps} \
+                 steps{clock}",
                 step * 1e3,
                 ar * 1e3,
                 100.0 * ar / step,
@@ -372,6 +465,28 @@ fn train_inner(
         }
     }
     Ok(())
+}
+
+/// One step's timing events.
+struct Marks {
+    /// The step's start, on the compute stream.
+    start: Event,
+    /// Before the first all-reduce: on the compute stream after the gradient; with
+    /// `--overlap` on the second stream, once the first bucket's gradient is done.
+    ar_start: Event,
+    /// After the last all-reduce, on the stream that ran them.
+    ar_end: Event,
+    /// With `--overlap`: after the last bucket's gradient, on the compute stream.
+    grad_end: Option<Event>,
+}
+
+/// FNV-1a (64 bits) of the floats' bits.
+fn fnv1a(v: &[f32]) -> u64 {
+    v.iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
 }
 
 /// Downloads a one-element buffer in the order of `s`.

@@ -8,8 +8,9 @@ fn f32s(call: &mut KernelCall<'_>, param: usize, len: usize) -> Vec<f32> {
     call.read::<f32>(p, len)
 }
 
-/// A mock driver whose kernels `residual`, `gradient`, `sgd` and `mse` do on the host what
-/// `kernels.cu` does on a GPU (one call per launch, covering the whole grid).
+/// A mock driver whose kernels `residual`, `gradient`, `gradient_cols`, `sgd` and `mse` do
+/// on the host what `kernels.cu` does on a GPU (one call per launch, covering the whole
+/// grid).
 pub(crate) fn with_kernels(driver: MockDriver) -> MockDriver {
     driver
         .kernel("residual", &[8, 8, 8, 8, 4, 4], |c| {
@@ -34,6 +35,31 @@ pub(crate) fn with_kernels(driver: MockDriver) -> MockDriver {
                 g[d] += scale * ri;
             }
             let p = c.param::<u64>(2);
+            c.write(p, &g);
+        })
+        .kernel("gradient_cols", &[8, 8, 8, 4, 4, 4, 4, 4], |c| {
+            let (n, d) = (c.param::<i32>(3) as usize, c.param::<i32>(4) as usize);
+            let scale = c.param::<f32>(5);
+            let j0 = c.param::<i32>(6).max(0) as usize;
+            let j1 = (j0 + c.param::<i32>(7).max(0) as usize).min(d + 1);
+            if j0 >= j1 {
+                return;
+            }
+            // Only the bucket's columns of `g` are read and written: the other buckets'
+            // may be in an all-reduce on another stream. Each element gets the same
+            // additions in the same order as from `gradient`, so the values are equal.
+            let (x, r) = (f32s(c, 0, n * d), f32s(c, 1, n));
+            let p = c.param::<u64>(2) + 4 * j0 as u64;
+            let mut g = c.read::<f32>(p, j1 - j0);
+            for (row, ri) in x.chunks(d.max(1)).zip(&r) {
+                for (gj, j) in g.iter_mut().zip(j0..j1) {
+                    *gj += if j < d {
+                        scale * ri * row[j]
+                    } else {
+                        scale * ri
+                    };
+                }
+            }
             c.write(p, &g);
         })
         .kernel("sgd", &[8, 8, 4, 4], |c| {

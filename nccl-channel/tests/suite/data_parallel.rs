@@ -84,6 +84,137 @@ fn two_gpus_train_and_agree() {
     assert!(out.contains("step time "), "{out}");
 }
 
+/// The lines of a run that must agree bit for bit between runs of the same training:
+/// the logged and final losses, and the weights' fingerprint.
+fn outcome(out: &str) -> Vec<&str> {
+    out.lines()
+        .filter(|l| l.contains("  loss ") || l.contains("weights fnv1a "))
+        .collect()
+}
+
+/// `--overlap` computes the gradient a bucket at a time and all-reduces each bucket on a
+/// second stream: the same values, so on the simulated devices (whose kernels are exact
+/// host twins) the losses and the weights are the same bits as without it.
+#[test]
+fn overlap_trains_to_the_same_bits() {
+    let args = [
+        "--nprocs",
+        "2",
+        "--features",
+        "24",
+        "--samples",
+        "96",
+        "--steps",
+        "30",
+        "--bucket",
+        "7",
+        "--log-every",
+        "5",
+    ];
+    let plain = data_parallel(&args);
+    let overlapped = data_parallel(&[&args[..], &["--overlap"]].concat());
+    let (a, b) = (outcome(&plain), outcome(&overlapped));
+    // 6 logged losses, the final one, the fingerprint.
+    assert_eq!(a.len(), 8, "{plain}");
+    assert_eq!(a, b, "without --overlap:\n{plain}\nwith it:\n{overlapped}");
+    // 25 floats of gradient in buckets of 7, 7, 7 and 4, all-reduced on the second stream.
+    let want = "on a second stream, ";
+    assert!(overlapped.contains(want), "{overlapped}");
+    assert!(!plain.contains(want), "{plain}");
+    assert!(
+        overlapped.contains("in 4 buckets of <= 7 floats (25 floats of gradient)"),
+        "{overlapped}"
+    );
+    let (first, last, worst) = figures(&overlapped);
+    assert!(last < first * 1e-2, "{first} -> {last}");
+    assert!(worst < 2e-2, "{worst}");
+}
+
+/// The bucket size that the all-reduces' order depends on changes nothing either: one
+/// bucket of everything, and one float a bucket, give the same bits with --overlap.
+#[test]
+fn overlap_with_one_bucket_and_with_one_float_buckets() {
+    let run = |bucket: &str| {
+        data_parallel(&[
+            "--nprocs",
+            "2",
+            "--features",
+            "5",
+            "--samples",
+            "40",
+            "--steps",
+            "12",
+            "--bucket",
+            bucket,
+            "--log-every",
+            "4",
+            "--overlap",
+        ])
+    };
+    let (whole, single) = (run("100"), run("1"));
+    assert!(
+        whole.contains("in 1 buckets of <= 100 floats (6 floats of gradient)"),
+        "{whole}"
+    );
+    assert!(
+        single.contains("in 6 buckets of <= 1 floats (6 floats of gradient)"),
+        "{single}"
+    );
+    assert_eq!(outcome(&whole), outcome(&single));
+    assert_eq!(outcome(&whole).len(), 5, "{whole}");
+}
+
+/// `--overlap` is of the plain training loop; the elastic one is refused with it.
+#[test]
+fn overlap_is_refused_with_elastic() {
+    let exe = example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
+    let (ok, out, err) = run_example(exe, &["--nprocs", "2", "--overlap", "--elastic"], &[]);
+    assert!(!ok, "{out}\n{err}");
+    assert!(
+        err.starts_with("error: the argument '--overlap' cannot be used with '--elastic'"),
+        "{err}"
+    );
+}
+
+/// The data generator (data.rs) prints what `bench/ddp_data_expected.txt` holds: the
+/// values `bench/test_ddp_data.py` checks the Python port (used by `bench/ddp_bench.py`,
+/// the torch DDP side of the comparison) against. A change of the generator fails here:
+/// then regenerate that file and make the port agree.
+#[test]
+fn the_shard_generator_is_unchanged() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/ddp_data_expected.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let blocks: Vec<&str> = text
+        .split("\n\n")
+        .filter(|b| b.starts_with("shard of rank "))
+        .collect();
+    assert_eq!(blocks.len(), 4, "{text}");
+    for block in blocks {
+        // "shard of rank R: N samples of D features"
+        let head: Vec<&str> = block.lines().next().unwrap().split(' ').collect();
+        let (rank, n, d) = (head[3].trim_end_matches(':'), head[4], head[7]);
+        let exe = example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
+        let args = ["--print-shard", rank, "--samples", n, "--features", d];
+        let (ok, out, err) = run_example(exe, &args, &[]);
+        assert!(ok, "{args:?}: {out}\n{err}");
+        assert_eq!(out.trim_end(), block.trim_end(), "{args:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn two_gpus_train_with_overlap() {
+    if !crate::common::gpus_or_skip(2) {
+        return;
+    }
+    let out = data_parallel(&["--nprocs", "2", "--overlap"]);
+    let (first, last, worst) = figures(&out);
+    assert!(last < first * 1e-2, "{first} -> {last}");
+    assert!(worst < 2e-2, "{worst}");
+    assert!(out.contains("on a second stream, "), "{out}");
+}
+
 /// Sizes from the command line that do not fit are errors naming the options, the bytes
 /// and the limit, before anything is allocated (they were allocation failures that
 /// aborted the rank, or a capacity overflow that panicked it).
