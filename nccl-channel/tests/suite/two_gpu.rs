@@ -294,7 +294,7 @@ fn one_sided_rank(nccl: &Arc<Nccl>, ctx: &Context, id: &UniqueId, rank: usize) -
     let src_window = comm.register_window(&src, sym).unwrap();
     let dst_window = comm.register_window(&dst, sym).unwrap();
     println!(
-        "rank {rank}: windows at {:#x?} (source) and {:#x?} (target)",
+        "rank {rank}: windows at {:x?} (source) and {:x?} (target)",
         src_window.user_ptr().unwrap(),
         dst_window.user_ptr().unwrap()
     );
