@@ -30,6 +30,7 @@ use clap::Args;
 use cuda_hal::{Context, DeviceBuffer, Function, LaunchConfig, Module, Stream};
 use nccl_channel::{CommConfig, Communicator, ReduceOp, Rendezvous, World};
 use nccl_launch as launch;
+use nccl_sys::{Nccl, NcclVersion};
 
 use crate::data::{host_vec, shard};
 use crate::reference::host_losses;
@@ -65,6 +66,22 @@ pub(crate) struct ElasticOpts {
     /// The replacement of a killed rank (the launcher starts it so).
     #[arg(long, hide = true, requires = "kill_rank")]
     pub(crate) join: bool,
+    /// Without a CUDA driver: the version the simulated NCCL reports (X.Y.Z), to see an
+    /// NCCL without grow refused.
+    #[arg(long, hide = true, requires = "elastic", value_name = "X.Y.Z", value_parser = version_arg)]
+    pub(crate) sim_nccl: Option<NcclVersion>,
+}
+
+fn version_arg(s: &str) -> Result<NcclVersion, String> {
+    let bad = || format!("bad version {s:?} (2.MINOR.PATCH, each below 100)");
+    let p: Vec<u8> = s
+        .split('.')
+        .map(|x| launch::parse_decimal(x).ok_or_else(bad))
+        .collect::<Result<_, _>>()?;
+    match p[..] {
+        [2, b, c] if b < 100 && c < 100 => Ok(NcclVersion::new(2, b.into(), c.into())),
+        _ => Err(bad()),
+    }
 }
 
 fn tolerance(s: &str) -> Result<f64, String> {
@@ -89,6 +106,9 @@ impl ElasticOpts {
         if let (Some(r), Some(k)) = (self.kill_rank, self.kill_at) {
             a.push(format!("--kill-rank={r}"));
             a.push(format!("--kill-at={k}"));
+        }
+        if let Some(v) = self.sim_nccl {
+            a.push(format!("--sim-nccl={v}"));
         }
         a
     }
@@ -141,6 +161,11 @@ pub(crate) enum ElasticError {
          refuses grow ids while it is set"
     )]
     NoRendezvous,
+    #[error(
+        "--kill-rank recovers with ncclCommShrink and ncclCommGrow, which need NCCL 2.29.2 or \
+         newer; this is NCCL {found} (NCCL_SYS_LIBRARY names another libnccl.so.2)"
+    )]
+    NoRecovery { found: String },
     #[error("{rows} rows per rank do not fit the kernels' int")]
     TooManyRows { rows: usize },
     #[error("rank {rank}: the weights differ between ranks")]
@@ -186,10 +211,14 @@ fn run_inner(world: World, o: &Opts) -> Result<(), ElasticError> {
         device: o.device.clone(),
         timeout: Some(Duration::from_secs_f64(o.timeout)),
         sim_driver: Some(with_kernels),
+        sim_version: e.sim_nccl,
         ..Default::default()
     };
     let rd = launch::rank_device(&world, &setup).map_err(ElasticError::Launch)?;
     println!("{}", rd.line);
+    if kill.is_some() {
+        can_recover(&rd.nccl)?;
+    }
     let rdv = Rendezvous::from_env(&world)?
         .ok_or(ElasticError::NoRendezvous)?
         .timeout(Duration::from_secs_f64(o.timeout));
@@ -231,6 +260,19 @@ fn run_inner(world: World, o: &Opts) -> Result<(), ElasticError> {
     comms.spare.close()?;
     run.s.synchronize()?;
     rd.check().map_err(ElasticError::Launch)
+}
+
+/// Whether `nccl` has the calls the recovery makes (shrink, grow): checked by every rank
+/// before training, so an older NCCL fails the run at once, not the survivors after a
+/// rank was killed (with the replacement waiting for a grow that never comes).
+fn can_recover(nccl: &Nccl) -> Result<(), ElasticError> {
+    let f = nccl.fns();
+    match (f.ncclCommShrink, f.ncclCommGetUniqueId, f.ncclCommGrow) {
+        (Some(_), Some(_), Some(_)) => Ok(()),
+        _ => Err(ElasticError::NoRecovery {
+            found: nccl.version().to_string(),
+        }),
+    }
 }
 
 /// Where the run is in the story.

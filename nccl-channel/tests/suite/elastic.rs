@@ -169,3 +169,53 @@ fn a_kill_that_cannot_be_recovered_from_is_refused_before_the_ranks_start() {
         Some("error: invalid value '0' for '--kill-rank <KILL_RANK>': 0 is not in 1..=4294967295")
     );
 }
+
+/// The recovery needs shrink and grow (NCCL 2.29.2): with an older NCCL (the GPU machine's
+/// system NCCL is 2.28.3) every rank refuses `--kill-rank` before training, so no rank is
+/// killed and no replacement waits for a grow that cannot come (it used to: the kill and
+/// the shrink ran, and the run failed at the grow). Without `--kill-rank` the same NCCL
+/// trains: nothing to recover.
+#[test]
+fn an_nccl_without_grow_is_refused_before_a_rank_is_killed() {
+    let exe = || example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
+    let args = |kill: bool| {
+        let mut a = vec![
+            "--nprocs",
+            "2",
+            "--elastic",
+            "--features",
+            "24",
+            "--samples",
+            "96",
+            "--steps",
+            "40",
+            "--timeout",
+            "60",
+            "--sim-nccl",
+            "2.28.9",
+        ];
+        if kill {
+            a.extend(["--kill-rank", "1", "--kill-at", "10"]);
+        }
+        a
+    };
+    let (ok, out, err) = run_example(exe(), &args(true), &[]);
+    assert!(!ok, "{out}{err}");
+    for r in [0, 1] {
+        let line = format!(
+            "[rank {r}] data_parallel: --kill-rank recovers with ncclCommShrink and \
+             ncclCommGrow, which need NCCL 2.29.2 or newer; this is NCCL 2.28.9 \
+             (NCCL_SYS_LIBRARY names another libnccl.so.2)"
+        );
+        assert!(err.lines().any(|l| l == line), "want {line:?} in\n{err}");
+    }
+    for never in ["killing itself", "[replacement]", "step "] {
+        assert!(!out.contains(never), "{never:?} in\n{out}");
+    }
+    let (ok, out, err) = run_example(exe(), &args(false), &[]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("[rank 0] weights equal on all 2 ranks; "),
+        "{out}"
+    );
+}

@@ -47,6 +47,7 @@ mod soundness_gpu;
 mod split_on_every_backend;
 mod tensor_parallel;
 mod torch_store_real;
+mod two_gpu;
 mod views;
 mod wait_notice;
 mod world_env;
