@@ -75,7 +75,7 @@ suite() {
   echo "--- NCCL_SYS_LIBRARY=${NCCL_SYS_LIBRARY:-unset}: every staged GPU test"
   for t in "$B"/test-*; do T=300 run "$t" --ignored --test-threads=1 --skip torch_store_real; done
   echo "--- two GPUs on 2.30.7: grow 1 -> 2, one-sided put/signal/wait (printed above; again alone)"
-  run "$B/test-nccl-channel-suite" --ignored two_gpu --test-threads=1 --nocapture
+  run "$B/test-nccl-channel-suite" --ignored two_gpu:: --test-threads=1 --nocapture
   echo "--- the elastic run: rank 1 killed at step 10, replaced through grow; and uninterrupted"
   if two elastic; then
     run "$B/data_parallel" --nprocs 2 --steps 60 --log-every 10 | tee "$O/elastic-uninterrupted.txt"
