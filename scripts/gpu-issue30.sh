@@ -61,18 +61,25 @@ torch_home() {
   ln -sf "$TORCH_NCCL/lib/libnccl.so.2" $h/lib/libnccl.so.2; ln -sf libnccl.so.2 $h/lib/libnccl.so
   echo $h
 }
+# NCCL 2.30.7 builds in the background from the start (parts that need it wait for it);
+# LIB230 is its library once built.
+LIB230=
+nccl_wait() {
+  [ -n "${BUILDER:-}" ] && { wait "$BUILDER"; BUILDER=; cat /tmp/nccl230.out; }
+  LIB230=$(grep -o '/tmp/nccl[^ ]*libnccl.so.2' /tmp/nccl230.out 2>/dev/null)
+  [ -n "$LIB230" ] || { echo "FAILED: no NCCL 2.30.7"; fail=1; return 1; }
+}
 part() { echo; echo "##### part $1 ($(date -u +%H:%M:%S), $NGPU GPU(s))"; }
 took() { echo "##### part $1 took $(( $(date +%s) - $2 )) s"; }
 
 suite() {
   local s; s=$(date +%s); part suite
   nvidia-smi -L
-  ( nccl230 > /tmp/nccl230.out 2>&1 ) & local builder=$!
   echo "--- system NCCL (2.28.3): every staged GPU test"
   for t in "$B"/test-*; do T=300 run "$t" --ignored --test-threads=1 --skip torch_store_real; done
-  wait $builder; cat /tmp/nccl230.out
-  eval "$(grep '^export' /tmp/nccl230.out)"
-  echo "--- NCCL_SYS_LIBRARY=${NCCL_SYS_LIBRARY:-unset}: every staged GPU test"
+  nccl_wait || return
+  export NCCL_SYS_LIBRARY=$LIB230
+  echo "--- NCCL_SYS_LIBRARY=$NCCL_SYS_LIBRARY: every staged GPU test"
   for t in "$B"/test-*; do T=300 run "$t" --ignored --test-threads=1 --skip torch_store_real; done
   echo "--- two GPUs on 2.30.7: grow 1 -> 2, one-sided put/signal/wait (printed above; again alone)"
   run "$B/test-nccl-channel-suite" --ignored two_gpu:: --test-threads=1 --nocapture
@@ -88,12 +95,12 @@ suite() {
 
 cudarc() {
   local s; s=$(date +%s); part cudarc
-  for lib in "" "$(grep -o '/tmp/nccl[^ ]*' /tmp/nccl.env 2>/dev/null)"; do
-    echo "--- NCCL_SYS_LIBRARY=${lib:-system 2.28.3}"
+  nccl_wait
+  for lib in "" $LIB230; do
+    echo "--- NCCL_SYS_LIBRARY=${lib:-(system 2.28.3)}"
     NCCL_SYS_LIBRARY=$lib run "$B/test-nccl-channel-suite" --ignored cudarc --test-threads=1 --nocapture
     NCCL_SYS_LIBRARY=$lib san "$B/test-nccl-channel-suite" --ignored cudarc --test-threads=1
     NCCL_SYS_LIBRARY=$lib san "$B/test-cuda-hal-suite" --ignored cudarc --test-threads=1
-    [ -z "$lib" ] && [ -f /tmp/nccl.env ] || break
   done
   if two tensor_parallel; then run "$B/tensor_parallel" --nprocs 2; else run "$B/tensor_parallel" --nprocs 1; fi
   took cudarc "$s"
@@ -132,6 +139,7 @@ perf_on() {
   unset NCCL_SYS_LIBRARY
   $PY bench/compare.py "$d" --label "NCCL $label, $n GPU(s)" > "$d/compare.md" 2>&1
   grep -h "^# Avg\|FAILED\|skipped" "$d"/*.txt | head -40
+  grep -l "^FAILED" "$d"/*.txt && fail=1
   took "perf-$label" "$s"
 }
 
@@ -139,6 +147,8 @@ ddp() {
   local s; s=$(date +%s); part ddp
   local n=$(( NGPU >= 2 ? 2 : 1 )) d=$O/ddp
   mkdir -p "$d"
+  # Both sides on torch's NCCL (2.28.9).
+  export NCCL_SYS_LIBRARY=$TORCH_NCCL/lib/libnccl.so.2
   local big="--features 8192 --samples 16384 --steps 60"
   for size in "" "$big" "$big --bucket 8193"; do
     run "$B/data_parallel" --nprocs $n $size --no-reference
@@ -146,6 +156,8 @@ ddp() {
     run $PY -m torch.distributed.run --nproc_per_node $n bench/ddp_bench.py $size
     run $PY -m torch.distributed.run --nproc_per_node $n bench/ddp_bench.py $size --layout buckets
   done 2>&1 | grep -v "^W[0-9]\|OMP_NUM\|^\*\*\*" | tee "$d/ddp.txt" | grep -E "^=== |step time|FAILED"
+  grep -q "^FAILED" "$d/ddp.txt" && fail=1
+  unset NCCL_SYS_LIBRARY
   took ddp "$s"
 }
 
@@ -157,7 +169,7 @@ pool() {
   [ -n "$src" ] || { echo "no perf-*/ours-bw.txt: run a perf part first"; fail=1; return; }
   local n=$(( NGPU >= 2 ? 2 : 1 ))
   # The table needs base and registered rows of every collective: a sweep with -R nccl,1.
-  eval "$(grep '^export' /tmp/nccl230.out 2>/dev/null)"
+  nccl_wait && export NCCL_SYS_LIBRARY=$LIB230
   T=300 run "$B/bench" -c all -b 1M -e 4G -f 4 -n 10 -w 3 --nprocs $n -R 0,nccl,1 --check 0 > "$d/sweep.txt" 2>&1
   run "$B/pool-policy" "$d/sweep.txt" $src > "$d/policy.tsv"
   cat "$d/policy.tsv" | grep -v "^#  "
@@ -169,15 +181,15 @@ pool() {
   took pool "$s"
 }
 
-[ $# -gt 0 ] || set -- suite cudarc perf-2.30 perf-2.28 ddp pool
+[ $# -gt 0 ] || set -- suite cudarc perf-2.28 ddp perf-2.30 pool
+case " $* " in *" suite "*|*" cudarc "*|*" perf-2.30 "*|*" pool "*)
+  ( nccl230 > /tmp/nccl230.out 2>&1 ) & BUILDER=$! ;;
+esac
 for p in "$@"; do
   case $p in
     suite) suite ;;
     cudarc) cudarc ;;
-    perf-2.30)
-      nccl230 > /tmp/nccl230.out 2>&1 || { cat /tmp/nccl230.out; fail=1; continue; }
-      lib=$(grep -o '/tmp/nccl[^ ]*libnccl.so.2' /tmp/nccl230.out)
-      perf_on 2.30.7 "$(dirname "$(dirname "$lib")")" "$lib" ;;
+    perf-2.30) nccl_wait && perf_on 2.30.7 "$(dirname "$(dirname "$LIB230")")" "$LIB230" ;;
     perf-2.28) perf_on 2.28.9 "$(torch_home)" "$TORCH_NCCL/lib/libnccl.so.2" ;;
     ddp) ddp ;;
     pool) pool ;;
@@ -185,4 +197,5 @@ for p in "$@"; do
   esac
 done
 echo "gpu-issue30: $([ $fail = 0 ] && echo all passed || echo SOME FAILED) (parts: $*)"
+sleep 1  # tee's last lines
 exit $fail
