@@ -25,6 +25,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/.."
 B=${B:-.gpu/bin}
+[ -d "$B" ] || { mkdir -p "$B" && xz -dc .gpu/bins.tar.xz | tar xf - -C "$B"; }
 OUT=${OUT:-gpu-out}
 O=$OUT/issue30
 mkdir -p "$O"
@@ -95,14 +96,15 @@ suite() {
 
 cudarc() {
   local s; s=$(date +%s); part cudarc
-  nccl_wait
-  for lib in "" $LIB230; do
-    echo "--- NCCL_SYS_LIBRARY=${lib:-(system 2.28.3)}"
-    NCCL_SYS_LIBRARY=$lib run "$B/test-nccl-channel-suite" --ignored cudarc --test-threads=1 --nocapture
-    NCCL_SYS_LIBRARY=$lib san "$B/test-nccl-channel-suite" --ignored cudarc --test-threads=1
-    NCCL_SYS_LIBRARY=$lib san "$B/test-cuda-hal-suite" --ignored cudarc --test-threads=1
-  done
+  cudarc_on() {
+    echo "--- NCCL_SYS_LIBRARY=${NCCL_SYS_LIBRARY:-(system 2.28.3)}"
+    run "$B/test-nccl-channel-suite" --ignored cudarc --test-threads=1 --nocapture
+    san "$B/test-nccl-channel-suite" --ignored cudarc --test-threads=1
+    san "$B/test-cuda-hal-suite" --ignored cudarc --test-threads=1
+  }
+  cudarc_on
   if two tensor_parallel; then run "$B/tensor_parallel" --nprocs 2; else run "$B/tensor_parallel" --nprocs 1; fi
+  nccl_wait && NCCL_SYS_LIBRARY=$LIB230 cudarc_on
   took cudarc "$s"
 }
 

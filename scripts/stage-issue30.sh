@@ -3,8 +3,8 @@
 # with the tree): the GPU test binaries of the crates with GPU tests, the examples and the
 # bench package's binaries (release, all features, stripped), NCCL 2.30.7's source and
 # build script (../shared), and nccl-tests' source if $NCCL_TESTS_TGZ (default
-# ../nccl-tests.tar.gz) holds it: this repository does not carry nccl-tests, and the GPU
-# machine cannot download it.
+# ../shared/nccl-tests.tar.gz) holds it: this repository does not carry nccl-tests, and
+# the GPU machine cannot download it.
 #
 #   bash scripts/stage-issue30.sh
 set -euo pipefail
@@ -38,10 +38,16 @@ for line in open(sys.argv[1]):
 PY
 rm -f "$json"
 strip --strip-all .gpu/bin/*
+# What gpu-issue30.sh runs, packed (the binaries link the simulators too: 90 MB as they are,
+# 14 MB packed); it unpacks them there.
+keep="test-nccl-channel-suite test-cuda-hal-suite test-cuda-sys-suite test-nccl-sys-suite
+  data_parallel tensor_parallel allgather bench pool-policy"
+(cd .gpu/bin && tar cf - $keep | xz -T0 -6 > ../bins.tar.xz)
+rm -rf .gpu/bin
 shared=$(cd .. && pwd)/shared
 cp "$shared"/nccl/nccl-*.tar.gz "$shared"/gpu/build-nccl .gpu/
-tgz=${NCCL_TESTS_TGZ:-$(cd .. && pwd)/nccl-tests.tar.gz}
+tgz=${NCCL_TESTS_TGZ:-$shared/nccl-tests.tar.gz}
 if [ -f "$tgz" ]; then cp "$tgz" .gpu/nccl-tests.tar.gz; else echo "no nccl-tests source at $tgz: the perf parts will skip nccl-tests"; fi
-du -sh .gpu .gpu/bin/* | sort -h | tail -n 12
+du -sh .gpu .gpu/* | sort -h
 total=$(( $(du -sb .gpu | cut -f1) + $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
 echo "carried: about $(( total >> 20 )) MiB of 64"
