@@ -46,9 +46,9 @@ nccl230() {
 # nccl-tests, built against the NCCL in $1 (a directory with include/ and lib/), into $2.
 nccl_tests() {
   local home=$1 dst=$2
-  [ -f .gpu/nccl-tests.tar.gz ] || { echo "no .gpu/nccl-tests.tar.gz (scripts/stage-issue30.sh stages it)"; return 1; }
+  [ -f .gpu/nccltests.tar.gz ] || { echo "no .gpu/nccltests.tar.gz (scripts/stage-issue30.sh stages it)"; return 1; }
   [ -x "$dst/build/all_reduce_perf" ] && return 0
-  mkdir -p "$dst" && tar xzf .gpu/nccl-tests.tar.gz -C "$dst" --strip-components=1
+  mkdir -p "$dst" && tar xzf .gpu/nccltests.tar.gz -C "$dst" --strip-components=1
   local s; s=$(date +%s)
   make -C "$dst" -j"$(nproc)" MPI=0 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} NCCL_HOME="$home" \
     NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > "$dst/build.log" 2>&1 \
