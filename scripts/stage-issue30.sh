@@ -47,7 +47,8 @@ rm -rf .gpu/bin
 shared=$(cd .. && pwd)/shared
 cp "$shared"/nccl/nccl-*.tar.gz "$shared"/gpu/build-nccl .gpu/
 tgz=${NCCL_TESTS_TGZ:-$shared/nccl-tests.tar.gz}
-if [ -f "$tgz" ]; then cp "$tgz" .gpu/nccltests.tar.gz  # not nccl-*.tar.gz: build-nccl takes the last of those; else echo "no nccl-tests source at $tgz: the perf parts will skip nccl-tests"; fi
+# Not named nccl-*.tar.gz: build-nccl builds the last of those.
+if [ -f "$tgz" ]; then cp "$tgz" .gpu/nccltests.tar.gz; else echo "no nccl-tests source at $tgz: the perf parts will skip nccl-tests"; fi
 du -sh .gpu .gpu/* | sort -h
 total=$(( $(du -sb .gpu | cut -f1) + $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
 echo "carried: about $(( total >> 20 )) MiB of 64"
