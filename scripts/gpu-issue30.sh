@@ -38,10 +38,11 @@ fail=0
 run() { echo "=== $*"; timeout "${T:-300}" "$@" 2>&1 || { echo "FAILED ($?): $*"; fail=1; }; }
 san() { run compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$@"; }
 two() { [ "$NGPU" -ge 2 ] || { echo "skipped: needs 2 GPUs, this machine has $NGPU: $*"; return 1; }; }
-# Builds NCCL 2.30.7 once per machine (about 220 s on 16 cores); prints its env line.
+# Builds NCCL 2.30.7 (about 220 s on 16 cores; build-nccl skips a build it finds in /tmp,
+# on a machine still warm from an earlier call); prints its env line.
 nccl230() {
-  if [ ! -f /tmp/nccl.env ]; then bash .gpu/build-nccl > /tmp/nccl.env 2> /tmp/nccl.build.err || { cat /tmp/nccl.build.err; rm -f /tmp/nccl.env; return 1; }; fi
-  cat /tmp/nccl.build.err 2>/dev/null; cat /tmp/nccl.env
+  bash .gpu/build-nccl 2> /tmp/nccl.build.err || { cat /tmp/nccl.build.err; return 1; }
+  cat /tmp/nccl.build.err
 }
 # nccl-tests, built against the NCCL in $1 (a directory with include/ and lib/), into $2.
 nccl_tests() {
