@@ -31,8 +31,10 @@ O=$OUT/issue30
 mkdir -p "$O"
 exec > >(tee -a "$O/log.txt") 2>&1
 PY=$([ -x /opt/torch/.venv/bin/python3 ] && echo /opt/torch/.venv/bin/python3 || echo python3)
-TORCH_NCCL=$($PY -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__ if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0]))' 2>/dev/null)
-[ -d "$TORCH_NCCL" ] || TORCH_NCCL=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl
+# torch's NCCL wheel (a namespace package: its folder is its __path__).
+TORCH_NCCL=$($PY -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+[ -f "$TORCH_NCCL/lib/libnccl.so.2" ] || TORCH_NCCL=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl
+[ -f "$TORCH_NCCL/lib/libnccl.so.2" ] || echo "FAILED: torch's NCCL not found (TORCH_NCCL=$TORCH_NCCL)"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 fail=0
 run() { echo "=== $*"; timeout "${T:-300}" "$@" 2>&1 || { echo "FAILED ($?): $*"; fail=1; }; }
@@ -173,12 +175,18 @@ pool() {
   local n=$(( NGPU >= 2 ? 2 : 1 ))
   # The table needs base and registered rows of every collective: a sweep with -R nccl,1.
   nccl_wait && export NCCL_SYS_LIBRARY=$LIB230
-  T=300 run "$B/bench" -c all -b 1M -e 4G -f 4 -n 10 -w 3 --nprocs $n -R 0,nccl,1 --check 0 > "$d/sweep.txt" 2>&1
-  run "$B/pool-policy" "$d/sweep.txt" $src > "$d/policy.tsv"
-  cat "$d/policy.tsv" | grep -v "^#  "
-  if grep -q "^[a-z]" "$d/policy.tsv"; then
-    NCCL_CHANNEL_POOL_POLICY=$d/policy.tsv T=300 run "$B/bench" -c all_gather,all_reduce -b 128M -e 4G -f 2 -n 10 -w 3 --nprocs $n -R 0,1,pool --check 1 > "$d/pool-with-table.txt" 2>&1
-    grep -h "^# Avg\|#wrong\|FAILED" "$d/pool-with-table.txt" | head
+  local sweep="-b 1M -e 4G -f 4 -n 10 -w 3" check="-b 128M -e 4G -f 2 -n 10 -w 3"
+  [ -n "${QUICK:-}" ] && sweep="-b 1M -e 16M -f 4 -n 3 -w 1" check="-b 128M -e 256M -f 2 -n 3 -w 1"
+  T=300 run "$B/bench" -c all $sweep --nprocs $n -R 0,nccl,1 --check 0 > "$d/sweep.txt" 2>&1
+  echo "=== pool-policy $d/sweep.txt $src"
+  if "$B/pool-policy" "$d/sweep.txt" $src > "$d/policy.tsv" 2> "$d/policy.err"; then
+    grep -v "^#  " "$d/policy.tsv"
+    NCCL_CHANNEL_POOL_POLICY=$d/policy.tsv T=300 run "$B/bench" -c all_gather,all_reduce $check --nprocs $n -R 0,1,pool --check 1 > "$d/pool-with-table.txt" 2>&1
+    grep -h "^# Avg\|FAILED" "$d/pool-with-table.txt" | head
+  elif two "a table from measurements of one rank"; then
+    cat "$d/policy.err"; echo "FAILED: pool-policy"; fail=1
+  else
+    head -3 "$d/policy.err"
   fi
   unset NCCL_SYS_LIBRARY
   took pool "$s"
@@ -201,4 +209,6 @@ for p in "$@"; do
 done
 echo "gpu-issue30: $([ $fail = 0 ] && echo all passed || echo SOME FAILED) (parts: $*)"
 sleep 1  # tee's last lines
+# The device tool brings back a few files: everything else packed in one.
+tar czf "$OUT/issue30-$(date -u +%H%M%S).tgz" -C "$OUT" --exclude '*.tgz' issue30 && find "$O" -mindepth 1 -type d -exec rm -rf {} +
 exit $fail
