@@ -123,11 +123,13 @@ perf_on() {
   [ -n "${QUICK:-}" ] && bw="-b 128M -e 256M -f 2 -n 3 -w 1" lat="-b 8 -e 64K -f 16 -n 20 -w 2"
   local launch="--nprocs $n"
   export NCCL_SYS_LIBRARY=$lib
+  # torch loads its own NCCL; another one it is given through LD_PRELOAD.
+  local preload=; [ "$lib" -ef "$TORCH_NCCL/lib/libnccl.so.2" ] || preload=$lib
   { T=400 run "$B/bench" -c all $bw $launch -R 0,1,2,pool --check 0; } > "$d/ours-bw.txt" 2>&1
   { T=200 run "$B/bench" -c all $lat $launch -R 0,1,2,pool -G; } > "$d/ours-lat.txt" 2>&1
-  { T=400 LD_PRELOAD=$lib run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $bw -R 0,1,2; } 2>&1 \
+  { T=400 LD_PRELOAD=$preload run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $bw -R 0,1,2; } 2>&1 \
       | grep -v "^W[0-9]\|OMP_NUM\|^\*\*\*" > "$d/torch-bw.txt"
-  { T=200 LD_PRELOAD=$lib run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $lat -R 0,1,2; } 2>&1 \
+  { T=200 LD_PRELOAD=$preload run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $lat -R 0,1,2; } 2>&1 \
       | grep -v "^W[0-9]\|OMP_NUM\|^\*\*\*" > "$d/torch-lat.txt"
   wait $builder; cat "$d/nccl-tests-build.txt"
   local nt=/tmp/nccl-tests-$label/build
