@@ -44,6 +44,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = cuda.device(0)?.primary_context()?;
     let id = UniqueId::generate(&nccl)?;
     let comm = Communicator::init_rank(&nccl, &ctx, &id, 1, 0)?;
+    let id2 = UniqueId::generate(&nccl)?;
+    let comm2 = Communicator::init_rank(&nccl, &ctx, &id2, 1, 0)?;
+    // A second communicator with a live pooled buffer that no collective registered (as
+    // a training loop's all-reduced gradients under the measured table): its registry has
+    // slots, so every collective of comm2 asks the pool's table whether to register.
+    let _live = comm2.buffer::<f32>(16)?;
+    let mut big = comm2.buffer::<f32>(1 << 20)?; // 4 MiB, all-reduced: plain in the table
     let stream = Stream::non_blocking(&ctx)?;
     let send = DeviceBuffer::<f32>::zeroed(&ctx, 1024)?;
     let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, 1024)?;
@@ -59,6 +66,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rows: Vec<(&str, Vec<f64>, Vec<f64>)> = vec![
         ("all_reduce enqueue", vec![], vec![]),
         ("event record + query", vec![], vec![]),
+        ("all_reduce, slots live", vec![], vec![]),
+        ("all_reduce 4M pooled", vec![], vec![]),
     ];
     for _ in 0..rounds {
         rows[0].1.push(ns_per_call(iters, || {
@@ -78,6 +87,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }));
         rows[0].2.push(ns_per_call(iters, || {
             black_box(comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)).ok();
+        }));
+        // The same raw call (the simulated collectives are no-ops at any size).
+        let last = rows[0].1[rows[0].1.len() - 1];
+        rows[2].1.push(last);
+        rows[2].2.push(ns_per_call(iters, || {
+            black_box(comm2.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)).ok();
+        }));
+        rows[3].1.push(last);
+        rows[3].2.push(ns_per_call(iters, || {
+            black_box(comm2.all_reduce_in_place(&mut big, ReduceOp::Sum, &stream)).ok();
         }));
         rows[1].1.push(ns_per_call(iters, || {
             // SAFETY: valid event and stream of the same context.
