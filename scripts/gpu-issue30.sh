@@ -13,8 +13,8 @@
 #   bash scripts/gpu-issue30.sh perf-2.30  # 3: ours vs nccl-tests vs torch on 2.30.7
 #   bash scripts/gpu-issue30.sh perf-2.28  #    the same on torch's 2.28.9
 #   bash scripts/gpu-issue30.sh ddp        # 3: data_parallel (plain, --overlap) vs torch DDP
-#   bash scripts/gpu-issue30.sh pool       # 4: the pool's table from the perf runs, and
-#                                          #    the pool again with it
+#   bash scripts/gpu-issue30.sh pool       # 4: the pool's table from a sweep of its own
+#                                          #    (2.30.7), and the pool again with it
 #
 # QUICK=1 shrinks the perf sweeps to a dry run of their steps (as on one GPU).
 #
@@ -83,14 +83,16 @@ suite() {
   for t in "$B"/test-*; do T=300 run "$t" --ignored --test-threads=1 --skip torch_store_real; done
   nccl_wait || return
   export NCCL_SYS_LIBRARY=$LIB230
-  echo "--- NCCL_SYS_LIBRARY=$NCCL_SYS_LIBRARY: every staged GPU test"
-  for t in "$B"/test-*; do T=300 run "$t" --ignored --test-threads=1 --skip torch_store_real; done
-  echo "--- two GPUs on 2.30.7: grow 1 -> 2, one-sided put/signal/wait (printed above; again alone)"
+  echo "--- NCCL_SYS_LIBRARY=$NCCL_SYS_LIBRARY: every staged GPU test (the two-GPU module next)"
+  for t in "$B"/test-*; do T=300 run "$t" --ignored --test-threads=1 --skip torch_store_real --skip two_gpu::; done
+  echo "--- two GPUs on 2.30.7: grow 1 -> 2, one-sided put/signal/wait, cudarc, with their output"
   run "$B/test-nccl-channel-suite" --ignored two_gpu:: --test-threads=1 --nocapture
   echo "--- the elastic run: rank 1 killed at step 10, replaced through grow; and uninterrupted"
   if two elastic; then
-    run "$B/data_parallel" --nprocs 2 --steps 60 --log-every 10 | tee "$O/elastic-uninterrupted.txt"
-    run "$B/data_parallel" --nprocs 2 --steps 60 --log-every 10 --elastic --kill-rank 1 --kill-at 10 | tee "$O/elastic-killed.txt"
+    run "$B/data_parallel" --nprocs 2 --steps 60 --log-every 10 > "$O/elastic-uninterrupted.txt"
+    cat "$O/elastic-uninterrupted.txt"
+    run "$B/data_parallel" --nprocs 2 --steps 60 --log-every 10 --elastic --kill-rank 1 --kill-at 10 > "$O/elastic-killed.txt"
+    cat "$O/elastic-killed.txt"
     echo "final losses: uninterrupted $(grep -ho 'final .*loss [^ ]*' "$O/elastic-uninterrupted.txt" | tail -1), elastic $(grep -ho 'final .*loss [^ ]*' "$O/elastic-killed.txt" | tail -1)"
   fi
   unset NCCL_SYS_LIBRARY
@@ -116,7 +118,11 @@ cudarc() {
 perf_on() {
   local label=$1 home=$2 lib=$3 d=$O/perf-$1 s; s=$(date +%s); part "perf-$label"
   mkdir -p "$d"
-  ( nccl_tests "$home" "/tmp/nccl-tests-$label" > "$d/nccl-tests-build.txt" 2>&1 ) & local builder=$!
+  # Nothing builds while anything is timed: NCCL's build (started for another part) and
+  # nccl-tests' finish first.
+  [ -z "${BUILDER:-}" ] || nccl_wait > /dev/null
+  nccl_tests "$home" "/tmp/nccl-tests-$label" > "$d/nccl-tests-build.txt" 2>&1
+  cat "$d/nccl-tests-build.txt"
   local n=$(( NGPU >= 2 ? 2 : 1 ))
   local bw="-b 128M -e 4G -f 2 -n 10 -w 3" lat="-b 8 -e 1M -f 4 -n 200 -w 20"
   # QUICK=1: a dry run of the script's steps (one GPU), not figures.
@@ -127,11 +133,9 @@ perf_on() {
   local preload=; [ "$lib" -ef "$TORCH_NCCL/lib/libnccl.so.2" ] || preload=$lib
   { T=400 run "$B/bench" -c all $bw $launch -R 0,1,2,pool --check 0; } > "$d/ours-bw.txt" 2>&1
   { T=200 run "$B/bench" -c all $lat $launch -R 0,1,2,pool -G; } > "$d/ours-lat.txt" 2>&1
-  { T=400 LD_PRELOAD=$preload run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $bw -R 0,1,2; } 2>&1 \
-      | grep -v "^W[0-9]\|OMP_NUM\|^\*\*\*" > "$d/torch-bw.txt"
-  { T=200 LD_PRELOAD=$preload run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $lat -R 0,1,2; } 2>&1 \
-      | grep -v "^W[0-9]\|OMP_NUM\|^\*\*\*" > "$d/torch-lat.txt"
-  wait $builder; cat "$d/nccl-tests-build.txt"
+  { T=400 LD_PRELOAD=$preload run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $bw -R 0,1,2; } > "$d/torch-bw.raw" 2>&1
+  { T=200 LD_PRELOAD=$preload run $PY -m torch.distributed.run --nproc_per_node $n bench/torch_bench.py -c all $lat -R 0,1,2; } > "$d/torch-lat.raw" 2>&1
+  for f in bw lat; do grep -v "^W[0-9]\|OMP_NUM\|^\*\*\*" "$d/torch-$f.raw" > "$d/torch-$f.txt"; rm "$d/torch-$f.raw"; done
   local nt=/tmp/nccl-tests-$label/build
   if [ -x $nt/all_reduce_perf ]; then
     local modes="0"; $nt/all_reduce_perf -h 2>&1 | grep -q -- "-R," && modes="0 1 2"
@@ -145,7 +149,8 @@ perf_on() {
   fi
   unset NCCL_SYS_LIBRARY
   $PY bench/compare.py "$d" --label "NCCL $label, $n GPU(s)" > "$d/compare.md" 2>&1
-  grep -h "^# Avg\|FAILED\|skipped" "$d"/*.txt | head -40
+  cat "$d/compare.md"
+  grep -h "FAILED\|skipped" "$d"/*.txt | head -40
   grep -l "^FAILED" "$d"/*.txt && fail=1
   took "perf-$label" "$s"
 }
@@ -172,16 +177,14 @@ pool() {
   local s; s=$(date +%s); part pool
   local d=$O/pool
   mkdir -p "$d"
-  local src; src=$(ls "$O"/perf-*/ours-bw.txt 2>/dev/null)
-  [ -n "$src" ] || { echo "no perf-*/ours-bw.txt: run a perf part first"; fail=1; return; }
   local n=$(( NGPU >= 2 ? 2 : 1 ))
   # The table needs base and registered rows of every collective: a sweep with -R nccl,1.
   nccl_wait && export NCCL_SYS_LIBRARY=$LIB230
   local sweep="-b 1M -e 4G -f 4 -n 10 -w 3" check="-b 128M -e 4G -f 2 -n 10 -w 3"
   [ -n "${QUICK:-}" ] && sweep="-b 1M -e 16M -f 4 -n 3 -w 1" check="-b 128M -e 256M -f 2 -n 3 -w 1"
   T=300 run "$B/bench" -c all $sweep --nprocs $n -R 0,nccl,1 --check 0 > "$d/sweep.txt" 2>&1
-  echo "=== pool-policy $d/sweep.txt $src"
-  if "$B/pool-policy" "$d/sweep.txt" $src > "$d/policy.tsv" 2> "$d/policy.err"; then
+  echo "=== pool-policy $d/sweep.txt"
+  if "$B/pool-policy" "$d/sweep.txt" > "$d/policy.tsv" 2> "$d/policy.err"; then
     grep -v "^#  " "$d/policy.tsv"
     NCCL_CHANNEL_POOL_POLICY=$d/policy.tsv T=300 run "$B/bench" -c all_gather,all_reduce $check --nprocs $n -R 0,1,pool --check 1 > "$d/pool-with-table.txt" 2>&1
     grep -h "^# Avg\|FAILED" "$d/pool-with-table.txt" | head

@@ -60,9 +60,9 @@ impl Communicator {
         Ok(self.pool.lend_new(state, buf, can_register))
     }
 
-    /// A collective `what` is about to use `[ptr, ptr + bytes)`: a pooled buffer that
-    /// holds it and is not registered yet is registered now if the collective gains from
-    /// it. Inside a group too: NCCL looks registrations up when the group ends.
+    /// A collective `what` is about to use `[ptr, ptr + bytes)` as its buffer `buffer`
+    /// ("send", "recv", "buffer"): a pooled buffer that holds it and is not registered yet
+    /// is registered now if the pool's table says so for the collective's size. Inside a group too: NCCL looks registrations up when the group ends.
     ///
     /// Returns the slot registered, which the caller keeps until the work's use of the
     /// memory is noted ([`Registry::used`](crate::registered::Registry::used)): the
@@ -76,10 +76,13 @@ impl Communicator {
     pub(crate) fn register_pooled(
         &self,
         what: &str,
+        buffer: &str,
         ptr: u64,
         bytes: usize,
     ) -> Result<Option<Arc<Slot>>> {
-        if self.shared().registry.has_slots() && self.pool.registers(what, bytes) {
+        if self.shared().registry.has_slots()
+            && self.pool.registers(what, buffer, bytes, self.size())
+        {
             self.register_pooled_slow(ptr, bytes)
         } else {
             Ok(None)
@@ -113,7 +116,10 @@ impl Communicator {
 
     /// Sets the table the pool follows from now on: which collectives register the
     /// pooled buffers they use, from which sizes (a buffer registered already stays so).
-    /// A table measured on your machine: `bench ... -R nccl,1 | pool-policy` (BENCHMARKS.md).
+    /// A table measured on your machine: `bench ... -R 0,nccl,1 > run.txt`, then
+    /// `pool-policy run.txt` (BENCHMARKS.md, "The pool's table"). Communicators made from
+    /// this one (split, shrink, grow) have pools of their own, which start from the
+    /// process's default, not from this table.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -157,9 +163,10 @@ mod tests {
     use cuda_mock::MockDriver;
     use nccl_mock::MockNccl;
 
-    use crate::Communicator;
+    use crate::{Communicator, PoolPolicy};
 
-    const REGISTER_FROM: usize = 16 << 20;
+    /// What the test's table registers all-gathers from.
+    const REGISTER_FROM: usize = 1 << 20;
 
     /// Every collective skips the pool's lookup while the registry knows no pooled buffer
     /// waiting for registration: it knows exactly the live, unregistered, non-empty ones.
@@ -174,6 +181,7 @@ mod tests {
             .unwrap()
             .remove(0);
         let stream = Stream::new(&ctx).unwrap();
+        comm.set_pool_policy(PoolPolicy::parse("all_gather 1M registered").unwrap());
         let has = || comm.shared().registry.has_slots();
         assert!(!has(), "a new communicator");
         let empty = comm.buffer::<f32>(0).unwrap();

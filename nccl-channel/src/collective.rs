@@ -120,7 +120,7 @@ impl Communicator {
         }
         buf.used_on(stream)?;
         // Kept until the use is noted on the registration it may have made.
-        let registered = self.register_pooled(what, buf.device_ptr(), buf.size_bytes())?;
+        let registered = self.register_pooled(what, buffer, buf.device_ptr(), buf.size_bytes())?;
         self.shared()
             .registry
             .used(buf.device_ptr(), buf.size_bytes(), stream);

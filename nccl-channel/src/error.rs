@@ -185,7 +185,7 @@ pub enum Error {
         /// The limit.
         after: Duration,
     },
-    /// A file-system operation of the unique-id exchange failed.
+    /// A file-system operation failed (the unique-id exchange, reading a pool table).
     #[error("{what} {path} failed")]
     Io {
         /// The operation.

@@ -163,7 +163,7 @@ pub(crate) enum ElasticError {
     NoRendezvous,
     #[error(
         "--kill-rank recovers with ncclCommShrink and ncclCommGrow, which need NCCL 2.29.2 or \
-         newer; this is NCCL {found} (NCCL_SYS_LIBRARY names another libnccl.so.2)"
+         newer; this is NCCL {found} (set NCCL_SYS_LIBRARY to a newer libnccl.so.2)"
     )]
     NoRecovery { found: String },
     #[error("{rows} rows per rank do not fit the kernels' int")]

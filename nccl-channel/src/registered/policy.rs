@@ -13,9 +13,12 @@
 //! all_gather    1073741824  plain
 //! ```
 //!
-//! A buffer used by a collective of `b` bytes (one buffer's bytes in one call) takes the
-//! memory of that collective's rule with the largest `from_bytes` ≤ `b`; with no such
-//! rule, `plain` (NCCL memory, not registered).
+//! Sizes are the benchmark's (and nccl-tests'): the bytes of the whole buffer of an
+//! all-reduce, broadcast, reduce, all-to-all or send/receive, the gathered buffer of an
+//! all-gather (its send buffer is a rank's share of it), the scattered buffer of a
+//! reduce-scatter. A buffer a collective of `b` such bytes uses takes the memory of that
+//! collective's rule with the largest `from_bytes` ≤ `b`; with no such rule, `plain`
+//! (NCCL memory, not registered).
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -37,6 +40,9 @@ const COLLECTIVES: [&str; 9] = [
 
 /// The variable that names a table file to use instead of the measured default.
 pub const POOL_POLICY_ENV: &str = "NCCL_CHANNEL_POOL_POLICY";
+
+/// The largest table file [`PoolPolicy::from_file`] reads (1 MiB).
+const MAX_FILE: u64 = 1 << 20;
 
 /// The measured default, as the benchmark wrote it.
 const MEASURED: &str = include_str!("policy.tsv");
@@ -152,19 +158,36 @@ impl PoolPolicy {
         Ok(p)
     }
 
-    /// The table in the file `path` names, read and parsed.
+    /// The table in the file `path` names, read and parsed: a regular file of at most
+    /// 1 MiB (a table is a few KiB; this refuses devices and pipes, which could block or
+    /// never end).
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<PoolPolicy> {
+        use std::io::Read as _;
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
+        let io = |e: std::io::Error| Error::Io {
             what: "reading the pool policy",
             path: path.display().to_string(),
             source: e.into(),
-        })?;
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() || meta.len() > MAX_FILE {
+            return Err(Error::InvalidArgument {
+                what: "PoolPolicy::from_file",
+                problem: format!(
+                    "{} is not a regular file of at most {MAX_FILE} bytes",
+                    path.display()
+                ),
+            });
+        }
+        let mut text = String::new();
+        file.take(MAX_FILE).read_to_string(&mut text).map_err(io)?;
         PoolPolicy::parse(&text)
     }
 
     /// The memory for a buffer that `collective` (a name of the table, or a method's
-    /// name such as `all_gather_in_place`, `send`, `recv`) uses for `bytes` bytes.
+    /// name such as `all_gather_in_place`, `send`, `recv`) of `bytes` bytes uses, in the
+    /// benchmark's sizes (the module docs say which).
     #[must_use]
     pub fn memory(&self, collective: &str, bytes: usize) -> PoolMemory {
         let Some(c) = family(collective) else {
@@ -184,7 +207,8 @@ impl PoolPolicy {
     /// [`buffer`]: crate::Communicator::buffer
     pub(crate) fn from_env() -> Result<Arc<PoolPolicy>> {
         static DEFAULT: OnceLock<Arc<PoolPolicy>> = OnceLock::new();
-        match std::env::var_os(POOL_POLICY_ENV) {
+        // Empty is unset, as the workspace's other path variables.
+        match std::env::var_os(POOL_POLICY_ENV).filter(|v| !v.is_empty()) {
             None => Ok(DEFAULT
                 .get_or_init(|| Arc::new(PoolPolicy::measured().clone()))
                 .clone()),
@@ -193,20 +217,44 @@ impl PoolPolicy {
                 .map_err(|e| Error::Env {
                     variable: POOL_POLICY_ENV.into(),
                     value: v.to_string_lossy().into_owned(),
-                    problem: e.to_string(),
+                    problem: match &e {
+                        Error::Io { source, .. } => format!("{e}: {}", source.get()),
+                        other => other.to_string(),
+                    },
                 }),
         }
     }
 }
 
-/// The table's name for the collective a method `what` of collective.rs runs.
+/// The table's index for the collective a method `what` of collective.rs runs (a `match`:
+/// this runs on the collectives' path while an unregistered pooled buffer lives).
 fn family(what: &str) -> Option<usize> {
-    let base = what.strip_suffix("_in_place").unwrap_or(what);
-    let base = match base {
-        "send" | "recv" => "sendrecv",
-        b => b,
-    };
-    COLLECTIVES.iter().position(|&n| n == base)
+    Some(match what {
+        "all_reduce" | "all_reduce_in_place" => 0,
+        "all_gather" | "all_gather_in_place" => 1,
+        "reduce_scatter" | "reduce_scatter_in_place" => 2,
+        "broadcast" | "broadcast_in_place" => 3,
+        "reduce" | "reduce_in_place" => 4,
+        "all_to_all" => 5,
+        "sendrecv" | "send" | "recv" => 6,
+        "gather" => 7,
+        "scatter" => 8,
+        _ => return None,
+    })
+}
+
+/// The size the table knows a use by (see the module docs): `bytes` of the buffer called
+/// `buffer` (collective.rs's names) of the method `what` on `ranks` ranks. An all-gather's
+/// send buffer is a rank's share of the gathered buffer, a reduce-scatter's receive buffer
+/// a rank's share of the scattered one (gather and scatter alike); in place, the buffer is
+/// the whole.
+pub(crate) fn collective_bytes(what: &str, buffer: &str, bytes: usize, ranks: usize) -> usize {
+    match (what, buffer) {
+        ("all_gather" | "gather", "send") | ("reduce_scatter" | "scatter", "recv") => {
+            bytes.saturating_mul(ranks)
+        }
+        _ => bytes,
+    }
 }
 
 /// A size in bytes: decimal, with an optional `K`, `M` or `G` (powers of 1024).
@@ -298,6 +346,31 @@ mod tests {
         ] {
             assert_eq!(p.memory(what, 1), PoolMemory::Plain, "{what}");
         }
+    }
+
+    #[test]
+    fn shares_count_as_their_collectives_size() {
+        let at = |what, buffer| collective_bytes(what, buffer, 10, 4);
+        assert_eq!(at("all_gather", "send"), 40);
+        assert_eq!(at("gather", "send"), 40);
+        assert_eq!(at("reduce_scatter", "recv"), 40);
+        assert_eq!(at("scatter", "recv"), 40);
+        for (what, buffer) in [
+            ("all_gather", "recv"),
+            ("all_gather_in_place", "buffer"),
+            ("reduce_scatter", "send"),
+            ("reduce_scatter_in_place", "buffer"),
+            ("all_reduce", "send"),
+            ("all_to_all", "recv"),
+            ("send", "send"),
+            ("recv", "recv"),
+        ] {
+            assert_eq!(at(what, buffer), 10, "{what} {buffer}");
+        }
+        assert_eq!(
+            collective_bytes("all_gather", "send", usize::MAX, 2),
+            usize::MAX
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use cuda_hal::{DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream};
 use cuda_sys::CUdeviceptr;
 
-use super::policy::{PoolMemory, PoolPolicy};
+use super::policy::{PoolMemory, PoolPolicy, collective_bytes};
 use super::registry::{CommState, Slot, SlotReg};
 use super::release::{CommOwner, release_registration};
 use crate::sync::lock;
@@ -67,14 +67,16 @@ impl Pool {
         *self.policy.borrow_mut() = Some(Arc::new(policy));
     }
 
-    /// Whether the table registers a buffer that `what` uses for `bytes` bytes (never
-    /// before a table was chosen: no buffer was handed out then).
+    /// Whether the table registers the `bytes` bytes of the buffer `buffer` that `what`
+    /// uses on `ranks` ranks (never before a table was chosen: no buffer was handed out
+    /// then).
     #[inline]
-    pub(crate) fn registers(&self, what: &str, bytes: usize) -> bool {
+    pub(crate) fn registers(&self, what: &str, buffer: &str, bytes: usize, ranks: usize) -> bool {
+        let size = collective_bytes(what, buffer, bytes, ranks);
         self.policy
             .borrow()
             .as_ref()
-            .is_some_and(|p| p.memory(what, bytes) == PoolMemory::Registered)
+            .is_some_and(|p| p.memory(what, size) == PoolMemory::Registered)
     }
 
     /// A free buffer of `len` elements of `T`, lent again once its last user's work is
@@ -174,6 +176,7 @@ impl Pool {
 /// let ctx = cuda.device(0)?.primary_context()?;
 /// let comm = Communicator::init_all(&Arc::new(nccl), std::slice::from_ref(&ctx))?.remove(0);
 /// let stream = Stream::new(&ctx)?;
+/// # comm.set_pool_policy(PoolPolicy::measured().clone()); // whatever the environment says
 /// let n = 16 << 20 >> 2; // 16 MiB of f32
 /// let table = PoolPolicy::measured();
 /// assert_eq!(table.memory("all_reduce", 16 << 20), PoolMemory::Plain);

@@ -205,7 +205,7 @@ fn an_nccl_without_grow_is_refused_before_a_rank_is_killed() {
         let line = format!(
             "[rank {r}] data_parallel: --kill-rank recovers with ncclCommShrink and \
              ncclCommGrow, which need NCCL 2.29.2 or newer; this is NCCL 2.28.9 \
-             (NCCL_SYS_LIBRARY names another libnccl.so.2)"
+             (set NCCL_SYS_LIBRARY to a newer libnccl.so.2)"
         );
         assert!(err.lines().any(|l| l == line), "want {line:?} in\n{err}");
     }

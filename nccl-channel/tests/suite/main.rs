@@ -33,7 +33,6 @@ mod onesided_processes;
 mod params_real;
 mod pool_attacks;
 mod pool_policy;
-mod pool_policy_review;
 mod quick_start;
 mod registration;
 mod registration_attacks;
