@@ -348,6 +348,38 @@ mod tests {
         }
     }
 
+    /// Each method of collective.rs finds its own collective's rules, and only those.
+    #[test]
+    fn every_method_finds_its_collectives_rules() {
+        let methods: [(&str, &[&str]); 9] = [
+            ("all_reduce", &["all_reduce", "all_reduce_in_place"]),
+            ("all_gather", &["all_gather", "all_gather_in_place"]),
+            (
+                "reduce_scatter",
+                &["reduce_scatter", "reduce_scatter_in_place"],
+            ),
+            ("broadcast", &["broadcast", "broadcast_in_place"]),
+            ("reduce", &["reduce", "reduce_in_place"]),
+            ("all_to_all", &["all_to_all"]),
+            ("sendrecv", &["sendrecv", "send", "recv"]),
+            ("gather", &["gather"]),
+            ("scatter", &["scatter"]),
+        ];
+        for (coll, _) in &methods {
+            let p = PoolPolicy::parse(&format!("{coll} 0 registered")).unwrap();
+            for (other, names) in &methods {
+                for what in *names {
+                    let want = if other == coll {
+                        PoolMemory::Registered
+                    } else {
+                        PoolMemory::Plain
+                    };
+                    assert_eq!(p.memory(what, 1), want, "{what} under a rule for {coll}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn shares_count_as_their_collectives_size() {
         let at = |what, buffer| collective_bytes(what, buffer, 10, 4);
