@@ -423,6 +423,47 @@ mod tests {
         assert_eq!(g.samples.len(), 1);
     }
 
+    /// A run's config ends with the run: the next `$ command` line, or the next
+    /// benchmark header, starts from NCCL's default (an output without a config line is
+    /// of the default config).
+    #[test]
+    fn a_config_holds_until_the_next_run() {
+        let gains = [
+            line(1 << 27, "nccl", 500.0, 100.0, 500.0, 100.0),
+            line(1 << 27, "1", 500.0, 200.0, 500.0, 200.0),
+        ];
+        let cta = "cta_policy zero, min_ctas -, max_ctas -, nvls_ctas - (-: NCCL's default)";
+        let plain_run = |first: &str| {
+            format!(
+                "{first}\n# all_gather: 2 ranks, type float, op -, graphs no\n{}\n",
+                gains.join("\n")
+            )
+        };
+        for next in [
+            "$ bench -c all_gather",
+            "# nccl-channel bench: CUDA driver 13.0",
+        ] {
+            let text = run("all_gather", 2, cta, &gains) + &plain_run(next);
+            assert_eq!(table(&[text]), "all_gather 134217728 registered", "{next}");
+        }
+        // No config line at all: the default.
+        assert_eq!(
+            table(&[plain_run("# no config line")]),
+            "all_gather 134217728 registered"
+        );
+    }
+
+    /// A base without bandwidth (0.00, as printed for tiny sizes) is no evidence: no
+    /// ratio, rather than an infinite one.
+    #[test]
+    fn a_base_of_zero_bandwidth_is_no_evidence() {
+        let rows = [
+            line(4096, "nccl", 100.0, 0.0, 100.0, 0.0),
+            line(4096, "1", 100.0, 1.0, 100.0, 1.0),
+        ];
+        assert_eq!(table(&[run("all_gather", 2, DEFAULT, &rows)]), "");
+    }
+
     #[test]
     fn a_collective_without_in_place_uses_out_of_place_alone() {
         let row = |mode: &str, bw: f64| {
