@@ -47,7 +47,7 @@ impl Communicator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn buffer<T: NcclType>(&self, len: usize) -> Result<PooledBuffer<'_, T>> {
-        self.pool.policy()?;
+        self.pool.choose_policy()?;
         if let Some(b) = self.pool.reuse(self, len) {
             return Ok(b);
         }
@@ -62,7 +62,8 @@ impl Communicator {
 
     /// A collective `what` is about to use `[ptr, ptr + bytes)` as its buffer `buffer`
     /// ("send", "recv", "buffer"): a pooled buffer that holds it and is not registered yet
-    /// is registered now if the pool's table says so for the collective's size. Inside a group too: NCCL looks registrations up when the group ends.
+    /// is registered now if the pool's table says so for the collective's size. Inside a
+    /// group too: NCCL looks registrations up when the group ends.
     ///
     /// Returns the slot registered, which the caller keeps until the work's use of the
     /// memory is noted ([`Registry::used`](crate::registered::Registry::used)): the

@@ -25,18 +25,29 @@ use std::sync::{Arc, OnceLock};
 
 use crate::{Error, Result};
 
-/// The collectives a table names, as the benchmark (and nccl-tests) name them.
-const COLLECTIVES: [&str; 9] = [
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "sendrecv",
-    "gather",
-    "scatter",
-];
+impl PoolPolicy {
+    /// The collectives a table's rules name, as the benchmark (and nccl-tests) name them.
+    ///
+    /// ```
+    /// use nccl_channel::{PoolMemory, PoolPolicy};
+    /// let all: String =
+    ///     PoolPolicy::COLLECTIVES.iter().map(|c| format!("{c} 0 registered\n")).collect();
+    /// let p = PoolPolicy::parse(&all)?;
+    /// assert_eq!(p.memory("send", 1), PoolMemory::Registered);
+    /// # Ok::<(), nccl_channel::Error>(())
+    /// ```
+    pub const COLLECTIVES: [&str; 9] = [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "reduce",
+        "all_to_all",
+        "sendrecv",
+        "gather",
+        "scatter",
+    ];
+}
 
 /// The variable that names a table file to use instead of the measured default.
 pub const POOL_POLICY_ENV: &str = "NCCL_CHANNEL_POOL_POLICY";
@@ -85,8 +96,8 @@ impl PoolMemory {
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolPolicy {
-    /// Per collective of [`COLLECTIVES`], its rules sorted by `from_bytes`.
-    rules: [Vec<(usize, PoolMemory)>; COLLECTIVES.len()],
+    /// Per collective of [`PoolPolicy::COLLECTIVES`], its rules sorted by `from_bytes`.
+    rules: [Vec<(usize, PoolMemory)>; PoolPolicy::COLLECTIVES.len()],
 }
 
 static_assertions::assert_impl_all!(PoolPolicy: Send, Sync);
@@ -133,10 +144,10 @@ impl PoolPolicy {
             let [coll, from, memory] = fields[..] else {
                 return Err(bad("want `collective from_bytes memory`".into()));
             };
-            let Some(c) = COLLECTIVES.iter().position(|&n| n == coll) else {
+            let Some(c) = PoolPolicy::COLLECTIVES.iter().position(|&n| n == coll) else {
                 return Err(bad(format!(
                     "unknown collective {coll:?} (one of {})",
-                    COLLECTIVES.join(", ")
+                    PoolPolicy::COLLECTIVES.join(", ")
                 )));
             };
             let from = size(from).ok_or_else(|| bad(format!("bad size {from:?}")))?;
@@ -275,7 +286,7 @@ impl fmt::Display for PoolPolicy {
     /// The table, in the format [`parse`](Self::parse) reads.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# collective  from_bytes  memory")?;
-        for (name, rules) in COLLECTIVES.iter().zip(&self.rules) {
+        for (name, rules) in PoolPolicy::COLLECTIVES.iter().zip(&self.rules) {
             for (from, memory) in rules {
                 writeln!(f, "{name:<14} {from:>12}  {}", memory.name())?;
             }

@@ -52,15 +52,14 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// The table, chosen now if nothing chose it yet (an error where
+    /// Chooses the table now if nothing chose it yet (an error where
     /// `NCCL_CHANNEL_POOL_POLICY` names no readable table).
-    pub(crate) fn policy(&self) -> Result<Arc<PoolPolicy>> {
-        if let Some(p) = &*self.policy.borrow() {
-            return Ok(p.clone());
+    pub(crate) fn choose_policy(&self) -> Result<()> {
+        if self.policy.borrow().is_none() {
+            let p = PoolPolicy::from_env()?;
+            *self.policy.borrow_mut() = Some(p);
         }
-        let p = PoolPolicy::from_env()?;
-        *self.policy.borrow_mut() = Some(p.clone());
-        Ok(p)
+        Ok(())
     }
 
     pub(crate) fn set_policy(&self, policy: PoolPolicy) {

@@ -362,17 +362,9 @@ pub fn pooled(comm: &Communicator) -> &Communicator {
 
 /// A table that registers every collective's pooled buffers from 0 bytes.
 pub fn pool_registers_everything() -> nccl_channel::PoolPolicy {
-    let all = [
-        "all_reduce",
-        "all_gather",
-        "reduce_scatter",
-        "broadcast",
-        "reduce",
-        "all_to_all",
-        "sendrecv",
-        "gather",
-        "scatter",
-    ];
-    let text: String = all.iter().map(|c| format!("{c} 0 registered\n")).collect();
+    let text: String = nccl_channel::PoolPolicy::COLLECTIVES
+        .iter()
+        .map(|c| format!("{c} 0 registered\n"))
+        .collect();
     nccl_channel::PoolPolicy::parse(&text).unwrap()
 }
