@@ -38,7 +38,7 @@ pub use args::{parse_decimal, positive, seconds};
 pub use device::{RankDevice, rank_device};
 pub use dispatch::dispatch;
 pub use elastic::{Replacement, processes_replacing};
-pub use machine::{Machine, machine};
+pub use machine::{Machine, device_memory, machine};
 pub use processes::{nprocs_in_a_world, processes};
 pub use rank::{RankChannel, rank_channel};
 pub use relay::Output;

@@ -2,6 +2,7 @@
 //! launcher's first line can say it (and refuse too few GPUs before any rank waits).
 
 use cuda_hal::{Cuda, cuda_sys};
+use cuda_mock::MockDriver;
 use cuda_sys::dylib::Step;
 
 use crate::report;
@@ -27,6 +28,29 @@ pub fn machine(n: usize) -> Result<Machine, String> {
             Ok(Machine::Gpus)
         }
         Err(e) => Ok(Machine::Simulated(no_driver_reason(&e))),
+    }
+}
+
+/// The memory, in bytes, of each of the `n` devices the ranks of `--nprocs n` get: the
+/// GPUs 0..n, or without a CUDA driver the simulated devices a rank's machine has. A
+/// program checks its sizes against it before any rank starts, so that a size that cannot
+/// fit is one error of the launcher rather than one per rank (which a rank may not live to
+/// print once the launcher stops the others).
+pub fn device_memory(n: usize) -> Result<Vec<usize>, String> {
+    let sizes = |cuda: &Cuda| -> Result<Vec<usize>, String> {
+        (0..n)
+            .map(|d| cuda.device(d).and_then(|dev| dev.total_memory()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| report(&e))
+    };
+    match Cuda::load() {
+        Ok(cuda) => sizes(&cuda),
+        Err(_) => {
+            let (cuda, _gpus) = MockDriver::with_devices(n)
+                .build_with(Cuda::from_driver)
+                .map_err(|e| report(&e))?;
+            sizes(&cuda)
+        }
     }
 }
 

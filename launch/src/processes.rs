@@ -173,11 +173,17 @@ impl Launch<'_> {
     }
 }
 
+/// How long the other ranks get, once one failed, to end on their own (and print why)
+/// before they are stopped.
+const GRACE: Duration = Duration::from_millis(500);
+
 /// Waits for every rank; a failed rank leaves its peers waiting in NCCL, so the others are
-/// stopped then, as they are at `deadline`. Returns what failed (empty: all succeeded).
+/// stopped [`GRACE`] later (each that ended by then is reported as it ended), as they are
+/// at `deadline`. Returns what failed, in the order seen (empty: all succeeded).
 fn wait_all(children: &mut [Child], deadline: Instant, timeout: Duration) -> Vec<String> {
     let mut failed: Vec<String> = Vec::new();
     let mut done = vec![false; children.len()];
+    let mut stop_at: Option<Instant> = None;
     while done.iter().any(|d| !d) {
         for (r, c) in children.iter_mut().enumerate() {
             if done[r] {
@@ -197,15 +203,22 @@ fn wait_all(children: &mut [Child], deadline: Instant, timeout: Duration) -> Vec
                 }
             }
         }
-        if !failed.is_empty() && done.iter().any(|d| !d) {
-            std::thread::sleep(Duration::from_millis(500));
-            kill_all(children);
-            failed.push("the other ranks were stopped".into());
-            break;
+        if !failed.is_empty() {
+            stop_at.get_or_insert_with(|| Instant::now() + GRACE);
         }
-        if Instant::now() > deadline {
-            kill_all(children);
-            failed.push(format!("ranks still running after {timeout:?}; stopped"));
+        let now = Instant::now();
+        let why = match stop_at {
+            _ if now > deadline => Some(format!("still running after {timeout:?}")),
+            Some(t) if now > t => Some("another rank failed".to_string()),
+            _ => None,
+        };
+        if let Some(why) = why {
+            for (r, c) in children.iter_mut().enumerate() {
+                if !done[r] {
+                    kill_all(std::slice::from_mut(c));
+                    failed.push(format!("rank {r} was stopped: {why}"));
+                }
+            }
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -217,5 +230,53 @@ pub(crate) fn kill_all(children: &mut [Child]) {
     for c in children.iter_mut() {
         let _ = c.kill();
         let _ = c.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn sh(script: &str) -> Child {
+        Command::new("sh").args(["-c", script]).spawn().unwrap()
+    }
+
+    #[test]
+    fn a_failed_rank_is_named_and_a_waiting_peer_stopped_after_the_grace() {
+        let mut children = [sh("exit 3"), sh("sleep 60")];
+        let t = Instant::now();
+        let failed = wait_all(
+            &mut children,
+            t + Duration::from_secs(60),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            failed,
+            [
+                "rank 0 exited with exit status: 3",
+                "rank 1 was stopped: another rank failed"
+            ]
+        );
+        assert!(
+            t.elapsed() >= GRACE,
+            "stopped before the grace: {:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn ranks_past_the_deadline_are_stopped_and_named() {
+        let mut children = [sh("exit 0"), sh("sleep 60")];
+        let timeout = Duration::from_millis(50);
+        let failed = wait_all(&mut children, Instant::now() + timeout, timeout);
+        assert_eq!(failed, ["rank 1 was stopped: still running after 50ms"]);
+    }
+
+    #[test]
+    fn ranks_that_all_succeed_report_nothing() {
+        let mut children = [sh("exit 0"), sh("exit 0")];
+        let far = Duration::from_secs(60);
+        assert!(wait_all(&mut children, Instant::now() + far, far).is_empty());
     }
 }

@@ -229,28 +229,60 @@ fn typed<T: DemoVal>(
 /// count that does not is an error naming the flag, the bytes it needs and the device's,
 /// not an allocation that aborts the process).
 fn fits_on_device<T>(comm: &Communicator, o: &Opts, dtype: &str) -> nccl_channel::Result<()> {
-    let (n, count) = (comm.size() as u128, o.count as u128);
+    let device = comm.context().device();
+    let total = device.total_memory()?;
+    match too_large(
+        o,
+        comm.size(),
+        size_of::<T>(),
+        dtype,
+        total,
+        device.ordinal(),
+    ) {
+        None => Ok(()),
+        Some(problem) => Err(nccl_channel::Error::InvalidArgument {
+            what: "--count",
+            problem,
+        }),
+    }
+}
+
+/// Why `--count` elements of `dtype` (`size` bytes each) per rank do not fit on a device of
+/// `total` bytes for `--collective` on `n` ranks (its send and receive buffers), or `None`
+/// when they do.
+fn too_large(
+    o: &Opts,
+    n: usize,
+    size: usize,
+    dtype: &str,
+    total: usize,
+    ordinal: impl Display,
+) -> Option<String> {
+    let (n, count) = (n as u128, o.count as u128);
     let recv = match o.collective.as_str() {
         "all_gather" => n * count,
         "reduce_scatter" => count / n.max(1),
         _ => count,
     };
-    let need = (count + recv) * size_of::<T>() as u128;
-    let device = comm.context().device();
-    let total = device.total_memory()?;
-    if need <= total as u128 {
-        return Ok(());
-    }
-    Err(nccl_channel::Error::InvalidArgument {
-        what: "--count",
-        problem: format!(
+    let need = (count + recv) * size as u128;
+    (need > total as u128).then(|| {
+        format!(
             "{count} elements of {dtype} per rank need {need} bytes of device memory for the \
-             {} on {n} ranks ({count} elements to send, {recv} to receive), more than the \
-             {total} bytes of device {}",
+             {} on {n} rank{} ({count} elements to send, {recv} to receive), more than the \
+             {total} bytes of device {ordinal}",
             o.collective,
-            device.ordinal()
-        ),
+            if n == 1 { "" } else { "s" },
+        )
     })
+}
+
+/// The bytes of one element of `--dtype`.
+fn dtype_size(dtype: &str) -> usize {
+    match dtype {
+        "i8" | "ui8" => 1,
+        "i32" | "ui32" | "f32" => 4,
+        _ => 8,
+    }
 }
 
 /// An empty host vector with room for `len` elements of `--count`, or an error naming the
@@ -287,7 +319,15 @@ fn launch(n: usize, o: &Opts) -> Result<(), String> {
             o.count, o.collective
         ));
     }
-    if let launch::Machine::Simulated(why) = launch::machine(n)? {
+    let machine = launch::machine(n)?;
+    // Every rank would refuse such a count on its own, but the first to fail stops the
+    // others: refused here, it is one error, whichever rank would have been first.
+    for (d, total) in launch::device_memory(n)?.into_iter().enumerate() {
+        if let Some(problem) = too_large(o, n, dtype_size(&o.dtype), &o.dtype, total, d) {
+            return Err(format!("--count: {problem}"));
+        }
+    }
+    if let launch::Machine::Simulated(why) = machine {
         println!(
             "no CUDA driver ({why}): running {n} rank{} on simulated devices, one process each \
              (mock driver and NCCL, data moved between the processes over loopback)",

@@ -143,29 +143,46 @@ fn bad_options_and_no_world_fail_with_a_message() {
     assert!(!ok && err.contains("IREE_CUDA_NCCL_PROCID"), "{err}");
 }
 
-/// A `--count` larger than the device's memory is an error of each rank that names the
-/// flag, the bytes it needs and the device's (it was an allocation failure and SIGABRT).
+/// A `--count` larger than the device's memory (it was an allocation failure and SIGABRT)
+/// is refused by the launcher before any rank starts: one error naming the flag, the bytes
+/// it needs and the device's, whichever rank would have failed first.
 #[test]
 fn a_count_beyond_the_device_memory_is_an_error_naming_the_limit() {
-    let (ok, out, err) = run_demo(&["--count", "99999999999", "--nprocs", "2"], &no_driver());
-    assert!(!ok, "{out}\n{err}");
-    for r in 0..2 {
+    for (dtype, count, need, recv) in [
+        ("i32", "99999999999", "1199999999988", "199999999998"),
+        ("f64", "1000000000", "24000000000", "2000000000"),
+        // One element over the device: 1431655765 would need 17179869180 bytes, and fit.
+        ("i32", "1431655766", "17179869192", "2863311532"),
+    ] {
+        let args = ["--count", count, "--dtype", dtype, "--nprocs", "2"];
+        let (ok, out, err) = run_demo(&args, &no_driver());
+        assert!(!ok, "{out}\n{err}");
         let want = format!(
-            "[rank {r}] allgather: --count: 99999999999 elements of i32 per rank need \
-             1199999999988 bytes of device memory for the all_gather on 2 ranks (99999999999 \
-             elements to send, 199999999998 to receive), more than the 17179869184 bytes of \
-             device {r}"
+            "allgather: --count: {count} elements of {dtype} per rank need {need} bytes of \
+             device memory for the all_gather on 2 ranks ({count} elements to send, {recv} \
+             to receive), more than the 17179869184 bytes of device 0"
         );
-        assert!(err.lines().any(|l| l == want), "want {want:?} in\n{err}");
+        assert_eq!(err.trim_end(), want);
+        assert_eq!(out, "", "no rank may start");
     }
+}
+
+/// A rank started by another launcher checks `--count` against its own device before it
+/// allocates anything.
+#[test]
+fn a_rank_refuses_a_count_beyond_its_device_memory() {
+    let env = [
+        ("NCCL_CHANNEL_NPROCS", "1".to_string()),
+        ("NCCL_CHANNEL_PROCID", "0".to_string()),
+        ("CUDA_SYS_LIBRARY", "/nonexistent/libcuda.so.1".to_string()),
+    ];
+    let (ok, out, err) = run_demo(&["--count", "99999999999"], &env);
+    assert!(!ok, "{out}\n{err}");
+    let want = "allgather: --count: 99999999999 elements of i32 per rank need 799999999992 \
+                bytes of device memory for the all_gather on 1 rank (99999999999 elements to \
+                send, 99999999999 to receive), more than the 17179869184 bytes of device 0";
+    assert!(err.lines().any(|l| l == want), "want {want:?} in\n{err}");
     assert!(!err.contains("memory allocation of"), "{err}");
-    assert!(
-        err.lines().last()
-            == Some(
-                "allgather: rank 0 exited with exit status: 1; rank 1 exited with exit status: 1"
-            ),
-        "{err}"
-    );
 }
 
 /// The command line behaves as users expect: `--help` and `--version` succeed (exit 0),
