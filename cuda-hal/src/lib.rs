@@ -192,6 +192,7 @@ mod library;
 mod memory;
 mod module;
 mod pinned;
+mod queued;
 mod repr;
 mod selector;
 mod slice;

@@ -74,7 +74,7 @@ impl Allocation {
         if let Some(own) = &self.home
             && !self.ready.load(Ordering::Acquire)
         {
-            let _order = own.try_enqueue_lock().ok_or(Error::Capturing {
+            let _order = own.enqueue_lock_for_host().ok_or(Error::Capturing {
                 what: "a synchronous call on stream-ordered memory",
             })?;
             own.refuse_host_wait("a synchronous call on stream-ordered memory")?;
@@ -173,21 +173,39 @@ impl Allocation {
         involved.sort_by_key(|s| s.key());
         involved.dedup_by_key(|s| s.key());
         for s in involved {
-            locks.push(s.try_enqueue_lock()?);
+            locks.push(s.try_enqueue_lock_now()?);
         }
         Some(locks)
     }
 
-    /// Says on stderr that the memory is leaked, and why: work may still use it, so it is
-    /// never released (a stream destroyed behind this crate's back, a lost context).
-    fn report_leak(&self, why: &dyn std::fmt::Display) {
+    /// Leaks the memory whole, and says why on stderr: work may still use it (a stream
+    /// destroyed behind this crate's back, a lost context), so it is never released, and
+    /// neither is anything its release or that work needs (its context, the streams that
+    /// used it, its releaser: `release` is already out of the struct and never dropped).
+    fn leak(&self, used: Vec<Stream>, why: &dyn std::fmt::Display) {
         eprintln!(
             "cuda-hal: leaking {} bytes of device memory at {:#x} on device {}: {why}; work \
-             enqueued on it may still run, so it is never freed",
+             enqueued on it may still run, so it is never freed (nor its context)",
             self.bytes,
             self.ptr,
             self.ctx.device().ordinal()
         );
+        std::mem::forget(used);
+        std::mem::forget(self.ctx.clone());
+    }
+
+    /// The allocation as a new value that owns everything this one did (this one is left
+    /// empty, `ptr` 0): `uses` are the streams that used it, without the home stream.
+    fn moved(&mut self, uses: Vec<Stream>, release: Release) -> Allocation {
+        Allocation {
+            ctx: self.ctx.clone(),
+            ptr: std::mem::replace(&mut self.ptr, 0),
+            bytes: self.bytes,
+            home: self.home.take(),
+            ready: AtomicBool::new(self.ready.load(Ordering::Acquire)),
+            uses: UseLog::with(uses),
+            release,
+        }
     }
 }
 
@@ -201,14 +219,21 @@ impl Drop for Allocation {
             drop(ManuallyDrop::into_inner(release));
             return;
         }
+        // Releases that had to wait may be able to finish now.
+        crate::queued::retry();
         let mut used = self.uses.take();
+        let uses_alone = used.len();
         if let Some(home) = &self.home {
             used.push(home.clone());
         }
         // Releases on a home stream enqueue on the streams involved: hold their order
-        // locks, without blocking; if they cannot be had, leak.
+        // locks, without blocking (the caller may hold one already). One locked for a
+        // capture beginning, ending or being joined: the release waits in the queue, whole,
+        // and finishes when that lock is let go.
         let Some(locks) = self.lock_streams(&used) else {
-            self.report_leak(&"a stream it was used on stayed locked (a capture beginning)");
+            used.truncate(uses_alone);
+            let moved = self.moved(used, ManuallyDrop::into_inner(release));
+            crate::queued::queue(Box::new(moved));
             return;
         };
         // A wait, an event or the free itself enqueued now on a stream being captured would
@@ -221,17 +246,8 @@ impl Drop for Allocation {
             .find_map(Stream::capture_log)
             .or_else(crate::tracking::forbidding_capture);
         if let Some(log) = recording {
-            // The uses alone (the home stream was pushed last).
-            let uses = used[..used.len() - usize::from(self.home.is_some())].to_vec();
-            let moved = Allocation {
-                ctx: self.ctx.clone(),
-                ptr: std::mem::replace(&mut self.ptr, 0),
-                bytes: self.bytes,
-                home: self.home.take(),
-                ready: AtomicBool::new(self.ready.load(Ordering::Acquire)),
-                uses: UseLog::with(uses),
-                release: ManuallyDrop::into_inner(release),
-            };
+            let uses = used[..uses_alone].to_vec();
+            let moved = self.moved(uses, ManuallyDrop::into_inner(release));
             lock(&log.held).push(KeepAlive::new(Arc::new(moved)));
             drop(locks);
             return;
@@ -239,14 +255,20 @@ impl Drop for Allocation {
         let _g = match self.ctx.bind() {
             Ok(g) => g,
             Err(e) => {
-                return self.report_leak(&format_args!("making its context current failed: {e}"));
+                drop(locks);
+                return self.leak(
+                    used,
+                    &format_args!("making its context current failed: {e}"),
+                );
             }
         };
         // Any failure below leaks the memory: never free what work may still touch.
         if let Err(e) = self.quiesce(&used) {
-            return self.report_leak(&format_args!(
-                "waiting for the work of the streams that used it failed: {e}"
-            ));
+            drop(locks);
+            return self.leak(
+                used,
+                &format_args!("waiting for the work of the streams that used it failed: {e}"),
+            );
         }
         let cuda = self.ctx.cuda();
         match (ManuallyDrop::into_inner(release), &self.home) {

@@ -1,5 +1,6 @@
 //! Streams: ordered queues of device work.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -113,27 +114,13 @@ pub struct EnqueueLock<'a> {
     /// stream's [`after_enqueue`](Stream::after_enqueue) hooks); 0 for this crate's
     /// internal ones, which run none.
     key: usize,
-    /// The key of the outer lock this thread held before (restored on drop).
-    prev: usize,
 }
 
 impl<'a> EnqueueLock<'a> {
     #[inline]
-    fn outer(guard: RwLockReadGuard<'a, ()>, key: usize) -> Self {
-        let prev = crate::tracking::after::enter(key);
-        EnqueueLock {
-            _guard: guard,
-            key,
-            prev,
-        }
-    }
-
-    fn inner(guard: RwLockReadGuard<'a, ()>) -> Self {
-        EnqueueLock {
-            _guard: guard,
-            key: 0,
-            prev: 0,
-        }
+    fn new(guard: RwLockReadGuard<'a, ()>, key: usize) -> Self {
+        crate::tracking::after::enter(key);
+        EnqueueLock { _guard: guard, key }
     }
 }
 
@@ -142,9 +129,21 @@ impl Drop for EnqueueLock<'_> {
     /// before the lock is released.
     #[inline]
     fn drop(&mut self) {
-        if self.key != 0 {
-            crate::tracking::after::leave(self.key, self.prev);
-        }
+        crate::tracking::after::leave(self.key);
+    }
+}
+
+/// A stream's order lock held exclusively ([`Stream::capture_lock`]).
+pub(crate) struct CaptureGuard<'a>(ManuallyDrop<RwLockWriteGuard<'a, ()>>);
+
+impl Drop for CaptureGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and never used again.
+        drop(unsafe { ManuallyDrop::take(&mut self.0) });
+        crate::tracking::after::leave(0);
+        // The releases this lock made wait can finish now (or wait in the queue for the
+        // next chance, as this stream's capture may have just begun).
+        crate::queued::retry();
     }
 }
 
@@ -324,12 +323,15 @@ impl Stream {
     /// twice on one thread (it is not re-entrant).
     pub fn enqueue_lock(&self) -> EnqueueLock<'_> {
         let guard = self.inner.order.read().unwrap_or_else(|e| e.into_inner());
-        EnqueueLock::outer(guard, self.key())
+        EnqueueLock::new(guard, self.key())
     }
 
-    /// Exclusive: a capture begins, ends or is joined.
-    pub(crate) fn capture_lock(&self) -> RwLockWriteGuard<'_, ()> {
-        self.inner.order.write().unwrap_or_else(|e| e.into_inner())
+    /// Exclusive: a capture begins, ends or is joined. Releases that queued themselves
+    /// meanwhile are retried when it is let go.
+    pub(crate) fn capture_lock(&self) -> CaptureGuard<'_> {
+        let guard = self.inner.order.write().unwrap_or_else(|e| e.into_inner());
+        crate::tracking::after::enter(0);
+        CaptureGuard(ManuallyDrop::new(guard))
     }
 
     /// Identifies the shared stream value (clones have the same key); never 0.
@@ -504,16 +506,13 @@ impl Stream {
     }
 
     /// The order lock if it can be had without waiting for a capture to begin or end
-    /// (with a few short retries): for the frees and orderings that enqueue on streams
-    /// they do not otherwise lock, where blocking could deadlock (the caller may hold a
-    /// lock already). `None` means: do not enqueue.
+    /// (with a few short retries): for the orderings that enqueue on streams they do not
+    /// otherwise lock, where blocking could deadlock (the caller may hold a lock already).
+    /// `None` means: do not enqueue.
     pub(crate) fn try_enqueue_lock(&self) -> Option<EnqueueLock<'_>> {
         for i in 0..2000u32 {
-            if let Ok(g) = self.inner.order.try_read() {
-                return Some(EnqueueLock::inner(g));
-            }
-            if let Err(std::sync::TryLockError::Poisoned(e)) = self.inner.order.try_read() {
-                return Some(EnqueueLock::inner(e.into_inner()));
+            if let Some(g) = self.try_enqueue_lock_now() {
+                return Some(g);
             }
             if i < 100 {
                 std::thread::yield_now();
@@ -522,6 +521,34 @@ impl Stream {
             }
         }
         None
+    }
+
+    /// The order lock if no capture holds it or waits for it now (one attempt): for
+    /// releases, which queue themselves when it cannot be had.
+    pub(crate) fn try_enqueue_lock_now(&self) -> Option<EnqueueLock<'_>> {
+        match self.inner.order.try_read() {
+            Ok(g) => Some(EnqueueLock::new(g, 0)),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(EnqueueLock::new(e.into_inner(), 0)),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Whether the order lock is held, or waited for, exclusively (a capture beginning,
+    /// ending or being joined).
+    #[cfg(test)]
+    pub(crate) fn capture_waiting(&self) -> bool {
+        self.inner.order.try_read().is_err()
+    }
+
+    /// The order lock for a caller about to wait on the host: taken blocking when this
+    /// thread holds no order lock (then waiting for a capture to begin or end cannot
+    /// deadlock), else as [`try_enqueue_lock`](Self::try_enqueue_lock).
+    pub(crate) fn enqueue_lock_for_host(&self) -> Option<EnqueueLock<'_>> {
+        if crate::tracking::after::holds_any() {
+            return self.try_enqueue_lock();
+        }
+        let guard = self.inner.order.read().unwrap_or_else(|e| e.into_inner());
+        Some(EnqueueLock::new(guard, 0))
     }
 
     /// `Err` when a capture begun here records this stream: for the calls that must wait

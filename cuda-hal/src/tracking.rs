@@ -554,22 +554,34 @@ pub(crate) mod after {
     type Hook = Box<dyn FnOnce()>;
 
     thread_local! {
-        /// The key of the stream whose outer enqueue lock this thread took last.
-        static CURRENT: Cell<usize> = const { Cell::new(0) };
+        /// The order locks this thread holds, oldest first: a stream's key for an
+        /// [`EnqueueLock`](crate::EnqueueLock) taken with `Stream::enqueue_lock`, 0 for
+        /// this crate's own (a free's, a capture's), which run no hooks. Each guard removes
+        /// its own entry, so guards dropped in any order leave it exact.
+        static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
         /// Whether `HOOKS` may hold anything: the lock's drop reads only this.
         static PENDING: Cell<bool> = const { Cell::new(false) };
         static HOOKS: RefCell<Vec<(usize, Hook)>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// An outer lock of `key` is taken; returns the key it replaces.
+    /// A lock of `key` (0: one of this crate's own) is taken by this thread.
     #[inline]
-    pub(crate) fn enter(key: usize) -> usize {
-        CURRENT.try_with(|c| c.replace(key)).unwrap_or(0)
+    pub(crate) fn enter(key: usize) {
+        let _ = HELD.try_with(|h| h.borrow_mut().push(key));
     }
 
-    /// Whether this thread's latest outer lock is `key`'s.
+    /// Whether this thread holds the enqueue lock of `key` (never 0).
     pub(crate) fn holds(key: usize) -> bool {
-        CURRENT.try_with(|c| c.get() == key).unwrap_or(false)
+        key != 0
+            && HELD
+                .try_with(|h| h.borrow().contains(&key))
+                .unwrap_or(false)
+    }
+
+    /// Whether this thread holds any order lock (or can no longer tell: its storage is
+    /// being torn down). A thread that holds none may block for one without deadlock.
+    pub(crate) fn holds_any() -> bool {
+        HELD.try_with(|h| !h.borrow().is_empty()).unwrap_or(true)
     }
 
     /// Keeps `f` for the release of `key`'s lock, or for the end of the open group.
@@ -590,11 +602,24 @@ pub(crate) mod after {
         Ok(())
     }
 
-    /// `key`'s outer lock is released; `prev` is current again.
+    /// A lock of `key` taken by [`enter`] is released: its entry goes (the newest of that
+    /// key), and the hooks waiting for `key`'s release run.
     #[inline]
-    pub(crate) fn leave(key: usize, prev: usize) {
-        let _ = CURRENT.try_with(|c| c.set(prev));
-        if PENDING.try_with(Cell::get).unwrap_or(false) {
+    pub(crate) fn leave(key: usize) {
+        let _ = HELD.try_with(|h| {
+            let mut h = h.borrow_mut();
+            match h.last() {
+                Some(&k) if k == key => {
+                    h.pop();
+                }
+                _ => {
+                    if let Some(i) = h.iter().rposition(|&k| k == key) {
+                        h.remove(i);
+                    }
+                }
+            }
+        });
+        if key != 0 && PENDING.try_with(Cell::get).unwrap_or(false) {
             run(key);
         }
     }

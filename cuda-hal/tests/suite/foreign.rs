@@ -282,6 +282,46 @@ fn after_enqueue_runs_at_the_locks_release_or_the_groups_end_and_not_in_a_captur
     assert_eq!(log.lock().unwrap().len(), 5);
 }
 
+/// Enqueue locks released in another order than taken: each guard gives up its own lock
+/// only, so `after_enqueue` is accepted exactly under a lock still held, and each hook
+/// runs at its own stream's release.
+#[test]
+fn after_enqueue_knows_which_locks_are_held_when_they_are_released_out_of_order() {
+    let (_cuda, _world, ctx) = rig();
+    let (a, b) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let note = |what: &'static str| {
+        let l = log.clone();
+        move || l.lock().unwrap().push(what)
+    };
+    let refused = |r: Result<(), Error>| {
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                what: "Stream::after_enqueue",
+                ..
+            })
+        )
+    };
+    let lock_a = a.enqueue_lock();
+    let lock_b = b.enqueue_lock();
+    a.after_enqueue(note("a")).unwrap();
+    drop(lock_a);
+    log.lock().unwrap().push("a released");
+    assert!(
+        refused(a.after_enqueue(note("never"))),
+        "a is no longer held"
+    );
+    b.after_enqueue(note("b")).unwrap();
+    drop(lock_b);
+    assert!(refused(a.after_enqueue(note("never"))), "nothing is held");
+    assert!(refused(b.after_enqueue(note("never"))), "nothing is held");
+    assert_eq!(*log.lock().unwrap(), ["a", "a released", "b"]);
+}
+
 /// A stream captured by another library (begun through the raw driver, not
 /// `begin_capture`): work enqueued on it through this crate keeps its memory for good.
 #[test]
