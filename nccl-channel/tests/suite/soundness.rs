@@ -261,6 +261,67 @@ fn a_communicator_closed_inside_a_group_outlives_the_group() {
     rig.assert_clean();
 }
 
+/// A non-blocking collective holds its stream's enqueue lock while it polls for its
+/// peer; meanwhile another thread begins a capture of that stream (and waits for the
+/// lock), and memory whose home is that stream is dropped. Its release cannot take the
+/// lock: it waits, whole, and finishes once the capture has let the lock go (the memory
+/// then belongs to the capture's graph). Nothing leaks and no context goes under memory.
+#[test]
+fn memory_dropped_while_a_capture_waits_behind_a_polling_collective_is_released() {
+    let rig = Rig::new(2);
+    let ctxs: Vec<_> = (0..2)
+        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
+        .collect();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(20));
+    let s0 = Stream::non_blocking(&ctxs[0]).unwrap();
+    let home = DeviceBuffer::<u8>::alloc_on(&s0, 64).unwrap();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|sc| {
+        let (rig, ctxs, id, config, s0) = (&rig, &ctxs, &id, &config, &s0);
+        let rank = |r: usize| Communicator::init_rank_with(&rig.nccl, &ctxs[r], id, 2, r, config);
+        let rank1 = sc.spawn(move || {
+            let comm = rank(1).unwrap();
+            let s1 = Stream::non_blocking(&ctxs[1]).unwrap();
+            let mut buf = DeviceBuffer::from_slice(&ctxs[1], &[2i32]).unwrap();
+            wait_go.recv().unwrap();
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s1)
+                .unwrap();
+            s1.synchronize().unwrap();
+            comm.close().unwrap();
+        });
+        let rank0 = sc.spawn(move || {
+            let comm = rank(0).unwrap();
+            let mut buf = DeviceBuffer::from_slice(&ctxs[0], &[1i32]).unwrap();
+            // Polls, holding s0's enqueue lock, until rank 1 comes.
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s0)
+                .unwrap();
+            s0.synchronize().unwrap();
+            assert_eq!(buf.to_vec().unwrap(), [3]);
+            comm.close().unwrap();
+        });
+        for _ in 0..20_000 {
+            if rig.world.calls("ncclAllReduce") > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let capture = sc.spawn(move || s0.begin_capture(CaptureMode::Relaxed));
+        // Time for the capture to wait for the lock (without it the release simply
+        // happens now, which the assertions below accept too).
+        std::thread::sleep(Duration::from_millis(300));
+        drop(home);
+        go.send(()).unwrap();
+        rank1.join().unwrap();
+        rank0.join().unwrap();
+        capture.join().unwrap().unwrap();
+    });
+    drop(s0.end_capture().unwrap());
+    s0.synchronize().unwrap();
+    drop((s0, ctxs));
+    rig.assert_clean();
+}
+
 /// One rank, one device, a non-blocking communicator with a 5 s deadline.
 fn one_non_blocking(rig: &Rig) -> (cuda_hal::Context, Communicator) {
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
