@@ -100,7 +100,7 @@ pub fn program(seed: u64, len: usize) -> Program {
 fn step(r: &mut Rng, depth: &mut u32) -> Op {
     let b = |r: &mut Rng| r.byte();
     let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
-    match r.below(127) {
+    match r.below(129) {
         0..=9 => Op::Alloc {
             dev: b(r),
             len: len(r),
@@ -259,6 +259,15 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             comm: b(r),
             mem: true,
             sync: true,
+        },
+        // Locks wanted by a capture while memory is dropped; locks let go out of order.
+        127 => Op::CaptureBehindEnqueue {
+            slot: b(r),
+            stream: b(r),
+        },
+        128 => Op::LocksOutOfOrder {
+            first: b(r),
+            second: b(r),
         },
         _ => Op::AdoptContext { dev: b(r) },
     }

@@ -307,6 +307,21 @@ pub enum Op {
     SetEncryption {
         mode: u8,
     },
+    /// Three threads: one inside an enqueue on stream `stream` (holding its lock), one
+    /// beginning a (relaxed) capture of it (waiting for that lock), and this one dropping
+    /// fresh memory whose home is that stream, and buffer `slot`. Nothing may be freed
+    /// under work, nor leaked: the releases wait and finish once the lock is let go.
+    CaptureBehindEnqueue {
+        slot: u8,
+        stream: u8,
+    },
+    /// The enqueue locks of streams `first` and `second`, taken in that order and released
+    /// in the same order: `after_enqueue` is refused (`InvalidArgument`) for a lock let
+    /// go and accepted for one still held (`Deferred` while captured).
+    LocksOutOfOrder {
+        first: u8,
+        second: u8,
+    },
     /// Never generated: what the checker's own tests break on purpose.
     Sabotage(Sabotage),
 }

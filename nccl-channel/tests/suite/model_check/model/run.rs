@@ -770,6 +770,93 @@ impl<'c> State<'c> {
         }
     }
 
+    /// The steps where threads contend for a stream's order lock.
+    fn contention_step(&mut self, op: &Op) {
+        match *op {
+            Op::CaptureBehindEnqueue { slot, stream } => {
+                let s = self.stream(stream).clone();
+                let home = DeviceBuffer::<i32>::alloc_on(&s, 2).ok();
+                let buffer = self.take_buffer(slot);
+                let (entered, wait_entered) = std::sync::mpsc::channel::<()>();
+                let (leave, wait_leave) = std::sync::mpsc::channel::<()>();
+                let holder = {
+                    let s = s.clone();
+                    std::thread::spawn(move || {
+                        let _order = s.enqueue_lock();
+                        let _ = entered.send(());
+                        let _ = wait_leave.recv();
+                    })
+                };
+                let _ = wait_entered.recv();
+                let raw = s.as_raw() as usize;
+                let capture = {
+                    let s = s.clone();
+                    std::thread::spawn(move || s.begin_capture(CaptureMode::Relaxed).is_ok())
+                };
+                // Time for the capture to wait for the lock (either order is correct).
+                std::thread::sleep(Duration::from_micros(300));
+                drop(home);
+                drop(buffer);
+                let _ = leave.send(());
+                holder.join().expect("the enqueuing thread");
+                if capture.join().expect("the capturing thread") {
+                    self.began.push(raw);
+                }
+            }
+            Op::LocksOutOfOrder { first, second } => {
+                let (a, b) = (self.stream(first).clone(), self.stream(second).clone());
+                if a.as_raw() == b.as_raw() {
+                    return;
+                }
+                let refused = |r: cuda_hal::Result<()>| {
+                    matches!(
+                        r,
+                        Err(cuda_hal::Error::InvalidArgument {
+                            what: "Stream::after_enqueue",
+                            ..
+                        })
+                    )
+                };
+                let grouped = DeferScope::is_open();
+                let ran = Arc::new(AtomicUsize::new(0));
+                let lock_a = a.enqueue_lock();
+                let lock_b = b.enqueue_lock();
+                drop(lock_a);
+                assert!(
+                    refused(a.after_enqueue(|| ())),
+                    "after_enqueue accepted for a lock let go"
+                );
+                let captured = b.is_capturing().unwrap_or(true);
+                let hook = ran.clone();
+                let r = b.after_enqueue(move || {
+                    hook.fetch_add(1, Ordering::SeqCst);
+                });
+                match &r {
+                    Ok(()) => assert!(!captured, "after_enqueue: Ok while captured"),
+                    Err(cuda_hal::Error::Deferred { .. }) => {
+                        assert!(captured, "after_enqueue: Deferred while not captured");
+                    }
+                    Err(e) => panic!("after_enqueue under a lock still held: {e}"),
+                }
+                drop(lock_b);
+                if r.is_ok() {
+                    if grouped {
+                        self.hooks.push(ran);
+                    } else {
+                        assert_eq!(ran.load(Ordering::SeqCst), 1, "the hook did not run");
+                    }
+                }
+                for s in [&a, &b] {
+                    assert!(
+                        refused(s.after_enqueue(|| ())),
+                        "after_enqueue accepted with no lock held"
+                    );
+                }
+            }
+            _ => unreachable!("not a contention step"),
+        }
+    }
+
     /// Ends another library's capture of foreign stream `k`, if one runs, and keeps its
     /// graph instantiated.
     fn raw_end(&mut self, k: usize) {
@@ -813,6 +900,9 @@ impl<'c> State<'c> {
             | Op::ExpectImmediate { .. }
             | Op::AfterEnqueue { .. }
             | Op::AdoptContext { .. } => self.foreign_step(op),
+            Op::CaptureBehindEnqueue { .. } | Op::LocksOutOfOrder { .. } => {
+                self.contention_step(op);
+            }
             Op::Suspend { .. }
             | Op::Resume { .. }
             | Op::MemStats { .. }
