@@ -47,6 +47,9 @@ pub(crate) struct CommShared {
     pub(crate) registry: Registry,
     /// Suspended or not, and what may still run on it (suspend.rs).
     pub(crate) suspend: crate::suspension::SuspendState,
+    /// The crate's own exchanges between the ranks made on it so far (agreement.rs
+    /// numbers each, so that one cannot pair with another).
+    agreements: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
@@ -571,6 +574,7 @@ impl Communicator {
             group_thread: Mutex::new(None),
             registry: Registry::default(),
             suspend: Default::default(),
+            agreements: std::sync::atomic::AtomicU64::new(0),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
         // SAFETY: a live communicator and valid out-pointers. On error `shared` drops and
@@ -732,6 +736,11 @@ impl Communicator {
             expected,
             found,
         })
+    }
+
+    /// The number of the crate's next exchange between the ranks on this communicator.
+    pub(crate) fn next_agreement(&self) -> u64 {
+        self.shared.agreements.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Notes, before enqueueing work on `stream`, that it needs this communicator: kept

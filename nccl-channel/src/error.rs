@@ -252,6 +252,22 @@ pub enum Error {
         /// What is wrong with the list.
         problem: ParentsProblem,
     },
+    /// The ranks' exchange of a value the crate agrees on by itself (`topic`: a window's
+    /// size) did not match: on some rank another collective took its place (collectives
+    /// issued in different orders on different ranks), or the ranks made the crate's
+    /// exchanges in different orders. Every rank involved gets it; none gets a value.
+    #[error(
+        "{what}: the ranks' exchange of {topic} did not match ({problem}): a rank issued \
+         another collective in its place, or the ranks made their calls in different orders"
+    )]
+    Disagreement {
+        /// The operation that made the exchange.
+        what: &'static str,
+        /// What the ranks were agreeing on.
+        topic: &'static str,
+        /// What differed in the record this rank received.
+        problem: String,
+    },
     /// A one-sided put would write past the end of the peer's window.
     #[error("{what}: {bytes} bytes at offset {offset} do not fit a window of {window} bytes")]
     OutOfWindow {

@@ -140,6 +140,7 @@ macro_rules! optional {
     }};
 }
 
+mod agreement;
 mod backoff;
 mod buffer;
 mod channel;

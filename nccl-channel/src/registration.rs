@@ -231,7 +231,7 @@ impl Communicator {
         let reg =
             self.adopt_registration(Kind::Window, win.expose_provenance(), ptr, bytes, memory);
         // Registered (released with `reg` if the agreement fails).
-        let smallest = smallest_window(&[(self, bytes)])?[0];
+        let smallest = smallest_window(what, &[(self, bytes)])?[0];
         Ok(Window(reg, smallest))
     }
 
@@ -341,7 +341,7 @@ impl Communicator {
         ended?;
         waited?;
         let sizes: Vec<(&Communicator, usize)> = out.iter().map(|(c, b, _)| (*c, *b)).collect();
-        let smallest = smallest_window(&sizes)?;
+        let smallest = smallest_window(what, &sizes)?;
         Ok(out
             .into_iter()
             .zip(smallest)
@@ -548,42 +548,19 @@ impl<'c> Window<'c> {
     }
 }
 
-/// The smallest of every rank's size for the window being registered (an all-reduce of
-/// the sizes, with the minimum, over each given communicator, in one group when several
-/// ranks are driven from this thread): every rank calls window registration, so every
-/// rank reaches this too. NCCL accepts windows of different sizes on different ranks and
-/// does not check that a put fits the peer's, so puts are bounded by this.
-fn smallest_window(ranks: &[(&Communicator, usize)]) -> Result<Vec<usize>> {
-    let mut parts = Vec::with_capacity(ranks.len());
-    for (c, bytes) in ranks {
-        let stream = cuda_hal::Stream::non_blocking(c.context())?;
-        let size = cuda_hal::DeviceBuffer::from_slice(c.context(), &[*bytes as u64])?;
-        parts.push((*c, stream, size));
-    }
-    let reduce =
-        |parts: &mut Vec<(&Communicator, cuda_hal::Stream, cuda_hal::DeviceBuffer<u64>)>| {
-            for (c, stream, size) in parts.iter_mut() {
-                c.all_reduce_in_place(size, crate::ReduceOp::Min, stream)?;
-            }
-            Ok(())
-        };
-    match parts.first() {
-        Some((c, ..)) if parts.len() > 1 => {
-            let nccl = c.nccl().clone();
-            crate::group::group(&nccl, || reduce(&mut parts))?;
-        }
-        _ => reduce(&mut parts)?,
-    }
-    let mut out = Vec::with_capacity(parts.len());
-    for (c, stream, size) in &parts {
-        if !c.config().is_blocking() {
-            c.wait(stream)?;
-        }
-        stream.synchronize()?;
-        let v = size.to_vec()?;
-        out.push(usize::try_from(v[0]).unwrap_or(usize::MAX));
-    }
-    Ok(out)
+/// The smallest of every rank's size for the window being registered, agreed between the
+/// ranks over each given communicator (in one group when several ranks are driven from
+/// this thread): every rank calls window registration, so every rank reaches this too.
+/// NCCL accepts windows of different sizes on different ranks and does not check that a
+/// put fits the peer's, so puts are bounded by this.
+fn smallest_window(what: &'static str, ranks: &[(&Communicator, usize)]) -> Result<Vec<usize>> {
+    let values: Vec<(&Communicator, u64)> = ranks.iter().map(|(c, b)| (*c, *b as u64)).collect();
+    let smallest =
+        crate::agreement::smallest_of(what, crate::agreement::Topic::WindowSize, &values)?;
+    Ok(smallest
+        .into_iter()
+        .map(|v| usize::try_from(v).unwrap_or(usize::MAX))
+        .collect())
 }
 
 #[cfg(test)]

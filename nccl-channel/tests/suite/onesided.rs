@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common::Rig;
 use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
-use nccl_channel::{Communicator, Error, Signal, SignalWait, Window, WindowFlags, group};
+use nccl_channel::{Communicator, Error, ReduceOp, Signal, SignalWait, Window, WindowFlags, group};
 use nccl_sys::NcclVersion;
 
 const SYM: WindowFlags = WindowFlags::COLL_SYMMETRIC;
@@ -110,6 +110,74 @@ fn ranks_on_threads_ping_pong_with_puts_and_waits() {
     });
     assert_eq!(out, vec![vec![2, 2, 0], vec![1, 1, 0]]);
     rig.assert_clean();
+}
+
+/// A window's smallest size is agreed by the crate itself. Here each rank issues a
+/// collective of its own where the other is in that agreement (the same collective, in
+/// another order on each rank), shaped as the agreement was (a one-element minimum) and as
+/// it is (a gather of 5 words per rank), with data that would make a rank believe the
+/// peer's window larger: every rank gets a typed error, never a wrong size, and nothing is
+/// written past rank 1's 1024-byte window.
+#[test]
+fn a_users_collective_in_place_of_the_window_agreement_is_an_error_on_every_rank() {
+    for shape in ["all_reduce", "all_gather"] {
+        let rig = Rig::new(2);
+        let out = rig.run(2, |c, s| {
+            let theirs = |c: &Communicator| {
+                let r = if shape == "all_reduce" {
+                    let mut v = DeviceBuffer::from_slice(c.context(), &[u64::MAX]).unwrap();
+                    c.all_reduce_in_place(&mut v, ReduceOp::Min, s)
+                } else {
+                    let v = DeviceBuffer::from_slice(c.context(), &[u64::MAX; 5]).unwrap();
+                    let mut all = DeviceBuffer::<u64>::zeroed(c.context(), 10).unwrap();
+                    c.all_gather(&v, &mut all, s)
+                };
+                r.and_then(|()| Ok(s.synchronize()?))
+            };
+            // 4096 bytes on rank 0, 1024 on rank 1.
+            let buf = c.alloc_nccl::<u32>(1024 >> (2 * c.rank())).unwrap();
+            if c.rank() == 1 {
+                let _ = theirs(c);
+            }
+            let window = c.register_window(&buf, SYM);
+            if c.rank() == 0 {
+                let _ = theirs(c);
+            }
+            let window = window?;
+            // Had a wrong size been agreed, this put would pass and overrun rank 1.
+            if c.rank() == 0 {
+                let put = window.put_signal(&buf, 1, 0, Signal::DEFAULT, s);
+                if put.is_err() {
+                    c.signal(1, Signal::DEFAULT, s)?;
+                }
+            } else {
+                c.wait_signal(&[SignalWait::new(0, 1)], s)?;
+            }
+            s.synchronize()?;
+            Ok::<_, Error>(())
+        });
+        for (rank, r) in out.iter().enumerate() {
+            assert!(
+                r.is_err(),
+                "{shape}: rank {rank} registered its window: {r:?}"
+            );
+        }
+        if shape == "all_gather" {
+            for r in &out {
+                assert!(
+                    matches!(
+                        r,
+                        Err(Error::Disagreement {
+                            topic: "a window's size",
+                            ..
+                        })
+                    ),
+                    "{r:?}"
+                );
+            }
+        }
+        rig.assert_clean();
+    }
 }
 
 #[test]
