@@ -237,6 +237,14 @@ fn every_step_kind_runs_clean_on_its_own() {
             second: 0,
         },
         Op::GroupEnd,
+        Op::WindowAgreement {
+            dev: 0,
+            misordered: true,
+        },
+        Op::WindowAgreement {
+            dev: 0,
+            misordered: false,
+        },
         Op::RawCaptureBegin { stream: 0 },
         Op::Fill {
             slot: 0,

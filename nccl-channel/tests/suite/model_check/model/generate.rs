@@ -100,7 +100,7 @@ pub fn program(seed: u64, len: usize) -> Program {
 fn step(r: &mut Rng, depth: &mut u32) -> Op {
     let b = |r: &mut Rng| r.byte();
     let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
-    match r.below(129) {
+    match r.below(130) {
         0..=9 => Op::Alloc {
             dev: b(r),
             len: len(r),
@@ -268,6 +268,11 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
         128 => Op::LocksOutOfOrder {
             first: b(r),
             second: b(r),
+        },
+        // The crate's own exchange between ranks, with a user's collective in its place.
+        129 => Op::WindowAgreement {
+            dev: b(r),
+            misordered: r.below(2) == 0,
         },
         _ => Op::AdoptContext { dev: b(r) },
     }

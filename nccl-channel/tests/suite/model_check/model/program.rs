@@ -322,6 +322,17 @@ pub enum Op {
         first: u8,
         second: u8,
     },
+    /// A fresh world of two ranks on threads (devices `dev` and the next), each with
+    /// NCCL memory for a window (4096 and 1024 bytes). `misordered`: each rank issues a
+    /// collective of its own where the other is in the window-size agreement (shaped as
+    /// it, with data that would claim a larger window): window registration is an error
+    /// on every rank, never a window of the wrong size. Otherwise both succeed (or are
+    /// `Unsupported` on a release without windows) and a put past rank 1's window is
+    /// refused.
+    WindowAgreement {
+        dev: u8,
+        misordered: bool,
+    },
     /// Never generated: what the checker's own tests break on purpose.
     Sabotage(Sabotage),
 }

@@ -14,8 +14,8 @@ use cuda_hal::{
 use cuda_mock::{MockDriver, MockWorld};
 use cuda_sys::{CUresult, CUstreamCaptureMode};
 use nccl_channel::{
-    AbortHandle, CommConfig, Communicator, Group, PoolPolicy, PooledBuffer, ReduceOp, Registration,
-    Signal, SignalWait, Window, WindowFlags,
+    AbortHandle, CommConfig, Communicator, Error, Group, PoolPolicy, PooledBuffer, ReduceOp,
+    Registration, Signal, SignalWait, UniqueId, Window, WindowFlags,
 };
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
@@ -857,6 +857,69 @@ impl<'c> State<'c> {
         }
     }
 
+    /// [`Op::WindowAgreement`].
+    fn window_agreement(&mut self, dev: u8, misordered: bool) {
+        let first = self.ctx(dev).device().ordinal() as u8;
+        let ctxs = [self.ctx(first), self.ctx(first + 1)];
+        if ctxs[0] == ctxs[1] {
+            return;
+        }
+        let Ok(id) = UniqueId::generate(&self.nccl) else {
+            return;
+        };
+        let nccl = &self.nccl;
+        let out: Vec<nccl_channel::Result<()>> = std::thread::scope(|sc| {
+            let ranks: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (ctx, id) = (&ctxs[rank], &id);
+                    sc.spawn(move || -> nccl_channel::Result<()> {
+                        let c = Communicator::init_rank(nccl, ctx, id, 2, rank)?;
+                        let s = Stream::non_blocking(ctx)?;
+                        // A gather shaped as the agreement's, claiming a huge window.
+                        let theirs = |c: &Communicator| -> nccl_channel::Result<()> {
+                            let v = DeviceBuffer::from_slice(ctx, &[u64::MAX; 5])?;
+                            let mut all = DeviceBuffer::<u64>::zeroed(ctx, 10)?;
+                            c.all_gather(&v, &mut all, &s)?;
+                            Ok(s.synchronize()?)
+                        };
+                        let buf = c.alloc_nccl::<u32>(1024 >> (2 * rank))?;
+                        if misordered && rank == 1 {
+                            let _ = theirs(&c);
+                        }
+                        let window = c.register_window(&buf, WindowFlags::COLL_SYMMETRIC);
+                        if misordered && rank == 0 {
+                            let _ = theirs(&c);
+                        }
+                        let window = window?;
+                        if rank == 0 {
+                            let put = window.put_signal(&buf, 1, 0, Signal::DEFAULT, &s);
+                            assert!(put.is_err(), "a put past the peer's window was accepted");
+                        }
+                        s.synchronize()?;
+                        Ok(())
+                    })
+                })
+                .collect();
+            ranks
+                .into_iter()
+                .map(|h| h.join().expect("a rank of the window agreement"))
+                .collect()
+        });
+        if !self.faults.is_empty() {
+            return;
+        }
+        for (rank, r) in out.iter().enumerate() {
+            match r {
+                Err(Error::Unsupported { .. }) => {}
+                Err(Error::Disagreement { .. }) if misordered => {}
+                Ok(()) if !misordered => {}
+                other => {
+                    panic!("window agreement (misordered: {misordered}), rank {rank}: {other:?}")
+                }
+            }
+        }
+    }
+
     /// Ends another library's capture of foreign stream `k`, if one runs, and keeps its
     /// graph instantiated.
     fn raw_end(&mut self, k: usize) {
@@ -903,6 +966,7 @@ impl<'c> State<'c> {
             Op::CaptureBehindEnqueue { .. } | Op::LocksOutOfOrder { .. } => {
                 self.contention_step(op);
             }
+            Op::WindowAgreement { dev, misordered } => self.window_agreement(dev, misordered),
             Op::Suspend { .. }
             | Op::Resume { .. }
             | Op::MemStats { .. }
