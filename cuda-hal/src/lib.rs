@@ -183,6 +183,7 @@ mod device;
 pub mod digits;
 mod error;
 mod event;
+mod foreign_capture;
 mod function;
 mod graph;
 pub mod interop;

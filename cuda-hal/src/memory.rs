@@ -420,6 +420,8 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         home: Option<Stream>,
         release: Release,
     ) -> Self {
+        // A new buffer is a chance to finish releases that had to wait.
+        crate::queued::retry();
         DeviceBuffer {
             alloc: Arc::new(Allocation {
                 ctx: ctx.clone(),

@@ -362,17 +362,17 @@ impl Stream {
             lock(&log.held).push(what.clone());
         } else if self.inner.foreign && self.is_capturing().unwrap_or(true) {
             // Another library captures this stream: the graph it makes may launch this
-            // work at any time, for as long as it lives, which nothing here can see.
-            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-            if !SAID.swap(true, Ordering::Relaxed) {
+            // work at any time, for as long as it lives. That graph keeps what the work
+            // uses (a user object it owns), released once it and its instances are gone.
+            if let Err(e) = crate::foreign_capture::give_to_capturing_graph(self, &what) {
                 eprintln!(
-                    "cuda-hal: work is being enqueued on stream {:?}, which another library is \
-                     capturing into a graph: what that work uses is kept alive for the rest \
-                     of the process (capture with Stream::begin_capture instead)",
+                    "cuda-hal: work is being enqueued on stream {:?}, which another library \
+                     is capturing into a graph, and its graph could not be made to keep what \
+                     that work uses ({e}): it is kept for the rest of the process",
                     self.inner.raw
                 );
+                std::mem::forget(what.clone());
             }
-            std::mem::forget(what.clone());
         }
         if DeferScope::is_open() {
             DeferScope::hold(what, self);

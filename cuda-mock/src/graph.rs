@@ -9,11 +9,12 @@ use cuda_sys::*;
 
 mock_fns! {
     fn cuStreamBeginCapture = cu_stream_begin_capture(w, s, stream: CUstream, mode: CUstreamCaptureMode) [init] {
-        let _ = w;
+        let graph = s.handle(w.id);
         match s.streams.get_mut(&p2h(stream)) {
             Some(st) if st.capture.is_none() => {
                 st.capture = Some(Vec::new());
                 st.capture_mode = Some((mode, std::thread::current().id()));
+                st.capture_graph = graph;
                 CUresult::CUDA_SUCCESS
             }
             Some(_) => CUresult::CUDA_ERROR_ILLEGAL_STATE,
@@ -25,11 +26,12 @@ mock_fns! {
         if graph.is_null() {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
-        let (ops, invalid) = match s.streams.get_mut(&p2h(stream)) {
+        let (ops, invalid, h) = match s.streams.get_mut(&p2h(stream)) {
             Some(st) => match st.capture.take() {
                 Some(ops) => {
                     st.capture_mode = None;
-                    (ops, std::mem::take(&mut st.capture_invalid))
+                    let h = std::mem::take(&mut st.capture_graph);
+                    (ops, std::mem::take(&mut st.capture_invalid), h)
                 }
                 None => return CUresult::CUDA_ERROR_ILLEGAL_STATE,
             },
@@ -43,9 +45,13 @@ mock_fns! {
             st.joined = None;
         }
         if invalid {
+            // No graph: the references retained on it go now.
+            let due = s.release_graph_refs(h);
+            drop(s);
+            crate::user_object::run_destructors(due);
             return CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         }
-        let h = s.handle(w.id);
+        let _ = w;
         s.graphs.insert(h, ops);
         // SAFETY: checked non-null out-pointer.
         unsafe { *graph = h2p(h) };
@@ -79,6 +85,7 @@ mock_fns! {
         };
         let h = s.handle(w.id);
         s.execs.insert(h, ops);
+        s.copy_graph_refs(p2h(graph), h);
         // SAFETY: checked non-null out-pointer.
         unsafe { *exec = h2p(h) };
         CUresult::CUDA_SUCCESS
@@ -99,10 +106,23 @@ mock_fns! {
     }
     fn cuGraphExecDestroy = cu_graph_exec_destroy(w, s, exec: CUgraphExec) [init] {
         let _ = w;
-        if s.execs.remove(&p2h(exec)).is_some() { CUresult::CUDA_SUCCESS } else { CUresult::CUDA_ERROR_INVALID_VALUE }
+        if s.execs.remove(&p2h(exec)).is_none() {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        // Its launches ran when they were enqueued: its references go now.
+        let due = s.release_graph_refs(p2h(exec));
+        drop(s);
+        crate::user_object::run_destructors(due);
+        CUresult::CUDA_SUCCESS
     }
     fn cuGraphDestroy = cu_graph_destroy(w, s, graph: CUgraph) [init] {
         let _ = w;
-        if s.graphs.remove(&p2h(graph)).is_some() { CUresult::CUDA_SUCCESS } else { CUresult::CUDA_ERROR_INVALID_VALUE }
+        if s.graphs.remove(&p2h(graph)).is_none() {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        let due = s.release_graph_refs(p2h(graph));
+        drop(s);
+        crate::user_object::run_destructors(due);
+        CUresult::CUDA_SUCCESS
     }
 }

@@ -94,6 +94,7 @@ mod resolver;
 mod sanitizer;
 mod state;
 mod stream;
+mod user_object;
 mod world;
 
 use std::sync::{Arc, Mutex};

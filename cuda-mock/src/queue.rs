@@ -50,7 +50,7 @@ pub(super) fn record_module_use(s: &mut State, launch: &Launch, key: usize, stam
 
 /// A stream's sanitizer key and context: its handle, or for the legacy default stream
 /// (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) the current context's handle.
-pub(super) fn stream_key(
+pub(crate) fn stream_key(
     w: &World,
     s: &State,
     stream: CUstream,
@@ -78,7 +78,7 @@ pub(super) fn capturing(s: &State, key: usize) -> bool {
 
 /// The stream whose capture records `key`'s work: itself, or the capture it joined while
 /// that is still running.
-pub(super) fn capture_origin(s: &State, key: usize) -> Option<usize> {
+pub(crate) fn capture_origin(s: &State, key: usize) -> Option<usize> {
     let st = s.streams.get(&key)?;
     if st.capture.is_some() {
         return Some(key);

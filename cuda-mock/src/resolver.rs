@@ -5,6 +5,7 @@ use std::ffi::{CStr, c_void};
 use crate::slots::MAX_WORLDS;
 use crate::{
     context, event, function, graph, init, launch, library, memory, module, occupancy, stream,
+    user_object,
 };
 use cuda_sys::DriverFns;
 
@@ -29,13 +30,14 @@ static LOOKUPS: [fn(&[u8]) -> *const c_void; MAX_WORLDS] = __mock_lookups!(looku
 
 /// The function named `name` for slot `W`: each domain module's lookup in turn.
 fn lookup<const W: usize>(name: &[u8]) -> *const c_void {
-    let modules: [fn(&[u8]) -> *const c_void; 11] = [
+    let modules: [fn(&[u8]) -> *const c_void; 12] = [
         init::lookup::<W>,
         context::lookup::<W>,
         memory::lookup::<W>,
         stream::lookup::<W>,
         event::lookup::<W>,
         graph::lookup::<W>,
+        user_object::lookup::<W>,
         module::lookup::<W>,
         library::lookup::<W>,
         launch::lookup::<W>,

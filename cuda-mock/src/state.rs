@@ -185,6 +185,9 @@ pub(crate) struct StreamInfo {
     /// global or thread-local mode forbids "unsafe" calls (host synchronisations) to that
     /// thread (global: to every thread), as CUDA does.
     pub(crate) capture_mode: Option<(CUstreamCaptureMode, std::thread::ThreadId)>,
+    /// The handle the graph of this stream's running capture gets (0 when none): user
+    /// objects can be retained on it while it records.
+    pub(crate) capture_graph: usize,
     /// The stream whose capture this one joined by waiting for an event recorded in it:
     /// its work is recorded into that capture until the capture ends.
     pub(crate) joined: Option<usize>,
@@ -262,6 +265,10 @@ pub(crate) struct State {
     pub(crate) host: HashMap<usize, (usize, std::alloc::Layout)>,
     pub(crate) graphs: HashMap<usize, Vec<Op>>,
     pub(crate) execs: HashMap<usize, Vec<Op>>,
+    /// User objects by handle.
+    pub(crate) user_objects: HashMap<usize, crate::user_object::UserObj>,
+    /// The user-object references each graph, capture's graph or executable graph owns.
+    pub(crate) graph_refs: HashMap<usize, Vec<(usize, u64)>>,
     pub(crate) used: Vec<u64>,
     pub(crate) peers: HashSet<(usize, usize)>,
     pub(crate) next_handle: usize,
@@ -315,6 +322,11 @@ impl State {
     /// Records a call of `function` and takes a pending fault for it, if one is due.
     pub(crate) fn enter(&mut self, function: &'static str) -> Option<CUresult> {
         *self.calls.entry(function).or_insert(0) += 1;
+        if crate::user_object::in_destructor() {
+            self.violation(format!(
+                "{function} called from a user object's destructor (CUDA forbids any call there)"
+            ));
+        }
         let i = self.faults.iter().position(|f| f.function == function)?;
         if self.faults[i].skip > 0 {
             self.faults[i].skip -= 1;

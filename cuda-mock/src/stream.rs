@@ -31,6 +31,7 @@ fn create_stream(w: &World, s: &mut State, out: *mut CUstream, flags: c_uint) ->
             capture: None,
             capture_invalid: false,
             capture_mode: None,
+            capture_graph: 0,
             joined: None,
             non_blocking: flags & CUstream_flags::CU_STREAM_NON_BLOCKING.0 != 0,
             clock: Clock::default(),

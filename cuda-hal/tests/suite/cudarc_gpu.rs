@@ -93,7 +93,7 @@ fn cudarc_memory_moves_in_runs_in_a_captured_graph_and_comes_back() {
 
 #[test]
 #[ignore = "needs a GPU"]
-fn borrowed_cudarc_memory_across_streams_and_a_capture_cudarc_makes() {
+fn borrowed_cudarc_memory_across_streams_and_a_capture_cudarc_makes_for_its_graphs_life() {
     let cuda = cuda();
     let theirs = CudaContext::new(0).unwrap();
     let ctx = Context::from_cudarc(&cuda, &theirs).unwrap();
@@ -136,5 +136,21 @@ fn borrowed_cudarc_memory_across_streams_and_a_capture_cudarc_makes() {
     );
     graph.launch().unwrap();
     home.synchronize().unwrap();
-    println!("cudarc: borrowed across streams; a cudarc capture kept our memory");
+    // The graph and its instance gone, CUDA runs the user object's destructor (on its own
+    // thread, soon after), which hands the memory back: released at our next release.
+    drop(graph);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let freed = loop {
+        drop(DeviceBuffer::<u8>::alloc(&ctx, 1).unwrap());
+        let free = ctx.memory_info().unwrap().free;
+        if free >= before + 4 * n {
+            break free - before;
+        }
+        assert!(std::time::Instant::now() < deadline, "not released: {free} <= {before}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    println!(
+        "cudarc: borrowed across streams; a cudarc capture kept our memory, and gave {freed} \
+         bytes back once its graph was dropped"
+    );
 }

@@ -323,16 +323,20 @@ fn after_enqueue_knows_which_locks_are_held_when_they_are_released_out_of_order(
 }
 
 /// A stream captured by another library (begun through the raw driver, not
-/// `begin_capture`): work enqueued on it through this crate keeps its memory for good.
+/// `begin_capture`): work enqueued on it through this crate keeps its memory for as long
+/// as that library's graph, or an executable graph made from it, lives; both destroyed,
+/// the memory is released at the crate's next release (the destructor of the graph's
+/// user object may not call CUDA), and the replays in between read live memory.
 #[test]
-fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory() {
+fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory_for_the_graphs_life() {
     let (cuda, world, ctx) = rig();
     let theirs = Arc::new(Stream::non_blocking(&ctx).unwrap());
     // SAFETY: `theirs` keeps its stream alive.
     let stream = unsafe { Stream::from_owner(&ctx, theirs.as_raw(), theirs.clone()) };
+    let f = cuda.fns();
     // SAFETY: a valid stream; a documented mode.
     let rc = unsafe {
-        (cuda.fns().cuStreamBeginCapture)(
+        (f.cuStreamBeginCapture)(
             theirs.as_raw(),
             cuda_hal::cuda_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
         )
@@ -349,14 +353,40 @@ fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory() {
     buf.fill_async(5, &stream).unwrap();
     let mut graph = std::ptr::null_mut();
     // SAFETY: ends the capture begun above; a valid out-pointer.
-    let rc = unsafe { (cuda.fns().cuStreamEndCapture)(theirs.as_raw(), &mut graph) };
+    let rc = unsafe { (f.cuStreamEndCapture)(theirs.as_raw(), &mut graph) };
     cuda.check(rc, "cuStreamEndCapture").unwrap();
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: the graph just made; a valid out-pointer.
+    let rc = unsafe { (f.cuGraphInstantiateWithFlags)(&mut exec, graph, 0) };
+    cuda.check(rc, "cuGraphInstantiateWithFlags").unwrap();
     drop(buf);
+    let other = DeviceBuffer::<u8>::zeroed(&ctx, 16).unwrap();
     assert_eq!(
         world.used_memory(0),
-        48,
+        64,
         "kept for the graph another library holds"
     );
+    // SAFETY: the graph is destroyed once; its executable graph still holds the memory.
+    cuda.check(unsafe { (f.cuGraphDestroy)(graph) }, "cuGraphDestroy")
+        .unwrap();
+    drop(DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap());
+    assert_eq!(world.used_memory(0), 64, "kept for the executable graph");
+    // SAFETY: a live executable graph and stream.
+    let rc = unsafe { (f.cuGraphLaunch)(exec, theirs.as_raw()) };
+    cuda.check(rc, "cuGraphLaunch").unwrap();
+    theirs.synchronize().unwrap();
+    // SAFETY: destroyed once, after its launch completed.
+    cuda.check(
+        unsafe { (f.cuGraphExecDestroy)(exec) },
+        "cuGraphExecDestroy",
+    )
+    .unwrap();
+    // Handed to the crate; released at its next release.
+    drop(other);
+    assert_eq!(world.used_memory(0), 0);
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+    drop((stream, theirs, ctx, cuda));
+    assert!(world.live().is_empty(), "{:?}", world.live());
 }
 
 /// Counts the graph launches it hears of.

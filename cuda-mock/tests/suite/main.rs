@@ -4,3 +4,4 @@ mod foreign;
 mod kernel_read_bounds;
 mod kernels;
 mod sanitizer;
+mod user_objects;
