@@ -146,7 +146,10 @@ fn borrowed_cudarc_memory_across_streams_and_a_capture_cudarc_makes_for_its_grap
         if free >= before + 4 * n {
             break free - before;
         }
-        assert!(std::time::Instant::now() < deadline, "not released: {free} <= {before}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not released: {free} <= {before}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
     println!(
