@@ -98,8 +98,12 @@
 //!    ([`Stream::enqueue_lock`]), which a capture takes exclusively to begin, end or be
 //!    joined: no work slips into a graph between its noting and its enqueue. Frees and
 //!    orderings of stream-ordered memory take the locks of the streams they enqueue on
-//!    (without blocking; a free that cannot have them leaks), and an event's capture is
-//!    read and waited for atomically. A communicator held by an open group is refused to
+//!    without blocking (the caller may hold one); a free that cannot have them waits in a
+//!    queue and finishes when the capture lets the lock go, or at this crate's next
+//!    allocation or release: a contended lock never decides between freeing and leaking.
+//!    Each lock guard accounts for itself, so locks released in any order leave the
+//!    thread's record exact ([`Stream::after_enqueue`] relies on it). An event's capture
+//!    is read and waited for atomically. A communicator held by an open group is refused to
 //!    other threads until the group ends, and its teardown waits for the group; a group
 //!    whose background work cannot be confirmed keeps what it holds (a leak, never a
 //!    free under running work). [`GraphExec`] is not `Sync`.
@@ -111,7 +115,15 @@
 //!    for their stream before returning (`*_on`, refused while the stream is captured,
 //!    holding the order lock until the wait is over) or are `unsafe` (`*_async`).
 //!    Device-to-device copies are safe either way.
-//! 6. **`unsafe` where nothing else can hold**: raw handles (`from_raw`), captures begun
+//! 6. **A leak is whole.** When a release cannot be proven safe (a context that cannot be
+//!    made current, a wait that fails), nothing it needs is released either: the memory,
+//!    its context, the streams that used it and the closure or owner that frees it all
+//!    stay, so no context is ever released under memory that work may use.
+//! 7. **Other libraries' captures.** Work this crate enqueues on a stream another library
+//!    is capturing (a stream adopted with [`Stream::from_owner`], or cudarc's) is kept by
+//!    a CUDA user object that library's graph owns: released once that graph, every
+//!    instance of it and their launches are gone.
+//! 8. **`unsafe` where nothing else can hold**: raw handles (`from_raw`), captures begun
 //!    or joined through the raw table, or through another `Stream` value wrapping the
 //!    same raw stream (work recorded behind the crate's back is not held;
 //!    [`Stream::end_capture`] refuses a capture it did not begin), loading a library by
@@ -122,7 +134,7 @@
 //!    buffers and views given are held like any other use; the kernel's behaviour, and
 //!    memory reached through raw addresses, are the caller's promise), and implementing
 //!    [`KernelArg`] (an implementation that hands out an address keeps its memory alive).
-//! 7. **Code is kept alive like memory.** A [`Module`] or [`Library`] is shared like an
+//! 9. **Code is kept alive like memory.** A [`Module`] or [`Library`] is shared like an
 //!    allocation: a launch notes it used on its stream and holds it for a capture or
 //!    group, exactly as its buffer arguments are; the last owner unloads it only after
 //!    synchronising the streams that launched its kernels (or hands it to the graph of a
