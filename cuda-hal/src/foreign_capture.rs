@@ -63,9 +63,12 @@ pub(crate) fn give_to_capturing_graph(stream: &Stream, what: &KeepAlive) -> Resu
         drop(unsafe { Box::from_raw(hold) });
         return Err(e);
     }
-    // SAFETY: the capturing graph (live while its capture runs, and the capture recording
-    // this stream runs: its work is enqueued under the caller's order lock) and our one
-    // reference, moved to the graph.
+    // SAFETY: `graph` is the graph of the capture recording this stream, which lives while
+    // that capture runs. The capture is another library's: this crate cannot keep it from
+    // ending, but the caller of `Stream::from_owner` (or the library behind
+    // `Stream::from_cudarc`) does not end it on another thread while work is being
+    // enqueued on its stream through this crate (the documented contract of a shared
+    // stream). Our one reference is moved to the graph.
     let rc = unsafe {
         (cuda.fns().cuGraphRetainUserObject)(
             graph,
@@ -86,7 +89,7 @@ unsafe extern "C" fn release_hold(ptr: *mut c_void) {
     let taken = std::panic::catch_unwind(|| {
         // SAFETY: the box `give_to_capturing_graph` made, handed to this destructor once.
         let hold = unsafe { Box::from_raw(ptr.cast::<KeepAlive>()) };
-        crate::queued::queue(hold);
+        crate::queued::queue_only(hold);
     });
     // Never unwind into the driver.
     let _ = taken;

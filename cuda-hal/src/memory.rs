@@ -74,7 +74,7 @@ impl Allocation {
         if let Some(own) = &self.home
             && !self.ready.load(Ordering::Acquire)
         {
-            let _order = own.enqueue_lock_for_host().ok_or(Error::Capturing {
+            let _order = own.try_enqueue_lock().ok_or(Error::Capturing {
                 what: "a synchronous call on stream-ordered memory",
             })?;
             own.refuse_host_wait("a synchronous call on stream-ordered memory")?;
@@ -221,6 +221,7 @@ impl Drop for Allocation {
         }
         // Releases that had to wait may be able to finish now.
         crate::queued::retry();
+        let generation = crate::queued::generation();
         let mut used = self.uses.take();
         let uses_alone = used.len();
         if let Some(home) = &self.home {
@@ -233,7 +234,7 @@ impl Drop for Allocation {
         let Some(locks) = self.lock_streams(&used) else {
             used.truncate(uses_alone);
             let moved = self.moved(used, ManuallyDrop::into_inner(release));
-            crate::queued::queue(Box::new(moved));
+            crate::queued::queue(Box::new(moved), generation);
             return;
         };
         // A wait, an event or the free itself enqueued now on a stream being captured would

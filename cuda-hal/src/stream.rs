@@ -143,7 +143,7 @@ impl Drop for CaptureGuard<'_> {
         crate::tracking::after::leave(0);
         // The releases this lock made wait can finish now (or wait in the queue for the
         // next chance, as this stream's capture may have just begun).
-        crate::queued::retry();
+        crate::queued::lock_let_go();
     }
 }
 
@@ -279,11 +279,16 @@ impl Stream {
     /// stream object), which is dropped after the last clone of the returned value and
     /// after every buffer whose use log holds it. Work this crate enqueues on it while
     /// that library captures it (a capture this crate cannot see) keeps what it uses
-    /// alive for the rest of the process, and stderr says so once.
+    /// alive for as long as that library's graph, or an instance of it, lives (a CUDA
+    /// user object the graph owns). A capture that library begins or ends on another
+    /// thread while this crate enqueues there is a race the caller must avoid, as with any
+    /// two libraries sharing a stream: work enqueued just as a capture begins may be
+    /// recorded without what it uses being held.
     ///
     /// # Safety
     /// `raw` must be a stream of `ctx` (or null, the legacy default stream) that stays
-    /// valid while `owner` lives.
+    /// valid while `owner` lives, and whose owner does not begin or end a capture of it on
+    /// another thread while work is being enqueued on it through this crate.
     ///
     /// ```
     /// use std::sync::Arc;
@@ -538,17 +543,6 @@ impl Stream {
     #[cfg(test)]
     pub(crate) fn capture_waiting(&self) -> bool {
         self.inner.order.try_read().is_err()
-    }
-
-    /// The order lock for a caller about to wait on the host: taken blocking when this
-    /// thread holds no order lock (then waiting for a capture to begin or end cannot
-    /// deadlock), else as [`try_enqueue_lock`](Self::try_enqueue_lock).
-    pub(crate) fn enqueue_lock_for_host(&self) -> Option<EnqueueLock<'_>> {
-        if crate::tracking::after::holds_any() {
-            return self.try_enqueue_lock();
-        }
-        let guard = self.inner.order.read().unwrap_or_else(|e| e.into_inner());
-        Some(EnqueueLock::new(guard, 0))
     }
 
     /// `Err` when a capture begun here records this stream: for the calls that must wait

@@ -578,12 +578,6 @@ pub(crate) mod after {
                 .unwrap_or(false)
     }
 
-    /// Whether this thread holds any order lock (or can no longer tell: its storage is
-    /// being torn down). A thread that holds none may block for one without deadlock.
-    pub(crate) fn holds_any() -> bool {
-        HELD.try_with(|h| !h.borrow().is_empty()).unwrap_or(true)
-    }
-
     /// Keeps `f` for the release of `key`'s lock, or for the end of the open group.
     pub(crate) fn push(key: usize, f: Hook) -> crate::Result<()> {
         let torn = || crate::Error::Deferred {

@@ -82,7 +82,9 @@ pub(crate) fn smallest_of(
 ) -> Result<Vec<u64>> {
     let mut parts = Vec::with_capacity(ranks.len());
     for (c, value) in ranks {
-        let sent = record(topic, c.next_agreement(), *value);
+        // Numbered when issued (below): a rank that fails before issuing its exchange
+        // keeps its number, as its peers do theirs.
+        let sent = record(topic, c.agreements_issued(), *value);
         let stream = Stream::non_blocking(c.context())?;
         let send = DeviceBuffer::from_slice(c.context(), &sent)?;
         let recv = DeviceBuffer::<u64>::zeroed(c.context(), WORDS * c.size())?;
@@ -97,6 +99,7 @@ pub(crate) fn smallest_of(
     let gather = |parts: &mut Vec<Part<'_>>| {
         for (c, _, stream, (send, recv)) in parts.iter_mut() {
             c.all_gather(send, recv, stream)?;
+            c.agreement_issued();
         }
         Ok(())
     };

@@ -738,9 +738,15 @@ impl Communicator {
         })
     }
 
-    /// The number of the crate's next exchange between the ranks on this communicator.
-    pub(crate) fn next_agreement(&self) -> u64 {
-        self.shared.agreements.fetch_add(1, Ordering::Relaxed)
+    /// How many of the crate's own exchanges between the ranks were issued on this
+    /// communicator: the number of the next one.
+    pub(crate) fn agreements_issued(&self) -> u64 {
+        self.shared.agreements.load(Ordering::Relaxed)
+    }
+
+    /// One more of the crate's own exchanges was issued on this communicator.
+    pub(crate) fn agreement_issued(&self) {
+        self.shared.agreements.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Notes, before enqueueing work on `stream`, that it needs this communicator: kept

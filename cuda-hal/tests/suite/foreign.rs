@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cuda_hal::{CaptureMode, Context, DeferScope, DeviceBuffer, Error, Stream};
+use cuda_hal::{CaptureMode, Context, DeferScope, DeviceBuffer, Error, Event, Stream};
 
 use crate::common::rig;
 
@@ -385,6 +385,92 @@ fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory_for_the_gr
     drop(other);
     assert_eq!(world.used_memory(0), 0);
     assert!(world.violations().is_empty(), "{:?}", world.violations());
+    drop((stream, theirs, ctx, cuda));
+    assert!(world.live().is_empty(), "{:?}", world.live());
+}
+
+/// A release that fails to take its stream's lock while a capture holds it, and queues
+/// itself just after that capture let the lock go and looked at the queue, is not left
+/// waiting for an unrelated call: it sees the lock was let go and retries itself.
+#[test]
+fn a_release_queued_just_after_its_lock_was_let_go_is_not_stranded() {
+    let (_cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let ev = Event::without_timing(&ctx).unwrap();
+    Stream::non_blocking(&ctx).unwrap().record(&ev).unwrap();
+    for trial in 0..5_000 {
+        let buf = DeviceBuffer::<u8>::alloc_on(&s, 64).unwrap();
+        s.synchronize().unwrap();
+        let both = std::sync::Barrier::new(2);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                both.wait();
+                // Takes the stream's lock exclusively for a moment (a capture joined).
+                s.wait_event(&ev).unwrap();
+            });
+            both.wait();
+            for _ in 0..(trial % 64) {
+                std::hint::spin_loop();
+            }
+            drop(buf);
+        });
+        s.synchronize().unwrap();
+        assert_eq!(world.used_memory(0), 0, "trial {trial}: left in the queue");
+    }
+}
+
+/// A dependency whose own drop panics.
+struct Bomb;
+impl cuda_hal::Dependency for Bomb {}
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("a dependency's drop panicked");
+    }
+}
+
+/// A queued release whose drop panics (a user's dependency held for another library's
+/// graph) does not unwind out of the unrelated call that finishes it, and later releases
+/// on the same thread still finish.
+#[test]
+fn a_panicking_queued_release_stops_neither_its_caller_nor_later_releases() {
+    let (cuda, world, ctx) = rig();
+    let theirs = Arc::new(Stream::non_blocking(&ctx).unwrap());
+    // SAFETY: `theirs` keeps its stream alive.
+    let stream = unsafe { Stream::from_owner(&ctx, theirs.as_raw(), theirs.clone()) };
+    let f = cuda.fns();
+    // Another library captures `theirs` while `hold` is held for work enqueued there, then
+    // destroys its graph: the graph's user object hands the hold to the release queue.
+    let captured = |hold: cuda_hal::KeepAlive| {
+        let mode = cuda_hal::cuda_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a live stream and a documented mode.
+        let rc = unsafe { (f.cuStreamBeginCapture)(theirs.as_raw(), mode) };
+        cuda.check(rc, "cuStreamBeginCapture").unwrap();
+        {
+            let _order = stream.enqueue_lock();
+            stream.hold(|| hold);
+        }
+        let mut g = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above; the graph is destroyed once.
+        unsafe {
+            cuda.check((f.cuStreamEndCapture)(theirs.as_raw(), &mut g), "end")
+                .unwrap();
+            cuda.check((f.cuGraphDestroy)(g), "destroy").unwrap();
+        }
+    };
+    captured(cuda_hal::KeepAlive::new(Arc::new(Bomb)));
+    let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(DeviceBuffer::<u8>::alloc(&ctx, 1).unwrap());
+    }));
+    assert!(released.is_ok(), "the panic unwound out of an allocation");
+    let buf = DeviceBuffer::<u8>::zeroed(&ctx, 64).unwrap();
+    captured(buf.keep_alive());
+    drop(buf);
+    drop(DeviceBuffer::<u8>::alloc(&ctx, 1).unwrap());
+    assert_eq!(
+        world.used_memory(0),
+        0,
+        "this thread's releases still finish"
+    );
     drop((stream, theirs, ctx, cuda));
     assert!(world.live().is_empty(), "{:?}", world.live());
 }

@@ -180,6 +180,29 @@ fn a_users_collective_in_place_of_the_window_agreement_is_an_error_on_every_rank
     }
 }
 
+/// A rank whose part of the window-size exchange fails before it is issued (here its
+/// stream cannot be made) does not fall out of step with its peers: the next
+/// registration's exchange still matches on every rank.
+#[test]
+fn a_window_exchange_that_fails_before_it_is_issued_leaves_the_next_one_in_step() {
+    let rig = Rig::new(2);
+    {
+        let Ring { comms, .. } = ring(&rig, 2);
+        let bufs = nccl_bufs(&comms, |_| 0);
+        let pairs: Vec<_> = comms.iter().zip(&bufs).collect();
+        let oom = cuda_hal::cuda_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+        rig.gpus.fail_next("cuStreamCreate", oom);
+        let failed = Communicator::register_windows(&pairs, SYM);
+        assert!(
+            matches!(failed, Err(Error::Cuda(cuda_hal::Error::Driver { .. }))),
+            "{failed:?}"
+        );
+        let windows = Communicator::register_windows(&pairs, SYM).unwrap();
+        assert!(windows.iter().all(Window::is_active));
+    }
+    rig.assert_clean();
+}
+
 #[test]
 fn a_put_past_the_window_and_a_source_outside_any_window_are_typed_errors() {
     let rig = Rig::new(2);

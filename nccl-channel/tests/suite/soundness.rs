@@ -322,6 +322,73 @@ fn memory_dropped_while_a_capture_waits_behind_a_polling_collective_is_released(
     rig.assert_clean();
 }
 
+/// Rank 0's collective holds its stream's enqueue lock while it waits for rank 1; a
+/// capture of that stream waits for the lock; rank 1, before its own collective, makes a
+/// synchronous call on memory whose home is that stream. The call must not wait for the
+/// lock (the capture waits for rank 0, which waits for rank 1): it is refused or
+/// succeeds, and both collectives complete. (Blocking there made a cycle that only the
+/// communicator's deadline broke.)
+#[test]
+fn a_synchronous_call_never_waits_in_a_cycle_through_a_peers_collective() {
+    let rig = Rig::new(2);
+    let ctxs: Vec<_> = (0..2)
+        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
+        .collect();
+    let id = UniqueId::generate(&rig.nccl).unwrap();
+    let config = CommConfig::non_blocking(Duration::from_secs(3));
+    let s0 = Stream::non_blocking(&ctxs[0]).unwrap();
+    // Stream-ordered memory not yet known to be ready: a synchronous call waits for s0.
+    let home = DeviceBuffer::<u8>::alloc_on(&s0, 64).unwrap();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let (r0, r1) = std::thread::scope(|sc| {
+        let (rig, ctxs, id, config, s0, home) = (&rig, &ctxs, &id, &config, &s0, &home);
+        let rank = |r: usize| Communicator::init_rank_with(&rig.nccl, &ctxs[r], id, 2, r, config);
+        let rank1 = sc.spawn(move || {
+            let comm = rank(1).unwrap();
+            let s1 = Stream::non_blocking(&ctxs[1]).unwrap();
+            let mut buf = DeviceBuffer::from_slice(&ctxs[1], &[2i32]).unwrap();
+            wait_go.recv().unwrap();
+            match home.to_vec() {
+                Ok(_) | Err(cuda_hal::Error::Capturing { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+            let r = comm
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s1)
+                .and_then(|()| Ok(s1.synchronize()?));
+            comm.close().unwrap();
+            r
+        });
+        let rank0 = sc.spawn(move || {
+            let comm = rank(0).unwrap();
+            let mut buf = DeviceBuffer::from_slice(&ctxs[0], &[1i32]).unwrap();
+            let r = comm
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum, s0)
+                .and_then(|()| Ok(s0.synchronize()?));
+            comm.close().unwrap();
+            r
+        });
+        for _ in 0..20_000 {
+            if rig.world.calls("ncclAllReduce") > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let capture = sc.spawn(move || s0.begin_capture(CaptureMode::Relaxed));
+        // Time for the capture to wait for the lock.
+        std::thread::sleep(Duration::from_millis(300));
+        go.send(()).unwrap();
+        let r1 = rank1.join().unwrap();
+        let r0 = rank0.join().unwrap();
+        capture.join().unwrap().unwrap();
+        (r0, r1)
+    });
+    assert!(r0.is_ok() && r1.is_ok(), "rank 0 {r0:?}, rank 1 {r1:?}");
+    drop(s0.end_capture().unwrap());
+    s0.synchronize().unwrap();
+    drop((home, s0, ctxs));
+    rig.assert_clean();
+}
+
 /// One rank, one device, a non-blocking communicator with a 5 s deadline.
 fn one_non_blocking(rig: &Rig) -> (cuda_hal::Context, Communicator) {
     let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();

@@ -905,6 +905,16 @@ impl<'c> State<'c> {
                 .map(|h| h.join().expect("a rank of the window agreement"))
                 .collect()
         });
+        // Whatever failed besides (injected faults), a misordered exchange never yields a
+        // window: that would be a size the ranks did not agree on.
+        if misordered {
+            for (rank, r) in out.iter().enumerate() {
+                assert!(
+                    r.is_err(),
+                    "window agreement: a user's collective answered rank {rank}'s"
+                );
+            }
+        }
         if !self.faults.is_empty() {
             return;
         }
