@@ -381,3 +381,12 @@ impl Drop for CurrentGuard<'_> {
         }
     }
 }
+
+/// A device's primary context.
+impl Device {
+    /// Retains the device's primary context (released when the last clone drops).
+    #[doc(alias = "cuDevicePrimaryCtxRetain")]
+    pub fn primary_context(&self) -> Result<Context> {
+        Context::retain_primary(self)
+    }
+}

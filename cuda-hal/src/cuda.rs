@@ -5,9 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use cuda_sys::{CUresult, Driver, DriverFns, DriverVersion};
 
-use crate::device::Device;
-use crate::selector::DeviceSelector;
-use crate::{DeviceUuid, Error, Result};
+use crate::{Error, Result};
 
 /// The CUDA driver, loaded once and initialised (`cuInit`). Clones share it.
 ///
@@ -200,126 +198,5 @@ impl Cuda {
         // SAFETY: valid out-pointer.
         unsafe { call!(self, cuDeviceGetCount(&mut n)) }?;
         Ok(usize::try_from(n).unwrap_or(0))
-    }
-
-    /// The device with this ordinal ([`Error::NoSuchDevice`], listing the devices there
-    /// are, past the last).
-    ///
-    /// ```
-    /// use cuda_mock::MockDriver;
-    /// use cuda_hal::{Cuda, Error};
-    /// let (cuda, _world) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
-    /// assert_eq!(cuda.device(0)?.ordinal(), 0);
-    /// let Err(Error::NoSuchDevice { selector, available }) = cuda.device(3) else {
-    ///     panic!("there is one device");
-    /// };
-    /// assert_eq!(selector, "ordinal 3");
-    /// assert_eq!(available, ["GPU 0: Mock GPU 0 (UUID: GPU-5fdb056c-537e-3bd5-1c80-b2039499e800)"]);
-    /// # Ok::<(), cuda_hal::Error>(())
-    /// ```
-    #[doc(alias = "cuDeviceGet")]
-    pub fn device(&self, ordinal: usize) -> Result<Device> {
-        let count = self.device_count()?;
-        if ordinal >= count {
-            return Err(self.no_such_device(format!("ordinal {ordinal}")));
-        }
-        Device::get(self, ordinal as i32)
-    }
-
-    /// All devices, by ordinal.
-    pub fn devices(&self) -> Result<Vec<Device>> {
-        (0..self.device_count()?).map(|i| self.device(i)).collect()
-    }
-
-    /// The device whose UUID is `uuid` (all 16 bytes compared).
-    pub fn device_by_uuid(&self, uuid: &DeviceUuid) -> Result<Device> {
-        for d in self.devices()? {
-            if d.uuid()? == *uuid {
-                return Ok(d);
-            }
-        }
-        Err(self.no_such_device(uuid.to_string()))
-    }
-
-    /// The device a selector string names: `cuda://`, `cuda://<ordinal>`,
-    /// `cuda://GPU-<uuid>`, `cuda://MIG-<uuid>` or `cuda://<pci bus id>`.
-    ///
-    /// ```
-    /// use cuda_mock::MockDriver;
-    /// use cuda_hal::{Cuda, Error};
-    /// let (cuda, _world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// let one = cuda.device(1)?;
-    /// assert_eq!(cuda.select("cuda://")?.ordinal(), 0);
-    /// assert_eq!(cuda.select("cuda://1")?, one);
-    /// assert_eq!(cuda.select("cuda://GPU-5fdb056c-537e-3bd5-1c80-b2039499e801")?, one);
-    /// assert_eq!(cuda.select("cuda://0000:19:00.0")?, one);
-    /// // Malformed, or well formed but absent: typed errors that say which.
-    /// assert!(matches!(cuda.select("gpu:1"), Err(Error::InvalidSelector { .. })));
-    /// assert!(matches!(cuda.select("cuda://7"), Err(Error::NoSuchDevice { .. })));
-    /// # Ok::<(), cuda_hal::Error>(())
-    /// ```
-    pub fn select(&self, selector: &str) -> Result<Device> {
-        // The error names the selector as written (`MIG-`, the case and dashes given).
-        self.select_parsed(&selector.parse::<DeviceSelector>()?)
-            .map_err(|e| match e {
-                Error::NoSuchDevice { available, .. } => Error::NoSuchDevice {
-                    selector: selector.to_string(),
-                    available,
-                },
-                e => e,
-            })
-    }
-
-    /// The device a parsed selector names.
-    ///
-    /// ```
-    /// use cuda_mock::MockDriver;
-    /// use cuda_hal::{Cuda, DeviceSelector};
-    /// let (cuda, _world) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// let wanted: DeviceSelector = "cuda://1".parse()?;
-    /// assert_eq!(cuda.select_parsed(&wanted)?.ordinal(), 1);
-    /// # Ok::<(), cuda_hal::Error>(())
-    /// ```
-    pub fn select_parsed(&self, selector: &DeviceSelector) -> Result<Device> {
-        match selector {
-            DeviceSelector::Default => {
-                if self.device_count()? == 0 {
-                    return Err(self.no_such_device("cuda:// (default device)".into()));
-                }
-                self.device(0)
-            }
-            DeviceSelector::Ordinal(i) => self
-                .device(*i)
-                .map_err(|_| self.no_such_device(selector.to_string())),
-            DeviceSelector::Uuid(u) => self
-                .device_by_uuid(u)
-                .map_err(|_| self.no_such_device(selector.to_string())),
-            DeviceSelector::PciBusId(p) => {
-                for d in self.devices()? {
-                    if d.pci_bus_id()? == *p {
-                        return Ok(d);
-                    }
-                }
-                Err(self.no_such_device(selector.to_string()))
-            }
-        }
-    }
-
-    #[cold]
-    fn no_such_device(&self, selector: String) -> Error {
-        let available = match self.devices() {
-            Ok(ds) => ds
-                .iter()
-                .map(|d| {
-                    d.describe()
-                        .unwrap_or_else(|e| format!("{}: {e}", d.ordinal()))
-                })
-                .collect(),
-            Err(e) => vec![format!("(the devices could not be listed: {e})")],
-        };
-        Error::NoSuchDevice {
-            selector,
-            available,
-        }
     }
 }
