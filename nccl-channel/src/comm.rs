@@ -768,7 +768,17 @@ impl Communicator {
         self.check(e, call)
     }
 
+    #[inline]
     pub(crate) fn check(&self, rc: ncclResult_t, call: &'static str) -> Result<()> {
+        if rc == ncclResult_t::ncclSuccess {
+            return Ok(());
+        }
+        self.check_failed(rc, call)
+    }
+
+    /// [`check`](Self::check) of anything but success.
+    #[cold]
+    fn check_failed(&self, rc: ncclResult_t, call: &'static str) -> Result<()> {
         if rc == ncclResult_t::ncclInProgress && !self.shared.config.is_blocking() {
             let r = self.shared.poll_self(call);
             if r.is_err() {

@@ -819,3 +819,28 @@ fn memory_dropped_on_other_threads_around_the_teardown_keeps_its_context() {
         .unwrap();
     }
 }
+
+/// Found by the seeded run: an injected failure of the first stream synchronisation keeps
+/// rank 1's own collective from being issued, so nothing takes the window exchange's
+/// place and both windows are registered; the oracle asks for an error only where the
+/// other rank's collective was issued.
+#[test]
+fn found_a_window_exchange_nothing_took_the_place_of_registers() {
+    let setup = Setup {
+        version: NcclVersion(23203),
+        second_non_blocking: true,
+        teardown: 16461515134931806904,
+        scalable: true,
+    };
+    let ops = vec![
+        Op::Fail(Fault::Cuda(
+            "cuStreamSynchronize",
+            cuda_sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        )),
+        Op::WindowAgreement {
+            dev: 1,
+            misordered: true,
+        },
+    ];
+    model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
+}

@@ -868,35 +868,42 @@ impl<'c> State<'c> {
             return;
         };
         let nccl = &self.nccl;
-        let out: Vec<nccl_channel::Result<()>> = std::thread::scope(|sc| {
+        let out: Vec<(nccl_channel::Result<()>, bool)> = std::thread::scope(|sc| {
             let ranks: Vec<_> = (0..2)
                 .map(|rank| {
                     let (ctx, id) = (&ctxs[rank], &id);
-                    sc.spawn(move || -> nccl_channel::Result<()> {
-                        let c = Communicator::init_rank(nccl, ctx, id, 2, rank)?;
-                        let s = Stream::non_blocking(ctx)?;
-                        // A gather shaped as the agreement's, claiming a huge window.
-                        let theirs = |c: &Communicator| -> nccl_channel::Result<()> {
-                            let v = DeviceBuffer::from_slice(ctx, &[u64::MAX; 5])?;
-                            let mut all = DeviceBuffer::<u64>::zeroed(ctx, 10)?;
-                            c.all_gather(&v, &mut all, &s)?;
-                            Ok(s.synchronize()?)
-                        };
-                        let buf = c.alloc_nccl::<u32>(1024 >> (2 * rank))?;
-                        if misordered && rank == 1 {
-                            let _ = theirs(&c);
-                        }
-                        let window = c.register_window(&buf, WindowFlags::COLL_SYMMETRIC);
-                        if misordered && rank == 0 {
-                            let _ = theirs(&c);
-                        }
-                        let window = window?;
-                        if rank == 0 {
-                            let put = window.put_signal(&buf, 1, 0, Signal::DEFAULT, &s);
-                            assert!(put.is_err(), "a put past the peer's window was accepted");
-                        }
-                        s.synchronize()?;
-                        Ok(())
+                    sc.spawn(move || {
+                        // Whether this rank's own collective was issued (the other rank's
+                        // exchange then paired with it).
+                        let issued = std::cell::Cell::new(false);
+                        let r = (|| -> nccl_channel::Result<()> {
+                            let c = Communicator::init_rank(nccl, ctx, id, 2, rank)?;
+                            let s = Stream::non_blocking(ctx)?;
+                            // A gather shaped as the agreement's, claiming a huge window.
+                            let theirs = |c: &Communicator| -> nccl_channel::Result<()> {
+                                let v = DeviceBuffer::from_slice(ctx, &[u64::MAX; 5])?;
+                                let mut all = DeviceBuffer::<u64>::zeroed(ctx, 10)?;
+                                c.all_gather(&v, &mut all, &s)?;
+                                issued.set(true);
+                                Ok(s.synchronize()?)
+                            };
+                            let buf = c.alloc_nccl::<u32>(1024 >> (2 * rank))?;
+                            if misordered && rank == 1 {
+                                let _ = theirs(&c);
+                            }
+                            let window = c.register_window(&buf, WindowFlags::COLL_SYMMETRIC);
+                            if misordered && rank == 0 {
+                                let _ = theirs(&c);
+                            }
+                            let window = window?;
+                            if rank == 0 {
+                                let put = window.put_signal(&buf, 1, 0, Signal::DEFAULT, &s);
+                                assert!(put.is_err(), "a put past the peer's window was accepted");
+                            }
+                            s.synchronize()?;
+                            Ok(())
+                        })();
+                        (r, issued.get())
                     })
                 })
                 .collect();
@@ -905,20 +912,19 @@ impl<'c> State<'c> {
                 .map(|h| h.join().expect("a rank of the window agreement"))
                 .collect()
         });
-        // Whatever failed besides (injected faults), a misordered exchange never yields a
-        // window: that would be a size the ranks did not agree on.
-        if misordered {
-            for (rank, r) in out.iter().enumerate() {
-                assert!(
-                    r.is_err(),
-                    "window agreement: a user's collective answered rank {rank}'s"
-                );
-            }
+        // Whatever failed besides (injected faults), an exchange that the other rank's own
+        // collective answered never yields a window: its size was not agreed.
+        for (rank, (r, _)) in out.iter().enumerate() {
+            let answered = misordered && out[1 - rank].1;
+            assert!(
+                !(answered && r.is_ok()),
+                "window agreement: a user's collective answered rank {rank}'s"
+            );
         }
         if !self.faults.is_empty() {
             return;
         }
-        for (rank, r) in out.iter().enumerate() {
+        for (rank, (r, _)) in out.iter().enumerate() {
             match r {
                 Err(Error::Unsupported { .. }) => {}
                 Err(Error::Disagreement { .. }) if misordered => {}
