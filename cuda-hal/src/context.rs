@@ -286,20 +286,6 @@ impl Context {
         unsafe { call!(self.cuda(), cuMemGetInfo(&mut free, &mut total)) }?;
         Ok(MemoryInfo { free, total })
     }
-
-    /// Waits for all work in the context ([`Error::Capturing`](crate::Error::Capturing)
-    /// while a strict capture forbids it, as for [`Stream::synchronize`](crate::Stream::synchronize)).
-    #[doc(alias = "cuCtxSynchronize")]
-    pub fn synchronize(&self) -> Result<()> {
-        if crate::tracking::forbidding_capture().is_some() {
-            return Err(crate::Error::Capturing {
-                what: "Context::synchronize",
-            });
-        }
-        let _g = self.bind()?;
-        // SAFETY: a context is current.
-        unsafe { call!(self.cuda(), cuCtxSynchronize()) }
-    }
 }
 
 /// A device's memory in bytes ([`Context::memory_info`]), named so that free and total

@@ -231,3 +231,47 @@ mod tests {
         }
     }
 }
+
+/// Ordering a stream by events: waiting for one (which may join its capture), recording one.
+impl Stream {
+    /// Makes later work on this stream wait for `event` (which may be of another device).
+    ///
+    /// If `event` was recorded on a stream being captured, this stream joins that capture
+    /// (as in CUDA): its later work is recorded into the same graph, and kept alive for it.
+    #[doc(alias = "cuStreamWaitEvent")]
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        // Exclusive: this stream may join a capture. The event's slot stays locked until
+        // the driver has made the wait, so the capture read is the one the wait joins.
+        let _join = self.capture_lock();
+        let slot = event.capture_slot();
+        let joined = slot.clone().filter(|l| !l.is_ended());
+        let joins = joined.is_some() && self.capture_log().is_none();
+        if joins {
+            self.set_capture(joined);
+        }
+        let r = self.wait_event_unlocked(event);
+        if r.is_err() && joins {
+            self.set_capture(None);
+        }
+        r
+    }
+
+    /// `cuStreamWaitEvent` alone (the caller holds the order lock, or knows neither side
+    /// is captured).
+    pub(crate) fn wait_event_unlocked(&self, event: &Event) -> Result<()> {
+        let _g = self.bind_if_legacy()?;
+        // SAFETY: valid stream and event handles.
+        unsafe {
+            call!(
+                self.context().cuda(),
+                cuStreamWaitEvent(self.as_raw(), event.as_raw(), 0)
+            )
+        }
+    }
+
+    /// Records `event` at this point of the stream. The event must be of the same context.
+    #[doc(alias = "cuEventRecord")]
+    pub fn record(&self, event: &Event) -> Result<()> {
+        event.record(self)
+    }
+}

@@ -6,28 +6,50 @@
 //! gone, and the destructor (which may not call CUDA) hands the hold to this crate's
 //! release queue, which lets it go at the crate's next release.
 
+use std::any::Any;
 use std::ffi::c_void;
 
 use cuda_sys::{
-    CUgraph, CUstreamCaptureStatus, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
+    CUgraph, CUstream, CUstreamCaptureStatus, CUuserObject, CUuserObject_flags,
+    CUuserObjectRetain_flags,
 };
 
-use crate::tracking::KeepAlive;
-use crate::{Error, Result, Stream};
+use crate::{Context, Error, Result};
 
-/// Gives `what` to the graph that is recording `stream`'s work, for as long as that graph
-/// and its instances live. `Ok(false)`: the stream is not being captured (nothing to
-/// keep). On `Err` the hold may already belong to CUDA, or not: the caller leaks it.
-pub(crate) fn give_to_capturing_graph(stream: &Stream, what: &KeepAlive) -> Result<bool> {
-    let cuda = stream.context().cuda();
-    let _g = stream.context().bind()?;
+/// What a graph keeps: the holds of the work it recorded (a `KeepAlive`), opaque here.
+type Hold = Box<dyn Any + Send>;
+
+/// Gives `hold` to the graph that is recording `stream`'s work (a stream of `ctx`), for as
+/// long as that graph and its instances live. `Ok(false)`: the stream is not being
+/// captured, and `hold` goes. On `Err` the hold is leaked (it may belong to CUDA already):
+/// work may be recorded that uses what it keeps.
+pub(crate) fn give_to_capturing_graph(ctx: &Context, stream: CUstream, hold: Hold) -> Result<bool> {
+    let r = give(ctx, stream, hold);
+    if let Err((e, Some(hold))) = r {
+        std::mem::forget(hold);
+        return Err(e);
+    }
+    r.map_err(|(e, _)| e)
+}
+
+/// [`give_to_capturing_graph`], the hold back with the error while it is still ours.
+fn give(
+    ctx: &Context,
+    stream: CUstream,
+    hold: Hold,
+) -> std::result::Result<bool, (Error, Option<Hold>)> {
+    let cuda = ctx.cuda();
+    let _g = match ctx.bind() {
+        Ok(g) => g,
+        Err(e) => return Err((e, Some(hold))),
+    };
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut graph: CUgraph = std::ptr::null_mut();
     // SAFETY: a live stream; valid out-pointers; the id and dependency outputs are
     // optional (null: not asked for).
     let rc = unsafe {
         (cuda.fns().cuStreamGetCaptureInfo)(
-            stream.as_raw(),
+            stream,
             &mut status,
             std::ptr::null_mut(),
             &mut graph,
@@ -35,17 +57,20 @@ pub(crate) fn give_to_capturing_graph(stream: &Stream, what: &KeepAlive) -> Resu
             std::ptr::null_mut(),
         )
     };
-    cuda.check(rc, "cuStreamGetCaptureInfo")?;
+    if let Err(e) = cuda.check(rc, "cuStreamGetCaptureInfo") {
+        return Err((e, Some(hold)));
+    }
     if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
         return Ok(false);
     }
     if graph.is_null() {
-        return Err(Error::InvalidArgument {
+        let e = Error::InvalidArgument {
             what: "cuStreamGetCaptureInfo",
             problem: "an active capture without a graph".into(),
-        });
+        };
+        return Err((e, Some(hold)));
     }
-    let hold = Box::into_raw(Box::new(what.clone()));
+    let hold = Box::into_raw(Box::new(hold));
     let mut object: CUuserObject = std::ptr::null_mut();
     // SAFETY: `hold` is a live box that the destructor takes back exactly once (CUDA calls
     // it once, when the last reference goes); the one reference is ours until moved.
@@ -60,8 +85,8 @@ pub(crate) fn give_to_capturing_graph(stream: &Stream, what: &KeepAlive) -> Resu
     };
     if let Err(e) = cuda.check(rc, "cuUserObjectCreate") {
         // SAFETY: not given to CUDA (the call failed): still ours, taken back once.
-        drop(unsafe { Box::from_raw(hold) });
-        return Err(e);
+        let hold = *unsafe { Box::from_raw(hold) };
+        return Err((e, Some(hold)));
     }
     // SAFETY: `graph` is the graph of the capture recording this stream, which lives while
     // that capture runs. The capture is another library's: this crate cannot keep it from
@@ -80,16 +105,18 @@ pub(crate) fn give_to_capturing_graph(stream: &Stream, what: &KeepAlive) -> Resu
     // On failure the reference is still ours, and releasing it would run the destructor,
     // which releases the hold while the work may be captured: it is never released (the
     // hold, and with it what the work uses, leak whole).
-    cuda.check(rc, "cuGraphRetainUserObject").map(|()| true)
+    cuda.check(rc, "cuGraphRetainUserObject")
+        .map(|()| true)
+        .map_err(|e| (e, None))
 }
 
 /// The user object's destructor: CUDA calls it on an internal thread, where no CUDA call
 /// is allowed; the hold goes to the release queue.
 unsafe extern "C" fn release_hold(ptr: *mut c_void) {
     let taken = std::panic::catch_unwind(|| {
-        // SAFETY: the box `give_to_capturing_graph` made, handed to this destructor once.
-        let hold = unsafe { Box::from_raw(ptr.cast::<KeepAlive>()) };
-        crate::queued::queue_only(hold);
+        // SAFETY: the box `give` made, handed to this destructor once.
+        let hold = unsafe { Box::from_raw(ptr.cast::<Hold>()) };
+        crate::queued::queue_only(*hold);
     });
     // Never unwind into the driver.
     let _ = taken;

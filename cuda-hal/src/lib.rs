@@ -191,6 +191,8 @@ mod cuda;
 pub mod cudarc;
 mod device;
 // Public but hidden: not API, shared with nccl-channel so that both parse one way.
+#[cfg(test)]
+mod contention_tests;
 #[doc(hidden)]
 pub mod digits;
 mod error;

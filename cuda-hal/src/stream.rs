@@ -23,7 +23,7 @@ const STICKY: [CUresult; 11] = [
     CUresult::CUDA_ERROR_INVALID_PC,
     CUresult::CUDA_ERROR_LAUNCH_FAILED,
 ];
-use crate::{Context, Error, Event, Result};
+use crate::{Context, Error, Result};
 
 struct Inner {
     ctx: Context,
@@ -369,14 +369,17 @@ impl Stream {
             // Another library captures this stream: the graph it makes may launch this
             // work at any time, for as long as it lives. That graph keeps what the work
             // uses (a user object it owns), released once it and its instances are gone.
-            if let Err(e) = crate::foreign_capture::give_to_capturing_graph(self, &what) {
+            let hold = Box::new(what.clone());
+            let ctx = &self.inner.ctx;
+            if let Err(e) =
+                crate::foreign_capture::give_to_capturing_graph(ctx, self.as_raw(), hold)
+            {
                 eprintln!(
                     "cuda-hal: work is being enqueued on stream {:?}, which another library \
                      is capturing into a graph, and its graph could not be made to keep what \
                      that work uses ({e}): it is kept for the rest of the process",
                     self.inner.raw
                 );
-                std::mem::forget(what.clone());
             }
         }
         if DeferScope::is_open() {
@@ -648,47 +651,6 @@ impl Stream {
         Ok(true)
     }
 
-    /// Makes later work on this stream wait for `event` (which may be of another device).
-    ///
-    /// If `event` was recorded on a stream being captured, this stream joins that capture
-    /// (as in CUDA): its later work is recorded into the same graph, and kept alive for it.
-    #[doc(alias = "cuStreamWaitEvent")]
-    pub fn wait_event(&self, event: &Event) -> Result<()> {
-        // Exclusive: this stream may join a capture. The event's slot stays locked until
-        // the driver has made the wait, so the capture read is the one the wait joins.
-        let _join = self.capture_lock();
-        let slot = event.capture_slot();
-        let joined = slot.clone().filter(|l| !l.is_ended());
-        let joins = joined.is_some() && self.capture_log().is_none();
-        if joins {
-            self.set_capture(joined);
-        }
-        let r = self.wait_event_unlocked(event);
-        if r.is_err() && joins {
-            self.set_capture(None);
-        }
-        r
-    }
-
-    /// `cuStreamWaitEvent` alone (the caller holds the order lock, or knows neither side
-    /// is captured).
-    pub(crate) fn wait_event_unlocked(&self, event: &Event) -> Result<()> {
-        let _g = self.bind_if_legacy()?;
-        // SAFETY: valid stream and event handles.
-        unsafe {
-            call!(
-                self.inner.ctx.cuda(),
-                cuStreamWaitEvent(self.inner.raw, event.as_raw(), 0)
-            )
-        }
-    }
-
-    /// Records `event` at this point of the stream. The event must be of the same context.
-    #[doc(alias = "cuEventRecord")]
-    pub fn record(&self, event: &Event) -> Result<()> {
-        event.record(self)
-    }
-
     /// The device of the stream (driver ≥ 12.8 asks the driver; the context tells before).
     #[doc(alias = "cuStreamGetDevice")]
     pub fn device_ordinal(&self) -> Result<i32> {
@@ -720,5 +682,22 @@ impl Stream {
     /// stream is the object of the wrong device or context.
     pub(crate) fn same_context(&self, ctx: &Context, what: &'static str) -> Result<()> {
         ctx.expect_same(&self.inner.ctx, what, "stream")
+    }
+}
+
+/// Waiting for a whole context, under the same rules as waiting for a stream.
+impl Context {
+    /// Waits for all work in the context ([`Error::Capturing`](crate::Error::Capturing)
+    /// while a strict capture forbids it, as for [`Stream::synchronize`](crate::Stream::synchronize)).
+    #[doc(alias = "cuCtxSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        if crate::tracking::forbidding_capture().is_some() {
+            return Err(crate::Error::Capturing {
+                what: "Context::synchronize",
+            });
+        }
+        let _g = self.bind()?;
+        // SAFETY: a context is current.
+        unsafe { call!(self.cuda(), cuCtxSynchronize()) }
     }
 }

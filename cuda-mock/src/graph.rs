@@ -48,7 +48,7 @@ mock_fns! {
             // No graph: the references retained on it go now.
             let due = s.release_graph_refs(h);
             drop(s);
-            crate::user_object::run_destructors(due);
+            crate::destructor::run_destructors(due);
             return CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         }
         let _ = w;
@@ -112,7 +112,7 @@ mock_fns! {
         // Its launches ran when they were enqueued: its references go now.
         let due = s.release_graph_refs(p2h(exec));
         drop(s);
-        crate::user_object::run_destructors(due);
+        crate::destructor::run_destructors(due);
         CUresult::CUDA_SUCCESS
     }
     fn cuGraphDestroy = cu_graph_destroy(w, s, graph: CUgraph) [init] {
@@ -122,7 +122,7 @@ mock_fns! {
         }
         let due = s.release_graph_refs(p2h(graph));
         drop(s);
-        crate::user_object::run_destructors(due);
+        crate::destructor::run_destructors(due);
         CUresult::CUDA_SUCCESS
     }
 }

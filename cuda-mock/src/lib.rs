@@ -72,6 +72,7 @@ mod alloc;
 mod checks;
 mod context;
 mod current;
+mod destructor;
 mod detail;
 mod event;
 mod foreign;

@@ -266,7 +266,7 @@ pub(crate) struct State {
     pub(crate) graphs: HashMap<usize, Vec<Op>>,
     pub(crate) execs: HashMap<usize, Vec<Op>>,
     /// User objects by handle.
-    pub(crate) user_objects: HashMap<usize, crate::user_object::UserObj>,
+    pub(crate) user_objects: HashMap<usize, crate::destructor::UserObj>,
     /// The user-object references each graph, capture's graph or executable graph owns.
     pub(crate) graph_refs: HashMap<usize, Vec<(usize, u64)>>,
     pub(crate) used: Vec<u64>,
@@ -322,7 +322,7 @@ impl State {
     /// Records a call of `function` and takes a pending fault for it, if one is due.
     pub(crate) fn enter(&mut self, function: &'static str) -> Option<CUresult> {
         *self.calls.entry(function).or_insert(0) += 1;
-        if crate::user_object::in_destructor() {
+        if crate::destructor::in_destructor() {
             self.violation(format!(
                 "{function} called from a user object's destructor (CUDA forbids any call there)"
             ));

@@ -6,49 +6,14 @@
 //! at launch); the destructor runs when the last reference goes, on another thread than
 //! the caller's, and must not call CUDA: a call from it is a sanitizer finding.
 
-use std::cell::Cell;
 use std::ffi::c_void;
 
+use crate::destructor::{Due, UserObj, run_destructors};
 use crate::handle::{h2p, p2h};
 use crate::macros::mock_fns;
 use crate::queue::capture_origin;
 use crate::state::State;
 use cuda_sys::*;
-
-/// One user object: its pointer, destructor and references.
-pub(crate) struct UserObj {
-    ptr: usize,
-    destroy: unsafe extern "C" fn(*mut c_void),
-    refs: u64,
-}
-
-/// A destructor due: run it with [`run_destructors`] once the world's lock is released.
-pub(crate) struct Due(unsafe extern "C" fn(*mut c_void), usize);
-
-thread_local! {
-    /// Set on the thread running a user object's destructor.
-    static IN_DESTRUCTOR: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether this thread runs a user object's destructor (which may not call CUDA).
-pub(crate) fn in_destructor() -> bool {
-    IN_DESTRUCTOR.try_with(Cell::get).unwrap_or(false)
-}
-
-/// Runs the destructors that are due, each on a thread of its own (as CUDA runs them on
-/// an internal thread), waiting for them: their effects are seen when the call that
-/// released the last reference returns.
-pub(crate) fn run_destructors(due: Vec<Due>) {
-    for Due(destroy, ptr) in due {
-        let _ = std::thread::spawn(move || {
-            IN_DESTRUCTOR.with(|d| d.set(true));
-            // SAFETY: the destructor and pointer given to `cuUserObjectCreate`, called
-            // once, when the last reference went (the caller's contract).
-            unsafe { destroy(std::ptr::with_exposed_provenance_mut(ptr)) };
-        })
-        .join();
-    }
-}
 
 impl State {
     /// Drops `count` references of user object `obj`; the destructor due if it was the last.
