@@ -197,41 +197,6 @@ impl Drop for Event {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn milliseconds_become_a_duration_rounded_to_the_nanosecond() {
-        assert_eq!(duration_from_ms(0.0), Some(Duration::ZERO));
-        assert_eq!(duration_from_ms(-0.0), Some(Duration::ZERO));
-        assert_eq!(duration_from_ms(1.5), Some(Duration::from_micros(1500)));
-        assert_eq!(duration_from_ms(0.0005), Some(Duration::from_nanos(500)));
-        assert_eq!(duration_from_ms(2500.0), Some(Duration::from_millis(2500)));
-        // 2^64 ns is one past what a u64 holds: the largest f32 below it converts, the
-        // next one up does not.
-        assert_eq!(
-            duration_from_ms(18_446_744_027_136.0),
-            Some(Duration::from_nanos(18_446_744_027_136_000_000))
-        );
-        assert_eq!(duration_from_ms(18_446_746_124_288.0), None);
-    }
-
-    #[test]
-    fn negative_and_non_finite_milliseconds_are_no_duration() {
-        for ms in [
-            -0.001,
-            -1.0,
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MAX,
-        ] {
-            assert_eq!(duration_from_ms(ms), None, "{ms}");
-        }
-    }
-}
-
 /// Ordering a stream by events: waiting for one (which may join its capture), recording one.
 impl Stream {
     /// Makes later work on this stream wait for `event` (which may be of another device).
@@ -273,5 +238,40 @@ impl Stream {
     #[doc(alias = "cuEventRecord")]
     pub fn record(&self, event: &Event) -> Result<()> {
         event.record(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_become_a_duration_rounded_to_the_nanosecond() {
+        assert_eq!(duration_from_ms(0.0), Some(Duration::ZERO));
+        assert_eq!(duration_from_ms(-0.0), Some(Duration::ZERO));
+        assert_eq!(duration_from_ms(1.5), Some(Duration::from_micros(1500)));
+        assert_eq!(duration_from_ms(0.0005), Some(Duration::from_nanos(500)));
+        assert_eq!(duration_from_ms(2500.0), Some(Duration::from_millis(2500)));
+        // 2^64 ns is one past what a u64 holds: the largest f32 below it converts, the
+        // next one up does not.
+        assert_eq!(
+            duration_from_ms(18_446_744_027_136.0),
+            Some(Duration::from_nanos(18_446_744_027_136_000_000))
+        );
+        assert_eq!(duration_from_ms(18_446_746_124_288.0), None);
+    }
+
+    #[test]
+    fn negative_and_non_finite_milliseconds_are_no_duration() {
+        for ms in [
+            -0.001,
+            -1.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+        ] {
+            assert_eq!(duration_from_ms(ms), None, "{ms}");
+        }
     }
 }

@@ -155,7 +155,7 @@ impl std::fmt::Debug for EnqueueLock<'_> {
 
 /// A CUDA stream in a context. Clones share the stream; the last drop destroys it.
 ///
-/// Work on one stream runs in order; across streams, an [`Event`] orders it:
+/// Work on one stream runs in order; across streams, an [`Event`](crate::Event) orders it:
 ///
 /// ```
 /// use cuda_hal::{DeviceBuffer, Event, Stream};

@@ -51,10 +51,8 @@ fn user_object(d: &Driver, c: &'static Counter, refs: u32) -> CUuserObject {
     let mut o = std::ptr::null_mut();
     let ptr = std::ptr::from_ref(c).cast_mut().cast();
     // SAFETY: a valid out-pointer, destructor and pointer.
-    assert_eq!(
-        unsafe { (d.fns().cuUserObjectCreate)(&mut o, ptr, Some(count), refs, NO_SYNC) },
-        OK
-    );
+    let rc = unsafe { (d.fns().cuUserObjectCreate)(&mut o, ptr, Some(count), refs, NO_SYNC) };
+    assert_eq!(rc, OK);
     o
 }
 
@@ -93,10 +91,8 @@ fn the_destructor_runs_once_the_graph_and_every_instance_are_gone() {
     let graph = capture(&d, s);
     let o = user_object(&d, c, 1);
     // SAFETY: the capture's graph; our one reference moved to it.
-    assert_eq!(
-        unsafe { (f.cuGraphRetainUserObject)(graph, o, 1, MOVE) },
-        OK
-    );
+    let rc = unsafe { (f.cuGraphRetainUserObject)(graph, o, 1, MOVE) };
+    assert_eq!(rc, OK);
     let mut ended = std::ptr::null_mut();
     // SAFETY: ends the capture begun above.
     assert_eq!(unsafe { (f.cuStreamEndCapture)(s, &mut ended) }, OK);
@@ -119,10 +115,8 @@ fn the_destructor_runs_once_the_graph_and_every_instance_are_gone() {
         "another thread"
     );
     // SAFETY: a released object: no reference left to release.
-    assert_eq!(
-        unsafe { (f.cuUserObjectRelease)(o, 1) },
-        CUresult::CUDA_ERROR_INVALID_VALUE
-    );
+    let rc = unsafe { (f.cuUserObjectRelease)(o, 1) };
+    assert_eq!(rc, CUresult::CUDA_ERROR_INVALID_VALUE);
     assert!(world.violations().is_empty(), "{:?}", world.violations());
 }
 

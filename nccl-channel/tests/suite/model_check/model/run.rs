@@ -864,7 +864,7 @@ impl<'c> State<'c> {
         if ctxs[0] == ctxs[1] {
             return;
         }
-        let Ok(id) = UniqueId::generate(&self.nccl) else {
+        let Ok(id) = UniqueId::generate(self.nccl) else {
             return;
         };
         let nccl = &self.nccl;
