@@ -844,3 +844,24 @@ fn found_a_window_exchange_nothing_took_the_place_of_registers() {
     ];
     model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
 }
+
+/// Found by the long run: a global-mode capture of the program's forbids host waits on
+/// every thread, so the window exchange's wait on a fresh world is refused; its outcome is
+/// then not asked for (as a grow's sums are not).
+#[test]
+fn found_a_window_exchange_during_a_global_capture_may_be_refused() {
+    let setup = Setup {
+        version: NcclVersion(23203),
+        second_non_blocking: false,
+        teardown: 15728938990357374553,
+        scalable: true,
+    };
+    let ops = vec![
+        Op::BeginCapture { stream: 79 },
+        Op::WindowAgreement {
+            dev: 144,
+            misordered: false,
+        },
+    ];
+    model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
+}
