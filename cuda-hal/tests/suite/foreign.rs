@@ -322,6 +322,44 @@ fn after_enqueue_knows_which_locks_are_held_when_they_are_released_out_of_order(
     assert_eq!(*log.lock().unwrap(), ["a", "a released", "b"]);
 }
 
+/// Another library's stream, adopted with `Stream::from_owner` (`ours`), which that
+/// library captures through the driver's table, behind this crate's back.
+struct Theirs {
+    cuda: cuda_hal::Cuda,
+    raw: Arc<Stream>,
+    ours: Stream,
+}
+
+impl Theirs {
+    fn new(cuda: &cuda_hal::Cuda, ctx: &Context) -> Theirs {
+        let raw = Arc::new(Stream::non_blocking(ctx).unwrap());
+        // SAFETY: `raw` keeps its stream alive; nothing captures it on another thread.
+        let ours = unsafe { Stream::from_owner(ctx, raw.as_raw(), raw.clone()) };
+        Theirs {
+            cuda: cuda.clone(),
+            raw,
+            ours,
+        }
+    }
+
+    /// Their relaxed capture begins.
+    fn begin_capture(&self) {
+        let mode = cuda_hal::cuda_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a live stream and a documented mode.
+        let rc = unsafe { (self.cuda.fns().cuStreamBeginCapture)(self.raw.as_raw(), mode) };
+        self.cuda.check(rc, "cuStreamBeginCapture").unwrap();
+    }
+
+    /// Their capture ends: the graph, theirs to destroy.
+    fn end_capture(&self) -> cuda_hal::cuda_sys::CUgraph {
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: a live stream being captured; a valid out-pointer.
+        let rc = unsafe { (self.cuda.fns().cuStreamEndCapture)(self.raw.as_raw(), &mut graph) };
+        self.cuda.check(rc, "cuStreamEndCapture").unwrap();
+        graph
+    }
+}
+
 /// A stream captured by another library (begun through the raw driver, not
 /// `begin_capture`): work enqueued on it through this crate keeps its memory for as long
 /// as that library's graph, or an executable graph made from it, lives; both destroyed,
@@ -329,32 +367,28 @@ fn after_enqueue_knows_which_locks_are_held_when_they_are_released_out_of_order(
 /// user object may not call CUDA), and the replays in between read live memory.
 #[test]
 fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory_for_the_graphs_life() {
+    // Alone in a process: another test's global-mode capture would take memory released
+    // meanwhile into its graph, and the release queue is the process's.
+    if !test_support::in_scrubbed_child!(
+        "work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory_for_the_graphs_life",
+        &[]
+    ) {
+        return;
+    }
     let (cuda, world, ctx) = rig();
-    let theirs = Arc::new(Stream::non_blocking(&ctx).unwrap());
-    // SAFETY: `theirs` keeps its stream alive.
-    let stream = unsafe { Stream::from_owner(&ctx, theirs.as_raw(), theirs.clone()) };
+    let theirs = Theirs::new(&cuda, &ctx);
     let f = cuda.fns();
-    // SAFETY: a valid stream; a documented mode.
-    let rc = unsafe {
-        (f.cuStreamBeginCapture)(
-            theirs.as_raw(),
-            cuda_hal::cuda_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        )
-    };
-    cuda.check(rc, "cuStreamBeginCapture").unwrap();
+    theirs.begin_capture();
     assert!(matches!(
-        stream.expect_immediate("my op"),
+        theirs.ours.expect_immediate("my op"),
         Err(Error::Deferred {
             why: "the stream is being captured",
             ..
         })
     ));
     let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 48).unwrap();
-    buf.fill_async(5, &stream).unwrap();
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: ends the capture begun above; a valid out-pointer.
-    let rc = unsafe { (f.cuStreamEndCapture)(theirs.as_raw(), &mut graph) };
-    cuda.check(rc, "cuStreamEndCapture").unwrap();
+    buf.fill_async(5, &theirs.ours).unwrap();
+    let graph = theirs.end_capture();
     let mut exec = std::ptr::null_mut();
     // SAFETY: the graph just made; a valid out-pointer.
     let rc = unsafe { (f.cuGraphInstantiateWithFlags)(&mut exec, graph, 0) };
@@ -372,9 +406,9 @@ fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory_for_the_gr
     drop(DeviceBuffer::<u8>::zeroed(&ctx, 8).unwrap());
     assert_eq!(world.used_memory(0), 64, "kept for the executable graph");
     // SAFETY: a live executable graph and stream.
-    let rc = unsafe { (f.cuGraphLaunch)(exec, theirs.as_raw()) };
+    let rc = unsafe { (f.cuGraphLaunch)(exec, theirs.raw.as_raw()) };
     cuda.check(rc, "cuGraphLaunch").unwrap();
-    theirs.synchronize().unwrap();
+    theirs.raw.synchronize().unwrap();
     // SAFETY: destroyed once, after its launch completed.
     cuda.check(
         unsafe { (f.cuGraphExecDestroy)(exec) },
@@ -385,8 +419,23 @@ fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory_for_the_gr
     drop(other);
     assert_eq!(world.used_memory(0), 0);
     assert!(world.violations().is_empty(), "{:?}", world.violations());
-    drop((stream, theirs, ctx, cuda));
+    drop((theirs, ctx, cuda));
     assert!(world.live().is_empty(), "{:?}", world.live());
+}
+
+/// Waits for `s`, also while another test's global-mode capture forbids host waits in the
+/// whole process for a moment (as CUDA's global mode does).
+fn synchronized(s: &Stream) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match s.synchronize() {
+            Ok(()) => return,
+            Err(Error::Capturing { .. }) if std::time::Instant::now() < until => {
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }
 
 /// A release that fails to take its stream's lock while a capture holds it, and queues
@@ -394,13 +443,22 @@ fn work_on_a_foreign_stream_captured_behind_our_back_keeps_its_memory_for_the_gr
 /// waiting for an unrelated call: it sees the lock was let go and retries itself.
 #[test]
 fn a_release_queued_just_after_its_lock_was_let_go_is_not_stranded() {
+    // Alone in a process: another test's global-mode capture (process-wide, as in CUDA)
+    // would take the memory into its graph, and another test's release would retry the
+    // queue for this one.
+    if !test_support::in_scrubbed_child!(
+        "a_release_queued_just_after_its_lock_was_let_go_is_not_stranded",
+        &[]
+    ) {
+        return;
+    }
     let (_cuda, world, ctx) = rig();
     let s = Stream::non_blocking(&ctx).unwrap();
     let ev = Event::without_timing(&ctx).unwrap();
     Stream::non_blocking(&ctx).unwrap().record(&ev).unwrap();
     for trial in 0..5_000 {
         let buf = DeviceBuffer::<u8>::alloc_on(&s, 64).unwrap();
-        s.synchronize().unwrap();
+        synchronized(&s);
         let both = std::sync::Barrier::new(2);
         std::thread::scope(|sc| {
             sc.spawn(|| {
@@ -414,7 +472,7 @@ fn a_release_queued_just_after_its_lock_was_let_go_is_not_stranded() {
             }
             drop(buf);
         });
-        s.synchronize().unwrap();
+        synchronized(&s);
         assert_eq!(world.used_memory(0), 0, "trial {trial}: left in the queue");
     }
 }
@@ -433,29 +491,28 @@ impl Drop for Bomb {
 /// on the same thread still finish.
 #[test]
 fn a_panicking_queued_release_stops_neither_its_caller_nor_later_releases() {
+    // Alone in a process: another test's global-mode capture would take memory released
+    // meanwhile into its graph, and the release queue is the process's.
+    if !test_support::in_scrubbed_child!(
+        "a_panicking_queued_release_stops_neither_its_caller_nor_later_releases",
+        &[]
+    ) {
+        return;
+    }
     let (cuda, world, ctx) = rig();
-    let theirs = Arc::new(Stream::non_blocking(&ctx).unwrap());
-    // SAFETY: `theirs` keeps its stream alive.
-    let stream = unsafe { Stream::from_owner(&ctx, theirs.as_raw(), theirs.clone()) };
-    let f = cuda.fns();
-    // Another library captures `theirs` while `hold` is held for work enqueued there, then
-    // destroys its graph: the graph's user object hands the hold to the release queue.
+    let theirs = Theirs::new(&cuda, &ctx);
+    // Another library captures its stream while `hold` is held for work enqueued there,
+    // then destroys its graph: the graph's user object hands the hold to the release queue.
     let captured = |hold: cuda_hal::KeepAlive| {
-        let mode = cuda_hal::cuda_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: a live stream and a documented mode.
-        let rc = unsafe { (f.cuStreamBeginCapture)(theirs.as_raw(), mode) };
-        cuda.check(rc, "cuStreamBeginCapture").unwrap();
+        theirs.begin_capture();
         {
-            let _order = stream.enqueue_lock();
-            stream.hold(|| hold);
+            let _order = theirs.ours.enqueue_lock();
+            theirs.ours.hold(|| hold);
         }
-        let mut g = std::ptr::null_mut();
-        // SAFETY: ends the capture begun above; the graph is destroyed once.
-        unsafe {
-            cuda.check((f.cuStreamEndCapture)(theirs.as_raw(), &mut g), "end")
-                .unwrap();
-            cuda.check((f.cuGraphDestroy)(g), "destroy").unwrap();
-        }
+        let graph = theirs.end_capture();
+        // SAFETY: their graph, destroyed once.
+        let rc = unsafe { (cuda.fns().cuGraphDestroy)(graph) };
+        cuda.check(rc, "cuGraphDestroy").unwrap();
     };
     captured(cuda_hal::KeepAlive::new(Arc::new(Bomb)));
     let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -471,7 +528,7 @@ fn a_panicking_queued_release_stops_neither_its_caller_nor_later_releases() {
         0,
         "this thread's releases still finish"
     );
-    drop((stream, theirs, ctx, cuda));
+    drop((theirs, ctx, cuda));
     assert!(world.live().is_empty(), "{:?}", world.live());
 }
 

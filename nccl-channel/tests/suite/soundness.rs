@@ -261,75 +261,22 @@ fn a_communicator_closed_inside_a_group_outlives_the_group() {
     rig.assert_clean();
 }
 
-/// A non-blocking collective holds its stream's enqueue lock while it polls for its
-/// peer; meanwhile another thread begins a capture of that stream (and waits for the
-/// lock), and memory whose home is that stream is dropped. Its release cannot take the
-/// lock: it waits, whole, and finishes once the capture has let the lock go (the memory
-/// then belongs to the capture's graph). Nothing leaks and no context goes under memory.
-#[test]
-fn memory_dropped_while_a_capture_waits_behind_a_polling_collective_is_released() {
-    let rig = Rig::new(2);
-    let ctxs: Vec<_> = (0..2)
-        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
-        .collect();
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let config = CommConfig::non_blocking(Duration::from_secs(20));
-    let s0 = Stream::non_blocking(&ctxs[0]).unwrap();
-    let home = DeviceBuffer::<u8>::alloc_on(&s0, 64).unwrap();
-    let (go, wait_go) = std::sync::mpsc::channel::<()>();
-    std::thread::scope(|sc| {
-        let (rig, ctxs, id, config, s0) = (&rig, &ctxs, &id, &config, &s0);
-        let rank = |r: usize| Communicator::init_rank_with(&rig.nccl, &ctxs[r], id, 2, r, config);
-        let rank1 = sc.spawn(move || {
-            let comm = rank(1).unwrap();
-            let s1 = Stream::non_blocking(&ctxs[1]).unwrap();
-            let mut buf = DeviceBuffer::from_slice(&ctxs[1], &[2i32]).unwrap();
-            wait_go.recv().unwrap();
-            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s1)
-                .unwrap();
-            s1.synchronize().unwrap();
-            comm.close().unwrap();
-        });
-        let rank0 = sc.spawn(move || {
-            let comm = rank(0).unwrap();
-            let mut buf = DeviceBuffer::from_slice(&ctxs[0], &[1i32]).unwrap();
-            // Polls, holding s0's enqueue lock, until rank 1 comes.
-            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s0)
-                .unwrap();
-            s0.synchronize().unwrap();
-            assert_eq!(buf.to_vec().unwrap(), [3]);
-            comm.close().unwrap();
-        });
-        for _ in 0..20_000 {
-            if rig.world.calls("ncclAllReduce") > 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        let capture = sc.spawn(move || s0.begin_capture(CaptureMode::Relaxed));
-        // Time for the capture to wait for the lock (without it the release simply
-        // happens now, which the assertions below accept too).
-        std::thread::sleep(Duration::from_millis(300));
-        drop(home);
-        go.send(()).unwrap();
-        rank1.join().unwrap();
-        rank0.join().unwrap();
-        capture.join().unwrap().unwrap();
-    });
-    drop(s0.end_capture().unwrap());
-    s0.synchronize().unwrap();
-    drop((s0, ctxs));
-    rig.assert_clean();
+/// What a scenario of [`behind_a_polling_collective`] does with memory whose home is
+/// rank 0's stream.
+#[derive(Clone, Copy, PartialEq)]
+enum HomeMemory {
+    /// Dropped on the test's thread while the capture waits.
+    Dropped,
+    /// Read synchronously by rank 1 before its own collective.
+    ReadByRank1,
 }
 
-/// Rank 0's collective holds its stream's enqueue lock while it waits for rank 1; a
-/// capture of that stream waits for the lock; rank 1, before its own collective, makes a
-/// synchronous call on memory whose home is that stream. The call must not wait for the
-/// lock (the capture waits for rank 0, which waits for rank 1): it is refused or
-/// succeeds, and both collectives complete. (Blocking there made a cycle that only the
-/// communicator's deadline broke.)
-#[test]
-fn a_synchronous_call_never_waits_in_a_cycle_through_a_peers_collective() {
+/// Two ranks on threads with non-blocking communicators (3 s deadline). Rank 0's
+/// all-reduce holds its stream's enqueue lock while it polls for rank 1; meanwhile another
+/// thread begins a capture of that stream (and waits for the lock), and memory whose home
+/// is that stream is used as `home` says; then rank 1 comes. Returns both ranks' results,
+/// after ending the capture and checking that nothing leaked and the sanitizer saw nothing.
+fn behind_a_polling_collective(home: HomeMemory) -> (Result<(), Error>, Result<(), Error>) {
     let rig = Rig::new(2);
     let ctxs: Vec<_> = (0..2)
         .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
@@ -338,19 +285,25 @@ fn a_synchronous_call_never_waits_in_a_cycle_through_a_peers_collective() {
     let config = CommConfig::non_blocking(Duration::from_secs(3));
     let s0 = Stream::non_blocking(&ctxs[0]).unwrap();
     // Stream-ordered memory not yet known to be ready: a synchronous call waits for s0.
-    let home = DeviceBuffer::<u8>::alloc_on(&s0, 64).unwrap();
+    let memory = DeviceBuffer::<u8>::alloc_on(&s0, 64).unwrap();
+    let (mut dropped, mut read) = (None, None);
+    match home {
+        HomeMemory::Dropped => dropped = Some(memory),
+        HomeMemory::ReadByRank1 => read = Some(memory),
+    }
     let (go, wait_go) = std::sync::mpsc::channel::<()>();
-    let (r0, r1) = std::thread::scope(|sc| {
-        let (rig, ctxs, id, config, s0, home) = (&rig, &ctxs, &id, &config, &s0, &home);
+    let results = std::thread::scope(|sc| {
+        let (rig, ctxs, id, config, s0) = (&rig, &ctxs, &id, &config, &s0);
         let rank = |r: usize| Communicator::init_rank_with(&rig.nccl, &ctxs[r], id, 2, r, config);
         let rank1 = sc.spawn(move || {
             let comm = rank(1).unwrap();
             let s1 = Stream::non_blocking(&ctxs[1]).unwrap();
             let mut buf = DeviceBuffer::from_slice(&ctxs[1], &[2i32]).unwrap();
             wait_go.recv().unwrap();
-            match home.to_vec() {
-                Ok(_) | Err(cuda_hal::Error::Capturing { .. }) => {}
-                Err(e) => panic!("{e}"),
+            // Must not wait for the lock: the capture waits for rank 0, rank 0 for us.
+            match read.as_ref().map(DeviceBuffer::to_vec) {
+                None | Some(Ok(_)) | Some(Err(cuda_hal::Error::Capturing { .. })) => {}
+                Some(Err(e)) => panic!("{e}"),
             }
             let r = comm
                 .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s1)
@@ -361,9 +314,13 @@ fn a_synchronous_call_never_waits_in_a_cycle_through_a_peers_collective() {
         let rank0 = sc.spawn(move || {
             let comm = rank(0).unwrap();
             let mut buf = DeviceBuffer::from_slice(&ctxs[0], &[1i32]).unwrap();
+            // Polls, holding s0's enqueue lock, until rank 1 comes.
             let r = comm
                 .all_reduce_in_place(&mut buf, ReduceOp::Sum, s0)
                 .and_then(|()| Ok(s0.synchronize()?));
+            if r.is_ok() {
+                assert_eq!(buf.to_vec().unwrap(), [3]);
+            }
             comm.close().unwrap();
             r
         });
@@ -374,19 +331,40 @@ fn a_synchronous_call_never_waits_in_a_cycle_through_a_peers_collective() {
             std::thread::sleep(Duration::from_micros(100));
         }
         let capture = sc.spawn(move || s0.begin_capture(CaptureMode::Relaxed));
-        // Time for the capture to wait for the lock.
+        // Time for the capture to wait for the lock (without it the scenario still holds,
+        // only less is at stake).
         std::thread::sleep(Duration::from_millis(300));
+        drop(dropped.take());
         go.send(()).unwrap();
         let r1 = rank1.join().unwrap();
         let r0 = rank0.join().unwrap();
         capture.join().unwrap().unwrap();
         (r0, r1)
     });
-    assert!(r0.is_ok() && r1.is_ok(), "rank 0 {r0:?}, rank 1 {r1:?}");
     drop(s0.end_capture().unwrap());
     s0.synchronize().unwrap();
-    drop((home, s0, ctxs));
+    drop((s0, ctxs));
     rig.assert_clean();
+    results
+}
+
+/// Memory dropped while a capture waits behind a non-blocking collective's poll: its
+/// release cannot take the stream's lock, so it waits, whole, and finishes once the
+/// capture has let the lock go (the memory then belongs to the capture's graph). Nothing
+/// leaks and no context goes under memory (it leaked, and let its context go).
+#[test]
+fn memory_dropped_while_a_capture_waits_behind_a_polling_collective_is_released() {
+    let (r0, r1) = behind_a_polling_collective(HomeMemory::Dropped);
+    assert!(r0.is_ok() && r1.is_ok(), "rank 0 {r0:?}, rank 1 {r1:?}");
+}
+
+/// A synchronous call on that memory by rank 1, before its own collective, must not wait
+/// for the lock (a cycle only the deadline broke): it is refused or succeeds, and both
+/// collectives complete.
+#[test]
+fn a_synchronous_call_never_waits_in_a_cycle_through_a_peers_collective() {
+    let (r0, r1) = behind_a_polling_collective(HomeMemory::ReadByRank1);
+    assert!(r0.is_ok() && r1.is_ok(), "rank 0 {r0:?}, rank 1 {r1:?}");
 }
 
 /// One rank, one device, a non-blocking communicator with a 5 s deadline.
