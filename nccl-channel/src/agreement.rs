@@ -136,7 +136,31 @@ pub(crate) fn smallest_of(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Consecutive exchanges on a communicator carry consecutive numbers on every rank (an
+    /// exchange paired with another point of the sequence is then refused).
+    #[test]
+    fn each_exchange_issued_takes_the_next_number_on_every_rank() {
+        use cuda_hal::Cuda;
+        let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2)
+            .build_with(Cuda::from_driver)
+            .unwrap();
+        let nccl = std::sync::Arc::new(nccl_mock::MockNccl::new(&gpus).build().unwrap().0);
+        let ctxs: Vec<_> = (0..2)
+            .map(|d| cuda.device(d).unwrap().primary_context().unwrap())
+            .collect();
+        let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+        for n in 1..=3 {
+            let ranks = [(&comms[0], 8), (&comms[1], 4)];
+            assert_eq!(
+                smallest_of("test", Topic::WindowSize, &ranks).unwrap(),
+                [4, 4]
+            );
+            assert!(comms.iter().all(|c| c.agreements_issued() == n));
+        }
+    }
 
     fn gathered(records: &[[u64; WORDS]]) -> Vec<u64> {
         records.concat()
