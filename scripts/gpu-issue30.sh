@@ -2,7 +2,7 @@
 # Issue 30 on the GPU machine: two GPUs (nvidia-h200-x2), NCCL 2.30.7 built from source
 # and the system's 2.28.3 / torch's 2.28.9. Stage first (here, on the CPU machine):
 #
-#   bash scripts/stage-issue30.sh          # .gpu/: binaries, NCCL and nccl-tests sources
+#   bash scripts/gpu-stage          # .gpu/: binaries, NCCL and nccl-tests sources
 #
 # then, with the device tool's `run` and carry [".gpu"], one part or several per call
 # (each part says how long it took; a call may take at most 10 minutes):
@@ -49,7 +49,7 @@ nccl230() {
 # nccl-tests, built against the NCCL in $1 (a directory with include/ and lib/), into $2.
 nccl_tests() {
   local home=$1 dst=$2
-  [ -f .gpu/nccltests.tar.gz ] || { echo "no .gpu/nccltests.tar.gz (scripts/stage-issue30.sh stages it)"; return 1; }
+  [ -f .gpu/nccltests.tar.gz ] || { echo "no .gpu/nccltests.tar.gz (scripts/gpu-stage stages it)"; return 1; }
   [ -x "$dst/build/all_reduce_perf" ] && return 0
   mkdir -p "$dst" && tar xzf .gpu/nccltests.tar.gz -C "$dst" --strip-components=1
   local s; s=$(date +%s)

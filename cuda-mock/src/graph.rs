@@ -106,23 +106,29 @@ mock_fns! {
     }
     fn cuGraphExecDestroy = cu_graph_exec_destroy(w, s, exec: CUgraphExec) [init] {
         let _ = w;
-        if s.execs.remove(&p2h(exec)).is_none() {
-            return CUresult::CUDA_ERROR_INVALID_VALUE;
-        }
         // Its launches ran when they were enqueued: its references go now.
-        let due = s.release_graph_refs(p2h(exec));
-        drop(s);
-        crate::destructor::run_destructors(due);
-        CUresult::CUDA_SUCCESS
+        let known = s.execs.remove(&p2h(exec)).is_some();
+        destroyed(s, known, p2h(exec))
     }
     fn cuGraphDestroy = cu_graph_destroy(w, s, graph: CUgraph) [init] {
         let _ = w;
-        if s.graphs.remove(&p2h(graph)).is_none() {
-            return CUresult::CUDA_ERROR_INVALID_VALUE;
-        }
-        let due = s.release_graph_refs(p2h(graph));
-        drop(s);
-        crate::destructor::run_destructors(due);
-        CUresult::CUDA_SUCCESS
+        let known = s.graphs.remove(&p2h(graph)).is_some();
+        destroyed(s, known, p2h(graph))
     }
+}
+
+/// The end of a graph or executable graph `h` (`known`: it existed): the user-object
+/// references it owned go, and the destructors due run once the world's lock is let go.
+fn destroyed(
+    mut s: std::sync::MutexGuard<'_, crate::state::State>,
+    known: bool,
+    h: usize,
+) -> CUresult {
+    if !known {
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
+    let due = s.release_graph_refs(h);
+    drop(s);
+    crate::destructor::run_destructors(due);
+    CUresult::CUDA_SUCCESS
 }
