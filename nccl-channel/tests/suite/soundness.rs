@@ -314,20 +314,20 @@ fn behind_a_polling_collective(home: HomeMemory) -> (Result<(), Error>, Result<(
         let rank0 = sc.spawn(move || {
             let comm = rank(0).unwrap();
             let mut buf = DeviceBuffer::from_slice(&ctxs[0], &[1i32]).unwrap();
-            // Polls, holding s0's enqueue lock, until rank 1 comes.
-            let r = comm
-                .all_reduce_in_place(&mut buf, ReduceOp::Sum, s0)
-                .and_then(|()| Ok(s0.synchronize()?));
-            if r.is_ok() {
-                assert_eq!(buf.to_vec().unwrap(), [3]);
-            }
-            comm.close().unwrap();
-            r
+            // Polls, holding s0's enqueue lock, until rank 1 comes. Once it returns, the
+            // capture may begin at any moment: nothing more may touch s0 here (a
+            // synchronize would be refused by the driver and invalidate the capture).
+            let r = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, s0);
+            (r, comm, buf)
         });
-        for _ in 0..20_000 {
-            if rig.world.calls("ncclAllReduce") > 0 {
-                break;
-            }
+        // Rank 0 must be in its collective before the capture begins; however long the
+        // machine takes to get it there.
+        let start = std::time::Instant::now();
+        while rig.world.calls("ncclAllReduce") == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "rank 0 never reached its all-reduce"
+            );
             std::thread::sleep(Duration::from_micros(100));
         }
         let capture = sc.spawn(move || s0.begin_capture(CaptureMode::Relaxed));
@@ -337,15 +337,20 @@ fn behind_a_polling_collective(home: HomeMemory) -> (Result<(), Error>, Result<(
         drop(dropped.take());
         go.send(()).unwrap();
         let r1 = rank1.join().unwrap();
-        let r0 = rank0.join().unwrap();
+        let rank0 = rank0.join().unwrap();
         capture.join().unwrap().unwrap();
-        (r0, r1)
+        (rank0, r1)
     });
+    let ((r0, comm0, buf0), r1) = results;
     drop(s0.end_capture().unwrap());
     s0.synchronize().unwrap();
-    drop((s0, ctxs));
+    if r0.is_ok() {
+        assert_eq!(buf0.to_vec().unwrap(), [3]);
+    }
+    comm0.close().unwrap();
+    drop((buf0, s0, ctxs));
     rig.assert_clean();
-    results
+    (r0, r1)
 }
 
 /// Memory dropped while a capture waits behind a non-blocking collective's poll: its
