@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use cuda_sys::{CUlibrary, CUmodule};
 
-use crate::tracking::{Dependency, KeepAlive, UseLog, lock};
+use crate::hold::core::{Dependency, KeepAlive};
+use crate::hold::lock::lock;
+use crate::hold::use_log::UseLog;
 use crate::{Context, Cuda, Result, Stream};
 
 /// The driver handle of loaded code.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use cuda_sys::{CUevent, CUevent_flags, CUresult};
 
-use crate::tracking::{CaptureLog, lock};
+use crate::hold::core::CaptureLog;
+use crate::hold::lock::lock;
 use crate::{Context, Error, Result, Stream};
 
 /// A CUDA event of one context: a point in a stream's work that the host or another

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use cuda_sys::{CUgraph, CUgraphExec, CUstreamCaptureMode, CUstreamCaptureStatus};
 
-use crate::tracking::{CaptureLog, Dependency, KeepAlive, gated, lock};
+use crate::hold::core::{CaptureLog, Dependency, Forbids, KeepAlive, gated};
+use crate::hold::host_waits::note_strict;
+use crate::hold::lock::lock;
 use crate::{Context, Error, Result, Stream};
 
 /// How a capture treats unsafe calls from other threads (`CUstreamCaptureMode`).
@@ -102,17 +104,15 @@ impl Stream {
         // Another thread's open group that recorded work here launches it into this
         // capture: the graph holds what that group holds.
         let forbids = match mode {
-            CaptureMode::Global => Some(crate::tracking::Forbids::Everyone),
-            CaptureMode::ThreadLocal => Some(crate::tracking::Forbids::Thread(
-                std::thread::current().id(),
-            )),
+            CaptureMode::Global => Some(Forbids::Everyone),
+            CaptureMode::ThreadLocal => Some(Forbids::Thread(std::thread::current().id())),
             CaptureMode::Relaxed => None,
         };
         let log = CaptureLog {
             forbids,
             ..CaptureLog::default()
         };
-        *crate::tracking::lock(&log.held) = self.group_holds();
+        *lock(&log.held) = self.group_holds();
         let log = Arc::new(log);
         self.set_capture(Some(log.clone()));
         let _g = self.bind_if_legacy()?;
@@ -124,7 +124,7 @@ impl Stream {
             )
         };
         match r {
-            Ok(()) => crate::tracking::note_strict(&log),
+            Ok(()) => note_strict(&log),
             Err(_) => self.set_capture(None),
         }
         r

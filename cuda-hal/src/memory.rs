@@ -12,7 +12,11 @@ use cuda_sys::CUdeviceptr;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::tracking::{Dependency, KeepAlive, UseLog, lock};
+use crate::hold::core::{Dependency, KeepAlive};
+use crate::hold::host_waits::forbidding_capture;
+use crate::hold::lock::lock;
+use crate::hold::queued;
+use crate::hold::use_log::UseLog;
 use crate::view::{Chunks, ChunksMut};
 use crate::{
     Context, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Error,
@@ -104,7 +108,7 @@ impl Allocation {
             // An outside event cannot join the capture: wait on the host instead (the
             // allocation is then complete for every later launch too), unless the capture
             // forbids this thread host waits: the wait would fail and spoil the capture.
-            if crate::tracking::forbidding_capture().is_some() {
+            if forbidding_capture().is_some() {
                 return Err(Error::PendingInCapture {
                     what: "the first use of this memory on another stream than its home stream",
                 });
@@ -220,8 +224,8 @@ impl Drop for Allocation {
             return;
         }
         // Releases that had to wait may be able to finish now.
-        crate::queued::retry();
-        let generation = crate::queued::generation();
+        queued::retry();
+        let generation = queued::generation();
         let mut used = self.uses.take();
         let uses_alone = used.len();
         if let Some(home) = &self.home {
@@ -234,7 +238,7 @@ impl Drop for Allocation {
         let Some(locks) = self.lock_streams(&used) else {
             used.truncate(uses_alone);
             let moved = self.moved(used, ManuallyDrop::into_inner(release));
-            crate::queued::queue(Box::new(moved), generation);
+            queued::queue(Box::new(moved), generation);
             return;
         };
         // A wait, an event or the free itself enqueued now on a stream being captured would
@@ -245,7 +249,7 @@ impl Drop for Allocation {
         let recording = used
             .iter()
             .find_map(Stream::capture_log)
-            .or_else(crate::tracking::forbidding_capture);
+            .or_else(forbidding_capture);
         if let Some(log) = recording {
             let uses = used[..uses_alone].to_vec();
             let moved = self.moved(uses, ManuallyDrop::into_inner(release));
@@ -422,7 +426,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         release: Release,
     ) -> Self {
         // A new buffer is a chance to finish releases that had to wait.
-        crate::queued::retry();
+        queued::retry();
         DeviceBuffer {
             alloc: Arc::new(Allocation {
                 ctx: ctx.clone(),

@@ -1,12 +1,16 @@
-//! Streams: ordered queues of device work.
+//! Streams: ordered queues of device work. The [`Stream`] type and the state the memory
+//! model keeps on it are defined in `hold/core.rs`; its operations are here.
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
 
 use cuda_sys::{CUresult, CUstream, CUstream_flags};
 
-use crate::tracking::{CaptureLog, DeferScope, KeepAlive, lock};
+use crate::hold::core::{Inner, KeepAlive, Stream};
+use crate::hold::group::DeferScope;
+use crate::hold::lock::lock;
+use crate::hold::{after_enqueue, foreign_capture, host_waits, queued};
 
 /// The driver's errors after which a context can run nothing more ("the context cannot
 /// be used, so it must be destroyed"): its pending work never runs.
@@ -24,64 +28,6 @@ const STICKY: [CUresult; 11] = [
     CUresult::CUDA_ERROR_LAUNCH_FAILED,
 ];
 use crate::{Context, Error, Result};
-
-struct Inner {
-    ctx: Context,
-    raw: CUstream,
-    owned: bool,
-    /// Made by another library (`from_raw`, `from_owner`): it may capture the stream
-    /// behind this crate's back, so holds ask the driver.
-    foreign: bool,
-    /// Keeps a borrowed stream alive (another crate's stream object); dropped after it.
-    _owner: Option<Box<dyn std::any::Any + Send + Sync>>,
-    /// Set while a capture begun through [`Stream::begin_capture`] (or joined through
-    /// [`Stream::wait_event`]) records this stream's work; `capture` then holds its log.
-    capturing: AtomicBool,
-    capture: Mutex<Option<Arc<CaptureLog>>>,
-    /// Shared while work is noted and enqueued; exclusive while a capture begins, ends or
-    /// is joined, so that no work slips into a capture between its noting and its enqueue.
-    order: RwLock<()>,
-    /// What the open groups that recorded work on this stream hold (until each has
-    /// launched and settled): a capture begun meanwhile copies it.
-    groups: Mutex<Vec<std::sync::Weak<Mutex<Vec<KeepAlive>>>>>,
-}
-
-impl Inner {
-    fn new(ctx: &Context, raw: CUstream, owned: bool) -> Inner {
-        Inner {
-            ctx: ctx.clone(),
-            raw,
-            owned,
-            foreign: false,
-            _owner: None,
-            capturing: AtomicBool::new(false),
-            capture: Mutex::new(None),
-            order: RwLock::new(()),
-            groups: Mutex::new(Vec::new()),
-        }
-    }
-}
-
-// SAFETY: stream handles are usable from any thread; the driver serialises access.
-unsafe impl Send for Inner {}
-// SAFETY: as above for the handle. The rest is shared state made for threads: the
-// capture flag is an atomic, the capture log sits behind a mutex and the order lock is an
-// `RwLock`; the context is `Sync`, `owned` and `foreign` are never written after
-// construction, and the owner is `Send + Sync`.
-unsafe impl Sync for Inner {}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if !self.owned {
-            return;
-        }
-        if let Ok(_g) = self.ctx.bind() {
-            // SAFETY: we created the stream and destroy it once; pending work still
-            // completes (the driver defers the release).
-            let _ = unsafe { (self.ctx.cuda().fns().cuStreamDestroy)(self.raw) };
-        }
-    }
-}
 
 /// Held while work is noted and enqueued on a stream ([`Stream::enqueue_lock`]).
 ///
@@ -119,7 +65,7 @@ pub struct EnqueueLock<'a> {
 impl<'a> EnqueueLock<'a> {
     #[inline]
     fn new(guard: RwLockReadGuard<'a, ()>, key: usize) -> Self {
-        crate::tracking::after::enter(key);
+        after_enqueue::enter(key);
         EnqueueLock { _guard: guard, key }
     }
 }
@@ -129,7 +75,7 @@ impl Drop for EnqueueLock<'_> {
     /// before the lock is released.
     #[inline]
     fn drop(&mut self) {
-        crate::tracking::after::leave(self.key);
+        after_enqueue::leave(self.key);
     }
 }
 
@@ -140,55 +86,16 @@ impl Drop for CaptureGuard<'_> {
     fn drop(&mut self) {
         // SAFETY: taken once, here, and never used again.
         drop(unsafe { ManuallyDrop::take(&mut self.0) });
-        crate::tracking::after::leave(0);
+        after_enqueue::leave(0);
         // The releases this lock made wait can finish now (or wait in the queue for the
         // next chance, as this stream's capture may have just begun).
-        crate::queued::lock_let_go();
+        queued::lock_let_go();
     }
 }
 
 impl std::fmt::Debug for EnqueueLock<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("EnqueueLock")
-    }
-}
-
-/// A CUDA stream in a context. Clones share the stream; the last drop destroys it.
-///
-/// Work on one stream runs in order; across streams, an [`Event`](crate::Event) orders it:
-///
-/// ```
-/// use cuda_hal::{DeviceBuffer, Event, Stream};
-/// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
-/// # let ctx = cuda.device(0)?.primary_context()?;
-/// let (producer, consumer) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
-/// let mut a = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
-/// let mut b = DeviceBuffer::<u32>::zeroed(&ctx, 4)?;
-/// a.fill_async(7, &producer)?;
-/// let filled = Event::without_timing(&ctx)?;
-/// producer.record(&filled)?;
-/// consumer.wait_event(&filled)?; // the copy below runs after the fill
-/// b.copy_from_async(&a, &consumer)?;
-/// consumer.synchronize()?;
-/// assert!(consumer.is_idle()?);
-/// assert_eq!(b.to_vec()?, [7; 4]);
-/// assert_eq!(consumer.device_ordinal()?, 0);
-/// assert!(world.violations().is_empty());
-/// # Ok::<(), cuda_hal::Error>(())
-/// ```
-#[derive(Clone)]
-pub struct Stream {
-    inner: Arc<Inner>,
-}
-
-static_assertions::assert_impl_all!(Stream: Send, Sync, Clone, std::fmt::Debug);
-
-impl std::fmt::Debug for Stream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stream")
-            .field("device", &self.inner.ctx.device().ordinal())
-            .field("raw", &self.inner.raw)
-            .finish()
     }
 }
 
@@ -335,14 +242,8 @@ impl Stream {
     /// meanwhile are retried when it is let go.
     pub(crate) fn capture_lock(&self) -> CaptureGuard<'_> {
         let guard = self.inner.order.write().unwrap_or_else(|e| e.into_inner());
-        crate::tracking::after::enter(0);
+        after_enqueue::enter(0);
         CaptureGuard(ManuallyDrop::new(guard))
-    }
-
-    /// Identifies the shared stream value (clones have the same key); never 0.
-    #[inline]
-    pub(crate) fn key(&self) -> usize {
-        Arc::as_ptr(&self.inner).addr()
     }
 
     /// Keeps what `what` returns alive for work just enqueued on this stream that has not
@@ -371,9 +272,7 @@ impl Stream {
             // uses (a user object it owns), released once it and its instances are gone.
             let hold = Box::new(what.clone());
             let ctx = &self.inner.ctx;
-            if let Err(e) =
-                crate::foreign_capture::give_to_capturing_graph(ctx, self.as_raw(), hold)
-            {
+            if let Err(e) = foreign_capture::give_to_capturing_graph(ctx, self.as_raw(), hold) {
                 eprintln!(
                     "cuda-hal: work is being enqueued on stream {:?}, which another library \
                      is capturing into a graph, and its graph could not be made to keep what \
@@ -454,7 +353,7 @@ impl Stream {
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
     pub fn after_enqueue(&self, f: impl FnOnce() + 'static) -> Result<()> {
-        if !crate::tracking::after::holds(self.key()) {
+        if !after_enqueue::holds(self.key()) {
             return Err(Error::InvalidArgument {
                 what: "Stream::after_enqueue",
                 problem: "called without this stream's enqueue_lock held on this thread".into(),
@@ -466,51 +365,7 @@ impl Stream {
                 why: "the stream is being captured",
             });
         }
-        crate::tracking::after::push(self.key(), Box::new(f))
-    }
-
-    /// An open group recorded work on this stream: `holds` is what it holds until it has
-    /// launched and settled (dead after that).
-    pub(crate) fn note_group(&self, holds: std::sync::Weak<Mutex<Vec<KeepAlive>>>) {
-        let mut groups = lock(&self.inner.groups);
-        groups.retain(|g| g.strong_count() > 0);
-        groups.push(holds);
-    }
-
-    /// What the open groups that recorded work on this stream hold: a capture beginning
-    /// now records that work when they launch it, so its graph must hold this too.
-    pub(crate) fn group_holds(&self) -> Vec<KeepAlive> {
-        let mut groups = lock(&self.inner.groups);
-        groups.retain(|g| g.strong_count() > 0);
-        groups
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .flat_map(|g| lock(&g).clone())
-            .collect()
-    }
-
-    /// The log of the capture recording this stream's work, if one is open.
-    pub(crate) fn capture_log(&self) -> Option<Arc<CaptureLog>> {
-        if !self.inner.capturing.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut slot = lock(&self.inner.capture);
-        match &*slot {
-            Some(log) if !log.is_ended() => Some(log.clone()),
-            _ => {
-                *slot = None;
-                self.inner.capturing.store(false, Ordering::Release);
-                None
-            }
-        }
-    }
-
-    /// Starts recording into `log` (set before the driver call, so that any thread whose
-    /// work the driver captures sees it).
-    pub(crate) fn set_capture(&self, log: Option<Arc<CaptureLog>>) {
-        let mut slot = lock(&self.inner.capture);
-        self.inner.capturing.store(log.is_some(), Ordering::Release);
-        *slot = log;
+        after_enqueue::push(self.key(), Box::new(f))
     }
 
     /// The order lock if it can be had without waiting for a capture to begin or end
@@ -563,7 +418,7 @@ impl Stream {
     /// or thread-local mode forbids this thread host synchronisations.
     pub(crate) fn refuse_host_wait(&self, what: &'static str) -> Result<()> {
         self.refuse_capture(what)?;
-        if crate::tracking::forbidding_capture().is_some() {
+        if host_waits::forbidding_capture().is_some() {
             return Err(Error::Capturing { what });
         }
         Ok(())
@@ -591,7 +446,7 @@ impl Stream {
     /// spoil that capture. A relaxed capture forbids nothing.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        if crate::tracking::forbidding_capture().is_some() {
+        if host_waits::forbidding_capture().is_some() {
             return Err(Error::Capturing {
                 what: "Stream::synchronize",
             });
@@ -691,7 +546,7 @@ impl Context {
     /// while a strict capture forbids it, as for [`Stream::synchronize`](crate::Stream::synchronize)).
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        if crate::tracking::forbidding_capture().is_some() {
+        if host_waits::forbidding_capture().is_some() {
             return Err(crate::Error::Capturing {
                 what: "Context::synchronize",
             });

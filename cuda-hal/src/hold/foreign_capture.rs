@@ -116,7 +116,7 @@ unsafe extern "C" fn release_hold(ptr: *mut c_void) {
     let taken = std::panic::catch_unwind(|| {
         // SAFETY: the box `give` made, handed to this destructor once.
         let hold = unsafe { Box::from_raw(ptr.cast::<Hold>()) };
-        crate::queued::queue_only(*hold);
+        crate::hold::queued::queue_only(*hold);
     });
     // Never unwind into the driver.
     let _ = taken;
