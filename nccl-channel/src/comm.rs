@@ -18,7 +18,9 @@ use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 use crate::backoff::Backoff;
 use crate::config::CommConfig;
 use crate::notice::{self, Deadline, Notice};
-use crate::registered::{CommOwner, CommState, Pool, Registry, release_deferred};
+use crate::registered::pool::Pool;
+use crate::registered::registry::{CommState, Registry};
+use crate::registered::release::{CommOwner, release_deferred};
 use crate::reliability::{AbortHandle, poll};
 use crate::sync::lock;
 use crate::{Error, Result, UniqueId, check};
@@ -45,8 +47,8 @@ pub(crate) struct CommShared {
     /// Dropped after the teardown: NCCL releases them with the communicator, and only
     /// then may their memory go.
     pub(crate) registry: Registry,
-    /// Suspended or not, and what may still run on it (suspend.rs).
-    pub(crate) suspend: crate::suspension::SuspendState,
+    /// Suspended or not, and what may still run on it (suspend/).
+    pub(crate) suspend: crate::suspend::state::SuspendState,
     /// The crate's own exchanges between the ranks made on it so far (agreement.rs
     /// numbers each, so that one cannot pair with another).
     agreements: std::sync::atomic::AtomicU64,

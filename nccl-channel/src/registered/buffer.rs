@@ -1,13 +1,15 @@
 //! [`Communicator::buffer`]: pooled NCCL memory that registers itself for the
 //! collectives that gain from it, the default that needs no thought. The pool and its
-//! policy (which collectives, from what size) are in registered/pool.rs; this is its door
-//! on the communicator.
+//! policy (which collectives, from what size) are in pool.rs and policy.rs; this is its
+//! door on the communicator.
 
 use std::sync::Arc;
 
 use cuda_hal::DeviceBuffer;
 
-use crate::registered::{CommState, PoolPolicy, PooledBuffer, Slot};
+use crate::registered::policy::PoolPolicy;
+use crate::registered::pool::PooledBuffer;
+use crate::registered::registry::{CommState, Slot};
 use crate::{Communicator, Error, NcclType, Result};
 
 impl Communicator {
@@ -66,7 +68,7 @@ impl Communicator {
     /// group too: NCCL looks registrations up when the group ends.
     ///
     /// Returns the slot registered, which the caller keeps until the work's use of the
-    /// memory is noted ([`Registry::used`](crate::registered::Registry::used)): the
+    /// memory is noted ([`Registry::used`](crate::registered::registry::Registry::used)): the
     /// slot holds the new registration, and its pooled buffer may drop on another thread
     /// meanwhile (when the memory was swapped out of it), which would release the
     /// registration before NCCL's use of it is known. An error only when the attempt

@@ -13,29 +13,31 @@
 //! work that may use it is done, and never while a graph that recorded such work can
 //! still be launched.
 //!
-//! Each file imports only those above it in this list, and none imports the
-//! communicator, which depends on this module one way and comes in through two traits:
+//! The files below the communicator (it depends on them one way, and they see it only
+//! through two traits); each imports only those above it in this list:
 //!
 //! * registry.rs: the core, what NCCL may find by address (registrations, releases
 //!   queued for the owner's thread, pooled buffers not registered yet) and how each lets
-//!   go on any thread; the communicator's shared state as [`CommState`].
+//!   go on any thread; the communicator's shared state as `CommState`.
 //! * release.rs: adopting and releasing on the owner's thread, the communicator as
-//!   [`CommOwner`].
-//! * policy.rs: the table of which collectives and sizes register, [`PoolPolicy`]
+//!   `CommOwner`.
+//! * policy.rs: the table of which collectives and sizes register, [`PoolPolicy`](crate::PoolPolicy)
 //!   (imports nothing of these).
 //! * pool.rs: the free buffers of [`Communicator::buffer`](crate::Communicator::buffer)
-//!   and the [`PooledBuffer`]s it lends.
+//!   and the [`PooledBuffer`](crate::PooledBuffer)s it lends.
 //!
-//! The doors (`Communicator::register`, `register_window`, `buffer`, ...) are in
-//! registration.rs and buffer.rs, on top of the communicator.
+//! The communicator's methods that make them, on top of the communicator:
+//!
+//! * register.rs: [`Communicator::register`](crate::Communicator::register) and
+//!   [`register_window`](crate::Communicator::register_window).
+//! * buffer.rs: [`Communicator::buffer`](crate::Communicator::buffer).
+//! * nccl_memory.rs: [`alloc_nccl`](crate::alloc_nccl), NCCL's own memory
+//!   (`ncclMemAlloc`).
 
-mod policy;
-mod pool;
-mod registry;
-mod release;
-
-pub use policy::{POOL_POLICY_ENV, PoolMemory, PoolPolicy};
-pub(crate) use pool::Pool;
-pub use pool::PooledBuffer;
-pub(crate) use registry::{CommState, Kind, RegShared, Registry, Slot};
-pub(crate) use release::{CommOwner, adopt, release_deferred, release_registration};
+pub(crate) mod buffer;
+pub(crate) mod nccl_memory;
+pub(crate) mod policy;
+pub(crate) mod pool;
+pub(crate) mod register;
+pub(crate) mod registry;
+pub(crate) mod release;

@@ -5,7 +5,7 @@
 //! Both are typed so that the memory outlives its registration (the registration holds
 //! a shared owner of it, [`DeviceSlice::keep_alive`]) and the registration does not
 //! outlive its communicator (it borrows it). This is their door on the communicator: how
-//! a registration is kept, noted by collectives and released is in registered/.
+//! a registration is kept, noted by collectives and released is in the sibling files.
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
@@ -14,7 +14,8 @@ use std::sync::Arc;
 use cuda_hal::{DeviceSlice, KeepAlive};
 use nccl_sys::ncclWindow_t;
 
-use crate::registered::{Kind, RegShared, adopt, release_registration};
+use crate::registered::registry::{Kind, RegShared};
+use crate::registered::release::{adopt, release_registration};
 use crate::{Communicator, Error, Result};
 
 /// Flags of a window (`NCCL_WIN_*`), combined with `|`.

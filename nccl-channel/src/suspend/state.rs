@@ -1,4 +1,4 @@
-//! A communicator's suspension state (suspend.rs has the calls): whether it is suspended,
+//! A communicator's suspension state (calls.rs has the calls): whether it is suspended,
 //! and what may still run on it. Below the communicator, which keeps one.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
