@@ -1,5 +1,7 @@
 //! cudarc's contexts, streams and memory, used by this crate and nccl-channel without a
-//! copy and without `unsafe` in the caller's code (feature `cudarc`).
+//! copy (feature `cudarc`). Memory needs no `unsafe` in the caller's code; enqueueing
+//! this crate's work on a cudarc stream ([`Stream::from_cudarc`]) needs one promise about
+//! cudarc's captures.
 //!
 //! Two ways to hand over memory, both ordering each crate's work after the other's:
 //!
@@ -7,9 +9,10 @@
 //!   [`DeviceBuffer::into_cudarc`]): the buffer owns the `CudaSlice`, so the whole memory
 //!   model holds: groups, captures, frees while work is pending. The slice's stream is
 //!   the buffer's home stream: the first use on another stream waits for cudarc's work on
-//!   it (and for the slice's pending events), and the release, or the way back out, makes
-//!   it wait on the device for every stream that used the memory; cudarc then frees, or
-//!   goes on, in its order.
+//!   it (and for the slice's pending events), and the release, or the way back out, waits
+//!   on the host for every other stream that used the memory (cudarc may capture its own
+//!   stream at any moment, so nothing the free depends on is enqueued there); cudarc then
+//!   frees, or goes on, in its order.
 //! * **Borrowed** ([`Borrowed`], [`BorrowedMut`]): a slice or view lent for immediate
 //!   work. Each use waits for cudarc's pending work, then records cudarc's read (or
 //!   write) event after this crate's work and makes the slice's stream wait for it, so
@@ -92,11 +95,57 @@ fn same_driver(cuda: &Cuda) -> bool {
 
 impl Stream {
     /// cudarc's stream of `ctx`'s context, kept alive by the returned value (and by every
-    /// buffer whose use log holds it). A capture cudarc begins on it is seen: work
-    /// enqueued meanwhile keeps what it uses alive (see [`Stream::from_owner`]).
-    pub fn from_cudarc(ctx: &Context, stream: &Arc<CudaStream>) -> Result<Stream> {
+    /// buffer whose use log holds it), to enqueue this crate's work on. A capture cudarc
+    /// begins on it is seen: work enqueued meanwhile keeps what it uses alive (see
+    /// [`Stream::from_owner`]).
+    ///
+    /// # Safety
+    /// cudarc does not begin or end a capture of `stream` (`CudaStream::begin_capture`,
+    /// `end_capture`) on another thread while work is being enqueued on the returned
+    /// value: work enqueued just as a capture begins or ends is recorded into cudarc's
+    /// graph without what it uses being held, and that graph may run it after the memory
+    /// is freed. Nothing in cudarc's types prevents it, so the promise is the caller's, as
+    /// for any two libraries sharing a stream. Moving cudarc's memory in
+    /// ([`DeviceBuffer::from_cudarc`]) or lending it ([`Borrowed`]) needs no such promise.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "cudarc")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use cuda_hal::{Context, Cuda, DeviceBuffer, Stream};
+    /// use cudarc::driver::CudaContext;
+    ///
+    /// let cuda = Cuda::load()?;
+    /// let theirs = CudaContext::new(0)?;
+    /// let ctx = Context::from_cudarc(&cuda, &theirs)?;
+    /// let their_stream = theirs.new_stream()?;
+    /// // SAFETY: this program never captures `their_stream` through cudarc.
+    /// let stream = unsafe { Stream::from_cudarc(&ctx, &their_stream)? };
+    /// let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4)?;
+    /// buf.fill_async(1.0, &stream)?;
+    /// stream.synchronize()?;
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "cudarc"))]
+    /// # fn main() {}
+    /// ```
+    pub unsafe fn from_cudarc(ctx: &Context, stream: &Arc<CudaStream>) -> Result<Stream> {
         same_context(ctx, stream.context(), "Stream::from_cudarc")?;
-        // SAFETY: a stream of `ctx` (checked), which the `Arc` keeps alive.
+        // SAFETY: a stream of `ctx` (checked), which the `Arc` keeps alive; the caller
+        // promises what `from_owner` asks of captures.
+        Ok(unsafe { Stream::from_owner(ctx, stream.cu_stream().cast(), stream.clone()) })
+    }
+
+    /// cudarc's stream as the home of memory moved in or lent: this crate enqueues there
+    /// only orderings (event records and waits), never work that uses the memory, so a
+    /// capture cudarc begins there on another thread can at most record an ordering of
+    /// contents; what frees depend on is waited for on the host
+    /// (the release of memory with a foreign home stream) or recorded on
+    /// this crate's streams (cudarc's events, which its free waits for).
+    fn cudarc_home(ctx: &Context, stream: &Arc<CudaStream>) -> Result<Stream> {
+        same_context(ctx, stream.context(), "cudarc memory's stream")?;
+        // SAFETY: a stream of `ctx` (checked), which the `Arc` keeps alive. `from_owner`'s
+        // capture promise covers work enqueued through the returned value; this crate
+        // enqueues none there but orderings (above), whose capture frees nothing early.
         Ok(unsafe { Stream::from_owner(ctx, stream.cu_stream().cast(), stream.clone()) })
     }
 }
@@ -107,7 +156,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     pub fn from_cudarc(ctx: &Context, mut slice: CudaSlice<T>) -> Result<Self> {
         same_context(ctx, slice.context(), "DeviceBuffer::from_cudarc")?;
         let theirs = slice.stream().clone();
-        let home = Stream::from_cudarc(ctx, &theirs)?;
+        let home = Stream::cudarc_home(ctx, &theirs)?;
         // cudarc's own ordering: its stream waits for the slice's pending reads and writes
         // on other streams (when cudarc tracks them), so the home stream covers them all.
         let (ptr, record) = slice.device_ptr_mut(&theirs);
@@ -188,7 +237,7 @@ impl<'a, T: DeviceRepr> Borrowed<'a, T> {
         Ok(Borrowed {
             lent: Lent {
                 ctx: ctx.clone(),
-                home: Stream::from_cudarc(ctx, &theirs)?,
+                home: Stream::cudarc_home(ctx, &theirs)?,
                 ptr,
                 len: slice.len(),
                 event,
@@ -213,7 +262,7 @@ impl<'a, T: DeviceRepr> BorrowedMut<'a, T> {
         Ok(BorrowedMut {
             lent: Lent {
                 ctx: ctx.clone(),
-                home: Stream::from_cudarc(ctx, &theirs)?,
+                home: Stream::cudarc_home(ctx, &theirs)?,
                 ptr,
                 len,
                 event,
@@ -253,6 +302,10 @@ impl Lent {
         if stream.as_raw() != self.home.as_raw() {
             ok &= order(stream, &self.home).is_ok();
         }
+        // Without cudarc's event, the home stream's wait is all that orders cudarc's free
+        // after this work, and a capture cudarc begins on another thread could record it
+        // instead of running it: the host waits.
+        ok &= self.event.is_some();
         if !ok && stream.synchronize().is_err() {
             eprintln!(
                 "cuda-hal: cudarc memory used on a failed stream: its next use in cudarc is not \

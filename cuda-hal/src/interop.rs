@@ -10,7 +10,8 @@
 //! | --- | --- | --- |
 //! | cudarc's `CudaSlice`, to keep for a while (groups, captures) | [`DeviceBuffer::from_cudarc`](crate::DeviceBuffer::from_cudarc), back with [`into_cudarc`](crate::DeviceBuffer::into_cudarc) | none |
 //! | cudarc's slice or view, for one call | [`cudarc::Borrowed`](crate::cudarc::Borrowed), [`BorrowedMut`](crate::cudarc::BorrowedMut) | none |
-//! | cudarc's `CudaContext` / `CudaStream` | [`Context::from_cudarc`](crate::Context::from_cudarc), [`Stream::from_cudarc`](crate::Stream::from_cudarc) | none |
+//! | cudarc's `CudaContext` | [`Context::from_cudarc`](crate::Context::from_cudarc) | none |
+//! | cudarc's `CudaStream`, to enqueue this crate's work on | [`Stream::from_cudarc`](crate::Stream::from_cudarc) | one: cudarc does not capture it on another thread meanwhile |
 //! | any allocation kept alive by an owner value (a framework's tensor, a DLPack capsule) | [`DeviceBuffer::from_owner`](crate::DeviceBuffer::from_owner) / [`from_owner_on`](crate::DeviceBuffer::from_owner_on), back with [`into_owner`](crate::DeviceBuffer::into_owner) | one, for the address |
 //! | a raw stream or context kept alive by an owner | [`Stream::from_owner`](crate::Stream::from_owner), [`Context::from_raw`](crate::Context::from_raw) | one |
 //! | your own buffer type | implement [`DeviceSlice`](crate::DeviceSlice) (with [`Stream::hold`](crate::Stream::hold) and [`Stream::after_enqueue`](crate::Stream::after_enqueue)) | the `unsafe impl` |

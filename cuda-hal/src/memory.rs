@@ -133,8 +133,8 @@ impl Allocation {
 
 impl Allocation {
     /// Makes the memory idle for its release: the home stream ordered after every other
-    /// stream that used it (events; failing that, a host wait), or, without a home stream,
-    /// a host wait for each. `Err` names what failed: then nothing may be released. The
+    /// stream that used it (events; failing that, a host wait), or, without a home stream
+    /// or with another library's, a host wait for each. `Err` names what failed: then nothing may be released. The
     /// caller holds the order locks of `used` and the home stream, and no capture records
     /// them.
     fn quiesce(&self, used: &[Stream]) -> Result<()> {
@@ -148,6 +148,15 @@ impl Allocation {
             });
         }
         match &self.home {
+            // Another library's stream (cudarc's) may be captured by that library on
+            // another thread at any moment: waits enqueued there could be recorded instead
+            // of run, and its free would then not wait. The host waits instead; the free
+            // follows the home stream's own work in its order.
+            Some(home) if home.inner.foreign => {
+                for s in used.iter().filter(|s| s.key() != home.key()) {
+                    s.synchronize()?;
+                }
+            }
             Some(home) => {
                 for s in used.iter().filter(|s| s.key() != home.key()) {
                     Self::order_locked(home, s)?;
@@ -491,7 +500,9 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// in order on `home` (a cudarc slice frees on its stream): the buffer's first use on
     /// another stream waits for `home`'s work so far, synchronous calls wait for `home`
     /// once, and the release (or [`into_owner`](Self::into_owner)) makes `home` wait, on
-    /// the device, for the work of every other stream that used the memory.
+    /// the device, for the work of every other stream that used the memory. When `home`
+    /// is another library's stream ([`Stream::from_owner`], [`Stream::from_raw`]), which
+    /// that library may capture at any moment, the host waits for those streams instead.
     ///
     /// # Safety
     /// As for [`from_owner`](Self::from_owner), except that work already enqueued on the

@@ -90,10 +90,10 @@ fn give(
     }
     // SAFETY: `graph` is the graph of the capture recording this stream, which lives while
     // that capture runs. The capture is another library's: this crate cannot keep it from
-    // ending, but the caller of `Stream::from_owner` (or the library behind
-    // `Stream::from_cudarc`) does not end it on another thread while work is being
-    // enqueued on its stream through this crate (the documented contract of a shared
-    // stream). Our one reference is moved to the graph.
+    // ending, but the callers of `Stream::from_owner` and `Stream::from_cudarc` (both
+    // `unsafe` for this) promise that it is not ended on another thread while work is
+    // being enqueued on its stream through this crate. Our one reference is moved to the
+    // graph.
     let rc = unsafe {
         (cuda.fns().cuGraphRetainUserObject)(
             graph,

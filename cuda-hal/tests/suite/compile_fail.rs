@@ -6,3 +6,10 @@
 fn forbidden_by_the_types() {
     trybuild::TestCases::new().compile_fail("tests/compile_fail/*.rs");
 }
+
+/// What only the `cudarc` feature brings (`tests/compile_fail_cudarc/`).
+#[cfg(feature = "cudarc")]
+#[test]
+fn forbidden_by_the_types_with_cudarc() {
+    trybuild::TestCases::new().compile_fail("tests/compile_fail_cudarc/*.rs");
+}

@@ -109,7 +109,9 @@ fn borrowed_cudarc_memory_across_streams_and_a_capture_cudarc_makes_for_its_grap
     assert!(home.clone_dtoh(&dst).unwrap().iter().all(|&v| v == 3));
 
     // cudarc captures a stream we adopted: our work there keeps its memory.
-    let adopted = Stream::from_cudarc(&ctx, &home).unwrap();
+    // SAFETY: cudarc captures `home` on this thread only, never while work is being
+    // enqueued on it from another.
+    let adopted = unsafe { Stream::from_cudarc(&ctx, &home) }.unwrap();
     home.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .unwrap();
     let mut tmp = DeviceBuffer::<u32>::alloc(&ctx, n).unwrap();

@@ -194,6 +194,39 @@ fn a_home_stream_waits_on_the_device_for_every_stream_that_used_the_memory() {
     assert!(world.violations().is_empty(), "{:?}", world.violations());
 }
 
+/// Another library's home stream (a cudarc slice's) may be captured by that library on
+/// another thread at any moment: a wait enqueued there for the other streams' work could
+/// be recorded instead of run, and the owner's free on it would not wait. The release
+/// and the way back out wait on the host for those streams, and enqueue nothing there.
+#[test]
+fn another_librarys_home_stream_gets_no_wait_the_free_depends_on() {
+    let (_cuda, world, ctx) = rig();
+    let theirs_stream = Arc::new(Stream::non_blocking(&ctx).unwrap());
+    // SAFETY: `theirs_stream` keeps its stream, of `ctx`, alive.
+    let home = unsafe { Stream::from_owner(&ctx, theirs_stream.as_raw(), theirs_stream.clone()) };
+    let other = Stream::non_blocking(&ctx).unwrap();
+    for back_out in [false, true] {
+        let mut theirs = DeviceBuffer::<u8>::alloc_on(&home, 64).unwrap();
+        theirs.fill_async(1, &home).unwrap();
+        let p = theirs.as_raw();
+        // SAFETY: 64 bytes of `ctx`, freed in order on `home` by `theirs`.
+        let mut buf = unsafe { DeviceBuffer::<u8>::from_owner_on(&home, p, 64, theirs) };
+        buf.slice_mut(32..).unwrap().fill_async(2, &other).unwrap();
+        let (waits, syncs) = (world.calls("cuStreamWaitEvent"), world.calls("cuStreamSynchronize"));
+        if back_out {
+            let theirs: DeviceBuffer<u8> = buf.into_owner().unwrap();
+            drop(theirs);
+        } else {
+            drop(buf);
+        }
+        assert_eq!(world.calls("cuStreamWaitEvent"), waits, "a wait enqueued on their stream");
+        assert!(world.calls("cuStreamSynchronize") > syncs, "the host waited for `other`");
+        home.synchronize().unwrap();
+    }
+    assert_eq!(world.used_memory(0), 0);
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+}
+
 #[test]
 fn an_adopted_context_outlives_what_was_made_in_it_and_then_drops_its_owner() {
     let (cuda, world, ctx) = rig();

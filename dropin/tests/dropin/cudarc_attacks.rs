@@ -75,7 +75,8 @@ fn a_loan_of_a_stream_this_crate_captures_through_another_wrapper_is_refused() {
     let theirs = CudaContext::new(0).unwrap();
     let ctx = Context::from_cudarc(&cuda, &theirs).unwrap();
     let their_stream = theirs.new_stream().unwrap();
-    let wrapped = Stream::from_cudarc(&ctx, &their_stream).unwrap();
+    // SAFETY: cudarc never captures this stream; this crate does, through `wrapped`.
+    let wrapped = unsafe { Stream::from_cudarc(&ctx, &their_stream) }.unwrap();
     let src = their_stream.clone_htod(&[1u32, 2, 3, 4]).unwrap();
     let ours = Stream::non_blocking(&ctx).unwrap();
     let mut dst = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();

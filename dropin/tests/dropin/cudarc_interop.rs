@@ -51,7 +51,8 @@ fn cudarc_memory_moved_in_all_gathers_in_a_group_and_comes_back() {
     assert_eq!(ctxs[1], cuda.device(1).unwrap().primary_context().unwrap());
     let their_streams = theirs.each_ref().map(|c| c.new_stream().unwrap());
     let streams: Vec<Stream> = (0..2)
-        .map(|r| Stream::from_cudarc(&ctxs[r], &their_streams[r]).unwrap())
+        // SAFETY: cudarc never captures these streams here.
+        .map(|r| unsafe { Stream::from_cudarc(&ctxs[r], &their_streams[r]) }.unwrap())
         .collect();
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
     // Allocated by cudarc on its streams, moved in without a copy.
@@ -174,7 +175,9 @@ fn a_stream_cudarc_captures_keeps_what_our_work_uses_for_its_graphs_life() {
     let theirs = CudaContext::new(0).unwrap();
     let ctx = Context::from_cudarc(&cuda, &theirs).unwrap();
     let their_stream = theirs.new_stream().unwrap();
-    let stream = Stream::from_cudarc(&ctx, &their_stream).unwrap();
+    // SAFETY: cudarc captures this stream below on this thread only, never while work is
+    // being enqueued on it from another.
+    let stream = unsafe { Stream::from_cudarc(&ctx, &their_stream) }.unwrap();
     let mut buf = DeviceBuffer::<u8>::zeroed(&ctx, 64).unwrap();
     // cudarc captures its stream; this crate cannot see that capture begin.
     their_stream

@@ -449,7 +449,9 @@ mod cudarc_ranks {
         assert_eq!(ctx, cuda.device(rank).unwrap().primary_context().unwrap());
         // cudarc's stream, and the same stream adopted.
         let home = theirs.new_stream().unwrap();
-        let adopted = Stream::from_cudarc(&ctx, &home).unwrap();
+        // SAFETY: cudarc captures `home` on this thread only, never while work is being
+        // enqueued on it from another.
+        let adopted = unsafe { Stream::from_cudarc(&ctx, &home) }.unwrap();
         // A stream of this crate's own: lent memory is ordered across the two.
         let ours = Stream::non_blocking(&ctx).unwrap();
         let comm = Communicator::init_rank(nccl, &ctx, id, 2, rank).unwrap();
