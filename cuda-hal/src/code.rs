@@ -61,7 +61,15 @@ impl Drop for CodeInner {
                 handle: std::mem::replace(&mut self.handle, Handle::None),
                 uses: UseLog::with(used),
             };
-            lock(&log.held).push(KeepAlive::new(Arc::new(moved)));
+            let mut held = lock(&log.held);
+            // Ended since it was found: unloaded as if no capture had recorded it, by the
+            // moved value's own drop.
+            if log.is_ended() {
+                drop(held);
+                drop(moved);
+                return;
+            }
+            held.push(KeepAlive::new(Arc::new(moved)));
             return;
         }
         // Any failure below leaks the code: never unload what work may still run.

@@ -110,6 +110,8 @@ impl Stream {
         };
         let log = CaptureLog {
             forbids,
+            origin: self.key(),
+            began_on: Some(std::thread::current().id()),
             ..CaptureLog::default()
         };
         *lock(&log.held) = self.group_holds();
@@ -162,6 +164,50 @@ impl Stream {
             raw,
             held: held.into(),
         })
+    }
+
+    /// The stream's last user handle is gone while a capture begun through it records.
+    /// Nothing can end that capture any more, so the work it recorded never runs: the
+    /// driver's capture is ended and its graph destroyed, and the record lets go of what
+    /// it holds (which may hold this very stream, through the use log of memory it keeps:
+    /// a cycle otherwise, and the thread's host waits refused for good). CUDA ends a strict
+    /// (global or thread-local) capture only on the thread that began it: one whose last
+    /// handle goes on another thread stays, with what it holds (a whole leak).
+    #[cold]
+    pub(crate) fn abandon_capture(&self) {
+        let Some(log) = self.capture_log() else {
+            return;
+        };
+        let here = Some(std::thread::current().id());
+        if log.origin != self.key() || (log.forbids.is_some() && log.began_on != here) {
+            return;
+        }
+        let held = {
+            let Some(_excl) = self.try_capture_lock() else {
+                return;
+            };
+            if !self.capture_log().is_some_and(|l| Arc::ptr_eq(&l, &log)) {
+                return;
+            }
+            let cuda = self.context().cuda();
+            let mut raw: CUgraph = std::ptr::null_mut();
+            // SAFETY: a valid stream (a captured one is never the legacy stream) and
+            // out-pointer.
+            let r = unsafe { (cuda.fns().cuStreamEndCapture)(self.as_raw(), &mut raw) };
+            if r.0 == 0 && !raw.is_null() {
+                // SAFETY: the graph just made, never instantiated, destroyed once: the
+                // work it recorded never runs.
+                let _ = unsafe { (cuda.fns().cuGraphDestroy)(raw) };
+            }
+            if r.0 != 0 && self.is_capturing().unwrap_or(true) {
+                return;
+            }
+            log.ended.store(true, std::sync::atomic::Ordering::Release);
+            self.set_capture(None);
+            std::mem::take(&mut *lock(&log.held))
+        };
+        // Outside the lock: these may be the last owners of memory, whose free takes it.
+        drop(held);
     }
 
     /// Whether the driver is capturing the stream.

@@ -238,7 +238,7 @@ impl Drop for Allocation {
         let mut used = self.uses.take();
         let uses_alone = used.len();
         if let Some(home) = &self.home {
-            used.push(home.clone());
+            used.push(home.held());
         }
         // Releases on a home stream enqueue on the streams involved: hold their order
         // locks, without blocking (the caller may hold one already). One locked for a
@@ -260,9 +260,19 @@ impl Drop for Allocation {
             .find_map(Stream::capture_log)
             .or_else(forbidding_capture);
         if let Some(log) = recording {
-            let uses = used[..uses_alone].to_vec();
+            let uses = used[..uses_alone].iter().map(Stream::held).collect();
             let moved = self.moved(uses, ManuallyDrop::into_inner(release));
-            lock(&log.held).push(KeepAlive::new(Arc::new(moved)));
+            let mut held = lock(&log.held);
+            // Ended since it was found (its graph took its holds already): the memory is
+            // released as if no capture had recorded it, by the moved value's own drop.
+            if log.is_ended() {
+                drop(held);
+                drop(locks);
+                drop(moved);
+                return;
+            }
+            held.push(KeepAlive::new(Arc::new(moved)));
+            drop(held);
             drop(locks);
             return;
         }
@@ -420,7 +430,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
                 )
             }?;
         }
-        Ok(Self::owning(ctx, ptr, len, Some(stream.clone())))
+        Ok(Self::owning(ctx, ptr, len, Some(stream.held())))
     }
 
     fn owning(ctx: &Context, ptr: CUdeviceptr, len: usize, home: Option<Stream>) -> Self {
@@ -540,7 +550,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
             ctx,
             ptr,
             len,
-            Some(home.clone()),
+            Some(home.held()),
             Release::Owner(Box::new(owner)),
         )
     }
@@ -559,7 +569,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         }
         let mut used = self.alloc.uses.streams();
         if let Some(home) = &self.alloc.home {
-            used.push(home.clone());
+            used.push(home.held());
         }
         let idle = self.alloc.lock_streams(&used).is_some_and(|locks| {
             let ok = !used.iter().any(|s| s.capture_log().is_some())

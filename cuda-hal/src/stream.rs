@@ -3,7 +3,7 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 use cuda_sys::{CUresult, CUstream, CUstream_flags};
 
@@ -116,9 +116,7 @@ impl Stream {
         let mut raw: CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer; a context is current.
         unsafe { call!(ctx.cuda(), cuStreamCreate(&mut raw, flags)) }?;
-        Ok(Stream {
-            inner: Arc::new(Inner::new(ctx, raw, true)),
-        })
+        Ok(Stream::from_inner(Inner::new(ctx, raw, true)))
     }
 
     /// The context's legacy default stream (the null handle; never destroyed).
@@ -137,9 +135,7 @@ impl Stream {
     /// ```
     #[must_use]
     pub fn legacy_default(ctx: &Context) -> Stream {
-        Stream {
-            inner: Arc::new(Inner::new(ctx, std::ptr::null_mut(), false)),
-        }
+        Stream::from_inner(Inner::new(ctx, std::ptr::null_mut(), false))
     }
 
     /// Wraps a raw stream of `ctx`.
@@ -177,9 +173,7 @@ impl Stream {
     pub unsafe fn from_raw(ctx: &Context, raw: CUstream, owned: bool) -> Stream {
         let mut inner = Inner::new(ctx, raw, owned);
         inner.foreign = true;
-        Stream {
-            inner: Arc::new(inner),
-        }
+        Stream::from_inner(inner)
     }
 
     /// Wraps another library's stream of `ctx`, kept alive by `owner` (that library's
@@ -223,9 +217,7 @@ impl Stream {
         let mut inner = Inner::new(ctx, raw, false);
         inner.foreign = true;
         inner._owner = Some(Box::new(owner));
-        Stream {
-            inner: Arc::new(inner),
-        }
+        Stream::from_inner(inner)
     }
 
     /// Held from before work is noted ([`hold`](Self::hold),
@@ -244,6 +236,27 @@ impl Stream {
         let guard = self.inner.order.write().unwrap_or_else(|e| e.into_inner());
         after_enqueue::enter(0);
         CaptureGuard(ManuallyDrop::new(guard))
+    }
+
+    /// The capture lock if it can be had soon (a few short retries), for a stream's last
+    /// user handle going: `None` rather than wait on a lock this thread may hold.
+    pub(crate) fn try_capture_lock(&self) -> Option<CaptureGuard<'_>> {
+        for _ in 0..100u32 {
+            match self.inner.order.try_write() {
+                Ok(guard) => {
+                    after_enqueue::enter(0);
+                    return Some(CaptureGuard(ManuallyDrop::new(guard)));
+                }
+                Err(std::sync::TryLockError::Poisoned(e)) => {
+                    after_enqueue::enter(0);
+                    return Some(CaptureGuard(ManuallyDrop::new(e.into_inner())));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+            }
+        }
+        None
     }
 
     /// Keeps what `what` returns alive for work just enqueued on this stream that has not

@@ -4,7 +4,7 @@
 //! they do lives in the sibling files and in the crate's `stream.rs`; this file holds
 //! only the types and their own accessors.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use cuda_sys::CUstream;
@@ -31,6 +31,9 @@ pub(crate) struct Inner {
     /// What the open groups that recorded work on this stream hold (until each has
     /// launched and settled): a capture begun meanwhile copies it.
     pub(crate) groups: Mutex<Vec<std::sync::Weak<Mutex<Vec<KeepAlive>>>>>,
+    /// How many of the user's handles exist (the [`Stream`] values a user can end a
+    /// capture through); the memory model's own references are not counted.
+    pub(crate) users: AtomicUsize,
 }
 
 impl Inner {
@@ -45,6 +48,7 @@ impl Inner {
             capture: Mutex::new(None),
             order: RwLock::new(()),
             groups: Mutex::new(Vec::new()),
+            users: AtomicUsize::new(1),
         }
     }
 }
@@ -52,9 +56,9 @@ impl Inner {
 // SAFETY: stream handles are usable from any thread; the driver serialises access.
 unsafe impl Send for Inner {}
 // SAFETY: as above for the handle. The rest is shared state made for threads: the
-// capture flag is an atomic, the capture log sits behind a mutex and the order lock is an
-// `RwLock`; the context is `Sync`, `owned` and `foreign` are never written after
-// construction, and the owner is `Send + Sync`.
+// capture flag and the user count are atomics, the capture log and the group holds sit
+// behind mutexes and the order lock is an `RwLock`; the context is `Sync`, `owned` and
+// `foreign` are never written after construction, and the owner is `Send + Sync`.
 unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
@@ -93,9 +97,32 @@ impl Drop for Inner {
 /// assert!(world.violations().is_empty());
 /// # Ok::<(), cuda_hal::Error>(())
 /// ```
-#[derive(Clone)]
 pub struct Stream {
     pub(crate) inner: Arc<Inner>,
+    /// A user's handle (counted in `users`), or one of the memory model's own references
+    /// ([`held`](Self::held)): use logs, groups, a buffer's home stream.
+    pub(crate) user: bool,
+}
+
+impl Clone for Stream {
+    /// Another user's handle to the same stream.
+    fn clone(&self) -> Stream {
+        self.inner.users.fetch_add(1, Ordering::Relaxed);
+        Stream {
+            inner: self.inner.clone(),
+            user: true,
+        }
+    }
+}
+
+impl Drop for Stream {
+    /// The last user's handle going while a capture begun through it records: nothing
+    /// can end that capture any more, so it is abandoned (see `stream.rs`).
+    fn drop(&mut self) {
+        if self.user && self.inner.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.abandon_capture();
+        }
+    }
 }
 
 static_assertions::assert_impl_all!(Stream: Send, Sync, Clone, std::fmt::Debug);
@@ -111,6 +138,26 @@ impl std::fmt::Debug for Stream {
 
 /// The state the memory model keeps on a stream (its operations are in `stream.rs`).
 impl Stream {
+    /// A user's handle to a new stream.
+    pub(crate) fn from_inner(inner: Inner) -> Stream {
+        Stream {
+            inner: Arc::new(inner),
+            user: true,
+        }
+    }
+
+    /// A reference the memory model keeps (a use log's, a group's, a buffer's home): it
+    /// keeps the stream alive, but is no user's handle, so it does not keep a capture
+    /// nobody can end any more from being abandoned (which would be a cycle: the
+    /// capture's record holds memory whose use log holds the stream).
+    #[inline]
+    pub(crate) fn held(&self) -> Stream {
+        Stream {
+            inner: self.inner.clone(),
+            user: false,
+        }
+    }
+
     /// Identifies the shared stream value (clones have the same key); never 0.
     #[inline]
     pub(crate) fn key(&self) -> usize {
@@ -174,7 +221,7 @@ impl Stream {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// use cuda_hal::{CaptureMode, Dependency, DeviceBuffer, Error, KeepAlive, Result, Stream};
 ///
 /// #[derive(Default)]
@@ -319,6 +366,10 @@ pub(crate) struct CaptureLog {
     /// Which threads the capture forbids host synchronisations (CUDA's "potentially
     /// unsafe" calls): `None` for a relaxed capture.
     pub(crate) forbids: Option<Forbids>,
+    /// The stream that began it (its key): only there can it end.
+    pub(crate) origin: usize,
+    /// The thread that began it: a strict (global or thread-local) capture ends only there.
+    pub(crate) began_on: Option<std::thread::ThreadId>,
 }
 
 /// The threads a capture forbids host synchronisations.

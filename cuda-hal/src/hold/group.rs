@@ -141,13 +141,13 @@ impl DeferScope {
             let mut d = d.borrow_mut();
             lock(&d.held).push(what.clone());
             if !d.streams.iter().any(|s| s.key() == stream.key()) {
-                d.streams.push(stream.clone());
+                d.streams.push(stream.held());
                 stream.note_group(Arc::downgrade(&d.held));
             }
         });
         if held.is_err() {
             std::mem::forget(what.clone());
-            std::mem::forget(stream.clone());
+            std::mem::forget(stream.held());
         }
         // Outside the borrow: the dependency's code may look at the scope itself.
         what.dependency().deferred();

@@ -43,7 +43,7 @@ impl UseLog {
         let mut v = lock(&self.streams);
         if !v.iter().any(|s| s.key() == key) {
             first()?;
-            v.push(stream.clone());
+            v.push(stream.held());
         }
         self.last.store(key, Ordering::Release);
         Ok(())
@@ -57,7 +57,14 @@ impl UseLog {
 
     /// The streams noted so far (the log keeps them).
     pub(crate) fn streams(&self) -> Vec<Stream> {
-        lock(&self.streams).clone()
+        lock(&self.streams).iter().map(Stream::held).collect()
+    }
+
+    /// Keeps the noted streams `keep` says yes to.
+    pub(crate) fn retain(&self, keep: impl FnMut(&Stream) -> bool) {
+        let mut v = lock(&self.streams);
+        v.retain(keep);
+        self.last.store(0, Ordering::Release);
     }
 
     /// Waits for the work enqueued so far on every noted stream; refused (`what` names
@@ -122,7 +129,27 @@ impl StreamLog {
 
     /// The streams noted so far.
     pub fn streams(&self) -> Vec<Stream> {
-        self.0.streams()
+        self.0.streams().iter().map(Stream::clone).collect()
+    }
+
+    /// Forgets the noted streams `keep` says no to (those whose work is known done).
+    ///
+    /// ```
+    /// use cuda_hal::{Stream, StreamLog};
+    /// # let (cuda, world) = cuda_mock::MockDriver::with_devices(1).build_with(cuda_hal::Cuda::from_driver)?;
+    /// # let ctx = cuda.device(0)?.primary_context()?;
+    /// let (s1, s2) = (Stream::non_blocking(&ctx)?, Stream::non_blocking(&ctx)?);
+    /// let log = StreamLog::new();
+    /// log.note(&s1);
+    /// log.note(&s2);
+    /// log.retain(|s| s.as_raw() == s2.as_raw());
+    /// assert_eq!(log.streams().len(), 1);
+    /// log.note(&s1); // noted again
+    /// assert_eq!(log.streams().len(), 2);
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub fn retain(&self, keep: impl FnMut(&Stream) -> bool) {
+        self.0.retain(keep);
     }
 
     /// Waits until the work enqueued so far on every noted stream is done (refused while

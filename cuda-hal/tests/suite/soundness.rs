@@ -1093,3 +1093,62 @@ fn a_scope_kept_in_a_thread_local_leaks_what_it_holds() {
     );
     assert!(world.violations().is_empty(), "{:?}", world.violations());
 }
+
+/// A stream whose last handle goes while a capture begun through it records (an early
+/// return between `begin_capture` and `end_capture`): nothing can end that capture any
+/// more, so its work never runs. Before, its record held the memory, whose use log held
+/// the stream, which held the record: all of it (and the context) stayed for good, and
+/// every later host wait of the thread was refused as if the capture still ran. In every
+/// mode, dropped on the thread that began it.
+#[test]
+fn a_capture_whose_last_stream_handle_goes_is_abandoned_with_what_it_held() {
+    for mode in [
+        CaptureMode::ThreadLocal,
+        CaptureMode::Global,
+        CaptureMode::Relaxed,
+    ] {
+        let (cuda, world, ctx) = rig();
+        {
+            let s = Stream::non_blocking(&ctx).unwrap();
+            let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 16).unwrap();
+            let mut homed = DeviceBuffer::<u32>::alloc_on(&s, 16).unwrap();
+            s.begin_capture(mode).unwrap();
+            buf.fill_async(1, &s).unwrap();
+            homed.fill_async(2, &s).unwrap();
+            drop((buf, homed, s));
+        }
+        ctx.synchronize()
+            .unwrap_or_else(|e| panic!("{mode:?}: the thread's host waits are refused: {e}"));
+        drop((ctx, cuda));
+        assert_clean(&world);
+    }
+}
+
+/// A relaxed capture may end on any thread: its last handle going on another thread
+/// abandons it too. A strict one cannot end there (CUDA ends it only on the thread that
+/// began it): it stays, with what it holds, and nothing is freed under it.
+#[test]
+fn a_capture_abandoned_on_another_thread_ends_only_if_relaxed() {
+    for (mode, ends) in [
+        (CaptureMode::Relaxed, true),
+        (CaptureMode::ThreadLocal, false),
+    ] {
+        let (cuda, world, ctx) = rig();
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 16).unwrap();
+        s.begin_capture(mode).unwrap();
+        buf.fill_async(1, &s).unwrap();
+        drop(buf);
+        std::thread::spawn(move || drop(s)).join().unwrap();
+        assert!(world.violations().is_empty(), "{:?}", world.violations());
+        assert_eq!(
+            world.live().device_allocations,
+            usize::from(!ends),
+            "{mode:?}"
+        );
+        if ends {
+            drop((ctx, cuda));
+            assert_clean(&world);
+        }
+    }
+}

@@ -1,22 +1,20 @@
 //! A communicator's suspension state (calls.rs has the calls): whether it is suspended,
 //! and what may still run on it. Below the communicator, which keeps one.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use cuda_hal::Stream;
+use cuda_hal::{Stream, StreamLog};
 
-use crate::sync::lock;
 use crate::{Error, Result};
 
 /// A communicator's suspension, and the streams its work went to.
 #[derive(Default)]
 pub(crate) struct SuspendState {
     suspended: AtomicBool,
-    /// The stream noted last (its key), so that noting it again is one load.
-    last: AtomicUsize,
-    /// Streams the communicator enqueued on, whose work may not be done.
-    streams: Mutex<Vec<Stream>>,
+    /// Streams the communicator enqueued on, whose work may not be done (kept by the
+    /// memory model, which a capture nobody can end any more does not wait for).
+    streams: StreamLog,
     /// One clone per live hold of a capture or group (comm.rs's `held`).
     pub(crate) holds: Arc<()>,
 }
@@ -39,25 +37,12 @@ impl SuspendState {
         Ok(())
     }
 
-    /// Work is about to be enqueued on `stream`: kept (a clone, so the stream lives as long
-    /// as the communicator or until a suspend finds its work done).
+    /// Work is about to be enqueued on `stream`: kept, so the stream lives as long as the
+    /// communicator or until a suspend finds its work done. Noting the stream noted last
+    /// is one load.
     #[inline]
     pub(crate) fn note(&self, stream: &Stream) {
-        let key = Arc::as_ptr(&self.holds).addr() ^ stream.as_raw().addr();
-        if self.last.load(Ordering::Relaxed) != key {
-            self.note_new(stream, key);
-        }
-    }
-
-    #[cold]
-    fn note_new(&self, stream: &Stream, key: usize) {
-        // No query here: work may be being captured, and a query of a capturing stream
-        // spoils its capture. The list is pruned by `busy`.
-        let mut v = lock(&self.streams);
-        if !v.iter().any(|s| s.as_raw() == stream.as_raw()) {
-            v.push(stream.clone());
-        }
-        self.last.store(key, Ordering::Relaxed);
+        self.streams.note(stream);
     }
 
     /// Why work may still use the communicator, if it may.
@@ -69,11 +54,10 @@ impl SuspendState {
                     .into(),
             );
         }
-        let mut v = lock(&self.streams);
         // A capturing stream is not queried (that would spoil its capture): busy.
-        v.retain(|s| s.is_capturing().unwrap_or(true) || !matches!(s.is_idle(), Ok(true)));
-        self.last.store(0, Ordering::Relaxed);
-        v.first().map(|s| {
+        self.streams
+            .retain(|s| s.is_capturing().unwrap_or(true) || !matches!(s.is_idle(), Ok(true)));
+        self.streams.streams().first().map(|s| {
             format!(
                 "work it enqueued on stream {:?} is not done: synchronize the stream (or \
                  Communicator::wait) first",

@@ -844,3 +844,19 @@ fn an_unsettled_group_asks_for_an_abort_and_frees_nothing() {
         rig.gpus.violations()
     );
 }
+
+/// A collective captured on a stream whose last handle goes before the capture ends: the
+/// capture is abandoned, and the communicator, the memory and the stream it held go with
+/// it (before, the communicator's list of streams held the stream, which held the
+/// capture's record, which held the communicator: all of it stayed).
+#[test]
+fn a_capture_of_a_collective_whose_stream_goes_is_abandoned_with_the_communicator() {
+    let rig = Rig::new(1);
+    let (ctx, comm, s) = one(&rig);
+    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+    s.begin_capture(CaptureMode::Relaxed).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        .unwrap();
+    drop((buf, s, comm, ctx));
+    rig.assert_clean();
+}
