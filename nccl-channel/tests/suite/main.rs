@@ -42,6 +42,7 @@ mod rendezvous;
 mod rendezvous_auto;
 mod rendezvous_real;
 mod shrink_gpu;
+mod simulator_processes;
 mod soundness;
 mod soundness_gpu;
 mod split_on_every_backend;

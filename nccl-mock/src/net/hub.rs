@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::exit::{self, HubWatch};
 use super::thread::{spawn, stop};
 use super::wire::{self, Msg};
 use crate::parts::{Buffers, Contrib, agree, input_bytes, move_data, p2p_refusal, results};
@@ -138,6 +139,7 @@ pub(crate) fn start(
         recvs: HashMap::new(),
         acceptor: Some(acceptor),
         threads: Vec::new(),
+        watch: exit::note_hub(timeout),
     };
     let token = register(local_addr);
     let started = spawn("mock-nccl-hub", move || {
@@ -241,6 +243,8 @@ struct Hub {
     acceptor: Option<JoinHandle<()>>,
     /// The connections' reader threads.
     threads: Vec<JoinHandle<()>>,
+    /// What the process's exit waits for (see `exit`).
+    watch: Arc<HubWatch>,
 }
 
 impl Hub {
@@ -280,6 +284,7 @@ impl Hub {
         for t in self.threads {
             let _ = t.join();
         }
+        self.watch.ended.store(true, Ordering::Release);
     }
 
     /// Closes the listener: stops the accept thread and joins it.
@@ -466,6 +471,7 @@ impl Hub {
         let missing = self.missing();
         if missing.is_empty() {
             self.formed = true;
+            self.watch.formed.store(true, Ordering::Release);
             // Nobody else may join, and the port is free again before any rank learns
             // the communicator formed (so the next one may bind it).
             self.stop_accepting();

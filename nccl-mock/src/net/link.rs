@@ -8,11 +8,13 @@
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cuda_mock::{MockWorld, WeakMockWorld};
 
+use super::exit;
 use super::thread::{spawn, stop};
 use super::wire::{self, Msg};
 use crate::parts::{Contrib, Done, input_bytes, output_bytes};
@@ -60,6 +62,8 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     cond: Condvar,
+    /// Set by the reader once the hub's connection closed (the exit handler reads it).
+    hub_closed: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -90,6 +94,8 @@ pub(crate) struct Link {
     /// The hub runs in this process: leaving waits for its acknowledgement, at most this
     /// long ([`super::hub::is_local`] says why).
     linger: Option<Duration>,
+    /// Its entry with the exit handler, which leaves for it if the process ends first.
+    exit_id: u64,
 }
 
 impl Link {
@@ -132,6 +138,7 @@ impl Link {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
+            hub_closed: Arc::new(AtomicBool::new(false)),
         });
         let (s2, rma) = (shared.clone(), Arc::new(Rma::default()));
         let rma2 = rma.clone();
@@ -140,12 +147,14 @@ impl Link {
         })
         .map_err(|e| ConnectError::Unreachable(e.to_string()))?;
         let linger = super::hub::is_local(addr).then(|| write_timeout.min(LINGER));
+        let exit_id = exit::note_link(&stream, shared.hub_closed.clone());
         Ok(Link {
             shared,
             rma,
             stream,
             rank,
             linger,
+            exit_id,
         })
     }
 
@@ -397,6 +406,7 @@ impl Link {
     /// This rank's communicator was aborted: the hub fails its peers' operations that
     /// need it, and this rank's own waiting operations fail now.
     pub(crate) fn abort(&self) {
+        exit::forget_link(self.exit_id);
         let _ = wire::send(&self.stream, &Msg::Abort);
         let mut st = self.shared.lock();
         st.aborted = true;
@@ -456,6 +466,7 @@ impl Drop for Link {
     /// last clique may go while the driver's lock is held (a graph dropping its captured
     /// work), and the reader may be waiting for that lock to write an answer.
     fn drop(&mut self) {
+        exit::forget_link(self.exit_id);
         if !self.shared.lock().aborted
             && wire::send(&self.stream, &Msg::Leave).is_ok()
             && let Some(linger) = self.linger
@@ -545,6 +556,7 @@ fn serve(mut stream: TcpStream, shared: &Shared, rma: &Rma, rank: usize) {
             Err(e) => {
                 let mut st = shared.lock();
                 st.closed = true;
+                shared.hub_closed.store(true, Ordering::Release);
                 if e.kind() == std::io::ErrorKind::InvalidData && st.welcome.is_none() {
                     let why = format!("the hub sent a bad message ({e})");
                     st.welcome = Some(Err((ncclResult_t::ncclSystemError, why)));

@@ -15,7 +15,10 @@
 //! - [`link`]: a rank's connection to it.
 //! - [`shrink`]: a shrink's survivors meeting at a new hub.
 //! - [`thread`]: the count of the mode's threads.
+//! - [`exit`]: what a process's end does: its links leave, a hub's process waits for its
+//!   ranks.
 
+mod exit;
 pub(crate) mod hub;
 pub(crate) mod link;
 pub(crate) mod shrink;
