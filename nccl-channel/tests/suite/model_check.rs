@@ -227,6 +227,9 @@ fn every_step_kind_runs_clean_on_its_own() {
         // Contention for a stream's lock.
         Op::CaptureBehindEnqueue { slot: 1, stream: 0 },
         Op::EndCapture { stream: 0 },
+        Op::Alloc { dev: 0, len: 3 },
+        Op::PollBehindCapture { slot: 9, stream: 0 },
+        Op::PollBehindCapture { slot: 0, stream: 2 },
         Op::LocksOutOfOrder {
             first: 0,
             second: 2,

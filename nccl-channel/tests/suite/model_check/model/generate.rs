@@ -100,7 +100,7 @@ pub fn program(seed: u64, len: usize) -> Program {
 fn step(r: &mut Rng, depth: &mut u32) -> Op {
     let b = |r: &mut Rng| r.byte();
     let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
-    match r.below(130) {
+    match r.below(131) {
         0..=9 => Op::Alloc {
             dev: b(r),
             len: len(r),
@@ -273,6 +273,11 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
         129 => Op::WindowAgreement {
             dev: b(r),
             misordered: r.below(2) == 0,
+        },
+        // A collective polling for its peer under its stream's lock, a capture behind it.
+        130 => Op::PollBehindCapture {
+            slot: b(r),
+            stream: b(r),
         },
         _ => Op::AdoptContext { dev: b(r) },
     }

@@ -333,6 +333,16 @@ pub enum Op {
         dev: u8,
         misordered: bool,
     },
+    /// A fresh world of two ranks on threads with non-blocking communicators: rank 0's
+    /// all-reduce on stream `stream` polls for rank 1 while holding that stream's enqueue
+    /// lock; meanwhile another thread begins a (relaxed) capture of the stream, waiting
+    /// for the lock, and this one drops fresh memory whose home is the stream and buffer
+    /// `slot`; then rank 1 comes. Nothing may be freed under work, leaked, or let its
+    /// context go; the capture, once begun, is ended here and its graph kept.
+    PollBehindCapture {
+        slot: u8,
+        stream: u8,
+    },
     /// Never generated: what the checker's own tests break on purpose.
     Sabotage(Sabotage),
 }

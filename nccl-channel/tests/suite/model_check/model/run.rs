@@ -858,6 +858,77 @@ impl<'c> State<'c> {
     }
 
     /// [`Op::WindowAgreement`].
+    fn poll_behind_capture(&mut self, slot: u8, stream: u8) {
+        let s0 = self.stream(stream).clone();
+        if !self.runs_now(&s0) {
+            return;
+        }
+        let ctx0 = s0.context().clone();
+        let ctx1 = self.ctx(ctx0.device().ordinal() as u8 + 1);
+        if ctx1.device().ordinal() == ctx0.device().ordinal() {
+            return;
+        }
+        let Ok(id) = UniqueId::generate(self.nccl) else {
+            return;
+        };
+        let home = DeviceBuffer::<i32>::alloc_on(&s0, 2).ok();
+        let buffer = self.take_buffer(slot);
+        let (nccl, world) = (self.nccl, self.world);
+        let config = CommConfig::non_blocking(Duration::from_secs(3));
+        let before = world.calls("ncclAllReduce");
+        let (rank0, began) = std::thread::scope(|sc| {
+            let (ctx0, ctx1, s0, id, config) = (&ctx0, &ctx1, &s0, &id, &config);
+            let (go, wait_go) = std::sync::mpsc::channel::<()>();
+            let rank1 = sc.spawn(move || -> nccl_channel::Result<()> {
+                let c = Communicator::init_rank_with(nccl, ctx1, id, 2, 1, config);
+                let _ = wait_go.recv();
+                let c = c?;
+                let s1 = Stream::non_blocking(ctx1)?;
+                let mut b = DeviceBuffer::from_slice(ctx1, &[2i32])?;
+                c.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)?;
+                s1.synchronize()?;
+                c.close()
+            });
+            let rank0 = sc.spawn(move || {
+                let c = Communicator::init_rank_with(nccl, ctx0, id, 2, 0, config).ok()?;
+                let mut b = DeviceBuffer::from_slice(ctx0, &[1i32]).ok()?;
+                // Polls under s0's enqueue lock until rank 1 comes; nothing touches s0
+                // afterwards (the capture may have begun).
+                let r = c.all_reduce_in_place(&mut b, ReduceOp::Sum, s0);
+                Some((r, c, b))
+            });
+            // Rank 0 in its all-reduce (or given up: an injected failure), then the
+            // capture; either order is correct, only less is at stake after.
+            let start = std::time::Instant::now();
+            while world.calls("ncclAllReduce") == before
+                && !rank0.is_finished()
+                && start.elapsed() < Duration::from_secs(2)
+            {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            let capture = sc.spawn(move || s0.begin_capture(CaptureMode::Relaxed).is_ok());
+            // Time for the capture to wait for the lock (not observable from here: on a
+            // busy machine the drops may come first, a plain release, also correct).
+            std::thread::sleep(Duration::from_millis(5));
+            drop(home);
+            drop(buffer);
+            let _ = go.send(());
+            let _ = rank1.join().expect("rank 1 of the polling collective");
+            let rank0 = rank0.join().expect("rank 0 of the polling collective");
+            (rank0, capture.join().expect("the capturing thread"))
+        });
+        if began
+            && let Ok(g) = s0.end_capture()
+            && let Ok(exec) = g.instantiate()
+        {
+            self.graphs.push(Some(exec));
+        }
+        if let Some((_, c, b)) = rank0 {
+            let _ = c.close();
+            drop(b);
+        }
+    }
+
     fn window_agreement(&mut self, dev: u8, misordered: bool) {
         let first = self.ctx(dev).device().ordinal() as u8;
         let ctxs = [self.ctx(first), self.ctx(first + 1)];
@@ -990,6 +1061,7 @@ impl<'c> State<'c> {
                 self.contention_step(op);
             }
             Op::WindowAgreement { dev, misordered } => self.window_agreement(dev, misordered),
+            Op::PollBehindCapture { slot, stream } => self.poll_behind_capture(slot, stream),
             Op::Suspend { .. }
             | Op::Resume { .. }
             | Op::MemStats { .. }
