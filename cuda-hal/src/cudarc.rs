@@ -168,9 +168,10 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         Ok(unsafe { Self::from_owner_on(&home, ptr, len, slice) })
     }
 
-    /// Gives cudarc's slice back once `home` (its stream) waits, on the device, for every
-    /// stream this crate used it on; its write event is recorded there too, so cudarc's
-    /// other streams wait as well. Returns the buffer unchanged when it was not moved in
+    /// Gives cudarc's slice back once the host has waited for every other stream this
+    /// crate used it on (cudarc may be capturing its own stream, where a wait would be
+    /// recorded instead of run); its write event is recorded on the slice's stream, so
+    /// cudarc's other streams wait for cudarc's own work there. Returns the buffer unchanged when it was not moved in
     /// from cudarc, while a graph or open group still holds it, or while a stream that
     /// used it is captured.
     #[allow(clippy::result_large_err)]

@@ -100,8 +100,13 @@ impl Event {
         // wait sees the capture of exactly the record it waits for.
         let mut slot = lock(&self.capture);
         self.in_capture.store(log.is_some(), Ordering::Release);
-        *slot = log;
-        self.record_unlocked(stream)
+        let old = std::mem::replace(&mut *slot, log);
+        let r = self.record_unlocked(stream);
+        drop(slot);
+        // After the slot's lock: the last reference to an ended capture's record may hold
+        // memory whose release takes capture slots.
+        drop(old);
+        r
     }
 
     /// `cuEventRecord` alone (the caller holds the order lock, or knows the stream is

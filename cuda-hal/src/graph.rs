@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cuda_sys::{CUgraph, CUgraphExec, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::hold::core::{CaptureLog, Dependency, Forbids, KeepAlive, gated};
-use crate::hold::host_waits::note_strict;
+use crate::hold::host_waits::{forbidding_capture, note_strict};
 use crate::hold::lock::lock;
 use crate::{Context, Error, Result, Stream};
 
@@ -112,6 +112,7 @@ impl Stream {
             forbids,
             origin: self.key(),
             began_on: Some(std::thread::current().id()),
+            origin_stream: Arc::downgrade(&self.inner),
             ..CaptureLog::default()
         };
         *lock(&log.held) = self.group_holds();
@@ -157,8 +158,17 @@ impl Stream {
         };
         // Outside the lock: a failed capture's holds may be the last owners of memory,
         // whose free takes stream locks.
-        r?;
         let held = std::mem::take(&mut *lock(&log.held));
+        if let Err(e) = r {
+            // The capture failed (or was spoilt): its work never runs. Once over, its
+            // holds go here, not with the record's last reference, wherever that drops.
+            if log.is_ended() {
+                drop(held);
+            } else {
+                *lock(&log.held) = held;
+            }
+            return Err(e);
+        }
         Ok(Graph {
             ctx: self.context().clone(),
             raw,
@@ -179,7 +189,14 @@ impl Stream {
             return;
         };
         let here = Some(std::thread::current().id());
-        if log.origin != self.key() || (log.forbids.is_some() && log.began_on != here) {
+        if log.origin != self.key() {
+            return;
+        }
+        if log.forbids.is_some() && log.began_on != here {
+            // Ends only on the thread that began it: done there, at its next look at the
+            // captures that forbid it host waits (`strict_capture_here`).
+            log.orphaned
+                .store(true, std::sync::atomic::Ordering::Release);
             return;
         }
         let held = {
@@ -208,6 +225,35 @@ impl Stream {
         };
         // Outside the lock: these may be the last owners of memory, whose free takes it.
         drop(held);
+    }
+
+    /// A capture begun through this crate that forbids this thread host waits (see
+    /// `host_waits`), once those of them that were orphaned here (their stream's last
+    /// user handle went on another thread) are abandoned: only this thread can end them.
+    pub(crate) fn strict_capture_here() -> Option<Arc<CaptureLog>> {
+        loop {
+            let log = forbidding_capture()?;
+            let here = Some(std::thread::current().id());
+            if !log.orphaned.load(std::sync::atomic::Ordering::Acquire) || log.began_on != here {
+                return Some(log);
+            }
+            let Some(inner) = log.origin_stream.upgrade() else {
+                return Some(log);
+            };
+            let origin = Stream::held_from(inner);
+            if origin
+                .inner
+                .users
+                .load(std::sync::atomic::Ordering::Acquire)
+                != 0
+            {
+                return Some(log);
+            }
+            origin.abandon_capture();
+            if !log.is_ended() {
+                return Some(log);
+            }
+        }
     }
 
     /// Whether the driver is capturing the stream.

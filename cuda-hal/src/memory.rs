@@ -13,7 +13,6 @@ use cuda_sys::CUdeviceptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::hold::core::{Dependency, KeepAlive};
-use crate::hold::host_waits::forbidding_capture;
 use crate::hold::lock::lock;
 use crate::hold::queued;
 use crate::hold::use_log::UseLog;
@@ -108,7 +107,7 @@ impl Allocation {
             // An outside event cannot join the capture: wait on the host instead (the
             // allocation is then complete for every later launch too), unless the capture
             // forbids this thread host waits: the wait would fail and spoil the capture.
-            if forbidding_capture().is_some() {
+            if Stream::strict_capture_here().is_some() {
                 return Err(Error::PendingInCapture {
                     what: "the first use of this memory on another stream than its home stream",
                 });
@@ -258,7 +257,7 @@ impl Drop for Allocation {
         let recording = used
             .iter()
             .find_map(Stream::capture_log)
-            .or_else(forbidding_capture);
+            .or_else(Stream::strict_capture_here);
         if let Some(log) = recording {
             let uses = used[..uses_alone].iter().map(Stream::held).collect();
             let moved = self.moved(uses, ManuallyDrop::into_inner(release));
@@ -558,7 +557,7 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     /// Gives back the owner that [`from_owner`](Self::from_owner) or
     /// [`from_owner_on`](Self::from_owner_on) took, once the memory is idle for it: the
     /// home stream ordered after every other stream's work (on the device), or, without
-    /// one, that work waited for. Returns the buffer unchanged when it has no owner of
+    /// one or with another library's home stream, that work waited for on the host. Returns the buffer unchanged when it has no owner of
     /// type `O`, while a graph or open group still uses the memory, while a stream that
     /// used it is being captured, or when the wait fails.
     #[allow(clippy::result_large_err)]

@@ -10,7 +10,7 @@ use cuda_sys::{CUresult, CUstream, CUstream_flags};
 use crate::hold::core::{Inner, KeepAlive, Stream};
 use crate::hold::group::DeferScope;
 use crate::hold::lock::lock;
-use crate::hold::{after_enqueue, foreign_capture, host_waits, queued};
+use crate::hold::{after_enqueue, foreign_capture, queued};
 
 /// The driver's errors after which a context can run nothing more ("the context cannot
 /// be used, so it must be destroyed"): its pending work never runs.
@@ -431,7 +431,7 @@ impl Stream {
     /// or thread-local mode forbids this thread host synchronisations.
     pub(crate) fn refuse_host_wait(&self, what: &'static str) -> Result<()> {
         self.refuse_capture(what)?;
-        if host_waits::forbidding_capture().is_some() {
+        if Stream::strict_capture_here().is_some() {
             return Err(Error::Capturing { what });
         }
         Ok(())
@@ -459,7 +459,7 @@ impl Stream {
     /// spoil that capture. A relaxed capture forbids nothing.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        if host_waits::forbidding_capture().is_some() {
+        if Stream::strict_capture_here().is_some() {
             return Err(Error::Capturing {
                 what: "Stream::synchronize",
             });
@@ -559,7 +559,7 @@ impl Context {
     /// while a strict capture forbids it, as for [`Stream::synchronize`](crate::Stream::synchronize)).
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        if host_waits::forbidding_capture().is_some() {
+        if Stream::strict_capture_here().is_some() {
             return Err(crate::Error::Capturing {
                 what: "Context::synchronize",
             });

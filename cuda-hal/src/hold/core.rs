@@ -138,6 +138,11 @@ impl std::fmt::Debug for Stream {
 
 /// The state the memory model keeps on a stream (its operations are in `stream.rs`).
 impl Stream {
+    /// A reference the memory model keeps to the stream behind `inner`.
+    pub(crate) fn held_from(inner: Arc<Inner>) -> Stream {
+        Stream { inner, user: false }
+    }
+
     /// A user's handle to a new stream.
     pub(crate) fn from_inner(inner: Inner) -> Stream {
         Stream {
@@ -190,14 +195,16 @@ impl Stream {
             return None;
         }
         let mut slot = lock(&self.inner.capture);
-        match &*slot {
-            Some(log) if !log.is_ended() => Some(log.clone()),
-            _ => {
-                *slot = None;
-                self.inner.capturing.store(false, Ordering::Release);
-                None
-            }
-        }
+        let old = match &*slot {
+            Some(log) if !log.is_ended() => return Some(log.clone()),
+            _ => slot.take(),
+        };
+        self.inner.capturing.store(false, Ordering::Release);
+        drop(slot);
+        // After the slot's lock: the last reference to an ended record may hold memory
+        // whose release looks at this very slot.
+        drop(old);
+        None
     }
 
     /// Starts recording into `log` (set before the driver call, so that any thread whose
@@ -205,7 +212,10 @@ impl Stream {
     pub(crate) fn set_capture(&self, log: Option<Arc<CaptureLog>>) {
         let mut slot = lock(&self.inner.capture);
         self.inner.capturing.store(log.is_some(), Ordering::Release);
-        *slot = log;
+        let old = std::mem::replace(&mut *slot, log);
+        drop(slot);
+        // After the slot's lock, as in `capture_log`.
+        drop(old);
     }
 }
 
@@ -370,6 +380,12 @@ pub(crate) struct CaptureLog {
     pub(crate) origin: usize,
     /// The thread that began it: a strict (global or thread-local) capture ends only there.
     pub(crate) began_on: Option<std::thread::ThreadId>,
+    /// The stream that began it (not kept alive by it).
+    pub(crate) origin_stream: std::sync::Weak<Inner>,
+    /// Its stream's last user handle went on another thread than the one that began it
+    /// (a strict capture): it is abandoned there, at that thread's next look at its
+    /// captures.
+    pub(crate) orphaned: AtomicBool,
 }
 
 /// The threads a capture forbids host synchronisations.

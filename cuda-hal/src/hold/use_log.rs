@@ -18,6 +18,8 @@ use crate::hold::lock::lock;
 pub(crate) struct UseLog {
     last: AtomicUsize,
     streams: Mutex<Vec<Stream>>,
+    /// How many times the slow path ran (under the lock): `retain` sees notes it raced.
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl UseLog {
@@ -41,6 +43,7 @@ impl UseLog {
         first: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let mut v = lock(&self.streams);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         if !v.iter().any(|s| s.key() == key) {
             first()?;
             v.push(stream.held());
@@ -60,11 +63,34 @@ impl UseLog {
         lock(&self.streams).iter().map(Stream::held).collect()
     }
 
-    /// Keeps the noted streams `keep` says yes to.
-    pub(crate) fn retain(&self, keep: impl FnMut(&Stream) -> bool) {
-        let mut v = lock(&self.streams);
-        v.retain(keep);
-        self.last.store(0, Ordering::Release);
+    /// Keeps the noted streams `keep` says yes to. `keep` runs outside the log's lock (it
+    /// may use the log), on user handles (what it does with them counts as a user's); if
+    /// any stream was noted meanwhile, nothing is forgotten (keeping is always safe).
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&Stream) -> bool) {
+        let (asked, epoch) = {
+            let v = lock(&self.streams);
+            // Every note from now on takes the slow path, which counts itself.
+            self.last.store(0, Ordering::Release);
+            let asked: Vec<Stream> = v.iter().map(Stream::clone).collect();
+            (asked, self.epoch.load(Ordering::Acquire))
+        };
+        let gone: Vec<usize> = asked.iter().filter(|s| !keep(s)).map(Stream::key).collect();
+        let removed: Vec<Stream> = {
+            let mut v = lock(&self.streams);
+            if self.epoch.load(Ordering::Acquire) != epoch || gone.is_empty() {
+                Vec::new()
+            } else {
+                self.last.store(0, Ordering::Release);
+                let (out, kept) = std::mem::take(&mut *v)
+                    .into_iter()
+                    .partition(|s| gone.contains(&s.key()));
+                *v = kept;
+                out
+            }
+        };
+        // Outside the lock (a stream's last reference may go here), after the handles.
+        drop(asked);
+        drop(removed);
     }
 
     /// Waits for the work enqueued so far on every noted stream; refused (`what` names
@@ -82,6 +108,7 @@ impl UseLog {
         UseLog {
             last: AtomicUsize::new(0),
             streams: Mutex::new(streams),
+            epoch: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -133,6 +160,8 @@ impl StreamLog {
     }
 
     /// Forgets the noted streams `keep` says no to (those whose work is known done).
+    /// `keep` is called without the log locked, so it may use the log; if a stream is
+    /// noted meanwhile, nothing is forgotten this time.
     ///
     /// ```
     /// use cuda_hal::{Stream, StreamLog};

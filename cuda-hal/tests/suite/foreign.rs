@@ -212,15 +212,25 @@ fn another_librarys_home_stream_gets_no_wait_the_free_depends_on() {
         // SAFETY: 64 bytes of `ctx`, freed in order on `home` by `theirs`.
         let mut buf = unsafe { DeviceBuffer::<u8>::from_owner_on(&home, p, 64, theirs) };
         buf.slice_mut(32..).unwrap().fill_async(2, &other).unwrap();
-        let (waits, syncs) = (world.calls("cuStreamWaitEvent"), world.calls("cuStreamSynchronize"));
+        let (waits, syncs) = (
+            world.calls("cuStreamWaitEvent"),
+            world.calls("cuStreamSynchronize"),
+        );
         if back_out {
             let theirs: DeviceBuffer<u8> = buf.into_owner().unwrap();
             drop(theirs);
         } else {
             drop(buf);
         }
-        assert_eq!(world.calls("cuStreamWaitEvent"), waits, "a wait enqueued on their stream");
-        assert!(world.calls("cuStreamSynchronize") > syncs, "the host waited for `other`");
+        assert_eq!(
+            world.calls("cuStreamWaitEvent"),
+            waits,
+            "a wait enqueued on their stream"
+        );
+        assert!(
+            world.calls("cuStreamSynchronize") > syncs,
+            "the host waited for `other`"
+        );
         home.synchronize().unwrap();
     }
     assert_eq!(world.used_memory(0), 0);
