@@ -406,7 +406,8 @@ impl Link {
     /// This rank's communicator was aborted: the hub fails its peers' operations that
     /// need it, and this rank's own waiting operations fail now.
     pub(crate) fn abort(&self) {
-        exit::forget_link(self.exit_id);
+        // Still known to the exit handler: a leave said at exit makes the hub close the
+        // connection, which its process waits for.
         let _ = wire::send(&self.stream, &Msg::Abort);
         let mut st = self.shared.lock();
         st.aborted = true;
