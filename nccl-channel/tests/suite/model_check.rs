@@ -230,6 +230,27 @@ fn every_step_kind_runs_clean_on_its_own() {
         Op::Alloc { dev: 0, len: 3 },
         Op::PollBehindCapture { slot: 9, stream: 0 },
         Op::PollBehindCapture { slot: 0, stream: 2 },
+        Op::AbandonCapture {
+            dev: 0,
+            slot: 0,
+            mode: 0,
+            elsewhere: false,
+            forget: false,
+        },
+        Op::AbandonCapture {
+            dev: 1,
+            slot: 1,
+            mode: 2,
+            elsewhere: true,
+            forget: true,
+        },
+        Op::AbandonCapture {
+            dev: 0,
+            slot: 2,
+            mode: 1,
+            elsewhere: false,
+            forget: true,
+        },
         Op::LocksOutOfOrder {
             first: 0,
             second: 2,
@@ -497,7 +518,7 @@ fn found_a_barrier_in_a_group_uses_a_registration_of_its_page() {
     model::run(&p, model::DEADLINE).unwrap();
 }
 
-/// Issue 26's first hole as a program: on NCCL 2.27.3 the crate's own group around
+/// The fallback group's hole as a program: on NCCL 2.27.3 the crate's own group around
 /// all_to_all's sends and receives, on a non-blocking communicator, must hold both
 /// buffers until the background work is enqueued (the checker waits for it).
 #[test]
@@ -526,7 +547,7 @@ fn the_fallbacks_group_as_a_program() {
     model::run(&p, model::DEADLINE).unwrap();
 }
 
-/// Found by the checker (seed 316 of a run on the parent of issue 26's fixes, shrunk to
+/// Found by the checker (seed 316 of a run on the code before the control-flow fixes, shrunk to
 /// 10 steps): an abort asked for while a non-blocking communicator's group was still
 /// enqueueing in the background, performed by the owner's next call. NCCL's abort stops
 /// its background jobs; the simulated NCCL ran them after the abort and reported the

@@ -100,7 +100,7 @@ pub fn program(seed: u64, len: usize) -> Program {
 fn step(r: &mut Rng, depth: &mut u32) -> Op {
     let b = |r: &mut Rng| r.byte();
     let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
-    match r.below(131) {
+    match r.below(132) {
         0..=9 => Op::Alloc {
             dev: b(r),
             len: len(r),
@@ -278,6 +278,14 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
         130 => Op::PollBehindCapture {
             slot: b(r),
             stream: b(r),
+        },
+        // A capture whose stream's last handle goes before it ends.
+        131 => Op::AbandonCapture {
+            dev: b(r),
+            slot: b(r),
+            mode: r.below(3) as u8,
+            elsewhere: r.below(2) == 0,
+            forget: r.below(2) == 0,
         },
         _ => Op::AdoptContext { dev: b(r) },
     }

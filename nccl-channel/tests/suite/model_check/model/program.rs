@@ -343,6 +343,18 @@ pub enum Op {
         slot: u8,
         stream: u8,
     },
+    /// A fresh stream of device `dev` (noted in a `StreamLog`, which forgets it again when
+    /// `forget`), a capture begun on it (`mode`: 0 thread-local, 1 global, 2 relaxed),
+    /// buffer `slot` filled there, and the stream's one handle dropped (on another thread
+    /// when `elsewhere`, for a relaxed capture) before the capture ends: nothing can end
+    /// it any more, so it is abandoned and what it held goes.
+    AbandonCapture {
+        dev: u8,
+        slot: u8,
+        mode: u8,
+        elsewhere: bool,
+        forget: bool,
+    },
     /// Never generated: what the checker's own tests break on purpose.
     Sabotage(Sabotage),
 }

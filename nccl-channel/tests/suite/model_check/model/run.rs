@@ -857,7 +857,46 @@ impl<'c> State<'c> {
         }
     }
 
-    /// [`Op::WindowAgreement`].
+    /// [`Op::AbandonCapture`].
+    fn abandon_capture(&mut self, dev: u8, slot: u8, mode: u8, elsewhere: bool, forget: bool) {
+        if DeferScope::is_open() {
+            return;
+        }
+        let Ok(s) = Stream::non_blocking(&self.ctx(dev)) else {
+            return;
+        };
+        let log = cuda_hal::StreamLog::new();
+        log.note(&s);
+        if forget {
+            log.retain(|_| false);
+            assert!(log.streams().is_empty(), "StreamLog::retain kept a stream");
+        }
+        let mode = match mode % 3 {
+            0 => CaptureMode::ThreadLocal,
+            1 => CaptureMode::Global,
+            _ => CaptureMode::Relaxed,
+        };
+        // A strict capture ends only on the thread that began it (else it stays, whole).
+        let elsewhere = elsewhere && mode == CaptureMode::Relaxed;
+        if s.begin_capture(mode).is_err() {
+            return;
+        }
+        if let Some(k) = self.buf(slot)
+            && let Some(b) = &mut self.bufs[k]
+        {
+            let _ = b.get_mut().fill_async(7, &s);
+        }
+        if elsewhere {
+            std::thread::spawn(move || drop(s))
+                .join()
+                .expect("the dropping thread");
+        } else {
+            drop(s);
+        }
+        drop(log);
+    }
+
+    /// [`Op::PollBehindCapture`].
     fn poll_behind_capture(&mut self, slot: u8, stream: u8) {
         let s0 = self.stream(stream).clone();
         if !self.runs_now(&s0) {
@@ -929,6 +968,7 @@ impl<'c> State<'c> {
         }
     }
 
+    /// [`Op::WindowAgreement`].
     fn window_agreement(&mut self, dev: u8, misordered: bool) {
         let first = self.ctx(dev).device().ordinal() as u8;
         let ctxs = [self.ctx(first), self.ctx(first + 1)];
@@ -1062,6 +1102,13 @@ impl<'c> State<'c> {
             }
             Op::WindowAgreement { dev, misordered } => self.window_agreement(dev, misordered),
             Op::PollBehindCapture { slot, stream } => self.poll_behind_capture(slot, stream),
+            Op::AbandonCapture {
+                dev,
+                slot,
+                mode,
+                elsewhere,
+                forget,
+            } => self.abandon_capture(dev, slot, mode, elsewhere, forget),
             Op::Suspend { .. }
             | Op::Resume { .. }
             | Op::MemStats { .. }
