@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 14's tables: one device call, NCCL 2.28.9 (torch's) for ours and torch alike.
+# BENCHMARKS.md's "Registered memory, windows and the default pool" tables: one device
+# call, NCCL 2.28.9 (torch's) for ours and torch alike.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_SYS_LIBRARY=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
 cd "$(dirname "$0")/.."

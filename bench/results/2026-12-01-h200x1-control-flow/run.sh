@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 26 on one H200 (2026-12-01), after ../shared/gpu/stage --all-features and
+# The control-flow soundness tests (control_flow_gpu) on one H200 (2026-12-01), after
+# staging with ../shared/gpu/stage --all-features (a script beside the repository) and
 #   cargo test --release -p nccl-channel --all-features --test control_flow_gpu --no-run
 # copied to .gpu/bin/test-nccl-channel-control_flow_gpu (the device tool, carry [".gpu"]).
 export NCCL_NVLS_ENABLE=0

@@ -1,4 +1,4 @@
-//! Soundness under any control flow (issue 26): the crate's own groups, thread-local
+//! Soundness under any control flow: the crate's own groups, thread-local
 //! teardown, panics while a group settles, deferred releases, window slots on a failed
 //! poll. Each test is a way safe code once reached freed memory on the simulated driver
 //! and NCCL, whose sanitizer checks every address when the work executes.

@@ -1,4 +1,4 @@
-//! Issue 26's paths on one real GPU and the real NCCL (`#[ignore]`d; run with
+//! `control_flow`'s paths on one real GPU and the real NCCL (`#[ignore]`d; run with
 //! `--include-ignored` on the GPU machine, best under `compute-sanitizer --tool memcheck`):
 //! single-rank communicators, so that one GPU is enough. Each case drops what grouped,
 //! captured or queued work uses, scribbles over the freed space, and checks the results.

@@ -83,7 +83,7 @@ fn assert_no_violations(rig: &Rig) {
     assert!(v.is_empty(), "{v:?}");
 }
 
-/// The issue's case: four local ranks on one thread split into two colors in one group;
+/// Four local ranks on one thread split into two colors in one group;
 /// ranks and sizes are right and each child's all-reduce sums its own ranks.
 #[test]
 fn four_local_ranks_split_into_two_colors_from_one_thread() {
@@ -194,7 +194,7 @@ fn slow_children_are_polled_until_ready() {
     rig.assert_clean();
 }
 
-/// The shrink of the issue: three local ranks, one lost (aborted); the two others shrink
+/// A shrink from one thread: three local ranks, one lost (aborted); the two others shrink
 /// from one thread and keep their order.
 #[test]
 fn shrink_of_one_rank_from_three_from_one_thread() {

@@ -1820,7 +1820,7 @@ fn nccl_channel_rendezvous_key_names_the_job() {
 /// (same key; simulated here with `localhost`, whose exchange counter starts at 0 again)
 /// must not count the stale ack as rank 1's: rank 0 would delete the id and return as soon
 /// as rank 2 acknowledged, and rank 1, which had not read it yet, would wait out its
-/// deadline. (From review 15.)
+/// deadline.
 #[test]
 fn a_stale_ack_from_an_earlier_exchange_does_not_count_for_rank_0() {
     let store = TestStore::start();
@@ -1865,7 +1865,7 @@ fn a_stale_ack_from_an_earlier_exchange_does_not_count_for_rank_0() {
 
 /// Once every rank acknowledged the id (and went on to init with it), a failed clean-up
 /// DELETE_KEY must not make rank 0 alone fail the exchange: its peers would be left in
-/// ncclCommInitRank waiting for a rank 0 that gave up (from review 15). The test store's
+/// ncclCommInitRank waiting for a rank 0 that gave up. The test store's
 /// deletion of a present key closes the connection: both ranks get the id, and the store still holds it (the clean-up failed).
 #[test]
 fn a_failed_deletion_after_every_ack_does_not_fail_rank_0() {
@@ -1899,7 +1899,7 @@ fn a_failed_deletion_after_every_ack_does_not_fail_rank_0() {
 }
 
 /// The validation (VALIDATE + CHECK) must not take an echo server for a TCPStore, although
-/// VALIDATE's own first byte, 0, is a valid CHECK answer. (From review 15.)
+/// VALIDATE's own first byte, 0, is a valid CHECK answer.
 #[test]
 fn an_echo_server_is_not_a_tcpstore() {
     let addr = fake_server(|c| {
@@ -2080,7 +2080,7 @@ fn a_torch_store_rank_waits_for_the_id_longer_than_one_socket_step() {
 
 /// When the last acknowledgement lands between rank 0's WAIT running out and its fresh
 /// look, rank 0 must not fail with "did not see ranks  take the id" (an empty list): every
-/// rank took the id and went on (from review 15). The test store's WAIT for
+/// rank took the id and went on. The test store's WAIT for
 /// acknowledgements never ends: rank 1
 /// takes the id and acknowledges it, rank 0's wait runs out, its fresh look finds the ack,
 /// so it succeeds and cleans up, within a second of its deadline.

@@ -1,11 +1,12 @@
-//! Two GPUs, one rank each (issue 30): a communicator grown from one rank to two, one-sided
+//! Two GPUs, one rank each: a communicator grown from one rank to two, one-sided
 //! puts between the GPUs' windows, and cudarc's memory in collectives (plain, in a group,
 //! in a captured graph). The `#[ignore]`d tests run on the GPU machine
-//! (`--ignored two_gpu --test-threads=1`); each says "skipped: needs 2 GPUs" and passes on
-//! one, and where the loaded NCCL is older than grow and one-sided (2.29.2) it checks the
-//! typed refusal and says what it skipped. The same bodies run here on simulated devices:
-//! the grow and the puts on the in-process simulators (also as an NCCL 2.28.9, the
-//! refusal), the cudarc one on the drop-in library, which cudarc opens as its libcuda.
+//! (`--ignored two_gpu --test-threads=1`, as `scripts/gpu suite` does); each says
+//! "skipped: needs 2 GPUs" and passes on one, and where the loaded NCCL is older than grow
+//! and one-sided (2.29.2) it checks the typed refusal and says what it skipped. The same
+//! bodies run here on simulated devices: the grow and the puts on the in-process
+//! simulators (also as an NCCL 2.28.9, the refusal), the cudarc one on the drop-in library,
+//! which cudarc opens as its libcuda.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
