@@ -195,8 +195,6 @@ impl Stream {
         if log.forbids.is_some() && log.began_on != here {
             // Ends only on the thread that began it: done there, at its next look at the
             // captures that forbid it host waits (`strict_capture_here`).
-            log.orphaned
-                .store(true, std::sync::atomic::Ordering::Release);
             return;
         }
         let held = {
@@ -211,7 +209,8 @@ impl Stream {
             // SAFETY: a valid stream (a captured one is never the legacy stream) and
             // out-pointer.
             let r = unsafe { (cuda.fns().cuStreamEndCapture)(self.as_raw(), &mut raw) };
-            if r.0 == 0 && !raw.is_null() {
+            // Written only on success.
+            if !raw.is_null() {
                 // SAFETY: the graph just made, never instantiated, destroyed once: the
                 // work it recorded never runs.
                 let _ = unsafe { (cuda.fns().cuGraphDestroy)(raw) };
@@ -228,13 +227,14 @@ impl Stream {
     }
 
     /// A capture begun through this crate that forbids this thread host waits (see
-    /// `host_waits`), once those of them that were orphaned here (their stream's last
-    /// user handle went on another thread) are abandoned: only this thread can end them.
+    /// `host_waits`), once those of them begun here whose stream has no user handle left
+    /// are abandoned: only this thread can end them.
     pub(crate) fn strict_capture_here() -> Option<Arc<CaptureLog>> {
         loop {
             let log = forbidding_capture()?;
-            let here = Some(std::thread::current().id());
-            if !log.orphaned.load(std::sync::atomic::Ordering::Acquire) || log.began_on != here {
+            // Begun here, and no user handle left (it went on another thread, or its
+            // abandonment could not finish then): abandon it now.
+            if log.began_on != Some(std::thread::current().id()) {
                 return Some(log);
             }
             let Some(inner) = log.origin_stream.upgrade() else {

@@ -380,12 +380,9 @@ pub(crate) struct CaptureLog {
     pub(crate) origin: usize,
     /// The thread that began it: a strict (global or thread-local) capture ends only there.
     pub(crate) began_on: Option<std::thread::ThreadId>,
-    /// The stream that began it (not kept alive by it).
+    /// The stream that began it (not kept alive by it): a strict capture whose stream's
+    /// last user handle went on another thread is abandoned at its thread's next look.
     pub(crate) origin_stream: std::sync::Weak<Inner>,
-    /// Its stream's last user handle went on another thread than the one that began it
-    /// (a strict capture): it is abandoned there, at that thread's next look at its
-    /// captures.
-    pub(crate) orphaned: AtomicBool,
 }
 
 /// The threads a capture forbids host synchronisations.

@@ -1159,6 +1159,33 @@ fn a_capture_abandoned_on_another_thread_ends_there_or_at_its_threads_next_wait(
     }
 }
 
+/// An abandonment whose end fails at the driver (the capture still running) keeps what
+/// the capture holds, whole; the beginning thread's next look at its captures tries
+/// again, and then everything goes.
+#[test]
+fn an_abandonment_the_driver_refuses_keeps_the_holds_and_is_tried_again() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 16).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    buf.fill_async(1, &s).unwrap();
+    drop(buf);
+    world.fail_next(
+        "cuStreamEndCapture",
+        cuda_hal::cuda_sys::CUresult::CUDA_ERROR_UNKNOWN,
+    );
+    drop(s);
+    assert_eq!(
+        world.live().device_allocations,
+        1,
+        "released under a running capture"
+    );
+    assert_eq!(world.live().streams, 1);
+    ctx.synchronize().unwrap();
+    drop((ctx, cuda));
+    assert_clean(&world);
+}
+
 /// Runs `f` on a thread and fails (rather than hangs) if it does not end in 20 s.
 fn within_time(what: &str, f: impl FnOnce() + Send + 'static) {
     let (done, ended) = std::sync::mpsc::channel();
