@@ -77,7 +77,7 @@ impl UseLog {
         let gone: Vec<usize> = asked.iter().filter(|s| !keep(s)).map(Stream::key).collect();
         let removed: Vec<Stream> = {
             let mut v = lock(&self.streams);
-            if self.epoch.load(Ordering::Acquire) != epoch || gone.is_empty() {
+            if self.epoch.load(Ordering::Acquire) != epoch {
                 Vec::new()
             } else {
                 self.last.store(0, Ordering::Release);

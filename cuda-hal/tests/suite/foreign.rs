@@ -186,7 +186,16 @@ fn a_home_stream_waits_on_the_device_for_every_stream_that_used_the_memory() {
     let mut buf = unsafe { DeviceBuffer::<u8>::from_owner_on(&home, p, 64, theirs) };
     buf.slice_mut(32..).unwrap().fill_async(2, &other).unwrap();
     // Back out: `home` now waits for `other`; the owner's next work there is ordered.
+    let (waits, syncs) = (
+        world.calls("cuStreamWaitEvent"),
+        world.calls("cuStreamSynchronize"),
+    );
     let mut theirs: DeviceBuffer<u8> = buf.into_owner().unwrap();
+    assert!(
+        world.calls("cuStreamWaitEvent") > waits,
+        "ordered on the device"
+    );
+    assert_eq!(world.calls("cuStreamSynchronize"), syncs, "no host wait");
     theirs.fill_async(3, &home).unwrap();
     drop(theirs); // cuMemFreeAsync on `home`, after `other`'s fill (the sanitizer checks)
     home.synchronize().unwrap();

@@ -1251,6 +1251,10 @@ fn a_stream_log_can_be_used_while_it_retains() {
             left.contains(&y.as_raw()),
             "a stream noted meanwhile was lost"
         );
+        assert!(
+            left.contains(&x.as_raw()),
+            "forgotten although a note raced the question"
+        );
         l.retain(|s| s.as_raw() == y.as_raw());
         let left: Vec<_> = l.streams().iter().map(Stream::as_raw).collect();
         assert_eq!(left, [y.as_raw()]);
