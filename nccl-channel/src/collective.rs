@@ -1,6 +1,7 @@
 //! Every NCCL collective and point-to-point call, typed and checked before the FFI call.
 
 use std::ffi::c_void;
+use std::ops::Range;
 
 use cuda_hal::{
     DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, EnqueueLock, Enqueuing, Stream,
@@ -21,6 +22,50 @@ fn offset<S: DeviceSlice + ?Sized>(buf: &S, elems: usize) -> *mut c_void {
 /// The device address of `buf` as NCCL takes it.
 fn at<S: DeviceSlice + ?Sized>(buf: &S) -> *mut c_void {
     dptr(buf.device_ptr())
+}
+
+/// Which side of a variable all-to-all a layout describes.
+#[derive(Clone, Copy)]
+enum Side {
+    Send,
+    Recv,
+}
+
+impl Side {
+    /// The names of its counts and displacements.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Side::Send => ("send_counts", "send_displs"),
+            Side::Recv => ("recv_counts", "recv_displs"),
+        }
+    }
+
+    /// Its buffer, as errors name it.
+    fn buffer(self) -> &'static str {
+        match self {
+            Side::Send => "send",
+            Side::Recv => "recv",
+        }
+    }
+}
+
+/// `Err` when two of the (non-empty) receive regions overlap. Sorted by start, any
+/// overlap shows between neighbours.
+fn disjoint(what: &'static str, mut regions: Vec<(usize, Range<usize>)>) -> Result<()> {
+    regions.sort_unstable_by_key(|(p, r)| (r.start, *p));
+    for pair in regions.windows(2) {
+        let [(p, a), (q, b)] = pair else { continue };
+        if b.start < a.end {
+            return Err(Error::InvalidArgument {
+                what,
+                problem: format!(
+                    "the receive regions from rank {p} (elements {a:?}) and rank {q} (elements \
+                     {b:?}) overlap: both would be written at once"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A reduction op handle; a pre-multiplied sum is created for one call and destroyed after.
@@ -899,6 +944,189 @@ impl Communicator {
             self.raw_recv::<T>(offset(recv, p * m), m, p as i32, stream)?;
         }
         Ok(())
+    }
+
+    /// Variable-size all-to-all (MPI's `Alltoallv`, torch's `all_to_all_single` with split
+    /// sizes), e.g. a mixture of experts' dispatch and combine: to each rank `p` this rank
+    /// sends `send[send_displs[p] ..][.. send_counts[p]]`, and from each rank `p` it
+    /// receives `recv_counts[p]` elements into `recv[recv_displs[p] ..]`. Counts and
+    /// displacements are in elements, one of each per rank; the regions may leave gaps (a
+    /// receive buffer padded to each expert's capacity). Rank `p`'s `send_counts[r]` must
+    /// equal rank `r`'s `recv_counts[p]`, as a [`send`](Self::send) must match its
+    /// [`recv`](Self::recv): when only the senders know the counts, exchange them first with
+    /// [`all_to_all`](Self::all_to_all). A zero count skips that peer.
+    ///
+    /// NCCL has no such collective: this is one group of sends and receives (its own, nested
+    /// in the caller's when one is open), on every supported release. Like the other
+    /// collectives it may be called in a [`group`](crate::group) or while the stream is
+    /// captured, and its buffers stay alive until the work ran. Pooled buffers follow the
+    /// pool table's `all_to_all` rules.
+    ///
+    /// Checked before any NCCL call: four slices of one entry per rank, every region inside
+    /// its buffer (a sum that overflows is out of it), no two receive regions overlapping
+    /// (they would be written at once), this rank's count to itself the same on both sides
+    /// ([`Error::InvalidArgument`] for each); the buffers and the stream of the
+    /// communicator's context ([`Error::WrongDevice`], [`Error::WrongContext`]).
+    ///
+    /// ```
+    /// use nccl_channel::{Error, group};
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
+    /// # use nccl_channel::Communicator;
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
+    /// # let nccl = Arc::new(nccl);
+    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
+    /// // `Communicator`'s example): one group launches both ranks' parts.
+    /// // Rank 0 keeps its first element and sends two to rank 1; rank 1 sends all three
+    /// // of its elements to rank 0. Indexed [rank][peer]:
+    /// let send = [
+    ///     DeviceBuffer::from_slice(&ctxs[0], &[1, 2, 3])?,
+    ///     DeviceBuffer::from_slice(&ctxs[1], &[10, 20, 30])?,
+    /// ];
+    /// let (send_counts, send_displs) = ([[1, 2], [3, 0]], [[0, 1], [0, 3]]);
+    /// // What each rank gets from each peer: the peer's send count to it.
+    /// let (recv_counts, recv_displs) = ([[1, 3], [2, 0]], [[0, 1], [0, 2]]);
+    /// let mut recv = [DeviceBuffer::zeroed(&ctxs[0], 4)?, DeviceBuffer::zeroed(&ctxs[1], 2)?];
+    /// group(&nccl, || {
+    ///     for r in 0..2 {
+    ///         comms[r].all_to_all_v(
+    ///             &send[r], &send_counts[r], &send_displs[r],
+    ///             &mut recv[r], &recv_counts[r], &recv_displs[r],
+    ///             &streams[r],
+    ///         )?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// streams[0].synchronize()?;
+    /// streams[1].synchronize()?;
+    /// assert_eq!(recv[0].to_vec()?, [1, 10, 20, 30]);
+    /// assert_eq!(recv[1].to_vec()?, [2, 3]);
+    ///
+    /// // A layout that cannot be right is refused before NCCL sees it: here the receive
+    /// // regions of ranks 0 (elements 0..1) and 1 (0..3) overlap.
+    /// let e = comms[0]
+    ///     .all_to_all_v(&send[0], &[1, 2], &[0, 1], &mut recv[0], &[1, 3], &[0, 0], &streams[0])
+    ///     .unwrap_err();
+    /// assert!(matches!(e, Error::InvalidArgument { what: "all_to_all_v", .. }));
+    /// assert_eq!(
+    ///     e.to_string(),
+    ///     "all_to_all_v: the receive regions from rank 0 (elements 0..1) and rank 1 \
+    ///      (elements 0..3) overlap: both would be written at once"
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "alltoallv")]
+    #[doc(alias = "all_to_all_single")]
+    #[allow(clippy::too_many_arguments)] // MPI_Alltoallv's: each side's counts and displacements
+    pub fn all_to_all_v<T: NcclType>(
+        &self,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        stream: &Stream,
+    ) -> Result<()> {
+        const W: &str = "all_to_all_v";
+        // Everything is checked before the group opens: a refused call makes no NCCL call.
+        self.check_type::<T>()?;
+        self.handle()?;
+        self.shared().suspend.refuse(W)?;
+        self.same_context(W, "stream", stream.context())?;
+        self.same_context(W, "send", send.context())?;
+        self.same_context(W, "recv", recv.context())?;
+        let (send_len, recv_len) = (send.len(), recv.len());
+        self.regions(W, Side::Send, send_counts, send_displs, send_len)?;
+        let recv_regions = self.regions(W, Side::Recv, recv_counts, recv_displs, recv_len)?;
+        disjoint(W, recv_regions)?;
+        let me = self.rank();
+        if send_counts[me] != recv_counts[me] {
+            return Err(Error::InvalidArgument {
+                what: W,
+                problem: format!(
+                    "rank {me} sends {} element{} to itself (send_counts[{me}]) but receives \
+                     {} (recv_counts[{me}])",
+                    send_counts[me],
+                    if send_counts[me] == 1 { "" } else { "s" },
+                    recv_counts[me],
+                ),
+            });
+        }
+        // The group is opened before the buffers are noted, so that it holds them (and
+        // counts as a group for abort decisions), as `all_to_all`'s fallback does.
+        group(self.nccl(), || {
+            let _order = self.begin::<T>(W, stream)?;
+            let _send_done = self.check_buf(W, "send", send, send_len, stream)?;
+            let _recv_done = self.check_buf(W, "recv", recv, recv_len, stream)?;
+            for p in 0..self.size() {
+                if send_counts[p] > 0 {
+                    let at = offset(send, send_displs[p]);
+                    self.raw_send::<T>(at, send_counts[p], p as i32, stream)?;
+                }
+                if recv_counts[p] > 0 {
+                    let at = offset(recv, recv_displs[p]);
+                    self.raw_recv::<T>(at, recv_counts[p], p as i32, stream)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The non-empty regions `displs[p] .. displs[p] + counts[p]` of a variable all-to-all's
+    /// buffer of `len` elements, with their peers; `Err` unless both slices have one entry
+    /// per rank and every region (empty ones too) ends within the buffer.
+    fn regions(
+        &self,
+        what: &'static str,
+        side: Side,
+        counts: &[usize],
+        displs: &[usize],
+        len: usize,
+    ) -> Result<Vec<(usize, Range<usize>)>> {
+        let (counts_name, displs_name) = side.names();
+        let n = self.size();
+        for (name, got) in [(counts_name, counts.len()), (displs_name, displs.len())] {
+            if got != n {
+                return Err(Error::InvalidArgument {
+                    what,
+                    problem: format!(
+                        "{name} has {got} entr{}, it needs one per rank ({n})",
+                        if got == 1 { "y" } else { "ies" }
+                    ),
+                });
+            }
+        }
+        let mut regions = Vec::new();
+        for (p, (&count, &displ)) in counts.iter().zip(displs).enumerate() {
+            let sum = format!("{displs_name}[{p}] + {counts_name}[{p}] = {displ} + {count}");
+            let Some(end) = displ.checked_add(count) else {
+                return Err(Error::InvalidArgument {
+                    what,
+                    problem: format!("{sum} overflows"),
+                });
+            };
+            if end > len {
+                return Err(Error::InvalidArgument {
+                    what,
+                    problem: format!(
+                        "{sum} = {end} is past the end of the {} buffer ({len} element{})",
+                        side.buffer(),
+                        if len == 1 { "" } else { "s" },
+                    ),
+                });
+            }
+            if count > 0 {
+                regions.push((p, displ..end));
+            }
+        }
+        Ok(regions)
     }
 
     /// The root's `recv` gets every rank's `send` in rank order (`n * m` elements). Only the

@@ -18,7 +18,8 @@
 //! all-gather (its send buffer is a rank's share of it), the scattered buffer of a
 //! reduce-scatter. A buffer a collective of `b` such bytes uses takes the memory of that
 //! collective's rule with the largest `from_bytes` ≤ `b`; with no such rule, `plain`
-//! (NCCL memory, not registered).
+//! (NCCL memory, not registered). The variable-size all-to-all (`all_to_all_v`) follows
+//! the `all_to_all` rules, with its whole buffers' bytes.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -246,7 +247,7 @@ fn family(what: &str) -> Option<usize> {
         "reduce_scatter" | "reduce_scatter_in_place" => 2,
         "broadcast" | "broadcast_in_place" => 3,
         "reduce" | "reduce_in_place" => 4,
-        "all_to_all" => 5,
+        "all_to_all" | "all_to_all_v" => 5,
         "sendrecv" | "send" | "recv" => 6,
         "gather" => 7,
         "scatter" => 8,
@@ -371,7 +372,7 @@ mod tests {
             ),
             ("broadcast", &["broadcast", "broadcast_in_place"]),
             ("reduce", &["reduce", "reduce_in_place"]),
-            ("all_to_all", &["all_to_all"]),
+            ("all_to_all", &["all_to_all", "all_to_all_v"]),
             ("sendrecv", &["sendrecv", "send", "recv"]),
             ("gather", &["gather"]),
             ("scatter", &["scatter"]),

@@ -1,5 +1,6 @@
 //! The crate's tests: one binary, a module per topic (linked once, not once per file).
 
+mod all_to_all_v;
 mod attacks;
 mod comm_id_real;
 mod common;
@@ -24,6 +25,7 @@ mod mock_grow;
 mod mock_reliability;
 mod mock_split;
 mod model_check;
+mod moe_dispatch;
 mod newer_api;
 mod newer_api_attacks;
 mod newer_api_gpu;

@@ -43,7 +43,8 @@ pub const VERSIONS: [NcclVersion; 4] = [
     NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
 ];
 
-const COLLS: [Coll; 11] = [
+/// The collectives; an all-to-all-v's operands are drawn by [`coll`].
+const COLLS: [Coll; 12] = [
     Coll::AllReduce,
     Coll::AllGather,
     Coll::ReduceScatter,
@@ -53,9 +54,33 @@ const COLLS: [Coll; 11] = [
     Coll::Gather,
     Coll::Scatter,
     Coll::SendRecv,
+    Coll::AllToAllV {
+        count: 0,
+        send_at: 0,
+        recv_at: 0,
+        misuse: 0,
+    },
     Coll::Barrier,
     Coll::PreMulSum,
 ];
+
+/// One of [`COLLS`], with its operands when it has any: an all-to-all-v is misused half
+/// of the time, each way as often.
+fn coll(r: &mut Rng) -> Coll {
+    match r.pick(&COLLS) {
+        Coll::AllToAllV { .. } => Coll::AllToAllV {
+            count: r.byte(),
+            send_at: r.byte(),
+            recv_at: r.byte(),
+            misuse: if r.below(2) == 0 {
+                0
+            } else {
+                1 + r.below(4) as u8
+            },
+        },
+        other => other,
+    }
+}
 
 const FAULTS: [Fault; 16] = [
     Fault::Nccl("ncclAllReduce", N::ncclSystemError),
@@ -132,7 +157,7 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             faulty: r.below(4) == 0,
         },
         30..=49 => Op::Collective {
-            kind: r.pick(&COLLS),
+            kind: coll(r),
             comm: b(r),
             slot: b(r),
             other: b(r),

@@ -18,6 +18,18 @@ pub enum Coll {
     Scatter,
     /// A send to itself and the matching receive, in one group.
     SendRecv,
+    /// A variable-size all-to-all of one buffer into another (one rank: a region of each,
+    /// to itself): `count` elements from displacement `send_at` to displacement
+    /// `recv_at`, each taken modulo what fits. `misuse` breaks the layout on purpose (0:
+    /// none; 1: counts for two ranks; 2: a send region one past its buffer's end; 3: a
+    /// receive displacement whose sum with its count overflows; 4: a send count to itself
+    /// unlike the receive count), which is refused before any NCCL call.
+    AllToAllV {
+        count: u8,
+        send_at: u8,
+        recv_at: u8,
+        misuse: u8,
+    },
     Barrier,
     /// A pre-multiplied sum (an op NCCL creates and destroys).
     PreMulSum,

@@ -261,6 +261,63 @@ fn pick<T>(v: &[T], i: u8) -> Option<usize> {
     (!v.is_empty()).then(|| i as usize % v.len())
 }
 
+/// A variable-size all-to-all of `send` into `recv` on single-rank `c`: one entry per
+/// slice, the region to itself, laid out by the step's `[count, send_at, recv_at, misuse]`
+/// (see [`Coll::AllToAllV`]). A misused layout must be refused with `InvalidArgument`, or
+/// with an error of the checks that come before the layout's (the communicator unusable
+/// or suspended, a buffer or the stream of another device or context), and make no send
+/// or receive.
+fn all_to_all_v(
+    c: &Communicator,
+    send: &DeviceBuffer<i32>,
+    recv: &mut DeviceBuffer<i32>,
+    [count, send_at, recv_at, misuse]: [u8; 4],
+    s: &Stream,
+    world: &MockNcclWorld,
+) -> nccl_channel::Result<()> {
+    let (n, m) = (send.len(), recv.len());
+    let count = count as usize % (n.min(m) + 1);
+    let send_at = send_at as usize % (n - count + 1);
+    let recv_at = recv_at as usize % (m - count + 1);
+    let (mut sc, mut sd) = (vec![count], vec![send_at]);
+    let (mut rc, mut rd) = (vec![count], vec![recv_at]);
+    match misuse {
+        0 => {}
+        1 => {
+            sc.push(0);
+            rc.push(0);
+        }
+        2 => sd[0] = n - count + 1,
+        3 => {
+            sc[0] = count.max(1);
+            rc[0] = count.max(1);
+            rd[0] = usize::MAX;
+        }
+        // Both regions stay in their buffers: only the counts to itself differ.
+        _ if count > 0 => sc[0] = count - 1,
+        _ => (sc[0], sd[0]) = (1, 0),
+    }
+    let p2p = || (world.calls("ncclSend"), world.calls("ncclRecv"));
+    let before = p2p();
+    let r = c.all_to_all_v(send, &sc, &sd, recv, &rc, &rd, s);
+    if misuse != 0 {
+        let refused = match &r {
+            Err(Error::InvalidArgument { what, .. }) => *what == "all_to_all_v",
+            Err(
+                Error::Aborted
+                | Error::GroupedElsewhere { .. }
+                | Error::Suspended { .. }
+                | Error::WrongDevice { .. }
+                | Error::WrongContext { .. },
+            ) => true,
+            _ => false,
+        };
+        assert!(refused, "all_to_all_v misused ({misuse}): {r:?}");
+        assert_eq!(p2p(), before, "a refused all_to_all_v reached NCCL");
+    }
+    r
+}
+
 /// Runs `p` here and judges it.
 pub fn execute(p: &Program) -> Result<(), Failure> {
     let driver = MockDriver::with_devices(2)
@@ -1546,6 +1603,7 @@ impl<'c> State<'c> {
         let suspended = self.is_suspended(c);
         let b = self.buf(other).filter(|&b| b != a);
         let nccl = self.nccl.clone();
+        let world = self.world;
         // Two distinct buffers, when the collective needs them.
         let (first, second) = match b {
             Some(b) => {
@@ -1562,7 +1620,13 @@ impl<'c> State<'c> {
         };
         let Some(x) = first else { return };
         let x = x.get_mut();
-        let called = !matches!((kind, &second), (Coll::AllToAll | Coll::SendRecv, None));
+        let called = !matches!(
+            (kind, &second),
+            (
+                Coll::AllToAll | Coll::SendRecv | Coll::AllToAllV { .. },
+                None
+            )
+        );
         let r = match kind {
             Coll::AllReduce => c.all_reduce_in_place(x, ReduceOp::Sum, &s),
             Coll::PreMulSum => c.all_reduce_in_place(x, ReduceOp::PreMulSum(3), &s),
@@ -1588,6 +1652,18 @@ impl<'c> State<'c> {
                     c.send(&*y.get_mut(), 0, &s)?;
                     c.recv(&mut *x, 0, &s)
                 }),
+                None => Ok(()),
+            },
+            Coll::AllToAllV {
+                count,
+                send_at,
+                recv_at,
+                misuse,
+            } => match second {
+                Some(y) => {
+                    let layout = [count, send_at, recv_at, misuse];
+                    all_to_all_v(c, &*y.get_mut(), x, layout, &s, world)
+                }
                 None => Ok(()),
             },
         };
