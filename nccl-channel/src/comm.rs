@@ -217,8 +217,17 @@ impl Dependency for CommShared {
     /// Deferred (grouped) work of a non-blocking communicator is enqueued in the
     /// background after `ncclGroupEnd` returns: wait until it is, within the deadline,
     /// before what it uses is released. If that fails, ask for an abort (the owner makes
-    /// it) and keep what the group holds alive. Then the group lets go of the handle.
+    /// it) and keep what the group holds alive. A group that ended in an error aborts the
+    /// communicator at once: NCCL's work of it is over then. Then the group lets go of the
+    /// handle.
     fn settle(&self) -> bool {
+        // A group that ended in an error may have launched work without a peer's part,
+        // still queued in NCCL, which could run, or pair with a later call, at any time:
+        // the communicator is aborted here (the group is over), which ends that work.
+        if crate::group::ended_in_error() && !self.is_dead() {
+            self.abort.abort();
+            let _ = self.teardown(Teardown::Abort);
+        }
         let settled = self.config.is_blocking()
             || self.is_dead()
             || self.poll_self("the work of a group (ncclGroupEnd)").is_ok();

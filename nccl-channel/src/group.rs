@@ -16,6 +16,25 @@ thread_local! {
     /// How many groups started through this crate are open on this thread (NCCL's groups
     /// nest: only the outermost end launches).
     static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// The outermost group of this thread ended in an error: what it launched may be
+    /// incomplete (a peer's part missing) and stay queued in NCCL, to run, or pair with a
+    /// later call, at any time. Its communicators are aborted before what it held goes
+    /// (`Dependency::settle`).
+    static FAILED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread's last group ended in an error (read while it lets go of what it
+/// held, right after its end).
+pub(crate) fn ended_in_error() -> bool {
+    FAILED.try_with(Cell::get).unwrap_or(true)
+}
+
+/// Notes the end of a group: `rc` is `ncclGroupEnd`'s answer.
+fn ended(rc: nccl_sys::ncclResult_t) {
+    use nccl_sys::ncclResult_t as R;
+    if rc != R::ncclSuccess && rc != R::ncclInProgress {
+        let _ = FAILED.try_with(|f| f.set(true));
+    }
 }
 
 /// An open NCCL group. [`end`](Self::end) closes it and reports its error; dropping it
@@ -88,7 +107,12 @@ impl<'a> Group<'a> {
         })?;
         // SAFETY: no preconditions.
         unsafe { nccl_call!(nccl, ncclGroupStart()) }?;
-        let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
+        let _ = DEPTH.try_with(|d| {
+            if d.get() == 0 {
+                let _ = FAILED.try_with(|f| f.set(false));
+            }
+            d.set(d.get() + 1);
+        });
         Ok(Group {
             nccl,
             open: true,
@@ -105,6 +129,7 @@ impl<'a> Group<'a> {
         self.open = false;
         // SAFETY: ends the group this value started.
         let (rc, call) = unsafe { nccl_raw_call!(self.nccl, ncclGroupEnd()) };
+        ended(rc);
         if rc == nccl_sys::ncclResult_t::ncclInProgress {
             return Ok(());
         }
@@ -170,6 +195,7 @@ impl Group<'_> {
         // SAFETY: ends the group this value started; `info` is initialised by
         // NCCL_SIM_INFO_INITIALIZER and outlives the call.
         let rc = unsafe { f(&mut info) };
+        ended(rc);
         if rc == nccl_sys::ncclResult_t::ncclInProgress {
             return Err(crate::Error::InvalidArgument {
                 what: "Group::simulate_end",
@@ -198,13 +224,16 @@ impl Drop for Group<'_> {
     fn drop(&mut self) {
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
         if self.open {
-            // SAFETY: ends the group this value started; the error has nowhere to go.
-            let _ = unsafe { (self.nccl.fns().ncclGroupEnd)() };
+            // SAFETY: ends the group this value started; the error has nowhere to go
+            // but to what the group held.
+            ended(unsafe { (self.nccl.fns().ncclGroupEnd)() });
         }
     }
 }
 
 /// Runs `f` inside a group. The group always ends; `f`'s error wins over the group's.
+/// A group whose end fails aborts the communicators its calls used before it lets go of
+/// what they used: their work may be incomplete, and would stay queued in NCCL.
 ///
 /// ```
 /// # use std::sync::Arc;

@@ -523,3 +523,41 @@ fn pooled_buffers_register_by_the_all_to_all_rules() {
     drop((s, comm, ctx));
     rig.assert_clean();
 }
+
+/// A group that launches rank 0's part while rank 1's call inside it was refused: rank
+/// 0's sends and receives have no peer, and NCCL keeps them queued. Before, the group let
+/// go of rank 0's buffers and the communicator stayed usable: the next exchange paired
+/// with the queued work, which read and wrote the freed buffers. A group that ends in an
+/// error now aborts its communicators and keeps what their calls used.
+#[test]
+fn a_group_whose_peer_part_was_refused_keeps_its_buffers_and_aborts() {
+    let version = NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32);
+    let rig = Rig::with_timeout(2, version, Duration::from_millis(500));
+    let ctxs = rig.contexts(2);
+    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let st: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let a0 = DeviceBuffer::from_slice(&ctxs[0], &[1i32, 2, 3, 4]).unwrap();
+    let mut r0 = DeviceBuffer::<i32>::zeroed(&ctxs[0], 4).unwrap();
+    let a1 = DeviceBuffer::from_slice(&ctxs[1], &[5i32, 6, 7, 8]).unwrap();
+    let mut r1 = DeviceBuffer::<i32>::zeroed(&ctxs[1], 4).unwrap();
+    let failed = nccl_channel::group(&rig.nccl, || {
+        comms[0].all_to_all_v(&a0, &[2, 2], &[0, 2], &mut r0, &[2, 2], &[0, 2], &st[0])?;
+        // Overlapping receive regions: refused before any NCCL call.
+        comms[1].all_to_all_v(&a1, &[2, 2], &[0, 2], &mut r1, &[2, 2], &[0, 1], &st[1])?;
+        Ok(())
+    });
+    assert!(failed.is_err());
+    drop((a0, r0));
+    // A later exchange: rank 0's communicator is aborted, nothing pairs with the old part.
+    let later = nccl_channel::group(&rig.nccl, || {
+        for r in 0..2 {
+            let a = DeviceBuffer::from_slice(&ctxs[r], &[9i32; 4]).unwrap();
+            let mut b = DeviceBuffer::<i32>::zeroed(&ctxs[r], 4).unwrap();
+            comms[r].all_to_all_v(&a, &[2, 2], &[0, 2], &mut b, &[2, 2], &[0, 2], &st[r])?;
+        }
+        Ok(())
+    });
+    assert!(later.is_err(), "the aborted communicator refuses");
+    let v = rig.gpus.violations();
+    assert!(v.is_empty(), "sanitizer: {v:?}");
+}

@@ -407,7 +407,7 @@ fn injected_nccl_faults_surface_typed() {
     let s = Stream::new(&ctx).unwrap();
     let a = DeviceBuffer::from_slice(&ctx, &[1.0f32]).unwrap();
     let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 1).unwrap();
-    for f in ["ncclAllReduce", "ncclRedOpCreatePreMulSum", "ncclGroupEnd"] {
+    for f in ["ncclAllReduce", "ncclRedOpCreatePreMulSum"] {
         rig.world.fail_next(f, ncclResult_t::ncclInvalidUsage);
         let r = match f {
             "ncclGroupEnd" => group(&rig.nccl, || comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s)),
@@ -425,6 +425,34 @@ fn injected_nccl_faults_surface_typed() {
         !comm.is_aborted(),
         "usage errors leave the communicator usable"
     );
+    // A group whose end fails may have left its work queued in NCCL without a peer's
+    // part: it aborts its communicators before letting go of what they used.
+    {
+        let comm = Communicator::init_rank(
+            &rig.nccl,
+            &ctx,
+            &UniqueId::generate(&rig.nccl).unwrap(),
+            1,
+            0,
+        )
+        .unwrap();
+        rig.world
+            .fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
+        let r = group(&rig.nccl, || comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s));
+        match r.unwrap_err() {
+            Error::Nccl { call, code, .. } => {
+                assert_eq!(
+                    (call, code),
+                    ("ncclGroupEnd", ncclResult_t::ncclInvalidUsage)
+                );
+            }
+            other => panic!("ncclGroupEnd: {other}"),
+        }
+        assert!(
+            comm.is_aborted(),
+            "a failed group end leaves its communicators aborted"
+        );
+    }
     // A CUDA (or system, remote, internal) error aborts it: later calls say so.
     rig.world
         .fail_next("ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);

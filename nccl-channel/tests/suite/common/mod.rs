@@ -37,12 +37,17 @@ impl Rig {
     }
 
     pub fn with_version(devices: usize, version: NcclVersion) -> Rig {
+        Self::with_timeout(devices, version, std::time::Duration::from_secs(20))
+    }
+
+    /// As `with_version`, a simulated NCCL whose waits for peers end after `timeout`.
+    pub fn with_timeout(devices: usize, version: NcclVersion, timeout: std::time::Duration) -> Rig {
         let (cuda, gpus) = MockDriver::with_devices(devices)
             .build_with(Cuda::from_driver)
             .unwrap();
         let (nccl, world) = MockNccl::new(&gpus)
             .version(version)
-            .timeout(std::time::Duration::from_secs(20))
+            .timeout(timeout)
             .build()
             .unwrap();
         Rig {
