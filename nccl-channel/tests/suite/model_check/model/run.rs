@@ -916,7 +916,13 @@ impl<'c> State<'c> {
 
     /// [`Op::AbandonCapture`].
     fn abandon_capture(&mut self, dev: u8, slot: u8, mode: u8, elsewhere: bool, forget: bool) {
-        if DeferScope::is_open() {
+        // An abandonment whose end the driver refuses leaves the capture running, with what
+        // it holds, on a stream no other step can reach (its own test covers that path).
+        let end_fails = self.faults.iter().any(|&(f, before)| {
+            matches!(f, Fault::Cuda("cuStreamEndCapture", _))
+                && self.gpus.calls("cuStreamEndCapture") == before
+        });
+        if DeferScope::is_open() || end_fails {
             return;
         }
         let Ok(s) = Stream::non_blocking(&self.ctx(dev)) else {
@@ -1013,11 +1019,19 @@ impl<'c> State<'c> {
             let rank0 = rank0.join().expect("rank 0 of the polling collective");
             (rank0, capture.join().expect("the capturing thread"))
         });
-        if began
-            && let Ok(g) = s0.end_capture()
-            && let Ok(exec) = g.instantiate()
-        {
-            self.graphs.push(Some(exec));
+        if began {
+            match s0.end_capture() {
+                Ok(g) => {
+                    if let Ok(exec) = g.instantiate() {
+                        self.graphs.push(Some(exec));
+                    }
+                }
+                // Still running (an injected failure of its end): a later step ends it.
+                Err(_) if s0.is_capturing().unwrap_or(true) => {
+                    self.began.push(s0.as_raw() as usize);
+                }
+                Err(_) => {}
+            }
         }
         if let Some((_, c, b)) = rank0 {
             let _ = c.close();
