@@ -305,3 +305,36 @@ fn correct_programs_never_fail_on_the_multi_process_simulator() {
         failures.join("\n")
     );
 }
+
+/// The long run (`SOAK=simulator scripts/soak MINUTES [SEED]`): programs from fresh seeds
+/// until the time is up; the count run, and every failure.
+#[test]
+#[ignore = "a long run: scripts/soak"]
+fn soak() {
+    let minutes: u64 = std::env::var("SIM_MINUTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let seed = std::env::var("SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("simulator soak: seed {seed}, {minutes} min");
+    let end = std::time::Instant::now() + Duration::from_secs(minutes * 60);
+    let (mut programs, mut failures) = (0usize, Vec::new());
+    let mut batch = seed;
+    while std::time::Instant::now() < end {
+        failures.extend(rounds(batch, 20));
+        programs += 20;
+        batch = batch.wrapping_add(1);
+    }
+    eprintln!(
+        "simulator soak: {programs} programs, {} failed",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
