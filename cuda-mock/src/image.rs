@@ -32,7 +32,8 @@ pub(crate) fn missing_kernel(image: &Image, bound: bool, name: &str) -> String {
         return format!(
             "kernel {name:?} is in the image but no host twin is bound for it; bind one with \
              MockDriver::kernel({name:?}, &[parameter sizes], |call| ...) before the build, or \
-             MockWorld::bind_kernel after it"
+             MockWorld::bind_kernel after it (a program on the drop-in library: \
+             simgpu_bind_kernel)"
         );
     }
     match image {

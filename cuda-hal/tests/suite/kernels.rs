@@ -801,7 +801,8 @@ fn a_kernel_without_a_host_twin_is_named_with_how_to_bind_one() {
     let ptx = format!("{PTX}.visible .entry unbound(.param .u64 x) {{ ret; }}\n");
     let twin = "simulated driver: not found: kernel \"unbound\" is in the image but no host \
                 twin is bound for it; bind one with MockDriver::kernel(\"unbound\", &[parameter \
-                sizes], |call| ...) before the build, or MockWorld::bind_kernel after it";
+                sizes], |call| ...) before the build, or MockWorld::bind_kernel after it (a \
+                program on the drop-in library: simgpu_bind_kernel)";
     let module = Module::from_ptx(&ctx, &ptx).unwrap();
     assert_eq!(
         module.function("unbound").unwrap_err(),
