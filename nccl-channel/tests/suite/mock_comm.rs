@@ -453,6 +453,12 @@ fn injected_nccl_faults_surface_typed() {
             "a failed group end leaves its communicators aborted"
         );
     }
+    // The next group of this thread starts afresh: its end succeeds, nothing is aborted.
+    group(&rig.nccl, || comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s)).unwrap();
+    assert!(
+        !comm.is_aborted(),
+        "a failed group's end taints no later group"
+    );
     // A CUDA (or system, remote, internal) error aborts it: later calls say so.
     rig.world
         .fail_next("ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);
