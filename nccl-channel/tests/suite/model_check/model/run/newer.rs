@@ -155,6 +155,9 @@ impl State<'_> {
                         assert_eq!(m.suspended, self.is_suspended(c), "mem_stats: {m:?}");
                         assert_eq!(m.total, m.persistent + m.suspendable, "{m:?}");
                     }
+                    // A panic injected into a group's settling left its non-blocking work
+                    // unsettled (what it held is kept): NCCL refuses the next call, typed.
+                    (Err(_), None) if self.injected_panic => {}
                     (Err(e), None) => panic!("mem_stats: {e:?}"),
                 }
             }
