@@ -116,9 +116,13 @@ impl Stream {
             ..CaptureLog::default()
         };
         *lock(&log.held) = self.group_holds();
+        let _g = self.bind_if_legacy()?;
         let log = Arc::new(log);
         self.set_capture(Some(log.clone()));
-        let _g = self.bind_if_legacy()?;
+        // Noted before the driver call too: a host wait another thread makes once the
+        // driver has begun is refused here first (the driver would refuse it and spoil the
+        // capture), and a release that meets the refusal finds the capture.
+        note_strict(&log);
         // SAFETY: a valid stream; the mode is a documented value.
         let r = unsafe {
             call!(
@@ -126,9 +130,9 @@ impl Stream {
                 cuStreamBeginCapture(self.as_raw(), mode.raw())
             )
         };
-        match r {
-            Ok(()) => note_strict(&log),
-            Err(_) => self.set_capture(None),
+        if r.is_err() {
+            log.ended.store(true, std::sync::atomic::Ordering::Release);
+            self.set_capture(None);
         }
         r
     }

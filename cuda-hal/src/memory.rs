@@ -12,7 +12,7 @@ use cuda_sys::CUdeviceptr;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::hold::core::{Dependency, KeepAlive};
+use crate::hold::core::{CaptureLog, Dependency, KeepAlive};
 use crate::hold::lock::lock;
 use crate::hold::queued;
 use crate::hold::use_log::UseLog;
@@ -221,6 +221,29 @@ impl Allocation {
     }
 }
 
+/// Whether a wait was refused because a capture forbids it (this crate's refusal, or the
+/// driver's stream-capture errors), rather than because the work failed.
+fn refused_for_a_capture(e: &Error) -> bool {
+    match e {
+        Error::Capturing { .. } => true,
+        Error::Driver { code, .. } => (900..=908).contains(&code.0),
+        _ => false,
+    }
+}
+
+/// Hands memory to the capture of `log`, whose graph then owns it. A capture that ended
+/// since it was found (its graph took its holds already) gets nothing: the memory is
+/// released as if no capture had recorded it, by `moved`'s own drop.
+fn give_to_capture(log: &CaptureLog, moved: Allocation) {
+    let mut held = lock(&log.held);
+    if log.is_ended() {
+        drop(held);
+        drop(moved);
+        return;
+    }
+    held.push(KeepAlive::new(Arc::new(moved)));
+}
+
 impl Drop for Allocation {
     fn drop(&mut self) {
         // Out of the struct, and released only on the path that proves the memory idle:
@@ -261,19 +284,8 @@ impl Drop for Allocation {
         if let Some(log) = recording {
             let uses = used[..uses_alone].iter().map(Stream::held).collect();
             let moved = self.moved(uses, ManuallyDrop::into_inner(release));
-            let mut held = lock(&log.held);
-            // Ended since it was found (its graph took its holds already): the memory is
-            // released as if no capture had recorded it, by the moved value's own drop.
-            if log.is_ended() {
-                drop(held);
-                drop(locks);
-                drop(moved);
-                return;
-            }
-            held.push(KeepAlive::new(Arc::new(moved)));
-            drop(held);
             drop(locks);
-            return;
+            return give_to_capture(&log, moved);
         }
         let _g = match self.ctx.bind() {
             Ok(g) => g,
@@ -285,13 +297,32 @@ impl Drop for Allocation {
                 );
             }
         };
-        // Any failure below leaks the memory: never free what work may still touch.
-        if let Err(e) = self.quiesce(&used) {
-            drop(locks);
-            return self.leak(
-                used,
-                &format_args!("waiting for the work of the streams that used it failed: {e}"),
-            );
+        // Any failure below leaks the memory: never free what work may still touch. But a
+        // wait refused because a strict capture began meanwhile (a global one, on another
+        // thread; refused by this crate, or by the driver, which then spoils it) is no
+        // failure of the work: that capture's graph owns the memory, as if it had been
+        // found above, or, once the capture is over, the wait is asked again.
+        let mut tries = 0;
+        while let Err(e) = self.quiesce(&used) {
+            tries += 1;
+            if !refused_for_a_capture(&e) || tries > 3 {
+                drop(locks);
+                return self.leak(
+                    used,
+                    &format_args!("waiting for the work of the streams that used it failed: {e}"),
+                );
+            }
+            let late = used
+                .iter()
+                .find_map(Stream::capture_log)
+                .or_else(Stream::strict_capture_here);
+            if let Some(log) = late {
+                drop(_g);
+                let uses = used[..uses_alone].iter().map(Stream::held).collect();
+                let moved = self.moved(uses, ManuallyDrop::into_inner(release));
+                drop(locks);
+                return give_to_capture(&log, moved);
+            }
         }
         let cuda = self.ctx.cuda();
         match (ManuallyDrop::into_inner(release), &self.home) {

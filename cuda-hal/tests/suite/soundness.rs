@@ -1262,3 +1262,35 @@ fn a_stream_log_can_be_used_while_it_retains() {
     drop((log, ctx));
     assert!(world.violations().is_empty());
 }
+
+/// Memory dropped on one thread while another begins a global capture (which forbids every
+/// thread host waits): the release saw no capture, then its wait for the streams that used
+/// the memory was refused. It leaked the memory for good (with its context); the capture's
+/// graph now owns it, as when the capture is seen first.
+#[test]
+fn a_release_racing_a_global_capture_on_another_thread_is_not_leaked() {
+    let (cuda, world, ctx) = rig();
+    let (used, captured) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&ctx).unwrap(),
+    );
+    for _ in 0..300 {
+        let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+        buf.fill_async(1, &used).unwrap();
+        let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let g = go.clone();
+        let dropper = std::thread::spawn(move || {
+            g.wait();
+            drop(buf);
+        });
+        go.wait();
+        captured.begin_capture(CaptureMode::Global).unwrap();
+        dropper.join().unwrap();
+        // A wait that reached the driver just after the capture began spoilt it (CUDA's
+        // rule for global captures): the end then fails, and the capture is over anyway.
+        let _ = captured.end_capture();
+        used.synchronize().unwrap();
+    }
+    drop((used, captured, ctx, cuda));
+    assert_clean(&world);
+}
