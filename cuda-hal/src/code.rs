@@ -7,7 +7,6 @@ use std::sync::Arc;
 use cuda_sys::{CUlibrary, CUmodule};
 
 use crate::hold::core::{Dependency, KeepAlive};
-use crate::hold::lock::lock;
 use crate::hold::use_log::UseLog;
 use crate::{Context, Cuda, Result, Stream};
 
@@ -61,15 +60,9 @@ impl Drop for CodeInner {
                 handle: std::mem::replace(&mut self.handle, Handle::None),
                 uses: UseLog::with(used),
             };
-            let mut held = lock(&log.held);
             // Ended since it was found: unloaded as if no capture had recorded it, by the
             // moved value's own drop.
-            if log.is_ended() {
-                drop(held);
-                drop(moved);
-                return;
-            }
-            held.push(KeepAlive::new(Arc::new(moved)));
+            drop(log.keep(KeepAlive::new(Arc::new(moved))));
             return;
         }
         // Any failure below leaks the code: never unload what work may still run.

@@ -13,7 +13,6 @@ use cuda_sys::CUdeviceptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::hold::core::{CaptureLog, Dependency, KeepAlive};
-use crate::hold::lock::lock;
 use crate::hold::queued;
 use crate::hold::use_log::UseLog;
 use crate::view::{Chunks, ChunksMut};
@@ -235,13 +234,7 @@ fn refused_for_a_capture(e: &Error) -> bool {
 /// since it was found (its graph took its holds already) gets nothing: the memory is
 /// released as if no capture had recorded it, by `moved`'s own drop.
 fn give_to_capture(log: &CaptureLog, moved: Allocation) {
-    let mut held = lock(&log.held);
-    if log.is_ended() {
-        drop(held);
-        drop(moved);
-        return;
-    }
-    held.push(KeepAlive::new(Arc::new(moved)));
+    drop(log.keep(KeepAlive::new(Arc::new(moved))));
 }
 
 impl Drop for Allocation {

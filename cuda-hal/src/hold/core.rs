@@ -398,4 +398,17 @@ impl CaptureLog {
     pub(crate) fn is_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }
+
+    /// Keeps `what` for the graph this capture makes; handed back when the capture ended
+    /// since it was found (its graph took its holds already), to go as if no capture had
+    /// recorded its work (drop it after this returns: its release may look at captures).
+    #[must_use = "what is handed back must be dropped, outside any capture lock"]
+    pub(crate) fn keep(&self, what: KeepAlive) -> Option<KeepAlive> {
+        let mut held = lock(&self.held);
+        if self.is_ended() {
+            return Some(what);
+        }
+        held.push(what);
+        None
+    }
 }
