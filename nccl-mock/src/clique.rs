@@ -15,7 +15,7 @@ use cuda_mock::MockWorld;
 
 use crate::net::link::Link;
 use crate::notice::Notice;
-use crate::parts::{Buffers, Contrib, Done, agree, bytes, move_data, p2p_refusal, results};
+use crate::parts::{Buffers, Contrib, Done, bytes, disagreement, move_data, p2p_refusal, results};
 use nccl_sys::{ncclDataType_t, ncclResult_t};
 
 struct Slot {
@@ -44,6 +44,8 @@ struct State {
     aborted: Vec<usize>,
     /// Grow ids the coordinator published (`ncclCommGetUniqueId`), by grow number.
     grow_ids: HashMap<u64, Vec<u8>>,
+    /// The newest collective whose ranks disagreed, by number, and how.
+    disagreement: Option<(u64, String)>,
 }
 
 /// A rank's (color, key) in a split, and where its result goes.
@@ -219,7 +221,13 @@ impl Clique {
             let parts: Vec<(Contrib, Done)> = slot.contribs.into_iter().flatten().collect();
             // Not withdrawn: every part, this last one too, came with the driver.
             let rcs = match run {
-                Some(cuda) if !slot.withdrawn => execute(cuda, &parts),
+                Some(cuda) if !slot.withdrawn => match execute(cuda, &parts) {
+                    Ok(rcs) => rcs,
+                    Err(why) => {
+                        st.disagreement = Some((seq, why));
+                        vec![ncclResult_t::ncclInvalidUsage; parts.len()]
+                    }
+                },
                 _ => vec![ncclResult_t::ncclRemoteError; parts.len()],
             };
             for ((_, d), rc) in parts.iter().zip(rcs) {
@@ -420,6 +428,27 @@ impl Clique {
         }
     }
 
+    /// How the ranks disagreed on collective number `seq` (the newest such collective
+    /// only; `None` for any other), for the error its ranks report.
+    pub(crate) fn disagreement(&self, seq: u64) -> Option<String> {
+        self.disagreements()
+            .filter(|(s, _)| *s == seq)
+            .map(|(_, why)| why)
+    }
+
+    /// The newest disagreement of its collectives, whatever its number (a non-blocking
+    /// communicator's asynchronous error does not say which operation failed).
+    pub(crate) fn newest_disagreement(&self) -> Option<String> {
+        self.disagreements().map(|(_, why)| why)
+    }
+
+    fn disagreements(&self) -> Option<(u64, String)> {
+        match &self.net {
+            Some(link) => link.disagreement(),
+            None => lock(&self.state).disagreement.clone(),
+        }
+    }
+
     /// Waits for `done` until `deadline` (an abort of a rank it needs completes it with an
     /// error); the deadline gives an error.
     pub(crate) fn wait(&self, done: &Done, deadline: Instant) -> ncclResult_t {
@@ -575,15 +604,15 @@ impl Buffers for Memory<'_> {
 }
 
 /// Runs one collective given every rank's part (in rank order) on `cuda`'s device memory;
-/// each rank's result.
-fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Vec<ncclResult_t> {
+/// each rank's result, or how the ranks disagree ([`disagreement`]).
+fn execute(cuda: &MockWorld, parts: &[(Contrib, Done)]) -> Result<Vec<ncclResult_t>, String> {
     let contribs: Vec<Contrib> = parts.iter().map(|p| p.0).collect();
-    if !agree(&contribs) {
-        return vec![ncclResult_t::ncclInvalidUsage; parts.len()];
+    if let Some(why) = disagreement(&contribs) {
+        return Err(why);
     }
     let mut mem = Memory::new(cuda, &contribs);
     move_data(&mut mem, &contribs);
-    results(&mem.failed)
+    Ok(results(&mem.failed))
 }
 
 impl crate::rma::Peers for Clique {

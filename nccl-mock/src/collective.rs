@@ -201,7 +201,10 @@ fn run_on_stream(w: &NWorld, work: Work) -> ncclResult_t {
     }
     let rc = *result.lock().unwrap_or_else(|e| e.into_inner());
     if rc != ncclResult_t::ncclSuccess {
-        let msg = format!("operation failed: {}", rc.name().unwrap_or("?"));
+        let msg = part
+            .disagreement()
+            .filter(|_| rc == ncclResult_t::ncclInvalidUsage)
+            .unwrap_or_else(|| format!("operation failed: {}", rc.name().unwrap_or("?")));
         w.lock().error(msg);
     }
     rc

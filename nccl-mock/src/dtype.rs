@@ -18,6 +18,27 @@ pub(crate) fn size_of(t: D) -> Option<usize> {
     })
 }
 
+/// The C name of a type, for reports (`ncclInt32`); the raw value for one this
+/// simulation does not know.
+pub(crate) fn name(t: D) -> String {
+    let known = match t {
+        D::ncclInt8 => "ncclInt8",
+        D::ncclUint8 => "ncclUint8",
+        D::ncclInt32 => "ncclInt32",
+        D::ncclUint32 => "ncclUint32",
+        D::ncclInt64 => "ncclInt64",
+        D::ncclUint64 => "ncclUint64",
+        D::ncclFloat16 => "ncclFloat16",
+        D::ncclFloat32 => "ncclFloat32",
+        D::ncclFloat64 => "ncclFloat64",
+        D::ncclBfloat16 => "ncclBfloat16",
+        D::ncclFloat8e4m3 => "ncclFloat8e4m3",
+        D::ncclFloat8e5m2 => "ncclFloat8e5m2",
+        _ => return format!("type {}", t.0),
+    };
+    known.to_owned()
+}
+
 /// The NCCL release that introduced a type (`None`: in every supported release).
 pub(crate) fn introduced(t: D) -> Option<i32> {
     match t {

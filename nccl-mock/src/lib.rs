@@ -43,6 +43,12 @@
 //!   communicator NULL: a split or shrink inside a group gives its new communicator only
 //!   when the group ends ...`, and fails with `ncclInvalidArgument`.
 //!
+//! - Ranks whose parts of a collective disagree (kind, count, type, root or op) all fail
+//!   with `ncclInvalidUsage` instead of hanging or corrupting as with NCCL, and the last
+//!   error names rank 0's call and the first that differs: `the ranks disagree on a
+//!   collective: rank 0 calls ncclAllGather of 4 ncclInt32, rank 1 ncclAllGather of 6
+//!   ncclInt32` (a non-blocking communicator's asynchronous error sets it too).
+//!
 //! Calls made with bad arguments still fail at the call, as with NCCL; inside a group a
 //! failed split or shrink also fails the group (NCCL's group error): its end runs none of
 //! the group's work and returns the error. An injected `ncclGroupEnd` failure closes the

@@ -137,19 +137,71 @@ fn reduce(inputs: &[Vec<u8>], ops: &[Op], count: usize, t: ncclDataType_t) -> Ve
     out
 }
 
-/// Whether every rank's part describes the same collective (kind, count, type, root, op
-/// kind); if not, every rank fails with `ncclInvalidUsage`.
-pub(crate) fn agree(parts: &[Contrib]) -> bool {
+/// Why the ranks' parts (one per rank, in rank order) do not describe the same
+/// collective (kind, count, type, root, op kind), naming rank 0's call and the first rank
+/// whose call differs: "rank 0 calls ncclAllGather of 4 ncclInt32, rank 1 ncclAllGather
+/// of 6 ncclInt32". `None`: they agree. If they do not, every rank fails with
+/// `ncclInvalidUsage` and this is its `ncclGetLastError`.
+pub(crate) fn disagreement(parts: &[Contrib]) -> Option<String> {
     let Some(first) = parts.first() else {
-        return false;
+        return Some("no rank took part".into());
     };
-    parts.iter().all(|c| {
+    let same = |c: &Contrib| {
         c.kind == first.kind
             && c.count == first.count
             && c.dtype == first.dtype
             && c.root == first.root
             && c.op.same_kind(&first.op)
-    })
+    };
+    let (rank, other) = parts.iter().enumerate().find(|(_, c)| !same(c))?;
+    Some(format!(
+        "the ranks disagree on a collective: rank 0 calls {}, rank {rank} {}",
+        first.summary(),
+        other.summary()
+    ))
+}
+
+impl Contrib {
+    /// What the call asks, for a report: "ncclReduce of 4 ncclFloat32 (ncclSum, root 1)".
+    fn summary(&self) -> String {
+        let op = match self.op {
+            Op::Builtin(b) => Some(match b {
+                ncclRedOp_t::ncclSum => "ncclSum".to_owned(),
+                ncclRedOp_t::ncclProd => "ncclProd".to_owned(),
+                ncclRedOp_t::ncclMax => "ncclMax".to_owned(),
+                ncclRedOp_t::ncclMin => "ncclMin".to_owned(),
+                other => format!("op {}", other.0),
+            }),
+            Op::Avg => Some("ncclAvg".to_owned()),
+            Op::PreMul(_) => Some("a pre-multiplied sum".to_owned()),
+        };
+        let reduces = matches!(
+            self.kind,
+            Kind::AllReduce | Kind::Reduce | Kind::ReduceScatter
+        );
+        let rooted = matches!(
+            self.kind,
+            Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter
+        );
+        let mut extra = Vec::new();
+        if let (true, Some(op)) = (reduces, op) {
+            extra.push(op);
+        }
+        if rooted {
+            extra.push(format!("root {}", self.root));
+        }
+        let extra = if extra.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", extra.join(", "))
+        };
+        format!(
+            "{} of {} {}{extra}",
+            self.call,
+            self.count,
+            dtype::name(self.dtype)
+        )
+    }
 }
 
 /// Bytes rank `rank` of `n` reads of its send buffer in collective `c` (0: none), as

@@ -86,11 +86,18 @@ mock_fns! {
                 }
                 None => true,
             });
+            let why = match failed {
+                Some(ncclResult_t::ncclInvalidUsage) => c.clique.as_ref().and_then(|cl| cl.newest_disagreement()),
+                _ => None,
+            };
             e = match failed {
                 Some(rc) => rc,
                 None if !c.pending.is_empty() => ncclResult_t::ncclInProgress,
                 None => ncclResult_t::ncclSuccess,
             };
+            if let Some(why) = why {
+                s.error(why);
+            }
         }
         // SAFETY: checked non-null out-pointer.
         unsafe { *err = e };

@@ -52,6 +52,14 @@ impl Part {
         }
     }
 
+    /// How the ranks disagreed on this collective, if they did.
+    pub(crate) fn disagreement(&self) -> Option<String> {
+        match self {
+            Part::Coll { clique, seq, .. } => clique.disagreement(*seq),
+            Part::P2p { .. } | Part::Rma { .. } => None,
+        }
+    }
+
     /// Hands the part to the clique (the last part of a collective runs it, on `cuda`'s
     /// device memory).
     pub(crate) fn start(&self, cuda: &MockWorld) -> Done {

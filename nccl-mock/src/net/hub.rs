@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use super::exit::{self, HubWatch};
 use super::thread::{spawn, stop};
 use super::wire::{self, Msg};
-use crate::parts::{Buffers, Contrib, agree, input_bytes, move_data, p2p_refusal, results};
+use crate::parts::{Buffers, Contrib, disagreement, input_bytes, move_data, p2p_refusal, results};
 use nccl_sys::{ncclDataType_t, ncclResult_t};
 
 /// The most ranks a hub takes (its tables grow with the count a hello claims).
@@ -604,7 +604,12 @@ impl Hub {
             .into_iter()
             .flatten()
             .collect();
-        for (p, (rc, out)) in parts.iter().zip(run(&parts)) {
+        let (answers, why) = run(&parts);
+        for (p, (rc, out)) in parts.iter().zip(answers) {
+            if let Some(why) = &why {
+                let why = why.clone();
+                self.tell(p.conn, &Msg::Disagree { seq, why });
+            }
             self.done(p.conn, p.op, rc, out);
         }
     }
@@ -699,15 +704,19 @@ impl Buffers for Shipped<'_> {
     }
 }
 
-/// Runs a collective whose parts are all in (rank order): each rank's result and output.
-fn run(parts: &[Part]) -> Vec<(ncclResult_t, Option<Vec<u8>>)> {
+/// A rank's result and output.
+type Answer = (ncclResult_t, Option<Vec<u8>>);
+
+/// Runs a collective whose parts are all in (rank order): each rank's result and output,
+/// and how the ranks disagree if they do ([`disagreement`]).
+fn run(parts: &[Part]) -> (Vec<Answer>, Option<String>) {
     let n = parts.len();
     if parts.iter().any(|p| p.withdrawn) {
-        return vec![(ncclResult_t::ncclRemoteError, None); n];
+        return (vec![(ncclResult_t::ncclRemoteError, None); n], None);
     }
     let contribs: Vec<Contrib> = parts.iter().map(|p| p.contrib).collect();
-    if !agree(&contribs) {
-        return vec![(ncclResult_t::ncclInvalidUsage, None); n];
+    if let Some(why) = disagreement(&contribs) {
+        return (vec![(ncclResult_t::ncclInvalidUsage, None); n], Some(why));
     }
     let mut mem = Shipped {
         parts,
@@ -717,10 +726,12 @@ fn run(parts: &[Part]) -> Vec<(ncclResult_t, Option<Vec<u8>>)> {
     move_data(&mut mem, &contribs);
     let rcs = results(&mem.failed);
     let failed = rcs.iter().any(|rc| *rc != ncclResult_t::ncclSuccess);
-    rcs.into_iter()
+    let answers = rcs
+        .into_iter()
         .zip(mem.outputs)
         .map(|(rc, out)| (rc, if failed { None } else { out }))
-        .collect()
+        .collect();
+    (answers, None)
 }
 
 #[cfg(test)]

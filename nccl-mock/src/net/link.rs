@@ -57,6 +57,8 @@ struct State {
     closed: bool,
     /// Grow ids the coordinator published through the hub, by grow number.
     grow_ids: HashMap<u64, Vec<u8>>,
+    /// The newest collective whose ranks disagreed, by number, and how (the hub's word).
+    disagreement: Option<(u64, String)>,
 }
 
 struct Shared {
@@ -383,6 +385,11 @@ impl Link {
         self.shared.cond.notify_all();
     }
 
+    /// The newest collective whose ranks disagreed, by number, and how.
+    pub(crate) fn disagreement(&self) -> Option<(u64, String)> {
+        self.shared.lock().disagreement.clone()
+    }
+
     /// Waits for `done` until `deadline` (`ncclSystemError` then, as in one process).
     pub(crate) fn wait(&self, done: &Done, deadline: Instant) -> ncclResult_t {
         let mut st = self.shared.lock();
@@ -598,6 +605,9 @@ fn serve(mut stream: TcpStream, shared: &Shared, rma: &Rma, rank: usize) {
             }
             Msg::GrowId { seq, id } => {
                 shared.lock().grow_ids.insert(seq, id);
+            }
+            Msg::Disagree { seq, why } => {
+                shared.lock().disagreement = Some((seq, why));
             }
             Msg::Done { op, rc, data } => {
                 let Some(p) = shared.lock().pending.remove(&op) else {

@@ -86,6 +86,9 @@ pub(crate) enum Msg {
         rc: u32,
         data: Option<Vec<u8>>,
     },
+    /// Hub to a rank, before the `Done` of its part: the ranks disagreed on collective
+    /// number `seq`, as `why` says.
+    Disagree { seq: u64, why: String },
     /// Hub to ranks: rank `rank` aborted or its process went away.
     Gone { rank: u32 },
     /// Coordinator to hub, and hub to every rank: the id of grow number `seq`
@@ -364,6 +367,11 @@ impl Msg {
                 w.u64(*seq);
                 w.bytes(id);
             }
+            Msg::Disagree { seq, why } => {
+                w.u8(13);
+                w.u64(*seq);
+                w.bytes(why.as_bytes());
+            }
             Msg::Put {
                 peer,
                 withdrawn,
@@ -449,6 +457,10 @@ impl Msg {
                 } else {
                     None
                 },
+            },
+            13 => Msg::Disagree {
+                seq: r.u64()?,
+                why: String::from_utf8_lossy(&r.bytes()?).into_owned(),
             },
             t => return bad(format!("unknown message {t}")),
         };
@@ -565,6 +577,10 @@ mod tests {
             data: None,
         });
         round_trip(Msg::Gone { rank: 1 });
+        round_trip(Msg::Disagree {
+            seq: 4,
+            why: "rank 0 calls ncclAllGather of 4 ncclInt32".into(),
+        });
         round_trip(Msg::Put {
             peer: 2,
             withdrawn: false,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{NCCL_OK, Rig};
 use nccl_mock::{MockNccl, network_threads};
-use nccl_sys::{ncclRedOp_t, ncclResult_t};
+use nccl_sys::{ncclComm_t, ncclRedOp_t, ncclResult_t};
 use procs::{Coll, SharedRig, comm_id, free_port, hub_at, id_address, process, script};
 
 /// The tests of this file one at a time, so [`network_threads`] (process-wide) can be
@@ -940,4 +940,58 @@ fn a_rank_coming_after_a_size_mismatch_is_refused_with_the_reason_not_left_to_ti
         started.elapsed()
     );
     assert_no_network_threads();
+}
+
+/// The error of a collective whose ranks disagree on the count, as every rank reads it.
+const DISAGREEMENT: &str = "the ranks disagree on a collective: rank 0 calls ncclAllGather of \
+                            4 ncclInt32, rank 1 ncclAllGather of 6 ncclInt32";
+
+/// Rank `r`'s all-gather of 4 + 2r elements: the counts differ, so it must fail.
+fn mismatched_all_gather(rig: &impl procs::ProcsRig, d: usize, r: usize, comm: ncclComm_t) {
+    let count = 4 + 2 * r;
+    let (rc, _) = rig.run(
+        d,
+        Coll::AllGather,
+        &vec![1i32; count],
+        count,
+        2 * count,
+        0,
+        comm,
+    );
+    assert_eq!(rc, ncclResult_t::ncclInvalidUsage);
+    assert_eq!(rig.last_error(), DISAGREEMENT);
+}
+
+#[test]
+fn ranks_that_disagree_on_a_count_are_named_with_their_calls_across_processes() {
+    let _g = serial();
+    if !in_own_child("ranks_that_disagree_on_a_count_are_named_with_their_calls_across_processes") {
+        return;
+    }
+    let id = hub_id(Duration::from_secs(30));
+    ranks(2, Duration::from_secs(30), move |rig, r| {
+        let (rc, comm) = rig.init_rank(0, id, 2, r as i32);
+        assert_eq!(rc, NCCL_OK, "{}", rig.last_error());
+        mismatched_all_gather(&rig, 0, r, comm);
+        rig.destroy(comm);
+    });
+    assert_no_network_threads();
+}
+
+#[test]
+fn ranks_that_disagree_on_a_count_are_named_with_their_calls_in_one_process() {
+    let rig = std::sync::Arc::new(SharedRig(Rig::new(2)));
+    let id = rig.unique_id();
+    let threads: Vec<_> = (0..2)
+        .map(|r| {
+            let rig = rig.clone();
+            std::thread::spawn(move || {
+                let (rc, comm) = rig.init_rank(r, id, 2, r as i32);
+                assert_eq!(rc, NCCL_OK);
+                mismatched_all_gather(&**rig, r, r, comm);
+                rig.destroy(comm);
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
 }
