@@ -8,7 +8,8 @@ use cuda_hal::{
 };
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
-use crate::{Communicator, Error, NcclType, ReduceOp, Result, group};
+use crate::call_check::Call;
+use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result, group};
 
 /// A device address as the pointer NCCL takes.
 fn dptr(addr: u64) -> *mut c_void {
@@ -22,6 +23,14 @@ fn offset<S: DeviceSlice + ?Sized>(buf: &S, elems: usize) -> *mut c_void {
 /// The device address of `buf` as NCCL takes it.
 fn at<S: DeviceSlice + ?Sized>(buf: &S) -> *mut c_void {
     dptr(buf.device_ptr())
+}
+
+impl Communicator {
+    /// A rank's share of a buffer of `len` elements split over the ranks (what NCCL is
+    /// given as the count of an in-place all-gather or reduce-scatter, or an all-to-all).
+    fn share(&self, len: usize) -> usize {
+        len / self.size().max(1)
+    }
 }
 
 /// Which side of a variable all-to-all a layout describes.
@@ -280,6 +289,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce";
+        self.check_call(
+            W,
+            Call::new::<T>(Collective::AllReduce, send.len()).op(&op),
+            stream,
+        )?;
         let _order = self.begin::<T>(W, stream)?;
         let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
         let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
@@ -294,6 +308,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce_in_place";
+        self.check_call(
+            W,
+            Call::new::<T>(Collective::AllReduce, buf.len()).op(&op),
+            stream,
+        )?;
         let _order = self.begin::<T>(W, stream)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
@@ -369,6 +388,19 @@ impl Communicator {
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::AllGather, send.len());
+        self.check_call("all_gather", call, stream)?;
+        self.all_gather_unchecked(send, recv, stream)
+    }
+
+    /// [`all_gather`](Self::all_gather) without the checked mode's comparison (the
+    /// comparison's own exchange).
+    pub(crate) fn all_gather_unchecked<T: NcclType>(
+        &self,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
+        stream: &Stream,
+    ) -> Result<()> {
         const W: &str = "all_gather";
         let _order = self.begin::<T>(W, stream)?;
         let count = send.len();
@@ -418,6 +450,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather_in_place";
+        self.check_call(
+            W,
+            Call::new::<T>(Collective::AllGather, self.share(buf.len())),
+            stream,
+        )?;
         let _order = self.begin::<T>(W, stream)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
@@ -485,6 +522,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter";
+        self.check_call(
+            W,
+            Call::new::<T>(Collective::ReduceScatter, recv.len()).op(&op),
+            stream,
+        )?;
         let _order = self.begin::<T>(W, stream)?;
         let count = recv.len();
         let _send_done =
@@ -501,6 +543,8 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter_in_place";
+        let call = Call::new::<T>(Collective::ReduceScatter, self.share(buf.len())).op(&op);
+        self.check_call(W, call, stream)?;
         let _order = self.begin::<T>(W, stream)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
@@ -574,6 +618,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast";
+        self.check_call(
+            W,
+            Call::new::<T>(Collective::Broadcast, recv.len()).root(root),
+            stream,
+        )?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _recv_done = self.check_buf(W, "recv", recv, recv.len(), stream)?;
@@ -592,6 +641,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast_in_place";
+        self.check_call(
+            W,
+            Call::new::<T>(Collective::Broadcast, buf.len()).root(root),
+            stream,
+        )?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
@@ -688,6 +742,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce";
+        let call = Call::new::<T>(Collective::Reduce, send.len())
+            .op(&op)
+            .root(root);
+        self.check_call(W, call, stream)?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
@@ -706,6 +764,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_in_place";
+        let call = Call::new::<T>(Collective::Reduce, buf.len())
+            .op(&op)
+            .root(root);
+        self.check_call(W, call, stream)?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
@@ -905,6 +967,8 @@ impl Communicator {
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::AllToAll, self.share(send.len()));
+        self.check_call("all_to_all", call, stream)?;
         if self.nccl().fns().ncclAlltoAll.is_none() {
             // The fallback's own group: opened before the checks, so that it holds what
             // its calls use (and counts as a group for abort decisions) like the user's.
@@ -1059,6 +1123,7 @@ impl Communicator {
                 ),
             });
         }
+        self.check_call(W, Call::uncounted::<T>(Collective::AllToAllV), stream)?;
         // The group is opened before the buffers are noted, so that it holds them (and
         // counts as a group for abort decisions), as `all_to_all`'s fallback does.
         group(self.nccl(), || {
@@ -1168,6 +1233,8 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::Gather, send.len()).root(root);
+        self.check_call("gather", call, stream)?;
         if self.nccl().fns().ncclGather.is_none() {
             // The fallback's own group, opened before the checks (see `all_to_all`).
             return group(self.nccl(), || self.gather_in(send, recv, root, stream));
@@ -1255,6 +1322,8 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::Scatter, recv.len()).root(root);
+        self.check_call("scatter", call, stream)?;
         if self.nccl().fns().ncclScatter.is_none() {
             // The fallback's own group, opened before the checks (see `all_to_all`).
             return group(self.nccl(), || self.scatter_in(send, recv, root, stream));
@@ -1338,6 +1407,9 @@ impl Communicator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
+        // What NCCL sees: an all-reduce of one int32.
+        let call = Call::new::<i32>(Collective::AllReduce, 1).op(&ReduceOp::<i32>::Sum);
+        self.check_call("barrier", call, stream)?;
         let order = self.check_stream("barrier", stream)?;
         let scratch = self.scratch()?;
         scratch.used_on(stream)?;

@@ -52,6 +52,9 @@ pub(crate) struct CommShared {
     /// The crate's own exchanges between the ranks made on it so far (agreement.rs
     /// numbers each, so that one cannot pair with another).
     agreements: std::sync::atomic::AtomicU64,
+    /// The checked mode is on (call_check.rs), and the checked calls made so far.
+    checks_calls: bool,
+    checked_calls: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
@@ -311,6 +314,8 @@ impl Drop for CommShared {
 pub struct Communicator {
     /// Dropped first: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
+    /// The checked mode's stream and buffers, made at its first check (call_check.rs).
+    pub(crate) checks: std::cell::RefCell<Option<crate::call_check::CheckKit>>,
     /// Registered NCCL memory kept for reuse ([`buffer`](Self::buffer)).
     pub(crate) pool: Pool,
     shared: Arc<CommShared>,
@@ -586,6 +591,8 @@ impl Communicator {
             registry: Registry::default(),
             suspend: Default::default(),
             agreements: std::sync::atomic::AtomicU64::new(0),
+            checks_calls: false,
+            checked_calls: std::sync::atomic::AtomicU64::new(0),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
         // SAFETY: a live communicator and valid out-pointers. On error `shared` drops and
@@ -603,6 +610,10 @@ impl Communicator {
                 found: dev,
             });
         }
+        shared.checks_calls = match shared.config.get_check_calls() {
+            Some(on) => on,
+            None => crate::call_check::from_env()?,
+        };
         shared.rank = usize::try_from(rank).unwrap_or(0);
         shared.size = usize::try_from(size).unwrap_or(0);
         if shared.size == 0 || shared.rank >= shared.size {
@@ -615,6 +626,7 @@ impl Communicator {
         Ok(Communicator {
             shared: Arc::new(shared),
             scratch: OnceCell::new(),
+            checks: Default::default(),
             pool: Pool::default(),
             _not_sync: PhantomData,
         })
@@ -623,10 +635,12 @@ impl Communicator {
     pub(crate) fn with_config(self, config: CommConfig) -> Communicator {
         match Arc::try_unwrap(self.shared) {
             Ok(mut s) => {
+                s.checks_calls = config.get_check_calls().unwrap_or(s.checks_calls);
                 s.config = config;
                 Communicator {
                     shared: Arc::new(s),
                     scratch: self.scratch,
+                    checks: self.checks,
                     pool: self.pool,
                     _not_sync: PhantomData,
                 }
@@ -634,6 +648,7 @@ impl Communicator {
             Err(shared) => Communicator {
                 shared,
                 scratch: self.scratch,
+                checks: self.checks,
                 pool: self.pool,
                 _not_sync: PhantomData,
             },
@@ -753,6 +768,17 @@ impl Communicator {
     /// communicator: the number of the next one.
     pub(crate) fn agreements_issued(&self) -> u64 {
         self.shared.agreements.load(Ordering::Relaxed)
+    }
+
+    /// Whether its collectives are compared between the ranks before they are issued.
+    #[inline]
+    pub(crate) fn checks_calls(&self) -> bool {
+        self.shared.checks_calls
+    }
+
+    /// The number of the next checked call (and counts it).
+    pub(crate) fn next_checked_call(&self) -> u64 {
+        self.shared.checked_calls.fetch_add(1, Ordering::Relaxed)
     }
 
     /// One more of the crate's own exchanges was issued on this communicator.
@@ -906,6 +932,7 @@ impl Communicator {
             });
         }
         drop(self.scratch.into_inner());
+        drop(self.checks.into_inner());
         self.shared.teardown(how)
     }
 }

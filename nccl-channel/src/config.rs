@@ -227,6 +227,7 @@ impl BitOr for NvlsHostMode {
 pub struct CommConfig {
     blocking: bool,
     timeout: Duration,
+    check_calls: Option<bool>,
     cga_cluster_size: Option<u32>,
     min_ctas: Option<u32>,
     max_ctas: Option<u32>,
@@ -257,6 +258,7 @@ impl Default for CommConfig {
         CommConfig {
             blocking: true,
             timeout: Duration::from_secs(300),
+            check_calls: None,
             cga_cluster_size: None,
             min_ctas: None,
             max_ctas: None,
@@ -349,6 +351,67 @@ impl CommConfig {
         Ok(())
     }
 
+    /// The checked mode, for finding a program whose ranks call different collectives
+    /// (like torch's `TORCH_DISTRIBUTED_DEBUG=DETAIL`): before each collective the ranks
+    /// compare what they are about to call (the collective, count, element type,
+    /// reduction, root, and its number among the checked calls), and a difference is
+    /// [`Error::CallMismatch`] on every rank, naming both calls, instead of the hang or the
+    /// corrupt data that real NCCL gives. Every rank must check, or none: turn it on for a
+    /// whole job with [`NCCL_CHANNEL_CHECK_CALLS=1`](crate::CHECK_CALLS_ENV), which
+    /// communicators made without this setting follow (unset: off). Each checked
+    /// collective costs an all-gather of 64 bytes per rank and a wait for it (BENCHMARKS.md
+    /// has the figures); off, it costs one test per call. Not checked: sends and receives
+    /// (pairwise), and collectives inside an open group or on a capturing stream, which
+    /// cannot wait for the comparison.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
+    /// # use cuda_mock::MockDriver;
+    /// # use nccl_mock::MockNccl;
+    /// use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
+    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+    /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let id = UniqueId::generate(&nccl)?;
+    /// let config = CommConfig::new().check_calls(true);
+    /// // Two ranks whose all-gathers disagree on the count: 4 elements and 6.
+    /// let errors = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..2)
+    ///         .map(|r| {
+    ///             let (cuda, nccl, id, config) = (&cuda, &nccl, &id, &config);
+    ///             s.spawn(move || -> Result<Error, Box<dyn std::error::Error + Send + Sync>> {
+    ///                 let ctx = cuda.device(r)?.primary_context()?;
+    ///                 let comm = Communicator::init_rank_with(nccl, &ctx, id, 2, r, config)?;
+    ///                 let stream = Stream::new(&ctx)?;
+    ///                 let send = DeviceBuffer::from_slice(&ctx, &vec![1i32; 4 + 2 * r])?;
+    ///                 let mut recv = DeviceBuffer::<i32>::zeroed(&ctx, 2 * send.len())?;
+    ///                 let e = comm.all_gather(&send, &mut recv, &stream).unwrap_err();
+    ///                 comm.close()?;
+    ///                 Ok(e)
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// assert_eq!(
+    ///     errors[1].to_string(),
+    ///     "all_gather: the ranks' calls differ: this rank (1) calls all_gather of 6 int32 \
+    ///      (call 0), rank 0 calls all_gather of 4 int32 (call 0)"
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    /// ```
+    pub fn check_calls(mut self, on: bool) -> Self {
+        self.check_calls = Some(on);
+        self
+    }
+
+    /// The checked mode as set with [`check_calls`](Self::check_calls); `None`: unset,
+    /// [`NCCL_CHANNEL_CHECK_CALLS`](crate::CHECK_CALLS_ENV) decides.
+    #[must_use]
+    pub fn get_check_calls(&self) -> Option<bool> {
+        self.check_calls
+    }
+
     /// Whether the communicator is blocking (see [`blocking`](Self::blocking)).
     #[must_use]
     pub fn is_blocking(&self) -> bool {
@@ -398,6 +461,7 @@ impl CommConfig {
         let bare = CommConfig {
             blocking: self.blocking,
             timeout: self.timeout,
+            check_calls: self.check_calls,
             ..CommConfig::new()
         };
         *self != bare

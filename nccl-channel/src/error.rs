@@ -70,6 +70,26 @@ pub enum Error {
         /// `ncclGetLastError`: NCCL's detail about the last failure (may be empty).
         detail: String,
     },
+    /// The checked mode ([`CommConfig::check_calls`](crate::CommConfig::check_calls))
+    /// found that the ranks are about to call different collectives (or the same one with
+    /// another count, type, reduction or root, or at another point of their sequence).
+    /// Nothing was issued; every rank gets this error, naming its own call and the first
+    /// rank whose call differs.
+    #[error(
+        "{what}: the ranks' calls differ: this rank ({rank}) calls {call}, rank {other_rank} calls {other_call}"
+    )]
+    CallMismatch {
+        /// The operation.
+        what: &'static str,
+        /// This rank.
+        rank: usize,
+        /// What this rank called: "all_gather of 4 int32 (call 3)".
+        call: String,
+        /// The first rank whose call differs.
+        other_rank: usize,
+        /// What that rank called.
+        other_call: String,
+    },
     /// A CUDA driver call failed, or a device could not be selected.
     #[error(transparent)]
     Cuda(#[from] cuda_hal::Error),

@@ -23,6 +23,11 @@ thread_local! {
     static FAILED: Cell<bool> = const { Cell::new(false) };
 }
 
+/// How many groups started through this crate are open on this thread.
+pub(crate) fn depth() -> usize {
+    DEPTH.try_with(Cell::get).unwrap_or(0)
+}
+
 /// Whether this thread's last group ended in an error (read while it lets go of what it
 /// held, right after its end).
 pub(crate) fn ended_in_error() -> bool {

@@ -142,8 +142,10 @@ macro_rules! optional {
 
 mod agreement;
 mod backoff;
+mod call_check;
 mod channel;
 mod collective;
+mod collective_kind;
 mod comm;
 mod config;
 mod decimal;
@@ -167,7 +169,9 @@ mod types;
 mod unique_id;
 mod world;
 
+pub use call_check::CHECK_CALLS_ENV;
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
+pub use collective_kind::Collective;
 pub use comm::Communicator;
 pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use encryption::{Encryption, PSK_MIN_LEN, set_encryption};

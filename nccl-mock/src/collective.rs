@@ -93,7 +93,13 @@ pub(crate) fn dispatch(w: &NWorld, work: Work, blocking: bool) -> ncclResult_t {
             return rc;
         }
         let done = work.part.start(&w.cuda);
-        return nonblocking(w, work.comm, done);
+        let rc = nonblocking(w, work.comm, done);
+        if rc == ncclResult_t::ncclInvalidUsage
+            && let Some(why) = work.part.disagreement()
+        {
+            w.lock().error(why);
+        }
+        return rc;
     }
     run_on_stream(w, work)
 }

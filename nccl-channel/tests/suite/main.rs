@@ -2,6 +2,7 @@
 
 mod all_to_all_v;
 mod attacks;
+mod checked_calls;
 mod comm_id_real;
 mod common;
 mod compile_fail;

@@ -60,14 +60,26 @@ impl Rig {
 
     /// Runs `f` on `n` ranks, one thread each, rank r on device r.
     pub fn run<R: Send>(&self, n: usize, f: impl Fn(&Communicator, &Stream) -> R + Sync) -> Vec<R> {
+        self.run_with(n, &nccl_channel::CommConfig::new(), f)
+    }
+
+    /// As `run`, the communicators made with `config`.
+    pub fn run_with<R: Send>(
+        &self,
+        n: usize,
+        config: &nccl_channel::CommConfig,
+        f: impl Fn(&Communicator, &Stream) -> R + Sync,
+    ) -> Vec<R> {
         let id = UniqueId::generate(&self.nccl).unwrap();
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..n)
                 .map(|rank| {
-                    let f = &f;
+                    let (f, id) = (&f, &id);
                     s.spawn(move || {
                         let ctx = self.cuda.device(rank).unwrap().primary_context().unwrap();
-                        let comm = Communicator::init_rank(&self.nccl, &ctx, &id, n, rank).unwrap();
+                        let comm =
+                            Communicator::init_rank_with(&self.nccl, &ctx, id, n, rank, config)
+                                .unwrap();
                         let stream = Stream::new(&ctx).unwrap();
                         f(&comm, &stream)
                     })

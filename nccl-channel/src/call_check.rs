@@ -1,0 +1,318 @@
+//! The checked mode ([`CommConfig::check_calls`](crate::CommConfig::check_calls), or
+//! `NCCL_CHANNEL_CHECK_CALLS=1`): before each collective the ranks compare what they are
+//! about to call, so that a program whose ranks disagree gets a typed error naming both
+//! calls on every rank instead of a hang or corrupt data.
+//!
+//! Each rank all-gathers a record of its call (a mark, the number of the call among the
+//! checked calls of this communicator, the collective, element type, count, reduction and
+//! root) on a stream of its own, waits for it, and compares every rank's record with its
+//! own. A rank that is not checking its calls sends its own data in the record's place:
+//! that is reported too (the mark differs), but its collective has then paired with the
+//! record, so every rank must check or none.
+
+use cuda_hal::{DeviceBuffer, Stream};
+use nccl_sys::ncclDataType_t;
+
+use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result};
+
+/// The variable that turns the checked mode on for every communicator made without an
+/// explicit choice: `1` on, `0` or unset off.
+pub const CHECK_CALLS_ENV: &str = "NCCL_CHANNEL_CHECK_CALLS";
+
+/// Whether [`CHECK_CALLS_ENV`] turns the checked mode on; [`Error::Env`] for a value
+/// other than `0` or `1`.
+pub(crate) fn from_env() -> Result<bool> {
+    parse_env(std::env::var(CHECK_CALLS_ENV).ok().as_deref())
+}
+
+fn parse_env(value: Option<&str>) -> Result<bool> {
+    match value.map(str::trim) {
+        None | Some("" | "0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(Error::Env {
+            variable: CHECK_CALLS_ENV.into(),
+            value: other.into(),
+            problem: "must be 1 (compare each collective between the ranks before it is                       issued) or 0"
+                .into(),
+        }),
+    }
+}
+
+/// The record's mark: "nccl-channel call" in ASCII, 16 bytes.
+const MARK: [u64; 2] = [
+    u64::from_be_bytes(*b"nccl-cha"),
+    u64::from_be_bytes(*b"nnel-cal"),
+];
+
+/// A record's words: the mark (two), the call's number, the collective, the element type,
+/// the count, the reduction, the root.
+const WORDS: usize = 8;
+
+/// A word that says "none" (no reduction, no root).
+const NONE: u64 = u64::MAX;
+
+/// What a rank is about to call, as the ranks compare it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Call {
+    collective: Collective,
+    dtype: ncclDataType_t,
+    /// The count NCCL is given (the per-rank share where NCCL takes one); `None` where it
+    /// may differ between ranks (a variable all-to-all's).
+    count: Option<usize>,
+    op: u64,
+    root: u64,
+}
+
+impl Call {
+    /// A call of `collective` on `count` elements of `T`.
+    pub(crate) fn new<T: NcclType>(collective: Collective, count: usize) -> Call {
+        Call {
+            collective,
+            dtype: T::DTYPE,
+            count: Some(count),
+            op: NONE,
+            root: NONE,
+        }
+    }
+
+    /// A call whose count may differ between ranks.
+    pub(crate) fn uncounted<T: NcclType>(collective: Collective) -> Call {
+        Call {
+            count: None,
+            ..Call::new::<T>(collective, 0)
+        }
+    }
+
+    /// With the reduction `op`.
+    pub(crate) fn op<T>(self, op: &ReduceOp<T>) -> Call {
+        let code = match op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Avg => 4,
+            ReduceOp::PreMulSum(_) => 5,
+        };
+        Call { op: code, ..self }
+    }
+
+    /// With the root `root`.
+    pub(crate) fn root(self, root: usize) -> Call {
+        Call {
+            root: root as u64,
+            ..self
+        }
+    }
+
+    /// The record of this call, number `seq` among the communicator's checked calls.
+    fn record(&self, seq: u64) -> [u64; WORDS] {
+        [
+            MARK[0],
+            MARK[1],
+            seq,
+            self.collective.code(),
+            u64::from(self.dtype.0),
+            self.count.map_or(NONE, |c| c as u64),
+            self.op,
+            self.root,
+        ]
+    }
+}
+
+/// A record in words, as a call: "all_gather of 4 int32 (call 3)". Anything that is not
+/// a record is said to be so.
+fn describe(r: &[u64]) -> String {
+    let [m0, m1, seq, coll, dtype, count, op, root] = r else {
+        return "a record of the wrong size".into();
+    };
+    if [*m0, *m1] != MARK {
+        return "something that is not a checked call: is the checked mode on for every \
+                rank?"
+            .into();
+    }
+    let coll = Collective::from_code(*coll)
+        .map_or_else(|| format!("collective {coll}"), |c| c.name().to_owned());
+    let count = if *count == NONE {
+        "its counts".to_owned()
+    } else {
+        count.to_string()
+    };
+    let mut extra = Vec::new();
+    if *op != NONE {
+        let name = ["sum", "prod", "max", "min", "avg", "premul_sum"]
+            .get(*op as usize)
+            .copied()
+            .unwrap_or("an unknown op");
+        extra.push(name.to_owned());
+    }
+    if *root != NONE {
+        extra.push(format!("root {root}"));
+    }
+    extra.push(format!("call {seq}"));
+    format!(
+        "{coll} of {count} {} ({})",
+        type_name(*dtype),
+        extra.join(", ")
+    )
+}
+
+/// An NCCL element type's name, as [`NcclType::NAME`] says it.
+fn type_name(code: u64) -> String {
+    const NAMES: [&str; 12] = [
+        "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+        "bfloat16", "fp8e4m3", "fp8e5m2",
+    ];
+    NAMES
+        .get(code as usize)
+        .map_or_else(|| format!("type {code}"), |n| (*n).to_owned())
+}
+
+/// The first rank whose record in `got` (every rank's, in rank order) differs from `sent`,
+/// with what it called; `None` when all agree.
+fn first_difference(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> Option<(usize, String)> {
+    if got.len() != WORDS * ranks {
+        return Some((0, "a reply of the wrong size".into()));
+    }
+    got.chunks_exact(WORDS)
+        .enumerate()
+        .find(|(_, r)| *r != sent)
+        .map(|(rank, r)| (rank, describe(r)))
+}
+
+/// What a communicator keeps for its checks: made at the first, reused after.
+pub(crate) struct CheckKit {
+    stream: Stream,
+    send: DeviceBuffer<u64>,
+    recv: DeviceBuffer<u64>,
+}
+
+impl Communicator {
+    /// In the checked mode, compares `call` with every rank's before the caller issues it:
+    /// [`Error::CallMismatch`] when they differ. Off (the default), it costs one test.
+    /// Calls inside an open group or on a capturing stream are not checked: they cannot
+    /// wait for the comparison.
+    #[inline]
+    pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
+        if !self.checks_calls() {
+            return Ok(());
+        }
+        self.compare_call(what, call, stream)
+    }
+
+    #[cold]
+    fn compare_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
+        if crate::group::depth() > 0 || stream.is_capturing()? {
+            return Ok(());
+        }
+        self.handle()?;
+        self.shared().suspend.refuse(what)?;
+        let mut slot = self
+            .checks
+            .try_borrow_mut()
+            .map_err(|_| Error::InvalidArgument {
+                what,
+                problem: "called while this communicator checks another call".into(),
+            })?;
+        let kit = match &mut *slot {
+            Some(kit) => kit,
+            None => slot.insert(self.check_kit()?),
+        };
+        let sent = call.record(self.next_checked_call());
+        // The kit's buffers are this communicator's alone; its stream is waited for below,
+        // so nothing of this exchange is pending when the call returns.
+        kit.send.copy_from_host_on(&sent, &kit.stream)?;
+        self.all_gather_unchecked(&kit.send, &mut kit.recv, &kit.stream)?;
+        // Polled, not a bare synchronize: a peer that never comes is said on stderr and
+        // ends at the communicator's deadline (which aborts it), as any wait does. Done
+        // already, it is not polled: a peer that got its answer may have gone since.
+        if !kit.stream.is_idle()? {
+            self.wait(&kit.stream)?;
+        }
+        kit.stream.synchronize()?;
+        let got = kit.recv.to_vec()?;
+        match first_difference(&sent, &got, self.size()) {
+            None => Ok(()),
+            Some((other_rank, other_call)) => Err(Error::CallMismatch {
+                what,
+                rank: self.rank(),
+                call: describe(&sent),
+                other_rank,
+                other_call,
+            }),
+        }
+    }
+
+    fn check_kit(&self) -> Result<CheckKit> {
+        Ok(CheckKit {
+            stream: Stream::non_blocking(self.context())?,
+            send: DeviceBuffer::zeroed(self.context(), WORDS)?,
+            recv: DeviceBuffer::zeroed(self.context(), WORDS * self.size())?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn gathered(records: &[[u64; WORDS]]) -> Vec<u64> {
+        records.concat()
+    }
+
+    #[test]
+    fn the_variable_takes_one_or_zero() {
+        assert!(!parse_env(None).unwrap());
+        assert!(!parse_env(Some("0")).unwrap());
+        assert!(!parse_env(Some("")).unwrap());
+        assert!(parse_env(Some("1")).unwrap());
+        assert!(parse_env(Some(" 1 ")).unwrap());
+        for bad in ["yes", "2", "true", "DETAIL"] {
+            let e = parse_env(Some(bad)).unwrap_err();
+            assert!(matches!(e, Error::Env { .. }), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_record_names_the_call_it_describes() {
+        let c = Call::new::<i32>(Collective::AllGather, 4).record(3);
+        assert_eq!(describe(&c), "all_gather of 4 int32 (call 3)");
+        let c = Call::new::<f32>(Collective::Reduce, 8)
+            .op(&ReduceOp::<f32>::Max)
+            .root(1)
+            .record(0);
+        assert_eq!(describe(&c), "reduce of 8 float32 (max, root 1, call 0)");
+        let c = Call::uncounted::<u8>(Collective::AllToAllV).record(9);
+        assert_eq!(describe(&c), "all_to_all_v of its counts uint8 (call 9)");
+        assert!(describe(&[0; WORDS]).starts_with("something that is not a checked call"));
+        assert_eq!(describe(&[0; 3]), "a record of the wrong size");
+    }
+
+    #[test]
+    fn the_first_rank_whose_call_differs_is_named() {
+        let mine = Call::new::<i32>(Collective::AllGather, 4).record(3);
+        assert_eq!(first_difference(&mine, &gathered(&[mine, mine]), 2), None);
+        // Each field of the call, and its number, tells calls apart.
+        let others = [
+            Call::new::<i32>(Collective::AllGather, 6).record(3),
+            Call::new::<i32>(Collective::AllReduce, 4).record(3),
+            Call::new::<u32>(Collective::AllGather, 4).record(3),
+            Call::new::<i32>(Collective::AllGather, 4).root(0).record(3),
+            Call::new::<i32>(Collective::AllGather, 4)
+                .op(&ReduceOp::<i32>::Sum)
+                .record(3),
+            Call::new::<i32>(Collective::AllGather, 4).record(4),
+        ];
+        for other in others {
+            let got = gathered(&[mine, mine, other]);
+            assert_eq!(
+                first_difference(&mine, &got, 3),
+                Some((2, describe(&other)))
+            );
+        }
+        assert_eq!(
+            first_difference(&mine, &gathered(&[mine]), 2),
+            Some((0, "a reply of the wrong size".into()))
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! Ranks that call different collectives: the simulator names both calls, and the checked
+//! mode (`CommConfig::check_calls`, `NCCL_CHANNEL_CHECK_CALLS`) turns the mismatch into
+//! `Error::CallMismatch` on every rank before anything is issued.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::ffi::OsStr;
+use std::time::Duration;
+
+use crate::common::Rig;
+use cuda_hal::{DeviceBuffer, Stream};
+use nccl_channel::{CHECK_CALLS_ENV, CommConfig, Communicator, Error, ReduceOp, Result, group};
+use nccl_sys::ncclResult_t;
+
+/// What a rank calls in a scenario, given its rank, communicator and stream.
+type Calls = dyn Fn(usize, &Communicator, &Stream) -> Result<()> + Sync;
+
+/// Runs `calls` on two ranks with `config`; each rank's result, and the rig checked clean.
+fn two_ranks(config: &CommConfig, calls: &Calls) -> Vec<Result<()>> {
+    let rig = Rig::with_timeout(
+        2,
+        nccl_sys::NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
+        Duration::from_secs(10),
+    );
+    let results = rig.run_with(2, config, |comm, stream| {
+        calls(comm.rank(), comm, stream)?;
+        Ok(stream.synchronize()?)
+    });
+    rig.assert_clean();
+    results
+}
+
+/// An all-gather of `count` ones on this rank.
+fn all_gather(comm: &Communicator, stream: &Stream, count: usize) -> Result<()> {
+    let ctx = comm.context();
+    let send = DeviceBuffer::from_slice(ctx, &vec![1i32; count])?;
+    let mut recv = DeviceBuffer::<i32>::zeroed(ctx, count * comm.size())?;
+    comm.all_gather(&send, &mut recv, stream)?;
+    stream.synchronize()?;
+    Ok(())
+}
+
+/// Every rank's error, as text.
+fn messages(results: Vec<Result<()>>) -> Vec<String> {
+    results
+        .into_iter()
+        .map(|r| r.expect_err("the ranks disagree").to_string())
+        .collect()
+}
+
+fn checked() -> CommConfig {
+    CommConfig::new().check_calls(true)
+}
+
+#[test]
+fn without_the_checked_mode_the_simulator_names_both_calls() {
+    let results = two_ranks(&CommConfig::new(), &|r, comm, s| {
+        all_gather(comm, s, 4 + 2 * r)
+    });
+    for r in results {
+        let Err(Error::Nccl { code, detail, .. }) = r else {
+            panic!("{r:?}");
+        };
+        assert_eq!(code, ncclResult_t::ncclInvalidUsage);
+        assert_eq!(
+            detail,
+            "the ranks disagree on a collective: rank 0 calls ncclAllGather of 4 ncclInt32, \
+             rank 1 ncclAllGather of 6 ncclInt32"
+        );
+    }
+}
+
+#[test]
+fn a_non_blocking_communicator_reads_the_simulators_naming_too() {
+    let config = CommConfig::non_blocking(Duration::from_secs(10));
+    let results = two_ranks(&config, &|r, comm, s| {
+        all_gather(comm, s, 4 + 2 * r)?;
+        comm.wait(s)
+    });
+    for m in messages(results) {
+        assert!(
+            m.contains("rank 0 calls ncclAllGather of 4 ncclInt32, rank 1 ncclAllGather of 6"),
+            "{m}"
+        );
+    }
+}
+
+#[test]
+fn a_count_that_differs_is_an_error_on_every_rank_naming_both_calls() {
+    let results = two_ranks(&checked(), &|r, comm, s| all_gather(comm, s, 4 + 2 * r));
+    assert_eq!(
+        messages(results),
+        [
+            "all_gather: the ranks' calls differ: this rank (0) calls all_gather of 4 int32 \
+             (call 0), rank 1 calls all_gather of 6 int32 (call 0)",
+            "all_gather: the ranks' calls differ: this rank (1) calls all_gather of 6 int32 \
+             (call 0), rank 0 calls all_gather of 4 int32 (call 0)",
+        ]
+    );
+}
+
+#[test]
+fn another_collective_type_op_or_root_is_a_mismatch_too() {
+    // Rank 1's call differs from rank 0's in one field each time.
+    let cases: [(&Calls, &str); 4] = [
+        (
+            &|r, comm, s| {
+                let mut b = DeviceBuffer::from_slice(comm.context(), &[1i32; 4])?;
+                if r == 0 {
+                    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, s)
+                } else {
+                    comm.broadcast_in_place(&mut b, 0, s)
+                }
+            },
+            "rank 1 calls broadcast of 4 int32 (root 0, call 0)",
+        ),
+        (
+            &|r, comm, s| {
+                if r == 0 {
+                    let mut b = DeviceBuffer::from_slice(comm.context(), &[1i32; 4])?;
+                    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, s)
+                } else {
+                    let mut b = DeviceBuffer::from_slice(comm.context(), &[1u32; 4])?;
+                    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, s)
+                }
+            },
+            "rank 1 calls all_reduce of 4 uint32 (sum, call 0)",
+        ),
+        (
+            &|r, comm, s| {
+                let mut b = DeviceBuffer::from_slice(comm.context(), &[1i32; 4])?;
+                let op = if r == 0 { ReduceOp::Sum } else { ReduceOp::Max };
+                comm.all_reduce_in_place(&mut b, op, s)
+            },
+            "rank 1 calls all_reduce of 4 int32 (max, call 0)",
+        ),
+        (
+            &|r, comm, s| {
+                let mut b = DeviceBuffer::from_slice(comm.context(), &[1i32; 4])?;
+                comm.broadcast_in_place(&mut b, r, s)
+            },
+            "rank 1 calls broadcast of 4 int32 (root 1, call 0)",
+        ),
+    ];
+    for (calls, rank1) in cases {
+        let m = messages(two_ranks(&checked(), calls));
+        assert!(m[0].ends_with(rank1), "{}", m[0]);
+    }
+}
+
+#[test]
+fn calls_that_agree_run_as_without_the_check_and_are_numbered() {
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        let ctx = comm.context();
+        let mut sum = DeviceBuffer::from_slice(ctx, &[r as i32 + 1; 3])?;
+        comm.all_reduce_in_place(&mut sum, ReduceOp::Sum, s)?;
+        comm.barrier(s)?;
+        let mut b = DeviceBuffer::from_slice(ctx, &[r as i32 * 10; 2])?;
+        comm.broadcast_in_place(&mut b, 1, s)?;
+        s.synchronize()?;
+        assert_eq!(sum.to_vec()?, [3, 3, 3]);
+        assert_eq!(b.to_vec()?, [10, 10]);
+        // The fourth checked call: a mismatch now names its number.
+        all_gather(comm, s, 1 + r)
+    });
+    let m = messages(results);
+    assert!(
+        m[0].contains(
+            "all_gather of 1 int32 (call 3), rank 1 calls all_gather of 2 int32 (call 3)"
+        ),
+        "{}",
+        m[0]
+    );
+}
+
+#[test]
+fn a_non_blocking_communicator_is_checked_too() {
+    let config = CommConfig::non_blocking(Duration::from_secs(10)).check_calls(true);
+    let m = messages(two_ranks(&config, &|r, comm, s| {
+        all_gather(comm, s, 4 + 2 * r)
+    }));
+    assert!(
+        m[1].contains("this rank (1) calls all_gather of 6 int32"),
+        "{}",
+        m[1]
+    );
+}
+
+#[test]
+fn grouped_calls_are_left_to_nccl() {
+    // A group cannot wait for the comparison: the simulator reports the mismatch instead.
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        let ctx = comm.context();
+        let send = DeviceBuffer::from_slice(ctx, &vec![1i32; 4 + 2 * r])?;
+        let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2 * send.len())?;
+        group(comm.nccl(), || comm.all_gather(&send, &mut recv, s))?;
+        s.synchronize()?;
+        Ok(())
+    });
+    for m in messages(results) {
+        assert!(m.contains("ncclInvalidUsage"), "{m}");
+    }
+}
+
+#[test]
+fn the_variable_turns_the_checked_mode_on_and_an_explicit_choice_wins() {
+    if !test_support::in_scrubbed_child!(
+        "the_variable_turns_the_checked_mode_on_and_an_explicit_choice_wins",
+        &[(CHECK_CALLS_ENV, OsStr::new("1"))]
+    ) {
+        return;
+    }
+    let m = messages(two_ranks(&CommConfig::new(), &|r, comm, s| {
+        all_gather(comm, s, 4 + 2 * r)
+    }));
+    assert!(m[0].contains("the ranks' calls differ"), "{}", m[0]);
+    let off = CommConfig::new().check_calls(false);
+    let m = messages(two_ranks(&off, &|r, comm, s| {
+        all_gather(comm, s, 4 + 2 * r)
+    }));
+    assert!(m[0].contains("ncclInvalidUsage"), "{}", m[0]);
+}
+
+#[test]
+fn a_malformed_variable_is_an_error_at_the_init() {
+    if !test_support::in_scrubbed_child!(
+        "a_malformed_variable_is_an_error_at_the_init",
+        &[(CHECK_CALLS_ENV, OsStr::new("yes"))]
+    ) {
+        return;
+    }
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let e = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx)).unwrap_err();
+    assert!(
+        matches!(&e, Error::Env { variable, value, .. } if variable == CHECK_CALLS_ENV && value == "yes"),
+        "{e}"
+    );
+    drop(ctx);
+    rig.assert_clean();
+}
