@@ -118,6 +118,7 @@ fn every_step_kind_runs_clean_on_its_own() {
         second_non_blocking: true,
         teardown: 7,
         scalable: false,
+        check_calls: false,
     };
     let ops = vec![
         Op::Alloc { dev: 0, len: 3 },
@@ -379,6 +380,16 @@ fn every_step_kind_runs_clean_on_its_own() {
         Op::Resume { comm: 0 },
         Op::Resume { comm: 0 },
     ];
+    let program = Program {
+        setup: setup.clone(),
+        ops: ops.clone(),
+    };
+    model::run(&program, model::DEADLINE).unwrap();
+    // Again with every collective compared first (the checked mode).
+    let setup = Setup {
+        check_calls: true,
+        ..setup
+    };
     model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
 }
 
@@ -441,6 +452,7 @@ fn the_newer_steps_run_clean_on_a_scalable_world_and_an_old_release() {
             second_non_blocking,
             teardown: 3,
             scalable: true,
+            check_calls: false,
         };
         let ops = ops.clone();
         model::run(&Program { setup, ops }, model::DEADLINE).unwrap();
@@ -457,6 +469,7 @@ fn the_oracle_catches_each_kind_of_failure() {
             second_non_blocking: false,
             teardown: 1,
             scalable: false,
+            check_calls: false,
         },
         ops: vec![Op::Alloc { dev: 0, len: 1 }, Op::Sabotage(s)],
     };
@@ -540,6 +553,7 @@ fn found_a_barrier_in_a_group_uses_a_registration_of_its_page() {
             second_non_blocking: false,
             teardown: 13773780638969340487,
             scalable: false,
+            check_calls: false,
         },
         ops: vec![
             Op::Fail(Fault::Cuda(
@@ -577,6 +591,7 @@ fn the_fallbacks_group_as_a_program() {
             second_non_blocking: true,
             teardown: 0,
             scalable: false,
+            check_calls: false,
         },
         ops: vec![
             Op::Alloc { dev: 1, len: 1 },
@@ -608,6 +623,7 @@ fn found_an_abort_while_a_non_blocking_group_is_in_the_background() {
             second_non_blocking: true,
             teardown: 9612127084001007596,
             scalable: false,
+            check_calls: false,
         },
         ops: vec![
             Op::Pooled { comm: 11, len: 1 },
@@ -648,6 +664,7 @@ fn found_a_failure_that_fires_in_the_last_drops_excuses_its_leak() {
             second_non_blocking: true,
             teardown: 4935208380479766966,
             scalable: false,
+            check_calls: false,
         },
         ops: vec![
             Op::Alloc { dev: 217, len: 3 },
@@ -685,6 +702,7 @@ fn found_a_release_ordered_after_a_foreign_capture_joined_it() {
             second_non_blocking: false,
             teardown: 0,
             scalable: false,
+            check_calls: false,
         },
         ops: vec![
             Op::ForeignStream {
@@ -723,6 +741,7 @@ fn found_a_foreign_capture_begun_by_the_last_step_excuses_its_leak() {
         second_non_blocking: true,
         teardown: 16429042722331905422,
         scalable: false,
+        check_calls: false,
     };
     let ops = vec![
         Op::GroupStart,
@@ -755,6 +774,7 @@ fn memory_dropped_on_other_threads_around_the_teardown_keeps_its_context() {
         second_non_blocking: false,
         teardown: 16198057058391136405,
         scalable: true,
+        check_calls: false,
     };
     let ops = vec![
         Op::Register {
@@ -903,6 +923,7 @@ fn found_a_window_exchange_nothing_took_the_place_of_registers() {
         second_non_blocking: true,
         teardown: 16461515134931806904,
         scalable: true,
+        check_calls: false,
     };
     let ops = vec![
         Op::Fail(Fault::Cuda(
@@ -927,6 +948,7 @@ fn found_a_window_exchange_during_a_global_capture_may_be_refused() {
         second_non_blocking: false,
         teardown: 15728938990357374553,
         scalable: true,
+        check_calls: false,
     };
     let ops = vec![
         Op::BeginCapture { stream: 79 },

@@ -112,6 +112,7 @@ pub fn program(seed: u64, len: usize) -> Program {
         second_non_blocking: r.below(2) == 0,
         teardown: r.next(),
         scalable: r.below(2) == 0,
+        check_calls: false,
     };
     let mut depth = 0u32;
     let mut ops = Vec::with_capacity(len);
@@ -119,6 +120,11 @@ pub fn program(seed: u64, len: usize) -> Program {
         let op = step(&mut r, &mut depth);
         ops.push(op);
     }
+    // Drawn last, so that a seed's steps stay what they were before it was drawn.
+    let setup = Setup {
+        check_calls: r.below(2) == 0,
+        ..setup
+    };
     Program { setup, ops }
 }
 

@@ -383,6 +383,10 @@ pub struct Setup {
     /// The communicators are made with `init_rank_scalable` (one id; two are refused),
     /// where the release has it.
     pub scalable: bool,
+    /// The communicators compare each collective between the ranks first
+    /// (`CommConfig::check_calls`): one rank each, so the comparison always agrees, and
+    /// what it adds (its exchange, its wait, its stream and buffers) meets every step.
+    pub check_calls: bool,
 }
 
 /// A program: its setup and its steps.

@@ -348,10 +348,11 @@ pub fn execute(p: &Program) -> Result<(), Failure> {
             .and_then(|d| d.primary_context())
             .expect("device 1"),
     ];
-    let blocking = CommConfig::new();
+    let blocking = CommConfig::new().check_calls(p.setup.check_calls);
     let first = newer::init(&nccl, &ctxs[0], &blocking, p.setup.scalable).expect("communicator 0");
     let second = if p.setup.second_non_blocking {
-        let config = CommConfig::non_blocking(Duration::from_secs(3));
+        let config =
+            CommConfig::non_blocking(Duration::from_secs(3)).check_calls(p.setup.check_calls);
         newer::init(&nccl, &ctxs[1], &config, p.setup.scalable).expect("communicator 1")
     } else {
         newer::init(&nccl, &ctxs[1], &blocking, p.setup.scalable).expect("communicator 1")
