@@ -33,6 +33,16 @@ impl Communicator {
     }
 }
 
+/// A buffer argument as errors about its device name it: `"send"` is the "send buffer".
+pub(crate) fn buffer_object(buffer: &'static str) -> &'static str {
+    match buffer {
+        "send" => "send buffer",
+        "recv" => "recv buffer",
+        "source" => "source buffer",
+        other => other,
+    }
+}
+
 /// Which side of a variable all-to-all a layout describes.
 #[derive(Clone, Copy)]
 enum Side {
@@ -163,7 +173,7 @@ impl Communicator {
         expected: usize,
         stream: &Stream,
     ) -> Result<()> {
-        self.same_context(what, buffer, buf.context())?;
+        self.same_context(what, buffer_object(buffer), buf.context())?;
         if buf.len() != expected {
             return Err(Error::LengthMismatch {
                 what,
@@ -985,9 +995,11 @@ impl Communicator {
     ) -> Result<()> {
         const W: &str = "all_to_all";
         let _order = self.begin::<T>(W, stream)?;
+        // The send buffer's split first: a receive buffer sized from a bad split would
+        // otherwise be blamed for it.
+        let m = self.divisible(W, "send", send.len())?;
         let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
         let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
-        let m = self.divisible(W, "send", send.len())?;
         if let Ok((f, call)) = optional!(self.nccl(), ncclAlltoAll) {
             // SAFETY: both buffers hold n * m elements of T on our device.
             let rc = unsafe {
@@ -1104,8 +1116,8 @@ impl Communicator {
         self.handle()?;
         self.shared().suspend.refuse(W)?;
         self.same_context(W, "stream", stream.context())?;
-        self.same_context(W, "send", send.context())?;
-        self.same_context(W, "recv", recv.context())?;
+        self.same_context(W, buffer_object("send"), send.context())?;
+        self.same_context(W, buffer_object("recv"), recv.context())?;
         let (send_len, recv_len) = (send.len(), recv.len());
         self.regions(W, Side::Send, send_counts, send_displs, send_len)?;
         let recv_regions = self.regions(W, Side::Recv, recv_counts, recv_displs, recv_len)?;

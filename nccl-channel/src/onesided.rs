@@ -152,7 +152,7 @@ impl Window<'_> {
                 window: self.peer_bytes(),
             });
         }
-        comm.same_context(W, "source", src.context())?;
+        comm.same_context(W, crate::collective::buffer_object("source"), src.context())?;
         let registry = &comm.shared().registry;
         if !src.is_empty() && !registry.in_window(src.device_ptr(), bytes) {
             return Err(Error::InvalidArgument {

@@ -435,13 +435,13 @@ fn bad_layouts_are_typed_errors_before_any_nccl_call() {
             )),
             Error::WrongDevice {
                 what: "all_to_all_v",
-                object: "send",
+                object: "send buffer",
                 expected: r as i32,
                 found: 2,
             },
             Error::WrongDevice {
                 what: "all_to_all_v",
-                object: "recv",
+                object: "recv buffer",
                 expected: r as i32,
                 found: 2,
             },
@@ -454,13 +454,13 @@ fn bad_layouts_are_typed_errors_before_any_nccl_call() {
             if r == 0 {
                 Error::WrongContext {
                     what: "all_to_all_v",
-                    object: "recv",
+                    object: "recv buffer",
                     device: 0,
                 }
             } else {
                 Error::WrongDevice {
                     what: "all_to_all_v",
-                    object: "recv",
+                    object: "recv buffer",
                     expected: 1,
                     found: 0,
                 }

@@ -341,7 +341,7 @@ fn a_stream_or_buffer_of_another_cuda_instance_names_the_context() {
             .unwrap_err(),
         Error::WrongContext {
             what: "all_reduce",
-            object: "send",
+            object: "send buffer",
             device: 0
         }
     );
@@ -359,6 +359,28 @@ fn a_stream_or_buffer_of_another_cuda_instance_names_the_context() {
 }
 
 // ---- 6. the message of an in-place operation's buffer ----
+
+#[test]
+fn an_all_to_all_send_buffer_that_does_not_split_is_named_before_the_receive_buffer() {
+    // 5 elements over 2 ranks, and a receive buffer sized from the bad split (2 * 2): the
+    // send buffer's split is the error, not the receive buffer's length.
+    let rig = Rig::new(2);
+    let errs = rig.run(2, |comm, s| {
+        let ctx = s.context();
+        let send = DeviceBuffer::<i32>::zeroed(ctx, 5).unwrap();
+        let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();
+        comm.all_to_all(&send, &mut recv, s)
+            .unwrap_err()
+            .to_string()
+    });
+    for e in errs {
+        assert_eq!(
+            e,
+            "all_to_all: the send buffer holds 5 elements, not a multiple of the 2 ranks"
+        );
+    }
+    rig.assert_clean();
+}
 
 #[test]
 fn an_in_place_buffer_is_named_once() {

@@ -240,10 +240,14 @@ fn bad_arguments_are_typed_errors_before_any_ffi_call() {
         e[7],
         Error::WrongDevice {
             what: "all_reduce",
-            object: "send",
+            object: "send buffer",
             expected: 0,
             found: 2
         }
+    );
+    assert_eq!(
+        e[7].to_string(),
+        "all_reduce: the send buffer is on device 2, the communicator on device 0"
     );
     assert_eq!(
         e[8],
@@ -310,7 +314,7 @@ fn bad_arguments_are_typed_errors_before_any_ffi_call() {
         errs[1][7],
         Error::WrongDevice {
             what: "all_reduce",
-            object: "send",
+            object: "send buffer",
             expected: 1,
             found: 2
         }
