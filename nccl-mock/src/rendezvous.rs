@@ -427,6 +427,16 @@ fn formed(
         Err(GatherError::Lost(e)) => Err((system, format!("rank {rank}: hub at {addr}: {e}"))),
         Err(GatherError::Cancelled) => Err(aborted()),
         Err(GatherError::Unheard) => Err((system, format!("rank {rank}: hub at {addr} unheard"))),
+        Err(GatherError::NotAHub) => {
+            let msg = format!(
+                "rank {rank}: something at {addr} accepted the connection but did not answer \
+                 as the hub of the simulated NCCL within {:?}: another program may hold that \
+                 port (the rank that hosts the hub then fails to start it); choose another \
+                 port",
+                crate::net::link::HELLO_ANSWER.min(timeout)
+            );
+            Err((system, msg))
+        }
         Err(GatherError::Timeout(missing)) => {
             let missing = match missing {
                 Some(m) => format!("missing ranks {m:?}"),

@@ -37,6 +37,12 @@ struct Pending {
     target: Option<Target>,
 }
 
+/// The longest a hub takes to answer a hello (it answers each at once, with the ranks still
+/// missing or its welcome): past it, whatever listens at the address is no hub (another
+/// program holds the port, and the rank that should host the hub failed to start it).
+/// Generous, so that a hub slowed down by a loaded machine is never taken for one.
+pub(crate) const HELLO_ANSWER: Duration = Duration::from_secs(10);
+
 /// The longest a rank of the hub's own process waits for the hub to acknowledge its leave.
 const LINGER: Duration = Duration::from_secs(10);
 
@@ -177,6 +183,7 @@ impl Link {
         if let Err(e) = wire::send(&self.stream, &hello) {
             return Err(GatherError::Lost(e.to_string()));
         }
+        let unanswered = Instant::now() + HELLO_ANSWER;
         loop {
             {
                 let st = self.shared.lock();
@@ -192,8 +199,11 @@ impl Link {
                     return Err(GatherError::Lost("the hub closed the connection".into()));
                 }
                 let now = Instant::now();
-                if now >= deadline {
+                if now >= deadline && st.missing.is_some() {
                     return Err(GatherError::Timeout(st.missing.clone()));
+                }
+                if st.missing.is_none() && now >= unanswered.min(deadline) {
+                    return Err(GatherError::NotAHub);
                 }
                 // Short waits: a cancellation is only seen by polling.
                 let wait = (deadline - now).min(Duration::from_millis(20));
@@ -537,6 +547,8 @@ pub(crate) enum GatherError {
     /// The connection closed before the hub answered the hello.
     Unheard,
     Timeout(Option<Vec<u32>>),
+    /// Nothing answered the hello within [`HELLO_ANSWER`]: what listens is no hub.
+    NotAHub,
     Cancelled,
 }
 

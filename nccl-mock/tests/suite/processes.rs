@@ -995,3 +995,29 @@ fn ranks_that_disagree_on_a_count_are_named_with_their_calls_in_one_process() {
         .collect();
     threads.into_iter().for_each(|t| t.join().unwrap());
 }
+
+#[test]
+fn a_port_held_by_another_program_is_named_as_such_not_blamed_on_missing_ranks() {
+    let _g = serial();
+    // Another program on the port: it accepts connections (the kernel does, from its
+    // backlog) and says nothing.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = other.local_addr().unwrap().to_string();
+    for id in [comm_id(&addr), hub_at(&addr)] {
+        let rig = process(Duration::from_secs(2));
+        let t = Instant::now();
+        let (rc, _) = rig.init_rank(0, id, 2, 1);
+        assert_eq!(rc, ncclResult_t::ncclSystemError);
+        let e = rig.last_error();
+        assert!(
+            e.contains(&format!(
+                "rank 1: something at {addr} accepted the connection but did not answer as \
+                 the hub of the simulated NCCL within 2s: another program may hold that port"
+            )),
+            "{e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    }
+    drop(other);
+    assert_no_network_threads();
+}
