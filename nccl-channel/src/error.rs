@@ -466,6 +466,51 @@ impl std::error::Error for IoError {
     }
 }
 
+/// An error and its sources as one line (`outer: cause: root cause`), for a program to
+/// print. This crate's errors name what failed and keep why as their
+/// [`source`](std::error::Error::source) (an operating system's error, the driver's);
+/// printing only the outer message, or `main`'s `Debug` of it, would lose or bury the why.
+///
+/// ```
+/// use std::process::ExitCode;
+/// use nccl_channel::PoolPolicy;
+///
+/// fn run() -> Result<(), nccl_channel::Error> {
+///     // A table file that is not there: the operating system's reason is the source.
+///     PoolPolicy::from_file("/nonexistent/policy.tsv")?;
+///     Ok(())
+/// }
+///
+/// // A program's `main`.
+/// fn program() -> ExitCode {
+///     match run() {
+///         Ok(()) => ExitCode::SUCCESS,
+///         Err(e) => {
+///             assert_eq!(
+///                 nccl_channel::report(&e),
+///                 "reading the pool policy /nonexistent/policy.tsv failed: No such file or \
+///                  directory (os error 2)"
+///             );
+///             eprintln!("error: {}", nccl_channel::report(&e));
+///             ExitCode::FAILURE
+///         }
+///     }
+/// }
+/// # fn main() {
+/// #     let _ = program();
+/// # }
+/// ```
+pub fn report(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
+
 /// `"send"` as `"send buffer"`; `"buffer"` (an in-place operation's one buffer) as itself.
 pub(crate) fn buffer_name(buffer: &str) -> String {
     if buffer == "buffer" {

@@ -34,19 +34,21 @@
 //! Two ranks all-gather `[101, 102]`, and each ends with `[101, 102, 101, 102]`. This crate
 //! is the only dependency: the CUDA layer and NCCL's table are re-exported as
 //! [`nccl_channel::cuda_hal`](cuda_hal) and [`nccl_channel::nccl_sys`](nccl_sys). Here
-//! the two GPUs and NCCL are simulated (two hidden lines build them with the crates
-//! `cuda-mock` and `nccl-mock`, dev-dependencies for tests) and each rank is a thread;
-//! the data really moves through the simulated device memory, so this runs anywhere,
-//! with no GPU and no libnccl.
+//! the two GPUs and NCCL are simulated (the crates `cuda-mock` and `nccl-mock`, beside
+//! this one in `[dependencies]`, or `[dev-dependencies]` for tests) and each rank is a
+//! thread; the data really moves through the simulated device memory, so this runs
+//! anywhere, with no GPU and no libnccl.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use nccl_channel::cuda_hal::{Cuda, DeviceBuffer, Stream};
 //! use nccl_channel::{Communicator, UniqueId};
 //!
-//! // On GPUs: `Cuda::load()?` and `nccl_channel::nccl_sys::Nccl::load()?`.
-//! # let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-//! # let (nccl, _world) = nccl_mock::MockNccl::new(&gpus).build()?;
+//! // Two simulated GPUs and their NCCL. On a machine with GPUs instead:
+//! //   let cuda = Cuda::load()?;
+//! //   let nccl = nccl_channel::nccl_sys::Nccl::load()?;
+//! let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+//! let (nccl, _simulation) = nccl_mock::MockNccl::new(&gpus).build()?;
 //! let nccl = Arc::new(nccl);
 //! // Rank 0 makes the id and hands it to the others (here they share memory).
 //! let id = UniqueId::generate(&nccl)?;
@@ -175,7 +177,7 @@ pub use collective_kind::Collective;
 pub use comm::Communicator;
 pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use encryption::{Encryption, PSK_MIN_LEN, set_encryption};
-pub use error::{Error, IoError, ParentsProblem, Result};
+pub use error::{Error, IoError, ParentsProblem, Result, report};
 pub use group::{Group, group};
 pub use notice::WAIT_NOTICE_AFTER;
 pub use onesided::{Signal, SignalWait};
