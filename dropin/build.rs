@@ -102,16 +102,14 @@ fn emit(
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cuda_gen = root.join("cuda-sys/src/generated.rs");
-    let nccl_gen = root.join("nccl-sys/src/generated.rs");
     // Never unloaded (as libcuda and libnccl are not): a dlclose would run the exit check
     // in mid-process and unmap code the simulated NCCL's threads still run.
     println!("cargo::rustc-cdylib-link-arg=-Wl,-z,nodelete");
-    println!("cargo::rerun-if-changed={}", cuda_gen.display());
-    println!("cargo::rerun-if-changed={}", nccl_gen.display());
-    let cuda = std::fs::read_to_string(&cuda_gen).unwrap();
-    let nccl = std::fs::read_to_string(&nccl_gen).unwrap();
+    // The declarations come from the build-dependencies themselves (their generated
+    // bindings' text): a change of theirs rebuilds this script.
+    println!("cargo::rerun-if-changed=build.rs");
+    let cuda = cuda_sys::GENERATED_SOURCE;
+    let nccl = nccl_sys::GENERATED_SOURCE;
 
     let mut out = String::new();
     let optional: Vec<&str> = cuda_sys::DriverFns::OPTIONAL.iter().map(|o| o.0).collect();
@@ -119,7 +117,7 @@ fn main() {
     let skip = ["cuGetProcAddress", "cuGetProcAddress_v2"];
     emit(
         &mut out,
-        &cuda,
+        cuda,
         "driver",
         cuda_sys::DriverFns::SIGNATURES,
         &optional,
@@ -128,7 +126,7 @@ fn main() {
     let optional: Vec<&str> = nccl_sys::NcclFns::OPTIONAL.iter().map(|o| o.0).collect();
     emit(
         &mut out,
-        &nccl,
+        nccl,
         "nccl",
         nccl_sys::NcclFns::SIGNATURES,
         &optional,

@@ -101,6 +101,12 @@ mod generated {
 }
 pub use generated::*;
 
+/// The source text of the generated bindings, for build scripts that generate code from
+/// the same declarations (the drop-in library's exported functions, from the packaged
+/// crate as from the repository). Not part of the API.
+#[doc(hidden)]
+pub const GENERATED_SOURCE: &str = include_str!("generated.rs");
+
 mod config;
 mod fns;
 mod loader;
