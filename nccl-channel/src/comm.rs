@@ -315,7 +315,7 @@ pub struct Communicator {
     /// Dropped first: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
     /// The checked mode's stream and buffers, made at its first check (call_check.rs).
-    pub(crate) checks: std::cell::RefCell<Option<crate::call_check::CheckKit>>,
+    pub(crate) checks: std::cell::RefCell<Option<crate::call_check::kit::CheckKit>>,
     /// Registered NCCL memory kept for reuse ([`buffer`](Self::buffer)).
     pub(crate) pool: Pool,
     shared: Arc<CommShared>,
@@ -612,7 +612,7 @@ impl Communicator {
         }
         shared.checks_calls = match shared.config.get_check_calls() {
             Some(on) => on,
-            None => crate::call_check::from_env()?,
+            None => crate::call_check::setting::from_env()?,
         };
         shared.rank = usize::try_from(rank).unwrap_or(0);
         shared.size = usize::try_from(size).unwrap_or(0);

@@ -171,7 +171,7 @@ mod types;
 mod unique_id;
 mod world;
 
-pub use call_check::CHECK_CALLS_ENV;
+pub use call_check::setting::CHECK_CALLS_ENV;
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
 pub use collective_kind::Collective;
 pub use comm::Communicator;

@@ -1,42 +1,9 @@
-//! The checked mode ([`CommConfig::check_calls`](crate::CommConfig::check_calls), or
-//! `NCCL_CHANNEL_CHECK_CALLS=1`): before each collective the ranks compare what they are
-//! about to call, so that a program whose ranks disagree gets a typed error naming both
-//! calls on every rank instead of a hang or corrupt data.
-//!
-//! Each rank all-gathers a record of its call (a mark, the number of the call among the
-//! checked calls of this communicator, the collective, element type, count, reduction and
-//! root) on a stream of its own, waits for it, and compares every rank's record with its
-//! own. A rank that is not checking its calls sends its own data in the record's place:
-//! that is reported too (the mark differs), but its collective has then paired with the
-//! record, so every rank must check or none.
+//! The record of a call that the ranks compare: what it holds, how it reads in an error,
+//! and which rank's differs.
 
-use cuda_hal::{DeviceBuffer, Stream};
 use nccl_sys::ncclDataType_t;
 
-use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result};
-
-/// The variable that turns the checked mode on for every communicator made without an
-/// explicit choice: `1` on, `0` or unset off.
-pub const CHECK_CALLS_ENV: &str = "NCCL_CHANNEL_CHECK_CALLS";
-
-/// Whether [`CHECK_CALLS_ENV`] turns the checked mode on; [`Error::Env`] for a value
-/// other than `0` or `1`.
-pub(crate) fn from_env() -> Result<bool> {
-    parse_env(std::env::var(CHECK_CALLS_ENV).ok().as_deref())
-}
-
-fn parse_env(value: Option<&str>) -> Result<bool> {
-    match value.map(str::trim) {
-        None | Some("" | "0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(other) => Err(Error::Env {
-            variable: CHECK_CALLS_ENV.into(),
-            value: other.into(),
-            problem: "must be 1 (compare each collective between the ranks before it is                       issued) or 0"
-                .into(),
-        }),
-    }
-}
+use crate::{Collective, NcclType, ReduceOp};
 
 /// The record's mark: "nccl-channel call" in ASCII, 16 bytes.
 const MARK: [u64; 2] = [
@@ -46,7 +13,7 @@ const MARK: [u64; 2] = [
 
 /// A record's words: the mark (two), the call's number, the collective, the element type,
 /// the count, the reduction, the root.
-const WORDS: usize = 8;
+pub(crate) const WORDS: usize = 8;
 
 /// A word that says "none" (no reduction, no root).
 const NONE: u64 = u64::MAX;
@@ -105,7 +72,7 @@ impl Call {
     }
 
     /// The record of this call, number `seq` among the communicator's checked calls.
-    fn record(&self, seq: u64) -> [u64; WORDS] {
+    pub(crate) fn record(&self, seq: u64) -> [u64; WORDS] {
         [
             MARK[0],
             MARK[1],
@@ -121,7 +88,7 @@ impl Call {
 
 /// A record in words, as a call: "all_gather of 4 int32 (call 3)". Anything that is not
 /// a record is said to be so.
-fn describe(r: &[u64]) -> String {
+pub(crate) fn describe(r: &[u64]) -> String {
     let [m0, m1, seq, coll, dtype, count, op, root] = r else {
         return "a record of the wrong size".into();
     };
@@ -169,7 +136,11 @@ fn type_name(code: u64) -> String {
 
 /// The first rank whose record in `got` (every rank's, in rank order) differs from `sent`,
 /// with what it called; `None` when all agree.
-fn first_difference(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> Option<(usize, String)> {
+pub(crate) fn first_difference(
+    sent: &[u64; WORDS],
+    got: &[u64],
+    ranks: usize,
+) -> Option<(usize, String)> {
     if got.len() != WORDS * ranks {
         return Some((0, "a reply of the wrong size".into()));
     }
@@ -179,78 +150,6 @@ fn first_difference(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> Option<(u
         .map(|(rank, r)| (rank, describe(r)))
 }
 
-/// What a communicator keeps for its checks: made at the first, reused after.
-pub(crate) struct CheckKit {
-    stream: Stream,
-    send: DeviceBuffer<u64>,
-    recv: DeviceBuffer<u64>,
-}
-
-impl Communicator {
-    /// In the checked mode, compares `call` with every rank's before the caller issues it:
-    /// [`Error::CallMismatch`] when they differ. Off (the default), it costs one test.
-    /// Calls inside an open group or on a capturing stream are not checked: they cannot
-    /// wait for the comparison.
-    #[inline]
-    pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
-        if !self.checks_calls() {
-            return Ok(());
-        }
-        self.compare_call(what, call, stream)
-    }
-
-    #[cold]
-    fn compare_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
-        if crate::group::depth() > 0 || stream.is_capturing()? {
-            return Ok(());
-        }
-        self.handle()?;
-        self.shared().suspend.refuse(what)?;
-        let mut slot = self
-            .checks
-            .try_borrow_mut()
-            .map_err(|_| Error::InvalidArgument {
-                what,
-                problem: "called while this communicator checks another call".into(),
-            })?;
-        let kit = match &mut *slot {
-            Some(kit) => kit,
-            None => slot.insert(self.check_kit()?),
-        };
-        let sent = call.record(self.next_checked_call());
-        // The kit's buffers are this communicator's alone; its stream is waited for below,
-        // so nothing of this exchange is pending when the call returns.
-        kit.send.copy_from_host_on(&sent, &kit.stream)?;
-        self.all_gather_unchecked(&kit.send, &mut kit.recv, &kit.stream)?;
-        // Polled, not a bare synchronize: a peer that never comes is said on stderr and
-        // ends at the communicator's deadline (which aborts it), as any wait does. Done
-        // already, it is not polled: a peer that got its answer may have gone since.
-        if !kit.stream.is_idle()? {
-            self.wait(&kit.stream)?;
-        }
-        kit.stream.synchronize()?;
-        let got = kit.recv.to_vec()?;
-        match first_difference(&sent, &got, self.size()) {
-            None => Ok(()),
-            Some((other_rank, other_call)) => Err(Error::CallMismatch {
-                what,
-                rank: self.rank(),
-                call: describe(&sent),
-                other_rank,
-                other_call,
-            }),
-        }
-    }
-
-    fn check_kit(&self) -> Result<CheckKit> {
-        Ok(CheckKit {
-            stream: Stream::non_blocking(self.context())?,
-            send: DeviceBuffer::zeroed(self.context(), WORDS)?,
-            recv: DeviceBuffer::zeroed(self.context(), WORDS * self.size())?,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -258,19 +157,6 @@ mod tests {
 
     fn gathered(records: &[[u64; WORDS]]) -> Vec<u64> {
         records.concat()
-    }
-
-    #[test]
-    fn the_variable_takes_one_or_zero() {
-        assert!(!parse_env(None).unwrap());
-        assert!(!parse_env(Some("0")).unwrap());
-        assert!(!parse_env(Some("")).unwrap());
-        assert!(parse_env(Some("1")).unwrap());
-        assert!(parse_env(Some(" 1 ")).unwrap());
-        for bad in ["yes", "2", "true", "DETAIL"] {
-            let e = parse_env(Some(bad)).unwrap_err();
-            assert!(matches!(e, Error::Env { .. }), "{e}");
-        }
     }
 
     #[test]

@@ -1,0 +1,88 @@
+//! The checked mode ([`CommConfig::check_calls`](crate::CommConfig::check_calls), or
+//! `NCCL_CHANNEL_CHECK_CALLS=1`): before each collective the ranks compare what they are
+//! about to call, so that a program whose ranks disagree gets a typed error naming both
+//! calls on every rank instead of a hang or corrupt data.
+//!
+//! Each rank all-gathers a record of its call (a mark, the number of the call among the
+//! checked calls of this communicator, the collective, element type, count, reduction and
+//! root) on a stream of its own, waits for it, and compares every rank's record with its
+//! own. A rank that is not checking its calls sends its own data in the record's place:
+//! that is reported too (the mark differs), but its collective has then paired with the
+//! record, so every rank must check or none.
+
+pub(crate) mod kit;
+mod record;
+pub(crate) mod setting;
+
+use cuda_hal::{DeviceBuffer, Stream};
+
+pub(crate) use kit::CheckKit;
+pub(crate) use record::Call;
+use record::{WORDS, describe, first_difference};
+
+use crate::{Communicator, Error, Result};
+
+impl Communicator {
+    /// In the checked mode, compares `call` with every rank's before the caller issues it:
+    /// [`Error::CallMismatch`] when they differ. Off (the default), it costs one test.
+    /// Calls inside an open group or on a capturing stream are not checked: they cannot
+    /// wait for the comparison.
+    #[inline]
+    pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
+        if !self.checks_calls() {
+            return Ok(());
+        }
+        self.compare_call(what, call, stream)
+    }
+
+    #[cold]
+    fn compare_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
+        if crate::group::depth() > 0 || stream.is_capturing()? {
+            return Ok(());
+        }
+        self.handle()?;
+        self.shared().suspend.refuse(what)?;
+        let mut slot = self
+            .checks
+            .try_borrow_mut()
+            .map_err(|_| Error::InvalidArgument {
+                what,
+                problem: "called while this communicator checks another call".into(),
+            })?;
+        let kit = match &mut *slot {
+            Some(kit) => kit,
+            None => slot.insert(self.check_kit()?),
+        };
+        let sent = call.record(self.next_checked_call());
+        // The kit's buffers are this communicator's alone; its stream is waited for below,
+        // so nothing of this exchange is pending when the call returns.
+        kit.send.copy_from_host_on(&sent, &kit.stream)?;
+        self.all_gather_unchecked(&kit.send, &mut kit.recv, &kit.stream)?;
+        // Polled, not a bare synchronize: a peer that never comes is said on stderr and
+        // ends at the communicator's deadline (which aborts it), as any wait does. Done
+        // already, it is not polled: a peer that got its answer may have gone since.
+        if !kit.stream.is_idle()? {
+            self.wait(&kit.stream)?;
+        }
+        kit.stream.synchronize()?;
+        let got = kit.recv.to_vec()?;
+        match first_difference(&sent, &got, self.size()) {
+            None => Ok(()),
+            Some((other_rank, other_call)) => Err(Error::CallMismatch {
+                what,
+                rank: self.rank(),
+                call: describe(&sent),
+                other_rank,
+                other_call,
+            }),
+        }
+    }
+
+    fn check_kit(&self) -> Result<CheckKit> {
+        Ok(CheckKit {
+            stream: Stream::non_blocking(self.context())?,
+            send: DeviceBuffer::zeroed(self.context(), WORDS)?,
+            recv: DeviceBuffer::zeroed(self.context(), WORDS * self.size())?,
+        })
+    }
+}
