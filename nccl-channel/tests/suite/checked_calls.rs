@@ -238,3 +238,46 @@ fn a_malformed_variable_is_an_error_at_the_init() {
     drop(ctx);
     rig.assert_clean();
 }
+
+crate::on_every_backend! {
+    /// One rank in the checked mode runs every collective as without it (each one's
+    /// comparison is an all-gather of its record on the rank's own stream), blocking and
+    /// non-blocking: on the GPU, that is real NCCL running the check's exchange.
+    fn every_collective_runs_checked_on_one_rank(m, gpus = 1) {
+        use nccl_channel::UniqueId;
+        for config in [
+            CommConfig::new().check_calls(true),
+            CommConfig::non_blocking(Duration::from_secs(60)).check_calls(true),
+        ] {
+            let ctx = &m.ctxs[0];
+            let id = UniqueId::generate(&m.nccl).unwrap();
+            let comm = Communicator::init_rank_with(&m.nccl, ctx, &id, 1, 0, &config).unwrap();
+            let s = Stream::new(ctx).unwrap();
+            let send = DeviceBuffer::from_slice(ctx, &[3i32, 4]).unwrap();
+            let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap();
+            let mut got = Vec::new();
+            comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s).unwrap();
+            comm.wait(&s).unwrap();
+            got.push(recv.to_vec().unwrap());
+            comm.all_gather(&send, &mut recv, &s).unwrap();
+            comm.reduce_scatter(&send, &mut recv, ReduceOp::Max, &s).unwrap();
+            comm.broadcast(Some(send.as_view()), &mut recv, 0, &s).unwrap();
+            comm.reduce(&send, Some(recv.as_view_mut()), ReduceOp::Sum, 0, &s).unwrap();
+            comm.all_to_all(&send, &mut recv, &s).unwrap();
+            comm.gather(&send, Some(recv.as_view_mut()), 0, &s).unwrap();
+            comm.scatter(Some(send.as_view()), &mut recv, 0, &s).unwrap();
+            comm.all_to_all_v(&send, &[2], &[0], &mut recv, &[2], &[0], &s).unwrap();
+            comm.barrier(&s).unwrap();
+            comm.wait(&s).unwrap();
+            got.push(recv.to_vec().unwrap());
+            assert_eq!(got, [[3, 4], [3, 4]]);
+            comm.close().unwrap();
+        }
+        if let Some((_, nccl)) = &m.sim {
+            // Per configuration: the user's all-gather and the ten calls' records.
+            assert_eq!(nccl.calls("ncclAllGather"), 2 * (1 + 10));
+        }
+        m.check();
+        println!("checked mode: every collective on one rank, blocking and non-blocking: ok");
+    }
+}
