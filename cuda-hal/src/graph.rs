@@ -260,6 +260,30 @@ impl Stream {
         }
     }
 
+    /// Whether a capture begun through this crate forbids this thread host waits now:
+    /// one this thread began in [`CaptureMode::ThreadLocal`] mode, or a
+    /// [`CaptureMode::Global`] one of any thread. While one does, a synchronisation, a
+    /// copy through host memory or an allocation on this thread fails with
+    /// [`Error::Capturing`](crate::Error::Capturing); a library that would wait for its
+    /// own work on the side (an optional check) can ask first and skip it.
+    ///
+    /// ```
+    /// use cuda_hal::{CaptureMode, Cuda, Stream};
+    /// use cuda_mock::MockDriver;
+    /// let (cuda, _machine) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
+    /// let ctx = cuda.device(0)?.primary_context()?;
+    /// let s = Stream::new(&ctx)?;
+    /// assert!(!Stream::host_waits_forbidden());
+    /// s.begin_capture(CaptureMode::Global)?;
+    /// assert!(Stream::host_waits_forbidden());
+    /// drop(s.end_capture()?);
+    /// assert!(!Stream::host_waits_forbidden());
+    /// # Ok::<(), cuda_hal::Error>(())
+    /// ```
+    pub fn host_waits_forbidden() -> bool {
+        crate::hold::host_waits::forbidding_capture().is_some()
+    }
+
     /// Whether the driver is capturing the stream.
     #[doc(alias = "cuStreamIsCapturing")]
     pub fn is_capturing(&self) -> Result<bool> {

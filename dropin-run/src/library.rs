@@ -2,9 +2,8 @@
 //! at it.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, ExitStatus};
+use std::process::Command;
 
 /// This runner's version: the drop-in of the same version is built.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -51,16 +50,38 @@ pub(crate) fn ensure(home: &Path) -> Result<PathBuf, String> {
     let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
     std::fs::create_dir_all(build.join("src")).map_err(|e| io("creating", &build, e))?;
     for (name, text) in [("Cargo.toml", manifest()), ("src/lib.rs", String::new())] {
+        // Written only when it differs (another first run's cargo may be reading it), and
+        // then whole, by a rename.
         let path = build.join(name);
-        std::fs::write(&path, text).map_err(|e| io("writing", &path, e))?;
+        if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+            continue;
+        }
+        let tmp = build.join(format!(
+            ".{}.{}",
+            name.replace('/', "-"),
+            std::process::id()
+        ));
+        std::fs::write(&tmp, text).map_err(|e| io("writing", &tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| io("placing", &path, e))?;
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     eprintln!(
         "mock-dropin-run: building mock-dropin {VERSION} in {} (once)",
         build.display()
     );
+    // The target folder is named, so that a CARGO_TARGET_DIR or build.target-dir of the
+    // caller's does not move the library elsewhere.
+    let target = build.join("target");
     let status = Command::new(&cargo)
-        .args(["build", "--release", "--lib", "-p", "mock-dropin"])
+        .args([
+            "build",
+            "--release",
+            "--lib",
+            "-p",
+            "mock-dropin",
+            "--target-dir",
+        ])
+        .arg(&target)
         .current_dir(&build)
         .status()
         .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
@@ -69,7 +90,7 @@ pub(crate) fn ensure(home: &Path) -> Result<PathBuf, String> {
             "building mock-dropin {VERSION} failed ({status}); cargo's output is above"
         ));
     }
-    let built = build.join("target/release").join(BUILT);
+    let built = target.join("release").join(BUILT);
     std::fs::create_dir_all(&lib).map_err(|e| io("creating", &lib, e))?;
     let tmp = lib.join(format!(".{BUILT}.{}", std::process::id()));
     std::fs::copy(&built, &tmp).map_err(|e| io("copying", &built, e))?;
@@ -95,16 +116,6 @@ pub(crate) fn search_path(dir: &Path) -> OsString {
     path
 }
 
-/// The runner's exit status for the program's: the same code, or 128 + the signal that
-/// ended it, as a shell says.
-pub(crate) fn exit_code(status: ExitStatus) -> ExitCode {
-    match (status.code(), status.signal()) {
-        (Some(c), _) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
-        (None, Some(sig)) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(255)),
-        (None, None) => ExitCode::FAILURE,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,12 +123,5 @@ mod tests {
     #[test]
     fn the_build_depends_on_exactly_this_version() {
         assert!(manifest().contains(&format!("mock-dropin = \"={VERSION}\"")));
-    }
-
-    #[test]
-    fn a_program_ended_by_a_signal_exits_as_a_shell_says() {
-        assert_eq!(exit_code(ExitStatus::from_raw(9)), ExitCode::from(137));
-        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), ExitCode::from(3));
-        assert_eq!(exit_code(ExitStatus::from_raw(0)), ExitCode::from(0));
     }
 }

@@ -17,6 +17,7 @@
 mod library;
 
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
 
 use clap::Parser;
@@ -63,14 +64,12 @@ fn main() -> ExitCode {
     if let Some(n) = opts.gpus {
         cmd.env("CUDA_MOCK_DEVICES", n.to_string());
     }
-    match cmd.status() {
-        Ok(status) => library::exit_code(status),
-        Err(e) => {
-            eprintln!(
-                "mock-dropin-run: cannot run {}: {e}",
-                program.to_string_lossy()
-            );
-            ExitCode::from(127)
-        }
-    }
+    // The program takes this process's place (its PID, its signals, its exit status);
+    // exec returns only when it could not start.
+    let e = cmd.exec();
+    eprintln!(
+        "mock-dropin-run: cannot run {}: {e}",
+        program.to_string_lossy()
+    );
+    ExitCode::from(127)
 }

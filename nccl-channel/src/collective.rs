@@ -25,14 +25,6 @@ fn at<S: DeviceSlice + ?Sized>(buf: &S) -> *mut c_void {
     dptr(buf.device_ptr())
 }
 
-impl Communicator {
-    /// A rank's share of a buffer of `len` elements split over the ranks (what NCCL is
-    /// given as the count of an in-place all-gather or reduce-scatter, or an all-to-all).
-    fn share(&self, len: usize) -> usize {
-        len / self.size().max(1)
-    }
-}
-
 /// A buffer argument as errors about its device name it: `"send"` is the "send buffer".
 pub(crate) fn buffer_object(buffer: &'static str) -> &'static str {
     match buffer {
@@ -299,11 +291,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce";
-        self.check_call(
-            W,
-            Call::new::<T>(Collective::AllReduce, send.len()).op(&op),
-            stream,
-        )?;
         let _order = self.begin::<T>(W, stream)?;
         let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
         let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
@@ -318,11 +305,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_reduce_in_place";
-        self.check_call(
-            W,
-            Call::new::<T>(Collective::AllReduce, buf.len()).op(&op),
-            stream,
-        )?;
         let _order = self.begin::<T>(W, stream)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
@@ -337,6 +319,8 @@ impl Communicator {
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::AllReduce, count).op(&op);
+        self.check_call("all_reduce", call, stream)?;
         let op = self.op(op)?;
         // SAFETY: both ranges were checked: `count` elements of T in device memory of this
         // communicator's context; the stream is of the same context.
@@ -398,18 +382,26 @@ impl Communicator {
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
-        let call = Call::new::<T>(Collective::AllGather, send.len());
-        self.check_call("all_gather", call, stream)?;
-        self.all_gather_unchecked(send, recv, stream)
+        self.all_gather_checked(send, recv, stream, true)
     }
 
     /// [`all_gather`](Self::all_gather) without the checked mode's comparison (the
-    /// comparison's own exchange).
+    /// comparison's own exchange, and the crate's own agreements).
     pub(crate) fn all_gather_unchecked<T: NcclType>(
         &self,
         send: &(impl DeviceSlice<Elem = T> + ?Sized),
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
+    ) -> Result<()> {
+        self.all_gather_checked(send, recv, stream, false)
+    }
+
+    fn all_gather_checked<T: NcclType>(
+        &self,
+        send: &(impl DeviceSlice<Elem = T> + ?Sized),
+        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
+        stream: &Stream,
+        checked: bool,
     ) -> Result<()> {
         const W: &str = "all_gather";
         let _order = self.begin::<T>(W, stream)?;
@@ -417,6 +409,9 @@ impl Communicator {
         let _send_done = self.check_buf(W, "send", send, count, stream)?;
         let _recv_done =
             self.check_buf(W, "recv", recv, count.saturating_mul(self.size()), stream)?;
+        if checked {
+            self.check_call(W, Call::new::<T>(Collective::AllGather, count), stream)?;
+        }
         self.raw_all_gather::<T>(at(send), at(recv), count, stream)
     }
 
@@ -460,14 +455,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "all_gather_in_place";
-        self.check_call(
-            W,
-            Call::new::<T>(Collective::AllGather, self.share(buf.len())),
-            stream,
-        )?;
         let _order = self.begin::<T>(W, stream)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
+        self.check_call(W, Call::new::<T>(Collective::AllGather, count), stream)?;
         self.raw_all_gather::<T>(offset(buf, self.rank() * count), at(buf), count, stream)
     }
 
@@ -532,11 +523,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter";
-        self.check_call(
-            W,
-            Call::new::<T>(Collective::ReduceScatter, recv.len()).op(&op),
-            stream,
-        )?;
         let _order = self.begin::<T>(W, stream)?;
         let count = recv.len();
         let _send_done =
@@ -553,8 +539,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_scatter_in_place";
-        let call = Call::new::<T>(Collective::ReduceScatter, self.share(buf.len())).op(&op);
-        self.check_call(W, call, stream)?;
         let _order = self.begin::<T>(W, stream)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
@@ -570,6 +554,8 @@ impl Communicator {
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::ReduceScatter, count).op(&op);
+        self.check_call("reduce_scatter", call, stream)?;
         let op = self.op(op)?;
         // SAFETY: ranges checked by the callers.
         let (rc, call) = unsafe {
@@ -628,11 +614,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast";
-        self.check_call(
-            W,
-            Call::new::<T>(Collective::Broadcast, recv.len()).root(root),
-            stream,
-        )?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _recv_done = self.check_buf(W, "recv", recv, recv.len(), stream)?;
@@ -651,11 +632,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "broadcast_in_place";
-        self.check_call(
-            W,
-            Call::new::<T>(Collective::Broadcast, buf.len()).root(root),
-            stream,
-        )?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
@@ -694,6 +670,8 @@ impl Communicator {
         root: i32,
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::Broadcast, count).root(root as usize);
+        self.check_call("broadcast", call, stream)?;
         // SAFETY: ranges checked by the callers.
         let (rc, call) = unsafe {
             nccl_raw_call!(
@@ -752,10 +730,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce";
-        let call = Call::new::<T>(Collective::Reduce, send.len())
-            .op(&op)
-            .root(root);
-        self.check_call(W, call, stream)?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
@@ -774,10 +748,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const W: &str = "reduce_in_place";
-        let call = Call::new::<T>(Collective::Reduce, buf.len())
-            .op(&op)
-            .root(root);
-        self.check_call(W, call, stream)?;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
@@ -815,6 +785,10 @@ impl Communicator {
         root: i32,
         stream: &Stream,
     ) -> Result<()> {
+        let call = Call::new::<T>(Collective::Reduce, count)
+            .op(&op)
+            .root(root as usize);
+        self.check_call("reduce", call, stream)?;
         let op = self.op(op)?;
         // SAFETY: ranges checked by the callers.
         let (rc, call) = unsafe {
@@ -977,8 +951,6 @@ impl Communicator {
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
-        let call = Call::new::<T>(Collective::AllToAll, self.share(send.len()));
-        self.check_call("all_to_all", call, stream)?;
         if self.nccl().fns().ncclAlltoAll.is_none() {
             // The fallback's own group: opened before the checks, so that it holds what
             // its calls use (and counts as a group for abort decisions) like the user's.
@@ -1000,6 +972,9 @@ impl Communicator {
         let m = self.divisible(W, "send", send.len())?;
         let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
         let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
+        // Checked here, after this rank's own checks; inside the group of the fallback
+        // below (NCCL before 2.28.3), the check is skipped, as in any group.
+        self.check_call(W, Call::new::<T>(Collective::AllToAll, m), stream)?;
         if let Ok((f, call)) = optional!(self.nccl(), ncclAlltoAll) {
             // SAFETY: both buffers hold n * m elements of T on our device.
             let rc = unsafe {
@@ -1245,8 +1220,6 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        let call = Call::new::<T>(Collective::Gather, send.len()).root(root);
-        self.check_call("gather", call, stream)?;
         if self.nccl().fns().ncclGather.is_none() {
             // The fallback's own group, opened before the checks (see `all_to_all`).
             return group(self.nccl(), || self.gather_in(send, recv, root, stream));
@@ -1269,6 +1242,7 @@ impl Communicator {
         let recv = self.root_recv(W, recv, root, m.saturating_mul(self.size()), stream)?;
         let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
         let recvp = recv.as_ref().map(at);
+        self.check_call(W, Call::new::<T>(Collective::Gather, m).root(root), stream)?;
         if let Ok((f, call)) = optional!(self.nccl(), ncclGather) {
             let recvp = recvp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no receive buffer, which NCCL ignores.
@@ -1334,8 +1308,6 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        let call = Call::new::<T>(Collective::Scatter, recv.len()).root(root);
-        self.check_call("scatter", call, stream)?;
         if self.nccl().fns().ncclScatter.is_none() {
             // The fallback's own group, opened before the checks (see `all_to_all`).
             return group(self.nccl(), || self.scatter_in(send, recv, root, stream));
@@ -1358,6 +1330,7 @@ impl Communicator {
         let send = self.root_send(W, send, root, m.saturating_mul(self.size()), stream)?;
         let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
         let sendp = send.as_ref().map(at);
+        self.check_call(W, Call::new::<T>(Collective::Scatter, m).root(root), stream)?;
         if let Ok((f, call)) = optional!(self.nccl(), ncclScatter) {
             let sendp = sendp.unwrap_or(std::ptr::null_mut());
             // SAFETY: ranges checked; non-roots pass no send buffer, which NCCL ignores.
@@ -1419,9 +1392,6 @@ impl Communicator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
-        // What NCCL sees: an all-reduce of one int32.
-        let call = Call::new::<i32>(Collective::AllReduce, 1).op(&ReduceOp::<i32>::Sum);
-        self.check_call("barrier", call, stream)?;
         let order = self.check_stream("barrier", stream)?;
         let scratch = self.scratch()?;
         scratch.used_on(stream)?;

@@ -776,9 +776,14 @@ impl Communicator {
         self.shared.checks_calls
     }
 
-    /// The number of the next checked call (and counts it).
-    pub(crate) fn next_checked_call(&self) -> u64 {
-        self.shared.checked_calls.fetch_add(1, Ordering::Relaxed)
+    /// How many checked calls were issued on this communicator: the number of the next.
+    pub(crate) fn checked_calls(&self) -> u64 {
+        self.shared.checked_calls.load(Ordering::Relaxed)
+    }
+
+    /// One more checked call's exchange was issued.
+    pub(crate) fn checked_call_issued(&self) {
+        self.shared.checked_calls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One more of the crate's own exchanges was issued on this communicator.

@@ -436,12 +436,6 @@ impl Clique {
             .map(|(_, why)| why)
     }
 
-    /// The newest disagreement of its collectives, whatever its number (a non-blocking
-    /// communicator's asynchronous error does not say which operation failed).
-    pub(crate) fn newest_disagreement(&self) -> Option<String> {
-        self.disagreements().map(|(_, why)| why)
-    }
-
     fn disagreements(&self) -> Option<(u64, String)> {
         match &self.net {
             Some(link) => link.disagreement(),

@@ -93,7 +93,7 @@ pub(crate) fn dispatch(w: &NWorld, work: Work, blocking: bool) -> ncclResult_t {
             return rc;
         }
         let done = work.part.start(&w.cuda);
-        let rc = nonblocking(w, work.comm, done);
+        let rc = nonblocking(w, work.comm, done, work.part.seq());
         if rc == ncclResult_t::ncclInvalidUsage
             && let Some(why) = work.part.disagreement()
         {
@@ -106,12 +106,15 @@ pub(crate) fn dispatch(w: &NWorld, work: Work, blocking: bool) -> ncclResult_t {
 
 /// A non-blocking communicator's operation: its result if it already completed, else
 /// `ncclInProgress` (ncclCommGetAsyncError reports it later).
-fn nonblocking(w: &NWorld, comm: usize, done: Done) -> ncclResult_t {
+fn nonblocking(w: &NWorld, comm: usize, done: Done, seq: Option<u64>) -> ncclResult_t {
     let now = *done.lock().unwrap_or_else(|e| e.into_inner());
     match now {
         Some(rc) => rc,
         None => {
             if let Some(c) = w.lock().comms.get_mut(&comm) {
+                if let Some(seq) = seq {
+                    c.collectives.push((done.clone(), seq));
+                }
                 c.pending.push(done);
             }
             ncclResult_t::ncclInProgress

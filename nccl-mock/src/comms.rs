@@ -83,6 +83,7 @@ impl State {
                 next_op: 0,
                 blocking: true,
                 pending: Vec::new(),
+                collectives: Vec::new(),
                 init: None,
                 children: Vec::new(),
                 config: None,

@@ -78,16 +78,29 @@ mock_fns! {
         if e == ncclResult_t::ncclSuccess {
             // Completed operations leave the list; the first failure is reported.
             let mut failed = None;
+            let mut failed_part = None;
             c.pending.retain(|d| match *d.lock().unwrap_or_else(|x| x.into_inner()) {
                 Some(ncclResult_t::ncclSuccess) => false,
                 Some(rc) => {
-                    failed.get_or_insert(rc);
+                    if failed.is_none() {
+                        failed = Some(rc);
+                        failed_part = Some(d.clone());
+                    }
                     false
                 }
                 None => true,
             });
-            let why = match failed {
-                Some(ncclResult_t::ncclInvalidUsage) => c.clique.as_ref().and_then(|cl| cl.newest_disagreement()),
+            // The failed collective's own disagreement, found by its number.
+            let seq = failed_part.and_then(|f| {
+                c.collectives
+                    .iter()
+                    .find(|(d, _)| std::sync::Arc::ptr_eq(d, &f))
+                    .map(|(_, seq)| *seq)
+            });
+            c.collectives
+                .retain(|(d, _)| d.lock().unwrap_or_else(|x| x.into_inner()).is_none());
+            let why = match (failed, seq, &c.clique) {
+                (Some(ncclResult_t::ncclInvalidUsage), Some(seq), Some(cl)) => cl.disagreement(seq),
                 _ => None,
             };
             e = match failed {

@@ -433,14 +433,14 @@ fn formed(
                  as the hub of the simulated NCCL within {:?}: another program may hold that \
                  port (the rank that hosts the hub then fails to start it); choose another \
                  port",
-                crate::net::link::HELLO_ANSWER.min(timeout)
+                crate::net::link::HELLO_ANSWER
             );
             Err((system, msg))
         }
         Err(GatherError::Timeout(missing)) => {
             let missing = match missing {
                 Some(m) => format!("missing ranks {m:?}"),
-                None => "the hub did not say which ranks are missing".into(),
+                None => "the hub has not answered yet".into(),
             };
             let msg = format!(
                 "rank {rank}: not every rank of {nranks} joined within {timeout:?} (hub at \

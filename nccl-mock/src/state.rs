@@ -77,6 +77,9 @@ pub(crate) struct Comm {
     pub(crate) blocking: bool,
     /// Operations of a non-blocking communicator not yet known to be complete.
     pub(crate) pending: Vec<Done>,
+    /// The collectives among `pending`, with their numbers: a failed one's disagreement
+    /// is found by its number.
+    pub(crate) collectives: Vec<(Done, u64)>,
     /// The init registration of a non-blocking communicator still joining.
     pub(crate) init: Option<(Vec<u8>, usize)>,
     /// Splits and shrinks of this communicator completing in the background (a

@@ -52,6 +52,14 @@ impl Part {
         }
     }
 
+    /// Its number among its communicator's collectives, for a collective.
+    pub(crate) fn seq(&self) -> Option<u64> {
+        match self {
+            Part::Coll { seq, .. } => Some(*seq),
+            Part::P2p { .. } | Part::Rma { .. } => None,
+        }
+    }
+
     /// How the ranks disagreed on this collective, if they did.
     pub(crate) fn disagreement(&self) -> Option<String> {
         match self {

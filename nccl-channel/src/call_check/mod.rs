@@ -25,8 +25,8 @@ use crate::{Communicator, Error, Result};
 impl Communicator {
     /// In the checked mode, compares `call` with every rank's before the caller issues it:
     /// [`Error::CallMismatch`] when they differ. Off (the default), it costs one test.
-    /// Calls inside an open group or on a capturing stream are not checked: they cannot
-    /// wait for the comparison.
+    /// Calls inside an open group, on a capturing stream or while a capture forbids this
+    /// thread host waits are not checked: they cannot wait for the comparison.
     #[inline]
     pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
         if !self.checks_calls() {
@@ -37,7 +37,7 @@ impl Communicator {
 
     #[cold]
     fn compare_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
-        if crate::group::depth() > 0 || stream.is_capturing()? {
+        if crate::group::depth() > 0 || Stream::host_waits_forbidden() || stream.is_capturing()? {
             return Ok(());
         }
         self.handle()?;
@@ -53,11 +53,14 @@ impl Communicator {
             Some(kit) => kit,
             None => slot.insert(self.check_kit()?),
         };
-        let sent = call.record(self.next_checked_call());
+        // Numbered once issued: a rank whose exchange fails before NCCL has it keeps the
+        // number, as its peers keep theirs.
+        let sent = call.record(self.checked_calls());
         // The kit's buffers are this communicator's alone; its stream is waited for below,
         // so nothing of this exchange is pending when the call returns.
         kit.send.copy_from_host_on(&sent, &kit.stream)?;
         self.all_gather_unchecked(&kit.send, &mut kit.recv, &kit.stream)?;
+        self.checked_call_issued();
         // Polled, not a bare synchronize: a peer that never comes is said on stderr and
         // ends at the communicator's deadline (which aborts it), as any wait does. Done
         // already, it is not polled: a peer that got its answer may have gone since.

@@ -19,7 +19,8 @@ fn parse_env(value: Option<&str>) -> Result<bool> {
         Some(other) => Err(Error::Env {
             variable: CHECK_CALLS_ENV.into(),
             value: other.into(),
-            problem: "must be 1 (compare each collective between the ranks before it is                       issued) or 0"
+            problem: "must be 1 (compare each collective between the ranks before it is \
+                      issued) or 0"
                 .into(),
         }),
     }
@@ -39,7 +40,13 @@ mod tests {
         assert!(parse_env(Some(" 1 ")).unwrap());
         for bad in ["yes", "2", "true", "DETAIL"] {
             let e = parse_env(Some(bad)).unwrap_err();
-            assert!(matches!(e, Error::Env { .. }), "{e}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "environment variable NCCL_CHANNEL_CHECK_CALLS={bad:?}: must be 1 (compare \
+                     each collective between the ranks before it is issued) or 0"
+                )
+            );
         }
     }
 }

@@ -199,11 +199,11 @@ impl Link {
                     return Err(GatherError::Lost("the hub closed the connection".into()));
                 }
                 let now = Instant::now();
-                if now >= deadline && st.missing.is_some() {
-                    return Err(GatherError::Timeout(st.missing.clone()));
-                }
-                if st.missing.is_none() && now >= unanswered.min(deadline) {
+                if st.missing.is_none() && now >= unanswered {
                     return Err(GatherError::NotAHub);
+                }
+                if now >= deadline {
+                    return Err(GatherError::Timeout(st.missing.clone()));
                 }
                 // Short waits: a cancellation is only seen by polling.
                 let wait = (deadline - now).min(Duration::from_millis(20));
