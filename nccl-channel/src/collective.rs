@@ -294,7 +294,7 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
         let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
-        self.raw_all_reduce(at(send), at(recv), send.len(), op, stream)
+        self.raw_all_reduce(W, at(send), at(recv), send.len(), op, stream)
     }
 
     /// All-reduce in place.
@@ -308,11 +308,13 @@ impl Communicator {
         let _order = self.begin::<T>(W, stream)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
-        self.raw_all_reduce(p, p, buf.len(), op, stream)
+        self.raw_all_reduce(W, p, p, buf.len(), op, stream)
     }
 
+    /// `what`: the method, as the checked mode's error names it.
     fn raw_all_reduce<T: NcclType>(
         &self,
+        what: &'static str,
         send: *mut c_void,
         recv: *mut c_void,
         count: usize,
@@ -320,7 +322,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let call = Call::new::<T>(Collective::AllReduce, count).op(&op);
-        self.check_call("all_reduce", call, stream)?;
+        self.check_call(what, call, stream)?;
         let op = self.op(op)?;
         // SAFETY: both ranges were checked: `count` elements of T in device memory of this
         // communicator's context; the stream is of the same context.
@@ -1402,7 +1404,7 @@ impl Communicator {
             .registry
             .used(scratch.as_raw(), size_of::<i32>(), stream);
         let p = at(scratch);
-        self.raw_all_reduce::<i32>(p, p, 1, ReduceOp::Sum, stream)?;
+        self.raw_all_reduce::<i32>("barrier", p, p, 1, ReduceOp::Sum, stream)?;
         drop(order);
         stream.synchronize()?;
         Ok(())

@@ -281,3 +281,144 @@ crate::on_every_backend! {
         println!("checked mode: every collective on one rank, blocking and non-blocking: ok");
     }
 }
+
+/// Rank `r`'s buffer of `4 + 2r` elements (a multiple of the two ranks either way).
+fn buf(comm: &Communicator, r: usize) -> Result<DeviceBuffer<i32>> {
+    Ok(DeviceBuffer::from_slice(
+        comm.context(),
+        &vec![1i32; 4 + 2 * r],
+    )?)
+}
+
+#[test]
+fn every_collective_whose_count_differs_on_one_rank_is_a_mismatch() {
+    // Each collective, out of place and in place, with rank 1's buffers larger than rank
+    // 0's: the comparison catches each before NCCL gets it.
+    let cases: [(&str, &Calls); 14] = [
+        ("all_reduce", &|r, c, s| {
+            c.all_reduce(&buf(c, r)?, &mut buf(c, r)?, ReduceOp::Sum, s)
+        }),
+        ("all_reduce", &|r, c, s| {
+            c.all_reduce_in_place(&mut buf(c, r)?, ReduceOp::Sum, s)
+        }),
+        ("all_gather", &|r, c, s| {
+            let send = buf(c, r)?;
+            let mut recv = DeviceBuffer::<i32>::zeroed(c.context(), 2 * send.len())?;
+            c.all_gather(&send, &mut recv, s)
+        }),
+        ("all_gather", &|r, c, s| {
+            c.all_gather_in_place(&mut buf(c, r)?, s)
+        }),
+        ("reduce_scatter", &|r, c, s| {
+            let send = buf(c, r)?;
+            let mut recv = DeviceBuffer::<i32>::zeroed(c.context(), send.len() / 2)?;
+            c.reduce_scatter(&send, &mut recv, ReduceOp::Sum, s)
+        }),
+        ("reduce_scatter", &|r, c, s| {
+            c.reduce_scatter_in_place(&mut buf(c, r)?, ReduceOp::Sum, s)
+        }),
+        ("broadcast", &|r, c, s| {
+            let send = buf(c, r)?;
+            let send = (r == 0).then(|| send.as_view());
+            c.broadcast(send, &mut buf(c, r)?, 0, s)
+        }),
+        ("broadcast", &|r, c, s| {
+            c.broadcast_in_place(&mut buf(c, r)?, 0, s)
+        }),
+        ("reduce", &|r, c, s| {
+            let mut recv = buf(c, r)?;
+            let recv = (r == 0).then(|| recv.as_view_mut());
+            c.reduce(&buf(c, r)?, recv, ReduceOp::Sum, 0, s)
+        }),
+        ("reduce", &|r, c, s| {
+            c.reduce_in_place(&mut buf(c, r)?, ReduceOp::Sum, 0, s)
+        }),
+        ("all_to_all", &|r, c, s| {
+            c.all_to_all(&buf(c, r)?, &mut buf(c, r)?, s)
+        }),
+        ("gather", &|r, c, s| {
+            let send = buf(c, r)?;
+            let mut recv = DeviceBuffer::<i32>::zeroed(c.context(), 2 * send.len())?;
+            let recv = (r == 0).then(|| recv.as_view_mut());
+            c.gather(&send, recv, 0, s)
+        }),
+        ("scatter", &|r, c, s| {
+            let mut recv = buf(c, r)?;
+            let send = DeviceBuffer::<i32>::zeroed(c.context(), 2 * recv.len())?;
+            let send = (r == 0).then(|| send.as_view());
+            c.scatter(send, &mut recv, 0, s)
+        }),
+        // A variable all-to-all's counts may differ: its element type may not.
+        ("all_to_all_v", &|r, c, s| {
+            if r == 0 {
+                let b = DeviceBuffer::from_slice(c.context(), &[1i32, 2])?;
+                c.all_to_all_v(&b, &[1, 1], &[0, 1], &mut buf(c, r)?, &[1, 1], &[0, 1], s)
+            } else {
+                let b = DeviceBuffer::from_slice(c.context(), &[1u32, 2])?;
+                let mut out = DeviceBuffer::<u32>::zeroed(c.context(), 2)?;
+                c.all_to_all_v(&b, &[1, 1], &[0, 1], &mut out, &[1, 1], &[0, 1], s)
+            }
+        }),
+    ];
+    for (name, calls) in cases {
+        let results = two_ranks(&checked(), calls);
+        for (r, result) in results.into_iter().enumerate() {
+            let e = result.expect_err(name);
+            assert!(
+                matches!(&e, Error::CallMismatch { what: _, rank, other_rank, .. } if *rank == r && *other_rank == 1 - r),
+                "{name}, rank {r}: {e}"
+            );
+            assert!(e.to_string().contains(&format!("calls {name} of")), "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_call_refused_on_one_rank_is_not_taken_for_its_next() {
+    // Rank 1's receive buffer is one element short: its all-gather is refused before the
+    // comparison, and its barrier's comparison then meets rank 0's all-gather's.
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        let send = DeviceBuffer::from_slice(comm.context(), &[1i32, 2])?;
+        let mut recv = DeviceBuffer::<i32>::zeroed(comm.context(), 4 - r)?;
+        match comm.all_gather(&send, &mut recv, s) {
+            Err(Error::LengthMismatch { .. }) if r == 1 => comm.barrier(s),
+            other => other,
+        }
+    });
+    let m = messages(results);
+    assert_eq!(
+        m[0],
+        "all_gather: the ranks' calls differ: this rank (0) calls all_gather of 2 int32 (call 0), \
+         rank 1 calls all_reduce of 1 int32 (sum, call 0)"
+    );
+    assert!(
+        m[1].starts_with("barrier: the ranks' calls differ: this rank (1) calls all_reduce"),
+        "{}",
+        m[1]
+    );
+}
+
+#[test]
+fn no_comparison_while_a_capture_forbids_host_waits() {
+    // A global capture on another stream: the comparison could not wait, so the call goes
+    // unchecked, as it would without the checked mode.
+    let rig = Rig::new(1);
+    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let id = nccl_channel::UniqueId::generate(&rig.nccl).unwrap();
+    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &checked()).unwrap();
+    let (s, captured) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+    let mut b = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+    captured
+        .begin_capture(cuda_hal::CaptureMode::Global)
+        .unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+    drop(captured.end_capture().unwrap());
+    assert_eq!(rig.world.calls("ncclAllGather"), 0);
+    // Then checked again.
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+    assert_eq!(rig.world.calls("ncclAllGather"), 1);
+    s.synchronize().unwrap();
+    assert_eq!(b.to_vec().unwrap(), [1, 2]);
+    drop((b, s, captured, comm, ctx));
+    rig.assert_clean();
+}
