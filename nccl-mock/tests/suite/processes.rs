@@ -123,21 +123,11 @@ fn several_ranks_of_one_multi_process_nccl_meet_at_the_hub_too() {
     // One NCCL in multi-process mode driving two GPUs from threads: each rank still
     // talks to the hub.
     let rig = std::sync::Arc::new(SharedRig(Rig::with_nccl(2, |n| n.multi_process(true))));
-    let id = rig.unique_id();
-    let threads: Vec<_> = (0..2)
-        .map(|r| {
-            let rig = rig.clone();
-            std::thread::spawn(move || {
-                let (rc, comm) = rig.init_rank(r, id, 2, r as i32);
-                assert_eq!(rc, NCCL_OK);
-                let (rc, out) = rig.run(r, Coll::AllGather, &[101 + r as i32], 1, 2, 0, comm);
-                assert_eq!(rc, NCCL_OK);
-                assert_eq!(out, [101, 102]);
-                rig.destroy(comm);
-            })
-        })
-        .collect();
-    threads.into_iter().for_each(|t| t.join().unwrap());
+    ranks_of_one_nccl(&rig, |rig, r, comm| {
+        let (rc, out) = rig.run(r, Coll::AllGather, &[101 + r as i32], 1, 2, 0, comm);
+        assert_eq!(rc, NCCL_OK);
+        assert_eq!(out, [101, 102]);
+    });
     assert!(rig.world.live().is_empty());
     drop(rig);
     assert_no_network_threads();
@@ -978,22 +968,35 @@ fn ranks_that_disagree_on_a_count_are_named_with_their_calls_across_processes() 
     assert_no_network_threads();
 }
 
-#[test]
-fn ranks_that_disagree_on_a_count_are_named_with_their_calls_in_one_process() {
-    let rig = std::sync::Arc::new(SharedRig(Rig::new(2)));
+/// Runs `body(rig, rank, comm)` for each of `rig`'s ranks on a thread of its own, each
+/// rank on its own device of the one NCCL, initialised and destroyed around it.
+fn ranks_of_one_nccl(
+    rig: &std::sync::Arc<SharedRig>,
+    body: impl Fn(&SharedRig, usize, ncclComm_t) + Send + Sync + 'static,
+) {
+    let n = rig.ctxs.len();
+    let body = std::sync::Arc::new(body);
     let id = rig.unique_id();
-    let threads: Vec<_> = (0..2)
+    let threads: Vec<_> = (0..n)
         .map(|r| {
-            let rig = rig.clone();
+            let (rig, body) = (rig.clone(), body.clone());
             std::thread::spawn(move || {
-                let (rc, comm) = rig.init_rank(r, id, 2, r as i32);
+                let (rc, comm) = rig.init_rank(r, id, n as i32, r as i32);
                 assert_eq!(rc, NCCL_OK);
-                mismatched_all_gather(&**rig, r, r, comm);
+                body(&rig, r, comm);
                 rig.destroy(comm);
             })
         })
         .collect();
     threads.into_iter().for_each(|t| t.join().unwrap());
+}
+
+#[test]
+fn ranks_that_disagree_on_a_count_are_named_with_their_calls_in_one_process() {
+    let rig = std::sync::Arc::new(SharedRig(Rig::new(2)));
+    ranks_of_one_nccl(&rig, |rig, r, comm| {
+        mismatched_all_gather(&**rig, r, r, comm);
+    });
 }
 
 #[test]
