@@ -399,7 +399,7 @@ fn a_call_refused_on_one_rank_is_not_taken_for_its_next() {
 }
 
 #[test]
-fn no_comparison_while_a_capture_forbids_host_waits() {
+fn no_comparison_while_a_capture_forbids_host_waits_or_records_the_call() {
     // A global capture on another stream: the comparison could not wait, so the call goes
     // unchecked, as it would without the checked mode.
     let rig = Rig::new(1);
@@ -414,6 +414,13 @@ fn no_comparison_while_a_capture_forbids_host_waits() {
     comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
     drop(captured.end_capture().unwrap());
     assert_eq!(rig.world.calls("ncclAllGather"), 0);
+    // A collective captured into a graph (a relaxed capture, which forbids no wait): its
+    // comparison would run once, at the capture, not at each launch, so there is none.
+    s.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+    let graph = s.end_capture().unwrap();
+    assert_eq!(rig.world.calls("ncclAllGather"), 0);
+    drop(graph);
     // Then checked again.
     comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
     assert_eq!(rig.world.calls("ncclAllGather"), 1);
