@@ -263,9 +263,8 @@ impl Stream {
     /// Whether a capture begun through this crate forbids this thread host waits now:
     /// one this thread began in [`CaptureMode::ThreadLocal`] mode, or a
     /// [`CaptureMode::Global`] one of any thread. While one does, a synchronisation, a
-    /// copy through host memory or an allocation on this thread fails with
-    /// [`Error::Capturing`](crate::Error::Capturing); a library that would wait for its
-    /// own work on the side (an optional check) can ask first and skip it.
+    /// copy through host memory or an allocation on this thread fails; a library that
+    /// would wait for its own work on the side can ask first, and refuse before it starts.
     ///
     /// ```
     /// use cuda_hal::{CaptureMode, Cuda, Stream};
@@ -274,7 +273,7 @@ impl Stream {
     /// let ctx = cuda.device(0)?.primary_context()?;
     /// let s = Stream::new(&ctx)?;
     /// assert!(!Stream::host_waits_forbidden());
-    /// s.begin_capture(CaptureMode::Global)?;
+    /// s.begin_capture(CaptureMode::ThreadLocal)?;
     /// assert!(Stream::host_waits_forbidden());
     /// drop(s.end_capture()?);
     /// assert!(!Stream::host_waits_forbidden());

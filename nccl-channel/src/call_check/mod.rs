@@ -18,15 +18,18 @@ use cuda_hal::{DeviceBuffer, Stream};
 
 pub(crate) use kit::CheckKit;
 pub(crate) use record::Call;
-use record::{WORDS, describe, first_difference};
+use record::{WORDS, describe, exchanged, first_difference};
 
 use crate::{Communicator, Error, Result};
 
 impl Communicator {
     /// In the checked mode, compares `call` with every rank's before the caller issues it:
     /// [`Error::CallMismatch`] when they differ. Off (the default), it costs one test.
-    /// Calls inside an open group, on a capturing stream or while a capture forbids this
-    /// thread host waits are not checked: they cannot wait for the comparison.
+    /// Calls inside an open group or on a capturing stream are not checked: they cannot
+    /// wait for the comparison. (Whether to check depends on this thread's program only, so
+    /// that every rank decides alike.) While a capture forbids this thread host waits (one
+    /// begun here in thread-local mode, or a global one), the comparison cannot wait: the
+    /// call fails with [`cuda_hal::Error::Capturing`] before anything is issued.
     #[inline]
     pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
         if !self.checks_calls() {
@@ -37,8 +40,15 @@ impl Communicator {
 
     #[cold]
     fn compare_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
-        if crate::group::depth() > 0 || Stream::host_waits_forbidden() || stream.is_capturing()? {
+        if crate::group::depth() > 0 || stream.is_capturing()? {
             return Ok(());
+        }
+        if Stream::host_waits_forbidden() {
+            return Err(cuda_hal::Error::Capturing {
+                what: "the checked mode's comparison (a capture forbids this thread host \
+                       waits: capture on another thread, or turn the checked mode off)",
+            }
+            .into());
         }
         self.handle()?;
         self.shared().suspend.refuse(what)?;
@@ -62,13 +72,23 @@ impl Communicator {
         self.all_gather_unchecked(&kit.send, &mut kit.recv, &kit.stream)?;
         self.checked_call_issued();
         // Polled, not a bare synchronize: a peer that never comes is said on stderr and
-        // ends at the communicator's deadline (which aborts it), as any wait does. Done
-        // already, it is not polled: a peer that got its answer may have gone since.
-        if !kit.stream.is_idle()? {
-            self.wait(&kit.stream)?;
+        // ends at the communicator's deadline (which aborts it), as any wait does.
+        let waited = if kit.stream.is_idle()? {
+            Ok(())
+        } else {
+            self.wait(&kit.stream)
+        };
+        let got = kit.stream.synchronize().and_then(|()| kit.recv.to_vec());
+        // Every rank's record of this very exchange came (its mark and number): the
+        // exchange completed, whatever the wait said since (a peer that got its answer may
+        // have gone, aborting, before this rank looked), and the records decide.
+        let complete = got
+            .as_ref()
+            .is_ok_and(|got| exchanged(&sent, got, self.size()));
+        if !complete {
+            waited?;
         }
-        kit.stream.synchronize()?;
-        let got = kit.recv.to_vec()?;
+        let got = got?;
         match first_difference(&sent, &got, self.size()) {
             None => Ok(()),
             Some((other_rank, other_call)) => Err(Error::CallMismatch {

@@ -134,6 +134,13 @@ fn type_name(code: u64) -> String {
         .map_or_else(|| format!("type {code}"), |n| (*n).to_owned())
 }
 
+/// Whether `got` holds a record of this exchange from every rank: the mark and the number
+/// of `sent` in each (what the records say may differ; a failed or unfinished exchange
+/// leaves something else there).
+pub(crate) fn exchanged(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> bool {
+    got.len() == WORDS * ranks && got.chunks_exact(WORDS).all(|r| r[..3] == sent[..3])
+}
+
 /// The first rank whose record in `got` (every rank's, in rank order) differs from `sent`,
 /// with what it called; `None` when all agree.
 pub(crate) fn first_difference(
@@ -172,6 +179,21 @@ mod tests {
         assert_eq!(describe(&c), "all_to_all_v of its counts uint8 (call 9)");
         assert!(describe(&[0; WORDS]).starts_with("something that is not a checked call"));
         assert_eq!(describe(&[0; 3]), "a record of the wrong size");
+    }
+
+    #[test]
+    fn an_exchange_is_complete_when_every_rank_sent_a_record_of_it() {
+        let mine = Call::new::<i32>(Collective::AllGather, 4).record(3);
+        let other = Call::new::<u32>(Collective::AllReduce, 6).record(3);
+        assert!(exchanged(&mine, &gathered(&[mine, other]), 2));
+        // Another exchange's record, something else, or too few words: not this exchange.
+        let earlier = Call::new::<i32>(Collective::AllGather, 4).record(2);
+        assert!(!exchanged(&mine, &gathered(&[mine, earlier]), 2));
+        assert!(!exchanged(&mine, &gathered(&[mine, [0; WORDS]]), 2));
+        assert!(!exchanged(&mine, &gathered(&[mine]), 2));
+        let mut marked = mine;
+        marked[1] ^= 1;
+        assert!(!exchanged(&mine, &gathered(&[marked, mine]), 2));
     }
 
     #[test]
