@@ -361,8 +361,11 @@ impl CommConfig {
     /// communicators made without this setting follow (unset: off). Each checked
     /// collective costs an all-gather of 64 bytes per rank and a wait for it (BENCHMARKS.md
     /// has the figures); off, it costs one test per call. Not checked: sends and receives
-    /// (pairwise), and collectives inside an open group or on a capturing stream, which
-    /// cannot wait for the comparison.
+    /// (pairwise), and collectives inside an open group (the send/receive fallbacks of
+    /// `all_to_all`, `gather` and `scatter` before NCCL 2.28.3 are groups too) or on a
+    /// capturing stream, which cannot wait for the comparison. While another capture
+    /// forbids this thread host waits, a checked collective fails with
+    /// [`cuda_hal::Error::Capturing`] before anything is issued.
     ///
     /// ```
     /// # use std::sync::Arc;
