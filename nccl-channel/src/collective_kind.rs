@@ -102,6 +102,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_reductions_and_the_rooted_collectives_are_these() {
+        let reduces: Vec<_> = Collective::ALL
+            .into_iter()
+            .filter(|c| c.reduces())
+            .collect();
+        assert_eq!(
+            reduces,
+            [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::Reduce
+            ]
+        );
+        let rooted: Vec<_> = Collective::ALL
+            .into_iter()
+            .filter(|c| c.has_root())
+            .collect();
+        assert_eq!(
+            rooted,
+            [
+                Collective::Broadcast,
+                Collective::Reduce,
+                Collective::Gather,
+                Collective::Scatter
+            ]
+        );
+        assert_eq!(Collective::AllToAllV.to_string(), "all_to_all_v");
+    }
+
+    #[test]
     fn every_collective_round_trips_through_its_code() {
         for c in Collective::ALL {
             assert_eq!(Collective::from_code(c.code()), Some(c));
