@@ -436,3 +436,20 @@ fn a_captured_call_is_not_compared_and_a_capture_that_forbids_waits_is_an_error(
     drop((b, s, captured, comm, ctx));
     rig.assert_clean();
 }
+
+#[test]
+fn a_peer_that_never_compares_is_the_deadlines_error_not_a_mismatch() {
+    // Rank 1 holds its communicator and calls nothing: rank 0's comparison waits until its
+    // deadline and says so; the records it has are no answer.
+    let config = CommConfig::non_blocking(Duration::from_secs(2)).check_calls(true);
+    let results = two_ranks(&config, &|r, comm, s| {
+        if r == 1 {
+            std::thread::sleep(Duration::from_secs(4));
+            return Ok(());
+        }
+        all_gather(comm, s, 2)
+    });
+    assert!(results[1].is_ok());
+    let e = results[0].as_ref().unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+}
