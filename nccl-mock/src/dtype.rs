@@ -304,6 +304,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_type_has_its_c_name() {
+        let named: Vec<String> = (0..12).map(|t| name(D(t))).collect();
+        assert_eq!(
+            named,
+            [
+                "ncclInt8",
+                "ncclUint8",
+                "ncclInt32",
+                "ncclUint32",
+                "ncclInt64",
+                "ncclUint64",
+                "ncclFloat16",
+                "ncclFloat32",
+                "ncclFloat64",
+                "ncclBfloat16",
+                "ncclFloat8e4m3",
+                "ncclFloat8e5m2"
+            ]
+        );
+        assert_eq!(name(D(99)), "type 99");
+    }
+
+    #[test]
     fn f16_rounds_up_into_infinity_past_its_largest_finite_value() {
         // 65504 is f16's largest; from 65520 (half an ulp above) a sum rounds to infinity.
         assert_eq!(round(D::ncclFloat16, V::F(65519.0)), V::F(65504.0));

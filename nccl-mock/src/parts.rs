@@ -323,6 +323,94 @@ mod tests {
     use super::*;
     use nccl_sys::ncclDataType_t as D;
 
+    fn part(kind: Kind, call: &'static str, count: usize, dtype: D, op: Op, root: i32) -> Contrib {
+        Contrib {
+            call,
+            kind,
+            send: 0,
+            recv: 0,
+            count,
+            dtype,
+            op,
+            root,
+        }
+    }
+
+    #[test]
+    fn a_disagreement_names_rank_0s_call_and_the_first_that_differs() {
+        let sum = Op::Builtin(ncclRedOp_t::ncclSum);
+        let gather = |n| part(Kind::AllGather, "ncclAllGather", n, D::ncclInt32, sum, 0);
+        assert_eq!(disagreement(&[gather(4), gather(4), gather(4)]), None);
+        assert_eq!(
+            disagreement(&[gather(4), gather(4), gather(6)]).as_deref(),
+            Some(
+                "the ranks disagree on a collective: rank 0 calls ncclAllGather of 4 \
+                 ncclInt32, rank 2 ncclAllGather of 6 ncclInt32"
+            )
+        );
+        assert_eq!(disagreement(&[]).as_deref(), Some("no rank took part"));
+        // Each field tells calls apart; reductions name their op, rooted calls their root.
+        let reduce = |op, root| part(Kind::Reduce, "ncclReduce", 2, D::ncclFloat32, op, root);
+        let cases = [
+            (
+                reduce(Op::Builtin(ncclRedOp_t::ncclProd), 0),
+                "ncclReduce of 2 ncclFloat32 (ncclProd, root 0)",
+            ),
+            (
+                reduce(Op::Builtin(ncclRedOp_t::ncclMax), 0),
+                "ncclReduce of 2 ncclFloat32 (ncclMax, root 0)",
+            ),
+            (
+                reduce(Op::Builtin(ncclRedOp_t::ncclMin), 0),
+                "ncclReduce of 2 ncclFloat32 (ncclMin, root 0)",
+            ),
+            (
+                reduce(Op::Builtin(ncclRedOp_t(9)), 0),
+                "ncclReduce of 2 ncclFloat32 (op 9, root 0)",
+            ),
+            (
+                reduce(Op::Avg, 0),
+                "ncclReduce of 2 ncclFloat32 (ncclAvg, root 0)",
+            ),
+            (
+                reduce(Op::PreMul(V::F(0.5)), 0),
+                "ncclReduce of 2 ncclFloat32 (a pre-multiplied sum, root 0)",
+            ),
+            (
+                reduce(sum, 1),
+                "ncclReduce of 2 ncclFloat32 (ncclSum, root 1)",
+            ),
+            (
+                part(Kind::Broadcast, "ncclBroadcast", 2, D::ncclFloat32, sum, 0),
+                "ncclBroadcast of 2 ncclFloat32 (root 0)",
+            ),
+            (
+                part(Kind::AllReduce, "ncclAllReduce", 2, D::ncclFloat32, sum, 0),
+                "ncclAllReduce of 2 ncclFloat32 (ncclSum)",
+            ),
+            (
+                reduce(sum, 0).with_dtype(D::ncclUint8),
+                "ncclReduce of 2 ncclUint8 (ncclSum, root 0)",
+            ),
+        ];
+        for (other, said) in cases {
+            let why = disagreement(&[reduce(sum, 0), other]).unwrap();
+            assert_eq!(
+                why,
+                format!(
+                    "the ranks disagree on a collective: rank 0 calls ncclReduce of 2 \
+                     ncclFloat32 (ncclSum, root 0), rank 1 {said}"
+                )
+            );
+        }
+    }
+
+    impl Contrib {
+        fn with_dtype(self, dtype: D) -> Contrib {
+            Contrib { dtype, ..self }
+        }
+    }
+
     /// NCCL's float `ncclAvg` is a pre-multiplied sum by 1/n rounded to the type
     /// (`__float2half(float(1.0/nRanks))`, ...): with 3 ranks, 5 on rank 0 and 0 elsewhere
     /// averages to round(5 * round(1/3)), not round(5/3).
