@@ -30,8 +30,8 @@ struct Opts {
     /// first if needed), for LD_LIBRARY_PATH, and run nothing.
     #[arg(long, conflicts_with_all = ["gpus", "program"])]
     lib_dir: bool,
-    /// How many simulated GPUs the program sees (CUDA_MOCK_DEVICES; default 8).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// How many simulated GPUs the program sees, 1 to 64 (CUDA_MOCK_DEVICES; default 8).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     gpus: Option<u32>,
     /// The program and its arguments.
     #[arg(

@@ -6,9 +6,9 @@
 //! Each rank all-gathers a record of its call (a mark, the number of the call among the
 //! checked calls of this communicator, the collective, element type, count, reduction and
 //! root) on a stream of its own, waits for it, and compares every rank's record with its
-//! own. A rank that is not checking its calls sends its own data in the record's place:
-//! that is reported too (the mark differs), but its collective has then paired with the
-//! record, so every rank must check or none.
+//! own. Every rank must check, or none: a rank that is not checking pairs its own
+//! collective with the others' exchange, which on real NCCL hangs or corrupts data (the
+//! record says so only when that collective happens to look like the exchange).
 
 pub(crate) mod kit;
 mod record;
@@ -28,8 +28,10 @@ impl Communicator {
     /// Calls inside an open group or on a capturing stream are not checked: they cannot
     /// wait for the comparison. (Whether to check depends on this thread's program only, so
     /// that every rank decides alike.) While a capture forbids this thread host waits (one
-    /// begun here in thread-local mode, or a global one), the comparison cannot wait: the
-    /// call fails with [`cuda_hal::Error::Capturing`] before anything is issued.
+    /// begun here in thread-local mode, or a global one of any thread), the comparison
+    /// cannot wait: the call fails with [`cuda_hal::Error::Capturing`] before anything is
+    /// issued, and its peers wait for their deadline. A global capture on another thread is
+    /// a matter of timing, so with the checked mode capture in thread-local mode.
     #[inline]
     pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
         if !self.checks_calls() {
@@ -66,8 +68,8 @@ impl Communicator {
         // Numbered once issued: a rank whose exchange fails before NCCL has it keeps the
         // number, as its peers keep theirs.
         let sent = call.record(self.checked_calls());
-        // The kit's buffers are this communicator's alone; its stream is waited for below,
-        // so nothing of this exchange is pending when the call returns.
+        // The kit's buffers are this communicator's alone, used on its stream only (their
+        // use is noted there, so their release waits for it).
         kit.send.copy_from_host_on(&sent, &kit.stream)?;
         self.all_gather_unchecked(&kit.send, &mut kit.recv, &kit.stream)?;
         self.checked_call_issued();
@@ -78,27 +80,34 @@ impl Communicator {
         } else {
             self.wait(&kit.stream)
         };
-        let got = kit.stream.synchronize().and_then(|()| kit.recv.to_vec());
-        // Every rank's record of this very exchange came (its mark and number): the
-        // exchange completed, whatever the wait said since (a peer that got its answer may
-        // have gone, aborting, before this rank looked), and the records decide.
-        let complete = got
-            .as_ref()
-            .is_ok_and(|got| exchanged(&sent, got, self.size()));
-        if !complete {
-            waited?;
+        let got = match (
+            kit.stream.synchronize().and_then(|()| kit.recv.to_vec()),
+            waited,
+        ) {
+            (Ok(got), waited) => (got, waited),
+            (Err(e), Ok(())) => return Err(e.into()),
+            (Err(_), Err(w)) => return Err(w),
+        };
+        let (got, waited) = got;
+        let mismatch = |(other_rank, other_call)| Error::CallMismatch {
+            what,
+            rank: self.rank(),
+            call: describe(&sent),
+            other_rank,
+            other_call,
+        };
+        let difference = first_difference(&sent, &got, self.size());
+        // Every rank's record of this very exchange came (its mark and number): a
+        // difference there is the answer, even when the wait failed after (a peer that
+        // got its answer may have left, aborting, before this rank looked).
+        if exchanged(&sent, &got, self.size())
+            && let Some(d) = difference
+        {
+            return Err(mismatch(d));
         }
-        let got = got?;
-        match first_difference(&sent, &got, self.size()) {
-            None => Ok(()),
-            Some((other_rank, other_call)) => Err(Error::CallMismatch {
-                what,
-                rank: self.rank(),
-                call: describe(&sent),
-                other_rank,
-                other_call,
-            }),
-        }
+        // A failed wait aborted the communicator: the call must not go on to NCCL.
+        waited?;
+        difference.map_or(Ok(()), |d| Err(mismatch(d)))
     }
 
     fn check_kit(&self) -> Result<CheckKit> {
