@@ -530,7 +530,7 @@ impl Communicator {
         let _send_done =
             self.check_buf(W, "send", send, count.saturating_mul(self.size()), stream)?;
         let _recv_done = self.check_buf(W, "recv", recv, count, stream)?;
-        self.raw_reduce_scatter(at(send), at(recv), count, op, stream)
+        self.raw_reduce_scatter(W, at(send), at(recv), count, op, stream)
     }
 
     /// Reduce-scatter in place: the result is `buf[rank * n / size ..][.. n / size]`.
@@ -545,11 +545,13 @@ impl Communicator {
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         let recv = offset(buf, self.rank() * count);
-        self.raw_reduce_scatter(at(buf), recv, count, op, stream)
+        self.raw_reduce_scatter(W, at(buf), recv, count, op, stream)
     }
 
+    /// `what`: the method, as the checked mode's error names it.
     fn raw_reduce_scatter<T: NcclType>(
         &self,
+        what: &'static str,
         send: *mut c_void,
         recv: *mut c_void,
         count: usize,
@@ -557,7 +559,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let call = Call::new::<T>(Collective::ReduceScatter, count).op(&op);
-        self.check_call("reduce_scatter", call, stream)?;
+        self.check_call(what, call, stream)?;
         let op = self.op(op)?;
         // SAFETY: ranges checked by the callers.
         let (rc, call) = unsafe {
@@ -622,7 +624,7 @@ impl Communicator {
         let send = self.root_send(W, send, root, recv.len(), stream)?;
         let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
         let sendp = send.as_ref().map_or(at(recv), at);
-        self.raw_broadcast::<T>(sendp, at(recv), recv.len(), r, stream)
+        self.raw_broadcast::<T>(W, sendp, at(recv), recv.len(), r, stream)
     }
 
     /// Broadcast in place (`ncclBcast`).
@@ -638,7 +640,7 @@ impl Communicator {
         let r = self.check_rank(W, root)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
-        self.raw_broadcast::<T>(p, p, buf.len(), r, stream)
+        self.raw_broadcast::<T>(W, p, p, buf.len(), r, stream)
     }
 
     /// The root's send pointer: required on the root (with `len` elements), ignored
@@ -664,8 +666,10 @@ impl Communicator {
         Ok(Some(s))
     }
 
+    /// `what`: the method, as the checked mode's error names it.
     fn raw_broadcast<T: NcclType>(
         &self,
+        what: &'static str,
         send: *mut c_void,
         recv: *mut c_void,
         count: usize,
@@ -673,7 +677,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let call = Call::new::<T>(Collective::Broadcast, count).root(root as usize);
-        self.check_call("broadcast", call, stream)?;
+        self.check_call(what, call, stream)?;
         // SAFETY: ranges checked by the callers.
         let (rc, call) = unsafe {
             nccl_raw_call!(
@@ -738,7 +742,7 @@ impl Communicator {
         let recv = self.root_recv(W, recv, root, send.len(), stream)?;
         let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
         let recvp = recv.as_ref().map_or(at(send), at);
-        self.raw_reduce(at(send), recvp, send.len(), op, r, stream)
+        self.raw_reduce(W, at(send), recvp, send.len(), op, r, stream)
     }
 
     /// Reduce in place: the root's `buf` gets the result.
@@ -754,7 +758,7 @@ impl Communicator {
         let r = self.check_rank(W, root)?;
         let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
-        self.raw_reduce(p, p, buf.len(), op, r, stream)
+        self.raw_reduce(W, p, p, buf.len(), op, r, stream)
     }
 
     fn root_recv<'v, T: NcclType>(
@@ -778,8 +782,10 @@ impl Communicator {
         Ok(Some(r))
     }
 
+    /// `what`: the method, as the checked mode's error names it.
     fn raw_reduce<T: NcclType>(
         &self,
+        what: &'static str,
         send: *mut c_void,
         recv: *mut c_void,
         count: usize,
@@ -790,7 +796,7 @@ impl Communicator {
         let call = Call::new::<T>(Collective::Reduce, count)
             .op(&op)
             .root(root as usize);
-        self.check_call("reduce", call, stream)?;
+        self.check_call(what, call, stream)?;
         let op = self.op(op)?;
         // SAFETY: ranges checked by the callers.
         let (rc, call) = unsafe {

@@ -360,6 +360,7 @@ fn every_collective_whose_count_differs_on_one_rank_is_a_mismatch() {
             }
         }),
     ];
+    let mut named = std::collections::BTreeSet::new();
     for (name, calls) in cases {
         let results = two_ranks(&checked(), calls);
         for (r, result) in results.into_iter().enumerate() {
@@ -369,7 +370,21 @@ fn every_collective_whose_count_differs_on_one_rank_is_a_mismatch() {
                 "{name}, rank {r}: {e}"
             );
             assert!(e.to_string().contains(&format!("calls {name} of")), "{e}");
+            // The method is named as called, in place or not (gathered below).
+            if let Error::CallMismatch { what, .. } = e {
+                assert!(what.starts_with(name), "{name}: {what}");
+                named.insert(what);
+            }
         }
+    }
+    for in_place in [
+        "all_reduce_in_place",
+        "all_gather_in_place",
+        "reduce_scatter_in_place",
+        "broadcast_in_place",
+        "reduce_in_place",
+    ] {
+        assert!(named.contains(in_place), "{in_place} not named: {named:?}");
     }
 }
 
