@@ -783,6 +783,7 @@ impl Communicator {
     }
 
     /// `what`: the method, as the checked mode's error names it.
+    #[allow(clippy::too_many_arguments)] // ncclReduce's, and the method's name
     fn raw_reduce<T: NcclType>(
         &self,
         what: &'static str,
