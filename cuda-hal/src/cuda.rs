@@ -99,6 +99,13 @@ impl Cuda {
         self.inner.fns()
     }
 
+    /// Which driver this is, for the state a driver keeps per process (its captures):
+    /// every load of the same library resolves the same functions, and each simulated
+    /// driver has functions of its own.
+    pub(crate) fn key(&self) -> usize {
+        self.fns().cuStreamBeginCapture as usize
+    }
+
     /// The driver's CUDA version.
     #[doc(alias = "cuDriverGetVersion")]
     #[must_use]

@@ -113,6 +113,7 @@ impl Stream {
             origin: self.key(),
             began_on: Some(std::thread::current().id()),
             origin_stream: Arc::downgrade(&self.inner),
+            driver: self.context().cuda().key(),
             ..CaptureLog::default()
         };
         *lock(&log.held) = self.group_holds();
@@ -233,9 +234,9 @@ impl Stream {
     /// A capture begun through this crate that forbids this thread host waits (see
     /// `host_waits`), once those of them begun here whose stream has no user handle left
     /// are abandoned: only this thread can end them.
-    pub(crate) fn strict_capture_here() -> Option<Arc<CaptureLog>> {
+    pub(crate) fn strict_capture_here(cuda: &crate::Cuda) -> Option<Arc<CaptureLog>> {
         loop {
-            let log = forbidding_capture()?;
+            let log = forbidding_capture(cuda.key())?;
             // Begun here, and no user handle left (it went on another thread, or its
             // abandonment could not finish then): abandon it now.
             if log.began_on != Some(std::thread::current().id()) {
@@ -260,27 +261,30 @@ impl Stream {
         }
     }
 
-    /// Whether a capture begun through this crate forbids this thread host waits now:
-    /// one this thread began in [`CaptureMode::ThreadLocal`] mode, or a
-    /// [`CaptureMode::Global`] one of any thread. While one does, a synchronisation, a
-    /// copy through host memory or an allocation on this thread fails; a library that
-    /// would wait for its own work on the side can ask first, and refuse before it starts.
+    /// Whether a capture begun through this crate forbids this thread host waits for
+    /// this stream's driver now: one this thread began in [`CaptureMode::ThreadLocal`]
+    /// mode, or a [`CaptureMode::Global`] one of any thread. While one does, a
+    /// synchronisation, a copy through host memory or an allocation on this thread fails;
+    /// a library that would wait for its own work on the side can ask first, and refuse
+    /// before it starts. Captures of another driver (another simulated machine) forbid
+    /// nothing here.
     ///
     /// ```
     /// use cuda_hal::{CaptureMode, Cuda, Stream};
     /// use cuda_mock::MockDriver;
     /// let (cuda, _machine) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
     /// let ctx = cuda.device(0)?.primary_context()?;
-    /// let s = Stream::new(&ctx)?;
-    /// assert!(!Stream::host_waits_forbidden());
+    /// let (s, other) = (Stream::new(&ctx)?, Stream::new(&ctx)?);
+    /// assert!(!other.host_waits_forbidden());
     /// s.begin_capture(CaptureMode::ThreadLocal)?;
-    /// assert!(Stream::host_waits_forbidden());
+    /// assert!(other.host_waits_forbidden());
     /// drop(s.end_capture()?);
-    /// assert!(!Stream::host_waits_forbidden());
+    /// assert!(!other.host_waits_forbidden());
     /// # Ok::<(), cuda_hal::Error>(())
     /// ```
-    pub fn host_waits_forbidden() -> bool {
-        crate::hold::host_waits::forbidding_capture().is_some()
+    #[must_use]
+    pub fn host_waits_forbidden(&self) -> bool {
+        crate::hold::host_waits::forbidding_capture(self.context().cuda().key()).is_some()
     }
 
     /// Whether the driver is capturing the stream.

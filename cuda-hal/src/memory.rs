@@ -106,7 +106,7 @@ impl Allocation {
             // An outside event cannot join the capture: wait on the host instead (the
             // allocation is then complete for every later launch too), unless the capture
             // forbids this thread host waits: the wait would fail and spoil the capture.
-            if Stream::strict_capture_here().is_some() {
+            if Stream::strict_capture_here(later.context().cuda()).is_some() {
                 return Err(Error::PendingInCapture {
                     what: "the first use of this memory on another stream than its home stream",
                 });
@@ -273,7 +273,7 @@ impl Drop for Allocation {
         let recording = used
             .iter()
             .find_map(Stream::capture_log)
-            .or_else(Stream::strict_capture_here);
+            .or_else(|| Stream::strict_capture_here(self.ctx.cuda()));
         if let Some(log) = recording {
             let uses = used[..uses_alone].iter().map(Stream::held).collect();
             let moved = self.moved(uses, ManuallyDrop::into_inner(release));
@@ -308,7 +308,7 @@ impl Drop for Allocation {
             let late = used
                 .iter()
                 .find_map(Stream::capture_log)
-                .or_else(Stream::strict_capture_here);
+                .or_else(|| Stream::strict_capture_here(self.ctx.cuda()));
             if let Some(log) = late {
                 drop(_g);
                 let uses = used[..uses_alone].iter().map(Stream::held).collect();

@@ -431,7 +431,7 @@ impl Stream {
     /// or thread-local mode forbids this thread host synchronisations.
     pub(crate) fn refuse_host_wait(&self, what: &'static str) -> Result<()> {
         self.refuse_capture(what)?;
-        if Stream::strict_capture_here().is_some() {
+        if Stream::strict_capture_here(self.inner.ctx.cuda()).is_some() {
             return Err(Error::Capturing { what });
         }
         Ok(())
@@ -459,7 +459,7 @@ impl Stream {
     /// spoil that capture. A relaxed capture forbids nothing.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        if Stream::strict_capture_here().is_some() {
+        if Stream::strict_capture_here(self.inner.ctx.cuda()).is_some() {
             return Err(Error::Capturing {
                 what: "Stream::synchronize",
             });
@@ -559,7 +559,7 @@ impl Context {
     /// while a strict capture forbids it, as for [`Stream::synchronize`](crate::Stream::synchronize)).
     #[doc(alias = "cuCtxSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        if Stream::strict_capture_here().is_some() {
+        if Stream::strict_capture_here(self.cuda()).is_some() {
             return Err(crate::Error::Capturing {
                 what: "Context::synchronize",
             });

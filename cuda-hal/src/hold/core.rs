@@ -383,6 +383,10 @@ pub(crate) struct CaptureLog {
     /// The stream that began it (not kept alive by it): a strict capture whose stream's
     /// last user handle went on another thread is abandoned at its thread's next look.
     pub(crate) origin_stream: std::sync::Weak<Inner>,
+    /// The driver it runs in ([`Cuda::key`](crate::Cuda)): a capture forbids host waits
+    /// for that driver's work only (a process has one real driver; each simulated driver
+    /// is a machine of its own).
+    pub(crate) driver: usize,
 }
 
 /// The threads a capture forbids host synchronisations.

@@ -37,10 +37,12 @@ pub(crate) fn note_strict(log: &Arc<CaptureLog>) {
     }
 }
 
-/// A running capture begun through this crate that forbids this thread host
-/// synchronisations (one this thread began in thread-local mode, or any global one).
-pub(crate) fn forbidding_capture() -> Option<Arc<CaptureLog>> {
-    let live = |w: &std::sync::Weak<CaptureLog>| w.upgrade().filter(|l| !l.is_ended());
+/// A running capture begun through this crate in `driver` that forbids this thread host
+/// synchronisations there (one this thread began in thread-local mode, or any global one).
+pub(crate) fn forbidding_capture(driver: usize) -> Option<Arc<CaptureLog>> {
+    let live = |w: &std::sync::Weak<CaptureLog>| {
+        w.upgrade().filter(|l| l.driver == driver && !l.is_ended())
+    };
     STRICT_HERE
         .try_with(|v| v.borrow().iter().find_map(live))
         .ok()

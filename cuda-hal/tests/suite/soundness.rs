@@ -59,6 +59,50 @@ fn a_stream_ordered_free_waits_for_other_streams() {
     assert_clean(&world);
 }
 
+/// A global capture forbids host waits in its own driver only: a test (or a program)
+/// with another simulated machine waits, allocates and frees there as usual, and its
+/// memory never goes to the other machine's graph. Before, a global capture anywhere in
+/// the process refused every simulated machine's waits, so tests running beside one failed
+/// at random.
+#[test]
+fn a_global_capture_forbids_nothing_on_another_driver() {
+    let (cuda, world, ctx) = rig();
+    let (other_cuda, other_world, other_ctx) = rig();
+    let captured = Stream::non_blocking(&ctx).unwrap();
+    let (here, there) = (
+        Stream::non_blocking(&ctx).unwrap(),
+        Stream::non_blocking(&other_ctx).unwrap(),
+    );
+    let mut theirs = DeviceBuffer::<u32>::zeroed(&other_ctx, 16).unwrap();
+    let mut homed = DeviceBuffer::<u32>::alloc_on(&there, 16).unwrap();
+    captured.begin_capture(CaptureMode::Global).unwrap();
+    assert!(here.host_waits_forbidden());
+    assert!(!there.host_waits_forbidden());
+    theirs.fill_async(3, &there).unwrap();
+    homed.fill_async(4, &there).unwrap();
+    there.synchronize().unwrap();
+    other_ctx.synchronize().unwrap();
+    assert_eq!(theirs.to_vec().unwrap(), [3; 16]);
+    let before = other_world.live().device_allocations;
+    drop((theirs, homed));
+    assert_eq!(
+        other_world.live().device_allocations,
+        before - 2,
+        "freed at once, not given to the capture's graph"
+    );
+    assert_eq!(
+        here.synchronize(),
+        Err(Error::Capturing {
+            what: "Stream::synchronize"
+        })
+    );
+    drop(captured.end_capture().unwrap());
+    assert!(!here.host_waits_forbidden());
+    drop((here, there, captured, ctx, other_ctx, cuda, other_cuda));
+    assert_clean(&world);
+    assert_clean(&other_world);
+}
+
 /// The same with a plain allocation used on two streams: its free waits for both.
 #[test]
 fn a_plain_free_waits_for_every_stream_that_used_it() {

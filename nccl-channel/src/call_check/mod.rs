@@ -45,7 +45,7 @@ impl Communicator {
         if crate::group::depth() > 0 || stream.is_capturing()? {
             return Ok(());
         }
-        if Stream::host_waits_forbidden() {
+        if stream.host_waits_forbidden() {
             return Err(cuda_hal::Error::Capturing {
                 what: "the checked mode's comparison (a capture forbids this thread host \
                        waits: capture on another thread, or turn the checked mode off)",
