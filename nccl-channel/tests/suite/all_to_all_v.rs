@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Rig, TestVal};
+use crate::common::{OneRank, Rig, TestVal, on_one_rank};
 use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, Group};
 use nccl_sys::{NcclVersion, ncclResult_t};
@@ -154,21 +154,21 @@ fn uneven_counts_with_zeros_match_a_host_reference_on_2_3_4_ranks_and_every_rele
 /// Every count zero: nothing moves, nothing is sent, and the call still succeeds.
 #[test]
 fn all_counts_zero_moves_nothing() {
-    let rig = Rig::new(2);
-    let got = rig.run(2, |comm, s| {
-        let ctx = comm.context();
-        let send = DeviceBuffer::<i32>::zeroed(ctx, 0).unwrap();
-        let mut recv = DeviceBuffer::from_slice(ctx, &[5i32, 6]).unwrap();
-        // Empty regions may start anywhere up to the end, and overlap.
-        comm.all_to_all_v(&send, &[0, 0], &[0, 0], &mut recv, &[0, 0], &[2, 2], s)
-            .unwrap();
-        s.synchronize().unwrap();
-        recv.to_vec().unwrap()
+    Rig::new(2).check(|rig| {
+        let got = rig.run(2, |comm, s| {
+            let ctx = comm.context();
+            let send = DeviceBuffer::<i32>::zeroed(ctx, 0).unwrap();
+            let mut recv = DeviceBuffer::from_slice(ctx, &[5i32, 6]).unwrap();
+            // Empty regions may start anywhere up to the end, and overlap.
+            comm.all_to_all_v(&send, &[0, 0], &[0, 0], &mut recv, &[0, 0], &[2, 2], s)
+                .unwrap();
+            s.synchronize().unwrap();
+            recv.to_vec().unwrap()
+        });
+        assert_eq!(got, [[5, 6], [5, 6]]);
+        assert_eq!(rig.world.calls("ncclSend"), 0);
+        assert_eq!(rig.world.calls("ncclRecv"), 0);
     });
-    assert_eq!(got, [[5, 6], [5, 6]]);
-    assert_eq!(rig.world.calls("ncclSend"), 0);
-    assert_eq!(rig.world.calls("ncclRecv"), 0);
-    rig.assert_clean();
 }
 
 /// One thread drives every rank, so the ranks' parts must be in one group (the user's):
@@ -490,38 +490,35 @@ fn bad_layouts_are_typed_errors_before_any_nccl_call() {
 #[test]
 fn pooled_buffers_register_by_the_all_to_all_rules() {
     use crate::common::{MIB_F32, pooled};
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let s = Stream::new(&ctx).unwrap();
-    // The test table registers all-to-all buffers from 1 MiB.
-    let mut small_send = pooled(&comm).buffer::<f32>(16).unwrap();
-    small_send.fill(1.0).unwrap();
-    let mut small_recv = pooled(&comm).buffer::<f32>(16).unwrap();
-    comm.all_to_all_v(&small_send, &[8], &[8], &mut small_recv, &[8], &[0], &s)
-        .unwrap();
-    assert!(!small_send.is_registered() && !small_recv.is_registered());
-    let mut send = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-    send.fill(2.0).unwrap();
-    let mut recv = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-    let half = MIB_F32 / 2;
-    comm.all_to_all_v(&send, &[half], &[0], &mut recv, &[half], &[half], &s)
-        .unwrap();
-    assert!(send.is_registered() && recv.is_registered());
-    s.synchronize().unwrap();
-    let got = recv.to_vec().unwrap();
-    assert!(got[half..].iter().all(|&x| x == 2.0));
-    assert_eq!(small_recv.to_vec().unwrap()[..8], [1.0; 8]);
-    // Only the all-to-all rules: a table without them registers nothing.
-    comm.set_pool_policy(nccl_channel::PoolPolicy::parse("sendrecv 0 registered").unwrap());
-    let other_send = comm.buffer::<f32>(MIB_F32).unwrap();
-    let mut other_recv = comm.buffer::<f32>(MIB_F32).unwrap();
-    comm.all_to_all_v(&other_send, &[4], &[0], &mut other_recv, &[4], &[0], &s)
-        .unwrap();
-    assert!(!other_send.is_registered() && !other_recv.is_registered());
-    s.synchronize().unwrap();
-    drop((small_send, small_recv, send, recv, other_send, other_recv));
-    drop((s, comm, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |_, OneRank { comm, s, .. }| {
+        // The test table registers all-to-all buffers from 1 MiB.
+        let mut small_send = pooled(&comm).buffer::<f32>(16).unwrap();
+        small_send.fill(1.0).unwrap();
+        let mut small_recv = pooled(&comm).buffer::<f32>(16).unwrap();
+        comm.all_to_all_v(&small_send, &[8], &[8], &mut small_recv, &[8], &[0], &s)
+            .unwrap();
+        assert!(!small_send.is_registered() && !small_recv.is_registered());
+        let mut send = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        send.fill(2.0).unwrap();
+        let mut recv = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        let half = MIB_F32 / 2;
+        comm.all_to_all_v(&send, &[half], &[0], &mut recv, &[half], &[half], &s)
+            .unwrap();
+        assert!(send.is_registered() && recv.is_registered());
+        s.synchronize().unwrap();
+        let got = recv.to_vec().unwrap();
+        assert!(got[half..].iter().all(|&x| x == 2.0));
+        assert_eq!(small_recv.to_vec().unwrap()[..8], [1.0; 8]);
+        // Only the all-to-all rules: a table without them registers nothing.
+        comm.set_pool_policy(nccl_channel::PoolPolicy::parse("sendrecv 0 registered").unwrap());
+        let other_send = comm.buffer::<f32>(MIB_F32).unwrap();
+        let mut other_recv = comm.buffer::<f32>(MIB_F32).unwrap();
+        comm.all_to_all_v(&other_send, &[4], &[0], &mut other_recv, &[4], &[0], &s)
+            .unwrap();
+        assert!(!other_send.is_registered() && !other_recv.is_registered());
+        s.synchronize().unwrap();
+        drop((small_send, small_recv, send, recv, other_send, other_recv));
+    });
 }
 
 /// A group that launches rank 0's part while rank 1's call inside it was refused: rank

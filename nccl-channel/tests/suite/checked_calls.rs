@@ -415,41 +415,40 @@ fn a_call_refused_on_one_rank_is_not_taken_for_its_next() {
 
 #[test]
 fn a_captured_call_is_not_compared_and_a_capture_that_forbids_waits_is_an_error() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let id = nccl_channel::UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &checked()).unwrap();
-    let (s, captured) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-    let mut b = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
-    // A collective captured into a graph (a relaxed capture, which forbids no wait): its
-    // comparison would run once, at the capture, not at each launch, so there is none.
-    s.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
-    let graph = s.end_capture().unwrap();
-    assert_eq!(rig.world.calls("ncclAllGather"), 0);
-    drop(graph);
-    // Another stream captured in thread-local mode forbids this thread host waits: the
-    // comparison cannot wait, so the call fails before anything is issued (thread-local,
-    // not global: a global capture would forbid the waits of this binary's other tests).
-    captured
-        .begin_capture(cuda_hal::CaptureMode::ThreadLocal)
-        .unwrap();
-    let e = comm
-        .all_reduce_in_place(&mut b, ReduceOp::Sum, &s)
-        .unwrap_err();
-    assert!(
-        matches!(&e, Error::Cuda(cuda_hal::Error::Capturing { what }) if what.starts_with("the checked mode's comparison")),
-        "{e}"
-    );
-    drop(captured.end_capture().unwrap());
-    assert_eq!(rig.world.calls("ncclAllGather"), 0);
-    // Then compared again, numbered as if the refused call had not been.
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
-    assert_eq!(rig.world.calls("ncclAllGather"), 1);
-    s.synchronize().unwrap();
-    assert_eq!(b.to_vec().unwrap(), [1, 2]);
-    drop((b, s, captured, comm, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let id = nccl_channel::UniqueId::generate(&rig.nccl).unwrap();
+        let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &checked()).unwrap();
+        let (s, captured) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let mut b = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+        // A collective captured into a graph (a relaxed capture, which forbids no wait): its
+        // comparison would run once, at the capture, not at each launch, so there is none.
+        s.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+        let graph = s.end_capture().unwrap();
+        assert_eq!(rig.world.calls("ncclAllGather"), 0);
+        drop(graph);
+        // Another stream captured in thread-local mode forbids this thread host waits: the
+        // comparison cannot wait, so the call fails before anything is issued (thread-local,
+        // not global: a global capture would forbid the waits of this binary's other tests).
+        captured
+            .begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        let e = comm
+            .all_reduce_in_place(&mut b, ReduceOp::Sum, &s)
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Cuda(cuda_hal::Error::Capturing { what }) if what.starts_with("the checked mode's comparison")),
+            "{e}"
+        );
+        drop(captured.end_capture().unwrap());
+        assert_eq!(rig.world.calls("ncclAllGather"), 0);
+        // Then compared again, numbered as if the refused call had not been.
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+        assert_eq!(rig.world.calls("ncclAllGather"), 1);
+        s.synchronize().unwrap();
+        assert_eq!(b.to_vec().unwrap(), [1, 2]);
+    });
 }
 
 #[test]

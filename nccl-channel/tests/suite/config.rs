@@ -198,95 +198,96 @@ fn refused(rig: &Rig, config: &CommConfig) -> Error {
 
 #[test]
 fn each_setter_reaches_its_own_field_and_no_other() {
-    let rig = Rig::new(1);
-    for (field, set, want, get) in int_setters() {
-        let config = set(CommConfig::new());
-        assert_eq!(get(&config), Some(want), "getter of {field}");
-        let (seen, kept) = seen_by_nccl(&rig, &config);
-        let seen = seen.unwrap_or_else(|| panic!("{field}: made without ncclCommInitRankConfig"));
-        for (name, value) in ints(&seen.raw) {
-            let expected = match name {
-                _ if name == field => want,
-                "maxCTAs" if field == "minCTAs" => 64,
-                "blocking" => 1, // always explicit on this path
-                _ => UNDEF,
-            };
-            assert_eq!(value, expected, "setting {field} left {name} = {value}");
+    Rig::new(1).check(|rig| {
+        for (field, set, want, get) in int_setters() {
+            let config = set(CommConfig::new());
+            assert_eq!(get(&config), Some(want), "getter of {field}");
+            let (seen, kept) = seen_by_nccl(rig, &config);
+            let seen =
+                seen.unwrap_or_else(|| panic!("{field}: made without ncclCommInitRankConfig"));
+            for (name, value) in ints(&seen.raw) {
+                let expected = match name {
+                    _ if name == field => want,
+                    "maxCTAs" if field == "minCTAs" => 64,
+                    "blocking" => 1, // always explicit on this path
+                    _ => UNDEF,
+                };
+                assert_eq!(value, expected, "setting {field} left {name} = {value}");
+            }
+            assert_eq!((seen.net_name, seen.comm_name), (None, None), "{field}");
+            assert_eq!(
+                kept, config,
+                "{field}: the communicator keeps its configuration"
+            );
         }
-        assert_eq!((seen.net_name, seen.comm_name), (None, None), "{field}");
-        assert_eq!(
-            kept, config,
-            "{field}: the communicator keeps its configuration"
-        );
-    }
-    for (field, config) in [
-        ("netName", CommConfig::new().net_name("Socket")),
-        ("commName", CommConfig::new().comm_name("tp-0")),
-    ] {
-        let (seen, _) = seen_by_nccl(&rig, &config);
-        let seen = seen.unwrap();
-        let names = (seen.net_name.as_deref(), seen.comm_name.as_deref());
-        let expected = if field == "netName" {
-            (Some("Socket"), None)
-        } else {
-            (None, Some("tp-0"))
-        };
-        assert_eq!(names, expected, "{field}");
-        let set: Vec<_> = ints(&seen.raw)
-            .into_iter()
-            .filter(|&(n, v)| n != "blocking" && v != UNDEF)
-            .collect();
-        assert!(set.is_empty(), "setting {field} also set {set:?}");
-    }
-    assert_eq!(CommConfig::new().net_name("IB").get_net_name(), Some("IB"));
-    assert_eq!(CommConfig::new().comm_name("x").get_comm_name(), Some("x"));
-    rig.assert_clean();
+        for (field, config) in [
+            ("netName", CommConfig::new().net_name("Socket")),
+            ("commName", CommConfig::new().comm_name("tp-0")),
+        ] {
+            let (seen, _) = seen_by_nccl(rig, &config);
+            let seen = seen.unwrap();
+            let names = (seen.net_name.as_deref(), seen.comm_name.as_deref());
+            let expected = if field == "netName" {
+                (Some("Socket"), None)
+            } else {
+                (None, Some("tp-0"))
+            };
+            assert_eq!(names, expected, "{field}");
+            let set: Vec<_> = ints(&seen.raw)
+                .into_iter()
+                .filter(|&(n, v)| n != "blocking" && v != UNDEF)
+                .collect();
+            assert!(set.is_empty(), "setting {field} also set {set:?}");
+        }
+        assert_eq!(CommConfig::new().net_name("IB").get_net_name(), Some("IB"));
+        assert_eq!(CommConfig::new().comm_name("x").get_comm_name(), Some("x"));
+    });
 }
 
 #[test]
 fn every_field_at_once_non_blocking() {
-    let rig = Rig::new(1);
-    let mut config = CommConfig::non_blocking(Duration::from_secs(10))
-        .net_name("IB")
-        .comm_name("all");
-    for (_, set, _, _) in int_setters() {
-        config = set(config);
-    }
-    let (seen, kept) = seen_by_nccl(&rig, &config);
-    let seen = seen.unwrap();
-    let mut expected: Vec<(&str, i32)> = vec![("blocking", 0)];
-    expected.extend(int_setters().into_iter().map(|(f, _, v, _)| (f, v)));
-    let mut got = ints(&seen.raw);
-    got.sort_unstable();
-    expected.sort_unstable();
-    assert_eq!(got, expected);
-    assert_eq!(
-        (seen.net_name.as_deref(), seen.comm_name.as_deref()),
-        (Some("IB"), Some("all"))
-    );
-    assert_eq!((seen.raw.size, seen.raw.version), (120, 23203));
-    assert!(!kept.is_blocking());
-    assert_eq!(kept.get_timeout(), Duration::from_secs(10));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let mut config = CommConfig::non_blocking(Duration::from_secs(10))
+            .net_name("IB")
+            .comm_name("all");
+        for (_, set, _, _) in int_setters() {
+            config = set(config);
+        }
+        let (seen, kept) = seen_by_nccl(rig, &config);
+        let seen = seen.unwrap();
+        let mut expected: Vec<(&str, i32)> = vec![("blocking", 0)];
+        expected.extend(int_setters().into_iter().map(|(f, _, v, _)| (f, v)));
+        let mut got = ints(&seen.raw);
+        got.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(got, expected);
+        assert_eq!(
+            (seen.net_name.as_deref(), seen.comm_name.as_deref()),
+            (Some("IB"), Some("all"))
+        );
+        assert_eq!((seen.raw.size, seen.raw.version), (120, 23203));
+        assert!(!kept.is_blocking());
+        assert_eq!(kept.get_timeout(), Duration::from_secs(10));
+    });
 }
 
 #[test]
 fn unset_fields_stay_unset() {
-    let rig = Rig::new(1);
-    // Blocking with no NCCL field: plain ncclCommInitRank, no config at all.
-    let (seen, kept) = seen_by_nccl(&rig, &CommConfig::new());
-    assert_eq!(seen, None);
-    assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 0);
-    assert_eq!(kept, CommConfig::default());
-    // Non-blocking alone: only `blocking` is set; both names NULL.
-    let (seen, _) = seen_by_nccl(&rig, &CommConfig::non_blocking(Duration::from_secs(5)));
-    let seen = seen.unwrap();
-    for (name, value) in ints(&seen.raw) {
-        assert_eq!(value, if name == "blocking" { 0 } else { UNDEF }, "{name}");
-    }
-    assert_eq!((seen.net_name, seen.comm_name), (None, None));
-    assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 1);
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        // Blocking with no NCCL field: plain ncclCommInitRank, no config at all.
+        let (seen, kept) = seen_by_nccl(rig, &CommConfig::new());
+        assert_eq!(seen, None);
+        assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 0);
+        assert_eq!(kept, CommConfig::default());
+        // Non-blocking alone: only `blocking` is set; both names NULL.
+        let (seen, _) = seen_by_nccl(rig, &CommConfig::non_blocking(Duration::from_secs(5)));
+        let seen = seen.unwrap();
+        for (name, value) in ints(&seen.raw) {
+            assert_eq!(value, if name == "blocking" { 0 } else { UNDEF }, "{name}");
+        }
+        assert_eq!((seen.net_name, seen.comm_name), (None, None));
+        assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 1);
+    });
 }
 
 #[test]
@@ -383,127 +384,125 @@ fn the_struct_version_is_lowered_to_the_library() {
 
 #[test]
 fn names_with_a_nul_byte_and_values_beyond_int_are_invalid_arguments() {
-    let rig = Rig::new(1);
-    let e = refused(&rig, &CommConfig::new().net_name("IB\0x"));
-    assert_eq!(
-        e,
-        Error::InvalidArgument {
-            what: "ncclConfig_t.netName",
-            problem: "\"IB\\0x\" has a NUL byte at 2".into()
-        }
-    );
-    let e = refused(&rig, &CommConfig::new().comm_name("\0"));
-    assert_eq!(
-        e,
-        Error::InvalidArgument {
-            what: "ncclConfig_t.commName",
-            problem: "\"\\0\" has a NUL byte at 0".into()
-        }
-    );
-    let e = refused(&rig, &CommConfig::new().max_ctas(u32::MAX));
-    assert_eq!(
-        e,
-        Error::InvalidArgument {
-            what: "ncclConfig_t.maxCTAs",
-            problem: "4294967295 does not fit NCCL's int".into()
-        }
-    );
-    let e = refused(&rig, &CommConfig::new().host_cft_mode(HostCftMode(UNDEF)));
-    assert!(
-        matches!(&e, Error::InvalidArgument { what: "ncclConfig_t.hostCftMode", problem } if problem.contains("NCCL_CONFIG_UNDEF_INT")),
-        "{e}"
-    );
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let e = refused(rig, &CommConfig::new().net_name("IB\0x"));
+        assert_eq!(
+            e,
+            Error::InvalidArgument {
+                what: "ncclConfig_t.netName",
+                problem: "\"IB\\0x\" has a NUL byte at 2".into()
+            }
+        );
+        let e = refused(rig, &CommConfig::new().comm_name("\0"));
+        assert_eq!(
+            e,
+            Error::InvalidArgument {
+                what: "ncclConfig_t.commName",
+                problem: "\"\\0\" has a NUL byte at 0".into()
+            }
+        );
+        let e = refused(rig, &CommConfig::new().max_ctas(u32::MAX));
+        assert_eq!(
+            e,
+            Error::InvalidArgument {
+                what: "ncclConfig_t.maxCTAs",
+                problem: "4294967295 does not fit NCCL's int".into()
+            }
+        );
+        let e = refused(rig, &CommConfig::new().host_cft_mode(HostCftMode(UNDEF)));
+        assert!(
+            matches!(&e, Error::InvalidArgument { what: "ncclConfig_t.hostCftMode", problem } if problem.contains("NCCL_CONFIG_UNDEF_INT")),
+            "{e}"
+        );
+    });
 }
 
 #[test]
 fn splits_inherit_the_parent_config_or_take_their_own() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let parent_config = CommConfig::new().max_ctas(9).comm_name("parent");
-    let parent = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &parent_config).unwrap();
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let parent_config = CommConfig::new().max_ctas(9).comm_name("parent");
+        let parent = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &parent_config).unwrap();
 
-    let inherited = parent.split(Some(0), 0).unwrap().unwrap();
-    assert_eq!(inherited.config(), &parent_config);
-    let seen = rig.world.config_of(inherited.as_raw()).unwrap();
-    assert_eq!(
-        (seen.raw.maxCTAs, seen.comm_name.as_deref()),
-        (9, Some("parent"))
-    );
+        let inherited = parent.split(Some(0), 0).unwrap().unwrap();
+        assert_eq!(inherited.config(), &parent_config);
+        let seen = rig.world.config_of(inherited.as_raw()).unwrap();
+        assert_eq!(
+            (seen.raw.maxCTAs, seen.comm_name.as_deref()),
+            (9, Some("parent"))
+        );
 
-    let own = CommConfig::new().min_ctas(2).max_ctas(4).comm_name("child");
-    let child = parent.split_with(Some(0), 0, &own).unwrap().unwrap();
-    assert_eq!(child.config(), &own);
-    let seen = rig.world.config_of(child.as_raw()).unwrap();
-    assert_eq!(
-        (
-            seen.raw.minCTAs,
-            seen.raw.maxCTAs,
-            seen.comm_name.as_deref()
-        ),
-        (2, 4, Some("child"))
-    );
+        let own = CommConfig::new().min_ctas(2).max_ctas(4).comm_name("child");
+        let child = parent.split_with(Some(0), 0, &own).unwrap().unwrap();
+        assert_eq!(child.config(), &own);
+        let seen = rig.world.config_of(child.as_raw()).unwrap();
+        assert_eq!(
+            (
+                seen.raw.minCTAs,
+                seen.raw.maxCTAs,
+                seen.comm_name.as_deref()
+            ),
+            (2, 4, Some("child"))
+        );
 
-    // A child in the other blocking mode is refused before NCCL is called.
-    let splits = rig.world.calls("ncclCommSplit");
-    let e = parent
-        .split_with(
-            Some(0),
-            0,
-            &CommConfig::non_blocking(Duration::from_secs(1)),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(&e, Error::InvalidArgument { what: "Communicator::split_with", problem } if problem.contains("non-blocking")),
-        "{e}"
-    );
-    // So is a field the library does not have, and NUL in a name.
-    let e = parent
-        .split_with(Some(0), 0, &CommConfig::new().comm_name("a\0b"))
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::InvalidArgument {
-                what: "ncclConfig_t.commName",
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert_eq!(rig.world.calls("ncclCommSplit"), splits);
-    assert!(!parent.is_aborted());
-    assert_eq!(rig.world.live().comms, 3);
-    for c in [child, inherited, parent] {
-        c.close().unwrap();
-    }
-    drop(ctx);
-    rig.assert_clean();
+        // A child in the other blocking mode is refused before NCCL is called.
+        let splits = rig.world.calls("ncclCommSplit");
+        let e = parent
+            .split_with(
+                Some(0),
+                0,
+                &CommConfig::non_blocking(Duration::from_secs(1)),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what: "Communicator::split_with", problem } if problem.contains("non-blocking")),
+            "{e}"
+        );
+        // So is a field the library does not have, and NUL in a name.
+        let e = parent
+            .split_with(Some(0), 0, &CommConfig::new().comm_name("a\0b"))
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    what: "ncclConfig_t.commName",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(rig.world.calls("ncclCommSplit"), splits);
+        assert!(!parent.is_aborted());
+        assert_eq!(rig.world.live().comms, 3);
+        for c in [child, inherited, parent] {
+            c.close().unwrap();
+        }
+    });
 }
 
 #[test]
 fn split_with_a_field_newer_than_the_library_is_unsupported() {
-    let rig = Rig::with_version(1, NcclVersion::new(2, 28, 3));
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let parent = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
-    let e = parent
-        .split_with(Some(0), 0, &CommConfig::new().max_p2p_peers(4))
-        .unwrap_err();
-    assert_eq!(
-        e,
-        Error::Unsupported {
-            feature: "ncclConfig_t.maxP2pPeers",
-            needed: "2.30.3".into(),
-            found: "2.28.3".into()
-        }
-    );
-    assert_eq!(rig.world.calls("ncclCommSplit"), 0);
-    assert_eq!(rig.world.live().comms, 1);
-    parent.close().unwrap();
-    drop(ctx);
-    rig.assert_clean();
+    Rig::with_version(1, NcclVersion::new(2, 28, 3)).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let parent = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+        let e = parent
+            .split_with(Some(0), 0, &CommConfig::new().max_p2p_peers(4))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            Error::Unsupported {
+                feature: "ncclConfig_t.maxP2pPeers",
+                needed: "2.30.3".into(),
+                found: "2.28.3".into()
+            }
+        );
+        assert_eq!(rig.world.calls("ncclCommSplit"), 0);
+        assert_eq!(rig.world.live().comms, 1);
+        parent.close().unwrap();
+    });
 }
 
 /// NCCL's rule for CTA counts is checked before NCCL: at least 1 each, a minimum only
@@ -511,42 +510,42 @@ fn split_with_a_field_newer_than_the_library_is_unsupported() {
 /// INT_MIN and refuses the config; seen on NCCL 2.28.9).
 #[test]
 fn cta_counts_follow_nccls_rule_before_nccl_sees_them() {
-    let rig = Rig::new(1);
-    for (config, want) in [
-        (
-            CommConfig::new().min_ctas(32),
-            "min_ctas(32) needs max_ctas too",
-        ),
-        (
-            CommConfig::new().min_ctas(8).max_ctas(4),
-            "min_ctas(8) is above max_ctas(4)",
-        ),
-        (
-            CommConfig::new().min_ctas(0).max_ctas(4),
-            "min_ctas must be at least 1",
-        ),
-        (CommConfig::new().max_ctas(0), "max_ctas must be at least 1"),
-    ] {
-        match refused(&rig, &config) {
-            Error::InvalidArgument {
-                what: "CommConfig",
-                problem,
-            } => {
-                assert!(problem.starts_with(want), "{problem}")
+    Rig::new(1).check(|rig| {
+        for (config, want) in [
+            (
+                CommConfig::new().min_ctas(32),
+                "min_ctas(32) needs max_ctas too",
+            ),
+            (
+                CommConfig::new().min_ctas(8).max_ctas(4),
+                "min_ctas(8) is above max_ctas(4)",
+            ),
+            (
+                CommConfig::new().min_ctas(0).max_ctas(4),
+                "min_ctas must be at least 1",
+            ),
+            (CommConfig::new().max_ctas(0), "max_ctas must be at least 1"),
+        ] {
+            match refused(rig, &config) {
+                Error::InvalidArgument {
+                    what: "CommConfig",
+                    problem,
+                } => {
+                    assert!(problem.starts_with(want), "{problem}")
+                }
+                other => panic!("{want}: {other:?}"),
             }
-            other => panic!("{want}: {other:?}"),
         }
-    }
-    assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 0);
-    for config in [
-        CommConfig::new().max_ctas(4),
-        CommConfig::new().min_ctas(4).max_ctas(4),
-    ] {
-        let (seen, _) = seen_by_nccl(&rig, &config);
-        let seen = seen.unwrap();
-        assert_eq!(seen.raw.maxCTAs, 4);
-    }
-    rig.assert_clean();
+        assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 0);
+        for config in [
+            CommConfig::new().max_ctas(4),
+            CommConfig::new().min_ctas(4).max_ctas(4),
+        ] {
+            let (seen, _) = seen_by_nccl(rig, &config);
+            let seen = seen.unwrap();
+            assert_eq!(seen.raw.maxCTAs, 4);
+        }
+    });
 }
 
 #[test]

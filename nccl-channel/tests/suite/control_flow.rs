@@ -9,7 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::Rig;
+use crate::common::{OneRank, Rig, on_one_rank};
 use cuda_hal::{DeferScope, Dependency, DeviceBuffer, KeepAlive, Stream};
 use nccl_channel::{
     CommConfig, Communicator, Error, Group, ReduceOp, UniqueId, WindowFlags, group,
@@ -31,47 +31,47 @@ fn assert_no_violations(rig: &Rig) {
 /// must live until then (the group held nothing, and NCCL read and wrote freed memory).
 #[test]
 fn the_fallbacks_own_group_holds_its_buffers_until_the_work_is_enqueued() {
-    let rig = Rig::with_version(2, BEFORE_NATIVE);
-    let got = rig.non_blocking_ranks(Duration::from_secs(10), |rank, ctx, comm| {
-        let s = Stream::non_blocking(ctx).unwrap();
-        let r = rank as i32;
-        let mut out = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();
-        {
-            let send = DeviceBuffer::from_slice(ctx, &[10 * r, 10 * r + 1]).unwrap();
-            let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap();
-            comm.all_to_all(&send, &mut recv, &s).unwrap();
-            // Both dropped before NCCL enqueued the sends and receives.
-            out.slice_mut(..2)
-                .unwrap()
-                .copy_from_async(&recv, &s)
-                .unwrap();
-        }
-        {
-            let send = DeviceBuffer::from_slice(ctx, &[100 + r]).unwrap();
-            let mut all = (rank == 0).then(|| DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap());
-            comm.gather(&send, all.as_mut().map(|a| a.as_view_mut()), 0, &s)
-                .unwrap();
-            if let Some(all) = &all {
-                out.slice_mut(2..)
+    Rig::with_version(2, BEFORE_NATIVE).check(|rig| {
+        let got = rig.non_blocking_ranks(Duration::from_secs(10), |rank, ctx, comm| {
+            let s = Stream::non_blocking(ctx).unwrap();
+            let r = rank as i32;
+            let mut out = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();
+            {
+                let send = DeviceBuffer::from_slice(ctx, &[10 * r, 10 * r + 1]).unwrap();
+                let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap();
+                comm.all_to_all(&send, &mut recv, &s).unwrap();
+                // Both dropped before NCCL enqueued the sends and receives.
+                out.slice_mut(..2)
                     .unwrap()
-                    .copy_from_async(all, &s)
+                    .copy_from_async(&recv, &s)
                     .unwrap();
             }
-        }
-        {
-            let src = (rank == 1).then(|| DeviceBuffer::from_slice(ctx, &[7, 8]).unwrap());
-            let mut one = DeviceBuffer::<i32>::zeroed(ctx, 1).unwrap();
-            comm.scatter(src.as_ref().map(|b| b.as_view()), &mut one, 1, &s)
-                .unwrap();
-        }
-        comm.wait(&s).unwrap();
-        s.synchronize().unwrap();
-        out.to_vec().unwrap()
+            {
+                let send = DeviceBuffer::from_slice(ctx, &[100 + r]).unwrap();
+                let mut all = (rank == 0).then(|| DeviceBuffer::<i32>::zeroed(ctx, 2).unwrap());
+                comm.gather(&send, all.as_mut().map(|a| a.as_view_mut()), 0, &s)
+                    .unwrap();
+                if let Some(all) = &all {
+                    out.slice_mut(2..)
+                        .unwrap()
+                        .copy_from_async(all, &s)
+                        .unwrap();
+                }
+            }
+            {
+                let src = (rank == 1).then(|| DeviceBuffer::from_slice(ctx, &[7, 8]).unwrap());
+                let mut one = DeviceBuffer::<i32>::zeroed(ctx, 1).unwrap();
+                comm.scatter(src.as_ref().map(|b| b.as_view()), &mut one, 1, &s)
+                    .unwrap();
+            }
+            comm.wait(&s).unwrap();
+            s.synchronize().unwrap();
+            out.to_vec().unwrap()
+        });
+        assert_no_violations(rig);
+        assert_eq!(got[0], [0, 10, 100, 101]);
+        assert_eq!(got[1][..2], [1, 11]);
     });
-    assert_no_violations(&rig);
-    assert_eq!(got[0], [0, 10, 100, 101]);
-    assert_eq!(got[1][..2], [1, 11]);
-    rig.assert_clean();
 }
 
 /// A call that fails inside the fallback's group (its receive) must not abort the
@@ -80,23 +80,22 @@ fn the_fallbacks_own_group_holds_its_buffers_until_the_work_is_enqueued() {
 /// its send may stay queued in NCCL) before the group lets go of the buffers.
 #[test]
 fn an_error_inside_the_fallbacks_group_aborts_only_after_the_group() {
-    let rig = Rig::with_version(1, BEFORE_NATIVE);
-    let (ctx, comm) = rig.one_rank(0);
-    let s = Stream::non_blocking(&ctx).unwrap();
-    let send = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
-    let mut recv = DeviceBuffer::<i32>::zeroed(&ctx, 1).unwrap();
-    rig.world
-        .fail_next("ncclRecv", ncclResult_t::ncclSystemError);
-    let e = comm.all_to_all(&send, &mut recv, &s).unwrap_err();
-    assert!(
-        matches!(&e, Error::Nccl { call: "ncclRecv", code, .. } if *code == ncclResult_t::ncclSystemError),
-        "{e:?}"
-    );
-    assert_no_violations(&rig);
-    assert!(comm.is_aborted(), "performed at the group's end");
-    assert_eq!(comm.async_error(), Err(Error::Aborted));
-    drop((send, recv, s, comm, ctx));
-    rig.assert_clean();
+    Rig::with_version(1, BEFORE_NATIVE).check(|rig| {
+        let (ctx, comm) = rig.one_rank(0);
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let send = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+        let mut recv = DeviceBuffer::<i32>::zeroed(&ctx, 1).unwrap();
+        rig.world
+            .fail_next("ncclRecv", ncclResult_t::ncclSystemError);
+        let e = comm.all_to_all(&send, &mut recv, &s).unwrap_err();
+        assert!(
+            matches!(&e, Error::Nccl { call: "ncclRecv", code, .. } if *code == ncclResult_t::ncclSystemError),
+            "{e:?}"
+        );
+        assert_no_violations(rig);
+        assert!(comm.is_aborted(), "performed at the group's end");
+        assert_eq!(comm.async_error(), Err(Error::Aborted));
+    });
 }
 
 thread_local! {
@@ -230,51 +229,50 @@ fn a_panic_while_a_group_settles_leaks_what_the_work_uses() {
 /// the longest accepted one works: no deadline arithmetic panics later.
 #[test]
 fn an_absurd_timeout_is_refused_at_init_and_the_longest_accepted_works() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    for blocking in [false, true] {
-        let config = CommConfig::non_blocking(Duration::MAX).blocking(blocking);
-        let id = UniqueId::generate(&rig.nccl).unwrap();
-        let e = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap_err();
-        assert!(
-            matches!(
-                &e,
-                Error::InvalidArgument {
-                    what: "CommConfig::timeout",
-                    ..
-                }
-            ),
-            "{e:?}"
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        for blocking in [false, true] {
+            let config = CommConfig::non_blocking(Duration::MAX).blocking(blocking);
+            let id = UniqueId::generate(&rig.nccl).unwrap();
+            let e = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap_err();
+            assert!(
+                matches!(
+                    &e,
+                    Error::InvalidArgument {
+                        what: "CommConfig::timeout",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            let just_over = CommConfig::MAX_TIMEOUT + Duration::from_nanos(1);
+            let e = Communicator::init_rank_with(
+                &rig.nccl,
+                &ctx,
+                &id,
+                1,
+                0,
+                &config.clone().timeout(just_over),
+            )
+            .unwrap_err();
+            assert!(matches!(&e, Error::InvalidArgument { .. }), "{e:?}");
+        }
+        assert_eq!(
+            CommConfig::MAX_TIMEOUT,
+            Duration::from_secs(365 * 24 * 3600)
         );
-        let just_over = CommConfig::MAX_TIMEOUT + Duration::from_nanos(1);
-        let e = Communicator::init_rank_with(
-            &rig.nccl,
-            &ctx,
-            &id,
-            1,
-            0,
-            &config.clone().timeout(just_over),
-        )
-        .unwrap_err();
-        assert!(matches!(&e, Error::InvalidArgument { .. }), "{e:?}");
-    }
-    assert_eq!(
-        CommConfig::MAX_TIMEOUT,
-        Duration::from_secs(365 * 24 * 3600)
-    );
-    let config = CommConfig::non_blocking(CommConfig::MAX_TIMEOUT);
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
-    let s = Stream::non_blocking(&ctx).unwrap();
-    let mut b = DeviceBuffer::from_slice(&ctx, &[3u8]).unwrap();
-    group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s)
-    })
-    .unwrap();
-    comm.wait(&s).unwrap();
-    assert_eq!(b.to_vec().unwrap(), [3]);
-    drop((b, s, comm, ctx));
-    rig.assert_clean();
+        let config = CommConfig::non_blocking(CommConfig::MAX_TIMEOUT);
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let mut b = DeviceBuffer::from_slice(&ctx, &[3u8]).unwrap();
+        group(&rig.nccl, || {
+            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s)
+        })
+        .unwrap();
+        comm.wait(&s).unwrap();
+        assert_eq!(b.to_vec().unwrap(), [3]);
+    });
 }
 
 /// A registration whose poll fails (an abort handle) while another thread's open group
@@ -359,61 +357,57 @@ fn a_registration_whose_poll_fails_while_another_group_holds_the_communicator_ke
 /// wait for that work too.
 #[test]
 fn a_queued_registration_notes_work_issued_inside_a_group() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
-    let reg = comm.register(&b).unwrap();
-    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+    on_one_rank(1, |rig, OneRank { ctx, comm, .. }| {
+        let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+        let reg = comm.register(&b).unwrap();
+        s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+            .unwrap();
+        let graph = s1.end_capture().unwrap().instantiate().unwrap();
+        drop(reg);
+        std::thread::spawn(move || drop(graph)).join().unwrap();
+        group(&rig.nccl, || {
+            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+        })
         .unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-        .unwrap();
-    let graph = s1.end_capture().unwrap().instantiate().unwrap();
-    drop(reg);
-    std::thread::spawn(move || drop(graph)).join().unwrap();
-    group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
-    })
-    .unwrap();
-    assert_eq!(
-        rig.world.calls("ncclCommDeregister"),
-        0,
-        "not inside the group"
-    );
-    comm.async_error().unwrap(); // the owner's next call releases it, after s2's work
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-    assert_no_violations(&rig);
-    drop((b, comm, s1, s2, ctx));
-    rig.assert_clean();
+        assert_eq!(
+            rig.world.calls("ncclCommDeregister"),
+            0,
+            "not inside the group"
+        );
+        comm.async_error().unwrap(); // the owner's next call releases it, after s2's work
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        assert_no_violations(rig);
+    });
 }
 
 /// The same when the release was queued because a capture refused its wait: an eager
 /// collective on another stream meanwhile is waited for before the deregistration.
 #[test]
 fn a_registration_queued_by_a_capture_notes_later_work() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
-    let mut other = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
-    let reg = comm.register(&b).unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-        .unwrap();
-    s1.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
-    other.fill_async(1.0, &s1).unwrap();
-    let e = reg.deregister().unwrap_err();
-    assert!(
-        matches!(&e, Error::Cuda(cuda_hal::Error::Capturing { .. })),
-        "{e:?}"
-    );
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
-        .unwrap();
-    drop(s1.end_capture().unwrap());
-    comm.async_error().unwrap();
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-    assert_no_violations(&rig);
-    drop((b, other, comm, s1, s2, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |rig, OneRank { ctx, comm, .. }| {
+        let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+        let mut other = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+        let reg = comm.register(&b).unwrap();
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+            .unwrap();
+        s1.begin_capture(cuda_hal::CaptureMode::Relaxed).unwrap();
+        other.fill_async(1.0, &s1).unwrap();
+        let e = reg.deregister().unwrap_err();
+        assert!(
+            matches!(&e, Error::Cuda(cuda_hal::Error::Capturing { .. })),
+            "{e:?}"
+        );
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+            .unwrap();
+        drop(s1.end_capture().unwrap());
+        comm.async_error().unwrap();
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        assert_no_violations(rig);
+    });
 }
 
 /// Found by the adversarial review: between the moment a registration's last holder (a
@@ -681,40 +675,38 @@ fn a_users_scope_around_a_group_still_hands_its_holds_to_a_capture() {
 /// is gone) waits for the launch's stream too.
 #[test]
 fn a_launch_of_a_graph_holding_a_queued_registration_is_waited_for() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let (s1, s2, s3) = (
-        Stream::new(&ctx).unwrap(),
-        Stream::new(&ctx).unwrap(),
-        Stream::new(&ctx).unwrap(),
-    );
-    let mut b = comm.alloc_nccl::<f32>(16).unwrap();
-    let reg = comm.register(&b).unwrap();
-    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
-        .unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-        .unwrap();
-    let first = s1.end_capture().unwrap().instantiate().unwrap();
-    drop(reg);
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
-        .unwrap(); // noted on s2
-    // Queued: its first graph goes on another thread.
-    std::thread::spawn(move || drop(first)).join().unwrap();
-    // A capture on s2: the release, which would wait for s2, is refused and stays
-    // queued; the captured all-reduce holds it.
-    s2.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
-        .unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
-        .unwrap();
-    let second = s2.end_capture().unwrap().instantiate().unwrap();
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
-    second.launch(&s3).unwrap(); // work on the registration, on s3
-    std::thread::spawn(move || drop(second)).join().unwrap();
-    comm.async_error().unwrap(); // the owner's next call releases it: after s3's launch
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-    assert_no_violations(&rig);
-    drop((b, comm, s1, s2, s3, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |rig, OneRank { ctx, comm, .. }| {
+        let (s1, s2, s3) = (
+            Stream::new(&ctx).unwrap(),
+            Stream::new(&ctx).unwrap(),
+            Stream::new(&ctx).unwrap(),
+        );
+        let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+        let reg = comm.register(&b).unwrap();
+        s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+            .unwrap();
+        let first = s1.end_capture().unwrap().instantiate().unwrap();
+        drop(reg);
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+            .unwrap(); // noted on s2
+        // Queued: its first graph goes on another thread.
+        std::thread::spawn(move || drop(first)).join().unwrap();
+        // A capture on s2: the release, which would wait for s2, is refused and stays
+        // queued; the captured all-reduce holds it.
+        s2.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+            .unwrap();
+        let second = s2.end_capture().unwrap().instantiate().unwrap();
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+        second.launch(&s3).unwrap(); // work on the registration, on s3
+        std::thread::spawn(move || drop(second)).join().unwrap();
+        comm.async_error().unwrap(); // the owner's next call releases it: after s3's launch
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        assert_no_violations(rig);
+    });
 }
 
 /// A queued release of a registration NCCL handed out again (for a part of a range
@@ -722,30 +714,28 @@ fn a_launch_of_a_graph_holding_a_queued_registration_is_waited_for() {
 /// collective far from the part's own pages, while the release is queued, is waited for.
 #[test]
 fn a_queued_shared_registration_keeps_its_whole_range_in_view() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-    let mut b = comm.alloc_nccl::<f32>(1 << 16).unwrap();
-    let whole = comm.register(&b).unwrap();
-    let head = comm.register(&b.slice(0..16).unwrap()).unwrap();
-    drop(whole);
-    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+    on_one_rank(1, |rig, OneRank { ctx, comm, .. }| {
+        let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        let mut b = comm.alloc_nccl::<f32>(1 << 16).unwrap();
+        let whole = comm.register(&b).unwrap();
+        let head = comm.register(&b.slice(0..16).unwrap()).unwrap();
+        drop(whole);
+        s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        comm.all_reduce_in_place(&mut b.slice_mut(0..16).unwrap(), ReduceOp::Sum, &s1)
+            .unwrap();
+        let graph = s1.end_capture().unwrap().instantiate().unwrap();
+        drop(head);
+        std::thread::spawn(move || drop(graph)).join().unwrap(); // queued
+        group(&rig.nccl, || {
+            // Far from `head`'s pages, inside the range NCCL still has registered.
+            comm.all_reduce_in_place(&mut b.slice_mut(60_000..).unwrap(), ReduceOp::Sum, &s2)
+        })
         .unwrap();
-    comm.all_reduce_in_place(&mut b.slice_mut(0..16).unwrap(), ReduceOp::Sum, &s1)
-        .unwrap();
-    let graph = s1.end_capture().unwrap().instantiate().unwrap();
-    drop(head);
-    std::thread::spawn(move || drop(graph)).join().unwrap(); // queued
-    group(&rig.nccl, || {
-        // Far from `head`'s pages, inside the range NCCL still has registered.
-        comm.all_reduce_in_place(&mut b.slice_mut(60_000..).unwrap(), ReduceOp::Sum, &s2)
-    })
-    .unwrap();
-    comm.async_error().unwrap(); // releases it, after s2's work
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 2);
-    assert_no_violations(&rig);
-    drop((b, comm, s1, s2, ctx));
-    rig.assert_clean();
+        comm.async_error().unwrap(); // releases it, after s2's work
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 2);
+        assert_no_violations(rig);
+    });
 }
 
 /// A queued release is noted on (and held by) only the work that overlaps its range: a
@@ -754,41 +744,39 @@ fn a_queued_shared_registration_keeps_its_whole_range_in_view() {
 /// lives.
 #[test]
 fn a_queued_release_is_held_only_by_work_on_its_range() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
-    const PAGE: u64 = 64 << 10; // the registry's page
-    let mut b = comm.alloc_nccl::<u8>(4 * PAGE as usize).unwrap();
-    let mut other = comm.alloc_nccl::<u8>(4096).unwrap();
-    // The registered part is one whole page: its range is exactly that page.
-    let off = ((b.as_raw() / PAGE + 2) * PAGE - b.as_raw()) as usize;
-    let page = off..off + PAGE as usize;
-    let reg = comm.register(&b.slice(page.clone()).unwrap()).unwrap();
-    s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+    on_one_rank(1, |rig, OneRank { ctx, comm, .. }| {
+        let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
+        const PAGE: u64 = 64 << 10; // the registry's page
+        let mut b = comm.alloc_nccl::<u8>(4 * PAGE as usize).unwrap();
+        let mut other = comm.alloc_nccl::<u8>(4096).unwrap();
+        // The registered part is one whole page: its range is exactly that page.
+        let off = ((b.as_raw() / PAGE + 2) * PAGE - b.as_raw()) as usize;
+        let page = off..off + PAGE as usize;
+        let reg = comm.register(&b.slice(page.clone()).unwrap()).unwrap();
+        s1.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        comm.all_reduce_in_place(&mut b.slice_mut(page.clone()).unwrap(), ReduceOp::Max, &s1)
+            .unwrap();
+        let first = s1.end_capture().unwrap().instantiate().unwrap();
+        drop(reg);
+        std::thread::spawn(move || drop(first)).join().unwrap(); // queued
+        // Captured inside a group, so the queue is not processed by these calls.
+        s2.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
+            .unwrap();
+        group(&rig.nccl, || {
+            comm.all_reduce_in_place(&mut other, ReduceOp::Max, &s2)?;
+            let before = page.start - 4096..page.start;
+            let after = page.end..page.end + 4096;
+            for r in [before, after] {
+                comm.all_reduce_in_place(&mut b.slice_mut(r).unwrap(), ReduceOp::Max, &s2)?;
+            }
+            Ok(())
+        })
         .unwrap();
-    comm.all_reduce_in_place(&mut b.slice_mut(page.clone()).unwrap(), ReduceOp::Max, &s1)
-        .unwrap();
-    let first = s1.end_capture().unwrap().instantiate().unwrap();
-    drop(reg);
-    std::thread::spawn(move || drop(first)).join().unwrap(); // queued
-    // Captured inside a group, so the queue is not processed by these calls.
-    s2.begin_capture(cuda_hal::CaptureMode::ThreadLocal)
-        .unwrap();
-    group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut other, ReduceOp::Max, &s2)?;
-        let before = page.start - 4096..page.start;
-        let after = page.end..page.end + 4096;
-        for r in [before, after] {
-            comm.all_reduce_in_place(&mut b.slice_mut(r).unwrap(), ReduceOp::Max, &s2)?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    let second = s2.end_capture().unwrap().instantiate().unwrap();
-    comm.async_error().unwrap(); // released now: the second graph does not hold it
-    assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-    drop(second);
-    assert_no_violations(&rig);
-    drop((b, other, comm, s1, s2, ctx));
-    rig.assert_clean();
+        let second = s2.end_capture().unwrap().instantiate().unwrap();
+        comm.async_error().unwrap(); // released now: the second graph does not hold it
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        drop(second);
+        assert_no_violations(rig);
+    });
 }

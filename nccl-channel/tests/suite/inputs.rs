@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::common::Rig;
+use crate::common::{OneRank, Rig, on_one_rank};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{
     CommConfig, Communicator, Error, Group, PORT_BASE, ReduceOp, Rendezvous, UniqueId, World,
@@ -275,87 +275,86 @@ fn a_rank_equal_to_the_size_is_refused_and_size_minus_one_taken() {
 
 #[test]
 fn wait_refuses_a_stream_of_another_device() {
-    let rig = Rig::new(2);
-    let (ctx0, comm) = rig.one_rank(0);
-    let ctx1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
-    let other = Stream::new(&ctx1).unwrap();
-    let e = comm.wait(&other).unwrap_err();
-    assert_eq!(
-        e,
-        Error::WrongDevice {
-            what: "Communicator::wait",
-            object: "stream",
-            expected: 0,
-            found: 1
-        }
-    );
-    assert_eq!(
-        e.to_string(),
-        "Communicator::wait: the stream is on device 1, the communicator on device 0"
-    );
-    assert!(!comm.is_aborted(), "a refused wait aborts nothing");
-    let own = Stream::new(&ctx0).unwrap();
-    comm.wait(&own).unwrap();
-    drop((own, other, ctx1, comm, ctx0));
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let (ctx0, comm) = rig.one_rank(0);
+        let ctx1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
+        let other = Stream::new(&ctx1).unwrap();
+        let e = comm.wait(&other).unwrap_err();
+        assert_eq!(
+            e,
+            Error::WrongDevice {
+                what: "Communicator::wait",
+                object: "stream",
+                expected: 0,
+                found: 1
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "Communicator::wait: the stream is on device 1, the communicator on device 0"
+        );
+        assert!(!comm.is_aborted(), "a refused wait aborts nothing");
+        let own = Stream::new(&ctx0).unwrap();
+        comm.wait(&own).unwrap();
+    });
 }
 
 #[test]
 fn a_stream_or_buffer_of_another_cuda_instance_names_the_context() {
-    let rig = Rig::new(1);
-    let other = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let foreign_ctx = other.cuda.device(0).unwrap().primary_context().unwrap();
-    let foreign = Stream::new(&foreign_ctx).unwrap();
-    let s = Stream::new(&ctx).unwrap();
-    let a = DeviceBuffer::from_slice(&ctx, &[1.0f32; 4]).unwrap();
-    let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
-    let foreign_buf = DeviceBuffer::from_slice(&foreign_ctx, &[1.0f32; 4]).unwrap();
+    Rig::new(1).check(|rig| {
+        let other = Rig::new(1);
+        let (ctx, comm) = rig.one_rank(0);
+        let foreign_ctx = other.cuda.device(0).unwrap().primary_context().unwrap();
+        let foreign = Stream::new(&foreign_ctx).unwrap();
+        let s = Stream::new(&ctx).unwrap();
+        let a = DeviceBuffer::from_slice(&ctx, &[1.0f32; 4]).unwrap();
+        let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+        let foreign_buf = DeviceBuffer::from_slice(&foreign_ctx, &[1.0f32; 4]).unwrap();
 
-    let e = comm
-        .all_reduce(&a, &mut b, ReduceOp::Sum, &foreign)
-        .unwrap_err();
-    assert_eq!(
-        e,
-        Error::WrongContext {
-            what: "all_reduce",
-            object: "stream",
-            device: 0
-        }
-    );
-    assert_eq!(
-        e.to_string(),
-        "all_reduce: the stream belongs to another CUDA context than the communicator's (both \
-         are on device 0; another cuda_hal::Cuda instance?): use the communicator's context"
-    );
-    assert_eq!(
-        comm.wait(&foreign).unwrap_err(),
-        Error::WrongContext {
-            what: "Communicator::wait",
-            object: "stream",
-            device: 0
-        }
-    );
-    assert_eq!(
-        comm.all_reduce(&foreign_buf, &mut b, ReduceOp::Sum, &s)
-            .unwrap_err(),
-        Error::WrongContext {
-            what: "all_reduce",
-            object: "send buffer",
-            device: 0
-        }
-    );
-    assert_eq!(
-        comm.register(&foreign_buf).unwrap_err(),
-        Error::WrongContext {
-            what: "Communicator::register",
-            object: "memory",
-            device: 0
-        }
-    );
-    drop((foreign_buf, a, b, s, foreign, foreign_ctx, comm, ctx));
-    other.assert_clean();
-    rig.assert_clean();
+        let e = comm
+            .all_reduce(&a, &mut b, ReduceOp::Sum, &foreign)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            Error::WrongContext {
+                what: "all_reduce",
+                object: "stream",
+                device: 0
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "all_reduce: the stream belongs to another CUDA context than the communicator's (both \
+             are on device 0; another cuda_hal::Cuda instance?): use the communicator's context"
+        );
+        assert_eq!(
+            comm.wait(&foreign).unwrap_err(),
+            Error::WrongContext {
+                what: "Communicator::wait",
+                object: "stream",
+                device: 0
+            }
+        );
+        assert_eq!(
+            comm.all_reduce(&foreign_buf, &mut b, ReduceOp::Sum, &s)
+                .unwrap_err(),
+            Error::WrongContext {
+                what: "all_reduce",
+                object: "send buffer",
+                device: 0
+            }
+        );
+        assert_eq!(
+            comm.register(&foreign_buf).unwrap_err(),
+            Error::WrongContext {
+                what: "Communicator::register",
+                object: "memory",
+                device: 0
+            }
+        );
+        drop((foreign_buf, a, b, s, foreign, foreign_ctx, comm, ctx));
+        other.assert_clean();
+    });
 }
 
 // ---- 6. the message of an in-place operation's buffer ----
@@ -364,76 +363,77 @@ fn a_stream_or_buffer_of_another_cuda_instance_names_the_context() {
 fn an_all_to_all_send_buffer_that_does_not_split_is_named_before_the_receive_buffer() {
     // 5 elements over 2 ranks, and a receive buffer sized from the bad split (2 * 2): the
     // send buffer's split is the error, not the receive buffer's length.
-    let rig = Rig::new(2);
-    let errs = rig.run(2, |comm, s| {
-        let ctx = s.context();
-        let send = DeviceBuffer::<i32>::zeroed(ctx, 5).unwrap();
-        let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();
-        comm.all_to_all(&send, &mut recv, s)
-            .unwrap_err()
-            .to_string()
+    Rig::new(2).check(|rig| {
+        let errs = rig.run(2, |comm, s| {
+            let ctx = s.context();
+            let send = DeviceBuffer::<i32>::zeroed(ctx, 5).unwrap();
+            let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();
+            comm.all_to_all(&send, &mut recv, s)
+                .unwrap_err()
+                .to_string()
+        });
+        for e in errs {
+            assert_eq!(
+                e,
+                "all_to_all: the send buffer holds 5 elements, not a multiple of the 2 ranks"
+            );
+        }
     });
-    for e in errs {
-        assert_eq!(
-            e,
-            "all_to_all: the send buffer holds 5 elements, not a multiple of the 2 ranks"
-        );
-    }
-    rig.assert_clean();
 }
 
 #[test]
 fn an_in_place_buffer_is_named_once() {
-    let rig = Rig::new(2);
-    let errs = rig.run(2, |comm, s| {
-        let ctx = s.context();
-        let mut buf = DeviceBuffer::<i32>::zeroed(ctx, 5).unwrap();
-        (
-            comm.all_gather_in_place(&mut buf, s).unwrap_err(),
-            comm.reduce_scatter_in_place(&mut buf, ReduceOp::Sum, s)
-                .unwrap_err(),
-        )
-    });
-    for (gather, scatter) in errs {
-        for (e, what) in [
-            (gather, "all_gather_in_place"),
-            (scatter, "reduce_scatter_in_place"),
-        ] {
-            assert_eq!(
-                e,
-                Error::InvalidArgument {
-                    what,
-                    problem: "the buffer holds 5 elements, not a multiple of the 2 ranks".into()
-                }
-            );
-            assert_eq!(
-                e.to_string(),
-                format!("{what}: the buffer holds 5 elements, not a multiple of the 2 ranks")
-            );
+    Rig::new(2).check(|rig| {
+        let errs = rig.run(2, |comm, s| {
+            let ctx = s.context();
+            let mut buf = DeviceBuffer::<i32>::zeroed(ctx, 5).unwrap();
+            (
+                comm.all_gather_in_place(&mut buf, s).unwrap_err(),
+                comm.reduce_scatter_in_place(&mut buf, ReduceOp::Sum, s)
+                    .unwrap_err(),
+            )
+        });
+        for (gather, scatter) in errs {
+            for (e, what) in [
+                (gather, "all_gather_in_place"),
+                (scatter, "reduce_scatter_in_place"),
+            ] {
+                assert_eq!(
+                    e,
+                    Error::InvalidArgument {
+                        what,
+                        problem: "the buffer holds 5 elements, not a multiple of the 2 ranks"
+                            .into()
+                    }
+                );
+                assert_eq!(
+                    e.to_string(),
+                    format!("{what}: the buffer holds 5 elements, not a multiple of the 2 ranks")
+                );
+            }
         }
-    }
-    // The length message names an in-place buffer once too, and the others with their role.
-    let e = Error::LengthMismatch {
-        what: "op",
-        buffer: "buffer",
-        expected: 4,
-        got: 5,
-    };
-    assert_eq!(
-        e.to_string(),
-        "op: the buffer must hold 4 elements, it holds 5"
-    );
-    let e = Error::LengthMismatch {
-        what: "op",
-        buffer: "recv",
-        expected: 4,
-        got: 5,
-    };
-    assert_eq!(
-        e.to_string(),
-        "op: the recv buffer must hold 4 elements, it holds 5"
-    );
-    rig.assert_clean();
+        // The length message names an in-place buffer once too, and the others with their role.
+        let e = Error::LengthMismatch {
+            what: "op",
+            buffer: "buffer",
+            expected: 4,
+            got: 5,
+        };
+        assert_eq!(
+            e.to_string(),
+            "op: the buffer must hold 4 elements, it holds 5"
+        );
+        let e = Error::LengthMismatch {
+            what: "op",
+            buffer: "recv",
+            expected: 4,
+            got: 5,
+        };
+        assert_eq!(
+            e.to_string(),
+            "op: the recv buffer must hold 4 elements, it holds 5"
+        );
+    });
 }
 
 // ---- 7. exact lengths, both sides of the boundary ----
@@ -559,35 +559,32 @@ fn grouped_then_fails(rig: &Rig, comm: &Communicator, s: &Stream) -> Result<(), 
 
 #[test]
 fn dropping_a_group_ends_it_also_on_an_early_return() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let s = Stream::new(&ctx).unwrap();
-    let ends = rig.world.calls("ncclGroupEnd");
-    {
-        let _g = Group::start(&rig.nccl).unwrap();
-    }
-    assert_eq!(rig.world.calls("ncclGroupEnd"), ends + 1, "dropped: ended");
-    assert_eq!(
-        grouped_then_fails(&rig, &comm, &s).unwrap_err(),
-        mismatch("all_reduce", "recv", 1, 2)
-    );
-    assert_eq!(
-        rig.world.calls("ncclGroupEnd"),
-        ends + 2,
-        "early return: ended"
-    );
-    // No group is left open: an all-reduce now runs at once, not at some later end.
-    let a = DeviceBuffer::from_slice(&ctx, &[7i32]).unwrap();
-    let mut b = DeviceBuffer::<i32>::zeroed(&ctx, 1).unwrap();
-    comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap();
-    s.synchronize().unwrap();
-    assert_eq!(b.to_vec().unwrap(), [7]);
-    // NCCL has no group open to end any more: one more end is an error.
-    // SAFETY: ncclGroupEnd has no preconditions; with no group open it returns an error.
-    let rc = unsafe { (rig.nccl.fns().ncclGroupEnd)() };
-    assert_ne!(rc, nccl_sys::ncclResult_t::ncclSuccess);
-    drop((a, b, s, comm, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |rig, OneRank { ctx, comm, s }| {
+        let ends = rig.world.calls("ncclGroupEnd");
+        {
+            let _g = Group::start(&rig.nccl).unwrap();
+        }
+        assert_eq!(rig.world.calls("ncclGroupEnd"), ends + 1, "dropped: ended");
+        assert_eq!(
+            grouped_then_fails(rig, &comm, &s).unwrap_err(),
+            mismatch("all_reduce", "recv", 1, 2)
+        );
+        assert_eq!(
+            rig.world.calls("ncclGroupEnd"),
+            ends + 2,
+            "early return: ended"
+        );
+        // No group is left open: an all-reduce now runs at once, not at some later end.
+        let a = DeviceBuffer::from_slice(&ctx, &[7i32]).unwrap();
+        let mut b = DeviceBuffer::<i32>::zeroed(&ctx, 1).unwrap();
+        comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(b.to_vec().unwrap(), [7]);
+        // NCCL has no group open to end any more: one more end is an error.
+        // SAFETY: ncclGroupEnd has no preconditions; with no group open it returns an error.
+        let rc = unsafe { (rig.nccl.fns().ncclGroupEnd)() };
+        assert_ne!(rc, nccl_sys::ncclResult_t::ncclSuccess);
+    });
 }
 
 // ---- 10. deadlines ----

@@ -71,33 +71,33 @@ where
 fn each_rust_type_is_reduced_as_its_own_nccl_type() {
     use half::{bf16, f16};
     use nccl_channel::{Fp8E4M3, Fp8E5M2};
-    let rig = Rig::new(2);
-    reduces_as_its_own_type::<i8>(&rig, [-1, 1], 1, 0);
-    reduces_as_its_own_type::<u8>(&rig, [255, 1], 255, 0);
-    reduces_as_its_own_type::<i32>(&rig, [-1, 1], 1, 0);
-    reduces_as_its_own_type::<u32>(&rig, [u32::MAX, 1], u32::MAX, 0);
-    reduces_as_its_own_type::<i64>(&rig, [-1, 1], 1, 0);
-    reduces_as_its_own_type::<u64>(&rig, [u64::MAX, 1], u64::MAX, 0);
-    reduces_as_its_own_type::<f32>(&rig, [1.5, -0.25], 1.5, 1.25);
-    reduces_as_its_own_type::<f64>(&rig, [1.5, -0.25], 1.5, 1.25);
-    let h = f16::from_f32;
-    reduces_as_its_own_type::<f16>(&rig, [h(1.5), h(-0.25)], h(1.5), h(1.25));
-    let b = bf16::from_f32;
-    reduces_as_its_own_type::<bf16>(&rig, [b(1.5), b(-0.25)], b(1.5), b(1.25));
-    // e4m3: 0x3c = 1.5, 0xa8 = -0.25, 0x3a = 1.25; e5m2: 0x3e = 1.5, 0xb4 = -0.25, 0x3d = 1.25.
-    reduces_as_its_own_type::<Fp8E4M3>(
-        &rig,
-        [Fp8E4M3(0x3c), Fp8E4M3(0xa8)],
-        Fp8E4M3(0x3c),
-        Fp8E4M3(0x3a),
-    );
-    reduces_as_its_own_type::<Fp8E5M2>(
-        &rig,
-        [Fp8E5M2(0x3e), Fp8E5M2(0xb4)],
-        Fp8E5M2(0x3e),
-        Fp8E5M2(0x3d),
-    );
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        reduces_as_its_own_type::<i8>(rig, [-1, 1], 1, 0);
+        reduces_as_its_own_type::<u8>(rig, [255, 1], 255, 0);
+        reduces_as_its_own_type::<i32>(rig, [-1, 1], 1, 0);
+        reduces_as_its_own_type::<u32>(rig, [u32::MAX, 1], u32::MAX, 0);
+        reduces_as_its_own_type::<i64>(rig, [-1, 1], 1, 0);
+        reduces_as_its_own_type::<u64>(rig, [u64::MAX, 1], u64::MAX, 0);
+        reduces_as_its_own_type::<f32>(rig, [1.5, -0.25], 1.5, 1.25);
+        reduces_as_its_own_type::<f64>(rig, [1.5, -0.25], 1.5, 1.25);
+        let h = f16::from_f32;
+        reduces_as_its_own_type::<f16>(rig, [h(1.5), h(-0.25)], h(1.5), h(1.25));
+        let b = bf16::from_f32;
+        reduces_as_its_own_type::<bf16>(rig, [b(1.5), b(-0.25)], b(1.5), b(1.25));
+        // e4m3: 0x3c = 1.5, 0xa8 = -0.25, 0x3a = 1.25; e5m2: 0x3e = 1.5, 0xb4 = -0.25, 0x3d = 1.25.
+        reduces_as_its_own_type::<Fp8E4M3>(
+            rig,
+            [Fp8E4M3(0x3c), Fp8E4M3(0xa8)],
+            Fp8E4M3(0x3c),
+            Fp8E4M3(0x3a),
+        );
+        reduces_as_its_own_type::<Fp8E5M2>(
+            rig,
+            [Fp8E5M2(0x3e), Fp8E5M2(0xb4)],
+            Fp8E5M2(0x3e),
+            Fp8E5M2(0x3d),
+        );
+    });
 }
 
 /// Each reduction's short name (used in messages and by the benchmark's tables).

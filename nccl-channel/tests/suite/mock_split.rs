@@ -87,87 +87,84 @@ fn assert_no_violations(rig: &Rig) {
 /// ranks and sizes are right and each child's all-reduce sums its own ranks.
 #[test]
 fn four_local_ranks_split_into_two_colors_from_one_thread() {
-    let rig = Rig::new(4);
-    let comms = local(&rig, 4);
-    let parts: Vec<_> = comms
-        .iter()
-        .map(|c| (c, Some(c.rank() as u32 % 2), 0))
-        .collect();
-    let children = Communicator::split_all(&parts).unwrap();
-    assert_eq!(
-        children.iter().map(rank_size).collect::<Vec<_>>(),
-        [Some((0, 2)), Some((0, 2)), Some((1, 2)), Some((1, 2))]
-    );
-    assert_eq!(rig.world.calls("ncclCommSplit"), 4);
-    assert_eq!(rig.world.calls("ncclGroupEnd"), 1, "one group");
-    let live: Vec<&Communicator> = children.iter().flatten().collect();
-    for (c, parent) in live.iter().zip(&comms) {
-        assert!(c.config().is_blocking(), "the parent's configuration");
-        assert_eq!(c.device(), parent.device());
-    }
-    // Ranks 0 and 2 hold 1 and 3; ranks 1 and 3 hold 2 and 4.
-    assert_eq!(sums(&rig.nccl, &live, &[1, 2, 3, 4]), [4, 6, 4, 6]);
-    assert_no_violations(&rig);
-    drop(children);
-    drop(comms);
-    rig.assert_clean();
+    Rig::new(4).check(|rig| {
+        let comms = local(rig, 4);
+        let parts: Vec<_> = comms
+            .iter()
+            .map(|c| (c, Some(c.rank() as u32 % 2), 0))
+            .collect();
+        let children = Communicator::split_all(&parts).unwrap();
+        assert_eq!(
+            children.iter().map(rank_size).collect::<Vec<_>>(),
+            [Some((0, 2)), Some((0, 2)), Some((1, 2)), Some((1, 2))]
+        );
+        assert_eq!(rig.world.calls("ncclCommSplit"), 4);
+        assert_eq!(rig.world.calls("ncclGroupEnd"), 1, "one group");
+        let live: Vec<&Communicator> = children.iter().flatten().collect();
+        for (c, parent) in live.iter().zip(&comms) {
+            assert!(c.config().is_blocking(), "the parent's configuration");
+            assert_eq!(c.device(), parent.device());
+        }
+        // Ranks 0 and 2 hold 1 and 3; ranks 1 and 3 hold 2 and 4.
+        assert_eq!(sums(&rig.nccl, &live, &[1, 2, 3, 4]), [4, 6, 4, 6]);
+        assert_no_violations(rig);
+        drop(children);
+    });
 }
 
 /// `None` opts a rank out (no communicator); keys order the ranks of a color, ties by
 /// parent rank.
 #[test]
 fn nocolor_ranks_get_none_and_keys_reorder_ranks() {
-    let rig = Rig::new(4);
-    let comms = local(&rig, 4);
-    let parts = [
-        (&comms[0], Some(9), 5),
-        (&comms[1], None, 0),
-        (&comms[2], Some(9), 1),
-        (&comms[3], Some(9), 1),
-    ];
-    let children = Communicator::split_all(&parts).unwrap();
-    assert_eq!(
-        children.iter().map(rank_size).collect::<Vec<_>>(),
-        [Some((2, 3)), None, Some((0, 3)), Some((1, 3))]
-    );
-    let live: Vec<&Communicator> = children.iter().flatten().collect();
-    assert_eq!(sums(&rig.nccl, &live, &[1, 10, 100]), [111, 111, 111]);
-    assert_no_violations(&rig);
-    drop(children);
-    drop(comms);
-    rig.assert_clean();
+    Rig::new(4).check(|rig| {
+        let comms = local(rig, 4);
+        let parts = [
+            (&comms[0], Some(9), 5),
+            (&comms[1], None, 0),
+            (&comms[2], Some(9), 1),
+            (&comms[3], Some(9), 1),
+        ];
+        let children = Communicator::split_all(&parts).unwrap();
+        assert_eq!(
+            children.iter().map(rank_size).collect::<Vec<_>>(),
+            [Some((2, 3)), None, Some((0, 3)), Some((1, 3))]
+        );
+        let live: Vec<&Communicator> = children.iter().flatten().collect();
+        assert_eq!(sums(&rig.nccl, &live, &[1, 10, 100]), [111, 111, 111]);
+        assert_no_violations(rig);
+        drop(children);
+    });
 }
 
 /// Non-blocking parents: the group end answers "in progress", the children come after
 /// each parent was polled to success, and they are non-blocking with the same deadline.
 #[test]
 fn non_blocking_parents_split_and_shrink_from_one_thread() {
-    let rig = Rig::new(2);
-    let comms = local_non_blocking(&rig, 2);
-    let polls = rig.world.calls("ncclCommGetAsyncError");
-    let children =
-        Communicator::split_all(&[(&comms[0], Some(0), 1), (&comms[1], Some(0), 0)]).unwrap();
-    assert!(rig.world.calls("ncclCommGetAsyncError") > polls, "polled");
-    assert_eq!(
-        children.iter().map(rank_size).collect::<Vec<_>>(),
-        [Some((1, 2)), Some((0, 2))]
-    );
-    let live: Vec<&Communicator> = children.iter().flatten().collect();
-    for c in &live {
+    Rig::new(2).check(|rig| {
+        let comms = local_non_blocking(rig, 2);
+        let polls = rig.world.calls("ncclCommGetAsyncError");
+        let children =
+            Communicator::split_all(&[(&comms[0], Some(0), 1), (&comms[1], Some(0), 0)]).unwrap();
+        assert!(rig.world.calls("ncclCommGetAsyncError") > polls, "polled");
         assert_eq!(
-            *c.config(),
-            CommConfig::non_blocking(Duration::from_secs(5))
+            children.iter().map(rank_size).collect::<Vec<_>>(),
+            [Some((1, 2)), Some((0, 2))]
         );
-    }
-    assert_eq!(sums(&rig.nccl, &live, &[3, 4]), [7, 7]);
-    // Shrinking the pair to rank 0 alone: one parent, in a group of its own.
-    let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
-    assert_eq!((small[0].rank(), small[0].size()), (0, 1));
-    assert!(!small[0].config().is_blocking());
-    assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
-    assert_no_violations(&rig);
-    drop((small, children, comms));
-    rig.assert_clean();
+        let live: Vec<&Communicator> = children.iter().flatten().collect();
+        for c in &live {
+            assert_eq!(
+                *c.config(),
+                CommConfig::non_blocking(Duration::from_secs(5))
+            );
+        }
+        assert_eq!(sums(&rig.nccl, &live, &[3, 4]), [7, 7]);
+        // Shrinking the pair to rank 0 alone: one parent, in a group of its own.
+        let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
+        assert_eq!((small[0].rank(), small[0].size()), (0, 1));
+        assert!(!small[0].config().is_blocking());
+        assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
+        assert_no_violations(rig);
+    });
 }
 
 /// Children whose background init is slow (NCCL answers "in progress" a few times): the
@@ -175,49 +172,47 @@ fn non_blocking_parents_split_and_shrink_from_one_thread() {
 /// taking the first "in progress" for a missed one.
 #[test]
 fn slow_children_are_polled_until_ready() {
-    let rig = Rig::new(2);
-    let comms = local_non_blocking(&rig, 2);
-    rig.world.slow_new_communicators(3);
-    let polls = rig.world.calls("ncclCommGetAsyncError");
-    let children =
-        Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 1)]).unwrap();
-    // Each child: three "in progress" answers, then the one that says it is ready.
-    assert!(rig.world.calls("ncclCommGetAsyncError") >= polls + 2 * 4);
-    let live: Vec<&Communicator> = children.iter().flatten().collect();
-    assert_eq!(sums(&rig.nccl, &live, &[3, 4]), [7, 7]);
-    let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
-    assert_eq!((small[0].rank(), small[0].size()), (0, 1));
-    assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
-    rig.world.slow_new_communicators(0);
-    assert_no_violations(&rig);
-    drop((small, children, comms));
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let comms = local_non_blocking(rig, 2);
+        rig.world.slow_new_communicators(3);
+        let polls = rig.world.calls("ncclCommGetAsyncError");
+        let children =
+            Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 1)]).unwrap();
+        // Each child: three "in progress" answers, then the one that says it is ready.
+        assert!(rig.world.calls("ncclCommGetAsyncError") >= polls + 2 * 4);
+        let live: Vec<&Communicator> = children.iter().flatten().collect();
+        assert_eq!(sums(&rig.nccl, &live, &[3, 4]), [7, 7]);
+        let small = Communicator::shrink_all(&[&comms[0]], &[1]).unwrap();
+        assert_eq!((small[0].rank(), small[0].size()), (0, 1));
+        assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
+        rig.world.slow_new_communicators(0);
+        assert_no_violations(rig);
+    });
 }
 
 /// A shrink from one thread: three local ranks, one lost (aborted); the two others shrink
 /// from one thread and keep their order.
 #[test]
 fn shrink_of_one_rank_from_three_from_one_thread() {
-    let rig = Rig::new(3);
-    let mut comms = local(&rig, 3);
-    comms.remove(1).abort().unwrap();
-    let small = Communicator::shrink_all(&[&comms[0], &comms[1]], &[1]).unwrap();
-    assert_eq!(
-        small
-            .iter()
-            .map(|c| (c.rank(), c.size()))
-            .collect::<Vec<_>>(),
-        [(0, 2), (1, 2)]
-    );
-    assert_eq!(small[1].device().ordinal(), 2);
-    assert_eq!(
-        sums(&rig.nccl, &[&small[0], &small[1]], &[20, 22]),
-        [42, 42]
-    );
-    assert_eq!(rig.world.calls("ncclCommShrink"), 2);
-    assert_no_violations(&rig);
-    drop((small, comms));
-    rig.assert_clean();
+    Rig::new(3).check(|rig| {
+        let mut comms = local(rig, 3);
+        comms.remove(1).abort().unwrap();
+        let small = Communicator::shrink_all(&[&comms[0], &comms[1]], &[1]).unwrap();
+        assert_eq!(
+            small
+                .iter()
+                .map(|c| (c.rank(), c.size()))
+                .collect::<Vec<_>>(),
+            [(0, 2), (1, 2)]
+        );
+        assert_eq!(small[1].device().ordinal(), 2);
+        assert_eq!(
+            sums(&rig.nccl, &[&small[0], &small[1]], &[20, 22]),
+            [42, 42]
+        );
+        assert_eq!(rig.world.calls("ncclCommShrink"), 2);
+        assert_no_violations(rig);
+    });
 }
 
 /// A split that fails in the middle of the group (the third of four calls): the group
@@ -225,68 +220,66 @@ fn shrink_of_one_rank_from_three_from_one_thread() {
 /// (a usage error) stay usable.
 #[test]
 fn a_failure_in_the_middle_of_the_group_leaves_no_child() {
-    let rig = Rig::new(4);
-    let comms = local(&rig, 4);
-    let baseline = rig.world.live();
-    rig.world
-        .fail_after("ncclCommSplit", 2, ncclResult_t::ncclInvalidUsage);
-    let parts: Vec<_> = comms.iter().map(|c| (c, Some(0), 0)).collect();
-    let e = Communicator::split_all(&parts).unwrap_err();
-    match &e {
-        Error::Nccl {
-            call: "ncclCommSplit",
-            code: ncclResult_t::ncclInvalidUsage,
-            detail,
-            ..
-        } => assert_eq!(detail, "ncclCommSplit: injected fault"),
-        other => panic!("{other}"),
-    }
-    // The text ends with NCCL's own detail (ncclGetLastError).
-    assert!(
-        e.to_string().ends_with(" (ncclCommSplit: injected fault)"),
-        "{e}"
-    );
-    assert_eq!(
-        rig.world.calls("ncclCommSplit"),
-        3,
-        "the fourth is not called"
-    );
-    assert_eq!(rig.world.live(), baseline);
-    assert!(comms.iter().all(|c| !c.is_aborted()));
-    // Nothing is left half-done: the same parents split again.
-    let children = Communicator::split_all(&parts).unwrap();
-    assert_eq!(rank_size(&children[3]), Some((3, 4)));
-    assert_no_violations(&rig);
-    drop((children, comms));
-    rig.assert_clean();
+    Rig::new(4).check(|rig| {
+        let comms = local(rig, 4);
+        let baseline = rig.world.live();
+        rig.world
+            .fail_after("ncclCommSplit", 2, ncclResult_t::ncclInvalidUsage);
+        let parts: Vec<_> = comms.iter().map(|c| (c, Some(0), 0)).collect();
+        let e = Communicator::split_all(&parts).unwrap_err();
+        match &e {
+            Error::Nccl {
+                call: "ncclCommSplit",
+                code: ncclResult_t::ncclInvalidUsage,
+                detail,
+                ..
+            } => assert_eq!(detail, "ncclCommSplit: injected fault"),
+            other => panic!("{other}"),
+        }
+        // The text ends with NCCL's own detail (ncclGetLastError).
+        assert!(
+            e.to_string().ends_with(" (ncclCommSplit: injected fault)"),
+            "{e}"
+        );
+        assert_eq!(
+            rig.world.calls("ncclCommSplit"),
+            3,
+            "the fourth is not called"
+        );
+        assert_eq!(rig.world.live(), baseline);
+        assert!(comms.iter().all(|c| !c.is_aborted()));
+        // Nothing is left half-done: the same parents split again.
+        let children = Communicator::split_all(&parts).unwrap();
+        assert_eq!(rank_size(&children[3]), Some((3, 4)));
+        assert_no_violations(rig);
+    });
 }
 
 /// A group end that fails (injected): no child is left and the error names the call.
 #[test]
 fn a_failed_group_end_leaves_no_child() {
-    let rig = Rig::new(2);
-    let comms = local(&rig, 2);
-    let baseline = rig.world.live();
-    rig.world
-        .fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
-    let parts = [(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)];
-    let e = Communicator::split_all(&parts).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Nccl {
-                call: "ncclGroupEnd",
-                code: ncclResult_t::ncclInvalidUsage,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert_eq!(rig.world.live(), baseline);
-    assert!(!comms[0].is_aborted());
-    assert_no_violations(&rig);
-    drop(comms);
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let comms = local(rig, 2);
+        let baseline = rig.world.live();
+        rig.world
+            .fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
+        let parts = [(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)];
+        let e = Communicator::split_all(&parts).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nccl {
+                    call: "ncclGroupEnd",
+                    code: ncclResult_t::ncclInvalidUsage,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(rig.world.live(), baseline);
+        assert!(!comms[0].is_aborted());
+        assert_no_violations(rig);
+    });
 }
 
 /// A group whose splits fail at its end (a peer of the parents never splits): NCCL hands
@@ -340,28 +333,27 @@ fn a_group_that_fails_at_its_end_aborts_every_child() {
 /// is the wait's.
 #[test]
 fn a_failed_wait_for_non_blocking_parents_aborts_parents_and_children() {
-    let rig = Rig::new(2);
-    let comms = local_non_blocking(&rig, 2);
-    rig.world
-        .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
-    let e =
-        Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)]).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Nccl {
-                call: "ncclCommGetAsyncError",
-                code: ncclResult_t::ncclInternalError,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(comms[0].is_aborted() && comms[1].is_aborted());
-    assert_eq!(rig.world.live().comms, 0, "parents and children");
-    assert_no_violations(&rig);
-    drop(comms);
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let comms = local_non_blocking(rig, 2);
+        rig.world
+            .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
+        let e = Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)])
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nccl {
+                    call: "ncclCommGetAsyncError",
+                    code: ncclResult_t::ncclInternalError,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(comms[0].is_aborted() && comms[1].is_aborted());
+        assert_eq!(rig.world.live().comms, 0, "parents and children");
+        assert_no_violations(rig);
+    });
 }
 
 /// The regression: reading a grouped split's new communicator at once, as the old code
@@ -369,92 +361,91 @@ fn a_failed_wait_for_non_blocking_parents_aborts_parents_and_children() {
 /// reports it. The grouped API on the same parents reads after the group and is clean.
 #[test]
 fn reading_the_rank_before_the_group_ends_is_detected() {
-    let rig = Rig::new(2);
-    let comms = local(&rig, 2);
-    let ctxs = contexts(&rig, 2);
-    let mut raws = [std::ptr::null_mut(); 2];
-    let g = Group::start(&rig.nccl).unwrap();
-    let mut early = Vec::new();
-    for r in 0..2 {
-        let _b = ctxs[r].bind().unwrap();
-        // SAFETY: live communicators; `raws` outlives the group; NULL config inherits.
-        let rc = unsafe {
-            (rig.nccl.fns().ncclCommSplit)(
-                comms[r].as_raw(),
-                0,
-                0,
-                &mut raws[r],
-                std::ptr::null_mut(),
-            )
-        };
-        assert_eq!(rc, ncclResult_t::ncclSuccess);
-        // SAFETY: what the old code did: adopt the handle right after the call.
-        early.push(unsafe { Communicator::from_raw(&rig.nccl, &ctxs[r], raws[r]) });
-    }
-    g.end().unwrap();
-    for e in early {
+    Rig::new(2).check(|rig| {
+        let comms = local(rig, 2);
+        let ctxs = contexts(rig, 2);
+        let mut raws = [std::ptr::null_mut(); 2];
+        let g = Group::start(&rig.nccl).unwrap();
+        let mut early = Vec::new();
+        for r in 0..2 {
+            let _b = ctxs[r].bind().unwrap();
+            // SAFETY: live communicators; `raws` outlives the group; NULL config inherits.
+            let rc = unsafe {
+                (rig.nccl.fns().ncclCommSplit)(
+                    comms[r].as_raw(),
+                    0,
+                    0,
+                    &mut raws[r],
+                    std::ptr::null_mut(),
+                )
+            };
+            assert_eq!(rc, ncclResult_t::ncclSuccess);
+            // SAFETY: what the old code did: adopt the handle right after the call.
+            early.push(unsafe { Communicator::from_raw(&rig.nccl, &ctxs[r], raws[r]) });
+        }
+        g.end().unwrap();
+        for e in early {
+            assert!(
+                matches!(
+                    e,
+                    Err(Error::Nccl {
+                        call: "ncclCommUserRank",
+                        code: ncclResult_t::ncclInvalidArgument,
+                        ..
+                    })
+                ),
+                "{e:?}"
+            );
+        }
+        // Each early read is reported (and so is the abort of the NULL handle that the
+        // failed adoption then made).
+        let v = rig.world.take_violations();
+        let reads = v
+            .iter()
+            .filter(|m| {
+                m.starts_with(
+                    "ncclCommUserRank: communicator NULL: a split or shrink inside a group gives",
+                )
+            })
+            .count();
+        assert_eq!(reads, 2, "{v:?}");
         assert!(
-            matches!(
-                e,
-                Err(Error::Nccl {
-                    call: "ncclCommUserRank",
-                    code: ncclResult_t::ncclInvalidArgument,
-                    ..
-                })
-            ),
-            "{e:?}"
+            v.iter()
+                .all(|m| m.contains("communicator NULL: a split or shrink")),
+            "{v:?}"
         );
-    }
-    // Each early read is reported (and so is the abort of the NULL handle that the
-    // failed adoption then made).
-    let v = rig.world.take_violations();
-    let reads = v
-        .iter()
-        .filter(|m| {
-            m.starts_with(
-                "ncclCommUserRank: communicator NULL: a split or shrink inside a group gives",
-            )
-        })
-        .count();
-    assert_eq!(reads, 2, "{v:?}");
-    assert!(
-        v.iter()
-            .all(|m| m.contains("communicator NULL: a split or shrink")),
-        "{v:?}"
-    );
-    // After the group the handles are there: adopt them now, then split the same parents
-    // again with the grouped API, which reads only after its group.
-    for r in 0..2 {
-        // SAFETY: made for this device by the split and owned here.
-        let c = unsafe { Communicator::from_raw(&rig.nccl, &ctxs[r], raws[r]) }.unwrap();
-        assert_eq!((c.rank(), c.size()), (r, 2));
-    }
-    let children =
-        Communicator::split_all(&[(&comms[0], Some(1), 0), (&comms[1], Some(1), 0)]).unwrap();
-    assert_eq!(rank_size(&children[1]), Some((1, 2)));
-    assert_no_violations(&rig);
-    drop((children, comms, ctxs));
-    rig.assert_clean();
+        // After the group the handles are there: adopt them now, then split the same parents
+        // again with the grouped API, which reads only after its group.
+        for r in 0..2 {
+            // SAFETY: made for this device by the split and owned here.
+            let c = unsafe { Communicator::from_raw(&rig.nccl, &ctxs[r], raws[r]) }.unwrap();
+            assert_eq!((c.rank(), c.size()), (r, 2));
+        }
+        let children =
+            Communicator::split_all(&[(&comms[0], Some(1), 0), (&comms[1], Some(1), 0)]).unwrap();
+        assert_eq!(rank_size(&children[1]), Some((1, 2)));
+        assert_no_violations(rig);
+    });
 }
 
 /// One rank per thread (as one rank per process) still splits on its own, with `split`
 /// or a one-parent `split_all`, and both meet in the same split.
 #[test]
 fn one_rank_per_thread_still_splits_alone() {
-    let rig = Rig::new(2);
-    let out = rig.run(2, |comm, _| {
-        let child = if comm.rank() == 0 {
-            comm.split(Some(3), 0).unwrap()
-        } else {
-            Communicator::split_all(&[(comm, Some(3), 0)])
-                .unwrap()
-                .pop()
-                .unwrap()
-        };
-        rank_size(&child)
+    Rig::new(2).check(|rig| {
+        let out = rig.run(2, |comm, _| {
+            let child = if comm.rank() == 0 {
+                comm.split(Some(3), 0).unwrap()
+            } else {
+                Communicator::split_all(&[(comm, Some(3), 0)])
+                    .unwrap()
+                    .pop()
+                    .unwrap()
+            };
+            rank_size(&child)
+        });
+        assert_eq!(out, [Some((0, 2)), Some((1, 2))]);
     });
-    assert_eq!(out, [Some((0, 2)), Some((1, 2))]);
-    rig.assert_clean();
 }
 
 /// Inputs that cannot split together are typed errors before any NCCL split call.
@@ -574,61 +565,59 @@ fn bad_inputs_are_typed_errors() {
 /// allows one thread at a time); an aborted parent is `Aborted`.
 #[test]
 fn a_parent_grouped_elsewhere_or_aborted_is_refused() {
-    let rig = Rig::new(2);
-    let mut comms = local(&rig, 2);
-    let c1 = comms.pop().unwrap();
-    let c0 = comms.pop().unwrap();
-    let s = Stream::new(c0.context()).unwrap();
-    let mut b = DeviceBuffer::from_slice(c0.context(), &[1i32]).unwrap();
-    let mut b1 = DeviceBuffer::from_slice(c1.context(), &[2i32]).unwrap();
-    let s1 = Stream::new(c1.context()).unwrap();
-    // Moved to another thread while this thread's group holds its work, and back.
-    let c0 = group(&rig.nccl, || {
-        c0.all_reduce_in_place(&mut b, ReduceOp::Sum, &s)?;
-        c1.all_reduce_in_place(&mut b1, ReduceOp::Sum, &s1)?;
-        let c0 = std::thread::scope(|sc| {
-            sc.spawn(move || {
-                let e = Communicator::split_all(&[(&c0, Some(0), 0)]).unwrap_err();
-                assert_eq!(
-                    e,
-                    Error::GroupedElsewhere {
-                        what: "Communicator::split_all"
-                    }
-                );
-                c0
-            })
-            .join()
-            .unwrap()
-        });
-        Ok(c0)
-    })
-    .unwrap();
-    s.synchronize().unwrap();
-    assert_eq!(b.to_vec().unwrap(), [3]);
-    c1.abort_handle().abort();
-    assert_eq!(
-        Communicator::split_all(&[(&c0, Some(0), 0), (&c1, Some(0), 0)]).unwrap_err(),
-        Error::Aborted
-    );
-    assert!(c1.is_aborted(), "the requested abort was performed");
-    assert_eq!(rig.world.calls("ncclCommSplit"), 0);
-    drop((c0, c1, s, s1, b, b1));
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let mut comms = local(rig, 2);
+        let c1 = comms.pop().unwrap();
+        let c0 = comms.pop().unwrap();
+        let s = Stream::new(c0.context()).unwrap();
+        let mut b = DeviceBuffer::from_slice(c0.context(), &[1i32]).unwrap();
+        let mut b1 = DeviceBuffer::from_slice(c1.context(), &[2i32]).unwrap();
+        let s1 = Stream::new(c1.context()).unwrap();
+        // Moved to another thread while this thread's group holds its work, and back.
+        let c0 = group(&rig.nccl, || {
+            c0.all_reduce_in_place(&mut b, ReduceOp::Sum, &s)?;
+            c1.all_reduce_in_place(&mut b1, ReduceOp::Sum, &s1)?;
+            let c0 = std::thread::scope(|sc| {
+                sc.spawn(move || {
+                    let e = Communicator::split_all(&[(&c0, Some(0), 0)]).unwrap_err();
+                    assert_eq!(
+                        e,
+                        Error::GroupedElsewhere {
+                            what: "Communicator::split_all"
+                        }
+                    );
+                    c0
+                })
+                .join()
+                .unwrap()
+            });
+            Ok(c0)
+        })
+        .unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(b.to_vec().unwrap(), [3]);
+        c1.abort_handle().abort();
+        assert_eq!(
+            Communicator::split_all(&[(&c0, Some(0), 0), (&c1, Some(0), 0)]).unwrap_err(),
+            Error::Aborted
+        );
+        assert!(c1.is_aborted(), "the requested abort was performed");
+        assert_eq!(rig.world.calls("ncclCommSplit"), 0);
+    });
 }
 
 /// Shrink needs NCCL 2.27: on older libraries the grouped shrink names the version.
 #[test]
 fn shrink_all_needs_2_27() {
-    let rig = Rig::with_version(2, NcclVersion::new(2, 26, 6));
-    let comms = local(&rig, 2);
-    match Communicator::shrink_all(&[&comms[0]], &[1]).unwrap_err() {
-        Error::Unsupported {
-            feature, needed, ..
-        } => assert_eq!((feature, needed.as_str()), ("ncclCommShrink", "2.27.3")),
-        other => panic!("{other}"),
-    }
-    drop(comms);
-    rig.assert_clean();
+    Rig::with_version(2, NcclVersion::new(2, 26, 6)).check(|rig| {
+        let comms = local(rig, 2);
+        match Communicator::shrink_all(&[&comms[0]], &[1]).unwrap_err() {
+            Error::Unsupported {
+                feature, needed, ..
+            } => assert_eq!((feature, needed.as_str()), ("ncclCommShrink", "2.27.3")),
+            other => panic!("{other}"),
+        }
+    });
 }
 
 /// An NCCL group opened through the raw table and left open defers the splits past the
@@ -661,18 +650,18 @@ fn a_raw_group_left_open_is_an_error_not_a_dangling_write() {
 /// with "NCCL gave no new communicator".
 #[test]
 fn a_non_blocking_split_waits_for_the_child_itself() {
-    let rig = Rig::new(2);
-    let comms = local_non_blocking(&rig, 2);
-    let got: Vec<Option<(usize, usize)>> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .into_iter()
-            .map(|c| s.spawn(move || rank_size(&c.split(Some(0), -(c.rank() as i32)).unwrap())))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    Rig::new(2).check(|rig| {
+        let comms = local_non_blocking(rig, 2);
+        let got: Vec<Option<(usize, usize)>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .map(|c| s.spawn(move || rank_size(&c.split(Some(0), -(c.rank() as i32)).unwrap())))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(got, [Some((1, 2)), Some((0, 2))]);
+        assert_no_violations(rig);
     });
-    assert_eq!(got, [Some((1, 2)), Some((0, 2))]);
-    assert_no_violations(&rig);
-    rig.assert_clean();
 }
 
 /// A context that cannot be made current refuses the whole grouped split before any
@@ -680,40 +669,39 @@ fn a_non_blocking_split_waits_for_the_child_itself() {
 /// peer until NCCL's timeout (with real NCCL and blocking parents: forever).
 #[test]
 fn a_bind_failure_refuses_split_all_before_any_split() {
-    let rig = Rig::new(2);
-    let comms = local(&rig, 2);
-    // The second parent's bind (its cuCtxGetCurrent) fails.
-    rig.gpus.fail_after(
-        "cuCtxGetCurrent",
-        1,
-        cuda_hal::cuda_sys::CUresult::CUDA_ERROR_UNKNOWN,
-    );
-    let t = std::time::Instant::now();
-    let e =
-        Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)]).unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Cuda(cuda_hal::Error::Driver {
-                call: "cuCtxGetCurrent",
-                code: cuda_hal::cuda_sys::CUresult::CUDA_ERROR_UNKNOWN,
-                ..
-            })
-        ),
-        "{e}"
-    );
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    assert_eq!(rig.world.calls("ncclCommSplit"), 0, "nothing issued");
-    rig.gpus.clear_faults();
-    // The parents are intact: a retry works.
-    let children =
-        Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)]).unwrap();
-    assert_eq!(
-        children.iter().map(rank_size).collect::<Vec<_>>(),
-        [Some((0, 2)), Some((1, 2))]
-    );
-    drop((children, comms));
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let comms = local(rig, 2);
+        // The second parent's bind (its cuCtxGetCurrent) fails.
+        rig.gpus.fail_after(
+            "cuCtxGetCurrent",
+            1,
+            cuda_hal::cuda_sys::CUresult::CUDA_ERROR_UNKNOWN,
+        );
+        let t = std::time::Instant::now();
+        let e = Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)])
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Cuda(cuda_hal::Error::Driver {
+                    call: "cuCtxGetCurrent",
+                    code: cuda_hal::cuda_sys::CUresult::CUDA_ERROR_UNKNOWN,
+                    ..
+                })
+            ),
+            "{e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert_eq!(rig.world.calls("ncclCommSplit"), 0, "nothing issued");
+        rig.gpus.clear_faults();
+        // The parents are intact: a retry works.
+        let children =
+            Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)]).unwrap();
+        assert_eq!(
+            children.iter().map(rank_size).collect::<Vec<_>>(),
+            [Some((0, 2)), Some((1, 2))]
+        );
+    });
 }
 
 /// NCCL sizes a shrink's child by the exclude list's length: a repeated rank would give
@@ -722,43 +710,42 @@ fn a_bind_failure_refuses_split_all_before_any_split() {
 /// deduplicate, hiding the problem).
 #[test]
 fn a_rank_excluded_twice_is_refused() {
-    let rig = Rig::new(3);
-    let mut comms = local(&rig, 3);
-    comms.remove(1).abort().unwrap();
-    let e = Communicator::shrink_all(&[&comms[0], &comms[1]], &[1, 1]).unwrap_err();
-    assert_eq!(
-        e,
-        Error::InvalidArgument {
-            what: "Communicator::shrink_all",
-            problem: "rank 1 is excluded twice".into()
-        }
-    );
-    let e = comms[0].shrink(&[1, 2, 1]).unwrap_err();
-    assert!(
-        matches!(&e, Error::InvalidArgument { what: "shrink", problem } if problem == "rank 1 is excluded twice"),
-        "{e}"
-    );
-    assert_eq!(rig.world.calls("ncclCommShrink"), 0);
-    // The raw NCCL refuses it as well.
-    let mut list = [1i32, 1];
-    let mut out: nccl_sys::ncclComm_t = std::ptr::null_mut();
-    let _g = comms[0].context().bind().unwrap();
-    // SAFETY: a live communicator, a list of 2 ranks and a valid out-pointer.
-    let rc = unsafe {
-        (rig.nccl.fns().ncclCommShrink.unwrap())(
-            comms[0].as_raw(),
-            list.as_mut_ptr(),
-            2,
-            &mut out,
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    assert_eq!(rc, ncclResult_t::ncclInvalidArgument);
-    assert!(out.is_null());
-    drop(_g);
-    drop(comms);
-    rig.assert_clean();
+    Rig::new(3).check(|rig| {
+        let mut comms = local(rig, 3);
+        comms.remove(1).abort().unwrap();
+        let e = Communicator::shrink_all(&[&comms[0], &comms[1]], &[1, 1]).unwrap_err();
+        assert_eq!(
+            e,
+            Error::InvalidArgument {
+                what: "Communicator::shrink_all",
+                problem: "rank 1 is excluded twice".into()
+            }
+        );
+        let e = comms[0].shrink(&[1, 2, 1]).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what: "shrink", problem } if problem == "rank 1 is excluded twice"),
+            "{e}"
+        );
+        assert_eq!(rig.world.calls("ncclCommShrink"), 0);
+        // The raw NCCL refuses it as well.
+        let mut list = [1i32, 1];
+        let mut out: nccl_sys::ncclComm_t = std::ptr::null_mut();
+        let _g = comms[0].context().bind().unwrap();
+        // SAFETY: a live communicator, a list of 2 ranks and a valid out-pointer.
+        let rc = unsafe {
+            (rig.nccl.fns().ncclCommShrink.unwrap())(
+                comms[0].as_raw(),
+                list.as_mut_ptr(),
+                2,
+                &mut out,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        assert_eq!(rc, ncclResult_t::ncclInvalidArgument);
+        assert!(out.is_null());
+        drop(_g);
+    });
 }
 
 /// A non-blocking split whose child is stored only after the parent's deadline: the
@@ -768,29 +755,28 @@ fn a_rank_excluded_twice_is_refused() {
 /// aborted too: nothing leaks.
 #[test]
 fn a_child_stored_after_the_deadline_is_a_timeout() {
-    let rig = Rig::new(1);
-    let timeout = Duration::from_millis(5);
-    let config = CommConfig::non_blocking(timeout);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    // The init has the same short deadline: retried should the machine be slow.
-    let c = (0..100)
-        .find_map(|_| {
-            let id = UniqueId::generate(&rig.nccl).unwrap();
-            Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).ok()
-        })
-        .unwrap();
-    let e = c.split(Some(0), 0).unwrap_err();
-    assert_eq!(
-        e,
-        Error::Timeout {
-            what: "ncclCommSplit".into(),
-            after: timeout
-        }
-    );
-    assert!(c.is_aborted());
-    drop(c);
-    assert_eq!(rig.world.live().comms, 0, "the parent and the child");
-    assert_no_violations(&rig);
-    drop(ctx);
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let timeout = Duration::from_millis(5);
+        let config = CommConfig::non_blocking(timeout);
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        // The init has the same short deadline: retried should the machine be slow.
+        let c = (0..100)
+            .find_map(|_| {
+                let id = UniqueId::generate(&rig.nccl).unwrap();
+                Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).ok()
+            })
+            .unwrap();
+        let e = c.split(Some(0), 0).unwrap_err();
+        assert_eq!(
+            e,
+            Error::Timeout {
+                what: "ncclCommSplit".into(),
+                after: timeout
+            }
+        );
+        assert!(c.is_aborted());
+        drop(c);
+        assert_eq!(rig.world.live().comms, 0, "the parent and the child");
+        assert_no_violations(rig);
+    });
 }

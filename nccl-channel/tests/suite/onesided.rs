@@ -44,72 +44,71 @@ fn nccl_bufs(comms: &[Communicator], fill: impl Fn(usize) -> u32) -> Vec<DeviceB
 
 #[test]
 fn a_ring_of_puts_among_three_ranks_delivers_each_ranks_data_to_the_next() {
-    let rig = Rig::new(3);
-    let Ring { comms, streams } = ring(&rig, 3);
-    let src = nccl_bufs(&comms, |r| 100 + r as u32);
-    let dst = nccl_bufs(&comms, |_| 0);
-    let src_w = windows(&comms, &src);
-    let dst_w = windows(&comms, &dst);
-    for r in 0..3 {
-        // Rank r writes 4 elements at element 4 * r of rank r + 1's window.
-        let next = (r + 1) % 3;
-        dst_w[r]
-            .put_signal(
-                &src[r].slice(0..4).unwrap(),
-                next,
-                16 * r,
-                Signal::DEFAULT,
-                &streams[r],
-            )
-            .unwrap();
-        // And a plain signal after it.
-        comms[r].signal(next, Signal::DEFAULT, &streams[r]).unwrap();
-    }
-    for r in 0..3 {
-        comms[r]
-            .wait_signal(&[SignalWait::new((r + 2) % 3, 2)], &streams[r])
-            .unwrap();
-    }
-    for (r, s) in streams.iter().enumerate() {
-        s.synchronize().unwrap();
-        let prev = (r + 2) % 3;
-        let mut want = vec![0u32; 1024];
-        want[4 * prev..4 * prev + 4].fill(100 + prev as u32);
-        assert_eq!(dst[r].to_vec().unwrap(), want, "rank {r}");
-    }
-    assert_eq!(rig.world.calls("ncclPutSignal"), 3);
-    assert_eq!(rig.world.calls("ncclSignal"), 3);
-    assert_eq!(rig.world.calls("ncclWaitSignal"), 3);
-    drop((src_w, dst_w));
-    drop((src, dst, streams, comms));
-    rig.assert_clean();
+    Rig::new(3).check(|rig| {
+        let Ring { comms, streams } = ring(rig, 3);
+        let src = nccl_bufs(&comms, |r| 100 + r as u32);
+        let dst = nccl_bufs(&comms, |_| 0);
+        let src_w = windows(&comms, &src);
+        let dst_w = windows(&comms, &dst);
+        for r in 0..3 {
+            // Rank r writes 4 elements at element 4 * r of rank r + 1's window.
+            let next = (r + 1) % 3;
+            dst_w[r]
+                .put_signal(
+                    &src[r].slice(0..4).unwrap(),
+                    next,
+                    16 * r,
+                    Signal::DEFAULT,
+                    &streams[r],
+                )
+                .unwrap();
+            // And a plain signal after it.
+            comms[r].signal(next, Signal::DEFAULT, &streams[r]).unwrap();
+        }
+        for r in 0..3 {
+            comms[r]
+                .wait_signal(&[SignalWait::new((r + 2) % 3, 2)], &streams[r])
+                .unwrap();
+        }
+        for (r, s) in streams.iter().enumerate() {
+            s.synchronize().unwrap();
+            let prev = (r + 2) % 3;
+            let mut want = vec![0u32; 1024];
+            want[4 * prev..4 * prev + 4].fill(100 + prev as u32);
+            assert_eq!(dst[r].to_vec().unwrap(), want, "rank {r}");
+        }
+        assert_eq!(rig.world.calls("ncclPutSignal"), 3);
+        assert_eq!(rig.world.calls("ncclSignal"), 3);
+        assert_eq!(rig.world.calls("ncclWaitSignal"), 3);
+        drop((src_w, dst_w));
+    });
 }
 
 #[test]
 fn ranks_on_threads_ping_pong_with_puts_and_waits() {
-    let rig = Rig::new(2);
-    let out = rig.run(2, |c, s| {
-        let mut src = c.alloc_nccl::<u32>(1024).unwrap();
-        let mut dst = c.alloc_nccl::<u32>(1024).unwrap();
-        src.fill(c.rank() as u32 + 1).unwrap();
-        dst.fill(0).unwrap();
-        let _sw = c.register_window(&src, SYM).unwrap();
-        let dw = c.register_window(&dst, SYM).unwrap();
-        let peer = 1 - c.rank();
-        if c.rank() == 0 {
-            dw.put_signal(&src.slice(0..2).unwrap(), peer, 0, Signal::DEFAULT, s)
-                .unwrap();
-            c.wait_signal(&[SignalWait::new(peer, 1)], s).unwrap();
-        } else {
-            c.wait_signal(&[SignalWait::new(peer, 1)], s).unwrap();
-            dw.put_signal(&src.slice(0..2).unwrap(), peer, 0, Signal::DEFAULT, s)
-                .unwrap();
-        }
-        s.synchronize().unwrap();
-        dst.to_vec().unwrap()[..3].to_vec()
+    Rig::new(2).check(|rig| {
+        let out = rig.run(2, |c, s| {
+            let mut src = c.alloc_nccl::<u32>(1024).unwrap();
+            let mut dst = c.alloc_nccl::<u32>(1024).unwrap();
+            src.fill(c.rank() as u32 + 1).unwrap();
+            dst.fill(0).unwrap();
+            let _sw = c.register_window(&src, SYM).unwrap();
+            let dw = c.register_window(&dst, SYM).unwrap();
+            let peer = 1 - c.rank();
+            if c.rank() == 0 {
+                dw.put_signal(&src.slice(0..2).unwrap(), peer, 0, Signal::DEFAULT, s)
+                    .unwrap();
+                c.wait_signal(&[SignalWait::new(peer, 1)], s).unwrap();
+            } else {
+                c.wait_signal(&[SignalWait::new(peer, 1)], s).unwrap();
+                dw.put_signal(&src.slice(0..2).unwrap(), peer, 0, Signal::DEFAULT, s)
+                    .unwrap();
+            }
+            s.synchronize().unwrap();
+            dst.to_vec().unwrap()[..3].to_vec()
+        });
+        assert_eq!(out, vec![vec![2, 2, 0], vec![1, 1, 0]]);
     });
-    assert_eq!(out, vec![vec![2, 2, 0], vec![1, 1, 0]]);
-    rig.assert_clean();
 }
 
 /// A window's smallest size is agreed by the crate itself. Here each rank issues a
@@ -185,9 +184,8 @@ fn a_users_collective_in_place_of_the_window_agreement_is_an_error_on_every_rank
 /// registration's exchange still matches on every rank.
 #[test]
 fn a_window_exchange_that_fails_before_it_is_issued_leaves_the_next_one_in_step() {
-    let rig = Rig::new(2);
-    {
-        let Ring { comms, .. } = ring(&rig, 2);
+    Rig::new(2).check(|rig| {
+        let Ring { comms, .. } = ring(rig, 2);
         let bufs = nccl_bufs(&comms, |_| 0);
         let pairs: Vec<_> = comms.iter().zip(&bufs).collect();
         let oom = cuda_hal::cuda_sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
@@ -199,86 +197,84 @@ fn a_window_exchange_that_fails_before_it_is_issued_leaves_the_next_one_in_step(
         );
         let windows = Communicator::register_windows(&pairs, SYM).unwrap();
         assert!(windows.iter().all(Window::is_active));
-    }
-    rig.assert_clean();
+    });
 }
 
 #[test]
 fn a_put_past_the_window_and_a_source_outside_any_window_are_typed_errors() {
-    let rig = Rig::new(2);
-    let Ring { comms, streams } = ring(&rig, 2);
-    let src = nccl_bufs(&comms, |_| 1);
-    let dst = nccl_bufs(&comms, |_| 0);
-    let src_w = windows(&comms, &src);
-    let dst_w = windows(&comms, &dst);
-    assert_eq!(
-        dst_w[0].put_signal(
-            &src[0].slice(0..4).unwrap(),
-            1,
-            4084,
-            Signal::DEFAULT,
-            &streams[0]
-        ),
-        Err(Error::OutOfWindow {
-            what: "Window::put_signal",
-            offset: 4084,
-            bytes: 16,
-            window: 4096
-        })
-    );
-    assert_eq!(
-        dst_w[0].put_signal(
-            &src[0].slice(0..1).unwrap(),
-            1,
-            usize::MAX,
-            Signal::DEFAULT,
-            &streams[0]
-        ),
-        Err(Error::OutOfWindow {
-            what: "Window::put_signal",
-            offset: usize::MAX,
-            bytes: 4,
-            window: 4096
-        })
-    );
-    let plain = comms[0].alloc_nccl::<u32>(4).unwrap();
-    match dst_w[0].put_signal(&plain, 1, 0, Signal::DEFAULT, &streams[0]) {
-        Err(Error::InvalidArgument { what, problem }) => {
-            assert_eq!(what, "Window::put_signal");
-            assert!(
-                problem.starts_with("the source must lie in a window"),
-                "{problem}"
-            );
+    Rig::new(2).check(|rig| {
+        let Ring { comms, streams } = ring(rig, 2);
+        let src = nccl_bufs(&comms, |_| 1);
+        let dst = nccl_bufs(&comms, |_| 0);
+        let src_w = windows(&comms, &src);
+        let dst_w = windows(&comms, &dst);
+        assert_eq!(
+            dst_w[0].put_signal(
+                &src[0].slice(0..4).unwrap(),
+                1,
+                4084,
+                Signal::DEFAULT,
+                &streams[0]
+            ),
+            Err(Error::OutOfWindow {
+                what: "Window::put_signal",
+                offset: 4084,
+                bytes: 16,
+                window: 4096
+            })
+        );
+        assert_eq!(
+            dst_w[0].put_signal(
+                &src[0].slice(0..1).unwrap(),
+                1,
+                usize::MAX,
+                Signal::DEFAULT,
+                &streams[0]
+            ),
+            Err(Error::OutOfWindow {
+                what: "Window::put_signal",
+                offset: usize::MAX,
+                bytes: 4,
+                window: 4096
+            })
+        );
+        let plain = comms[0].alloc_nccl::<u32>(4).unwrap();
+        match dst_w[0].put_signal(&plain, 1, 0, Signal::DEFAULT, &streams[0]) {
+            Err(Error::InvalidArgument { what, problem }) => {
+                assert_eq!(what, "Window::put_signal");
+                assert!(
+                    problem.starts_with("the source must lie in a window"),
+                    "{problem}"
+                );
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(
-        dst_w[0].put_signal(&src[0], 2, 0, Signal::DEFAULT, &streams[0]),
-        Err(Error::InvalidRank {
-            what: "Window::put_signal",
-            rank: 2,
-            size: 2
-        })
-    );
-    // NCCL has only signal 0 of context 0.
-    match comms[0].signal(
-        1,
-        Signal {
-            index: 1,
-            context: 0,
-        },
-        &streams[0],
-    ) {
-        Err(Error::Nccl { call, name, .. }) => {
-            assert_eq!((call, name.as_str()), ("ncclSignal", "ncclInvalidArgument"));
+        assert_eq!(
+            dst_w[0].put_signal(&src[0], 2, 0, Signal::DEFAULT, &streams[0]),
+            Err(Error::InvalidRank {
+                what: "Window::put_signal",
+                rank: 2,
+                size: 2
+            })
+        );
+        // NCCL has only signal 0 of context 0.
+        match comms[0].signal(
+            1,
+            Signal {
+                index: 1,
+                context: 0,
+            },
+            &streams[0],
+        ) {
+            Err(Error::Nccl { call, name, .. }) => {
+                assert_eq!((call, name.as_str()), ("ncclSignal", "ncclInvalidArgument"));
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(rig.world.calls("ncclPutSignal"), 0);
-    assert_eq!(dst_w[0].user_ptr().unwrap(), Some(dst[0].as_raw()));
-    drop((src_w, dst_w));
-    drop((plain, src, dst, streams, comms));
-    rig.assert_clean();
+        assert_eq!(rig.world.calls("ncclPutSignal"), 0);
+        assert_eq!(dst_w[0].user_ptr().unwrap(), Some(dst[0].as_raw()));
+        drop((src_w, dst_w));
+    });
 }
 
 #[test]
@@ -361,34 +357,33 @@ fn dropping_the_source_and_the_windows_after_a_put_stays_sound() {
 
 #[test]
 fn older_nccl_says_one_sided_operations_need_2_29_2() {
-    let rig = Rig::with_version(2, NcclVersion::new(2, 28, 9));
-    let Ring { comms, streams } = ring(&rig, 2);
-    let unsupported = |feature| {
-        Err(Error::Unsupported {
-            feature,
-            needed: "2.29.2".into(),
-            found: "2.28.9".into(),
-        })
-    };
-    assert_eq!(
-        comms[0].signal(1, Signal::DEFAULT, &streams[0]),
-        unsupported("ncclSignal")
-    );
-    assert_eq!(
-        comms[0].wait_signal(&[SignalWait::new(1, 1)], &streams[0]),
-        unsupported("ncclWaitSignal")
-    );
-    let src = nccl_bufs(&comms, |_| 1);
-    let w = windows(&comms, &src);
-    assert_eq!(
-        w[0].put_signal(&src[0], 1, 0, Signal::DEFAULT, &streams[0]),
-        unsupported("ncclPutSignal")
-    );
-    assert_eq!(
-        w[0].user_ptr(),
-        unsupported("ncclWinGetUserPtr").map(|()| None)
-    );
-    drop(w);
-    drop((src, streams, comms));
-    rig.assert_clean();
+    Rig::with_version(2, NcclVersion::new(2, 28, 9)).check(|rig| {
+        let Ring { comms, streams } = ring(rig, 2);
+        let unsupported = |feature| {
+            Err(Error::Unsupported {
+                feature,
+                needed: "2.29.2".into(),
+                found: "2.28.9".into(),
+            })
+        };
+        assert_eq!(
+            comms[0].signal(1, Signal::DEFAULT, &streams[0]),
+            unsupported("ncclSignal")
+        );
+        assert_eq!(
+            comms[0].wait_signal(&[SignalWait::new(1, 1)], &streams[0]),
+            unsupported("ncclWaitSignal")
+        );
+        let src = nccl_bufs(&comms, |_| 1);
+        let w = windows(&comms, &src);
+        assert_eq!(
+            w[0].put_signal(&src[0], 1, 0, Signal::DEFAULT, &streams[0]),
+            unsupported("ncclPutSignal")
+        );
+        assert_eq!(
+            w[0].user_ptr(),
+            unsupported("ncclWinGetUserPtr").map(|()| None)
+        );
+        drop(w);
+    });
 }

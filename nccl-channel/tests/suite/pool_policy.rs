@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use cuda_hal::Stream;
 use nccl_channel::{Communicator, Error, PoolMemory, PoolPolicy, ReduceOp};
 
-use crate::common::Rig;
+use crate::common::{OneRank, Rig, on_one_rank};
 
 /// The smallest power-of-two size (bytes) at which `table` registers `coll`.
 fn first_registered(table: &PoolPolicy, coll: &str) -> Option<usize> {
@@ -62,31 +62,28 @@ fn without_a_table_of_its_own_the_pool_follows_the_measured_one() {
 
 #[test]
 fn a_table_set_on_the_communicator_rules_from_then_on() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let s = Stream::new(&ctx).unwrap();
-    comm.set_pool_policy(
-        PoolPolicy::parse("all_reduce 4K registered\nall_reduce 8K plain").unwrap(),
-    );
-    assert!(!registers(&comm, &s, "all_reduce", 4092));
-    assert!(registers(&comm, &s, "all_reduce", 4096));
-    assert!(registers(&comm, &s, "all_reduce", 8188));
-    assert!(!registers(&comm, &s, "all_reduce", 8192));
-    assert!(!registers(&comm, &s, "all_gather", 4096));
-    // A registered buffer stays so in the pool when the table changes.
-    let mut kept = comm.buffer::<f32>(1024).unwrap();
-    comm.all_reduce_in_place(&mut kept, ReduceOp::Sum, &s)
-        .unwrap();
-    assert!(kept.is_registered());
-    drop(kept);
-    comm.set_pool_policy(PoolPolicy::plain());
-    let again = comm.buffer::<f32>(1024).unwrap();
-    assert!(again.is_registered());
-    drop(again);
-    assert!(!registers(&comm, &s, "all_reduce", 4096 + 4));
-    comm.trim_pool().unwrap();
-    drop((s, comm, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |_, OneRank { comm, s, .. }| {
+        comm.set_pool_policy(
+            PoolPolicy::parse("all_reduce 4K registered\nall_reduce 8K plain").unwrap(),
+        );
+        assert!(!registers(&comm, &s, "all_reduce", 4092));
+        assert!(registers(&comm, &s, "all_reduce", 4096));
+        assert!(registers(&comm, &s, "all_reduce", 8188));
+        assert!(!registers(&comm, &s, "all_reduce", 8192));
+        assert!(!registers(&comm, &s, "all_gather", 4096));
+        // A registered buffer stays so in the pool when the table changes.
+        let mut kept = comm.buffer::<f32>(1024).unwrap();
+        comm.all_reduce_in_place(&mut kept, ReduceOp::Sum, &s)
+            .unwrap();
+        assert!(kept.is_registered());
+        drop(kept);
+        comm.set_pool_policy(PoolPolicy::plain());
+        let again = comm.buffer::<f32>(1024).unwrap();
+        assert!(again.is_registered());
+        drop(again);
+        assert!(!registers(&comm, &s, "all_reduce", 4096 + 4));
+        comm.trim_pool().unwrap();
+    });
 }
 
 /// The variable's table replaces the measured one; one it cannot read is the first

@@ -777,47 +777,47 @@ fn something_that_is_not_a_tcpstore_is_named() {
 
 #[test]
 fn the_channel_builder_takes_a_rendezvous() {
-    let rig = Rig::new(2);
-    let port = free_port_in_range();
-    let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
-        .unwrap()
-        .timeout(Duration::from_secs(20));
-    let out: Vec<Vec<i32>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|r| {
-                let (cuda, nccl, rdv) = (rig.cuda.clone(), rig.nccl.clone(), rdv.clone());
-                s.spawn(move || {
-                    let ch = nccl_channel::ChannelBuilder::new()
-                        .world(World::new(2, r).unwrap())
-                        .unique_id(IdSource::Rendezvous(rdv))
-                        .cuda(cuda)
-                        .nccl(nccl)
-                        .build()
-                        .unwrap()
-                        .unwrap();
-                    assert_eq!(
-                        ch.id_origin(),
-                        format!(
-                            "rank 0's rendezvous at 127.0.0.1:{port} (derived from code), \
-                             key nccl-channel, timeout 20s"
-                        )
-                    );
-                    let ctx = ch.comm().context();
-                    let send = DeviceBuffer::from_slice(ctx, &[r as i32]).unwrap();
-                    let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2).unwrap();
-                    ch.comm().all_gather(&send, &mut recv, ch.stream()).unwrap();
-                    ch.stream().synchronize().unwrap();
-                    let v = recv.to_vec().unwrap();
-                    drop((send, recv));
-                    ch.close().unwrap();
-                    v
+    Rig::new(2).check(|rig| {
+        let port = free_port_in_range();
+        let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+            .unwrap()
+            .timeout(Duration::from_secs(20));
+        let out: Vec<Vec<i32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let (cuda, nccl, rdv) = (rig.cuda.clone(), rig.nccl.clone(), rdv.clone());
+                    s.spawn(move || {
+                        let ch = nccl_channel::ChannelBuilder::new()
+                            .world(World::new(2, r).unwrap())
+                            .unique_id(IdSource::Rendezvous(rdv))
+                            .cuda(cuda)
+                            .nccl(nccl)
+                            .build()
+                            .unwrap()
+                            .unwrap();
+                        assert_eq!(
+                            ch.id_origin(),
+                            format!(
+                                "rank 0's rendezvous at 127.0.0.1:{port} (derived from code), \
+                                 key nccl-channel, timeout 20s"
+                            )
+                        );
+                        let ctx = ch.comm().context();
+                        let send = DeviceBuffer::from_slice(ctx, &[r as i32]).unwrap();
+                        let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2).unwrap();
+                        ch.comm().all_gather(&send, &mut recv, ch.stream()).unwrap();
+                        ch.stream().synchronize().unwrap();
+                        let v = recv.to_vec().unwrap();
+                        drop((send, recv));
+                        ch.close().unwrap();
+                        v
+                    })
                 })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(out, vec![vec![0, 1]; 2]);
     });
-    assert_eq!(out, vec![vec![0, 1]; 2]);
-    rig.assert_clean();
 }
 
 #[test]

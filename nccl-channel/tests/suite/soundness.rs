@@ -27,101 +27,99 @@ fn pair(rig: &Rig) -> Vec<(Communicator, Stream)> {
 /// Buffers made and dropped inside a group closure live until the group has launched.
 #[test]
 fn buffers_dropped_inside_a_group_live_until_it_ends() {
-    let rig = Rig::new(2);
-    let ranks = pair(&rig);
-    let mut outs: Vec<DeviceBuffer<i32>> = ranks
-        .iter()
-        .map(|(c, _)| DeviceBuffer::zeroed(c.context(), 2).unwrap())
-        .collect();
-    group(&rig.nccl, || {
-        for ((c, s), out) in ranks.iter().zip(outs.iter_mut()) {
-            let send = DeviceBuffer::from_slice(c.context(), &[1 + c.rank() as i32, 10])?;
-            c.all_reduce(&send, out, ReduceOp::Sum, s)?;
-            // `send` is dropped here, before ncclGroupEnd launched the all-reduce.
+    Rig::new(2).check(|rig| {
+        let ranks = pair(rig);
+        let mut outs: Vec<DeviceBuffer<i32>> = ranks
+            .iter()
+            .map(|(c, _)| DeviceBuffer::zeroed(c.context(), 2).unwrap())
+            .collect();
+        group(&rig.nccl, || {
+            for ((c, s), out) in ranks.iter().zip(outs.iter_mut()) {
+                let send = DeviceBuffer::from_slice(c.context(), &[1 + c.rank() as i32, 10])?;
+                c.all_reduce(&send, out, ReduceOp::Sum, s)?;
+                // `send` is dropped here, before ncclGroupEnd launched the all-reduce.
+            }
+            Ok(())
+        })
+        .unwrap();
+        for ((_, s), out) in ranks.iter().zip(&outs) {
+            s.synchronize().unwrap();
+            assert_eq!(out.to_vec().unwrap(), [3, 20]);
         }
-        Ok(())
-    })
-    .unwrap();
-    for ((_, s), out) in ranks.iter().zip(&outs) {
-        s.synchronize().unwrap();
-        assert_eq!(out.to_vec().unwrap(), [3, 20]);
-    }
-    drop((outs, ranks));
-    rig.assert_clean();
+    });
 }
 
 /// A captured all-reduce replayed after its buffers and its communicator were dropped:
 /// the graph owns them. Once the communicator is aborted, the graph refuses to launch.
 #[test]
 fn a_graph_owns_its_buffers_and_communicator_and_refuses_an_aborted_one() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
-    let s = Stream::non_blocking(&ctx).unwrap();
-    let send = DeviceBuffer::from_slice(&ctx, &[4.0f32, 5.0]).unwrap();
-    let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
-    let mut out = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
-    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
-        .unwrap();
-    out.copy_from_async(&recv, &s).unwrap();
-    let exec = s.end_capture().unwrap().instantiate().unwrap();
-    drop((send, recv));
-    let abort = comm.abort_handle();
-    drop(comm);
-    assert_eq!(rig.world.live().comms, 1, "held by the graph");
-    exec.launch(&s).unwrap();
-    s.synchronize().unwrap();
-    assert_eq!(out.to_vec().unwrap(), [4.0, 5.0]);
-    drop(exec);
-    assert_eq!(rig.world.live().comms, 0, "released with the graph");
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let send = DeviceBuffer::from_slice(&ctx, &[4.0f32, 5.0]).unwrap();
+        let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+        let mut out = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
+            .unwrap();
+        out.copy_from_async(&recv, &s).unwrap();
+        let exec = s.end_capture().unwrap().instantiate().unwrap();
+        drop((send, recv));
+        let abort = comm.abort_handle();
+        drop(comm);
+        assert_eq!(rig.world.live().comms, 1, "held by the graph");
+        exec.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(out.to_vec().unwrap(), [4.0, 5.0]);
+        drop(exec);
+        assert_eq!(rig.world.live().comms, 0, "released with the graph");
 
-    // The same graph over a communicator that is aborted before the launch.
-    let comm = Communicator::init_rank(
-        &rig.nccl,
-        &ctx,
-        &UniqueId::generate(&rig.nccl).unwrap(),
-        1,
-        0,
-    )
-    .unwrap();
-    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
-    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+        // The same graph over a communicator that is aborted before the launch.
+        let comm = Communicator::init_rank(
+            &rig.nccl,
+            &ctx,
+            &UniqueId::generate(&rig.nccl).unwrap(),
+            1,
+            0,
+        )
         .unwrap();
-    let exec = s.end_capture().unwrap().instantiate().unwrap();
-    comm.abort().unwrap();
-    let e = exec.launch(&s).unwrap_err();
-    assert!(
-        matches!(&e, cuda_hal::Error::Unusable { what } if what.contains("aborted or destroyed")),
-        "{e}"
-    );
-    drop((exec, buf, out, s, ctx, abort));
-    rig.assert_clean();
+        let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+            .unwrap();
+        let exec = s.end_capture().unwrap().instantiate().unwrap();
+        comm.abort().unwrap();
+        let e = exec.launch(&s).unwrap_err();
+        assert!(
+            matches!(&e, cuda_hal::Error::Unusable { what } if what.contains("aborted or destroyed")),
+            "{e}"
+        );
+        drop((exec, buf, out, s, ctx, abort));
+    });
 }
 
 /// Stream-ordered memory used by a collective on the communicator's stream and freed on
 /// its allocation stream: the free is ordered after the collective.
 #[test]
 fn a_pooled_buffer_is_freed_after_the_collective_on_another_stream() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
-    let (pool, comm_stream) = (
-        Stream::non_blocking(&ctx).unwrap(),
-        Stream::non_blocking(&ctx).unwrap(),
-    );
-    let mut buf = DeviceBuffer::<u64>::alloc_on(&pool, 1024).unwrap();
-    pool.synchronize().unwrap();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Max, &comm_stream)
-        .unwrap();
-    drop(buf);
-    pool.synchronize().unwrap();
-    comm_stream.synchronize().unwrap();
-    drop((comm, pool, comm_stream, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+        let (pool, comm_stream) = (
+            Stream::non_blocking(&ctx).unwrap(),
+            Stream::non_blocking(&ctx).unwrap(),
+        );
+        let mut buf = DeviceBuffer::<u64>::alloc_on(&pool, 1024).unwrap();
+        pool.synchronize().unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Max, &comm_stream)
+            .unwrap();
+        drop(buf);
+        pool.synchronize().unwrap();
+        comm_stream.synchronize().unwrap();
+    });
 }
 
 /// A pre-multiplied sum whose call fails fatally aborts the communicator, which frees the
@@ -129,136 +127,134 @@ fn a_pooled_buffer_is_freed_after_the_collective_on_another_stream() {
 /// without reaching NCCL.
 #[test]
 fn nothing_reaches_nccl_after_an_abort() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
-    let s = Stream::non_blocking(&ctx).unwrap();
-    let mut buf = DeviceBuffer::from_slice(&ctx, &[2.0f64]).unwrap();
-    rig.world
-        .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
-    let e = comm
-        .all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Nccl {
-                call: "ncclAllReduce",
-                code: ncclResult_t::ncclSystemError,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(comm.is_aborted());
-    assert_eq!(rig.world.calls("ncclRedOpDestroy"), 0);
-    let before = rig.world.calls("ncclCommGetAsyncError") + rig.world.calls("ncclCommSplit");
-    assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
-    assert_eq!(comm.split(Some(0), 0).unwrap_err(), Error::Aborted);
-    assert_eq!(comm.barrier(&s).unwrap_err(), Error::Aborted);
-    assert_eq!(
-        rig.world.calls("ncclCommGetAsyncError") + rig.world.calls("ncclCommSplit"),
-        before
-    );
-    drop((comm, buf, s, ctx));
-    assert!(
-        rig.world.violations().is_empty(),
-        "{:?}",
-        rig.world.violations()
-    );
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let mut buf = DeviceBuffer::from_slice(&ctx, &[2.0f64]).unwrap();
+        rig.world
+            .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
+        let e = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nccl {
+                    call: "ncclAllReduce",
+                    code: ncclResult_t::ncclSystemError,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(comm.is_aborted());
+        assert_eq!(rig.world.calls("ncclRedOpDestroy"), 0);
+        let before = rig.world.calls("ncclCommGetAsyncError") + rig.world.calls("ncclCommSplit");
+        assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
+        assert_eq!(comm.split(Some(0), 0).unwrap_err(), Error::Aborted);
+        assert_eq!(comm.barrier(&s).unwrap_err(), Error::Aborted);
+        assert_eq!(
+            rig.world.calls("ncclCommGetAsyncError") + rig.world.calls("ncclCommSplit"),
+            before
+        );
+        drop((comm, buf, s, ctx));
+        assert!(
+            rig.world.violations().is_empty(),
+            "{:?}",
+            rig.world.violations()
+        );
+    });
 }
 
 /// A non-blocking parent gives a non-blocking child (NCCL's rule for a NULL config); the
 /// split waits for the child, not the parent, and the child works.
 #[test]
 fn split_children_keep_the_parents_blocking_mode() {
-    let rig = Rig::new(2);
-    let results = rig.non_blocking_ranks(Duration::from_secs(5), |rank, ctx, parent| {
-        let child = parent.split(Some(0), 0).unwrap().unwrap();
-        assert!(!child.config().is_blocking());
-        assert_eq!(child.config().get_timeout(), Duration::from_secs(5));
-        let s = Stream::non_blocking(ctx).unwrap();
-        let mut buf = DeviceBuffer::from_slice(ctx, &[rank as u32 + 1]).unwrap();
-        child
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-            .unwrap();
-        child.wait(&s).unwrap();
-        buf.to_vec().unwrap()
+    Rig::new(2).check(|rig| {
+        let results = rig.non_blocking_ranks(Duration::from_secs(5), |rank, ctx, parent| {
+            let child = parent.split(Some(0), 0).unwrap().unwrap();
+            assert!(!child.config().is_blocking());
+            assert_eq!(child.config().get_timeout(), Duration::from_secs(5));
+            let s = Stream::non_blocking(ctx).unwrap();
+            let mut buf = DeviceBuffer::from_slice(ctx, &[rank as u32 + 1]).unwrap();
+            child
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+                .unwrap();
+            child.wait(&s).unwrap();
+            buf.to_vec().unwrap()
+        });
+        assert_eq!(results, [[3], [3]]);
     });
-    assert_eq!(results, [[3], [3]]);
-    rig.assert_clean();
 }
 
 /// Dropping a blocking communicator never waits for its peers: it aborts instead of
 /// finalising (a finalize can wait forever for a peer that is gone). `close` finalises.
 #[test]
 fn dropping_a_blocking_communicator_aborts_and_close_finalises() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let comm = Communicator::init_rank(
-        &rig.nccl,
-        &ctx,
-        &UniqueId::generate(&rig.nccl).unwrap(),
-        1,
-        0,
-    )
-    .unwrap();
-    drop(comm);
-    assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
-    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
-    let comm = Communicator::init_rank(
-        &rig.nccl,
-        &ctx,
-        &UniqueId::generate(&rig.nccl).unwrap(),
-        1,
-        0,
-    )
-    .unwrap();
-    comm.close().unwrap();
-    assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
-    assert_eq!(rig.world.calls("ncclCommDestroy"), 1);
-    drop(ctx);
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let comm = Communicator::init_rank(
+            &rig.nccl,
+            &ctx,
+            &UniqueId::generate(&rig.nccl).unwrap(),
+            1,
+            0,
+        )
+        .unwrap();
+        drop(comm);
+        assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+        let comm = Communicator::init_rank(
+            &rig.nccl,
+            &ctx,
+            &UniqueId::generate(&rig.nccl).unwrap(),
+            1,
+            0,
+        )
+        .unwrap();
+        comm.close().unwrap();
+        assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
+        assert_eq!(rig.world.calls("ncclCommDestroy"), 1);
+    });
 }
 
 /// Inside an open group, closing a communicator whose grouped work is pending is refused
 /// and the communicator is released after the group.
 #[test]
 fn a_communicator_closed_inside_a_group_outlives_the_group() {
-    let rig = Rig::new(2);
-    let mut ranks = pair(&rig);
-    let mut bufs: Vec<DeviceBuffer<u8>> = ranks
-        .iter()
-        .map(|(c, _)| DeviceBuffer::from_slice(c.context(), &[1, 2]).unwrap())
-        .collect();
-    let (c1, s1) = ranks.pop().unwrap();
-    let (c0, s0) = ranks.pop().unwrap();
-    let r = group(&rig.nccl, || {
-        c0.all_reduce_in_place(&mut bufs[0], ReduceOp::Sum, &s0)?;
-        c1.all_reduce_in_place(&mut bufs[1], ReduceOp::Sum, &s1)?;
-        let e = c1.close().unwrap_err();
-        assert!(
-            matches!(
-                &e,
-                Error::InvalidArgument {
-                    what: "Communicator::close",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        Ok(())
+    Rig::new(2).check(|rig| {
+        let mut ranks = pair(rig);
+        let mut bufs: Vec<DeviceBuffer<u8>> = ranks
+            .iter()
+            .map(|(c, _)| DeviceBuffer::from_slice(c.context(), &[1, 2]).unwrap())
+            .collect();
+        let (c1, s1) = ranks.pop().unwrap();
+        let (c0, s0) = ranks.pop().unwrap();
+        let r = group(&rig.nccl, || {
+            c0.all_reduce_in_place(&mut bufs[0], ReduceOp::Sum, &s0)?;
+            c1.all_reduce_in_place(&mut bufs[1], ReduceOp::Sum, &s1)?;
+            let e = c1.close().unwrap_err();
+            assert!(
+                matches!(
+                    &e,
+                    Error::InvalidArgument {
+                        what: "Communicator::close",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            Ok(())
+        });
+        r.unwrap();
+        assert_eq!(rig.world.live().comms, 1, "rank 1 released after the group");
+        s0.synchronize().unwrap();
+        s1.synchronize().unwrap();
+        assert_eq!(bufs[0].to_vec().unwrap(), [2, 4]);
+        assert_eq!(bufs[1].to_vec().unwrap(), [2, 4]);
     });
-    r.unwrap();
-    assert_eq!(rig.world.live().comms, 1, "rank 1 released after the group");
-    s0.synchronize().unwrap();
-    s1.synchronize().unwrap();
-    assert_eq!(bufs[0].to_vec().unwrap(), [2, 4]);
-    assert_eq!(bufs[1].to_vec().unwrap(), [2, 4]);
-    drop((c0, s0, s1, bufs));
-    rig.assert_clean();
 }
 
 /// What a scenario of [`behind_a_polling_collective`] does with memory whose home is
@@ -395,122 +391,118 @@ fn one(rig: &Rig) -> (cuda_hal::Context, Communicator, Stream) {
 /// allows one thread at a time); an abort asked for there happens after the group.
 #[test]
 fn a_communicator_in_a_group_is_refused_to_other_threads() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let mut a = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
-    let mut b = DeviceBuffer::from_slice(&ctx, &[3i32, 4]).unwrap();
-    let s2 = s.clone();
-    group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
-        std::thread::scope(|sc| {
-            sc.spawn(move || {
-                let e = comm
-                    .all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
-                    .unwrap_err();
-                assert_eq!(
-                    e,
-                    Error::GroupedElsewhere {
-                        what: "Communicator"
-                    }
-                );
-                let e = comm.close().unwrap_err();
-                assert!(
-                    matches!(
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let mut a = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+        let mut b = DeviceBuffer::from_slice(&ctx, &[3i32, 4]).unwrap();
+        let s2 = s.clone();
+        group(&rig.nccl, || {
+            comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
+            std::thread::scope(|sc| {
+                sc.spawn(move || {
+                    let e = comm
+                        .all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
+                        .unwrap_err();
+                    assert_eq!(
                         e,
-                        Error::InvalidArgument {
-                            what: "Communicator::close",
-                            ..
+                        Error::GroupedElsewhere {
+                            what: "Communicator"
                         }
-                    ),
-                    "{e}"
-                );
-            })
-            .join()
-            .unwrap();
-        });
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(rig.world.live().comms, 0, "released when the group ended");
-    assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
-    s.synchronize().unwrap();
-    assert_eq!(a.to_vec().unwrap(), [1, 2]);
-    drop((a, s, ctx));
-    rig.assert_clean();
+                    );
+                    let e = comm.close().unwrap_err();
+                    assert!(
+                        matches!(
+                            e,
+                            Error::InvalidArgument {
+                                what: "Communicator::close",
+                                ..
+                            }
+                        ),
+                        "{e}"
+                    );
+                })
+                .join()
+                .unwrap();
+            });
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rig.world.live().comms, 0, "released when the group ended");
+        assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
+        s.synchronize().unwrap();
+        assert_eq!(a.to_vec().unwrap(), [1, 2]);
+    });
 }
 
 /// `abort` from another thread while this thread's group holds work: it happens after
 /// the group launched that work.
 #[test]
 fn an_abort_from_another_thread_waits_for_the_group() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let mut buf = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
-    group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)?;
-        std::thread::scope(|sc| sc.spawn(move || comm.abort()).join().unwrap())?;
-        assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
-    drop((buf, s, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let mut buf = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
+        group(&rig.nccl, || {
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)?;
+            std::thread::scope(|sc| sc.spawn(move || comm.abort()).join().unwrap())?;
+            assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+    });
 }
 
 /// A fatal error inside a group aborts the communicator only after the group, whose
 /// work still names it.
 #[test]
 fn a_fatal_error_inside_a_group_aborts_after_it() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let mut a = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
-    let mut b = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
-    let r = group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
-        rig.world
-            .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
-        let e = comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s);
-        assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
-        e
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let mut a = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+        let mut b = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+        let r = group(&rig.nccl, || {
+            comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
+            rig.world
+                .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
+            let e = comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s);
+            assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
+            e
+        });
+        assert!(
+            matches!(
+                r,
+                Err(Error::Nccl {
+                    call: "ncclAllReduce",
+                    code: ncclResult_t::ncclSystemError,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
     });
-    assert!(
-        matches!(
-            r,
-            Err(Error::Nccl {
-                call: "ncclAllReduce",
-                code: ncclResult_t::ncclSystemError,
-                ..
-            })
-        ),
-        "{r:?}"
-    );
-    assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
-    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
-    drop((comm, a, b, s, ctx));
-    rig.assert_clean();
 }
 
 /// `abort` inside the group itself also waits for the group; `close` of a communicator
 /// the group did not use is not deferred (it finalises).
 #[test]
 fn abort_inside_a_group_waits_and_close_of_an_unused_one_finalises() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let (_, other, _) = one(&rig);
-    let mut buf = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
-    group(&rig.nccl, || {
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)?;
-        comm.abort()?;
-        assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
-        other.close()?;
-        assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
-    drop((buf, s, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let (_, other, _) = one(rig);
+        let mut buf = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
+        group(&rig.nccl, || {
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)?;
+            comm.abort()?;
+            assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
+            other.close()?;
+            assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+    });
 }
 
 /// Split and shrink inside an open group are refused (NCCL gives the new communicator
@@ -518,41 +510,40 @@ fn abort_inside_a_group_waits_and_close_of_an_unused_one_finalises() {
 /// reaches NCCL and nothing panics. The grouped API is refused there too.
 #[test]
 fn split_inside_a_group_is_refused() {
-    let rig = Rig::new(2);
-    let ranks = pair(&rig);
-    let r = group(&rig.nccl, || {
-        let e = ranks[0].0.split(Some(0), 0).unwrap_err();
-        assert_eq!(
-            e,
-            Error::SplitInGroup {
-                what: "split",
-                instead: "Communicator::split_all"
-            }
-        );
-        assert!(e.to_string().contains("Communicator::split_all"), "{e}");
-        let e = ranks[0].0.shrink(&[1]).unwrap_err();
-        assert_eq!(
-            e,
-            Error::SplitInGroup {
-                what: "shrink",
-                instead: "Communicator::shrink_all"
-            }
-        );
-        let e = Communicator::split_all(&[(&ranks[0].0, Some(0), 0)]).unwrap_err();
-        assert_eq!(
-            e,
-            Error::SplitInGroup {
-                what: "Communicator::split_all",
-                instead: "Communicator::split_all"
-            }
-        );
-        Ok(())
+    Rig::new(2).check(|rig| {
+        let ranks = pair(rig);
+        let r = group(&rig.nccl, || {
+            let e = ranks[0].0.split(Some(0), 0).unwrap_err();
+            assert_eq!(
+                e,
+                Error::SplitInGroup {
+                    what: "split",
+                    instead: "Communicator::split_all"
+                }
+            );
+            assert!(e.to_string().contains("Communicator::split_all"), "{e}");
+            let e = ranks[0].0.shrink(&[1]).unwrap_err();
+            assert_eq!(
+                e,
+                Error::SplitInGroup {
+                    what: "shrink",
+                    instead: "Communicator::shrink_all"
+                }
+            );
+            let e = Communicator::split_all(&[(&ranks[0].0, Some(0), 0)]).unwrap_err();
+            assert_eq!(
+                e,
+                Error::SplitInGroup {
+                    what: "Communicator::split_all",
+                    instead: "Communicator::split_all"
+                }
+            );
+            Ok(())
+        });
+        r.unwrap();
+        assert_eq!(rig.world.calls("ncclCommSplit"), 0);
+        assert_eq!(rig.world.calls("ncclCommShrink"), 0);
     });
-    r.unwrap();
-    assert_eq!(rig.world.calls("ncclCommSplit"), 0);
-    assert_eq!(rig.world.calls("ncclCommShrink"), 0);
-    drop(ranks);
-    rig.assert_clean();
 }
 
 /// Non-blocking communicators enqueue a group's work in the background after
@@ -560,89 +551,87 @@ fn split_inside_a_group_is_refused() {
 /// enqueued (the group settles), so buffers dropped inside the group stay valid.
 #[test]
 fn a_non_blocking_group_is_settled_before_its_buffers_go() {
-    let rig = Rig::new(2);
-    let results = rig.non_blocking_ranks(Duration::from_secs(5), |rank, ctx, comm| {
-        let s = Stream::non_blocking(ctx).unwrap();
-        let mut out = DeviceBuffer::<u32>::zeroed(ctx, 1).unwrap();
-        group(&rig.nccl, || {
-            let send = DeviceBuffer::from_slice(ctx, &[rank as u32 + 1])?;
-            comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s)
-        })
-        .unwrap();
-        comm.wait(&s).unwrap();
-        out.to_vec().unwrap()
+    Rig::new(2).check(|rig| {
+        let results = rig.non_blocking_ranks(Duration::from_secs(5), |rank, ctx, comm| {
+            let s = Stream::non_blocking(ctx).unwrap();
+            let mut out = DeviceBuffer::<u32>::zeroed(ctx, 1).unwrap();
+            group(&rig.nccl, || {
+                let send = DeviceBuffer::from_slice(ctx, &[rank as u32 + 1])?;
+                comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s)
+            })
+            .unwrap();
+            comm.wait(&s).unwrap();
+            out.to_vec().unwrap()
+        });
+        assert_eq!(results, [[3], [3]]);
     });
-    assert_eq!(results, [[3], [3]]);
-    rig.assert_clean();
 }
 
 /// A pre-multiplied sum's op is destroyed after its call, on the live communicator.
 #[test]
 fn a_pre_multiplied_sum_destroys_its_op() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let mut buf = DeviceBuffer::from_slice(&ctx, &[2.0f32, 4.0]).unwrap();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
-        .unwrap();
-    s.synchronize().unwrap();
-    assert_eq!(buf.to_vec().unwrap(), [1.0, 2.0]);
-    assert_eq!(rig.world.calls("ncclRedOpDestroy"), 1);
-    assert_eq!(rig.world.live().reduction_ops, 0);
-    drop((comm, buf, s, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let mut buf = DeviceBuffer::from_slice(&ctx, &[2.0f32, 4.0]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
+            .unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(buf.to_vec().unwrap(), [1.0, 2.0]);
+        assert_eq!(rig.world.calls("ncclRedOpDestroy"), 1);
+        assert_eq!(rig.world.live().reduction_ops, 0);
+    });
 }
 
 /// Errors that are not fatal (bad arguments) are returned as NCCL's error and leave the
 /// communicator usable; a failing split is that call's error.
 #[test]
 fn usage_errors_are_returned_and_keep_the_communicator() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let mut buf = DeviceBuffer::from_slice(&ctx, &[1u8]).unwrap();
-    rig.world
-        .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
-    let e = comm
-        .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let mut buf = DeviceBuffer::from_slice(&ctx, &[1u8]).unwrap();
+        rig.world
+            .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
+        let e = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Nccl { call: "ncclAllReduce", code, .. } if code == ncclResult_t::ncclInvalidArgument),
+            "{e}"
+        );
+        assert!(!comm.is_aborted());
+        rig.world
+            .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
+        let e = comm.split(Some(0), 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nccl {
+                    call: "ncclCommSplit",
+                    code: ncclResult_t::ncclInvalidUsage,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+            .unwrap();
+        let e = Communicator::init_rank(
+            &rig.nccl,
+            &ctx,
+            &UniqueId::generate(&rig.nccl).unwrap(),
+            1,
+            1,
+        )
         .unwrap_err();
-    assert!(
-        matches!(e, Error::Nccl { call: "ncclAllReduce", code, .. } if code == ncclResult_t::ncclInvalidArgument),
-        "{e}"
-    );
-    assert!(!comm.is_aborted());
-    rig.world
-        .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
-    let e = comm.split(Some(0), 0).unwrap_err();
-    assert!(
-        matches!(
+        assert_eq!(
             e,
-            Error::Nccl {
-                call: "ncclCommSplit",
-                code: ncclResult_t::ncclInvalidUsage,
-                ..
+            Error::InvalidRank {
+                what: "Communicator::init_rank",
+                rank: 1,
+                size: 1
             }
-        ),
-        "{e}"
-    );
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-        .unwrap();
-    let e = Communicator::init_rank(
-        &rig.nccl,
-        &ctx,
-        &UniqueId::generate(&rig.nccl).unwrap(),
-        1,
-        1,
-    )
-    .unwrap_err();
-    assert_eq!(
-        e,
-        Error::InvalidRank {
-            what: "Communicator::init_rank",
-            rank: 1,
-            size: 1
-        }
-    );
-    drop((comm, buf, s, ctx));
-    rig.assert_clean();
+        );
+    });
 }
 
 /// A non-blocking split whose wait fails aborts the parent, which stops the split (NCCL
@@ -651,34 +640,33 @@ fn usage_errors_are_returned_and_keep_the_communicator() {
 /// over: nothing leaks, and the error is returned.
 #[test]
 fn a_failed_wait_for_a_split_aborts_the_parent_and_the_child() {
-    let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let config = CommConfig::non_blocking(Duration::from_secs(5));
-    let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
-    rig.world
-        .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
-    let e = comm.split(Some(0), 0).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Nccl {
-                call: "ncclCommGetAsyncError",
-                code: ncclResult_t::ncclInternalError,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(comm.is_aborted());
-    assert_eq!(
-        rig.world.calls("ncclCommAbort"),
-        2,
-        "the parent, then the child"
-    );
-    assert_eq!(rig.world.live().comms, 0);
-    drop((comm, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let config = CommConfig::non_blocking(Duration::from_secs(5));
+        let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
+        rig.world
+            .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
+        let e = comm.split(Some(0), 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nccl {
+                    call: "ncclCommGetAsyncError",
+                    code: ncclResult_t::ncclInternalError,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(comm.is_aborted());
+        assert_eq!(
+            rig.world.calls("ncclCommAbort"),
+            2,
+            "the parent, then the child"
+        );
+        assert_eq!(rig.world.live().comms, 0);
+    });
 }
 
 /// Data types are gated on the release that introduced them, that release included.
@@ -712,104 +700,101 @@ fn fp8_works_from_the_release_that_introduced_it() {
 /// waited away; dropping one after an abort was asked for aborts instead of finalising.
 #[test]
 fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = one_non_blocking(&rig);
-    let s = Stream::non_blocking(&ctx).unwrap();
-    let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32]).unwrap();
-    rig.world
-        .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
-    let e = comm
-        .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Nccl {
-                call: "ncclAllReduce",
-                code: ncclResult_t::ncclInvalidArgument,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    rig.world
-        .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
-    let e = comm.split(Some(0), 0).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Nccl {
-                call: "ncclCommSplit",
-                code: ncclResult_t::ncclInvalidUsage,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(
-        format!("{comm:?}").ends_with("aborted: false }"),
-        "{comm:?}"
-    );
-    comm.abort_handle().abort();
-    drop(comm);
-    assert_eq!(rig.world.calls("ncclCommAbort"), 1);
-    assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
-    drop((buf, s, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let (ctx, comm) = one_non_blocking(rig);
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32]).unwrap();
+        rig.world
+            .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
+        let e = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nccl {
+                    call: "ncclAllReduce",
+                    code: ncclResult_t::ncclInvalidArgument,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        rig.world
+            .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
+        let e = comm.split(Some(0), 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nccl {
+                    call: "ncclCommSplit",
+                    code: ncclResult_t::ncclInvalidUsage,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            format!("{comm:?}").ends_with("aborted: false }"),
+            "{comm:?}"
+        );
+        comm.abort_handle().abort();
+        drop(comm);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+        assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
+    });
 }
 
 /// A group value dropped without `end` still ends the group; blocking communicators'
 /// groups need no settling (no async-error polls).
 #[test]
 fn a_dropped_group_ends_and_blocking_groups_do_not_poll() {
-    let rig = Rig::new(2);
-    let ranks = pair(&rig);
-    let g = nccl_channel::Group::start(&rig.nccl).unwrap();
-    assert_eq!(format!("{g:?}"), "Group { open: true }");
-    drop(g);
-    assert_eq!(rig.world.calls("ncclGroupEnd"), 1);
-    let mut bufs: Vec<DeviceBuffer<u8>> = ranks
-        .iter()
-        .map(|(c, _)| DeviceBuffer::from_slice(c.context(), &[1]).unwrap())
-        .collect();
-    group(&rig.nccl, || {
-        for ((c, s), b) in ranks.iter().zip(bufs.iter_mut()) {
-            c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(rig.world.calls("ncclCommGetAsyncError"), 0);
-    assert_eq!(rig.world.live().unmatched_operations, 0);
-    drop((bufs, ranks));
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let ranks = pair(rig);
+        let g = nccl_channel::Group::start(&rig.nccl).unwrap();
+        assert_eq!(format!("{g:?}"), "Group { open: true }");
+        drop(g);
+        assert_eq!(rig.world.calls("ncclGroupEnd"), 1);
+        let mut bufs: Vec<DeviceBuffer<u8>> = ranks
+            .iter()
+            .map(|(c, _)| DeviceBuffer::from_slice(c.context(), &[1]).unwrap())
+            .collect();
+        group(&rig.nccl, || {
+            for ((c, s), b) in ranks.iter().zip(bufs.iter_mut()) {
+                c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rig.world.calls("ncclCommGetAsyncError"), 0);
+        assert_eq!(rig.world.live().unmatched_operations, 0);
+    });
 }
 
 /// A graph whose work uses a communicator, launched inside another capture: the outer
 /// graph is gated by that communicator too, and refuses to launch once it is aborted.
 #[test]
 fn an_outer_graph_is_gated_by_the_inner_graphs_communicator() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-        .unwrap();
-    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-        .unwrap();
-    let inner = s.end_capture().unwrap().instantiate().unwrap();
-    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    inner.launch(&s).unwrap();
-    let outer = s.end_capture().unwrap().instantiate().unwrap();
-    outer.launch(&s).unwrap();
-    comm.abort().unwrap();
-    for g in [&inner, &outer] {
-        let e = g.launch(&s).unwrap_err();
-        assert!(matches!(&e, cuda_hal::Error::Unusable { .. }), "{e}");
-    }
-    s.synchronize().unwrap();
-    drop((outer, inner, buf, s, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+            .unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+            .unwrap();
+        let inner = s.end_capture().unwrap().instantiate().unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        inner.launch(&s).unwrap();
+        let outer = s.end_capture().unwrap().instantiate().unwrap();
+        outer.launch(&s).unwrap();
+        comm.abort().unwrap();
+        for g in [&inner, &outer] {
+            let e = g.launch(&s).unwrap_err();
+            assert!(matches!(&e, cuda_hal::Error::Unusable { .. }), "{e}");
+        }
+        s.synchronize().unwrap();
+    });
 }
 
 /// When a non-blocking group's background work cannot be confirmed (the poll fails), the
@@ -851,12 +836,11 @@ fn an_unsettled_group_asks_for_an_abort_and_frees_nothing() {
 /// capture's record, which held the communicator: all of it stayed).
 #[test]
 fn a_capture_of_a_collective_whose_stream_goes_is_abandoned_with_the_communicator() {
-    let rig = Rig::new(1);
-    let (ctx, comm, s) = one(&rig);
-    let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
-    s.begin_capture(CaptureMode::Relaxed).unwrap();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-        .unwrap();
-    drop((buf, s, comm, ctx));
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let (ctx, comm, s) = one(rig);
+        let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 4).unwrap();
+        s.begin_capture(CaptureMode::Relaxed).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+            .unwrap();
+    });
 }

@@ -2,13 +2,6 @@
 //! `$NCCL_CHANNEL_DATA_PARALLEL`) and the benchmark (`$NCCL_CHANNEL_BENCH`, the `bench`
 //! binary of nccl-bench), else beside this test binary (the GPU machine's staged layout),
 //! else in cargo's `examples/` or profile folder (built on demand).
-#![allow(
-    dead_code,
-    unreachable_pub,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
 
 use std::path::{Path, PathBuf};
 

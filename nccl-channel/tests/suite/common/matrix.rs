@@ -1,12 +1,5 @@
 //! Every collective × data type × op on one rank, checked against host-computed results.
 //! Run by every rank of a communicator at the same time (threads or processes).
-#![allow(
-    dead_code,
-    unreachable_pub,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
 
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Fp8E4M3, Fp8E5M2, Result, group};

@@ -42,20 +42,34 @@ impl Rig {
 
     /// As `with_version`, a simulated NCCL whose waits for peers end after `timeout`.
     pub fn with_timeout(devices: usize, version: NcclVersion, timeout: std::time::Duration) -> Rig {
+        Self::with_nccl(devices, |nccl| nccl.version(version).timeout(timeout))
+    }
+
+    /// `devices` simulated GPUs and a simulated NCCL as `configure` sets it up from
+    /// `MockNccl`'s defaults.
+    pub fn with_nccl(devices: usize, configure: impl FnOnce(MockNccl) -> MockNccl) -> Rig {
         let (cuda, gpus) = MockDriver::with_devices(devices)
             .build_with(Cuda::from_driver)
             .unwrap();
-        let (nccl, world) = MockNccl::new(&gpus)
-            .version(version)
-            .timeout(timeout)
-            .build()
-            .unwrap();
+        let (nccl, world) = configure(MockNccl::new(&gpus)).build().unwrap();
         Rig {
             cuda,
             gpus,
             nccl: Arc::new(nccl),
             world,
         }
+    }
+
+    /// Runs `scenario` on this machine, then asserts that nothing is left alive in
+    /// either simulation ([`Rig::assert_clean`]).
+    pub fn check(self, scenario: impl FnOnce(&Rig)) {
+        scenario(&self);
+        self.assert_clean();
+    }
+
+    /// The primary context of device `d`.
+    pub fn context(&self, d: usize) -> cuda_hal::Context {
+        self.cuda.device(d).unwrap().primary_context().unwrap()
     }
 
     /// Runs `f` on `n` ranks, one thread each, rank r on device r.
@@ -117,14 +131,44 @@ impl Rig {
 
     /// The primary contexts of devices 0..n.
     pub fn contexts(&self, n: usize) -> Vec<cuda_hal::Context> {
-        (0..n)
-            .map(|d| self.cuda.device(d).unwrap().primary_context().unwrap())
-            .collect()
+        (0..n).map(|d| self.context(d)).collect()
+    }
+
+    /// The communicators of devices 0..n made together (ncclCommInitAll), with their
+    /// contexts.
+    pub fn all_ranks(&self, n: usize) -> (Vec<cuda_hal::Context>, Vec<Communicator>) {
+        let ctxs = self.contexts(n);
+        let comms = Communicator::init_all(&self.nccl, &ctxs).unwrap();
+        (ctxs, comms)
+    }
+
+    /// A one-rank communicator on `ctx` made by ncclCommInitRank with a new unique id,
+    /// configured by `config`.
+    pub fn init_rank_with(
+        &self,
+        ctx: &cuda_hal::Context,
+        config: &nccl_channel::CommConfig,
+    ) -> Communicator {
+        let id = UniqueId::generate(&self.nccl).unwrap();
+        Communicator::init_rank_with(&self.nccl, ctx, &id, 1, 0, config).unwrap()
+    }
+
+    /// A one-rank non-blocking communicator on `device` (deadline `timeout`), with its
+    /// context.
+    pub fn one_non_blocking(
+        &self,
+        device: usize,
+        timeout: std::time::Duration,
+    ) -> (cuda_hal::Context, Communicator) {
+        let ctx = self.context(device);
+        let config = nccl_channel::CommConfig::non_blocking(timeout);
+        let comm = self.init_rank_with(&ctx, &config);
+        (ctx, comm)
     }
 
     /// A one-rank communicator on `device` (ncclCommInitAll), with its context.
     pub fn one_rank(&self, device: usize) -> (cuda_hal::Context, Communicator) {
-        let ctx = self.cuda.device(device).unwrap().primary_context().unwrap();
+        let ctx = self.context(device);
         let comm = Communicator::init_all(&self.nccl, std::slice::from_ref(&ctx))
             .unwrap()
             .remove(0);
@@ -153,6 +197,24 @@ impl Rig {
     }
 }
 
+/// One rank on device 0: its context, a one-rank communicator (ncclCommInitAll) and a
+/// stream of that context.
+pub struct OneRank {
+    pub ctx: cuda_hal::Context,
+    pub comm: Communicator,
+    pub s: Stream,
+}
+
+/// On a simulated machine of `devices` GPUs, runs `scenario` on [`OneRank`] of device 0,
+/// then asserts that nothing is left alive in either simulation.
+pub fn on_one_rank(devices: usize, scenario: impl FnOnce(&Rig, OneRank)) {
+    Rig::new(devices).check(|rig| {
+        let (ctx, comm) = rig.one_rank(0);
+        let s = Stream::new(&ctx).unwrap();
+        scenario(rig, OneRank { ctx, comm, s });
+    });
+}
+
 /// Element types the tests can make from small integers and compare.
 pub trait TestVal: NcclType + PartialEq + std::fmt::Debug {
     const IS_INT: bool;
@@ -178,60 +240,35 @@ macro_rules! int_val {
 }
 int_val!(i8, u8, i32, u32, i64, u64);
 
-impl TestVal for f32 {
-    const IS_INT: bool = false;
-    const TOL: f64 = 1e-5;
-    fn from_i(v: i64) -> Self {
-        v as f32
-    }
-    fn wrap(v: i128) -> Self {
-        v as f32
-    }
-    fn to_f(self) -> f64 {
-        self.into()
-    }
+/// Floats: from and to `f64` by `as`, results within `$tol`.
+macro_rules! float_val {
+    ($($t:ty: $tol:expr),*) => { $(
+        impl TestVal for $t {
+            const IS_INT: bool = false;
+            const TOL: f64 = $tol;
+            fn from_i(v: i64) -> Self { v as $t }
+            fn wrap(v: i128) -> Self { v as $t }
+            fn to_f(self) -> f64 { self as f64 }
+        }
+    )* };
 }
-impl TestVal for f64 {
-    const IS_INT: bool = false;
-    const TOL: f64 = 1e-12;
-    fn from_i(v: i64) -> Self {
-        v as f64
-    }
-    fn wrap(v: i128) -> Self {
-        v as f64
-    }
-    fn to_f(self) -> f64 {
-        self
-    }
+float_val!(f32: 1e-5, f64: 1e-12);
+
+/// The half-precision types: through their `f64` conversions, results within `$tol`.
+#[cfg(feature = "half")]
+macro_rules! half_val {
+    ($($t:ty: $tol:expr),*) => { $(
+        impl TestVal for $t {
+            const IS_INT: bool = false;
+            const TOL: f64 = $tol;
+            fn from_i(v: i64) -> Self { <$t>::from_f64(v as f64) }
+            fn wrap(v: i128) -> Self { <$t>::from_f64(v as f64) }
+            fn to_f(self) -> f64 { self.to_f64() }
+        }
+    )* };
 }
 #[cfg(feature = "half")]
-impl TestVal for half::f16 {
-    const IS_INT: bool = false;
-    const TOL: f64 = 2e-3;
-    fn from_i(v: i64) -> Self {
-        half::f16::from_f64(v as f64)
-    }
-    fn wrap(v: i128) -> Self {
-        half::f16::from_f64(v as f64)
-    }
-    fn to_f(self) -> f64 {
-        self.to_f64()
-    }
-}
-#[cfg(feature = "half")]
-impl TestVal for half::bf16 {
-    const IS_INT: bool = false;
-    const TOL: f64 = 2e-2;
-    fn from_i(v: i64) -> Self {
-        half::bf16::from_f64(v as f64)
-    }
-    fn wrap(v: i128) -> Self {
-        half::bf16::from_f64(v as f64)
-    }
-    fn to_f(self) -> f64 {
-        self.to_f64()
-    }
-}
+half_val!(half::f16: 2e-3, half::bf16: 2e-2);
 
 /// Encodes a small exact value into a minifloat with `m` mantissa bits and `bias`.
 fn mini(v: f64, m: u32, bias: i32) -> u8 {
@@ -265,34 +302,21 @@ fn unmini(b: u8, m: u32, bias: i32, fn_style: bool) -> f64 {
     }
 }
 
-impl TestVal for Fp8E4M3 {
-    const IS_INT: bool = false;
-    const FP8: bool = true;
-    const TOL: f64 = 0.15;
-    fn from_i(v: i64) -> Self {
-        Fp8E4M3(mini(v as f64, 3, 7))
-    }
-    fn wrap(v: i128) -> Self {
-        Fp8E4M3(mini(v as f64, 3, 7))
-    }
-    fn to_f(self) -> f64 {
-        unmini(self.0, 3, 7, true)
-    }
+/// The FP8 types: minifloats of `$m` mantissa bits and exponent bias `$bias`, results
+/// within `$tol`.
+macro_rules! fp8_val {
+    ($($t:ident: $m:expr, $bias:expr, $fn_style:expr, $tol:expr);*) => { $(
+        impl TestVal for $t {
+            const IS_INT: bool = false;
+            const FP8: bool = true;
+            const TOL: f64 = $tol;
+            fn from_i(v: i64) -> Self { $t(mini(v as f64, $m, $bias)) }
+            fn wrap(v: i128) -> Self { $t(mini(v as f64, $m, $bias)) }
+            fn to_f(self) -> f64 { unmini(self.0, $m, $bias, $fn_style) }
+        }
+    )* };
 }
-impl TestVal for Fp8E5M2 {
-    const IS_INT: bool = false;
-    const FP8: bool = true;
-    const TOL: f64 = 0.3;
-    fn from_i(v: i64) -> Self {
-        Fp8E5M2(mini(v as f64, 2, 15))
-    }
-    fn wrap(v: i128) -> Self {
-        Fp8E5M2(mini(v as f64, 2, 15))
-    }
-    fn to_f(self) -> f64 {
-        unmini(self.0, 2, 15, false)
-    }
-}
+fp8_val!(Fp8E4M3: 3, 7, true, 0.15; Fp8E5M2: 2, 15, false, 0.3);
 
 /// The input of rank `r` at element `i` for an op (small, exact in every type, and with
 /// every partial sum or product exact too, whatever order NCCL reduces in).

@@ -5,13 +5,6 @@
 //! PING (query 13): an unknown query closes the connection, as both of torch's servers do.
 //! Integers in the host's byte order, strings as a u64 length and the bytes (torch's
 //! TCPStore.cpp / TCPStoreBackend.hpp).
-#![allow(
-    dead_code,
-    unreachable_pub,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
