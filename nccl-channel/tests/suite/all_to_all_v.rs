@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::common::{OneRank, Rig, TestVal, on_one_rank};
+use crate::common::{OneRank, Rig, TestVal, on_one_rank, streams};
 use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, Group};
 use nccl_sys::{NcclVersion, ncclResult_t};
@@ -179,9 +179,8 @@ fn in_the_users_group_from_one_thread_the_group_holds_the_buffers() {
     for version in [VERSIONS[0], VERSIONS[3]] {
         let n = 3;
         let rig = Rig::with_version(n, version);
-        let ctxs = rig.contexts(n);
-        let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
-        let streams: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+        let (ctxs, comms) = rig.all_ranks(n);
+        let streams: Vec<Stream> = streams(&ctxs);
         let layouts: Vec<Layout> = (0..n).map(|r| Layout::of(n, r)).collect();
         let mut ints: Vec<DeviceBuffer<i32>> = Vec::new();
         let mut floats: Vec<DeviceBuffer<f32>> = Vec::new();
@@ -323,19 +322,7 @@ fn on_non_blocking_communicators_the_buffers_live_until_the_work_is_enqueued() {
 /// waits in vain for its receive until the simulated NCCL's timeout: short here).
 #[test]
 fn a_failure_inside_its_group_aborts_after_the_group() {
-    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(1)
-        .build_with(cuda_hal::Cuda::from_driver)
-        .unwrap();
-    let (nccl, world) = nccl_mock::MockNccl::new(&gpus)
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let rig = Rig {
-        cuda,
-        gpus,
-        nccl: std::sync::Arc::new(nccl),
-        world,
-    };
+    let rig = Rig::with_nccl(1, |nccl| nccl.timeout(Duration::from_millis(300)));
     let (ctx, comm) = rig.one_rank(0);
     let s = Stream::new(&ctx).unwrap();
     let send = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
@@ -382,7 +369,7 @@ fn bad_layouts_are_typed_errors_before_any_nccl_call() {
     let before: Vec<u64> = calls.iter().map(|c| rig.world.calls(c)).collect();
     let results = rig.run(2, |comm, s| {
         let (r, ctx) = (comm.rank(), comm.context());
-        let other = rig.cuda.device(2).unwrap().primary_context().unwrap();
+        let other = rig.context(2);
         let foreign_ctx = elsewhere.cuda.device(0).unwrap().primary_context().unwrap();
         let send = DeviceBuffer::<i32>::zeroed(ctx, 8).unwrap();
         let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 8).unwrap();
@@ -530,9 +517,8 @@ fn pooled_buffers_register_by_the_all_to_all_rules() {
 fn a_group_whose_peer_part_was_refused_keeps_its_buffers_and_aborts() {
     let version = NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32);
     let rig = Rig::with_timeout(2, version, Duration::from_millis(500));
-    let ctxs = rig.contexts(2);
-    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
-    let st: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let (ctxs, comms) = rig.all_ranks(2);
+    let st: Vec<Stream> = streams(&ctxs);
     let a0 = DeviceBuffer::from_slice(&ctxs[0], &[1i32, 2, 3, 4]).unwrap();
     let mut r0 = DeviceBuffer::<i32>::zeroed(&ctxs[0], 4).unwrap();
     let a1 = DeviceBuffer::from_slice(&ctxs[1], &[5i32, 6, 7, 8]).unwrap();

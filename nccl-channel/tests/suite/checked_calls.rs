@@ -229,7 +229,7 @@ fn a_malformed_variable_is_an_error_at_the_init() {
         return;
     }
     let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let e = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx)).unwrap_err();
     assert!(
         matches!(&e, Error::Env { variable, value, .. } if variable == CHECK_CALLS_ENV && value == "yes"),
@@ -416,7 +416,7 @@ fn a_call_refused_on_one_rank_is_not_taken_for_its_next() {
 #[test]
 fn a_captured_call_is_not_compared_and_a_capture_that_forbids_waits_is_an_error() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = nccl_channel::UniqueId::generate(&rig.nccl).unwrap();
         let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &checked()).unwrap();
         let (s, captured) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());

@@ -176,7 +176,7 @@ fn int_setters() -> Vec<(&'static str, Set, i32, Get)> {
 /// One rank (blocking unless `config` says otherwise) made with `config`: what NCCL saw
 /// and the configuration the communicator reports, then it is closed.
 fn seen_by_nccl(rig: &Rig, config: &CommConfig) -> (Option<MockConfig>, CommConfig) {
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, config).unwrap();
     let seen = rig.world.config_of(comm.as_raw());
@@ -187,7 +187,7 @@ fn seen_by_nccl(rig: &Rig, config: &CommConfig) -> (Option<MockConfig>, CommConf
 
 /// The init's error, after checking that nothing was created or even attempted.
 fn refused(rig: &Rig, config: &CommConfig) -> Error {
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let before = rig.world.calls("ncclCommInitRankConfig");
     let e = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, config).unwrap_err();
@@ -420,7 +420,7 @@ fn names_with_a_nul_byte_and_values_beyond_int_are_invalid_arguments() {
 #[test]
 fn splits_inherit_the_parent_config_or_take_their_own() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let parent_config = CommConfig::new().max_ctas(9).comm_name("parent");
         let parent = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &parent_config).unwrap();
@@ -485,7 +485,7 @@ fn splits_inherit_the_parent_config_or_take_their_own() {
 #[test]
 fn split_with_a_field_newer_than_the_library_is_unsupported() {
     Rig::with_version(1, NcclVersion::new(2, 28, 3)).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let parent = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
         let e = parent

@@ -112,7 +112,7 @@ thread_local! {
 fn a_group_kept_in_a_thread_local_never_frees_what_it_holds_before_its_end() {
     let rig = Rig::new(1);
     let nccl: &'static Arc<nccl_sys::Nccl> = Box::leak(Box::new(rig.nccl.clone()));
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let comm = Communicator::init_all(nccl, std::slice::from_ref(&ctx))
         .unwrap()
         .remove(0);
@@ -199,7 +199,7 @@ impl Dependency for PanicsWhenSettled {
 #[test]
 fn a_panic_while_a_group_settles_leaks_what_the_work_uses() {
     let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let config = CommConfig::non_blocking(Duration::from_secs(10));
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
@@ -230,7 +230,7 @@ fn a_panic_while_a_group_settles_leaks_what_the_work_uses() {
 #[test]
 fn an_absurd_timeout_is_refused_at_init_and_the_longest_accepted_works() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         for blocking in [false, true] {
             let config = CommConfig::non_blocking(Duration::MAX).blocking(blocking);
             let id = UniqueId::generate(&rig.nccl).unwrap();
@@ -284,7 +284,7 @@ fn a_registration_whose_poll_fails_keeps_its_memory(
     register: impl FnOnce(&Communicator, &DeviceBuffer<u8>) -> Result<(), Error>,
 ) {
     let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let config = CommConfig::non_blocking(Duration::from_secs(10));
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
@@ -541,7 +541,7 @@ fn a_group_end_waiting_for_a_peer_lets_a_capture_begin_on_its_stream() {
     let (rig, id) = (&rig, &id);
     let (a, b) = std::thread::scope(|sc| {
         let a = sc.spawn(move || {
-            let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+            let ctx = rig.context(0);
             let comm = Communicator::init_rank(&rig.nccl, &ctx, id, 2, 0).unwrap();
             let s0 = Stream::non_blocking(&ctx).unwrap();
             tx.send(s0.clone()).unwrap();
@@ -552,7 +552,7 @@ fn a_group_end_waiting_for_a_peer_lets_a_capture_begin_on_its_stream() {
             g.end()
         });
         let b = sc.spawn(move || {
-            let ctx = rig.cuda.device(1).unwrap().primary_context().unwrap();
+            let ctx = rig.context(1);
             let comm = Communicator::init_rank(&rig.nccl, &ctx, id, 2, 1).unwrap();
             let s0 = rx.recv().unwrap();
             std::thread::sleep(Duration::from_millis(100)); // rank 0 is in its group end
@@ -592,7 +592,7 @@ impl Dependency for Gate {
 #[test]
 fn a_capture_begun_while_a_non_blocking_group_settles_holds_what_it_held() {
     let rig = Rig::new(1);
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let config = CommConfig::non_blocking(Duration::from_secs(10));
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();

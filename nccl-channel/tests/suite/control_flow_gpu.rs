@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::capture;
 use cuda_hal::{CaptureMode, Context, Cuda, DeviceBuffer, Error as CudaError, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, group};
 use nccl_sys::Nccl;
@@ -110,10 +111,10 @@ fn a_queued_registration_and_a_grouped_collective_on_its_memory() {
     let mut b = comm.alloc_nccl::<f32>(N).unwrap();
     b.fill(2.0).unwrap();
     let reg = comm.register(&b).unwrap();
-    s1.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-        .unwrap();
-    let graph = s1.end_capture().unwrap().instantiate().unwrap();
+    let graph = capture(&s1, || {
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+            .unwrap();
+    });
     drop(reg);
     std::thread::spawn(move || drop(graph)).join().unwrap();
     group(&nccl, || {

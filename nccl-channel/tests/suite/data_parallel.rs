@@ -6,9 +6,12 @@
 
 use crate::common::demo::{example_exe, run_example};
 
-fn data_parallel(args: &[&str]) -> String {
+/// Runs the example with the arguments of `command_line` and returns its output, which
+/// it prints; asserts that it succeeded.
+fn data_parallel(command_line: &str) -> String {
     let exe = example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
-    let (ok, out, err) = run_example(exe, args, &[]);
+    let args: Vec<&str> = command_line.split_whitespace().collect();
+    let (ok, out, err) = run_example(exe, &args, &[]);
     println!("{out}{err}");
     assert!(ok, "data_parallel failed:\n{out}{err}");
     out
@@ -42,20 +45,8 @@ fn figures(out: &str) -> (f64, f64, f64) {
 
 #[test]
 fn two_ranks_train_and_agree() {
-    let out = data_parallel(&[
-        "--nprocs",
-        "2",
-        "--features",
-        "24",
-        "--samples",
-        "96",
-        "--steps",
-        "40",
-        "--bucket",
-        "10",
-        "--log-every",
-        "5",
-    ]);
+    let out =
+        data_parallel("--nprocs 2 --features 24 --samples 96 --steps 40 --bucket 10 --log-every 5");
     let (first, last, worst) = figures(&out);
     assert!(last < first * 1e-2, "{first} -> {last}");
     assert!(worst < 2e-2, "{worst}");
@@ -77,7 +68,7 @@ fn two_gpus_train_and_agree() {
     if !crate::common::gpus_or_skip(2) {
         return;
     }
-    let out = data_parallel(&["--nprocs", "2"]);
+    let out = data_parallel("--nprocs 2");
     let (first, last, worst) = figures(&out);
     assert!(last < first * 1e-2, "{first} -> {last}");
     assert!(worst < 2e-2, "{worst}");
@@ -97,22 +88,9 @@ fn outcome(out: &str) -> Vec<&str> {
 /// host twins) the losses and the weights are the same bits as without it.
 #[test]
 fn overlap_trains_to_the_same_bits() {
-    let args = [
-        "--nprocs",
-        "2",
-        "--features",
-        "24",
-        "--samples",
-        "96",
-        "--steps",
-        "30",
-        "--bucket",
-        "7",
-        "--log-every",
-        "5",
-    ];
-    let plain = data_parallel(&args);
-    let overlapped = data_parallel(&[&args[..], &["--overlap"]].concat());
+    let args = "--nprocs 2 --features 24 --samples 96 --steps 30 --bucket 7 --log-every 5";
+    let plain = data_parallel(args);
+    let overlapped = data_parallel(&format!("{args} --overlap"));
     let (a, b) = (outcome(&plain), outcome(&overlapped));
     // 6 logged losses, the final one, the fingerprint.
     assert_eq!(a.len(), 8, "{plain}");
@@ -135,21 +113,10 @@ fn overlap_trains_to_the_same_bits() {
 #[test]
 fn overlap_with_one_bucket_and_with_one_float_buckets() {
     let run = |bucket: &str| {
-        data_parallel(&[
-            "--nprocs",
-            "2",
-            "--features",
-            "5",
-            "--samples",
-            "40",
-            "--steps",
-            "12",
-            "--bucket",
-            bucket,
-            "--log-every",
-            "4",
-            "--overlap",
-        ])
+        data_parallel(&format!(
+            "--nprocs 2 --features 5 --samples 40 --steps 12 --bucket {bucket} --log-every 4 \
+             --overlap"
+        ))
     };
     let (whole, single) = (run("100"), run("1"));
     assert!(
@@ -208,7 +175,7 @@ fn two_gpus_train_with_overlap() {
     if !crate::common::gpus_or_skip(2) {
         return;
     }
-    let out = data_parallel(&["--nprocs", "2", "--overlap"]);
+    let out = data_parallel("--nprocs 2 --overlap");
     let (first, last, worst) = figures(&out);
     assert!(last < first * 1e-2, "{first} -> {last}");
     assert!(worst < 2e-2, "{worst}");

@@ -10,27 +10,18 @@ use std::time::{Duration, Instant};
 
 use crate::common::demo::{example_exe, run_example};
 
-const SIZES: &[&str] = &[
-    "--nprocs",
-    "3",
-    "--elastic",
-    "--features",
-    "24",
-    "--samples",
-    "96",
-    "--steps",
-    "40",
-    "--log-every",
-    "5",
-    "--deadline",
-    "5",
-    "--timeout",
-    "60",
-];
+/// Three ranks, elastic, training the example's small problem.
+const SIZES: &str = "--nprocs 3 --elastic --features 24 --samples 96 --steps 40 --log-every 5 --deadline 5 \
+     --timeout 60";
 
-fn data_parallel(extra: &[&str]) -> (bool, String, String) {
+/// Runs the example with [`SIZES`] and the arguments of `extra`; (whether it succeeded,
+/// its output, its errors), which it prints.
+fn data_parallel(extra: &str) -> (bool, String, String) {
     let exe = example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
-    let args: Vec<&str> = SIZES.iter().chain(extra).copied().collect();
+    let args: Vec<&str> = SIZES
+        .split_whitespace()
+        .chain(extra.split_whitespace())
+        .collect();
     let (ok, out, err) = run_example(exe, &args, &[]);
     println!("{out}{err}");
     (ok, out, err)
@@ -67,13 +58,12 @@ fn final_loss(out: &str) -> (f64, f64, f64) {
 
 #[test]
 fn a_killed_rank_is_shrunk_away_and_its_replacement_grown_back_in() {
-    let (ok, reference, err) = data_parallel(&[]);
+    let (ok, reference, err) = data_parallel("");
     assert!(ok, "the uninterrupted run failed:\n{reference}{err}");
     let (uninterrupted, _, _) = final_loss(&reference);
 
     let t = Instant::now();
-    let (ok, out, err) =
-        data_parallel(&["--kill-rank", "1", "--kill-at", "10", "--rejoin-after", "5"]);
+    let (ok, out, err) = data_parallel("--kill-rank 1 --kill-at 10 --rejoin-after 5");
     let took = t.elapsed();
     assert!(ok, "the elastic run failed:\n{out}{err}");
     let has = |line: &str| assert!(out.lines().any(|l| l == line), "want {line:?} in\n{out}");
@@ -147,7 +137,7 @@ fn a_killed_rank_is_shrunk_away_and_its_replacement_grown_back_in() {
 /// the options (the values clap cannot range-check alone).
 #[test]
 fn a_kill_that_cannot_be_recovered_from_is_refused_before_the_ranks_start() {
-    let (ok, out, err) = data_parallel(&["--kill-rank", "3", "--kill-at", "3"]);
+    let (ok, out, err) = data_parallel("--kill-rank 3 --kill-at 3");
     assert!(!ok, "{out}");
     assert_eq!(out, "");
     assert_eq!(
@@ -155,14 +145,14 @@ fn a_kill_that_cannot_be_recovered_from_is_refused_before_the_ranks_start() {
         "data_parallel: --kill-rank 3 is not a rank of 3 other than 0 (rank 0 serves the \
          rendezvous and coordinates the grows)"
     );
-    let (ok, out, err) = data_parallel(&["--kill-rank", "2", "--kill-at", "38"]);
+    let (ok, out, err) = data_parallel("--kill-rank 2 --kill-at 38");
     assert!(!ok, "{out}");
     assert_eq!(
         err.trim_end(),
         "data_parallel: --kill-at 38 plus --rejoin-after 3 must be below --steps 40, so that \
          the replacement joins before the end"
     );
-    let (ok, _, err) = data_parallel(&["--kill-rank", "0", "--kill-at", "3"]);
+    let (ok, _, err) = data_parallel("--kill-rank 0 --kill-at 3");
     assert!(!ok);
     assert_eq!(
         err.lines().next(),
@@ -179,21 +169,11 @@ fn a_kill_that_cannot_be_recovered_from_is_refused_before_the_ranks_start() {
 fn an_nccl_without_grow_is_refused_before_a_rank_is_killed() {
     let exe = || example_exe("data_parallel", "NCCL_CHANNEL_DATA_PARALLEL");
     let args = |kill: bool| {
-        let mut a = vec![
-            "--nprocs",
-            "2",
-            "--elastic",
-            "--features",
-            "24",
-            "--samples",
-            "96",
-            "--steps",
-            "40",
-            "--timeout",
-            "60",
-            "--sim-nccl",
-            "2.28.9",
-        ];
+        let mut a: Vec<&str> =
+            "--nprocs 2 --elastic --features 24 --samples 96 --steps 40 --timeout 60 \
+             --sim-nccl 2.28.9"
+                .split_whitespace()
+                .collect();
         if kill {
             a.extend(["--kill-rank", "1", "--kill-at", "10"]);
         }

@@ -3,10 +3,11 @@
 //! one process per device configured by the environment; init-all; split.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use cuda_hal::{Cuda, DeviceBuffer, Stream};
+use crate::common::backend::Machine;
+use crate::common::{loopback_port, non_blocking_streams};
+use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Channel, Communicator, ReduceOp, UniqueId, group};
 
 fn report(label: &str, nccl: &nccl_sys::Nccl, bad: &[String], ranks: usize, t: Instant) {
@@ -25,13 +26,9 @@ fn report(label: &str, nccl: &nccl_sys::Nccl, bad: &[String], ranks: usize, t: I
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn every_collective_one_process_two_devices() {
-    let cuda = Cuda::load()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
-    let nccl = nccl_channel::nccl()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
-    if !test_support::enough_gpus(cuda.device_count().unwrap(), 2) {
+    let Some(Machine { cuda, nccl, .. }) = Machine::gpus(2) else {
         return;
-    }
+    };
     let n = 2;
     let id = UniqueId::generate(&nccl).unwrap();
     let t = Instant::now();
@@ -75,11 +72,7 @@ fn every_collective_two_processes_configured_by_env() {
     if !crate::common::gpus_or_skip(2) {
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = loopback_port();
     let exe = std::env::current_exe().unwrap();
     let t = Instant::now();
     let children: Vec<_> = (0..2)
@@ -116,21 +109,11 @@ fn every_collective_two_processes_configured_by_env() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn init_all_from_one_thread_and_split() {
-    let cuda = Cuda::load()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
-    let nccl: Arc<_> = nccl_channel::nccl()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
-    if !test_support::enough_gpus(cuda.device_count().unwrap(), 2) {
+    let Some(Machine { nccl, ctxs, .. }) = Machine::gpus(2) else {
         return;
-    }
-    let ctxs: Vec<_> = (0..2)
-        .map(|i| cuda.device(i).unwrap().primary_context().unwrap())
-        .collect();
+    };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
-    let streams: Vec<_> = ctxs
-        .iter()
-        .map(|c| Stream::non_blocking(c).unwrap())
-        .collect();
+    let streams = non_blocking_streams(&ctxs);
     let sends: Vec<_> = (0..2)
         .map(|r| DeviceBuffer::from_slice(&ctxs[r], &vec![r as f32 + 1.0; 1 << 20]).unwrap())
         .collect();

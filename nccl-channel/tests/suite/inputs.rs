@@ -277,7 +277,7 @@ fn a_rank_equal_to_the_size_is_refused_and_size_minus_one_taken() {
 fn wait_refuses_a_stream_of_another_device() {
     Rig::new(2).check(|rig| {
         let (ctx0, comm) = rig.one_rank(0);
-        let ctx1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
+        let ctx1 = rig.context(1);
         let other = Stream::new(&ctx1).unwrap();
         let e = comm.wait(&other).unwrap_err();
         assert_eq!(
@@ -603,7 +603,7 @@ fn a_collective_whose_peer_never_joins_ends_at_the_deadline() {
     let (e, took, aborted) = std::thread::scope(|sc| {
         let (rig, id, config) = (&rig, &id, &config);
         let peer = sc.spawn(move || {
-            let ctx = rig.cuda.device(1).unwrap().primary_context().unwrap();
+            let ctx = rig.context(1);
             let comm = Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, 1, config).unwrap();
             // Alive, but never joins the all-reduce, until rank 0's call is over (also
             // released when rank 0 fails: the sender is dropped). Leaves after 10 s in any
@@ -613,7 +613,7 @@ fn a_collective_whose_peer_never_joins_ends_at_the_deadline() {
             comm.abort().unwrap();
         });
         let release = release;
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let comm = Communicator::init_rank_with(&rig.nccl, &ctx, id, 2, 0, config).unwrap();
         let s = Stream::new(&ctx).unwrap();
         let a = DeviceBuffer::from_slice(&ctx, &[1.0f32; 4]).unwrap();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::Rig;
+use crate::common::{Rig, all_gather_and_close, assert_nccl_error, on_threads, streams};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{
     CommConfig, Communicator, Error, Fp8E4M3, Group, IdSource, ReduceOp, UniqueId, World, group,
@@ -14,10 +14,7 @@ use nccl_sys::{NcclVersion, ncclResult_t};
 #[test]
 fn init_all_from_one_thread_with_groups() {
     Rig::new(3).check(|rig| {
-        let ctxs: Vec<_> = (0..3)
-            .map(|i| rig.cuda.device(i).unwrap().primary_context().unwrap())
-            .collect();
-        let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+        let (ctxs, comms) = rig.all_ranks(3);
         assert_eq!(
             comms
                 .iter()
@@ -25,7 +22,7 @@ fn init_all_from_one_thread_with_groups() {
                 .collect::<Vec<_>>(),
             [(0, 3, 0), (1, 3, 1), (2, 3, 2)]
         );
-        let streams: Vec<_> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+        let streams: Vec<_> = streams(&ctxs);
         let sends: Vec<_> = ctxs
             .iter()
             .enumerate()
@@ -52,9 +49,7 @@ fn init_all_from_one_thread_with_groups() {
 fn init_rank_inside_a_group_from_one_thread() {
     Rig::new(2).check(|rig| {
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let ctxs: Vec<_> = (0..2)
-            .map(|i| rig.cuda.device(i).unwrap().primary_context().unwrap())
-            .collect();
+        let ctxs = rig.contexts(2);
         // Raw: both ranks' init in one group, as NCCL allows.
         let g = Group::start(&rig.nccl).unwrap();
         let mut raws = [std::ptr::null_mut(); 2];
@@ -151,7 +146,7 @@ fn bad_arguments_are_typed_errors_before_any_ffi_call() {
     Rig::new(3).check(|rig| {
         let errs = rig.run(2, |comm, s| {
             let ctx = comm.context();
-            let other = rig.cuda.device(2).unwrap().primary_context().unwrap();
+            let other = rig.context(2);
             let b4 = DeviceBuffer::<i32>::zeroed(ctx, 4).unwrap();
             let mut b3 = DeviceBuffer::<i32>::zeroed(ctx, 3).unwrap();
             let mut b8 = DeviceBuffer::<i32>::zeroed(ctx, 8).unwrap();
@@ -397,7 +392,7 @@ fn injected_nccl_faults_surface_typed() {
             other => panic!("{other}"),
         }
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         rig.world
             .fail_next("ncclCommInitRank", ncclResult_t::ncclInternalError);
         let e = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap_err();
@@ -470,17 +465,7 @@ fn injected_nccl_faults_surface_typed() {
         rig.world
             .fail_next("ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);
         let e = comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap_err();
-        assert!(
-            matches!(
-                &e,
-                Error::Nccl {
-                    call: "ncclAllReduce",
-                    code: ncclResult_t::ncclUnhandledCudaError,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);
         assert!(comm.is_aborted());
         assert_eq!(
             comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap_err(),
@@ -491,27 +476,18 @@ fn injected_nccl_faults_surface_typed() {
 
 #[test]
 fn a_rank_that_never_arrives_times_out_in_the_mock() {
-    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2)
-        .build_with(cuda_hal::Cuda::from_driver)
-        .unwrap();
-    let (nccl, nw) = nccl_mock::MockNccl::new(&gpus)
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let nccl = std::sync::Arc::new(nccl);
-    let id = UniqueId::generate(&nccl).unwrap();
-    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-    let t = std::time::Instant::now();
-    let e = Communicator::init_rank(&nccl, &ctx, &id, 2, 0).unwrap_err();
-    assert!(t.elapsed() < Duration::from_secs(2));
-    assert_eq!(
-        e.to_string(),
-        "ncclCommInitRank failed: ncclSystemError (2): unhandled system error (simulated) \
-         (rank 0: not every rank of 2 joined within 300ms)"
-    );
-    drop((ctx, cuda, nccl));
-    assert!(nw.live().is_empty(), "{:?}", nw.live());
-    assert!(gpus.live().is_empty());
+    Rig::with_nccl(2, |nccl| nccl.timeout(Duration::from_millis(300))).check(|rig| {
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let ctx = rig.context(0);
+        let t = std::time::Instant::now();
+        let e = Communicator::init_rank(&rig.nccl, &ctx, &id, 2, 0).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert_eq!(
+            e.to_string(),
+            "ncclCommInitRank failed: ncclSystemError (2): unhandled system error (simulated) \
+             (rank 0: not every rank of 2 joined within 300ms)"
+        );
+    });
 }
 
 #[test]
@@ -622,34 +598,16 @@ fn unique_ids_through_a_file() {
 fn channel_builder_on_the_mock() {
     Rig::new(2).check(|rig| {
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let out: Vec<Vec<i32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..2)
-                .map(|r| {
-                    let (cuda, nccl) = (rig.cuda.clone(), rig.nccl.clone());
-                    s.spawn(move || {
-                        let ch = nccl_channel::ChannelBuilder::new()
-                            .world(World::new(2, r).unwrap())
-                            .device(format!("cuda://{}", 1 - r))
-                            .unique_id(IdSource::Given(id))
-                            .cuda(cuda)
-                            .nccl(nccl)
-                            .build()
-                            .unwrap()
-                            .unwrap();
-                        assert_eq!(ch.comm().device().ordinal(), 1 - r as i32);
-                        let ctx = ch.comm().context();
-                        let send = DeviceBuffer::from_slice(ctx, &[101, 102]).unwrap();
-                        let mut recv = DeviceBuffer::<i32>::alloc(ctx, 4).unwrap();
-                        ch.comm().all_gather(&send, &mut recv, ch.stream()).unwrap();
-                        ch.stream().synchronize().unwrap();
-                        let v = recv.to_vec().unwrap();
-                        drop((send, recv));
-                        ch.close().unwrap();
-                        v
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let out = on_threads(2, |r| {
+            let ch = rig
+                .channel(World::new(2, r).unwrap())
+                .device(format!("cuda://{}", 1 - r))
+                .unique_id(IdSource::Given(id))
+                .build()
+                .unwrap()
+                .unwrap();
+            assert_eq!(ch.comm().device().ordinal(), 1 - r as i32);
+            all_gather_and_close(ch, &[101, 102])
         });
         assert_eq!(out, vec![vec![101, 102, 101, 102]; 2]);
     });
@@ -716,17 +674,7 @@ fn a_channel_close_reports_the_communicators_failure() {
     rig.world
         .fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
     let e = ch.close().unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Nccl {
-                call: "ncclCommFinalize",
-                code: ncclResult_t::ncclInternalError,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_nccl_error(&e, "ncclCommFinalize", ncclResult_t::ncclInternalError);
 }
 
 /// The builder's config reaches the communicator it builds.
@@ -788,7 +736,7 @@ fn channel_from_env_in_a_world_opens_the_driver() {
 #[test]
 fn a_blocking_init_is_not_polled() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let comm = Communicator::init_rank_with(
             &rig.nccl,

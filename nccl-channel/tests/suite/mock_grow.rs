@@ -67,7 +67,7 @@ fn two_ranks_grow_to_three_with_a_new_rank_in_a_thread() {
                 let (rig, id, tx) = (&rig, &id, tx.clone());
                 let rx = if rank == 2 { rx.take() } else { None };
                 s.spawn(move || {
-                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
+                    let ctx = rig.context(rank);
                     if let Some(rx) = rx {
                         let grow_id = rx.recv().unwrap();
                         let grown =
@@ -463,7 +463,7 @@ fn a_scalable_init_needs_one_to_size_ids_and_sums_over_several() {
             .map(|rank| {
                 let (rig, ids) = (&rig, &ids);
                 s.spawn(move || {
-                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
+                    let ctx = rig.context(rank);
                     let config = CommConfig::non_blocking(Duration::from_secs(10));
                     let comm =
                         Communicator::init_rank_scalable(&rig.nccl, &ctx, ids, 3, rank, &config)

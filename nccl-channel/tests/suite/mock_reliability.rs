@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{OneRank, Rig, on_one_rank};
+use crate::common::{OneRank, Rig, assert_nccl_error, on_one_rank};
 use cuda_hal::{Context, DeviceBuffer, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId};
 use nccl_sys::{NcclVersion, ncclResult_t};
@@ -34,7 +34,7 @@ fn non_blocking(
 fn a_rank_that_never_arrives_times_out_within_the_deadline() {
     Rig::new(2).check(|rig| {
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let t = Instant::now();
         let e = non_blocking(rig, &ctx, &id, 2, 0).unwrap_err();
         let took = t.elapsed();
@@ -56,7 +56,7 @@ fn non_blocking_communicators_work_and_wait_checks_the_stream() {
                 .map(|r| {
                     let rig = &rig;
                     s.spawn(move || {
-                        let ctx = rig.cuda.device(r).unwrap().primary_context().unwrap();
+                        let ctx = rig.context(r);
                         let cfg = CommConfig::non_blocking(Duration::from_secs(10));
                         let comm =
                             Communicator::init_rank_with(&rig.nccl, &ctx, &id, 2, r, &cfg).unwrap();
@@ -90,13 +90,13 @@ fn a_peer_that_stops_gives_an_error_within_the_deadline_and_nothing_leaks() {
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let (took, e, after) = std::thread::scope(|s| {
             let peer = s.spawn(|| {
-                let ctx = rig.cuda.device(1).unwrap().primary_context().unwrap();
+                let ctx = rig.context(1);
                 let comm = non_blocking(rig, &ctx, &id, 2, 1).unwrap();
                 // Dies: aborts without ever joining rank 0's all-reduce.
                 std::thread::sleep(Duration::from_millis(50));
                 comm.abort().unwrap();
             });
-            let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+            let ctx = rig.context(0);
             let comm = non_blocking(rig, &ctx, &id, 2, 0).unwrap();
             let st = Stream::new(&ctx).unwrap();
             let a = DeviceBuffer::from_slice(&ctx, &[1.0f32; 4]).unwrap();
@@ -115,10 +115,7 @@ fn a_peer_that_stops_gives_an_error_within_the_deadline_and_nothing_leaks() {
         assert!(took < DEADLINE + MARGIN, "{took:?}");
         // The peer's abort is done before the all-reduce is issued (joined above): the
         // simulated NCCL refuses the collective at once with a remote error, never a timeout.
-        assert!(
-            matches!(&e, Error::Nccl { call: "ncclAllReduce", code, .. } if *code == ncclResult_t::ncclRemoteError),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclRemoteError);
         assert_eq!(after, Error::Aborted);
     });
 }
@@ -128,7 +125,7 @@ fn a_peer_that_stops_gives_an_error_within_the_deadline_and_nothing_leaks() {
 #[test]
 fn a_slow_non_blocking_init_is_polled_until_ready() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         rig.world.slow_new_communicators(5);
         let polls = rig.world.calls("ncclCommGetAsyncError");
@@ -165,7 +162,7 @@ fn wait_polls_a_busy_stream_until_it_is_idle() {
 #[test]
 fn wait_on_a_stream_that_stays_busy_times_out_at_the_deadline() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let comm = non_blocking(rig, &ctx, &id, 1, 0).unwrap();
         let st = Stream::new(&ctx).unwrap();
@@ -197,11 +194,11 @@ fn wait_on_a_stream_that_stays_busy_times_out_at_the_deadline() {
 fn an_abort_handle_stops_a_wait_from_another_thread() {
     Rig::new(2).check(|rig| {
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         // Rank 1 exists but never calls the collective; the deadline is long.
         let other = std::thread::scope(|s| {
             let peer = s.spawn(|| {
-                let c1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
+                let c1 = rig.context(1);
                 Communicator::init_rank_with(
                     &rig.nccl,
                     &c1,
@@ -247,7 +244,7 @@ fn an_abort_handle_stops_a_wait_from_another_thread() {
 fn injected_errors_in_reliability_calls_surface_typed() {
     Rig::new(1).check(|rig| {
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         for f in ["ncclCommInitRankConfig", "ncclCommGetAsyncError"] {
             rig.world.fail_next(f, ncclResult_t::ncclSystemError);
             let e = non_blocking(rig, &ctx, &id, 1, 0).unwrap_err();
@@ -260,17 +257,7 @@ fn injected_errors_in_reliability_calls_surface_typed() {
         rig.world
             .fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
         let e = comm.close().unwrap_err();
-        assert!(
-            matches!(
-                &e,
-                Error::Nccl {
-                    call: "ncclCommFinalize",
-                    code: ncclResult_t::ncclInternalError,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclCommFinalize", ncclResult_t::ncclInternalError);
     });
 }
 

@@ -3,21 +3,17 @@
 //! writes a grouped split's new communicator only when the group ends.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::Rig;
+use crate::common::{Rig, assert_nccl_error};
 use cuda_hal::{Context, DeviceBuffer, Stream};
 use nccl_channel::{
     CommConfig, Communicator, Error, Group, ParentsProblem, ReduceOp, UniqueId, group,
 };
-use nccl_mock::MockNccl;
 use nccl_sys::{NcclVersion, ncclResult_t};
 
 fn contexts(rig: &Rig, n: usize) -> Vec<Context> {
-    (0..n)
-        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
-        .collect()
+    (0..n).map(|d| rig.context(d)).collect()
 }
 
 /// `n` blocking communicators of one clique, all on this thread.
@@ -35,7 +31,7 @@ fn local_non_blocking(rig: &Rig, n: usize) -> Vec<Communicator> {
             .map(|r| {
                 let (id, config) = (&id, &config);
                 s.spawn(move || {
-                    let ctx = rig.cuda.device(r).unwrap().primary_context().unwrap();
+                    let ctx = rig.context(r);
                     Communicator::init_rank_with(&rig.nccl, &ctx, id, n, r, config).unwrap()
                 })
             })
@@ -265,17 +261,7 @@ fn a_failed_group_end_leaves_no_child() {
             .fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
         let parts = [(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)];
         let e = Communicator::split_all(&parts).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Nccl {
-                    call: "ncclGroupEnd",
-                    code: ncclResult_t::ncclInvalidUsage,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
         assert_eq!(rig.world.live(), baseline);
         assert!(!comms[0].is_aborted());
         assert_no_violations(rig);
@@ -287,19 +273,7 @@ fn a_failed_group_end_leaves_no_child() {
 /// mock's reason, and the parents are aborted (a system error, as for any call).
 #[test]
 fn a_group_that_fails_at_its_end_aborts_every_child() {
-    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(3)
-        .build_with(cuda_hal::Cuda::from_driver)
-        .unwrap();
-    let (nccl, world) = MockNccl::new(&gpus)
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let rig = Rig {
-        cuda,
-        gpus,
-        nccl: Arc::new(nccl),
-        world,
-    };
+    let rig = Rig::with_nccl(3, |nccl| nccl.timeout(Duration::from_millis(200)));
     let comms = local(&rig, 3);
     let e =
         Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)]).unwrap_err();
@@ -339,17 +313,7 @@ fn a_failed_wait_for_non_blocking_parents_aborts_parents_and_children() {
             .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         let e = Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)])
             .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Nccl {
-                    call: "ncclCommGetAsyncError",
-                    code: ncclResult_t::ncclInternalError,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         assert!(comms[0].is_aborted() && comms[1].is_aborted());
         assert_eq!(rig.world.live().comms, 0, "parents and children");
         assert_no_violations(rig);
@@ -385,16 +349,10 @@ fn reading_the_rank_before_the_group_ends_is_detected() {
         }
         g.end().unwrap();
         for e in early {
-            assert!(
-                matches!(
-                    e,
-                    Err(Error::Nccl {
-                        call: "ncclCommUserRank",
-                        code: ncclResult_t::ncclInvalidArgument,
-                        ..
-                    })
-                ),
-                "{e:?}"
+            assert_nccl_error(
+                e.as_ref().unwrap_err(),
+                "ncclCommUserRank",
+                ncclResult_t::ncclInvalidArgument,
             );
         }
         // Each early read is reported (and so is the abort of the NULL handle that the
@@ -758,7 +716,7 @@ fn a_child_stored_after_the_deadline_is_a_timeout() {
     Rig::new(1).check(|rig| {
         let timeout = Duration::from_millis(5);
         let config = CommConfig::non_blocking(timeout);
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         // The init has the same short deadline: retried should the machine be slow.
         let c = (0..100)
             .find_map(|_| {

@@ -3,8 +3,8 @@
 //! this rank's window instead of the smallest one, a nested group's simulated end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common::Rig;
-use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
+use crate::common::{Rig, capture};
+use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, Group, ReduceOp, Signal, SuspendFlags, WindowFlags};
 
 /// A graph of the communicator's all-reduce, launched on a stream the communicator never
@@ -15,13 +15,13 @@ use nccl_channel::{Communicator, Error, Group, ReduceOp, Signal, SuspendFlags, W
 fn a_suspend_sees_the_stream_a_dropped_graph_was_launched_on() {
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
-    let capture = Stream::non_blocking(&ctx).unwrap();
+    let capture_on = Stream::non_blocking(&ctx).unwrap();
     let launch_on = Stream::new(&ctx).unwrap();
     let mut buf = DeviceBuffer::from_slice(&ctx, &[3u32; 16]).unwrap();
-    capture.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &capture)
-        .unwrap();
-    let graph = capture.end_capture().unwrap().instantiate().unwrap();
+    let graph = capture(&capture_on, || {
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &capture_on)
+            .unwrap();
+    });
     graph.launch(&launch_on).unwrap();
     drop(graph);
     // The simulated stream is done already: the suspend may go on, having asked it.
@@ -51,8 +51,7 @@ fn a_suspend_asks_the_streams_the_communicator_used() {
 #[test]
 fn puts_are_bounded_by_the_smallest_window_of_their_place() {
     let rig = Rig::new(2);
-    let ctxs = rig.contexts(2);
-    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let (ctxs, comms) = rig.all_ranks(2);
     let s0 = Stream::new(&ctxs[0]).unwrap();
     let big = 1024; // u32s: 4 KiB on rank 0
     let mut src = comms[0].alloc_nccl::<u32>(big).unwrap();
@@ -88,8 +87,7 @@ fn puts_are_bounded_by_the_smallest_window_of_their_place() {
 #[test]
 fn a_nested_groups_simulated_end_is_refused() {
     let rig = Rig::new(2);
-    let ctxs = rig.contexts(2);
-    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let (ctxs, comms) = rig.all_ranks(2);
     let streams = [
         Stream::new(&ctxs[0]).unwrap(),
         Stream::new(&ctxs[1]).unwrap(),

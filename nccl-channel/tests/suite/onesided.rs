@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::Rig;
+use crate::common::{Rig, streams};
 use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, Signal, SignalWait, Window, WindowFlags, group};
 use nccl_sys::NcclVersion;
@@ -19,9 +19,8 @@ struct Ring {
 }
 
 fn ring(rig: &Rig, n: usize) -> Ring {
-    let ctxs = rig.contexts(n);
-    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
-    let streams = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+    let (ctxs, comms) = rig.all_ranks(n);
+    let streams = streams(&ctxs);
     Ring { comms, streams }
 }
 

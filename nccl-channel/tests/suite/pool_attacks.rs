@@ -8,12 +8,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use crate::common::{MIB_F32, OneRank, Rig, on_one_rank, pooled};
-use cuda_hal::{
-    CaptureMode, Context, Dependency, DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream,
-};
+use crate::common::{MIB_F32, OneRank, Rig, capture, on_one_rank, pooled};
+use cuda_hal::{Context, Dependency, DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream};
 use cuda_sys::CUdeviceptr;
 use nccl_channel::{CommConfig, Communicator, ReduceOp, UniqueId, group};
+
+/// The `DeviceSlice` items that forward to the `buf: DeviceBuffer<f32>` field unchanged.
+macro_rules! forward_to_buf {
+    () => {
+        type Elem = f32;
+        fn device_ptr(&self) -> CUdeviceptr {
+            self.buf.as_raw()
+        }
+        fn len(&self) -> usize {
+            self.buf.len()
+        }
+        fn context(&self) -> &Context {
+            self.buf.context()
+        }
+    };
+}
 
 /// Memory whose first use on a stream runs `on_use` (user code inside a collective's
 /// checks), otherwise a `DeviceBuffer`.
@@ -25,16 +39,7 @@ struct OnUse {
 // SAFETY: forwards to the `DeviceBuffer`, which keeps the promises; `on_use` does not
 // touch the memory.
 unsafe impl DeviceSlice for OnUse {
-    type Elem = f32;
-    fn device_ptr(&self) -> CUdeviceptr {
-        self.buf.as_raw()
-    }
-    fn len(&self) -> usize {
-        self.buf.len()
-    }
-    fn context(&self) -> &Context {
-        self.buf.context()
-    }
+    forward_to_buf!();
     fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
         let f = self.on_use.lock().unwrap().take();
         if let Some(f) = f {
@@ -75,16 +80,7 @@ struct Hooked {
 
 // SAFETY: forwards to the `DeviceBuffer`; the hook holds the buffer's memory.
 unsafe impl DeviceSlice for Hooked {
-    type Elem = f32;
-    fn device_ptr(&self) -> CUdeviceptr {
-        self.buf.as_raw()
-    }
-    fn len(&self) -> usize {
-        self.buf.len()
-    }
-    fn context(&self) -> &Context {
-        self.buf.context()
-    }
+    forward_to_buf!();
     fn used_on(&self, stream: &Stream) -> cuda_hal::Result<()> {
         self.buf.used_on(stream)
     }
@@ -123,10 +119,10 @@ fn a_pooled_buffer_dropped_during_its_lazy_registration() {
         let hooked = Hooked { buf: x, hook };
         let reg = comm.register(&hooked).unwrap();
         let mut out = DeviceBuffer::<f32>::zeroed(&ctx, 16).unwrap();
-        s2.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_reduce(&hooked, &mut out, ReduceOp::Sum, &s2)
-            .unwrap();
-        let graph = s2.end_capture().unwrap().instantiate().unwrap();
+        let graph = capture(&s2, || {
+            comm.all_reduce(&hooked, &mut out, ReduceOp::Sum, &s2)
+                .unwrap();
+        });
         drop(reg);
         drop(hooked);
 
@@ -192,22 +188,20 @@ fn lazy_registration_of_a_view_during_a_capture() {
         let s2 = Stream::new(&ctx).unwrap();
         let p = pooled(&comm).buffer::<f32>(2 * MIB_F32).unwrap();
         let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, MIB_F32).unwrap();
-        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        {
+        let graph = capture(&s, || {
             let view = p.slice(MIB_F32..).unwrap();
             comm.all_gather(&view, &mut recv, &s).unwrap();
-        }
-        let graph = s.end_capture().unwrap().instantiate().unwrap();
+        });
         assert!(
             p.is_registered(),
             "a view of at least the test table's 1 MiB registers"
         );
         drop(p);
         assert_eq!(comm.pooled_buffers(), 0, "the graph holds it");
-        s2.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_reduce_in_place(&mut recv, ReduceOp::Sum, &s2)
-            .unwrap();
-        let graph2 = s2.end_capture().unwrap().instantiate().unwrap();
+        let graph2 = capture(&s2, || {
+            comm.all_reduce_in_place(&mut recv, ReduceOp::Sum, &s2)
+                .unwrap();
+        });
         comm.trim_pool().unwrap();
         graph.launch(&s).unwrap();
         graph2.launch(&s2).unwrap();
@@ -241,7 +235,7 @@ fn another_communicators_collective_does_not_register_a_pooled_buffer() {
 #[test]
 fn non_blocking_lazy_registration_trim_and_abort() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let config = CommConfig::non_blocking(Duration::from_secs(5));
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();

@@ -3,7 +3,7 @@
 //! registrations it resolved are still there, and that releases wait for that work.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common::{MIB_F32, OneRank, Rig, on_one_rank, pooled};
+use crate::common::{MIB_F32, OneRank, Rig, capture, on_one_rank, pooled, streams};
 use cuda_hal::{CaptureMode, DeviceBuffer, DeviceView, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_sys::NcclVersion;
@@ -60,10 +60,10 @@ fn a_graph_keeps_the_registration_its_collectives_resolved() {
             let mut b = comm.alloc_nccl::<i32>(4).unwrap();
             b.copy_from_host(&[1, 2, 3, 4]).unwrap();
             let reg = comm.register(&b).unwrap();
-            stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
-            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
-                .unwrap();
-            let graph = stream.end_capture().unwrap().instantiate().unwrap();
+            let graph = capture(&stream, || {
+                comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
+                    .unwrap();
+            });
             drop(reg);
             drop(b);
             // The captured all-reduce still resolves the registration: it must stay.
@@ -92,10 +92,10 @@ fn a_graph_dropped_on_another_thread_hands_the_release_to_the_owner() {
          }| {
             let mut b = comm.alloc_nccl::<f32>(16).unwrap();
             let reg = comm.register(&b).unwrap();
-            stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
-            comm.all_reduce_in_place(&mut b, ReduceOp::Max, &stream)
-                .unwrap();
-            let graph = stream.end_capture().unwrap().instantiate().unwrap();
+            let graph = capture(&stream, || {
+                comm.all_reduce_in_place(&mut b, ReduceOp::Max, &stream)
+                    .unwrap();
+            });
             drop(reg);
             graph.launch(&stream).unwrap();
             stream.synchronize().unwrap();
@@ -114,9 +114,8 @@ fn a_graph_dropped_on_another_thread_hands_the_release_to_the_owner() {
 #[test]
 fn grouped_work_keeps_the_registration_until_the_group_ends() {
     Rig::new(2).check(|rig| {
-        let ctxs = rig.contexts(2);
-        let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
-        let streams: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+        let (ctxs, comms) = rig.all_ranks(2);
+        let streams: Vec<Stream> = streams(&ctxs);
         let mut bufs: Vec<DeviceBuffer<i32>> = comms
             .iter()
             .map(|c| {
@@ -154,9 +153,8 @@ fn grouped_work_keeps_the_registration_until_the_group_ends() {
 #[test]
 fn windows_are_registered_collectively_and_used_by_collectives() {
     Rig::new(2).check(|rig| {
-        let ctxs = rig.contexts(2);
-        let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
-        let streams: Vec<Stream> = ctxs.iter().map(|c| Stream::new(c).unwrap()).collect();
+        let (ctxs, comms) = rig.all_ranks(2);
+        let streams: Vec<Stream> = streams(&ctxs);
         let mut bufs: Vec<DeviceBuffer<f32>> = comms
             .iter()
             .map(|c| {
@@ -280,8 +278,7 @@ fn older_nccl_says_which_release_it_needs() {
 #[test]
 fn registering_what_cannot_be_held_or_is_elsewhere_is_refused() {
     Rig::new(2).check(|rig| {
-        let ctxs = rig.contexts(2);
-        let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+        let (ctxs, comms) = rig.all_ranks(2);
         let other = DeviceBuffer::<f32>::zeroed(&ctxs[1], 4).unwrap();
         assert!(matches!(
             comms[0].register(&other),
@@ -405,10 +402,10 @@ fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
          }| {
             let mut g = pooled(&comm).buffer::<f32>(64).unwrap();
             let first = g.as_raw();
-            stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
-            comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
-                .unwrap();
-            let graph = stream.end_capture().unwrap().instantiate().unwrap();
+            let graph = capture(&stream, || {
+                comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
+                    .unwrap();
+            });
             drop(g);
             // The graph may still write it: the next buffer is other memory.
             let h = pooled(&comm).buffer::<f32>(64).unwrap();
@@ -648,10 +645,10 @@ fn an_empty_collective_does_not_resolve_a_registration() {
          }| {
             let mut b = comm.alloc_nccl::<f32>(16).unwrap();
             let reg = comm.register(&b).unwrap();
-            stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
-            comm.all_reduce_in_place(&mut b.slice_mut(4..4).unwrap(), ReduceOp::Sum, &stream)
-                .unwrap();
-            let graph = stream.end_capture().unwrap().instantiate().unwrap();
+            let graph = capture(&stream, || {
+                comm.all_reduce_in_place(&mut b.slice_mut(4..4).unwrap(), ReduceOp::Sum, &stream)
+                    .unwrap();
+            });
             drop(reg);
             // The graph touches no byte of it: the registration goes at once.
             assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
@@ -725,44 +722,35 @@ fn a_synchronous_copy_from_a_pooled_buffer_waits_for_its_memory() {
 /// inactive, collectives run as without it, and its drop releases nothing through NCCL.
 #[test]
 fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
-    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(1)
-        .build_with(cuda_hal::Cuda::from_driver)
-        .unwrap();
-    let (nccl, world) = nccl_mock::MockNccl::new(&gpus)
-        .windows(false)
-        .build()
-        .unwrap();
-    let nccl = std::sync::Arc::new(nccl);
-    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-    let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
-    let stream = Stream::new(&ctx).unwrap();
-    let mut b = comm.alloc_nccl::<f32>(1024).unwrap();
-    b.fill(2.0).unwrap();
-    let win = comm
-        .register_window(&b, WindowFlags::COLL_SYMMETRIC)
-        .unwrap();
-    assert!(!win.is_active());
-    assert_eq!(
-        format!("{win:?}"),
-        format!(
-            "Window {{ ptr: {:#x}, bytes: 4096, active: false }}",
-            b.as_raw()
-        )
+    let rig = Rig::with_nccl(1, |nccl| nccl.windows(false));
+    rig.check_on_one_rank(
+        |rig,
+         OneRank {
+             comm, s: stream, ..
+         }| {
+            let mut b = comm.alloc_nccl::<f32>(1024).unwrap();
+            b.fill(2.0).unwrap();
+            let win = comm
+                .register_window(&b, WindowFlags::COLL_SYMMETRIC)
+                .unwrap();
+            assert!(!win.is_active());
+            assert_eq!(
+                format!("{win:?}"),
+                format!(
+                    "Window {{ ptr: {:#x}, bytes: 4096, active: false }}",
+                    b.as_raw()
+                )
+            );
+            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
+                .unwrap();
+            win.deregister().unwrap();
+            assert_eq!(rig.world.calls("ncclCommWindowRegister"), 1);
+            assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 0);
+            assert_eq!(b.to_vec().unwrap(), vec![2.0f32; 1024]);
+            drop(b);
+            assert_eq!(rig.world.calls("ncclMemFree"), 1);
+        },
     );
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
-        .unwrap();
-    win.deregister().unwrap();
-    assert_eq!(world.calls("ncclCommWindowRegister"), 1);
-    assert_eq!(world.calls("ncclCommWindowDeregister"), 0);
-    assert_eq!(b.to_vec().unwrap(), vec![2.0f32; 1024]);
-    drop(b);
-    assert_eq!(world.calls("ncclMemFree"), 1);
-    drop((comm, stream, ctx, nccl, cuda));
-    assert!(world.live().is_empty(), "{:?}", world.live());
-    assert!(gpus.live().is_empty(), "{:?}", gpus.live());
-    assert_eq!(gpus.violations(), Vec::<String>::new());
 }
 
 /// NCCL without local registration (`NCCL_LOCAL_REGISTER=0`) succeeds with no handle:
@@ -770,39 +758,34 @@ fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
 /// and their release calls nothing.
 #[test]
 fn registrations_nccl_declines_hold_only_their_own_memory() {
-    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(1)
-        .build_with(cuda_hal::Cuda::from_driver)
-        .unwrap();
-    let (nccl, world) = nccl_mock::MockNccl::new(&gpus)
-        .local_registration(false)
-        .build()
-        .unwrap();
-    let nccl = std::sync::Arc::new(nccl);
-    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
-    let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))
-        .unwrap()
-        .remove(0);
-    let stream = Stream::new(&ctx).unwrap();
-    let mut a = comm.alloc_nccl::<f32>(16).unwrap();
-    let b = comm.alloc_nccl::<f32>(16).unwrap();
-    a.fill(1.5).unwrap();
-    let reg_a = comm.register(&a).unwrap();
-    let reg_b = comm.register(&b).unwrap();
-    comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &stream)
-        .unwrap();
-    assert_eq!(a.to_vec().unwrap(), vec![1.5f32; 16]);
-    drop((reg_a, a));
-    assert_eq!(
-        world.calls("ncclMemFree"),
-        1,
-        "b's registration holds only b"
+    let rig = Rig::with_nccl(1, |nccl| nccl.local_registration(false));
+    rig.check_on_one_rank(
+        |rig,
+         OneRank {
+             comm, s: stream, ..
+         }| {
+            let mut a = comm.alloc_nccl::<f32>(16).unwrap();
+            let b = comm.alloc_nccl::<f32>(16).unwrap();
+            a.fill(1.5).unwrap();
+            let reg_a = comm.register(&a).unwrap();
+            let reg_b = comm.register(&b).unwrap();
+            comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &stream)
+                .unwrap();
+            assert_eq!(a.to_vec().unwrap(), vec![1.5f32; 16]);
+            drop((reg_a, a));
+            assert_eq!(
+                rig.world.calls("ncclMemFree"),
+                1,
+                "b's registration holds only b"
+            );
+            drop((reg_b, b));
+            assert_eq!(rig.world.calls("ncclMemFree"), 2);
+            assert_eq!(rig.world.calls("ncclCommRegister"), 2);
+            assert_eq!(
+                rig.world.calls("ncclCommDeregister"),
+                0,
+                "nothing to release"
+            );
+        },
     );
-    drop((reg_b, b));
-    assert_eq!(world.calls("ncclMemFree"), 2);
-    assert_eq!(world.calls("ncclCommRegister"), 2);
-    assert_eq!(world.calls("ncclCommDeregister"), 0, "nothing to release");
-    drop((comm, stream, ctx, nccl, cuda));
-    assert!(world.live().is_empty(), "{:?}", world.live());
-    assert!(gpus.live().is_empty(), "{:?}", gpus.live());
-    assert_eq!(gpus.violations(), Vec::<String>::new());
 }

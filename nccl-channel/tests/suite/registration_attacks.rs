@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use crate::common::{MIB_F32, OneRank, Rig, on_one_rank, pooled};
-use cuda_hal::{CaptureMode, DeviceBuffer, DeviceSlice, Stream};
+use crate::common::{MIB_F32, OneRank, Rig, assert_nccl_error, capture, on_one_rank, pooled};
+use cuda_hal::{DeviceBuffer, DeviceSlice, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, WindowFlags, group};
 use nccl_sys::ncclResult_t;
 
 fn one_non_blocking(rig: &Rig, device: usize) -> (cuda_hal::Context, Communicator) {
-    let ctx = rig.cuda.device(device).unwrap().primary_context().unwrap();
+    let ctx = rig.context(device);
     let config = CommConfig::non_blocking(Duration::from_secs(5));
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
@@ -27,10 +27,10 @@ fn a_registration_a_graph_holds_still_notes_later_work() {
         let s2 = Stream::new(&ctx).unwrap();
         let mut b = comm.alloc_nccl::<f32>(16).unwrap();
         let reg = comm.register(&b).unwrap();
-        s1.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-            .unwrap();
-        let graph = s1.end_capture().unwrap().instantiate().unwrap();
+        let graph = capture(&s1, || {
+            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+                .unwrap();
+        });
         drop(reg);
         // NCCL still has the registration: this all-reduce on s2 uses it.
         comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
@@ -157,10 +157,10 @@ fn register_windows_releases_the_other_ranks_windows_when_a_wait_fails() {
         rig.world
             .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclSystemError);
         let r = Communicator::register_windows(&[(&c0, &b0), (&c1, &b1)], WindowFlags::DEFAULT);
-        assert!(
-            matches!(&r, Err(Error::Nccl { call: "ncclCommGetAsyncError", code, .. })
-                if *code == ncclResult_t::ncclSystemError),
-            "{r:?}"
+        assert_nccl_error(
+            r.as_ref().unwrap_err(),
+            "ncclCommGetAsyncError",
+            ncclResult_t::ncclSystemError,
         );
         drop(r);
         assert!(c0.is_aborted());
@@ -178,7 +178,7 @@ fn register_windows_releases_the_other_ranks_windows_when_a_wait_fails() {
 fn a_buffer_swapped_into_a_pooled_one_is_not_pooled() {
     Rig::new(2).check(|rig| {
         let (ctx0, comm) = rig.one_rank(0);
-        let ctx1 = rig.cuda.device(1).unwrap().primary_context().unwrap();
+        let ctx1 = rig.context(1);
         let mut p = pooled(&comm).buffer::<f32>(64).unwrap();
         let other = DeviceBuffer::<f32>::zeroed(&ctx1, 64).unwrap();
         // Another owner, as the pooled memory's registration is.
@@ -206,10 +206,10 @@ fn the_release_waits_for_the_last_launch_of_the_graph_that_held_it() {
         let s2 = Stream::new(&ctx).unwrap();
         let mut b = comm.alloc_nccl::<f32>(16).unwrap();
         let reg = comm.register(&b).unwrap();
-        s1.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-            .unwrap();
-        let graph = s1.end_capture().unwrap().instantiate().unwrap();
+        let graph = capture(&s1, || {
+            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
+                .unwrap();
+        });
         drop(reg);
         graph.launch(&s2).unwrap();
         drop(graph);
@@ -226,7 +226,7 @@ fn from_raw_with_never_releases_an_empty_buffer() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
         // SAFETY: no element, so any address will do (the documented contract).
@@ -346,11 +346,11 @@ fn a_pooled_buffer_another_communicators_graph_uses_is_not_handed_out_again() {
         let s = Stream::new(&ctx).unwrap();
         let mut p = pooled(&comm).buffer::<f32>(64).unwrap();
         let first = p.as_raw();
-        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        other
-            .all_reduce_in_place(&mut p, ReduceOp::Sum, &s)
-            .unwrap();
-        let graph = s.end_capture().unwrap().instantiate().unwrap();
+        let graph = capture(&s, || {
+            other
+                .all_reduce_in_place(&mut p, ReduceOp::Sum, &s)
+                .unwrap();
+        });
         drop(p);
         let q = pooled(&comm).buffer::<f32>(64).unwrap();
         assert_ne!(q.as_raw(), first, "the graph still writes that memory");
@@ -370,11 +370,7 @@ fn a_failed_deregistration_that_aborts_frees_the_memory() {
         rig.world
             .fail_next("ncclCommDeregister", ncclResult_t::ncclSystemError);
         let e = reg.deregister().unwrap_err();
-        assert!(
-            matches!(&e, Error::Nccl { call: "ncclCommDeregister", code, .. }
-                if *code == ncclResult_t::ncclSystemError),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclCommDeregister", ncclResult_t::ncclSystemError);
         assert!(comm.is_aborted());
         drop((b, comm, ctx));
     });
@@ -385,10 +381,7 @@ fn a_failed_deregistration_that_aborts_frees_the_memory() {
 #[test]
 fn register_windows_with_a_failing_rank_releases_the_others_once() {
     Rig::new(2).check(|rig| {
-        let ctxs: Vec<_> = (0..2)
-            .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
-            .collect();
-        let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+        let (_ctxs, comms) = rig.all_ranks(2);
         let bufs: Vec<DeviceBuffer<f32>> = comms
             .iter()
             .map(|c| c.alloc_nccl::<f32>(1024).unwrap())
@@ -400,10 +393,10 @@ fn register_windows_with_a_failing_rank_releases_the_others_once() {
         );
         let pairs: Vec<(&Communicator, &DeviceBuffer<f32>)> = comms.iter().zip(&bufs).collect();
         let r = Communicator::register_windows(&pairs, WindowFlags::DEFAULT);
-        assert!(
-            matches!(&r, Err(Error::Nccl { call: "ncclCommWindowRegister", code, .. })
-                if *code == ncclResult_t::ncclInvalidArgument),
-            "{r:?}"
+        assert_nccl_error(
+            r.as_ref().unwrap_err(),
+            "ncclCommWindowRegister",
+            ncclResult_t::ncclInvalidArgument,
         );
         drop(r);
         assert!(rig.world.calls("ncclCommWindowDeregister") <= 1);
@@ -424,9 +417,9 @@ fn pooled_buffers_dropped_on_other_threads() {
         std::thread::scope(|sc| sc.spawn(move || drop(p)).join().unwrap());
         assert_eq!(comm.pooled_buffers(), 1);
         let mut p = pooled(&comm).buffer::<f32>(N).unwrap();
-        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_gather_in_place(&mut p, &s).unwrap();
-        let graph = s.end_capture().unwrap().instantiate().unwrap();
+        let graph = capture(&s, || {
+            comm.all_gather_in_place(&mut p, &s).unwrap();
+        });
         std::thread::scope(|sc| sc.spawn(move || drop(p)).join().unwrap());
         assert_eq!(comm.pooled_buffers(), 0);
         graph.launch(&s).unwrap();

@@ -9,7 +9,7 @@ use cuda_hal::{CaptureMode, Context, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_sys::Nccl;
 
-use crate::common::pooled;
+use crate::common::{non_blocking_streams, pooled};
 
 /// NCCL and two GPUs' contexts, or `None` (said) on a machine with fewer.
 fn two_gpus() -> Option<(Arc<Nccl>, Vec<Context>)> {
@@ -31,10 +31,7 @@ fn registered_all_gather_and_all_reduce_on_two_gpus() {
         return;
     };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
-    let streams: Vec<Stream> = ctxs
-        .iter()
-        .map(|c| Stream::non_blocking(c).unwrap())
-        .collect();
+    let streams: Vec<Stream> = non_blocking_streams(&ctxs);
     let send: Vec<_> = comms
         .iter()
         .map(|c| filled(c, c.rank() as f32 + 1.0))
@@ -103,10 +100,7 @@ fn symmetric_windows_on_two_gpus() {
         return;
     };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
-    let streams: Vec<Stream> = ctxs
-        .iter()
-        .map(|c| Stream::non_blocking(c).unwrap())
-        .collect();
+    let streams: Vec<Stream> = non_blocking_streams(&ctxs);
     let mut bufs: Vec<_> = comms
         .iter()
         .map(|c| filled(c, c.rank() as f32 + 1.0))
@@ -158,10 +152,7 @@ fn the_pool_on_two_gpus() {
         return;
     };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
-    let streams: Vec<Stream> = ctxs
-        .iter()
-        .map(|c| Stream::non_blocking(c).unwrap())
-        .collect();
+    let streams: Vec<Stream> = non_blocking_streams(&ctxs);
     let mut first = Vec::new();
     for step in 0..5 {
         let mut bufs: Vec<_> = comms

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::common::loopback_port;
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{ChannelBuilder, CommConfig, Error, ReduceOp, World};
 
@@ -145,13 +146,7 @@ fn faults_on_real_gpus() {
         return;
     }
     drop(cuda);
-    let port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
+    let port = || loopback_port();
     // 1. SIGKILL one of two ranks in the middle of a stream of all-reduces.
     let p = port();
     let mut survivor = spawn(0, 2, p, "collectives");

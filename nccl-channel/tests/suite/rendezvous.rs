@@ -15,8 +15,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::Rig;
 use crate::common::tcpstore::{Faults, TestStore};
+use crate::common::{Rig, all_gather_and_close, on_threads};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, IdSource, Rendezvous, RendezvousKind, UniqueId, World};
 
@@ -81,7 +81,7 @@ fn run_ranks(
                             Ok(id)
                         })
                         .unwrap();
-                    let ctx = rig.cuda.device(rank).unwrap().primary_context().unwrap();
+                    let ctx = rig.context(rank);
                     let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, n, rank).unwrap();
                     let stream = Stream::new(&ctx).unwrap();
                     let send = DeviceBuffer::from_slice(
@@ -782,39 +782,21 @@ fn the_channel_builder_takes_a_rendezvous() {
         let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
             .unwrap()
             .timeout(Duration::from_secs(20));
-        let out: Vec<Vec<i32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..2)
-                .map(|r| {
-                    let (cuda, nccl, rdv) = (rig.cuda.clone(), rig.nccl.clone(), rdv.clone());
-                    s.spawn(move || {
-                        let ch = nccl_channel::ChannelBuilder::new()
-                            .world(World::new(2, r).unwrap())
-                            .unique_id(IdSource::Rendezvous(rdv))
-                            .cuda(cuda)
-                            .nccl(nccl)
-                            .build()
-                            .unwrap()
-                            .unwrap();
-                        assert_eq!(
-                            ch.id_origin(),
-                            format!(
-                                "rank 0's rendezvous at 127.0.0.1:{port} (derived from code), \
-                                 key nccl-channel, timeout 20s"
-                            )
-                        );
-                        let ctx = ch.comm().context();
-                        let send = DeviceBuffer::from_slice(ctx, &[r as i32]).unwrap();
-                        let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2).unwrap();
-                        ch.comm().all_gather(&send, &mut recv, ch.stream()).unwrap();
-                        ch.stream().synchronize().unwrap();
-                        let v = recv.to_vec().unwrap();
-                        drop((send, recv));
-                        ch.close().unwrap();
-                        v
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let out = on_threads(2, |r| {
+            let ch = rig
+                .channel(World::new(2, r).unwrap())
+                .unique_id(IdSource::Rendezvous(rdv.clone()))
+                .build()
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                ch.id_origin(),
+                format!(
+                    "rank 0's rendezvous at 127.0.0.1:{port} (derived from code), \
+                     key nccl-channel, timeout 20s"
+                )
+            );
+            all_gather_and_close(ch, &[r as i32])
         });
         assert_eq!(out, vec![vec![0, 1]; 2]);
     });

@@ -5,17 +5,12 @@
 
 use std::ffi::OsStr;
 
-use crate::common::Rig;
-use cuda_hal::DeviceBuffer;
-use nccl_channel::{ChannelBuilder, World};
+use crate::common::{Rig, all_gather_and_close, loopback_port, on_threads};
+use nccl_channel::World;
 
 #[test]
 fn auto_uses_nccl_channel_rendezvous_when_nccl_comm_id_is_unset() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = loopback_port();
     // Chosen by the test's process and passed on; the child reads the variable.
     let address = format!("127.0.0.1:{port}");
     if !test_support::in_scrubbed_child!(
@@ -27,33 +22,15 @@ fn auto_uses_nccl_channel_rendezvous_when_nccl_comm_id_is_unset() {
     ) {
         return;
     }
-    let rig = Rig::new(2);
-    let out: Vec<Vec<i32>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|r| {
-                let (cuda, nccl) = (rig.cuda.clone(), rig.nccl.clone());
-                s.spawn(move || {
-                    let ch = ChannelBuilder::new()
-                        .world(World::new(2, r).unwrap())
-                        .cuda(cuda)
-                        .nccl(nccl)
-                        .build()
-                        .unwrap()
-                        .unwrap();
-                    let ctx = ch.comm().context();
-                    let send = DeviceBuffer::from_slice(ctx, &[10 + r as i32]).unwrap();
-                    let mut recv = DeviceBuffer::<i32>::alloc(ctx, 2).unwrap();
-                    ch.comm().all_gather(&send, &mut recv, ch.stream()).unwrap();
-                    ch.stream().synchronize().unwrap();
-                    let v = recv.to_vec().unwrap();
-                    drop((send, recv));
-                    ch.close().unwrap();
-                    v
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    Rig::new(2).check(|rig| {
+        let out = on_threads(2, |r| {
+            let ch = rig
+                .channel(World::new(2, r).unwrap())
+                .build()
+                .unwrap()
+                .unwrap();
+            all_gather_and_close(ch, &[10 + r as i32])
+        });
+        assert_eq!(out, vec![vec![10, 11]; 2]);
     });
-    assert_eq!(out, vec![vec![10, 11]; 2]);
-    rig.assert_clean();
 }

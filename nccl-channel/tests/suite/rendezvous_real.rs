@@ -7,6 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::common::loopback_port;
 use nccl_channel::{Error, Rendezvous, UniqueId, World};
 use nccl_sys::NcclVersion;
 
@@ -33,12 +34,7 @@ fn three_ranks_agree_on_a_real_nccl_2_18_id() {
     }
     let nccl = load_trusted(libnccl_2_18()).unwrap();
     assert_eq!(nccl.version(), NcclVersion::new(2, 18, 3));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let port = loopback_port().to_string();
     let made = Mutex::new(Vec::new());
     let ids: Vec<UniqueId> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..3)
@@ -92,11 +88,7 @@ fn the_same_through_exchange_with_nccl() {
         return;
     }
     let nccl = load_trusted(libnccl_2_18()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = loopback_port();
     let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
         .unwrap()
         .timeout(Duration::from_secs(60));

@@ -4,20 +4,16 @@
 
 use std::sync::Barrier;
 
-use cuda_hal::{Cuda, DeviceBuffer, Stream};
+use crate::common::backend::Machine;
+use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, UniqueId};
 
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn shrink_away_a_rank_then_revoke() {
-    let cuda = Cuda::load()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no CUDA driver");
-    let nccl = nccl_channel::nccl()
-        .expect("a GPU test (run with --include-ignored on the GPU machine): no NCCL");
-    if !test_support::enough_gpus(cuda.device_count().unwrap(), 2) {
+    let Some(Machine { cuda, nccl, .. }) = Machine::gpus(2) else {
         return;
-    }
-    println!("NCCL {} ({})", nccl.version(), nccl.origin());
+    };
     let id = UniqueId::generate(&nccl).unwrap();
     let barrier = Barrier::new(2);
     std::thread::scope(|s| {

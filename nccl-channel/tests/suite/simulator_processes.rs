@@ -242,25 +242,31 @@ pub(crate) fn rounds(seed: u64, count: usize) -> Vec<String> {
     failures
 }
 
-/// Rank 0's process hosts the hub. Ending at once, without destroying its communicator,
-/// it took the hub with it: its peer, still closing (or still waiting for its answer),
-/// heard of a network error. Its process now stays until every peer has left.
-#[test]
-fn the_hub_process_ending_without_a_destroy_stays_for_its_peers() {
-    let ranks: Vec<Rank> = (0..2)
+/// Two non-blocking ranks of one element each: rank `exits` ends its process without
+/// destroying its communicator, and the other, half a second later, closes its own.
+fn one_exits_and_one_closes(exits: usize) -> Vec<Rank> {
+    (0..2)
         .map(|rank| Rank {
             rank,
             nranks: 2,
             non_blocking: true,
-            pause_us: if rank == 0 { 0 } else { 500_000 },
-            ending: if rank == 0 {
+            pause_us: if rank == exits { 0 } else { 500_000 },
+            ending: if rank == exits {
                 Ending::Exit
             } else {
                 Ending::Close
             },
             elems: 1,
         })
-        .collect();
+        .collect()
+}
+
+/// Rank 0's process hosts the hub. Ending at once, without destroying its communicator,
+/// it took the hub with it: its peer, still closing (or still waiting for its answer),
+/// heard of a network error. Its process now stays until every peer has left.
+#[test]
+fn the_hub_process_ending_without_a_destroy_stays_for_its_peers() {
+    let ranks = one_exits_and_one_closes(0);
     if let Some(f) = failure(&ranks, &run(&ranks)) {
         panic!("{f}");
     }
@@ -271,32 +277,21 @@ fn the_hub_process_ending_without_a_destroy_stays_for_its_peers() {
 /// (before, the hub told rank 0 of a death, whose asynchronous error failed the close).
 #[test]
 fn a_peer_ending_without_a_destroy_is_no_death_for_the_others() {
-    let ranks: Vec<Rank> = (0..2)
-        .map(|rank| Rank {
-            rank,
-            nranks: 2,
-            non_blocking: true,
-            pause_us: if rank == 0 { 500_000 } else { 0 },
-            ending: if rank == 0 {
-                Ending::Close
-            } else {
-                Ending::Exit
-            },
-            elems: 1,
-        })
-        .collect();
+    let ranks = one_exits_and_one_closes(1);
     if let Some(f) = failure(&ranks, &run(&ranks)) {
         panic!("{f}");
     }
 }
 
+/// `$name` as a number, when it is set to one.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 /// Programs of 2 to 8 ranks, blocking and non-blocking, ending in every order: none fails.
 #[test]
 fn correct_programs_never_fail_on_the_multi_process_simulator() {
-    let count = std::env::var("SIM_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+    let count = env_number("SIM_ROUNDS").unwrap_or(60);
     let failures = rounds(0x5eed, count);
     assert!(
         failures.is_empty(),
@@ -311,18 +306,12 @@ fn correct_programs_never_fail_on_the_multi_process_simulator() {
 #[test]
 #[ignore = "a long run: scripts/soak"]
 fn soak() {
-    let minutes: u64 = std::env::var("SIM_MINUTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let seed = std::env::var("SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    let minutes: u64 = env_number("SIM_MINUTES").unwrap_or(1);
+    // Else from the clock: a fresh seed each run.
+    let seed = env_number("SIM_SEED").unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |d| d.as_nanos() as u64)
+    });
     eprintln!("simulator soak: seed {seed}, {minutes} min");
     let end = std::time::Instant::now() + Duration::from_secs(minutes * 60);
     let (mut programs, mut failures) = (0usize, Vec::new());

@@ -6,16 +6,14 @@
 
 use std::time::Duration;
 
-use crate::common::Rig;
+use crate::common::{Rig, assert_nccl_error, capture};
 use cuda_hal::{CaptureMode, DeviceBuffer, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, group};
 use nccl_sys::ncclResult_t;
 
 /// Two ranks driven from one thread, one communicator and stream each.
 fn pair(rig: &Rig) -> Vec<(Communicator, Stream)> {
-    let ctxs: Vec<_> = (0..2)
-        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
-        .collect();
+    let ctxs = rig.contexts(2);
     Communicator::init_all(&rig.nccl, &ctxs)
         .unwrap()
         .into_iter()
@@ -54,18 +52,18 @@ fn buffers_dropped_inside_a_group_live_until_it_ends() {
 #[test]
 fn a_graph_owns_its_buffers_and_communicator_and_refuses_an_aborted_one() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
         let s = Stream::non_blocking(&ctx).unwrap();
         let send = DeviceBuffer::from_slice(&ctx, &[4.0f32, 5.0]).unwrap();
         let mut recv = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
         let mut out = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
-        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
-            .unwrap();
-        out.copy_from_async(&recv, &s).unwrap();
-        let exec = s.end_capture().unwrap().instantiate().unwrap();
+        let exec = capture(&s, || {
+            comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
+                .unwrap();
+            out.copy_from_async(&recv, &s).unwrap();
+        });
         drop((send, recv));
         let abort = comm.abort_handle();
         drop(comm);
@@ -86,10 +84,10 @@ fn a_graph_owns_its_buffers_and_communicator_and_refuses_an_aborted_one() {
         )
         .unwrap();
         let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
-        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-            .unwrap();
-        let exec = s.end_capture().unwrap().instantiate().unwrap();
+        let exec = capture(&s, || {
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+                .unwrap();
+        });
         comm.abort().unwrap();
         let e = exec.launch(&s).unwrap_err();
         assert!(
@@ -105,7 +103,7 @@ fn a_graph_owns_its_buffers_and_communicator_and_refuses_an_aborted_one() {
 #[test]
 fn a_pooled_buffer_is_freed_after_the_collective_on_another_stream() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
         let (pool, comm_stream) = (
@@ -128,7 +126,7 @@ fn a_pooled_buffer_is_freed_after_the_collective_on_another_stream() {
 #[test]
 fn nothing_reaches_nccl_after_an_abort() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
         let s = Stream::non_blocking(&ctx).unwrap();
@@ -138,17 +136,7 @@ fn nothing_reaches_nccl_after_an_abort() {
         let e = comm
             .all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
             .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Nccl {
-                    call: "ncclAllReduce",
-                    code: ncclResult_t::ncclSystemError,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclSystemError);
         assert!(comm.is_aborted());
         assert_eq!(rig.world.calls("ncclRedOpDestroy"), 0);
         let before = rig.world.calls("ncclCommGetAsyncError") + rig.world.calls("ncclCommSplit");
@@ -194,7 +182,7 @@ fn split_children_keep_the_parents_blocking_mode() {
 #[test]
 fn dropping_a_blocking_communicator_aborts_and_close_finalises() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let comm = Communicator::init_rank(
             &rig.nccl,
             &ctx,
@@ -274,9 +262,7 @@ enum HomeMemory {
 /// after ending the capture and checking that nothing leaked and the sanitizer saw nothing.
 fn behind_a_polling_collective(home: HomeMemory) -> (Result<(), Error>, Result<(), Error>) {
     let rig = Rig::new(2);
-    let ctxs: Vec<_> = (0..2)
-        .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
-        .collect();
+    let ctxs = rig.contexts(2);
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let config = CommConfig::non_blocking(Duration::from_secs(3));
     let s0 = Stream::non_blocking(&ctxs[0]).unwrap();
@@ -370,7 +356,7 @@ fn a_synchronous_call_never_waits_in_a_cycle_through_a_peers_collective() {
 
 /// One rank, one device, a non-blocking communicator with a 5 s deadline.
 fn one_non_blocking(rig: &Rig) -> (cuda_hal::Context, Communicator) {
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let config = CommConfig::non_blocking(Duration::from_secs(5));
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
@@ -379,7 +365,7 @@ fn one_non_blocking(rig: &Rig) -> (cuda_hal::Context, Communicator) {
 
 /// One rank, one device: its context, communicator and a stream.
 fn one(rig: &Rig) -> (cuda_hal::Context, Communicator, Stream) {
-    let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+    let ctx = rig.context(0);
     let id = UniqueId::generate(&rig.nccl).unwrap();
     let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
     let s = Stream::non_blocking(&ctx).unwrap();
@@ -468,16 +454,10 @@ fn a_fatal_error_inside_a_group_aborts_after_it() {
             assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
             e
         });
-        assert!(
-            matches!(
-                r,
-                Err(Error::Nccl {
-                    call: "ncclAllReduce",
-                    code: ncclResult_t::ncclSystemError,
-                    ..
-                })
-            ),
-            "{r:?}"
+        assert_nccl_error(
+            r.as_ref().unwrap_err(),
+            "ncclAllReduce",
+            ncclResult_t::ncclSystemError,
         );
         assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
         assert_eq!(rig.world.calls("ncclCommAbort"), 1);
@@ -594,25 +574,12 @@ fn usage_errors_are_returned_and_keep_the_communicator() {
         let e = comm
             .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
             .unwrap_err();
-        assert!(
-            matches!(e, Error::Nccl { call: "ncclAllReduce", code, .. } if code == ncclResult_t::ncclInvalidArgument),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclInvalidArgument);
         assert!(!comm.is_aborted());
         rig.world
             .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         let e = comm.split(Some(0), 0).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Nccl {
-                    call: "ncclCommSplit",
-                    code: ncclResult_t::ncclInvalidUsage,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
             .unwrap();
         let e = Communicator::init_rank(
@@ -641,24 +608,14 @@ fn usage_errors_are_returned_and_keep_the_communicator() {
 #[test]
 fn a_failed_wait_for_a_split_aborts_the_parent_and_the_child() {
     Rig::new(1).check(|rig| {
-        let ctx = rig.cuda.device(0).unwrap().primary_context().unwrap();
+        let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let config = CommConfig::non_blocking(Duration::from_secs(5));
         let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
         rig.world
             .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         let e = comm.split(Some(0), 0).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Nccl {
-                    call: "ncclCommGetAsyncError",
-                    code: ncclResult_t::ncclInternalError,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         assert!(comm.is_aborted());
         assert_eq!(
             rig.world.calls("ncclCommAbort"),
@@ -709,31 +666,11 @@ fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
         let e = comm
             .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
             .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Nccl {
-                    call: "ncclAllReduce",
-                    code: ncclResult_t::ncclInvalidArgument,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclInvalidArgument);
         rig.world
             .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         let e = comm.split(Some(0), 0).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Nccl {
-                    call: "ncclCommSplit",
-                    code: ncclResult_t::ncclInvalidUsage,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert_nccl_error(&e, "ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         assert!(
             format!("{comm:?}").ends_with("aborted: false }"),
             "{comm:?}"
@@ -780,13 +717,13 @@ fn an_outer_graph_is_gated_by_the_inner_graphs_communicator() {
         let mut buf = DeviceBuffer::<f32>::zeroed(&ctx, 2).unwrap();
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
             .unwrap();
-        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
-            .unwrap();
-        let inner = s.end_capture().unwrap().instantiate().unwrap();
-        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-        inner.launch(&s).unwrap();
-        let outer = s.end_capture().unwrap().instantiate().unwrap();
+        let inner = capture(&s, || {
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
+                .unwrap();
+        });
+        let outer = capture(&s, || {
+            inner.launch(&s).unwrap();
+        });
         outer.launch(&s).unwrap();
         comm.abort().unwrap();
         for g in [&inner, &outer] {

@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use cuda_hal::{CaptureMode, Context, Cuda, DeviceBuffer, Stream};
+use crate::common::{capture, non_blocking_streams, zeroed_on_each};
+use cuda_hal::{Context, Cuda, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, ReduceOp, UniqueId, group};
 use nccl_sys::Nccl;
 
@@ -32,14 +33,8 @@ fn group_with_buffers_dropped_inside() {
         return;
     };
     let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
-    let streams: Vec<Stream> = ctxs
-        .iter()
-        .map(|c| Stream::non_blocking(c).unwrap())
-        .collect();
-    let mut outs: Vec<DeviceBuffer<f32>> = ctxs
-        .iter()
-        .map(|c| DeviceBuffer::zeroed(c, N).unwrap())
-        .collect();
+    let streams: Vec<Stream> = non_blocking_streams(&ctxs);
+    let mut outs: Vec<DeviceBuffer<f32>> = zeroed_on_each(&ctxs, N);
     for round in 0..3 {
         group(&nccl, || {
             for ((c, s), out) in comms.iter().zip(&streams).zip(outs.iter_mut()) {
@@ -87,11 +82,11 @@ fn graph_outlives_its_buffers_and_communicator() {
                 comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
                     .unwrap();
                 s.synchronize().unwrap();
-                s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-                comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
-                    .unwrap();
-                out.copy_from_async(&recv, &s).unwrap();
-                let exec = s.end_capture().unwrap().instantiate().unwrap();
+                let exec = capture(&s, || {
+                    comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &s)
+                        .unwrap();
+                    out.copy_from_async(&recv, &s).unwrap();
+                });
                 drop((send, recv, comm));
                 let junk = scribble(ctx);
                 for _ in 0..3 {

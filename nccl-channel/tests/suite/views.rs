@@ -2,9 +2,9 @@
 //! driver and NCCL (whose sanitizers check every address when the work executes).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common::Rig;
-use cuda_hal::{CaptureMode, DeviceBuffer, DeviceView, Stream};
-use nccl_channel::{Communicator, Error, ReduceOp, group};
+use crate::common::{Rig, capture, non_blocking_streams, zeroed_on_each};
+use cuda_hal::{DeviceBuffer, DeviceView};
+use nccl_channel::{Error, ReduceOp, group};
 
 /// The most common all-reduce of all: gradients of one flat buffer, averaged in buckets.
 #[test]
@@ -106,18 +106,9 @@ fn root_only_views_and_their_checks() {
 #[test]
 fn a_group_holds_the_memory_behind_its_views() {
     Rig::new(2).check(|rig| {
-        let ctxs: Vec<_> = (0..2)
-            .map(|d| rig.cuda.device(d).unwrap().primary_context().unwrap())
-            .collect();
-        let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
-        let streams: Vec<_> = ctxs
-            .iter()
-            .map(|x| Stream::non_blocking(x).unwrap())
-            .collect();
-        let mut outs: Vec<_> = ctxs
-            .iter()
-            .map(|x| DeviceBuffer::<i64>::zeroed(x, 2).unwrap())
-            .collect();
+        let (ctxs, comms) = rig.all_ranks(2);
+        let streams: Vec<_> = non_blocking_streams(&ctxs);
+        let mut outs: Vec<_> = zeroed_on_each::<i64>(&ctxs, 2);
         group(&rig.nccl, || {
             for ((c, s), out) in comms.iter().zip(&streams).zip(outs.iter_mut()) {
                 let r = c.rank() as i64;
@@ -146,10 +137,10 @@ fn a_graph_holds_the_memory_behind_its_views() {
             c.all_reduce_in_place(&mut flat.slice_mut(..1).unwrap(), ReduceOp::Sum, s)
                 .unwrap();
             s.synchronize().unwrap();
-            s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-            c.all_reduce(&flat.slice(1..).unwrap(), &mut res, ReduceOp::Sum, s)
-                .unwrap();
-            let exec = s.end_capture().unwrap().instantiate().unwrap();
+            let exec = capture(s, || {
+                c.all_reduce(&flat.slice(1..).unwrap(), &mut res, ReduceOp::Sum, s)
+                    .unwrap();
+            });
             drop(flat);
             exec.launch(s).unwrap();
             s.synchronize().unwrap();

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{assert_nccl_error, loopback_port};
 use cuda_hal::Cuda;
 use cuda_mock::MockDriver;
 use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
@@ -136,17 +137,7 @@ fn a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog() {
     let id = UniqueId::generate(&nccl).unwrap();
     let started = Instant::now();
     let e = Communicator::init_rank(&nccl, &ctxs[1], &id, 2, 1).unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            Error::Nccl {
-                call: "ncclCommInitRank",
-                code: ncclResult_t::ncclSystemError,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_nccl_error(&e, "ncclCommInitRank", ncclResult_t::ncclSystemError);
     assert!(started.elapsed() >= Duration::from_millis(2500));
     // The watchdog said nothing after the call returned.
     std::thread::sleep(Duration::from_millis(1500));
@@ -159,12 +150,7 @@ fn a_rendezvous_nobody_serves_says_so_once_then_fails() {
     const NAME: &str = "a_rendezvous_nobody_serves_says_so_once_then_fails";
     const PORT: &str = "NCCL_CHANNEL_WAIT_NOTICE_PORT";
     if !is_child(NAME) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-            .to_string();
+        let port = loopback_port().to_string();
         assert_eq!(
             child_lines_with(NAME, "nccl-channel:", &[(PORT, &port)]),
             [format!(

@@ -18,11 +18,11 @@ pub mod wheel;
 
 use std::sync::Arc;
 
-use cuda_hal::{Cuda, Stream};
+use cuda_hal::{CaptureMode, Cuda, DeviceBuffer, GraphExec, Stream};
 use cuda_mock::{MockDriver, MockWorld};
-use nccl_channel::{Communicator, Fp8E4M3, Fp8E5M2, NcclType, ReduceOp, UniqueId};
+use nccl_channel::{Communicator, Error, Fp8E4M3, Fp8E5M2, NcclType, ReduceOp, UniqueId};
 use nccl_mock::{MockNccl, MockNcclWorld};
-use nccl_sys::{Nccl, NcclVersion};
+use nccl_sys::{Nccl, NcclVersion, ncclResult_t};
 
 pub struct Rig {
     pub cuda: Cuda,
@@ -48,9 +48,13 @@ impl Rig {
     /// `devices` simulated GPUs and a simulated NCCL as `configure` sets it up from
     /// `MockNccl`'s defaults.
     pub fn with_nccl(devices: usize, configure: impl FnOnce(MockNccl) -> MockNccl) -> Rig {
-        let (cuda, gpus) = MockDriver::with_devices(devices)
-            .build_with(Cuda::from_driver)
-            .unwrap();
+        Self::from_driver(MockDriver::with_devices(devices), configure)
+    }
+
+    /// The simulated GPUs of `driver` and a simulated NCCL as `configure` sets it up from
+    /// `MockNccl`'s defaults.
+    pub fn from_driver(driver: MockDriver, configure: impl FnOnce(MockNccl) -> MockNccl) -> Rig {
+        let (cuda, gpus) = driver.build_with(Cuda::from_driver).unwrap();
         let (nccl, world) = configure(MockNccl::new(&gpus)).build().unwrap();
         Rig {
             cuda,
@@ -65,6 +69,24 @@ impl Rig {
     pub fn check(self, scenario: impl FnOnce(&Rig)) {
         scenario(&self);
         self.assert_clean();
+    }
+
+    /// Runs `scenario` on [`OneRank`] of device 0 of this machine, then asserts that
+    /// nothing is left alive in either simulation.
+    pub fn check_on_one_rank(self, scenario: impl FnOnce(&Rig, OneRank)) {
+        self.check(|rig| {
+            let (ctx, comm) = rig.one_rank(0);
+            let s = Stream::new(&ctx).unwrap();
+            scenario(rig, OneRank { ctx, comm, s });
+        });
+    }
+
+    /// A channel builder for `world` on this machine (its driver and NCCL).
+    pub fn channel(&self, world: nccl_channel::World) -> nccl_channel::ChannelBuilder {
+        nccl_channel::ChannelBuilder::new()
+            .world(world)
+            .cuda(self.cuda.clone())
+            .nccl(self.nccl.clone())
     }
 
     /// The primary context of device `d`.
@@ -175,6 +197,18 @@ impl Rig {
         (ctx, comm)
     }
 
+    /// Asserts that the simulated NCCL's sanitizer saw no invalid call.
+    pub fn assert_no_nccl_violations(&self) {
+        let v = self.world.violations();
+        assert!(v.is_empty(), "{v:?}");
+    }
+
+    /// Asserts that the simulated GPU's sanitizer saw no invalid access.
+    pub fn assert_no_gpu_violations(&self) {
+        let v = self.gpus.violations();
+        assert!(v.is_empty(), "{v:?}");
+    }
+
     /// Asserts that nothing is left alive in either simulation.
     pub fn assert_clean(self) {
         let Rig {
@@ -208,11 +242,74 @@ pub struct OneRank {
 /// On a simulated machine of `devices` GPUs, runs `scenario` on [`OneRank`] of device 0,
 /// then asserts that nothing is left alive in either simulation.
 pub fn on_one_rank(devices: usize, scenario: impl FnOnce(&Rig, OneRank)) {
-    Rig::new(devices).check(|rig| {
-        let (ctx, comm) = rig.one_rank(0);
-        let s = Stream::new(&ctx).unwrap();
-        scenario(rig, OneRank { ctx, comm, s });
-    });
+    Rig::new(devices).check_on_one_rank(scenario);
+}
+
+/// Runs `rank(r)` for each r in 0..n, one thread each; the results in rank order.
+pub fn on_threads<R: Send>(n: usize, rank: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let rank = &rank;
+        let hs: Vec<_> = (0..n).map(|r| s.spawn(move || rank(r))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// All-gathers `mine` over the channel's communicator on its stream, then closes the
+/// channel; returns what the ranks sent, in rank order.
+pub fn all_gather_and_close(ch: nccl_channel::Channel, mine: &[i32]) -> Vec<i32> {
+    let ctx = ch.comm().context();
+    let send = DeviceBuffer::from_slice(ctx, mine).unwrap();
+    let mut recv = DeviceBuffer::<i32>::alloc(ctx, mine.len() * ch.comm().size()).unwrap();
+    ch.comm().all_gather(&send, &mut recv, ch.stream()).unwrap();
+    ch.stream().synchronize().unwrap();
+    let v = recv.to_vec().unwrap();
+    drop((send, recv));
+    ch.close().unwrap();
+    v
+}
+
+/// A port of 127.0.0.1 that the system just handed out (free when asked).
+pub fn loopback_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A stream on each of `ctxs`.
+pub fn streams(ctxs: &[cuda_hal::Context]) -> Vec<Stream> {
+    ctxs.iter().map(|c| Stream::new(c).unwrap()).collect()
+}
+
+/// A non-blocking stream on each of `ctxs`.
+pub fn non_blocking_streams(ctxs: &[cuda_hal::Context]) -> Vec<Stream> {
+    ctxs.iter()
+        .map(|c| Stream::non_blocking(c).unwrap())
+        .collect()
+}
+
+/// A zeroed buffer of `len` elements on each of `ctxs`.
+pub fn zeroed_on_each<T: NcclType>(ctxs: &[cuda_hal::Context], len: usize) -> Vec<DeviceBuffer<T>> {
+    ctxs.iter()
+        .map(|c| DeviceBuffer::zeroed(c, len).unwrap())
+        .collect()
+}
+
+/// The graph of what `enqueue` puts on `s` (captured thread-locally), instantiated.
+pub fn capture(s: &Stream, enqueue: impl FnOnce()) -> GraphExec {
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    enqueue();
+    s.end_capture().unwrap().instantiate().unwrap()
+}
+
+/// Asserts that `e` is NCCL's status `code`, returned by `call`.
+#[track_caller]
+pub fn assert_nccl_error(e: &Error, call: &str, code: ncclResult_t) {
+    assert!(
+        matches!(e, Error::Nccl { call: c, code: k, .. } if *c == call && *k == code),
+        "{e}"
+    );
 }
 
 /// Element types the tests can make from small integers and compare.
