@@ -39,6 +39,33 @@ macro_rules! in_scrubbed_child {
     };
 }
 
+/// [`in_scrubbed_child!`] for the test it is written in, named by the function around it:
+/// the test starts with `if !test_support::this_test_in_scrubbed_child!(&[]) { return; }`.
+#[macro_export]
+macro_rules! this_test_in_scrubbed_child {
+    ($env:expr $(,)?) => {{
+        fn here() {}
+        $crate::env::in_scrubbed_child(
+            &$crate::test_name_around(::std::any::type_name_of_val(&here)),
+            $env,
+        )
+    }};
+}
+
+/// The name libtest gives the test whose body holds the item at `path` (its
+/// `type_name`: the test crate, the test's path, the item's name).
+///
+/// ```
+/// assert_eq!(test_support::test_name_around("suite::loader::f::here"), "loader::f");
+/// assert_eq!(test_support::test_name_around("suite::f::here"), "f");
+/// ```
+pub fn test_name_around(path: &str) -> String {
+    let test = path.rsplit_once("::").map_or(path, |(test, _)| test);
+    test.split_once("::")
+        .map_or(test, |(_, rest)| rest)
+        .to_string()
+}
+
 /// Whether a GPU test has the GPUs it needs; when not, says "skipped: needs N GPUs" on
 /// stdout (the test then returns and passes: a one-GPU machine is not a failure).
 ///

@@ -203,10 +203,7 @@ fn grouped_calls_are_left_to_nccl() {
 
 #[test]
 fn the_variable_turns_the_checked_mode_on_and_an_explicit_choice_wins() {
-    if !test_support::in_scrubbed_child!(
-        "the_variable_turns_the_checked_mode_on_and_an_explicit_choice_wins",
-        &[(CHECK_CALLS_ENV, OsStr::new("1"))]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[(CHECK_CALLS_ENV, OsStr::new("1"))]) {
         return;
     }
     let m = messages(two_ranks(&CommConfig::new(), &|r, comm, s| {
@@ -222,21 +219,17 @@ fn the_variable_turns_the_checked_mode_on_and_an_explicit_choice_wins() {
 
 #[test]
 fn a_malformed_variable_is_an_error_at_the_init() {
-    if !test_support::in_scrubbed_child!(
-        "a_malformed_variable_is_an_error_at_the_init",
-        &[(CHECK_CALLS_ENV, OsStr::new("yes"))]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[(CHECK_CALLS_ENV, OsStr::new("yes"))]) {
         return;
     }
-    let rig = Rig::new(1);
-    let ctx = rig.context(0);
-    let e = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx)).unwrap_err();
-    assert!(
-        matches!(&e, Error::Env { variable, value, .. } if variable == CHECK_CALLS_ENV && value == "yes"),
-        "{e}"
-    );
-    drop(ctx);
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let ctx = rig.context(0);
+        let e = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx)).unwrap_err();
+        assert!(
+            matches!(&e, Error::Env { variable, value, .. } if variable == CHECK_CALLS_ENV && value == "yes"),
+            "{e}"
+        );
+    });
 }
 
 crate::on_every_backend! {

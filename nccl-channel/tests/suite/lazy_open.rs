@@ -12,7 +12,7 @@ fn libnccl_mapped() -> bool {
 
 #[test]
 fn no_world_no_nccl() {
-    if !test_support::in_scrubbed_child!("no_world_no_nccl", &[]) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     for family in nccl_channel::ENV_FAMILIES {

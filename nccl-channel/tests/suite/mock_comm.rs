@@ -493,34 +493,34 @@ fn a_rank_that_never_arrives_times_out_in_the_mock() {
 #[test]
 fn unique_ids_round_trip_as_hex_and_reject_bad_text() {
     // Without NCCL_COMM_ID, which makes every id the same (the last check).
-    if !test_support::in_scrubbed_child!("unique_ids_round_trip_as_hex_and_reject_bad_text", &[]) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
-    let rig = Rig::new(1);
-    let id = UniqueId::generate(&rig.nccl).unwrap();
-    let text = id.to_string();
-    assert_eq!(text.len(), 256);
-    assert_eq!(text.parse::<UniqueId>().unwrap(), id);
-    assert_eq!(text.to_uppercase().parse::<UniqueId>().unwrap(), id);
-    assert_eq!(format!(" {text}\n").parse::<UniqueId>().unwrap(), id);
-    assert_eq!(UniqueId(*id.as_bytes()), id);
-    assert_eq!(UniqueId::from_raw(&id.to_raw()), id);
-    // Debug shows the first 8 bytes, enough to tell ids apart in a log.
-    assert_eq!(format!("{id:?}"), format!("UniqueId({}…)", &text[..16]));
-    for bad in [
-        "",
-        "00",
-        &text[..255],
-        &format!("{}zz", &text[..254]),
-        &format!("{text}00"),
-    ] {
-        assert!(
-            matches!(bad.parse::<UniqueId>(), Err(Error::UniqueId(_))),
-            "{bad}"
-        );
-    }
-    assert_ne!(UniqueId::generate(&rig.nccl).unwrap(), id);
-    rig.assert_clean();
+    Rig::new(1).check(|rig| {
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let text = id.to_string();
+        assert_eq!(text.len(), 256);
+        assert_eq!(text.parse::<UniqueId>().unwrap(), id);
+        assert_eq!(text.to_uppercase().parse::<UniqueId>().unwrap(), id);
+        assert_eq!(format!(" {text}\n").parse::<UniqueId>().unwrap(), id);
+        assert_eq!(UniqueId(*id.as_bytes()), id);
+        assert_eq!(UniqueId::from_raw(&id.to_raw()), id);
+        // Debug shows the first 8 bytes, enough to tell ids apart in a log.
+        assert_eq!(format!("{id:?}"), format!("UniqueId({}…)", &text[..16]));
+        for bad in [
+            "",
+            "00",
+            &text[..255],
+            &format!("{}zz", &text[..254]),
+            &format!("{text}00"),
+        ] {
+            assert!(
+                matches!(bad.parse::<UniqueId>(), Err(Error::UniqueId(_))),
+                "{bad}"
+            );
+        }
+        assert_ne!(UniqueId::generate(&rig.nccl).unwrap(), id);
+    });
 }
 
 #[test]
@@ -616,28 +616,25 @@ fn channel_builder_on_the_mock() {
 #[test]
 fn a_channel_for_several_ranks_without_a_way_to_share_the_id_says_how() {
     // The builder reads NCCL_COMM_ID and the launchers' variables: none may be set.
-    if !test_support::in_scrubbed_child!(
-        "a_channel_for_several_ranks_without_a_way_to_share_the_id_says_how",
-        &[],
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
-    let rig = Rig::new(2);
-    let e = nccl_channel::ChannelBuilder::new()
-        .world(World::new(2, 0).unwrap())
-        .cuda(rig.cuda.clone())
-        .nccl(rig.nccl.clone())
-        .build()
-        .unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "ChannelBuilder::build: 2 ranks (code world) need a shared unique id and the \
-         environment names no rendezvous: set NCCL_COMM_ID=host:port (rank 0's address) or \
-         NCCL_CHANNEL_RENDEZVOUS=host:port (rank 0 serves the id there), launch with torchrun, \
-         srun, mpirun or mpiexec (their variables give one), or pass one with IdSource::Given \
-         / IdSource::File / IdSource::Rendezvous"
-    );
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let e = nccl_channel::ChannelBuilder::new()
+            .world(World::new(2, 0).unwrap())
+            .cuda(rig.cuda.clone())
+            .nccl(rig.nccl.clone())
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "ChannelBuilder::build: 2 ranks (code world) need a shared unique id and the \
+             environment names no rendezvous: set NCCL_COMM_ID=host:port (rank 0's address) or \
+             NCCL_CHANNEL_RENDEZVOUS=host:port (rank 0 serves the id there), launch with torchrun, \
+             srun, mpirun or mpiexec (their variables give one), or pass one with IdSource::Given \
+             / IdSource::File / IdSource::Rendezvous"
+        );
+    });
 }
 
 /// `NCCL_COMM_ID=host:port` gives the same id on every call (the simulated NCCL derives it
@@ -645,10 +642,7 @@ fn a_channel_for_several_ranks_without_a_way_to_share_the_id_says_how() {
 #[test]
 fn unique_ids_from_comm_id_agree() {
     let comm_id = std::ffi::OsStr::new("127.0.0.1:8123");
-    if !test_support::in_scrubbed_child!(
-        "unique_ids_from_comm_id_agree",
-        &[("NCCL_COMM_ID", comm_id)],
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[("NCCL_COMM_ID", comm_id)]) {
         return;
     }
     let rig = Rig::new(1);
@@ -705,14 +699,11 @@ fn channel_from_env_in_a_world_opens_the_driver() {
     let missing = std::ffi::OsStr::new("/nonexistent/libcuda.so.1");
     let one = std::ffi::OsStr::new("1");
     let zero = std::ffi::OsStr::new("0");
-    if !test_support::in_scrubbed_child!(
-        "channel_from_env_in_a_world_opens_the_driver",
-        &[
-            ("IREE_CUDA_NCCL_NPROCS", one),
-            ("IREE_CUDA_NCCL_PROCID", zero),
-            ("CUDA_SYS_LIBRARY", missing),
-        ],
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[
+        ("IREE_CUDA_NCCL_NPROCS", one),
+        ("IREE_CUDA_NCCL_PROCID", zero),
+        ("CUDA_SYS_LIBRARY", missing),
+    ]) {
         return;
     }
     match nccl_channel::Channel::from_env() {

@@ -53,8 +53,7 @@ fn sum_of_ranks(comm: &Communicator) -> Vec<i32> {
 fn two_ranks_grow_to_three_with_a_new_rank_in_a_thread() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!("two_ranks_grow_to_three_with_a_new_rank_in_a_thread", &[])
-    {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let rig = Rig::new(3);
@@ -111,7 +110,7 @@ type Outcome = ((usize, usize), Vec<i32>);
 fn two_processes_grow_to_three_with_a_new_process() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!("two_processes_grow_to_three_with_a_new_process", &[]) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let timeout = Duration::from_secs(20);
@@ -229,36 +228,29 @@ fn nccl_error(e: &Error) -> (&'static str, ncclResult_t, bool) {
 fn a_grow_whose_ranks_disagree_on_the_size_fails_every_side_in_one_process() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_grow_whose_ranks_disagree_on_the_size_fails_every_side_in_one_process",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
-    let rig = Rig::new(3);
-    let ctxs = rig.contexts(3);
-    let n = || rig.nccl.clone();
-    let (errors, took) = mismatched_grow(
-        [(n(), ctxs[0].clone()), (n(), ctxs[1].clone())],
-        (n(), ctxs[2].clone()),
-    );
-    // Well within the simulated NCCL's 20 s deadline: nobody waited for it.
-    assert!(took < Duration::from_secs(10), "{took:?}");
-    let seen: Vec<_> = errors.iter().map(nccl_error).collect();
-    let want = ("ncclCommGrow", ncclResult_t::ncclInvalidArgument, true);
-    assert_eq!(seen, [want, want, want], "{errors:?}");
-    drop(ctxs);
-    rig.assert_clean();
+    Rig::new(3).check(|rig| {
+        let ctxs = rig.contexts(3);
+        let n = || rig.nccl.clone();
+        let (errors, took) = mismatched_grow(
+            [(n(), ctxs[0].clone()), (n(), ctxs[1].clone())],
+            (n(), ctxs[2].clone()),
+        );
+        // Well within the simulated NCCL's 20 s deadline: nobody waited for it.
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        let seen: Vec<_> = errors.iter().map(nccl_error).collect();
+        let want = ("ncclCommGrow", ncclResult_t::ncclInvalidArgument, true);
+        assert_eq!(seen, [want, want, want], "{errors:?}");
+    });
 }
 
 #[test]
 fn a_grow_whose_ranks_disagree_on_the_size_fails_every_side_across_processes() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_grow_whose_ranks_disagree_on_the_size_fails_every_side_across_processes",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let timeout = Duration::from_secs(20);
@@ -275,57 +267,53 @@ fn a_grow_whose_ranks_disagree_on_the_size_fails_every_side_across_processes() {
 fn grow_all_grows_every_local_rank_from_one_thread() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!("grow_all_grows_every_local_rank_from_one_thread", &[]) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
-    let rig = Rig::new(3);
-    let ctxs = rig.contexts(3);
-    let comms = Communicator::init_all(&rig.nccl, &ctxs[..2]).unwrap();
-    let id = comms[1].grow_id().unwrap();
-    let (grown, new) = std::thread::scope(|s| {
-        let joiner = s.spawn(|| Communicator::join_grown(&rig.nccl, &ctxs[2], &id, 3, 2));
-        let grown = Communicator::grow_all(&[(&comms[0], None), (&comms[1], Some(&id))], 3);
-        (grown.unwrap(), joiner.join().unwrap().unwrap())
-    });
-    // One thread drives the three ranks: their all-reduce is one group.
-    let all: Vec<&Communicator> = grown.iter().chain([&new]).collect();
-    let streams: Vec<Stream> = all
-        .iter()
-        .map(|c| Stream::new(c.context()).unwrap())
-        .collect();
-    let mut bufs: Vec<DeviceBuffer<i32>> = all
-        .iter()
-        .map(|c| DeviceBuffer::from_slice(c.context(), &[c.rank() as i32 + 1, 10]).unwrap())
-        .collect();
-    nccl_channel::group(&rig.nccl, || {
-        for ((c, b), st) in all.iter().zip(&mut bufs).zip(&streams) {
-            c.all_reduce_in_place(b, ReduceOp::Sum, st)?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    let sums: Vec<Vec<i32>> = bufs
-        .iter()
-        .zip(&streams)
-        .map(|(b, st)| {
-            st.synchronize().unwrap();
-            b.to_vec().unwrap()
+    Rig::new(3).check(|rig| {
+        let ctxs = rig.contexts(3);
+        let comms = Communicator::init_all(&rig.nccl, &ctxs[..2]).unwrap();
+        let id = comms[1].grow_id().unwrap();
+        let (grown, new) = std::thread::scope(|s| {
+            let joiner = s.spawn(|| Communicator::join_grown(&rig.nccl, &ctxs[2], &id, 3, 2));
+            let grown = Communicator::grow_all(&[(&comms[0], None), (&comms[1], Some(&id))], 3);
+            (grown.unwrap(), joiner.join().unwrap().unwrap())
+        });
+        // One thread drives the three ranks: their all-reduce is one group.
+        let all: Vec<&Communicator> = grown.iter().chain([&new]).collect();
+        let streams: Vec<Stream> = all
+            .iter()
+            .map(|c| Stream::new(c.context()).unwrap())
+            .collect();
+        let mut bufs: Vec<DeviceBuffer<i32>> = all
+            .iter()
+            .map(|c| DeviceBuffer::from_slice(c.context(), &[c.rank() as i32 + 1, 10]).unwrap())
+            .collect();
+        nccl_channel::group(&rig.nccl, || {
+            for ((c, b), st) in all.iter().zip(&mut bufs).zip(&streams) {
+                c.all_reduce_in_place(b, ReduceOp::Sum, st)?;
+            }
+            Ok(())
         })
-        .collect();
-    drop((bufs, streams, all));
-    assert_eq!(sums, [vec![6, 30], vec![6, 30], vec![6, 30]]);
-    drop((grown, new, comms, ctxs));
-    rig.assert_clean();
+        .unwrap();
+        let sums: Vec<Vec<i32>> = bufs
+            .iter()
+            .zip(&streams)
+            .map(|(b, st)| {
+                st.synchronize().unwrap();
+                b.to_vec().unwrap()
+            })
+            .collect();
+        drop((bufs, streams, all));
+        assert_eq!(sums, [vec![6, 30], vec![6, 30], vec![6, 30]]);
+    });
 }
 
 #[test]
 fn a_second_grow_id_before_the_grow_is_an_nccl_usage_error() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_second_grow_id_before_the_grow_is_an_nccl_usage_error",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let rig = Rig::new(1);
@@ -351,10 +339,7 @@ fn a_second_grow_id_before_the_grow_is_an_nccl_usage_error() {
 fn a_grow_that_does_not_grow_and_a_new_rank_out_of_range_are_refused_before_nccl() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_grow_that_does_not_grow_and_a_new_rank_out_of_range_are_refused_before_nccl",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let rig = Rig::new(2);
@@ -382,10 +367,7 @@ fn a_grow_that_does_not_grow_and_a_new_rank_out_of_range_are_refused_before_nccl
 fn grow_and_scalable_init_are_unsupported_naming_their_release() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "grow_and_scalable_init_are_unsupported_naming_their_release",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let rig = Rig::with_version(1, NcclVersion::new(2, 28, 9));
@@ -426,10 +408,7 @@ fn grow_and_scalable_init_are_unsupported_naming_their_release() {
 fn a_scalable_init_needs_one_to_size_ids_and_sums_over_several() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_scalable_init_needs_one_to_size_ids_and_sums_over_several",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let rig = Rig::new(3);

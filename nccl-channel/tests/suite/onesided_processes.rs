@@ -118,10 +118,7 @@ fn blocking() -> CommConfig {
 fn a_ring_of_puts_among_three_processes_delivers_each_ranks_data_to_the_next() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_ring_of_puts_among_three_processes_delivers_each_ranks_data_to_the_next",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let out = processes(3, &blocking(), |rank, comm, stream| {
@@ -166,10 +163,7 @@ fn a_ring_of_puts_among_three_processes_delivers_each_ranks_data_to_the_next() {
 fn signals_count_per_sender_and_a_wait_without_signal_times_out_across_processes() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "signals_count_per_sender_and_a_wait_without_signal_times_out_across_processes",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let deadline = Duration::from_millis(400);
@@ -222,10 +216,7 @@ fn signals_count_per_sender_and_a_wait_without_signal_times_out_across_processes
 fn suspend_resume_and_simulated_group_ends_across_processes_are_those_of_one_process() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "suspend_resume_and_simulated_group_ends_across_processes_are_those_of_one_process",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let out = processes(2, &blocking(), |rank, comm, stream| {
@@ -281,10 +272,7 @@ fn suspend_resume_and_simulated_group_ends_across_processes_are_those_of_one_pro
 fn a_put_past_the_receivers_smaller_window_is_refused_by_the_sender() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_put_past_the_receivers_smaller_window_is_refused_by_the_sender",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let out = processes_reporting(2, &blocking(), |rank, _, comm, stream| {
@@ -326,10 +314,7 @@ fn a_put_past_the_receivers_smaller_window_is_refused_by_the_sender() {
 fn a_wait_for_a_peer_that_aborted_in_its_process_is_a_remote_error() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_wait_for_a_peer_that_aborted_in_its_process_is_a_remote_error",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let aborted = AtomicBool::new(false);
@@ -368,10 +353,7 @@ fn a_wait_for_a_peer_that_aborted_in_its_process_is_a_remote_error() {
 fn a_put_into_a_released_window_is_reported_across_processes() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what
     // ids NCCL hands out (a launcher's environment must not steer these worlds).
-    if !test_support::in_scrubbed_child!(
-        "a_put_into_a_released_window_is_reported_across_processes",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let out = processes_reporting(2, &blocking(), |rank, p, comm, stream| {

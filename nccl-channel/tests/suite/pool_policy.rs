@@ -40,24 +40,19 @@ fn registers(comm: &Communicator, stream: &Stream, coll: &str, bytes: usize) -> 
 #[test]
 fn without_a_table_of_its_own_the_pool_follows_the_measured_one() {
     // Not where the caller's environment names a table.
-    if !test_support::in_scrubbed_child!(
-        "without_a_table_of_its_own_the_pool_follows_the_measured_one",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let s = Stream::new(&ctx).unwrap();
-    let measured = PoolPolicy::measured();
-    let from = first_registered(measured, "all_gather").expect("the table registers all_gather");
-    assert!(registers(&comm, &s, "all_gather", from));
-    assert!(!registers(&comm, &s, "all_gather", from - 4));
-    // Measured slower registered (BENCHMARKS.md): broadcast never registers.
-    assert_eq!(first_registered(measured, "broadcast"), None);
-    assert!(!registers(&comm, &s, "broadcast", from));
-    drop((s, comm, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |_, OneRank { comm, s, .. }| {
+        let measured = PoolPolicy::measured();
+        let from =
+            first_registered(measured, "all_gather").expect("the table registers all_gather");
+        assert!(registers(&comm, &s, "all_gather", from));
+        assert!(!registers(&comm, &s, "all_gather", from - 4));
+        // Measured slower registered (BENCHMARKS.md): broadcast never registers.
+        assert_eq!(first_registered(measured, "broadcast"), None);
+        assert!(!registers(&comm, &s, "broadcast", from));
+    });
 }
 
 #[test]
@@ -92,10 +87,10 @@ fn a_table_set_on_the_communicator_rules_from_then_on() {
 fn the_environment_names_the_process_default() {
     let dir = std::env::temp_dir().join(format!("pool-policy-{}", std::process::id()));
     let file = dir.join("policy.tsv");
-    if !test_support::in_scrubbed_child!(
-        "the_environment_names_the_process_default",
-        &[("NCCL_CHANNEL_POOL_POLICY", file.as_os_str())]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[(
+        "NCCL_CHANNEL_POOL_POLICY",
+        file.as_os_str()
+    )]) {
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }
@@ -251,10 +246,10 @@ fn a_table_file_is_a_regular_file_of_at_most_a_mebibyte() {
 /// Found in review: the pool read it as the file "" and failed every `buffer` call.
 #[test]
 fn an_empty_pool_policy_variable_is_unset() {
-    if !test_support::in_scrubbed_child!(
-        "an_empty_pool_policy_variable_is_unset",
-        &[("NCCL_CHANNEL_POOL_POLICY", std::ffi::OsStr::new(""))]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[(
+        "NCCL_CHANNEL_POOL_POLICY",
+        std::ffi::OsStr::new("")
+    )]) {
         return;
     }
     assert_eq!(

@@ -806,29 +806,26 @@ fn the_channel_builder_takes_a_rendezvous() {
 fn without_a_rendezvous_the_builder_error_names_the_ways() {
     // The builder reads NCCL_COMM_ID, NCCL_CHANNEL_RENDEZVOUS and the launchers'
     // variables: none may be set.
-    if !test_support::in_scrubbed_child!(
-        "without_a_rendezvous_the_builder_error_names_the_ways",
-        &[]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
-    let rig = Rig::new(2);
-    let e = nccl_channel::ChannelBuilder::new()
-        .world(World::new(2, 0).unwrap())
-        .cuda(rig.cuda.clone())
-        .nccl(rig.nccl.clone())
-        .build()
-        .unwrap_err();
-    let text = e.to_string();
-    for part in [
-        "NCCL_COMM_ID=host:port",
-        "NCCL_CHANNEL_RENDEZVOUS=host:port",
-        "torchrun, srun, mpirun or mpiexec",
-        "IdSource::Rendezvous",
-    ] {
-        assert!(text.contains(part), "{part}: {text}");
-    }
-    rig.assert_clean();
+    Rig::new(2).check(|rig| {
+        let e = nccl_channel::ChannelBuilder::new()
+            .world(World::new(2, 0).unwrap())
+            .cuda(rig.cuda.clone())
+            .nccl(rig.nccl.clone())
+            .build()
+            .unwrap_err();
+        let text = e.to_string();
+        for part in [
+            "NCCL_COMM_ID=host:port",
+            "NCCL_CHANNEL_RENDEZVOUS=host:port",
+            "torchrun, srun, mpirun or mpiexec",
+            "IdSource::Rendezvous",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+    });
 }
 
 // ---- derivation -------------------------------------------------------------------------
@@ -1617,7 +1614,7 @@ fn a_wrong_acknowledgement_is_not_counted() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_failed_accept_is_noted_not_fatal() {
-    if !test_support::in_scrubbed_child!("a_failed_accept_is_noted_not_fatal", &[]) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let port = free_port_in_range();

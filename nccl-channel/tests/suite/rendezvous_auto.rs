@@ -13,13 +13,10 @@ fn auto_uses_nccl_channel_rendezvous_when_nccl_comm_id_is_unset() {
     let port = loopback_port();
     // Chosen by the test's process and passed on; the child reads the variable.
     let address = format!("127.0.0.1:{port}");
-    if !test_support::in_scrubbed_child!(
-        "auto_uses_nccl_channel_rendezvous_when_nccl_comm_id_is_unset",
-        &[
-            ("NCCL_CHANNEL_RENDEZVOUS", OsStr::new(&address)),
-            ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", OsStr::new("20")),
-        ],
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[
+        ("NCCL_CHANNEL_RENDEZVOUS", OsStr::new(&address)),
+        ("NCCL_CHANNEL_RENDEZVOUS_TIMEOUT", OsStr::new("20")),
+    ]) {
         return;
     }
     Rig::new(2).check(|rig| {

@@ -223,7 +223,7 @@ fn grow_one_rank_to_two_on_two_gpus() {
 fn grow_one_rank_to_two_simulated() {
     // In a child with a scrubbed environment: NCCL_COMM_ID and the like change what ids
     // NCCL hands out (the simulated NCCL refuses grow ids under it, as NCCL does).
-    if !test_support::in_scrubbed_child!("grow_one_rank_to_two_simulated", &[]) {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
     let m = Machine::simulated(2);
@@ -580,15 +580,12 @@ fn cudarc_collectives_on_two_simulated_gpus_of_the_dropin() {
         test_support::dropin::dir(tmp),
         test_support::dropin::library(tmp),
     );
-    if !test_support::in_scrubbed_child!(
-        "cudarc_collectives_on_two_simulated_gpus_of_the_dropin",
-        &[
-            ("LD_LIBRARY_PATH", dir.as_os_str()),
-            ("CUDA_MOCK_DEVICES", std::ffi::OsStr::new("2")),
-            // The child finds the built library here instead of building it again.
-            ("DROPIN_LIBRARY", library.as_os_str()),
-        ]
-    ) {
+    if !test_support::this_test_in_scrubbed_child!(&[
+        ("LD_LIBRARY_PATH", dir.as_os_str()),
+        ("CUDA_MOCK_DEVICES", std::ffi::OsStr::new("2")),
+        // The child finds the built library here instead of building it again.
+        ("DROPIN_LIBRARY", library.as_os_str()),
+    ]) {
         return;
     }
     let m = Machine::gpus(2).expect("the drop-in has 2 devices");
