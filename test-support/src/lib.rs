@@ -39,17 +39,22 @@ macro_rules! in_scrubbed_child {
     };
 }
 
+/// The name libtest gives the test this is written in (the function around it).
+#[macro_export]
+macro_rules! this_test {
+    () => {{
+        fn here() {}
+        $crate::test_name_around(::std::any::type_name_of_val(&here))
+    }};
+}
+
 /// [`in_scrubbed_child!`] for the test it is written in, named by the function around it:
 /// the test starts with `if !test_support::this_test_in_scrubbed_child!(&[]) { return; }`.
 #[macro_export]
 macro_rules! this_test_in_scrubbed_child {
-    ($env:expr $(,)?) => {{
-        fn here() {}
-        $crate::env::in_scrubbed_child(
-            &$crate::test_name_around(::std::any::type_name_of_val(&here)),
-            $env,
-        )
-    }};
+    ($env:expr $(,)?) => {
+        $crate::env::in_scrubbed_child(&$crate::this_test!(), $env)
+    };
 }
 
 /// The name libtest gives the test whose body holds the item at `path` (its

@@ -328,8 +328,7 @@ fn a_failure_inside_its_group_aborts_after_the_group() {
     let send = DeviceBuffer::from_slice(&ctx, &[1i32, 2]).unwrap();
     let mut recv = DeviceBuffer::<i32>::zeroed(&ctx, 2).unwrap();
     let ends = rig.world.calls("ncclGroupEnd");
-    rig.world
-        .fail_next("ncclRecv", ncclResult_t::ncclSystemError);
+    rig.fail_next("ncclRecv", ncclResult_t::ncclSystemError);
     let e = comm
         .all_to_all_v(&send, &[2], &[0], &mut recv, &[2], &[0], &s)
         .unwrap_err();

@@ -51,6 +51,18 @@ fn checked() -> CommConfig {
     CommConfig::new().check_calls(true)
 }
 
+/// Asserts that `message` contains `part`.
+#[track_caller]
+fn assert_contains(message: &str, part: &str) {
+    assert!(message.contains(part), "{message}");
+}
+
+/// Asserts that `message` begins with `start`.
+#[track_caller]
+fn assert_starts_with(message: &str, start: &str) {
+    assert!(message.starts_with(start), "{message}");
+}
+
 #[test]
 fn without_the_checked_mode_the_simulator_names_both_calls() {
     let results = two_ranks(&CommConfig::new(), &|r, comm, s| {
@@ -163,12 +175,9 @@ fn calls_that_agree_run_as_without_the_check_and_are_numbered() {
         all_gather(comm, s, 1 + r)
     });
     let m = messages(results);
-    assert!(
-        m[0].contains(
-            "all_gather of 1 int32 (call 3), rank 1 calls all_gather of 2 int32 (call 3)"
-        ),
-        "{}",
-        m[0]
+    assert_contains(
+        &m[0],
+        "all_gather of 1 int32 (call 3), rank 1 calls all_gather of 2 int32 (call 3)",
     );
 }
 
@@ -178,11 +187,7 @@ fn a_non_blocking_communicator_is_checked_too() {
     let m = messages(two_ranks(&config, &|r, comm, s| {
         all_gather(comm, s, 4 + 2 * r)
     }));
-    assert!(
-        m[1].contains("this rank (1) calls all_gather of 6 int32"),
-        "{}",
-        m[1]
-    );
+    assert_contains(&m[1], "this rank (1) calls all_gather of 6 int32");
 }
 
 #[test]
@@ -209,12 +214,12 @@ fn the_variable_turns_the_checked_mode_on_and_an_explicit_choice_wins() {
     let m = messages(two_ranks(&CommConfig::new(), &|r, comm, s| {
         all_gather(comm, s, 4 + 2 * r)
     }));
-    assert!(m[0].contains("the ranks' calls differ"), "{}", m[0]);
+    assert_contains(&m[0], "the ranks' calls differ");
     let off = CommConfig::new().check_calls(false);
     let m = messages(two_ranks(&off, &|r, comm, s| {
         all_gather(comm, s, 4 + 2 * r)
     }));
-    assert!(m[0].contains("ncclInvalidUsage"), "{}", m[0]);
+    assert_contains(&m[0], "ncclInvalidUsage");
 }
 
 #[test]
@@ -399,10 +404,9 @@ fn a_call_refused_on_one_rank_is_not_taken_for_its_next() {
         "all_gather: the ranks' calls differ: this rank (0) calls all_gather of 2 int32 (call 0), \
          rank 1 calls all_reduce of 1 int32 (sum, call 0)"
     );
-    assert!(
-        m[1].starts_with("barrier: the ranks' calls differ: this rank (1) calls all_reduce"),
-        "{}",
-        m[1]
+    assert_starts_with(
+        &m[1],
+        "barrier: the ranks' calls differ: this rank (1) calls all_reduce",
     );
 }
 

@@ -7,6 +7,7 @@
 use std::ffi::OsStr;
 
 use crate::common::wheel::{self, load_trusted};
+use test_support::this_test;
 
 /// Names the library these tests use (or, in their child, the one the parent found).
 const LIBNCCL: &str = "NCCL_SYS_TEST_LIBNCCL";
@@ -15,20 +16,20 @@ fn libnccl() -> std::path::PathBuf {
     wheel::libnccl("2.32.3", LIBNCCL)
 }
 
-/// Runs test `name` in a child with `NCCL_COMM_ID=comm_id` (unset for `None`); in the
-/// child, returns the library.
+/// Runs test `name` (its full name: `this_test!()`) in a child with `NCCL_COMM_ID=comm_id` (unset
+/// for `None`); in the child, returns the library.
 fn in_child(name: &str, comm_id: Option<&str>) -> Option<nccl_sys::Nccl> {
     let lib = libnccl();
     let mut env = vec![(LIBNCCL, lib.as_os_str())];
     if let Some(v) = comm_id {
         env.push(("NCCL_COMM_ID", OsStr::new(v)));
     }
-    test_support::in_scrubbed_child!(name, &env).then(|| load_trusted(lib).unwrap())
+    test_support::env::in_scrubbed_child(name, &env).then(|| load_trusted(lib).unwrap())
 }
 
 #[test]
 fn an_unset_comm_id_is_refused() {
-    let Some(nccl) = in_child("an_unset_comm_id_is_refused", None) else {
+    let Some(nccl) = in_child(&this_test!(), None) else {
         return;
     };
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
@@ -37,7 +38,7 @@ fn an_unset_comm_id_is_refused() {
 
 #[test]
 fn a_comm_id_without_a_port_is_refused() {
-    let Some(nccl) = in_child("a_comm_id_without_a_port_is_refused", Some("127.0.0.1")) else {
+    let Some(nccl) = in_child(&this_test!(), Some("127.0.0.1")) else {
         return;
     };
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
@@ -46,7 +47,7 @@ fn a_comm_id_without_a_port_is_refused() {
 
 #[test]
 fn a_comm_id_with_spaces_is_refused() {
-    let Some(nccl) = in_child("a_comm_id_with_spaces_is_refused", Some(" 127.0.0.1:8123")) else {
+    let Some(nccl) = in_child(&this_test!(), Some(" 127.0.0.1:8123")) else {
         return;
     };
     let e = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap_err();
@@ -59,7 +60,7 @@ fn a_comm_id_with_spaces_is_refused() {
 
 #[test]
 fn comm_id_gives_identical_ids() {
-    let Some(nccl) = in_child("comm_id_gives_identical_ids", Some("127.0.0.1:8123")) else {
+    let Some(nccl) = in_child(&this_test!(), Some("127.0.0.1:8123")) else {
         return;
     };
     let a = nccl_channel::UniqueId::from_comm_id(&nccl).unwrap();

@@ -20,11 +20,6 @@ use nccl_sys::{NcclVersion, ncclResult_t};
 /// send/recv in a group of its own.
 const BEFORE_NATIVE: NcclVersion = NcclVersion(22703);
 
-fn assert_no_violations(rig: &Rig) {
-    let v = rig.gpus.violations();
-    assert!(v.is_empty(), "the sanitizer saw:\n{}", v.join("\n"));
-}
-
 /// On NCCL < 2.28.3 all_to_all, gather and scatter are send/recv in a group the crate
 /// opens itself. With non-blocking communicators that group's end answers "in progress"
 /// and the work is enqueued later: the buffers the caller drops right after the call
@@ -68,7 +63,7 @@ fn the_fallbacks_own_group_holds_its_buffers_until_the_work_is_enqueued() {
             s.synchronize().unwrap();
             out.to_vec().unwrap()
         });
-        assert_no_violations(rig);
+        rig.assert_no_gpu_violations();
         assert_eq!(got[0], [0, 10, 100, 101]);
         assert_eq!(got[1][..2], [1, 11]);
     });
@@ -85,14 +80,13 @@ fn an_error_inside_the_fallbacks_group_aborts_only_after_the_group() {
         let s = Stream::non_blocking(&ctx).unwrap();
         let send = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
         let mut recv = DeviceBuffer::<i32>::zeroed(&ctx, 1).unwrap();
-        rig.world
-            .fail_next("ncclRecv", ncclResult_t::ncclSystemError);
+        rig.fail_next("ncclRecv", ncclResult_t::ncclSystemError);
         let e = comm.all_to_all(&send, &mut recv, &s).unwrap_err();
         assert!(
             matches!(&e, Error::Nccl { call: "ncclRecv", code, .. } if *code == ncclResult_t::ncclSystemError),
             "{e:?}"
         );
-        assert_no_violations(rig);
+        rig.assert_no_gpu_violations();
         assert!(comm.is_aborted(), "performed at the group's end");
         assert_eq!(comm.async_error(), Err(Error::Aborted));
     });
@@ -131,7 +125,7 @@ fn a_group_kept_in_a_thread_local_never_frees_what_it_holds_before_its_end() {
     })
     .join()
     .unwrap();
-    assert_no_violations(&rig);
+    rig.assert_no_gpu_violations();
     assert_eq!(
         rig.world.calls("ncclGroupEnd"),
         1,
@@ -216,7 +210,7 @@ fn a_panic_while_a_group_settles_leaks_what_the_work_uses() {
     assert!(r.is_err(), "the panic comes out");
     assert!(!DeferScope::is_open());
     std::thread::sleep(Duration::from_millis(200)); // the background work ran
-    assert_no_violations(&rig);
+    rig.assert_no_gpu_violations();
     assert_eq!(
         rig.gpus.live().device_allocations,
         before + 1,
@@ -322,7 +316,7 @@ fn a_registration_whose_poll_fails_keeps_its_memory(
         0,
         "never freed, also after the communicator is gone (the documented leak)"
     );
-    assert_no_violations(&rig);
+    rig.assert_no_gpu_violations();
 }
 
 #[test]
@@ -379,7 +373,7 @@ fn a_queued_registration_notes_work_issued_inside_a_group() {
         );
         comm.async_error().unwrap(); // the owner's next call releases it, after s2's work
         assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-        assert_no_violations(rig);
+        rig.assert_no_gpu_violations();
     });
 }
 
@@ -406,7 +400,7 @@ fn a_registration_queued_by_a_capture_notes_later_work() {
         drop(s1.end_capture().unwrap());
         comm.async_error().unwrap();
         assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-        assert_no_violations(rig);
+        rig.assert_no_gpu_violations();
     });
 }
 
@@ -526,7 +520,7 @@ fn a_capture_begun_elsewhere_during_a_group_holds_what_the_group_held() {
     drop(graph);
     assert_eq!(rig.world.live().comms, 0);
     assert_eq!(rig.gpus.live().device_allocations, before);
-    assert_no_violations(&rig);
+    rig.assert_no_gpu_violations();
 }
 
 /// Found by the second review: a group's end must not hold anything another rank needs.
@@ -629,7 +623,7 @@ fn a_capture_begun_while_a_non_blocking_group_settles_holds_what_it_held() {
     );
     drop(graph);
     assert_eq!(rig.world.live().comms, 0);
-    assert_no_violations(&rig);
+    rig.assert_no_gpu_violations();
 }
 
 /// Found by the second review: a user's own `DeferScope` around a `Group` keeps the
@@ -705,7 +699,7 @@ fn a_launch_of_a_graph_holding_a_queued_registration_is_waited_for() {
         std::thread::spawn(move || drop(second)).join().unwrap();
         comm.async_error().unwrap(); // the owner's next call releases it: after s3's launch
         assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-        assert_no_violations(rig);
+        rig.assert_no_gpu_violations();
     });
 }
 
@@ -734,7 +728,7 @@ fn a_queued_shared_registration_keeps_its_whole_range_in_view() {
         .unwrap();
         comm.async_error().unwrap(); // releases it, after s2's work
         assert_eq!(rig.world.calls("ncclCommDeregister"), 2);
-        assert_no_violations(rig);
+        rig.assert_no_gpu_violations();
     });
 }
 
@@ -777,6 +771,6 @@ fn a_queued_release_is_held_only_by_work_on_its_range() {
         comm.async_error().unwrap(); // released now: the second graph does not hold it
         assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
         drop(second);
-        assert_no_violations(rig);
+        rig.assert_no_gpu_violations();
     });
 }

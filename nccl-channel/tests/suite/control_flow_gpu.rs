@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::capture;
+use crate::common::{graph_holding_a_registration, scribble};
 use cuda_hal::{CaptureMode, Context, Cuda, DeviceBuffer, Error as CudaError, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, group};
 use nccl_sys::Nccl;
@@ -29,13 +29,6 @@ fn non_blocking(nccl: &Arc<Nccl>, ctx: &Context) -> Communicator {
     Communicator::init_rank_with(nccl, ctx, &id, 1, 0, &config).unwrap()
 }
 
-/// New memory with a pattern, likely where the memory just dropped was.
-fn scribble(ctx: &Context) -> DeviceBuffer<f32> {
-    let mut b = DeviceBuffer::<f32>::alloc(ctx, N).unwrap();
-    b.fill(-1.0).unwrap();
-    b
-}
-
 /// A non-blocking communicator's group with its buffers dropped inside (NCCL may enqueue
 /// the work after `ncclGroupEnd` returned): the result is right and nothing freed early.
 #[test]
@@ -52,7 +45,7 @@ fn a_non_blocking_group_with_buffers_dropped_inside() {
             comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s)
         })
         .unwrap();
-        let junk = scribble(&ctx);
+        let junk = scribble(&ctx, N);
         comm.wait(&s).unwrap();
         s.synchronize().unwrap();
         assert!(out.to_vec().unwrap().iter().all(|&v| v == round as f32));
@@ -91,7 +84,7 @@ fn all_to_all_gather_scatter_with_buffers_dropped_at_once() {
             .copy_from_async(&one, &s)
             .unwrap();
     }
-    let junk = scribble(&ctx);
+    let junk = scribble(&ctx, N);
     comm.wait(&s).unwrap();
     s.synchronize().unwrap();
     assert!(out.to_vec().unwrap().iter().all(|&v| v == 7.0));
@@ -110,12 +103,7 @@ fn a_queued_registration_and_a_grouped_collective_on_its_memory() {
     let (s1, s2) = (Stream::new(&ctx).unwrap(), Stream::new(&ctx).unwrap());
     let mut b = comm.alloc_nccl::<f32>(N).unwrap();
     b.fill(2.0).unwrap();
-    let reg = comm.register(&b).unwrap();
-    let graph = capture(&s1, || {
-        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-            .unwrap();
-    });
-    drop(reg);
+    let graph = graph_holding_a_registration(&comm, &mut b, ReduceOp::Sum, &s1);
     std::thread::spawn(move || drop(graph)).join().unwrap();
     group(&nccl, || {
         comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
@@ -211,7 +199,7 @@ fn a_capture_begun_elsewhere_during_a_group_replays_after_the_drops() {
         s.end_capture().unwrap().instantiate().unwrap()
     };
     drop(comm);
-    let junk = scribble(&ctx);
+    let junk = scribble(&ctx, N);
     s.synchronize().unwrap();
     let before = out.to_vec().unwrap()[0];
     // NCCL decides whether grouped work joins a capture another thread began: either it

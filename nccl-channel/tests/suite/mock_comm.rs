@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use crate::common::{Rig, all_gather_and_close, assert_nccl_error, on_threads, streams};
+use crate::common::{
+    Rig, all_gather_and_close, assert_nccl_error, on_threads, streams,
+    two_ranks_without_a_shared_id,
+};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{
     CommConfig, Communicator, Error, Fp8E4M3, Group, IdSource, ReduceOp, UniqueId, World, group,
@@ -252,39 +255,24 @@ fn bad_arguments_are_typed_errors_before_any_ffi_call() {
                 found: 2
             }
         );
-        assert!(
-            matches!(
-                &e[9],
-                Error::InvalidArgument {
-                    what: "all_to_all",
-                    problem,
-                } if problem == "the send buffer holds 3 elements, not a multiple of the 2 ranks"
+        let invalid = [
+            (
+                "all_to_all",
+                "the send buffer holds 3 elements, not a multiple of the 2 ranks",
             ),
-            "{}",
-            e[9]
-        );
-        assert!(
-            matches!(
-                &e[10],
-                Error::InvalidArgument {
-                    what: "all_gather_in_place",
-                    problem,
-                } if problem == "the buffer holds 3 elements, not a multiple of the 2 ranks"
+            (
+                "all_gather_in_place",
+                "the buffer holds 3 elements, not a multiple of the 2 ranks",
             ),
-            "{}",
-            e[10]
-        );
-        assert!(
-            matches!(
-                &e[11],
-                Error::InvalidArgument {
-                    what: "scatter",
-                    problem,
-                } if problem == "rank 0 is the root and must pass the send buffer"
+            (
+                "scatter",
+                "rank 0 is the root and must pass the send buffer",
             ),
-            "{}",
-            e[11]
-        );
+        ];
+        for (e, (what, problem)) in e[9..].iter().zip(invalid) {
+            let problem = problem.to_string();
+            assert_eq!(*e, Error::InvalidArgument { what, problem });
+        }
         // Each message begins with the operation refused.
         let ops = [
             "all_reduce",
@@ -372,8 +360,7 @@ fn a_group_ends_even_when_an_operation_inside_fails() {
 #[test]
 fn injected_nccl_faults_surface_typed() {
     Rig::new(1).check(|rig| {
-        rig.world
-            .fail_next("ncclGetUniqueId", ncclResult_t::ncclSystemError);
+        rig.fail_next("ncclGetUniqueId", ncclResult_t::ncclSystemError);
         let e = UniqueId::generate(&rig.nccl).unwrap_err();
         match &e {
             Error::Nccl {
@@ -393,8 +380,7 @@ fn injected_nccl_faults_surface_typed() {
         }
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let ctx = rig.context(0);
-        rig.world
-            .fail_next("ncclCommInitRank", ncclResult_t::ncclInternalError);
+        rig.fail_next("ncclCommInitRank", ncclResult_t::ncclInternalError);
         let e = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -406,7 +392,7 @@ fn injected_nccl_faults_surface_typed() {
         let a = DeviceBuffer::from_slice(&ctx, &[1.0f32]).unwrap();
         let mut b = DeviceBuffer::<f32>::zeroed(&ctx, 1).unwrap();
         for f in ["ncclAllReduce", "ncclRedOpCreatePreMulSum"] {
-            rig.world.fail_next(f, ncclResult_t::ncclInvalidUsage);
+            rig.fail_next(f, ncclResult_t::ncclInvalidUsage);
             let r = match f {
                 "ncclGroupEnd" => {
                     group(&rig.nccl, || comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s))
@@ -438,8 +424,7 @@ fn injected_nccl_faults_surface_typed() {
                 0,
             )
             .unwrap();
-            rig.world
-                .fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
+            rig.fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
             let r = group(&rig.nccl, || comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s));
             match r.unwrap_err() {
                 Error::Nccl { call, code, .. } => {
@@ -462,8 +447,7 @@ fn injected_nccl_faults_surface_typed() {
             "a failed group's end taints no later group"
         );
         // A CUDA (or system, remote, internal) error aborts it: later calls say so.
-        rig.world
-            .fail_next("ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);
+        rig.fail_next("ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);
         let e = comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap_err();
         assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclUnhandledCudaError);
         assert!(comm.is_aborted());
@@ -619,22 +603,14 @@ fn a_channel_for_several_ranks_without_a_way_to_share_the_id_says_how() {
     if !test_support::this_test_in_scrubbed_child!(&[]) {
         return;
     }
-    Rig::new(2).check(|rig| {
-        let e = nccl_channel::ChannelBuilder::new()
-            .world(World::new(2, 0).unwrap())
-            .cuda(rig.cuda.clone())
-            .nccl(rig.nccl.clone())
-            .build()
-            .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "ChannelBuilder::build: 2 ranks (code world) need a shared unique id and the \
-             environment names no rendezvous: set NCCL_COMM_ID=host:port (rank 0's address) or \
-             NCCL_CHANNEL_RENDEZVOUS=host:port (rank 0 serves the id there), launch with torchrun, \
-             srun, mpirun or mpiexec (their variables give one), or pass one with IdSource::Given \
-             / IdSource::File / IdSource::Rendezvous"
-        );
-    });
+    assert_eq!(
+        two_ranks_without_a_shared_id().to_string(),
+        "ChannelBuilder::build: 2 ranks (code world) need a shared unique id and the \
+         environment names no rendezvous: set NCCL_COMM_ID=host:port (rank 0's address) or \
+         NCCL_CHANNEL_RENDEZVOUS=host:port (rank 0 serves the id there), launch with torchrun, \
+         srun, mpirun or mpiexec (their variables give one), or pass one with IdSource::Given \
+         / IdSource::File / IdSource::Rendezvous"
+    );
 }
 
 /// `NCCL_COMM_ID=host:port` gives the same id on every call (the simulated NCCL derives it
@@ -656,17 +632,14 @@ fn unique_ids_from_comm_id_agree() {
 #[test]
 fn a_channel_close_reports_the_communicators_failure() {
     let rig = Rig::new(1);
-    let ch = nccl_channel::ChannelBuilder::new()
-        .world(World::new(1, 0).unwrap())
+    let ch = rig
+        .channel(World::new(1, 0).unwrap())
         .device("cuda://0")
         .unique_id(IdSource::Given(UniqueId::generate(&rig.nccl).unwrap()))
-        .cuda(rig.cuda.clone())
-        .nccl(rig.nccl.clone())
         .build()
         .unwrap()
         .unwrap();
-    rig.world
-        .fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
+    rig.fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
     let e = ch.close().unwrap_err();
     assert_nccl_error(&e, "ncclCommFinalize", ncclResult_t::ncclInternalError);
 }
@@ -675,15 +648,13 @@ fn a_channel_close_reports_the_communicators_failure() {
 #[test]
 fn a_channel_builder_applies_its_config() {
     let rig = Rig::new(1);
-    let ch = nccl_channel::ChannelBuilder::new()
-        .world(World::new(1, 0).unwrap())
+    let ch = rig
+        .channel(World::new(1, 0).unwrap())
         .device("cuda://0")
         .unique_id(IdSource::Given(UniqueId::generate(&rig.nccl).unwrap()))
         .config(nccl_channel::CommConfig::non_blocking(Duration::from_secs(
             7,
         )))
-        .cuda(rig.cuda.clone())
-        .nccl(rig.nccl.clone())
         .build()
         .unwrap()
         .unwrap();
@@ -729,7 +700,7 @@ fn a_blocking_init_is_not_polled() {
     Rig::new(1).check(|rig| {
         let ctx = rig.context(0);
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let comm = Communicator::init_rank_with(
+        let _comm = Communicator::init_rank_with(
             &rig.nccl,
             &ctx,
             &id,
@@ -740,7 +711,6 @@ fn a_blocking_init_is_not_polled() {
         .unwrap();
         assert_eq!(rig.world.calls("ncclCommInitRankConfig"), 1);
         assert_eq!(rig.world.calls("ncclCommGetAsyncError"), 0);
-        drop((comm, ctx));
     });
 }
 
@@ -750,10 +720,8 @@ fn a_blocking_init_is_not_polled() {
 #[test]
 fn a_one_rank_channel_generates_its_id() {
     Rig::new(1).check(|rig| {
-        let ch = nccl_channel::ChannelBuilder::new()
-            .world(World::new(1, 0).unwrap())
-            .cuda(rig.cuda.clone())
-            .nccl(rig.nccl.clone())
+        let ch = rig
+            .channel(World::new(1, 0).unwrap())
             .build()
             .unwrap()
             .unwrap();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use crate::common::Rig;
+use crate::common::{Rig, streams_of};
 use cuda_hal::{Context, Cuda, DeviceBuffer, Stream};
 use cuda_mock::MockDriver;
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId};
@@ -281,10 +281,7 @@ fn grow_all_grows_every_local_rank_from_one_thread() {
         });
         // One thread drives the three ranks: their all-reduce is one group.
         let all: Vec<&Communicator> = grown.iter().chain([&new]).collect();
-        let streams: Vec<Stream> = all
-            .iter()
-            .map(|c| Stream::new(c.context()).unwrap())
-            .collect();
+        let streams = streams_of(&all);
         let mut bufs: Vec<DeviceBuffer<i32>> = all
             .iter()
             .map(|c| DeviceBuffer::from_slice(c.context(), &[c.rank() as i32 + 1, 10]).unwrap())

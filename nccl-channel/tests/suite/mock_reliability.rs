@@ -246,7 +246,7 @@ fn injected_errors_in_reliability_calls_surface_typed() {
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let ctx = rig.context(0);
         for f in ["ncclCommInitRankConfig", "ncclCommGetAsyncError"] {
-            rig.world.fail_next(f, ncclResult_t::ncclSystemError);
+            rig.fail_next(f, ncclResult_t::ncclSystemError);
             let e = non_blocking(rig, &ctx, &id, 1, 0).unwrap_err();
             assert!(
                 matches!(&e, Error::Nccl { call, code, .. } if *call == f && *code == ncclResult_t::ncclSystemError),
@@ -254,8 +254,7 @@ fn injected_errors_in_reliability_calls_surface_typed() {
             );
         }
         let comm = non_blocking(rig, &ctx, &id, 1, 0).unwrap();
-        rig.world
-            .fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
+        rig.fail_next("ncclCommFinalize", ncclResult_t::ncclInternalError);
         let e = comm.close().unwrap_err();
         assert_nccl_error(&e, "ncclCommFinalize", ncclResult_t::ncclInternalError);
     });

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Rig, assert_nccl_error};
+use crate::common::{Rig, assert_nccl_error, grouped_sums, streams_of};
 use cuda_hal::{Context, DeviceBuffer, Stream};
 use nccl_channel::{
     CommConfig, Communicator, Error, Group, ParentsProblem, ReduceOp, UniqueId, group,
@@ -43,40 +43,17 @@ fn local_non_blocking(rig: &Rig, n: usize) -> Vec<Communicator> {
 /// All-reduces (sum) `values[i]` over `comms[i]`, from this thread in one group; returns
 /// each rank's result.
 fn sums(nccl: &nccl_sys::Nccl, comms: &[&Communicator], values: &[i64]) -> Vec<i64> {
-    let streams: Vec<Stream> = comms
-        .iter()
-        .map(|c| Stream::new(c.context()).unwrap())
-        .collect();
     let mut bufs: Vec<DeviceBuffer<i64>> = comms
         .iter()
         .zip(values)
         .map(|(c, v)| DeviceBuffer::from_slice(c.context(), &[*v]).unwrap())
         .collect();
-    group(nccl, || {
-        for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
-            c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    comms
-        .iter()
-        .zip(&bufs)
-        .zip(&streams)
-        .map(|((c, b), s)| {
-            c.wait(s).unwrap();
-            b.to_vec().unwrap()[0]
-        })
-        .collect()
+    let sums = grouped_sums(nccl, comms, &mut bufs, &streams_of(comms));
+    sums.iter().map(|v| v[0]).collect()
 }
 
 fn rank_size(c: &Option<Communicator>) -> Option<(usize, usize)> {
     c.as_ref().map(|c| (c.rank(), c.size()))
-}
-
-fn assert_no_violations(rig: &Rig) {
-    let v = rig.world.violations();
-    assert!(v.is_empty(), "{v:?}");
 }
 
 /// Four local ranks on one thread split into two colors in one group;
@@ -103,7 +80,7 @@ fn four_local_ranks_split_into_two_colors_from_one_thread() {
         }
         // Ranks 0 and 2 hold 1 and 3; ranks 1 and 3 hold 2 and 4.
         assert_eq!(sums(&rig.nccl, &live, &[1, 2, 3, 4]), [4, 6, 4, 6]);
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
         drop(children);
     });
 }
@@ -127,7 +104,7 @@ fn nocolor_ranks_get_none_and_keys_reorder_ranks() {
         );
         let live: Vec<&Communicator> = children.iter().flatten().collect();
         assert_eq!(sums(&rig.nccl, &live, &[1, 10, 100]), [111, 111, 111]);
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
         drop(children);
     });
 }
@@ -159,7 +136,7 @@ fn non_blocking_parents_split_and_shrink_from_one_thread() {
         assert_eq!((small[0].rank(), small[0].size()), (0, 1));
         assert!(!small[0].config().is_blocking());
         assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -182,7 +159,7 @@ fn slow_children_are_polled_until_ready() {
         assert_eq!((small[0].rank(), small[0].size()), (0, 1));
         assert_eq!(sums(&rig.nccl, &[&small[0]], &[5]), [5]);
         rig.world.slow_new_communicators(0);
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -207,7 +184,7 @@ fn shrink_of_one_rank_from_three_from_one_thread() {
             [42, 42]
         );
         assert_eq!(rig.world.calls("ncclCommShrink"), 2);
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -247,7 +224,7 @@ fn a_failure_in_the_middle_of_the_group_leaves_no_child() {
         // Nothing is left half-done: the same parents split again.
         let children = Communicator::split_all(&parts).unwrap();
         assert_eq!(rank_size(&children[3]), Some((3, 4)));
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -257,14 +234,13 @@ fn a_failed_group_end_leaves_no_child() {
     Rig::new(2).check(|rig| {
         let comms = local(rig, 2);
         let baseline = rig.world.live();
-        rig.world
-            .fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
+        rig.fail_next("ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
         let parts = [(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)];
         let e = Communicator::split_all(&parts).unwrap_err();
         assert_nccl_error(&e, "ncclGroupEnd", ncclResult_t::ncclInvalidUsage);
         assert_eq!(rig.world.live(), baseline);
         assert!(!comms[0].is_aborted());
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -297,7 +273,7 @@ fn a_group_that_fails_at_its_end_aborts_every_child() {
     // Two parents, two children aborted; rank 2 is all that is left.
     assert_eq!(rig.world.calls("ncclCommAbort"), 4);
     assert_eq!(rig.world.live().comms, 1);
-    assert_no_violations(&rig);
+    rig.assert_no_nccl_violations();
     drop(comms);
     rig.assert_clean();
 }
@@ -309,14 +285,13 @@ fn a_group_that_fails_at_its_end_aborts_every_child() {
 fn a_failed_wait_for_non_blocking_parents_aborts_parents_and_children() {
     Rig::new(2).check(|rig| {
         let comms = local_non_blocking(rig, 2);
-        rig.world
-            .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
+        rig.fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         let e = Communicator::split_all(&[(&comms[0], Some(0), 0), (&comms[1], Some(0), 0)])
             .unwrap_err();
         assert_nccl_error(&e, "ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         assert!(comms[0].is_aborted() && comms[1].is_aborted());
         assert_eq!(rig.world.live().comms, 0, "parents and children");
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -382,7 +357,7 @@ fn reading_the_rank_before_the_group_ends_is_detected() {
         let children =
             Communicator::split_all(&[(&comms[0], Some(1), 0), (&comms[1], Some(1), 0)]).unwrap();
         assert_eq!(rank_size(&children[1]), Some((1, 2)));
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -513,7 +488,7 @@ fn bad_inputs_are_typed_errors() {
     );
     assert_eq!(rig.world.calls("ncclCommSplit"), 0);
     assert_eq!(rig.world.calls("ncclCommShrink"), 0);
-    assert_no_violations(&rig);
+    rig.assert_no_nccl_violations();
     drop((comms, nb, foreign));
     rig.assert_clean();
     other.assert_clean();
@@ -599,7 +574,7 @@ fn a_raw_group_left_open_is_an_error_not_a_dangling_write() {
     let rc = unsafe { (rig.nccl.fns().ncclGroupEnd)() };
     assert_eq!(rc, ncclResult_t::ncclSuccess);
     assert_eq!(rig.world.live().comms, 3, "the orphaned child of rank 0");
-    assert_no_violations(&rig);
+    rig.assert_no_nccl_violations();
 }
 
 /// A non-blocking split outside a group, one rank per thread (as on the GPU machine with
@@ -618,7 +593,7 @@ fn a_non_blocking_split_waits_for_the_child_itself() {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert_eq!(got, [Some((1, 2)), Some((0, 2))]);
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -735,6 +710,6 @@ fn a_child_stored_after_the_deadline_is_a_timeout() {
         assert!(c.is_aborted());
         drop(c);
         assert_eq!(rig.world.live().comms, 0, "the parent and the child");
-        assert_no_violations(rig);
+        rig.assert_no_nccl_violations();
     });
 }

@@ -16,28 +16,27 @@ fn no_driver() -> Vec<(&'static str, String)> {
     vec![("CUDA_SYS_LIBRARY", "/nonexistent/libcuda.so.1".into())]
 }
 
+/// The line of rank `rank` whose checks passed: its 6 tokens' experts, and the tokens it
+/// sent to and received from each rank.
+fn ok_line(rank: usize, experts: &str, sent: &str, received: &str) -> String {
+    format!(
+        "[rank {rank}] OK: 6 tokens to experts {experts}; sent {sent} and received {received} \
+         tokens per rank; experts' results combined back match the host's"
+    )
+}
+
 #[test]
 fn dispatch_and_combine_on_2_and_4_simulated_ranks() {
-    let oks: [&[&str]; 2] = [
-        &[
-            "[rank 0] OK: 6 tokens to experts [0, 1, 0, 1, 0, 1]; sent [6, 0] and received \
-             [6, 3] tokens per rank; experts' results combined back match the host's",
-            "[rank 1] OK: 6 tokens to experts [0, 2, 2, 0, 0, 2]; sent [3, 3] and received \
-             [0, 3] tokens per rank; experts' results combined back match the host's",
+    let oks = [
+        vec![
+            ok_line(0, "[0, 1, 0, 1, 0, 1]", "[6, 0]", "[6, 3]"),
+            ok_line(1, "[0, 2, 2, 0, 0, 2]", "[3, 3]", "[0, 3]"),
         ],
-        &[
-            "[rank 0] OK: 6 tokens to experts [0, 1, 4, 1, 0, 1]; sent [5, 0, 1, 0] and \
-             received [5, 1, 3, 2] tokens per rank; experts' results combined back match \
-             the host's",
-            "[rank 1] OK: 6 tokens to experts [0, 6, 2, 4, 4, 2]; sent [1, 2, 2, 1] and \
-             received [0, 2, 1, 0] tokens per rank; experts' results combined back match \
-             the host's",
-            "[rank 2] OK: 6 tokens to experts [0, 7, 0, 3, 0, 7]; sent [3, 1, 0, 2] and \
-             received [1, 2, 0, 2] tokens per rank; experts' results combined back match \
-             the host's",
-            "[rank 3] OK: 6 tokens to experts [0, 4, 6, 6, 4, 0]; sent [2, 0, 2, 2] and \
-             received [0, 1, 2, 2] tokens per rank; experts' results combined back match \
-             the host's",
+        vec![
+            ok_line(0, "[0, 1, 4, 1, 0, 1]", "[5, 0, 1, 0]", "[5, 1, 3, 2]"),
+            ok_line(1, "[0, 6, 2, 4, 4, 2]", "[1, 2, 2, 1]", "[0, 2, 1, 0]"),
+            ok_line(2, "[0, 7, 0, 3, 0, 7]", "[3, 1, 0, 2]", "[1, 2, 0, 2]"),
+            ok_line(3, "[0, 4, 6, 6, 4, 0]", "[2, 0, 2, 2]", "[0, 1, 2, 2]"),
         ],
     ];
     for (n, want) in [2, 4].into_iter().zip(oks) {
@@ -45,7 +44,7 @@ fn dispatch_and_combine_on_2_and_4_simulated_ranks() {
         assert!(ok, "{n} ranks:\n{out}\n{err}");
         assert!(out.starts_with("no CUDA driver"), "{out}");
         for line in want {
-            assert!(out.lines().any(|l| l == *line), "want {line:?} in\n{out}");
+            assert!(out.lines().any(|l| l == line), "want {line:?} in\n{out}");
         }
         assert_eq!(out.lines().filter(|l| l.contains("] OK: ")).count(), n);
     }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::streams;
 use cuda_hal::{CaptureMode, Context, Cuda, DeviceBuffer, Stream};
 use cuda_mock::MockDriver;
 use nccl_channel::{
@@ -194,10 +195,7 @@ fn two_ranks(version: Option<NcclVersion>) -> (Arc<Nccl>, [Context; 2], Vec<Comm
 #[test]
 fn a_simulated_group_predicts_its_time_and_runs_nothing() {
     let (nccl, ctxs, comms) = two_ranks(None);
-    let streams = [
-        Stream::new(&ctxs[0]).unwrap(),
-        Stream::new(&ctxs[1]).unwrap(),
-    ];
+    let streams = streams(&ctxs);
     let mut bufs = [
         DeviceBuffer::from_slice(&ctxs[0], &[1u32; 50_000]).unwrap(),
         DeviceBuffer::from_slice(&ctxs[1], &[2u32; 50_000]).unwrap(),

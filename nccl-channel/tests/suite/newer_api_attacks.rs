@@ -3,7 +3,7 @@
 //! this rank's window instead of the smallest one, a nested group's simulated end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common::{Rig, capture};
+use crate::common::{Rig, capture, streams};
 use cuda_hal::{DeviceBuffer, Stream};
 use nccl_channel::{Communicator, Error, Group, ReduceOp, Signal, SuspendFlags, WindowFlags};
 
@@ -88,10 +88,7 @@ fn puts_are_bounded_by_the_smallest_window_of_their_place() {
 fn a_nested_groups_simulated_end_is_refused() {
     let rig = Rig::new(2);
     let (ctxs, comms) = rig.all_ranks(2);
-    let streams = [
-        Stream::new(&ctxs[0]).unwrap(),
-        Stream::new(&ctxs[1]).unwrap(),
-    ];
+    let streams = streams(&ctxs);
     let mut bufs = [
         DeviceBuffer::from_slice(&ctxs[0], &[1u32; 4]).unwrap(),
         DeviceBuffer::from_slice(&ctxs[1], &[2u32; 4]).unwrap(),

@@ -17,16 +17,18 @@ use nccl_channel::{
     CommConfig, Communicator, Encryption, Error, Group, Param, UniqueId, set_encryption,
 };
 use nccl_sys::Nccl;
+use test_support::this_test;
 
 use crate::common::wheel::{self, load_trusted};
 
 const LIBNCCL: &str = "NCCL_SYS_TEST_LIBNCCL";
 
-/// In a child running test `name` with the real library of `version`: that library, a
-/// context of the simulated driver (device 0) and the driver's world; `None` in the parent.
+/// In a child running test `name` (its full name: `this_test!()`) with the real library of
+/// `version`: that library, a context of the simulated driver (device 0) and the driver's world;
+/// `None` in the parent.
 fn in_child(name: &str, version: &str) -> Option<(Arc<Nccl>, Cuda, Context, MockWorld)> {
     let lib = wheel::libnccl(version, LIBNCCL);
-    if !test_support::in_scrubbed_child!(name, &[(LIBNCCL, lib.as_os_str())]) {
+    if !test_support::env::in_scrubbed_child(name, &[(LIBNCCL, lib.as_os_str())]) {
         return None;
     }
     let (cuda, gpus) = cuda_mock::MockDriver::with_devices(1)
@@ -126,10 +128,7 @@ fn binds(gpus: &MockWorld) -> u64 {
 
 #[test]
 fn nccl_2_18_3_refuses_every_newer_entry_point_before_any_gpu_call() {
-    let Some((nccl, _cuda, ctx, gpus)) = in_child(
-        "nccl_2_18_3_refuses_every_newer_entry_point_before_any_gpu_call",
-        "2.18.3",
-    ) else {
+    let Some((nccl, _cuda, ctx, gpus)) = in_child(&this_test!(), "2.18.3") else {
         return;
     };
     let id = UniqueId::generate(&nccl).unwrap();
@@ -173,10 +172,7 @@ fn nccl_2_18_3_refuses_every_newer_entry_point_before_any_gpu_call() {
 
 #[test]
 fn nccl_2_32_3_lets_every_newer_entry_point_past_the_version_gate() {
-    let Some((nccl, _cuda, ctx, gpus)) = in_child(
-        "nccl_2_32_3_lets_every_newer_entry_point_past_the_version_gate",
-        "2.32.3",
-    ) else {
+    let Some((nccl, _cuda, ctx, gpus)) = in_child(&this_test!(), "2.32.3") else {
         return;
     };
     if gpu_present() {

@@ -291,11 +291,7 @@ fn a_wait_for_a_signal_that_never_comes_is_a_timeout_not_a_hang() {
         Some(Err(Error::Timeout { after, .. })) => assert_eq!(*after, Duration::from_millis(300)),
         other => panic!("{other:?}"),
     }
-    assert!(
-        rig.gpus.violations().is_empty(),
-        "{:?}",
-        rig.gpus.violations()
-    );
+    rig.assert_no_gpu_violations();
 }
 
 /// Drops the source, its window and the target window right after the put: they stay

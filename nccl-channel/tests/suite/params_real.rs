@@ -8,18 +8,19 @@ use std::ffi::OsStr;
 
 use nccl_channel::{Encryption, Error, Param, set_encryption};
 use nccl_sys::Nccl;
+use test_support::this_test;
 
 use crate::common::wheel::{self, load_trusted};
 
 const LIBNCCL: &str = "NCCL_SYS_TEST_LIBNCCL";
 
-/// Runs test `name` in a child with exactly `vars` (and the library), returning there the
-/// real library of `version` and a simulated NCCL.
+/// Runs test `name` (its full name: `this_test!()`) in a child with exactly `vars` (and the
+/// library), returning there the real library of `version` and a simulated NCCL.
 fn in_child(name: &str, version: &str, vars: &[(&str, &str)]) -> Option<(Nccl, Nccl)> {
     let lib = wheel::libnccl(version, LIBNCCL);
     let mut env = vec![(LIBNCCL, lib.as_os_str())];
     env.extend(vars.iter().map(|(k, v)| (*k, OsStr::new(v))));
-    if !test_support::in_scrubbed_child!(name, &env) {
+    if !test_support::env::in_scrubbed_child(name, &env) {
         return None;
     }
     let (_driver, gpus) = cuda_mock::MockDriver::with_devices(1).build().unwrap();
@@ -51,11 +52,7 @@ const KEYS: [&str; 8] = [
 
 #[test]
 fn the_simulated_parameters_answer_as_nccl_2_32_3_with_nothing_set() {
-    let Some((real, mock)) = in_child(
-        "the_simulated_parameters_answer_as_nccl_2_32_3_with_nothing_set",
-        "2.32.3",
-        &[],
-    ) else {
+    let Some((real, mock)) = in_child(&this_test!(), "2.32.3", &[]) else {
         return;
     };
     for key in KEYS {
@@ -71,7 +68,7 @@ fn the_simulated_parameters_answer_as_nccl_2_32_3_with_nothing_set() {
 #[test]
 fn the_simulated_parameters_answer_as_nccl_2_32_3_with_the_environment_set() {
     let Some((real, mock)) = in_child(
-        "the_simulated_parameters_answer_as_nccl_2_32_3_with_the_environment_set",
+        &this_test!(),
         "2.32.3",
         &[
             ("NCCL_DEBUG", "WARN"),
@@ -103,11 +100,7 @@ fn the_simulated_parameters_answer_as_nccl_2_32_3_with_the_environment_set() {
 
 #[test]
 fn the_simulated_encryption_answers_as_nccl_2_32_3() {
-    let Some((real, mock)) = in_child(
-        "the_simulated_encryption_answers_as_nccl_2_32_3",
-        "2.32.3",
-        &[],
-    ) else {
+    let Some((real, mock)) = in_child(&this_test!(), "2.32.3", &[]) else {
         return;
     };
     for mode in [
@@ -137,7 +130,7 @@ fn the_simulated_encryption_answers_as_nccl_2_32_3() {
 
 #[test]
 fn nccl_2_18_3_has_none_of_it() {
-    let Some((real, _mock)) = in_child("nccl_2_18_3_has_none_of_it", "2.18.3", &[]) else {
+    let Some((real, _mock)) = in_child(&this_test!(), "2.18.3", &[]) else {
         return;
     };
     let un = |feature, needed: &str| Error::Unsupported {

@@ -11,7 +11,8 @@ use std::time::Duration;
 use crate::common::{MIB_F32, OneRank, Rig, capture, on_one_rank, pooled};
 use cuda_hal::{Context, Dependency, DeviceBuffer, DeviceSlice, DeviceSliceMut, KeepAlive, Stream};
 use cuda_sys::CUdeviceptr;
-use nccl_channel::{CommConfig, Communicator, ReduceOp, UniqueId, group};
+use nccl_channel::{CommConfig, Communicator, PooledBuffer, ReduceOp, UniqueId, group};
+use nccl_sys::ncclResult_t;
 
 /// The `DeviceSlice` items that forward to the `buf: DeviceBuffer<f32>` field unchanged.
 macro_rules! forward_to_buf {
@@ -260,20 +261,30 @@ fn non_blocking_lazy_registration_trim_and_abort() {
     });
 }
 
+/// A pooled buffer of 1 MiB of f32, registered by its first all-gather, whose
+/// registration NCCL will refuse with `code`.
+fn pooled_whose_registration_fails<'c>(
+    rig: &Rig,
+    comm: &'c Communicator,
+    code: ncclResult_t,
+) -> PooledBuffer<'c, f32> {
+    let p = pooled(comm).buffer::<f32>(MIB_F32).unwrap();
+    rig.fail_next("ncclCommRegister", code);
+    p
+}
+
 /// A lazy registration that fails so that the communicator is aborted (NCCL's system
 /// error): the collective that triggered it must not then be issued on the freed
 /// communicator.
 #[test]
 fn a_lazy_registration_that_aborts_stops_its_collective() {
     on_one_rank(1, |rig, OneRank { comm, s, .. }| {
-        let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-        rig.world
-            .fail_next("ncclCommRegister", nccl_sys::ncclResult_t::ncclSystemError);
+        let mut p = pooled_whose_registration_fails(rig, &comm, ncclResult_t::ncclSystemError);
         let r = comm.all_gather_in_place(&mut p, &s);
         assert!(comm.is_aborted());
         assert!(
             matches!(&r, Err(nccl_channel::Error::Nccl { call: "ncclCommRegister", code, .. })
-                if *code == nccl_sys::ncclResult_t::ncclSystemError),
+                if *code == ncclResult_t::ncclSystemError),
             "issued on an aborted communicator: {r:?}"
         );
         assert_eq!(rig.world.calls("ncclAllGather"), 0);
@@ -288,9 +299,7 @@ fn a_lazy_registration_that_aborts_stops_its_collective() {
 #[test]
 fn a_lazy_registration_that_fails_falls_back_to_plain_memory() {
     on_one_rank(1, |rig, OneRank { comm, s, .. }| {
-        let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-        rig.world
-            .fail_next("ncclCommRegister", nccl_sys::ncclResult_t::ncclInvalidUsage);
+        let mut p = pooled_whose_registration_fails(rig, &comm, ncclResult_t::ncclInvalidUsage);
         comm.all_gather_in_place(&mut p, &s).unwrap();
         assert!(!comm.is_aborted());
         assert!(!p.is_registered());

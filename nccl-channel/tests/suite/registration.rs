@@ -3,7 +3,9 @@
 //! registrations it resolved are still there, and that releases wait for that work.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::common::{MIB_F32, OneRank, Rig, capture, on_one_rank, pooled, streams};
+use crate::common::{
+    MIB_F32, OneRank, Rig, capture, graph_holding_a_registration, on_one_rank, pooled, streams,
+};
 use cuda_hal::{CaptureMode, DeviceBuffer, DeviceView, Stream};
 use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_sys::NcclVersion;
@@ -51,64 +53,42 @@ fn a_registration_keeps_its_memory_until_it_is_released() {
 
 #[test]
 fn a_graph_keeps_the_registration_its_collectives_resolved() {
-    on_one_rank(
-        1,
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut b = comm.alloc_nccl::<i32>(4).unwrap();
-            b.copy_from_host(&[1, 2, 3, 4]).unwrap();
-            let reg = comm.register(&b).unwrap();
-            let graph = capture(&stream, || {
-                comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
-                    .unwrap();
-            });
-            drop(reg);
-            drop(b);
-            // The captured all-reduce still resolves the registration: it must stay.
-            assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
-            graph.launch(&stream).unwrap();
-            graph.launch(&stream).unwrap();
-            stream.synchronize().unwrap();
-            drop(graph);
-            // Released at the owner's next call.
-            comm.async_error().unwrap();
-            assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-            stream.synchronize().unwrap();
-            drop(comm);
-            drop(stream);
-        },
-    );
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let mut b = comm.alloc_nccl::<i32>(4).unwrap();
+        b.copy_from_host(&[1, 2, 3, 4]).unwrap();
+        let graph = graph_holding_a_registration(&comm, &mut b, ReduceOp::Sum, &s);
+        drop(b);
+        // The captured all-reduce still resolves the registration: it must stay.
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+        graph.launch(&s).unwrap();
+        graph.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        drop(graph);
+        // Released at the owner's next call.
+        comm.async_error().unwrap();
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        s.synchronize().unwrap();
+        drop(comm);
+        drop(s);
+    });
 }
 
 #[test]
 fn a_graph_dropped_on_another_thread_hands_the_release_to_the_owner() {
-    on_one_rank(
-        1,
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut b = comm.alloc_nccl::<f32>(16).unwrap();
-            let reg = comm.register(&b).unwrap();
-            let graph = capture(&stream, || {
-                comm.all_reduce_in_place(&mut b, ReduceOp::Max, &stream)
-                    .unwrap();
-            });
-            drop(reg);
-            graph.launch(&stream).unwrap();
-            stream.synchronize().unwrap();
-            std::thread::spawn(move || drop(graph)).join().unwrap();
-            // No NCCL call from the other thread.
-            assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
-            comm.async_error().unwrap();
-            assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-            drop(b);
-            drop(comm);
-            drop(stream);
-        },
-    );
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+        let graph = graph_holding_a_registration(&comm, &mut b, ReduceOp::Max, &s);
+        graph.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        std::thread::spawn(move || drop(graph)).join().unwrap();
+        // No NCCL call from the other thread.
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 0);
+        comm.async_error().unwrap();
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        drop(b);
+        drop(comm);
+        drop(s);
+    });
 }
 
 #[test]
@@ -311,44 +291,37 @@ fn registering_what_cannot_be_held_or_is_elsewhere_is_refused() {
 
 #[test]
 fn the_pool_reuses_its_memory_and_registers_it_once_for_collectives_that_gain() {
-    on_one_rank(
-        1,
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut addrs = Vec::new();
-            for step in 0..4 {
-                let mut g = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-                // All-reduce does not gain from registration: the buffer stays unregistered.
-                g.fill(step as f32).unwrap();
-                comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
-                    .unwrap();
-                assert_eq!(g.is_registered(), step > 0, "step {step}");
-                // All-gather does: registered at its first use, then kept.
-                comm.all_gather_in_place(&mut g, &stream).unwrap();
-                assert!(g.is_registered());
-                addrs.push(g.as_raw());
-            }
-            assert!(addrs.iter().all(|a| *a == addrs[0]), "{addrs:x?}");
-            assert_eq!(rig.world.calls("ncclCommRegister"), 1);
-            assert_eq!(rig.world.calls("ncclMemAlloc"), 1);
-            // Two at once: two buffers; another length or type: another buffer.
-            let a = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-            let b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-            let c = pooled(&comm).buffer::<i32>(MIB_F32).unwrap();
-            assert!(a.is_registered() && !b.is_registered() && !c.is_registered());
-            assert_ne!(a.as_raw(), b.as_raw());
-            drop((a, b, c));
-            assert_eq!(comm.pooled_buffers(), 3);
-            comm.trim_pool().unwrap();
-            assert_eq!(comm.pooled_buffers(), 0);
-            assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-            assert_eq!(rig.world.calls("ncclMemFree"), 3);
-            drop(comm);
-            drop(stream);
-        },
-    );
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let mut addrs = Vec::new();
+        for step in 0..4 {
+            let mut g = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+            // All-reduce does not gain from registration: the buffer stays unregistered.
+            g.fill(step as f32).unwrap();
+            comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &s).unwrap();
+            assert_eq!(g.is_registered(), step > 0, "step {step}");
+            // All-gather does: registered at its first use, then kept.
+            comm.all_gather_in_place(&mut g, &s).unwrap();
+            assert!(g.is_registered());
+            addrs.push(g.as_raw());
+        }
+        assert!(addrs.iter().all(|a| *a == addrs[0]), "{addrs:x?}");
+        assert_eq!(rig.world.calls("ncclCommRegister"), 1);
+        assert_eq!(rig.world.calls("ncclMemAlloc"), 1);
+        // Two at once: two buffers; another length or type: another buffer.
+        let a = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        let b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        let c = pooled(&comm).buffer::<i32>(MIB_F32).unwrap();
+        assert!(a.is_registered() && !b.is_registered() && !c.is_registered());
+        assert_ne!(a.as_raw(), b.as_raw());
+        drop((a, b, c));
+        assert_eq!(comm.pooled_buffers(), 3);
+        comm.trim_pool().unwrap();
+        assert_eq!(comm.pooled_buffers(), 0);
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        assert_eq!(rig.world.calls("ncclMemFree"), 3);
+        drop(comm);
+        drop(s);
+    });
 }
 
 #[test]
@@ -394,29 +367,22 @@ fn the_pool_registers_only_for_collectives_and_sizes_that_gain() {
 
 #[test]
 fn a_pooled_buffer_held_by_a_graph_is_not_handed_out_again() {
-    on_one_rank(
-        1,
-        |_,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut g = pooled(&comm).buffer::<f32>(64).unwrap();
-            let first = g.as_raw();
-            let graph = capture(&stream, || {
-                comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &stream)
-                    .unwrap();
-            });
-            drop(g);
-            // The graph may still write it: the next buffer is other memory.
-            let h = pooled(&comm).buffer::<f32>(64).unwrap();
-            assert_ne!(h.as_raw(), first);
-            graph.launch(&stream).unwrap();
-            stream.synchronize().unwrap();
-            drop((h, graph));
-            drop(comm);
-            drop(stream);
-        },
-    );
+    on_one_rank(1, |_, OneRank { comm, s, .. }| {
+        let mut g = pooled(&comm).buffer::<f32>(64).unwrap();
+        let first = g.as_raw();
+        let graph = capture(&s, || {
+            comm.all_reduce_in_place(&mut g, ReduceOp::Sum, &s).unwrap();
+        });
+        drop(g);
+        // The graph may still write it: the next buffer is other memory.
+        let h = pooled(&comm).buffer::<f32>(64).unwrap();
+        assert_ne!(h.as_raw(), first);
+        graph.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        drop((h, graph));
+        drop(comm);
+        drop(s);
+    });
 }
 
 #[test]
@@ -490,7 +456,7 @@ fn a_failed_window_release_is_reported_by_deregister() {
         let b = comm.alloc_nccl::<f32>(1024).unwrap();
         let win = comm.register_window(&b, WindowFlags::DEFAULT).unwrap();
         // A failure that aborts the communicator (which releases the window with it).
-        rig.world.fail_next(
+        rig.fail_next(
             "ncclCommWindowDeregister",
             nccl_sys::ncclResult_t::ncclSystemError,
         );
@@ -542,76 +508,64 @@ fn a_pooled_buffer_can_be_registered_by_hand() {
 
 #[test]
 fn registering_one_pooled_buffer_leaves_the_others_registrable() {
-    on_one_rank(
-        1,
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut a = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-            let mut b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-            let mut c = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-            comm.all_gather_in_place(&mut b, &stream).unwrap();
-            assert_eq!(
-                (a.is_registered(), b.is_registered(), c.is_registered()),
-                (false, true, false)
-            );
-            comm.all_gather_in_place(&mut a, &stream).unwrap();
-            comm.all_gather_in_place(&mut c, &stream).unwrap();
-            assert_eq!(
-                (a.is_registered(), b.is_registered(), c.is_registered()),
-                (true, true, true)
-            );
-            assert_eq!(rig.world.calls("ncclCommRegister"), 3);
-            stream.synchronize().unwrap();
-            drop((a, b, c));
-            comm.trim_pool().unwrap();
-            assert_eq!(rig.world.calls("ncclCommDeregister"), 3);
-            drop(comm);
-            drop(stream);
-        },
-    );
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let mut a = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        let mut b = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        let mut c = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        comm.all_gather_in_place(&mut b, &s).unwrap();
+        assert_eq!(
+            (a.is_registered(), b.is_registered(), c.is_registered()),
+            (false, true, false)
+        );
+        comm.all_gather_in_place(&mut a, &s).unwrap();
+        comm.all_gather_in_place(&mut c, &s).unwrap();
+        assert_eq!(
+            (a.is_registered(), b.is_registered(), c.is_registered()),
+            (true, true, true)
+        );
+        assert_eq!(rig.world.calls("ncclCommRegister"), 3);
+        s.synchronize().unwrap();
+        drop((a, b, c));
+        comm.trim_pool().unwrap();
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 3);
+        drop(comm);
+        drop(s);
+    });
 }
 
 #[test]
 fn a_registered_pooled_buffer_of_an_aborted_communicator_is_not_pooled() {
-    on_one_rank(
-        1,
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
-            comm.all_gather_in_place(&mut p, &stream).unwrap();
-            assert!(p.is_registered());
-            stream.synchronize().unwrap();
-            // A deregistration that fails aborts the communicator (NCCL released everything).
-            let other = comm.alloc_nccl::<f32>(16).unwrap();
-            let reg = comm.register(&other).unwrap();
-            rig.world.fail_next(
-                "ncclCommDeregister",
-                nccl_sys::ncclResult_t::ncclSystemError,
-            );
-            assert!(matches!(
-                reg.deregister(),
-                Err(Error::Nccl {
-                    call: "ncclCommDeregister",
-                    ..
-                })
-            ));
-            assert!(comm.is_aborted());
-            drop(p);
-            assert_eq!(
-                comm.pooled_buffers(),
-                0,
-                "its registration is gone with NCCL"
-            );
-            drop(other);
-            drop(comm);
-            assert_eq!(rig.world.calls("ncclMemFree"), 2);
-            drop(stream);
-        },
-    );
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let mut p = pooled(&comm).buffer::<f32>(MIB_F32).unwrap();
+        comm.all_gather_in_place(&mut p, &s).unwrap();
+        assert!(p.is_registered());
+        s.synchronize().unwrap();
+        // A deregistration that fails aborts the communicator (NCCL released everything).
+        let other = comm.alloc_nccl::<f32>(16).unwrap();
+        let reg = comm.register(&other).unwrap();
+        rig.fail_next(
+            "ncclCommDeregister",
+            nccl_sys::ncclResult_t::ncclSystemError,
+        );
+        assert!(matches!(
+            reg.deregister(),
+            Err(Error::Nccl {
+                call: "ncclCommDeregister",
+                ..
+            })
+        ));
+        assert!(comm.is_aborted());
+        drop(p);
+        assert_eq!(
+            comm.pooled_buffers(),
+            0,
+            "its registration is gone with NCCL"
+        );
+        drop(other);
+        drop(comm);
+        assert_eq!(rig.world.calls("ncclMemFree"), 2);
+        drop(s);
+    });
 }
 
 #[test]
@@ -637,28 +591,22 @@ fn a_registration_keeps_only_its_own_memory() {
 
 #[test]
 fn an_empty_collective_does_not_resolve_a_registration() {
-    on_one_rank(
-        1,
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut b = comm.alloc_nccl::<f32>(16).unwrap();
-            let reg = comm.register(&b).unwrap();
-            let graph = capture(&stream, || {
-                comm.all_reduce_in_place(&mut b.slice_mut(4..4).unwrap(), ReduceOp::Sum, &stream)
-                    .unwrap();
-            });
-            drop(reg);
-            // The graph touches no byte of it: the registration goes at once.
-            assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-            graph.launch(&stream).unwrap();
-            stream.synchronize().unwrap();
-            drop((graph, b));
-            drop(comm);
-            drop(stream);
-        },
-    );
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let mut b = comm.alloc_nccl::<f32>(16).unwrap();
+        let reg = comm.register(&b).unwrap();
+        let graph = capture(&s, || {
+            comm.all_reduce_in_place(&mut b.slice_mut(4..4).unwrap(), ReduceOp::Sum, &s)
+                .unwrap();
+        });
+        drop(reg);
+        // The graph touches no byte of it: the registration goes at once.
+        assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
+        graph.launch(&s).unwrap();
+        s.synchronize().unwrap();
+        drop((graph, b));
+        drop(comm);
+        drop(s);
+    });
 }
 
 /// The registry rounds a registration out to 64 KiB pages: work that ends exactly where
@@ -668,33 +616,33 @@ fn work_just_outside_a_registrations_pages_does_not_hold_it() {
     const PAGE: u64 = 64 << 10;
     let rig = Rig::new(1);
     let (ctx, comm) = rig.one_rank(0);
-    let stream = Stream::new(&ctx).unwrap();
+    let s = Stream::new(&ctx).unwrap();
     let mut b = comm.alloc_nccl::<f32>(4 * PAGE as usize / 4).unwrap();
     let base = b.as_raw();
     // The first 64 KiB boundary after the start: a page with memory on both sides.
     let start = (base + 1).next_multiple_of(PAGE);
     let at = ((start - base) / 4) as usize;
     let reg = comm.register(&b.slice(at..at + 1).unwrap()).unwrap();
-    stream.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
     let before = at - 4..at;
     let after = at + PAGE as usize / 4..at + PAGE as usize / 4 + 4;
     for r in [before, after] {
-        comm.all_reduce_in_place(&mut b.slice_mut(r).unwrap(), ReduceOp::Sum, &stream)
+        comm.all_reduce_in_place(&mut b.slice_mut(r).unwrap(), ReduceOp::Sum, &s)
             .unwrap();
     }
-    let graph = stream.end_capture().unwrap().instantiate().unwrap();
+    let graph = s.end_capture().unwrap().instantiate().unwrap();
     drop(reg);
     assert_eq!(rig.world.calls("ncclCommDeregister"), 1);
-    graph.launch(&stream).unwrap();
-    stream.synchronize().unwrap();
+    graph.launch(&s).unwrap();
+    s.synchronize().unwrap();
     drop((graph, b));
     drop(comm);
-    drop(stream);
+    drop(s);
     drop(ctx);
     rig.assert_clean();
 }
 
-/// A synchronous copy from a pooled buffer into which stream-ordered memory was swapped
+/// A synchronous copy from a pooled buffer into which s-ordered memory was swapped
 /// waits for that memory's allocation first.
 #[test]
 fn a_synchronous_copy_from_a_pooled_buffer_waits_for_its_memory() {
@@ -709,7 +657,7 @@ fn a_synchronous_copy_from_a_pooled_buffer_waits_for_its_memory() {
         assert_eq!(
             rig.gpus.calls("cuStreamSynchronize") - syncs,
             2,
-            "the allocation stream, then the legacy one"
+            "the allocation s, then the legacy one"
         );
         drop((p, dst, mine));
         pool.synchronize().unwrap();
@@ -723,34 +671,28 @@ fn a_synchronous_copy_from_a_pooled_buffer_waits_for_its_memory() {
 #[test]
 fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
     let rig = Rig::with_nccl(1, |nccl| nccl.windows(false));
-    rig.check_on_one_rank(
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut b = comm.alloc_nccl::<f32>(1024).unwrap();
-            b.fill(2.0).unwrap();
-            let win = comm
-                .register_window(&b, WindowFlags::COLL_SYMMETRIC)
-                .unwrap();
-            assert!(!win.is_active());
-            assert_eq!(
-                format!("{win:?}"),
-                format!(
-                    "Window {{ ptr: {:#x}, bytes: 4096, active: false }}",
-                    b.as_raw()
-                )
-            );
-            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &stream)
-                .unwrap();
-            win.deregister().unwrap();
-            assert_eq!(rig.world.calls("ncclCommWindowRegister"), 1);
-            assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 0);
-            assert_eq!(b.to_vec().unwrap(), vec![2.0f32; 1024]);
-            drop(b);
-            assert_eq!(rig.world.calls("ncclMemFree"), 1);
-        },
-    );
+    rig.check_on_one_rank(|rig, OneRank { comm, s, .. }| {
+        let mut b = comm.alloc_nccl::<f32>(1024).unwrap();
+        b.fill(2.0).unwrap();
+        let win = comm
+            .register_window(&b, WindowFlags::COLL_SYMMETRIC)
+            .unwrap();
+        assert!(!win.is_active());
+        assert_eq!(
+            format!("{win:?}"),
+            format!(
+                "Window {{ ptr: {:#x}, bytes: 4096, active: false }}",
+                b.as_raw()
+            )
+        );
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+        win.deregister().unwrap();
+        assert_eq!(rig.world.calls("ncclCommWindowRegister"), 1);
+        assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 0);
+        assert_eq!(b.to_vec().unwrap(), vec![2.0f32; 1024]);
+        drop(b);
+        assert_eq!(rig.world.calls("ncclMemFree"), 1);
+    });
 }
 
 /// NCCL without local registration (`NCCL_LOCAL_REGISTER=0`) succeeds with no handle:
@@ -759,33 +701,27 @@ fn a_window_nccl_declines_is_inactive_and_released_without_nccl() {
 #[test]
 fn registrations_nccl_declines_hold_only_their_own_memory() {
     let rig = Rig::with_nccl(1, |nccl| nccl.local_registration(false));
-    rig.check_on_one_rank(
-        |rig,
-         OneRank {
-             comm, s: stream, ..
-         }| {
-            let mut a = comm.alloc_nccl::<f32>(16).unwrap();
-            let b = comm.alloc_nccl::<f32>(16).unwrap();
-            a.fill(1.5).unwrap();
-            let reg_a = comm.register(&a).unwrap();
-            let reg_b = comm.register(&b).unwrap();
-            comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &stream)
-                .unwrap();
-            assert_eq!(a.to_vec().unwrap(), vec![1.5f32; 16]);
-            drop((reg_a, a));
-            assert_eq!(
-                rig.world.calls("ncclMemFree"),
-                1,
-                "b's registration holds only b"
-            );
-            drop((reg_b, b));
-            assert_eq!(rig.world.calls("ncclMemFree"), 2);
-            assert_eq!(rig.world.calls("ncclCommRegister"), 2);
-            assert_eq!(
-                rig.world.calls("ncclCommDeregister"),
-                0,
-                "nothing to release"
-            );
-        },
-    );
+    rig.check_on_one_rank(|rig, OneRank { comm, s, .. }| {
+        let mut a = comm.alloc_nccl::<f32>(16).unwrap();
+        let b = comm.alloc_nccl::<f32>(16).unwrap();
+        a.fill(1.5).unwrap();
+        let reg_a = comm.register(&a).unwrap();
+        let reg_b = comm.register(&b).unwrap();
+        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s).unwrap();
+        assert_eq!(a.to_vec().unwrap(), vec![1.5f32; 16]);
+        drop((reg_a, a));
+        assert_eq!(
+            rig.world.calls("ncclMemFree"),
+            1,
+            "b's registration holds only b"
+        );
+        drop((reg_b, b));
+        assert_eq!(rig.world.calls("ncclMemFree"), 2);
+        assert_eq!(rig.world.calls("ncclCommRegister"), 2);
+        assert_eq!(
+            rig.world.calls("ncclCommDeregister"),
+            0,
+            "nothing to release"
+        );
+    });
 }

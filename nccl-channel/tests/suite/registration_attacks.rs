@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use crate::common::{MIB_F32, OneRank, Rig, assert_nccl_error, capture, on_one_rank, pooled};
+use crate::common::{
+    MIB_F32, OneRank, Rig, assert_nccl_error, capture, graph_holding_a_registration, on_one_rank,
+    pooled,
+};
 use cuda_hal::{DeviceBuffer, DeviceSlice, Stream};
 use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, WindowFlags, group};
 use nccl_sys::ncclResult_t;
@@ -26,12 +29,7 @@ fn a_registration_a_graph_holds_still_notes_later_work() {
     on_one_rank(1, |rig, OneRank { ctx, comm, s: s1 }| {
         let s2 = Stream::new(&ctx).unwrap();
         let mut b = comm.alloc_nccl::<f32>(16).unwrap();
-        let reg = comm.register(&b).unwrap();
-        let graph = capture(&s1, || {
-            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-                .unwrap();
-        });
-        drop(reg);
+        let graph = graph_holding_a_registration(&comm, &mut b, ReduceOp::Sum, &s1);
         // NCCL still has the registration: this all-reduce on s2 uses it.
         comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s2)
             .unwrap();
@@ -154,8 +152,7 @@ fn register_windows_releases_the_other_ranks_windows_when_a_wait_fails() {
         let (ctx1, c1) = one_non_blocking(rig, 1);
         let b0 = c0.alloc_nccl::<f32>(1024).unwrap();
         let b1 = c1.alloc_nccl::<f32>(1024).unwrap();
-        rig.world
-            .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclSystemError);
+        rig.fail_next("ncclCommGetAsyncError", ncclResult_t::ncclSystemError);
         let r = Communicator::register_windows(&[(&c0, &b0), (&c1, &b1)], WindowFlags::DEFAULT);
         assert_nccl_error(
             r.as_ref().unwrap_err(),
@@ -205,12 +202,7 @@ fn the_release_waits_for_the_last_launch_of_the_graph_that_held_it() {
     on_one_rank(1, |rig, OneRank { ctx, comm, s: s1 }| {
         let s2 = Stream::new(&ctx).unwrap();
         let mut b = comm.alloc_nccl::<f32>(16).unwrap();
-        let reg = comm.register(&b).unwrap();
-        let graph = capture(&s1, || {
-            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s1)
-                .unwrap();
-        });
-        drop(reg);
+        let graph = graph_holding_a_registration(&comm, &mut b, ReduceOp::Sum, &s1);
         graph.launch(&s2).unwrap();
         drop(graph);
         comm.async_error().unwrap();
@@ -367,8 +359,7 @@ fn a_failed_deregistration_that_aborts_frees_the_memory() {
     on_one_rank(1, |rig, OneRank { ctx, comm, .. }| {
         let b = comm.alloc_nccl::<f32>(16).unwrap();
         let reg = comm.register(&b).unwrap();
-        rig.world
-            .fail_next("ncclCommDeregister", ncclResult_t::ncclSystemError);
+        rig.fail_next("ncclCommDeregister", ncclResult_t::ncclSystemError);
         let e = reg.deregister().unwrap_err();
         assert_nccl_error(&e, "ncclCommDeregister", ncclResult_t::ncclSystemError);
         assert!(comm.is_aborted());

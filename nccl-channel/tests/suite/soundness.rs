@@ -131,8 +131,7 @@ fn nothing_reaches_nccl_after_an_abort() {
         let comm = Communicator::init_rank(&rig.nccl, &ctx, &id, 1, 0).unwrap();
         let s = Stream::non_blocking(&ctx).unwrap();
         let mut buf = DeviceBuffer::from_slice(&ctx, &[2.0f64]).unwrap();
-        rig.world
-            .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
+        rig.fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
         let e = comm
             .all_reduce_in_place(&mut buf, ReduceOp::PreMulSum(0.5), &s)
             .unwrap_err();
@@ -148,11 +147,7 @@ fn nothing_reaches_nccl_after_an_abort() {
             before
         );
         drop((comm, buf, s, ctx));
-        assert!(
-            rig.world.violations().is_empty(),
-            "{:?}",
-            rig.world.violations()
-        );
+        rig.assert_no_nccl_violations();
     });
 }
 
@@ -448,8 +443,7 @@ fn a_fatal_error_inside_a_group_aborts_after_it() {
         let mut b = DeviceBuffer::from_slice(&ctx, &[1i32]).unwrap();
         let r = group(&rig.nccl, || {
             comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s)?;
-            rig.world
-                .fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
+            rig.fail_next("ncclAllReduce", ncclResult_t::ncclSystemError);
             let e = comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s);
             assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
             e
@@ -569,15 +563,13 @@ fn usage_errors_are_returned_and_keep_the_communicator() {
     Rig::new(1).check(|rig| {
         let (ctx, comm, s) = one(rig);
         let mut buf = DeviceBuffer::from_slice(&ctx, &[1u8]).unwrap();
-        rig.world
-            .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
+        rig.fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
         let e = comm
             .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
             .unwrap_err();
         assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclInvalidArgument);
         assert!(!comm.is_aborted());
-        rig.world
-            .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
+        rig.fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         let e = comm.split(Some(0), 0).unwrap_err();
         assert_nccl_error(&e, "ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
@@ -612,8 +604,7 @@ fn a_failed_wait_for_a_split_aborts_the_parent_and_the_child() {
         let id = UniqueId::generate(&rig.nccl).unwrap();
         let config = CommConfig::non_blocking(Duration::from_secs(5));
         let comm = Communicator::init_rank_with(&rig.nccl, &ctx, &id, 1, 0, &config).unwrap();
-        rig.world
-            .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
+        rig.fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         let e = comm.split(Some(0), 0).unwrap_err();
         assert_nccl_error(&e, "ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
         assert!(comm.is_aborted());
@@ -661,14 +652,12 @@ fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
         let (ctx, comm) = one_non_blocking(rig);
         let s = Stream::non_blocking(&ctx).unwrap();
         let mut buf = DeviceBuffer::from_slice(&ctx, &[1u32]).unwrap();
-        rig.world
-            .fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
+        rig.fail_next("ncclAllReduce", ncclResult_t::ncclInvalidArgument);
         let e = comm
             .all_reduce_in_place(&mut buf, ReduceOp::Sum, &s)
             .unwrap_err();
         assert_nccl_error(&e, "ncclAllReduce", ncclResult_t::ncclInvalidArgument);
-        rig.world
-            .fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
+        rig.fail_next("ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         let e = comm.split(Some(0), 0).unwrap_err();
         assert_nccl_error(&e, "ncclCommSplit", ncclResult_t::ncclInvalidUsage);
         assert!(
@@ -745,8 +734,7 @@ fn an_unsettled_group_asks_for_an_abort_and_frees_nothing() {
     let s = Stream::non_blocking(&ctx).unwrap();
     let mut out = DeviceBuffer::<u32>::zeroed(&ctx, 1).unwrap();
     let before = rig.gpus.live().device_allocations;
-    rig.world
-        .fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
+    rig.fail_next("ncclCommGetAsyncError", ncclResult_t::ncclInternalError);
     group(&rig.nccl, || {
         let send = DeviceBuffer::from_slice(&ctx, &[7u32])?;
         comm.all_reduce(&send, &mut out, ReduceOp::Sum, &s)
@@ -760,11 +748,7 @@ fn an_unsettled_group_asks_for_an_abort_and_frees_nothing() {
     assert_eq!(rig.gpus.live().device_allocations, before + 1, "send kept");
     assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
     assert_eq!(rig.world.calls("ncclCommAbort"), 1, "the owner aborts");
-    assert!(
-        rig.gpus.violations().is_empty(),
-        "{:?}",
-        rig.gpus.violations()
-    );
+    rig.assert_no_gpu_violations();
 }
 
 /// A collective captured on a stream whose last handle goes before the capture ends: the

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::common::{capture, non_blocking_streams, zeroed_on_each};
+use crate::common::{capture, non_blocking_streams, scribble, zeroed_on_each};
 use cuda_hal::{Context, Cuda, DeviceBuffer, Stream};
 use nccl_channel::{Communicator, ReduceOp, UniqueId, group};
 use nccl_sys::Nccl;
@@ -16,14 +16,6 @@ const N: usize = 4 << 20; // 16 MiB of f32 per buffer
 /// The driver, NCCL and two GPUs' contexts, or `None` (said) on a machine with fewer.
 fn two_gpus() -> Option<(Cuda, Arc<Nccl>, Vec<Context>)> {
     crate::common::backend::Machine::gpus(2).map(|m| (m.cuda, m.nccl, m.ctxs))
-}
-
-/// Fills new memory with a pattern, on the memory that was just dropped if the allocator
-/// hands it out again.
-fn scribble(ctx: &Context) -> DeviceBuffer<f32> {
-    let mut b = DeviceBuffer::<f32>::alloc(ctx, N).unwrap();
-    b.fill(-1.0).unwrap();
-    b
 }
 
 #[test]
@@ -45,7 +37,7 @@ fn group_with_buffers_dropped_inside() {
             Ok(())
         })
         .unwrap();
-        let junk: Vec<_> = ctxs.iter().map(scribble).collect();
+        let junk: Vec<_> = ctxs.iter().map(|c| scribble(c, N)).collect();
         for (s, out) in streams.iter().zip(&outs) {
             s.synchronize().unwrap();
             let v = out.to_vec().unwrap();
@@ -88,7 +80,7 @@ fn graph_outlives_its_buffers_and_communicator() {
                     out.copy_from_async(&recv, &s).unwrap();
                 });
                 drop((send, recv, comm));
-                let junk = scribble(ctx);
+                let junk = scribble(ctx, N);
                 for _ in 0..3 {
                     exec.launch(&s).unwrap();
                 }

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::grouped_sums;
 use cuda_hal::{Context, DeviceBuffer, Stream};
-use nccl_channel::{CommConfig, Communicator, Error, ReduceOp, UniqueId, group};
+use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
 
 use crate::on_every_backend;
 use nccl_sys::Nccl;
@@ -44,24 +45,22 @@ fn sums(nccl: &Nccl, comms: &[&Communicator], values: &[f32]) -> Vec<f32> {
         .zip(values)
         .map(|(c, v)| DeviceBuffer::from_slice(c.context(), &vec![*v; N]).unwrap())
         .collect();
-    group(nccl, || {
-        for ((c, b), s) in comms.iter().zip(&mut bufs).zip(&streams) {
-            c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    comms
-        .iter()
-        .zip(&bufs)
-        .zip(&streams)
-        .map(|((c, b), s)| {
-            c.wait(s).unwrap();
-            let v = b.to_vec().unwrap();
-            assert!(v.iter().all(|x| *x == v[0]));
-            v[0]
-        })
-        .collect()
+    let sums = grouped_sums(nccl, comms, &mut bufs, &streams);
+    for v in &sums {
+        assert!(v.iter().all(|x| *x == v[0]));
+    }
+    sums.iter().map(|v| v[0]).collect()
+}
+
+/// The children of a grouped split that gives every parent one.
+fn every_child(parts: &[(&Communicator, Option<u32>, i32)]) -> Vec<Communicator> {
+    let children = Communicator::split_all(parts).unwrap();
+    children.into_iter().map(Option::unwrap).collect()
+}
+
+/// Each communicator's rank and size.
+fn ranks_and_sizes(comms: &[Communicator]) -> Vec<(usize, usize)> {
+    comms.iter().map(|c| (c.rank(), c.size())).collect()
 }
 
 on_every_backend! {
@@ -69,16 +68,8 @@ on_every_backend! {
         let (nccl, ctxs) = (&m.nccl, &m.ctxs);
         let comms = Communicator::init_all(nccl, ctxs).unwrap();
         // One color, keys reversed: the children's ranks are swapped.
-        let swapped =
-            Communicator::split_all(&[(&comms[0], Some(0), 1), (&comms[1], Some(0), 0)]).unwrap();
-        let swapped: Vec<Communicator> = swapped.into_iter().map(Option::unwrap).collect();
-        assert_eq!(
-            swapped
-                .iter()
-                .map(|c| (c.rank(), c.size()))
-                .collect::<Vec<_>>(),
-            [(1, 2), (0, 2)]
-        );
+        let swapped = every_child(&[(&comms[0], Some(0), 1), (&comms[1], Some(0), 0)]);
+        assert_eq!(ranks_and_sizes(&swapped), [(1, 2), (0, 2)]);
         assert_eq!(
             sums(nccl, &[&swapped[0], &swapped[1]], &[1.0, 2.0]),
             [3.0, 3.0]
@@ -97,16 +88,8 @@ on_every_backend! {
     fn grouped_and_single_split_of_non_blocking_ranks(m, gpus = 2) {
         let (nccl, ctxs) = (&m.nccl, &m.ctxs);
         let comms = non_blocking(nccl, ctxs);
-        let children =
-            Communicator::split_all(&[(&comms[0], Some(1), 0), (&comms[1], Some(1), 0)]).unwrap();
-        let children: Vec<Communicator> = children.into_iter().map(Option::unwrap).collect();
-        assert_eq!(
-            children
-                .iter()
-                .map(|c| (c.rank(), c.size()))
-                .collect::<Vec<_>>(),
-            [(0, 2), (1, 2)]
-        );
+        let children = every_child(&[(&comms[0], Some(1), 0), (&comms[1], Some(1), 0)]);
+        assert_eq!(ranks_and_sizes(&children), [(0, 2), (1, 2)]);
         assert!(children.iter().all(|c| !c.config().is_blocking()));
         assert_eq!(
             sums(nccl, &[&children[0], &children[1]], &[3.0, 4.0]),

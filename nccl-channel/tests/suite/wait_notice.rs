@@ -13,16 +13,16 @@ use cuda_mock::MockDriver;
 use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::ncclResult_t;
+use test_support::this_test;
 
 /// Set in the child that runs a test's body: the test's name.
 const CHILD: &str = "NCCL_CHANNEL_WAIT_NOTICE_CHILD";
 
 fn is_child(name: &str) -> bool {
-    let name = test_support::test_name(module_path!(), name);
     std::env::var(CHILD).is_ok_and(|c| c == name)
 }
 
-/// Runs test `name` of this module in a child with `NCCL_CHANNEL_WAIT_NOTICE_SECS=1` and
+/// Runs test `name` (its full name in this binary) in a child with `NCCL_CHANNEL_WAIT_NOTICE_SECS=1` and
 /// returns its stderr lines that begin with `prefix`; the child must pass.
 fn child_lines(name: &str, prefix: &str) -> Vec<String> {
     child_lines_with(name, prefix, &[])
@@ -30,11 +30,10 @@ fn child_lines(name: &str, prefix: &str) -> Vec<String> {
 
 /// As [`child_lines`], with `env` added to the child's environment.
 fn child_lines_with(name: &str, prefix: &str, env: &[(&str, &str)]) -> Vec<String> {
-    let name = test_support::test_name(module_path!(), name);
     let out = test_support::env::scrubbed(std::env::current_exe().unwrap())
-        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .envs(env.iter().copied())
-        .env(CHILD, &name)
+        .env(CHILD, name)
         .env("NCCL_CHANNEL_WAIT_NOTICE_SECS", "1")
         .output()
         .unwrap();
@@ -69,10 +68,10 @@ fn machine(timeout: Duration) -> (Cuda, Arc<nccl_sys::Nccl>, MockNcclWorld) {
 /// the init, its deadline and the causes, then `Error::Timeout` at the deadline.
 #[test]
 fn a_non_blocking_init_waiting_for_a_peer_says_so_once_then_times_out() {
-    const NAME: &str = "a_non_blocking_init_waiting_for_a_peer_says_so_once_then_times_out";
-    if !is_child(NAME) {
+    let name = this_test!();
+    if !is_child(&name) {
         assert_eq!(
-            child_lines(NAME, "nccl-channel:"),
+            child_lines(&name, "nccl-channel:"),
             [format!(
                 "nccl-channel: still waiting after 1 s for init of rank 0 of 2 on device 0 \
                  (ncclCommInitRankConfig); it fails at its deadline of 2.5s \
@@ -106,10 +105,10 @@ fn a_non_blocking_init_waiting_for_a_peer_says_so_once_then_times_out() {
 /// for the init that waits, and never for one that returned before the threshold.
 #[test]
 fn a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog() {
-    const NAME: &str = "a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog";
-    if !is_child(NAME) {
+    let name = this_test!();
+    if !is_child(&name) {
         assert_eq!(
-            child_lines(NAME, "nccl-channel:"),
+            child_lines(&name, "nccl-channel:"),
             [format!(
                 "nccl-channel: still waiting after 1 s for init of rank 1 of 2 on device 1 \
                  (ncclCommInitRank); it has no deadline: a blocking communicator waits inside \
@@ -147,12 +146,12 @@ fn a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog() {
 /// the rendezvous's error at its deadline.
 #[test]
 fn a_rendezvous_nobody_serves_says_so_once_then_fails() {
-    const NAME: &str = "a_rendezvous_nobody_serves_says_so_once_then_fails";
+    let name = this_test!();
     const PORT: &str = "NCCL_CHANNEL_WAIT_NOTICE_PORT";
-    if !is_child(NAME) {
+    if !is_child(&name) {
         let port = loopback_port().to_string();
         assert_eq!(
-            child_lines_with(NAME, "nccl-channel:", &[(PORT, &port)]),
+            child_lines_with(&name, "nccl-channel:", &[(PORT, &port)]),
             [format!(
                 "nccl-channel: still waiting after 1 s for the rendezvous at 127.0.0.1:{port} \
                  (rank 1 of 2); it fails at its deadline of 2.5s (the rendezvous timeout). \

@@ -197,6 +197,11 @@ impl Rig {
         (ctx, comm)
     }
 
+    /// Makes the simulated NCCL's next call of `function` fail with `error`.
+    pub fn fail_next(&self, function: &str, error: ncclResult_t) {
+        self.world.fail_next(function, error);
+    }
+
     /// Asserts that the simulated NCCL's sanitizer saw no invalid call.
     pub fn assert_no_nccl_violations(&self) {
         let v = self.world.violations();
@@ -245,6 +250,16 @@ pub fn on_one_rank(devices: usize, scenario: impl FnOnce(&Rig, OneRank)) {
     Rig::new(devices).check_on_one_rank(scenario);
 }
 
+/// What `ChannelBuilder::build` says for rank 0 of 2 on a simulated machine when the
+/// process's environment names no way to share the unique id.
+pub fn two_ranks_without_a_shared_id() -> Error {
+    let rig = Rig::new(2);
+    let world = nccl_channel::World::new(2, 0).unwrap();
+    let e = rig.channel(world).build().unwrap_err();
+    rig.assert_clean();
+    e
+}
+
 /// Runs `rank(r)` for each r in 0..n, one thread each; the results in rank order.
 pub fn on_threads<R: Send>(n: usize, rank: impl Fn(usize) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
@@ -282,6 +297,40 @@ pub fn streams(ctxs: &[cuda_hal::Context]) -> Vec<Stream> {
     ctxs.iter().map(|c| Stream::new(c).unwrap()).collect()
 }
 
+/// A stream on the context of each of `comms`.
+pub fn streams_of(comms: &[&Communicator]) -> Vec<Stream> {
+    comms
+        .iter()
+        .map(|c| Stream::new(c.context()).unwrap())
+        .collect()
+}
+
+/// Sums `bufs[i]` in place over `comms[i]` on `streams[i]`, the ranks driven from this
+/// thread in one group; waits for each rank and returns its result.
+pub fn grouped_sums<T: NcclType>(
+    nccl: &Nccl,
+    comms: &[&Communicator],
+    bufs: &mut [DeviceBuffer<T>],
+    streams: &[Stream],
+) -> Vec<Vec<T>> {
+    nccl_channel::group(nccl, || {
+        for ((c, b), s) in comms.iter().zip(bufs.iter_mut()).zip(streams) {
+            c.all_reduce_in_place(b, ReduceOp::Sum, s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    comms
+        .iter()
+        .zip(bufs.iter())
+        .zip(streams)
+        .map(|((c, b), s)| {
+            c.wait(s).unwrap();
+            b.to_vec().unwrap()
+        })
+        .collect()
+}
+
 /// A non-blocking stream on each of `ctxs`.
 pub fn non_blocking_streams(ctxs: &[cuda_hal::Context]) -> Vec<Stream> {
     ctxs.iter()
@@ -301,6 +350,28 @@ pub fn capture(s: &Stream, enqueue: impl FnOnce()) -> GraphExec {
     s.begin_capture(CaptureMode::ThreadLocal).unwrap();
     enqueue();
     s.end_capture().unwrap().instantiate().unwrap()
+}
+
+/// A graph of `b`'s in-place all-reduce (`op`) on `s`, captured while `b` was registered;
+/// the registration is dropped after the capture, so only the graph and NCCL hold it.
+pub fn graph_holding_a_registration<T: NcclType>(
+    comm: &Communicator,
+    b: &mut DeviceBuffer<T>,
+    op: ReduceOp<T>,
+    s: &Stream,
+) -> GraphExec {
+    let reg = comm.register(&*b).unwrap();
+    let graph = capture(s, || comm.all_reduce_in_place(b, op, s).unwrap());
+    drop(reg);
+    graph
+}
+
+/// New memory of `len` f32, filled with -1: on a GPU, likely where memory just dropped
+/// was, so work that still uses the freed memory reads the pattern.
+pub fn scribble(ctx: &cuda_hal::Context, len: usize) -> DeviceBuffer<f32> {
+    let mut b = DeviceBuffer::<f32>::alloc(ctx, len).unwrap();
+    b.fill(-1.0).unwrap();
+    b
 }
 
 /// Asserts that `e` is NCCL's status `code`, returned by `call`.
