@@ -2,7 +2,7 @@
 //! (the `#wrong` columns).
 
 use cuda_hal::DeviceViewMut;
-use nccl_channel::Result;
+use nccl_channel::{Collective, Result};
 
 use crate::collective::launch_op;
 use crate::element::BenchVal;
@@ -12,7 +12,7 @@ use crate::rank::Rank;
 /// Fills inputs (rank r holds r+1 everywhere), runs once, and counts wrong elements.
 pub(crate) fn check<T: BenchVal>(
     r: &Rank,
-    coll: &str,
+    coll: Collective,
     b: &mut Bufs<T>,
     in_place: bool,
     op: &str,
@@ -22,12 +22,12 @@ pub(crate) fn check<T: BenchVal>(
     fill_inputs(b, coll, in_place, me, n)?;
     launch_op(r, coll, b, in_place, op, root)?;
     r.stream.synchronize()?;
-    let (out, offset) = if coll == "reduce_scatter" && in_place {
+    let (out, offset) = if coll == Collective::ReduceScatter && in_place {
         (download(&b.send)?, me * b.recv.len())
     } else {
         (download(&b.recv)?, 0)
     };
-    let len = if coll == "reduce_scatter" {
+    let len = if matches!(coll, Collective::ReduceScatter | Collective::Scatter) {
         b.recv.len()
     } else {
         out.len()
@@ -50,19 +50,19 @@ pub(crate) fn check<T: BenchVal>(
 /// collective works in place there (all_gather in place: only in its own block).
 fn fill_inputs<T: BenchVal>(
     b: &mut Bufs<T>,
-    coll: &str,
+    coll: Collective,
     in_place: bool,
     me: usize,
     n: usize,
 ) -> Result<()> {
     let mine = T::from_f((me + 1) as f64);
     b.send.fill(mine)?;
-    b.recv.fill(if in_place && coll != "all_gather" {
+    b.recv.fill(if in_place && coll != Collective::AllGather {
         mine
     } else {
         T::from_f(0.0)
     })?;
-    if in_place && coll == "all_gather" {
+    if in_place && coll == Collective::AllGather {
         let c = b.recv.len() / n;
         let mut host = host_vec::<T>(b.recv.len())?;
         host.resize(b.recv.len(), T::from_f(0.0));
@@ -109,8 +109,8 @@ fn reduced(op: &str, n: usize) -> f64 {
 }
 
 /// What a rank's result holds after one collective on [`fill_inputs`]' values.
-struct Expected<'a> {
-    coll: &'a str,
+struct Expected {
+    coll: Collective,
     /// The reduction of the ranks' values.
     reduced: f64,
     me: usize,
@@ -120,16 +120,18 @@ struct Expected<'a> {
     block: usize,
 }
 
-impl Expected<'_> {
+impl Expected {
     /// The value of element `i` (`None`: not defined on this rank, e.g. reduce off root).
     fn at(&self, i: usize) -> Option<f64> {
         let (me, n) = (self.me, self.n);
+        use Collective::*;
         Some(match self.coll {
-            "all_reduce" | "reduce_scatter" => self.reduced,
-            "reduce" if me == self.root => self.reduced,
-            "broadcast" => (self.root + 1) as f64,
-            "all_gather" | "all_to_all" => (i / self.block + 1) as f64,
-            "sendrecv" => ((me + n - 1) % n + 1) as f64,
+            AllReduce | ReduceScatter => self.reduced,
+            Reduce if me == self.root => self.reduced,
+            Broadcast | Scatter => (self.root + 1) as f64,
+            AllGather | AllToAll | AllToAllV => (i / self.block + 1) as f64,
+            Gather if me == self.root => (i / self.block + 1) as f64,
+            SendRecv => ((me + n - 1) % n + 1) as f64,
             _ => return None,
         })
     }

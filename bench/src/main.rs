@@ -1,15 +1,18 @@
 //! An nccl-tests-style benchmark of every collective through nccl-channel.
 //!
 //! ```text
-//! bench [-c all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all|sendrecv|all]
+//! bench [-c COLLECTIVE[,COLLECTIVE...]|all]
 //!       [-b 8] [-e 4G] [-f 2] [-n 20] [-w 5] [-d float|half|bfloat16|double|int32|int8|uint8]
 //!       [-o sum|prod|max|min|avg] [-r ROOT] [-G] [--check 0|1] [--threads N | --nprocs N]
 //!       [-R 0,nccl,1,2,pool] [--cta-policy default|efficiency|zero] [--min-ctas N] [--max-ctas N]
 //!       [--nvls-ctas N]
 //! ```
-//! Sizes are bytes of the whole buffer as nccl-tests counts them (all_gather: the gathered
-//! buffer; reduce_scatter and all_to_all: a rank's send buffer). `--threads N` (default:
-//! every local GPU): one process drives the GPUs, one thread each. `--nprocs N`: one
+//! `COLLECTIVE` is one of nccl-channel's `Collective` names (all_reduce, all_gather,
+//! reduce_scatter, broadcast, reduce, all_to_all, all_to_all_v, gather, scatter, sendrecv).
+//! Sizes are bytes of the whole buffer as nccl-tests counts them (all_gather and gather:
+//! the gathered buffer; reduce_scatter, scatter and the all-to-alls: a rank's send buffer).
+//! `--threads N` (default: every local GPU): one process drives the GPUs, one thread each.
+//! `--nprocs N`: one
 //! process per GPU (this program starts them, as the examples' launcher does). Under
 //! torchrun, srun or mpirun (`torchrun --no-python --nproc-per-node 2 bench -c all`) each
 //! process is a rank configured by its launcher and rank 0 prints the table. `-G` captures

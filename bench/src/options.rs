@@ -14,8 +14,9 @@ use crate::sizes::size_arg;
 #[derive(Parser, Clone, Debug)]
 #[command(name = "bench")]
 pub(crate) struct Opts {
-    /// Collectives: a comma list of all_reduce, all_gather, reduce_scatter, broadcast,
-    /// reduce, all_to_all, sendrecv, or `all`.
+    /// Collectives: a comma list of nccl-channel's `Collective` names (all_reduce,
+    /// all_gather, reduce_scatter, broadcast, reduce, all_to_all, all_to_all_v, gather,
+    /// scatter, sendrecv), or `all`.
     #[arg(short = 'c', long = "collective", default_value = "all_reduce", value_parser = colls_arg)]
     pub(crate) colls: Colls,
     /// Smallest size in bytes (suffixes K, M, G).

@@ -2,8 +2,8 @@
 //! `-R`; the measurements are collective (every rank makes the same calls in the same
 //! order), the table is rank 0's.
 
-use nccl_channel::Result;
 use nccl_channel::half::{bf16, f16};
+use nccl_channel::{Collective, Result};
 
 use crate::check::check;
 use crate::collective::{bus_factor, counts, in_place_ok};
@@ -43,7 +43,7 @@ pub(crate) fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Res
     if mems.is_empty() {
         return Ok(());
     }
-    for coll in &o.colls.0 {
+    for &coll in &o.colls.0 {
         fresh_pool(r.comm, &mut mems, send_max, recv_max)?;
         run_collective(r, o, coll, &sizes, &mut mems, layout, out)?;
     }
@@ -55,7 +55,7 @@ pub(crate) fn run_type<T: BenchVal>(r: &Rank, o: &Opts, out: &mut String) -> Res
 fn largest<T: BenchVal>(o: &Opts, sizes: &[usize], n: usize) -> (usize, usize) {
     let largest = sizes.last().copied().unwrap_or(o.min);
     let (mut send_max, mut recv_max) = (1, 1);
-    for coll in &o.colls.0 {
+    for &coll in &o.colls.0 {
         let (sn, rn, _) = counts(coll, largest, size_of::<T>(), n);
         send_max = send_max.max(sn);
         recv_max = recv_max.max(rn);
@@ -94,7 +94,7 @@ fn fits_on_device<T: BenchVal>(r: &Rank, o: &Opts, send_max: usize, recv_max: us
 fn run_collective<T: BenchVal>(
     r: &Rank,
     o: &Opts,
-    coll: &str,
+    coll: Collective,
     sizes: &[usize],
     mems: &mut [ModeMemory<'_, T>],
     layout: Layout,
@@ -139,7 +139,7 @@ fn run_collective<T: BenchVal>(
 fn measure<T: BenchVal>(
     r: &Rank,
     o: &Opts,
-    coll: &str,
+    coll: Collective,
     mems: &mut [ModeMemory<'_, T>],
     (sn, rn): (usize, usize),
     bytes: usize,

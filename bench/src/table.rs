@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use nccl_channel::Collective;
+
 use crate::collective::{has_op, has_root, in_place_ok};
 use crate::element::BenchVal;
 use crate::memory::{ModeMemory, pool_registered};
@@ -61,7 +63,7 @@ pub(crate) fn memory(out: &mut String, send: usize, recv: usize, base: Option<Me
 }
 
 /// A collective's header: what runs, and the two lines of column names and units.
-pub(crate) fn header(out: &mut String, coll: &str, n: usize, o: &Opts, multi: bool) {
+pub(crate) fn header(out: &mut String, coll: Collective, n: usize, o: &Opts, multi: bool) {
     let _ = writeln!(
         out,
         "#\n# {coll}: {} ranks, type {}, op {}, graphs {}",
@@ -116,7 +118,7 @@ pub(crate) fn header(out: &mut String, coll: &str, n: usize, o: &Opts, multi: bo
 pub(crate) fn rows(
     out: &mut String,
     o: &Opts,
-    coll: &str,
+    coll: Collective,
     (count, bytes): (usize, usize),
     modes: &[Mem],
     samples: &[Sample],
@@ -187,7 +189,7 @@ fn ratio(num: f64, den: f64) -> String {
 /// and whether the collective registered the pool's buffers.
 pub(crate) fn averages<T: BenchVal>(
     out: &mut String,
-    coll: &str,
+    coll: Collective,
     mems: &[ModeMemory<'_, T>],
     bus_sum: &[f64],
     rows: usize,

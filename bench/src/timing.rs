@@ -2,7 +2,7 @@
 //! with `-G`, one replay of a graph of them), the slowest rank's time per operation.
 
 use cuda_hal::{CaptureMode, Event};
-use nccl_channel::Result;
+use nccl_channel::{Collective, Result};
 
 use crate::collective::launch_op;
 use crate::element::BenchVal;
@@ -14,7 +14,7 @@ use crate::rank::Rank;
 /// the largest over the ranks.
 pub(crate) fn time<T: BenchVal>(
     r: &Rank,
-    coll: &str,
+    coll: Collective,
     b: &mut Bufs<T>,
     in_place: bool,
     o: &Opts,
@@ -34,7 +34,7 @@ pub(crate) fn time<T: BenchVal>(
 /// `-n` launches between two events: µs per operation on this rank.
 fn launches<T: BenchVal>(
     r: &Rank,
-    coll: &str,
+    coll: Collective,
     b: &mut Bufs<T>,
     in_place: bool,
     o: &Opts,
@@ -54,7 +54,7 @@ fn launches<T: BenchVal>(
 /// then once between two events: µs per operation on this rank.
 fn graph_replay<T: BenchVal>(
     r: &Rank,
-    coll: &str,
+    coll: Collective,
     b: &mut Bufs<T>,
     in_place: bool,
     o: &Opts,

@@ -9,6 +9,7 @@ use cuda_hal::{
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
 use crate::call_check::Call;
+use crate::collective_kind::Method;
 use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result, group};
 
 /// A device address as the pointer NCCL takes.
@@ -145,7 +146,7 @@ impl Communicator {
     /// until after the NCCL call.
     pub(crate) fn check_buf<'b, T: NcclType, S: DeviceSlice<Elem = T> + ?Sized>(
         &self,
-        what: &'static str,
+        what: Method,
         buffer: &'static str,
         buf: &'b S,
         expected: usize,
@@ -159,12 +160,13 @@ impl Communicator {
     /// value that outlives this call (a root-only view moved back out).
     fn check_buf_noted<T: NcclType, S: DeviceSlice<Elem = T> + ?Sized>(
         &self,
-        what: &'static str,
+        method: Method,
         buffer: &'static str,
         buf: &S,
         expected: usize,
         stream: &Stream,
     ) -> Result<()> {
+        let what = method.name;
         self.same_context(what, buffer_object(buffer), buf.context())?;
         if buf.len() != expected {
             return Err(Error::LengthMismatch {
@@ -176,7 +178,8 @@ impl Communicator {
         }
         buf.used_on(stream)?;
         // Kept until the use is noted on the registration it may have made.
-        let registered = self.register_pooled(what, buffer, buf.device_ptr(), buf.size_bytes())?;
+        let registered =
+            self.register_pooled(method, buffer, buf.device_ptr(), buf.size_bytes())?;
         self.shared()
             .registry
             .used(buf.device_ptr(), buf.size_bytes(), stream);
@@ -290,10 +293,11 @@ impl Communicator {
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "all_reduce";
+        const M: Method = Method::of(Collective::AllReduce, "all_reduce");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
-        let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
-        let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
+        let _send_done = self.check_buf(M, "send", send, send.len(), stream)?;
+        let _recv_done = self.check_buf(M, "recv", recv, send.len(), stream)?;
         self.raw_all_reduce(W, at(send), at(recv), send.len(), op, stream)
     }
 
@@ -304,9 +308,10 @@ impl Communicator {
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "all_reduce_in_place";
+        const M: Method = Method::of(Collective::AllReduce, "all_reduce_in_place");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
-        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
         self.raw_all_reduce(W, p, p, buf.len(), op, stream)
     }
@@ -405,12 +410,13 @@ impl Communicator {
         stream: &Stream,
         checked: bool,
     ) -> Result<()> {
-        const W: &str = "all_gather";
+        const M: Method = Method::of(Collective::AllGather, "all_gather");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let count = send.len();
-        let _send_done = self.check_buf(W, "send", send, count, stream)?;
+        let _send_done = self.check_buf(M, "send", send, count, stream)?;
         let _recv_done =
-            self.check_buf(W, "recv", recv, count.saturating_mul(self.size()), stream)?;
+            self.check_buf(M, "recv", recv, count.saturating_mul(self.size()), stream)?;
         if checked {
             self.check_call(W, Call::new::<T>(Collective::AllGather, count), stream)?;
         }
@@ -456,9 +462,10 @@ impl Communicator {
         buf: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "all_gather_in_place";
+        const M: Method = Method::of(Collective::AllGather, "all_gather_in_place");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
-        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         self.check_call(W, Call::new::<T>(Collective::AllGather, count), stream)?;
         self.raw_all_gather::<T>(offset(buf, self.rank() * count), at(buf), count, stream)
@@ -524,12 +531,13 @@ impl Communicator {
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "reduce_scatter";
+        const M: Method = Method::of(Collective::ReduceScatter, "reduce_scatter");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let count = recv.len();
         let _send_done =
-            self.check_buf(W, "send", send, count.saturating_mul(self.size()), stream)?;
-        let _recv_done = self.check_buf(W, "recv", recv, count, stream)?;
+            self.check_buf(M, "send", send, count.saturating_mul(self.size()), stream)?;
+        let _recv_done = self.check_buf(M, "recv", recv, count, stream)?;
         self.raw_reduce_scatter(W, at(send), at(recv), count, op, stream)
     }
 
@@ -540,9 +548,10 @@ impl Communicator {
         op: ReduceOp<T>,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "reduce_scatter_in_place";
+        const M: Method = Method::of(Collective::ReduceScatter, "reduce_scatter_in_place");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
-        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
         let count = self.divisible(W, "buffer", buf.len())?;
         let recv = offset(buf, self.rank() * count);
         self.raw_reduce_scatter(W, at(buf), recv, count, op, stream)
@@ -617,11 +626,12 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "broadcast";
+        const M: Method = Method::of(Collective::Broadcast, "broadcast");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        let _recv_done = self.check_buf(W, "recv", recv, recv.len(), stream)?;
-        let send = self.root_send(W, send, root, recv.len(), stream)?;
+        let _recv_done = self.check_buf(M, "recv", recv, recv.len(), stream)?;
+        let send = self.root_send(M, send, root, recv.len(), stream)?;
         let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
         let sendp = send.as_ref().map_or(at(recv), at);
         self.raw_broadcast::<T>(W, sendp, at(recv), recv.len(), r, stream)
@@ -635,10 +645,11 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "broadcast_in_place";
+        const M: Method = Method::of(Collective::Broadcast, "broadcast_in_place");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
         self.raw_broadcast::<T>(W, p, p, buf.len(), r, stream)
     }
@@ -647,12 +658,13 @@ impl Communicator {
     /// elsewhere.
     fn root_send<'v, T: NcclType>(
         &self,
-        what: &'static str,
+        method: Method,
         send: Option<DeviceView<'v, T>>,
         root: usize,
         len: usize,
         stream: &Stream,
     ) -> Result<Option<DeviceView<'v, T>>> {
+        let what = method.name;
         if self.rank() != root {
             return Ok(None);
         }
@@ -662,7 +674,7 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the send buffer"),
             });
         };
-        self.check_buf_noted(what, "send", &s, len, stream)?;
+        self.check_buf_noted(method, "send", &s, len, stream)?;
         Ok(Some(s))
     }
 
@@ -735,11 +747,12 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "reduce";
+        const M: Method = Method::of(Collective::Reduce, "reduce");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
-        let recv = self.root_recv(W, recv, root, send.len(), stream)?;
+        let _send_done = self.check_buf(M, "send", send, send.len(), stream)?;
+        let recv = self.root_recv(M, recv, root, send.len(), stream)?;
         let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
         let recvp = recv.as_ref().map_or(at(send), at);
         self.raw_reduce(W, at(send), recvp, send.len(), op, r, stream)
@@ -753,22 +766,24 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "reduce_in_place";
+        const M: Method = Method::of(Collective::Reduce, "reduce_in_place");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
-        let _buffer_done = self.check_buf(W, "buffer", buf, buf.len(), stream)?;
+        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
         let p = at(buf);
         self.raw_reduce(W, p, p, buf.len(), op, r, stream)
     }
 
     fn root_recv<'v, T: NcclType>(
         &self,
-        what: &'static str,
+        method: Method,
         recv: Option<DeviceViewMut<'v, T>>,
         root: usize,
         len: usize,
         stream: &Stream,
     ) -> Result<Option<DeviceViewMut<'v, T>>> {
+        let what = method.name;
         if self.rank() != root {
             return Ok(None);
         }
@@ -778,7 +793,7 @@ impl Communicator {
                 problem: format!("rank {root} is the root and must pass the receive buffer"),
             });
         };
-        self.check_buf_noted(what, "recv", &r, len, stream)?;
+        self.check_buf_noted(method, "recv", &r, len, stream)?;
         Ok(Some(r))
     }
 
@@ -861,10 +876,11 @@ impl Communicator {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "send";
+        const M: Method = Method::of(Collective::SendRecv, "send");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
-        let _send_done = self.check_buf(W, "send", buf, buf.len(), stream)?;
+        let _send_done = self.check_buf(M, "send", buf, buf.len(), stream)?;
         self.raw_send::<T>(at(buf), buf.len(), p, stream)
     }
 
@@ -877,10 +893,11 @@ impl Communicator {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "recv";
+        const M: Method = Method::of(Collective::SendRecv, "recv");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let p = self.check_rank(W, peer)?;
-        let _recv_done = self.check_buf(W, "recv", buf, buf.len(), stream)?;
+        let _recv_done = self.check_buf(M, "recv", buf, buf.len(), stream)?;
         self.raw_recv::<T>(at(buf), buf.len(), p, stream)
     }
 
@@ -974,13 +991,14 @@ impl Communicator {
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "all_to_all";
+        const M: Method = Method::of(Collective::AllToAll, "all_to_all");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         // The send buffer's split first: a receive buffer sized from a bad split would
         // otherwise be blamed for it.
         let m = self.divisible(W, "send", send.len())?;
-        let _send_done = self.check_buf(W, "send", send, send.len(), stream)?;
-        let _recv_done = self.check_buf(W, "recv", recv, send.len(), stream)?;
+        let _send_done = self.check_buf(M, "send", send, send.len(), stream)?;
+        let _recv_done = self.check_buf(M, "recv", recv, send.len(), stream)?;
         // Checked here, after this rank's own checks; inside the group of the fallback
         // below (NCCL before 2.28.3), the check is skipped, as in any group.
         self.check_call(W, Call::new::<T>(Collective::AllToAll, m), stream)?;
@@ -1094,7 +1112,8 @@ impl Communicator {
         recv_displs: &[usize],
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "all_to_all_v";
+        const M: Method = Method::of(Collective::AllToAllV, "all_to_all_v");
+        const W: &str = M.name;
         // Everything is checked before the group opens: a refused call makes no NCCL call.
         self.check_type::<T>()?;
         self.handle()?;
@@ -1124,8 +1143,8 @@ impl Communicator {
         // counts as a group for abort decisions), as `all_to_all`'s fallback does.
         group(self.nccl(), || {
             let _order = self.begin::<T>(W, stream)?;
-            let _send_done = self.check_buf(W, "send", send, send_len, stream)?;
-            let _recv_done = self.check_buf(W, "recv", recv, recv_len, stream)?;
+            let _send_done = self.check_buf(M, "send", send, send_len, stream)?;
+            let _recv_done = self.check_buf(M, "recv", recv, recv_len, stream)?;
             for p in 0..self.size() {
                 if send_counts[p] > 0 {
                     let at = offset(send, send_displs[p]);
@@ -1243,12 +1262,13 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "gather";
+        const M: Method = Method::of(Collective::Gather, "gather");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = send.len();
-        let _send_done = self.check_buf(W, "send", send, m, stream)?;
-        let recv = self.root_recv(W, recv, root, m.saturating_mul(self.size()), stream)?;
+        let _send_done = self.check_buf(M, "send", send, m, stream)?;
+        let recv = self.root_recv(M, recv, root, m.saturating_mul(self.size()), stream)?;
         let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
         let recvp = recv.as_ref().map(at);
         self.check_call(W, Call::new::<T>(Collective::Gather, m).root(root), stream)?;
@@ -1331,12 +1351,13 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "scatter";
+        const M: Method = Method::of(Collective::Scatter, "scatter");
+        const W: &str = M.name;
         let _order = self.begin::<T>(W, stream)?;
         let r = self.check_rank(W, root)?;
         let m = recv.len();
-        let _recv_done = self.check_buf(W, "recv", recv, m, stream)?;
-        let send = self.root_send(W, send, root, m.saturating_mul(self.size()), stream)?;
+        let _recv_done = self.check_buf(M, "recv", recv, m, stream)?;
+        let send = self.root_send(M, send, root, m.saturating_mul(self.size()), stream)?;
         let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
         let sendp = send.as_ref().map(at);
         self.check_call(W, Call::new::<T>(Collective::Scatter, m).root(root), stream)?;

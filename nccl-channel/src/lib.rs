@@ -173,7 +173,7 @@ mod world;
 
 pub use call_check::setting::CHECK_CALLS_ENV;
 pub use channel::{Channel, ChannelBuilder, IdSource, nccl, nccl_opened};
-pub use collective_kind::Collective;
+pub use collective_kind::{Collective, UnknownCollective};
 pub use comm::Communicator;
 pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use encryption::{Encryption, PSK_MIN_LEN, set_encryption};

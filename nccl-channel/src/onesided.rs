@@ -19,6 +19,7 @@ use std::ffi::{c_int, c_void};
 use cuda_hal::{DeviceSlice, Stream};
 use nccl_sys::ncclWaitSignalDesc_t;
 
+use crate::collective_kind::Method;
 use crate::{Communicator, Error, NcclType, Result, Window};
 
 /// Which signal a one-sided operation updates or waits for: NCCL's signal index and
@@ -162,7 +163,7 @@ impl Window<'_> {
                     .into(),
             });
         }
-        let _send_done = comm.check_buf(W, "send", src, src.len(), stream)?;
+        let _send_done = comm.check_buf(Method::other(W), "send", src, src.len(), stream)?;
         // NCCL reaches the peer's memory through this window: its release waits for the
         // put, and an open capture or group holds it.
         registry.used(self.device_ptr(), self.size_bytes(), stream);

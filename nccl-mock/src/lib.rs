@@ -148,6 +148,7 @@ use nccl_sys::{LoadError, Nccl, NcclVersion, ncclResult_t};
 
 pub use config::MockConfig;
 pub use net::network_threads;
+pub use parts::collectives;
 pub use simulate::{BYTES_PER_US, LATENCY_US};
 pub use state::LiveComms;
 

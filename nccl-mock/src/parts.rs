@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use crate::dtype::{self, V};
 use nccl_sys::{ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
-/// What a rank asks its peers to do together.
+/// What a rank asks its peers to do together: the collectives NCCL runs as one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     AllReduce,
@@ -16,6 +16,46 @@ pub(crate) enum Kind {
     AllToAll,
     Gather,
     Scatter,
+}
+
+impl Kind {
+    /// Every kind, in this order (the wire sends a kind as its place here).
+    pub(crate) const ALL: [Kind; 8] = [
+        Kind::AllReduce,
+        Kind::AllGather,
+        Kind::ReduceScatter,
+        Kind::Broadcast,
+        Kind::Reduce,
+        Kind::AllToAll,
+        Kind::Gather,
+        Kind::Scatter,
+    ];
+
+    /// The name nccl-channel's `Collective` gives it (`"all_gather"`).
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "all_reduce",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::Broadcast => "broadcast",
+            Kind::Reduce => "reduce",
+            Kind::AllToAll => "all_to_all",
+            Kind::Gather => "gather",
+            Kind::Scatter => "scatter",
+        }
+    }
+}
+
+/// The collectives the simulator runs as one NCCL call each, by the names nccl-channel's
+/// `Collective` gives them (`"all_gather"` for `ncclAllGather`); the others (sends and
+/// receives, a variable-size all-to-all) are groups of sends and receives.
+///
+/// ```
+/// assert!(nccl_mock::collectives().any(|c| c == "all_gather"));
+/// assert!(!nccl_mock::collectives().any(|c| c == "sendrecv"));
+/// ```
+pub fn collectives() -> impl Iterator<Item = &'static str> {
+    Kind::ALL.into_iter().map(Kind::name)
 }
 
 /// How elements combine.

@@ -22,6 +22,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
+use nccl_channel::Collective;
 
 /// The smallest gain of registered over base busbw that registers: the run-to-run noise
 /// of one size at large sizes is ±1 % (BENCHMARKS.md, runs A and B), and registering a
@@ -32,17 +33,6 @@ const GAIN: f64 = 1.03;
 /// noise swamp a gain (runs A and B of BENCHMARKS.md, the same sizes on two machines:
 /// 40 % apart at 7 µs, 5 % at 11 µs, under 1 % from 50 µs).
 const MIN_US: f64 = 30.0;
-
-/// The collectives as the table and the benchmark name them.
-const COLLECTIVES: [&str; 7] = [
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "sendrecv",
-];
 
 /// Writes nccl-channel's pool table from the benchmark's output.
 #[derive(Parser, Debug)]
@@ -75,14 +65,14 @@ struct Samples {
 /// left out and why (printed as comments).
 #[derive(Default, Debug)]
 struct Gathered {
-    samples: BTreeMap<(usize, usize), Samples>,
+    samples: BTreeMap<(Collective, usize), Samples>,
     skipped: Vec<String>,
 }
 
 /// Where the reader is in one output.
 #[derive(Default)]
 struct Section {
-    coll: Option<usize>,
+    coll: Option<Collective>,
     ranks: usize,
     default_config: bool,
     /// The rows of the current size: mode name -> measurement.
@@ -112,7 +102,7 @@ impl Gathered {
                 (s.coll, s.ranks) = (Some(h.0), h.1);
                 if h.1 < 2 {
                     self.skipped
-                        .push(format!("{name}: {} on {} rank", COLLECTIVES[h.0], h.1));
+                        .push(format!("{name}: {} on {} rank", h.0, h.1));
                 }
             } else if line.starts_with('$') || line.starts_with("# nccl-channel bench") {
                 self.finish_size(&mut s);
@@ -173,7 +163,8 @@ impl Gathered {
         for why in &self.skipped {
             let _ = writeln!(out, "# left out: {why}");
         }
-        for (c, name) in COLLECTIVES.iter().enumerate() {
+        for c in Collective::ALL {
+            let name = c.name();
             let mut registered = false;
             for ((_, bytes), s) in self.samples.range((c, 0)..=(c, usize::MAX)) {
                 let (out_r, in_r) = (mean(&s.ratios[0]), mean(&s.ratios[1]));
@@ -215,9 +206,9 @@ fn mean(v: &[f64]) -> Option<f64> {
 }
 
 /// `all_gather: 2 ranks, type float, ...` -> (collective, ranks).
-fn collective_header(h: &str) -> Option<(usize, usize)> {
+fn collective_header(h: &str) -> Option<(Collective, usize)> {
     let (coll, rest) = h.split_once(": ")?;
-    let c = COLLECTIVES.iter().position(|&n| n == coll)?;
+    let c = Collective::from_name(coll)?;
     let ranks = rest.split_once(" rank")?.0.parse().ok()?;
     Some((c, ranks))
 }
@@ -491,7 +482,7 @@ mod tests {
         g.read("t", &run("all_gather", 2, DEFAULT, &rows));
         let p = nccl_channel::PoolPolicy::parse(&g.table(&["t".into()])).unwrap();
         use nccl_channel::PoolMemory::{Plain, Registered};
-        assert_eq!(p.memory("all_gather_in_place", 4 << 20), Registered);
-        assert_eq!(p.memory("all_gather", (4 << 20) - 1), Plain);
+        assert_eq!(p.memory(Collective::AllGather, 4 << 20), Registered);
+        assert_eq!(p.memory(Collective::AllGather, (4 << 20) - 1), Plain);
     }
 }

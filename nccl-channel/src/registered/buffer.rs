@@ -78,13 +78,15 @@ impl Communicator {
     #[inline]
     pub(crate) fn register_pooled(
         &self,
-        what: &str,
+        what: crate::collective_kind::Method,
         buffer: &str,
         ptr: u64,
         bytes: usize,
     ) -> Result<Option<Arc<Slot>>> {
         if self.shared().registry.has_slots()
-            && self.pool.registers(what, buffer, bytes, self.size())
+            && self
+                .pool
+                .registers(what.collective, buffer, bytes, self.size())
         {
             self.register_pooled_slow(ptr, bytes)
         } else {

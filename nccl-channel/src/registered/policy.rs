@@ -18,37 +18,14 @@
 //! all-gather (its send buffer is a rank's share of it), the scattered buffer of a
 //! reduce-scatter. A buffer a collective of `b` such bytes uses takes the memory of that
 //! collective's rule with the largest `from_bytes` ≤ `b`; with no such rule, `plain`
-//! (NCCL memory, not registered). The variable-size all-to-all (`all_to_all_v`) follows
-//! the `all_to_all` rules, with its whole buffers' bytes.
+//! (NCCL memory, not registered). The collectives are [`Collective`]'s names; the
+//! variable-size all-to-all (`all_to_all_v`) follows the `all_to_all` rules, with its
+//! whole buffers' bytes.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use crate::{Error, Result};
-
-impl PoolPolicy {
-    /// The collectives a table's rules name, as the benchmark (and nccl-tests) name them.
-    ///
-    /// ```
-    /// use nccl_channel::{PoolMemory, PoolPolicy};
-    /// let all: String =
-    ///     PoolPolicy::COLLECTIVES.iter().map(|c| format!("{c} 0 registered\n")).collect();
-    /// let p = PoolPolicy::parse(&all)?;
-    /// assert_eq!(p.memory("send", 1), PoolMemory::Registered);
-    /// # Ok::<(), nccl_channel::Error>(())
-    /// ```
-    pub const COLLECTIVES: [&str; 9] = [
-        "all_reduce",
-        "all_gather",
-        "reduce_scatter",
-        "broadcast",
-        "reduce",
-        "all_to_all",
-        "sendrecv",
-        "gather",
-        "scatter",
-    ];
-}
+use crate::{Collective, Error, Result};
 
 /// The variable that names a table file to use instead of the measured default.
 pub const POOL_POLICY_ENV: &str = "NCCL_CHANNEL_POOL_POLICY";
@@ -86,19 +63,22 @@ impl PoolMemory {
 /// ```
 /// use nccl_channel::{PoolMemory, PoolPolicy};
 ///
+/// use nccl_channel::Collective::{AllGather, Broadcast};
+///
 /// let p = PoolPolicy::parse("all_gather 1M registered\nall_gather 1G plain  # measured")?;
-/// assert_eq!(p.memory("all_gather", 4 << 20), PoolMemory::Registered);
-/// assert_eq!(p.memory("all_gather", 2 << 30), PoolMemory::Plain);
-/// assert_eq!(p.memory("all_gather", 4096), PoolMemory::Plain);
-/// assert_eq!(p.memory("broadcast", 4 << 20), PoolMemory::Plain); // no rule
+/// assert_eq!(p.memory(AllGather, 4 << 20), PoolMemory::Registered);
+/// assert_eq!(p.memory(AllGather, 2 << 30), PoolMemory::Plain);
+/// assert_eq!(p.memory(AllGather, 4096), PoolMemory::Plain);
+/// assert_eq!(p.memory(Broadcast, 4 << 20), PoolMemory::Plain); // no rule
 /// // It prints as the table it reads.
 /// assert_eq!(PoolPolicy::parse(&p.to_string())?, p);
 /// # Ok::<(), nccl_channel::Error>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolPolicy {
-    /// Per collective of [`PoolPolicy::COLLECTIVES`], its rules sorted by `from_bytes`.
-    rules: [Vec<(usize, PoolMemory)>; PoolPolicy::COLLECTIVES.len()],
+    /// Per collective, at its place in [`Collective::ALL`], its rules sorted by
+    /// `from_bytes` (none for `all_to_all_v`, which follows `all_to_all`'s).
+    rules: [Vec<(usize, PoolMemory)>; Collective::ALL.len()],
 }
 
 static_assertions::assert_impl_all!(PoolPolicy: Send, Sync);
@@ -108,10 +88,11 @@ impl PoolPolicy {
     /// this crate (2 × H200 over NVLink; BENCHMARKS.md, "The pool's table").
     ///
     /// ```
-    /// use nccl_channel::{PoolMemory, PoolPolicy};
+    /// use nccl_channel::{Collective, PoolMemory, PoolPolicy};
+    /// let table = PoolPolicy::measured();
     /// // Measured: registration made all-gathers faster and broadcasts slower.
-    /// assert_eq!(PoolPolicy::measured().memory("all_gather", 128 << 20), PoolMemory::Registered);
-    /// assert_eq!(PoolPolicy::measured().memory("broadcast", 128 << 20), PoolMemory::Plain);
+    /// assert_eq!(table.memory(Collective::AllGather, 128 << 20), PoolMemory::Registered);
+    /// assert_eq!(table.memory(Collective::Broadcast, 128 << 20), PoolMemory::Plain);
     /// ```
     #[must_use]
     pub fn measured() -> &'static PoolPolicy {
@@ -128,8 +109,9 @@ impl PoolPolicy {
 
     /// Reads a table (the format is in the module's docs: `collective from_bytes memory`
     /// per line, sizes in bytes or with a `K`, `M` or `G` suffix). A line that names an
-    /// unknown collective or memory, a malformed size, or a size twice for one collective
-    /// is an [`Error::InvalidArgument`] naming the line.
+    /// unknown collective (or `all_to_all_v`, which follows `all_to_all`) or memory, a
+    /// malformed size, or a size twice for one collective is an
+    /// [`Error::InvalidArgument`] naming the line.
     pub fn parse(text: &str) -> Result<PoolPolicy> {
         let mut p = PoolPolicy::default();
         for (i, raw) in text.lines().enumerate() {
@@ -145,12 +127,13 @@ impl PoolPolicy {
             let [coll, from, memory] = fields[..] else {
                 return Err(bad("want `collective from_bytes memory`".into()));
             };
-            let Some(c) = PoolPolicy::COLLECTIVES.iter().position(|&n| n == coll) else {
+            let c = coll.parse::<Collective>().map_err(|e| bad(e.to_string()))?;
+            if row(c) != c as usize {
                 return Err(bad(format!(
-                    "unknown collective {coll:?} (one of {})",
-                    PoolPolicy::COLLECTIVES.join(", ")
+                    "{c} follows the rules of {}",
+                    Collective::ALL[row(c)]
                 )));
-            };
+            }
             let from = size(from).ok_or_else(|| bad(format!("bad size {from:?}")))?;
             let memory = match memory {
                 "plain" => PoolMemory::Plain,
@@ -161,7 +144,7 @@ impl PoolPolicy {
                     )));
                 }
             };
-            let rules = &mut p.rules[c];
+            let rules = &mut p.rules[row(c)];
             match rules.binary_search_by_key(&from, |r| r.0) {
                 Ok(_) => return Err(bad(format!("a second rule for {coll} from {from} bytes"))),
                 Err(at) => rules.insert(at, (from, memory)),
@@ -197,15 +180,11 @@ impl PoolPolicy {
         PoolPolicy::parse(&text)
     }
 
-    /// The memory for a buffer that `collective` (a name of the table, or a method's
-    /// name such as `all_gather_in_place`, `send`, `recv`) of `bytes` bytes uses, in the
+    /// The memory for a buffer that a call of `collective` of `bytes` bytes uses, in the
     /// benchmark's sizes (the module docs say which).
     #[must_use]
-    pub fn memory(&self, collective: &str, bytes: usize) -> PoolMemory {
-        let Some(c) = family(collective) else {
-            return PoolMemory::Plain;
-        };
-        let rules = &self.rules[c];
+    pub fn memory(&self, collective: Collective, bytes: usize) -> PoolMemory {
+        let rules = &self.rules[row(collective)];
         match rules.partition_point(|r| r.0 <= bytes) {
             0 => PoolMemory::Plain,
             k => rules[k - 1].1,
@@ -238,31 +217,23 @@ impl PoolPolicy {
     }
 }
 
-/// The table's index for the collective a method `what` of collective.rs runs (a `match`:
-/// this runs on the collectives' path while an unregistered pooled buffer lives).
-fn family(what: &str) -> Option<usize> {
-    Some(match what {
-        "all_reduce" | "all_reduce_in_place" => 0,
-        "all_gather" | "all_gather_in_place" => 1,
-        "reduce_scatter" | "reduce_scatter_in_place" => 2,
-        "broadcast" | "broadcast_in_place" => 3,
-        "reduce" | "reduce_in_place" => 4,
-        "all_to_all" | "all_to_all_v" => 5,
-        "sendrecv" | "send" | "recv" => 6,
-        "gather" => 7,
-        "scatter" => 8,
-        _ => return None,
-    })
+/// The place of the rules `c` follows: its own, but `all_to_all`'s for `all_to_all_v`.
+fn row(c: Collective) -> usize {
+    match c {
+        Collective::AllToAllV => Collective::AllToAll as usize,
+        c => c as usize,
+    }
 }
 
 /// The size the table knows a use by (see the module docs): `bytes` of the buffer called
-/// `buffer` (collective.rs's names) of the method `what` on `ranks` ranks. An all-gather's
+/// `buffer` (collective.rs's names) of a call of `c` on `ranks` ranks. An all-gather's
 /// send buffer is a rank's share of the gathered buffer, a reduce-scatter's receive buffer
 /// a rank's share of the scattered one (gather and scatter alike); in place, the buffer is
 /// the whole.
-pub(crate) fn collective_bytes(what: &str, buffer: &str, bytes: usize, ranks: usize) -> usize {
-    match (what, buffer) {
-        ("all_gather" | "gather", "send") | ("reduce_scatter" | "scatter", "recv") => {
+pub(crate) fn collective_bytes(c: Collective, buffer: &str, bytes: usize, ranks: usize) -> usize {
+    use Collective::{AllGather, Gather, ReduceScatter, Scatter};
+    match (c, buffer) {
+        (AllGather | Gather, "send") | (ReduceScatter | Scatter, "recv") => {
             bytes.saturating_mul(ranks)
         }
         _ => bytes,
@@ -287,9 +258,9 @@ impl fmt::Display for PoolPolicy {
     /// The table, in the format [`parse`](Self::parse) reads.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# collective  from_bytes  memory")?;
-        for (name, rules) in PoolPolicy::COLLECTIVES.iter().zip(&self.rules) {
+        for (name, rules) in Collective::ALL.iter().zip(&self.rules) {
             for (from, memory) in rules {
-                writeln!(f, "{name:<14} {from:>12}  {}", memory.name())?;
+                writeln!(f, "{:<14} {from:>12}  {}", name.name(), memory.name())?;
             }
         }
         Ok(())
@@ -312,7 +283,7 @@ mod tests {
     fn a_size_takes_the_rule_with_the_largest_start_at_or_below_it() {
         let p = PoolPolicy::parse("reduce 100 registered\nreduce 200 plain\nreduce 300 registered")
             .unwrap();
-        let at = |b| p.memory("reduce_in_place", b);
+        let at = |b| p.memory(Collective::Reduce, b);
         assert_eq!(
             [
                 at(0),
@@ -337,82 +308,53 @@ mod tests {
         );
     }
 
+    /// Each collective finds its own rules, and only those; the variable-size all-to-all
+    /// finds the all-to-all's.
     #[test]
-    fn methods_map_to_their_collective() {
-        let p = PoolPolicy::parse("sendrecv 0 registered\nall_gather 0 registered").unwrap();
-        for what in [
-            "send",
-            "recv",
-            "sendrecv",
-            "all_gather",
-            "all_gather_in_place",
-        ] {
-            assert_eq!(p.memory(what, 1), PoolMemory::Registered, "{what}");
-        }
-        for what in [
-            "all_reduce",
-            "gather",
-            "scatter",
-            "Window::put_signal",
-            "_in_place",
-        ] {
-            assert_eq!(p.memory(what, 1), PoolMemory::Plain, "{what}");
-        }
-    }
-
-    /// Each method of collective.rs finds its own collective's rules, and only those.
-    #[test]
-    fn every_method_finds_its_collectives_rules() {
-        let methods: [(&str, &[&str]); 9] = [
-            ("all_reduce", &["all_reduce", "all_reduce_in_place"]),
-            ("all_gather", &["all_gather", "all_gather_in_place"]),
-            (
-                "reduce_scatter",
-                &["reduce_scatter", "reduce_scatter_in_place"],
-            ),
-            ("broadcast", &["broadcast", "broadcast_in_place"]),
-            ("reduce", &["reduce", "reduce_in_place"]),
-            ("all_to_all", &["all_to_all", "all_to_all_v"]),
-            ("sendrecv", &["sendrecv", "send", "recv"]),
-            ("gather", &["gather"]),
-            ("scatter", &["scatter"]),
-        ];
-        for (coll, _) in &methods {
+    fn every_collective_finds_its_rules() {
+        for coll in Collective::ALL {
+            if coll == Collective::AllToAllV {
+                continue;
+            }
             let p = PoolPolicy::parse(&format!("{coll} 0 registered")).unwrap();
-            for (other, names) in &methods {
-                for what in *names {
-                    let want = if other == coll {
-                        PoolMemory::Registered
-                    } else {
-                        PoolMemory::Plain
-                    };
-                    assert_eq!(p.memory(what, 1), want, "{what} under a rule for {coll}");
-                }
+            for other in Collective::ALL {
+                let follows = other == coll
+                    || (coll == Collective::AllToAll && other == Collective::AllToAllV);
+                let want = if follows {
+                    PoolMemory::Registered
+                } else {
+                    PoolMemory::Plain
+                };
+                assert_eq!(p.memory(other, 1), want, "{other} under a rule for {coll}");
             }
         }
     }
 
     #[test]
     fn shares_count_as_their_collectives_size() {
-        let at = |what, buffer| collective_bytes(what, buffer, 10, 4);
-        assert_eq!(at("all_gather", "send"), 40);
-        assert_eq!(at("gather", "send"), 40);
-        assert_eq!(at("reduce_scatter", "recv"), 40);
-        assert_eq!(at("scatter", "recv"), 40);
-        for (what, buffer) in [
-            ("all_gather", "recv"),
-            ("all_gather_in_place", "buffer"),
-            ("reduce_scatter", "send"),
-            ("reduce_scatter_in_place", "buffer"),
-            ("all_reduce", "send"),
-            ("all_to_all", "recv"),
-            ("send", "send"),
-            ("recv", "recv"),
+        use Collective::*;
+        let at = |c, buffer| collective_bytes(c, buffer, 10, 4);
+        assert_eq!(at(AllGather, "send"), 40);
+        assert_eq!(at(Gather, "send"), 40);
+        assert_eq!(at(ReduceScatter, "recv"), 40);
+        assert_eq!(at(Scatter, "recv"), 40);
+        for (c, buffer) in [
+            (AllGather, "recv"),
+            (AllGather, "buffer"),
+            (Gather, "recv"),
+            (ReduceScatter, "send"),
+            (ReduceScatter, "buffer"),
+            (Scatter, "send"),
+            (AllReduce, "send"),
+            (AllToAll, "recv"),
+            (AllToAllV, "send"),
+            (SendRecv, "send"),
+            (SendRecv, "recv"),
         ] {
-            assert_eq!(at(what, buffer), 10, "{what} {buffer}");
+            assert_eq!(at(c, buffer), 10, "{c} {buffer}");
         }
         assert_eq!(
-            collective_bytes("all_gather", "send", usize::MAX, 2),
+            collective_bytes(AllGather, "send", usize::MAX, 2),
             usize::MAX
         );
     }
@@ -455,6 +397,14 @@ mod tests {
             (
                 "all_gather 1M plain\nall_gather 1048576 registered",
                 "line 2: a second rule for all_gather from 1048576 bytes",
+            ),
+            (
+                "all_to_all_v 0 registered",
+                "line 1: all_to_all_v follows the rules of all_to_all",
+            ),
+            (
+                "send 0 registered",
+                "line 1: unknown collective \"send\" (one of all_reduce, ",
             ),
         ];
         for (text, want) in cases {

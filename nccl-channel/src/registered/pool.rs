@@ -30,6 +30,7 @@ use cuda_sys::CUdeviceptr;
 use super::policy::{PoolMemory, PoolPolicy, collective_bytes};
 use super::registry::{CommState, Slot, SlotReg};
 use super::release::{CommOwner, release_registration};
+use crate::Collective;
 use crate::sync::lock;
 use crate::{NcclType, Result};
 
@@ -66,16 +67,26 @@ impl Pool {
         *self.policy.borrow_mut() = Some(Arc::new(policy));
     }
 
-    /// Whether the table registers the `bytes` bytes of the buffer `buffer` that `what`
-    /// uses on `ranks` ranks (never before a table was chosen: no buffer was handed out
-    /// then).
+    /// Whether the table registers the `bytes` bytes of the buffer `buffer` that a call
+    /// of `collective` uses on `ranks` ranks (never before a table was chosen: no buffer
+    /// was handed out then; never for a one-sided operation: the table has no rules for
+    /// them).
     #[inline]
-    pub(crate) fn registers(&self, what: &str, buffer: &str, bytes: usize, ranks: usize) -> bool {
-        let size = collective_bytes(what, buffer, bytes, ranks);
+    pub(crate) fn registers(
+        &self,
+        collective: Option<Collective>,
+        buffer: &str,
+        bytes: usize,
+        ranks: usize,
+    ) -> bool {
+        let Some(c) = collective else {
+            return false;
+        };
+        let size = collective_bytes(c, buffer, bytes, ranks);
         self.policy
             .borrow()
             .as_ref()
-            .is_some_and(|p| p.memory(what, size) == PoolMemory::Registered)
+            .is_some_and(|p| p.memory(c, size) == PoolMemory::Registered)
     }
 
     /// A free buffer of `len` elements of `T`, lent again once its last user's work is
@@ -167,7 +178,7 @@ impl Pool {
 /// # use std::sync::Arc;
 /// use cuda_hal::{Cuda, Stream};
 /// use cuda_mock::MockDriver;
-/// use nccl_channel::{Communicator, PoolMemory, PoolPolicy, ReduceOp};
+/// use nccl_channel::{Collective, Communicator, PoolMemory, PoolPolicy, ReduceOp};
 /// use nccl_mock::MockNccl;
 ///
 /// let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
@@ -178,8 +189,8 @@ impl Pool {
 /// # comm.set_pool_policy(PoolPolicy::measured().clone()); // whatever the environment says
 /// let n = 16 << 20 >> 2; // 16 MiB of f32
 /// let table = PoolPolicy::measured();
-/// assert_eq!(table.memory("all_reduce", 16 << 20), PoolMemory::Plain);
-/// assert_eq!(table.memory("all_gather", 16 << 20), PoolMemory::Registered);
+/// assert_eq!(table.memory(Collective::AllReduce, 16 << 20), PoolMemory::Plain);
+/// assert_eq!(table.memory(Collective::AllGather, 16 << 20), PoolMemory::Registered);
 ///
 /// let mut grads = comm.buffer::<f32>(n)?;
 /// grads.fill(0.5)?;

@@ -7,6 +7,7 @@ mod model;
 use std::time::Duration;
 
 use model::{Coll, Fault, Op, Program, Setup};
+use nccl_channel::Collective;
 use nccl_sys::NcclVersion;
 
 fn fail_with(case: &model::Case, f: &model::Failure) -> ! {
@@ -137,7 +138,7 @@ fn every_step_kind_runs_clean_on_its_own() {
         },
         Op::GroupStart,
         Op::Collective {
-            kind: Coll::AllToAll,
+            kind: Coll::Of(Collective::AllToAll),
             comm: 0,
             slot: 0,
             other: 1,
@@ -182,7 +183,7 @@ fn every_step_kind_runs_clean_on_its_own() {
         },
         Op::BeginCapture { stream: 0 },
         Op::Collective {
-            kind: Coll::AllReduce,
+            kind: Coll::Of(Collective::AllReduce),
             comm: 0,
             slot: 0,
             other: 0,
@@ -218,7 +219,7 @@ fn every_step_kind_runs_clean_on_its_own() {
         Op::WaitSignal { comm: 0, stream: 0 },
         Op::Split { comm: 0 },
         Op::Collective {
-            kind: Coll::SendRecv,
+            kind: Coll::Of(Collective::SendRecv),
             comm: 2,
             slot: 0,
             other: 1,
@@ -366,7 +367,7 @@ fn every_step_kind_runs_clean_on_its_own() {
         },
         Op::MemStats { comm: 0 },
         Op::Collective {
-            kind: Coll::AllReduce,
+            kind: Coll::Of(Collective::AllReduce),
             comm: 0,
             slot: 0,
             other: 0,
@@ -416,7 +417,7 @@ fn the_newer_steps_run_clean_on_a_scalable_world_and_an_old_release() {
             sync: true,
         },
         Op::Collective {
-            kind: Coll::Broadcast,
+            kind: Coll::Of(Collective::Broadcast),
             comm: 0,
             slot: 0,
             other: 0,
@@ -432,7 +433,7 @@ fn the_newer_steps_run_clean_on_a_scalable_world_and_an_old_release() {
         Op::Resume { comm: 0 },
         Op::GroupStart,
         Op::Collective {
-            kind: Coll::AllReduce,
+            kind: Coll::Of(Collective::AllReduce),
             comm: 0,
             slot: 0,
             other: 0,
@@ -495,7 +496,7 @@ fn the_oracle_catches_each_kind_of_failure() {
         nccl_sys::ncclResult_t::ncclSystemError,
     )));
     p.ops.push(Op::Collective {
-        kind: Coll::AllReduce,
+        kind: Coll::Of(Collective::AllReduce),
         comm: 0,
         slot: 0,
         other: 0,
@@ -597,7 +598,7 @@ fn the_fallbacks_group_as_a_program() {
             Op::Alloc { dev: 1, len: 1 },
             Op::Alloc { dev: 1, len: 1 },
             Op::Collective {
-                kind: Coll::AllToAll,
+                kind: Coll::Of(Collective::AllToAll),
                 comm: 1,
                 slot: 0,
                 other: 1,
@@ -642,7 +643,7 @@ fn found_an_abort_while_a_non_blocking_group_is_in_the_background() {
             Op::Pooled { comm: 87, len: 3 },
             Op::AllocNccl { comm: 162, len: 8 },
             Op::Collective {
-                kind: Coll::AllToAll,
+                kind: Coll::Of(Collective::AllToAll),
                 comm: 145,
                 slot: 170,
                 other: 206,
@@ -671,7 +672,7 @@ fn found_a_failure_that_fires_in_the_last_drops_excuses_its_leak() {
             Op::Pooled { comm: 151, len: 5 },
             Op::Pooled { comm: 143, len: 5 },
             Op::Collective {
-                kind: Coll::AllToAll,
+                kind: Coll::Of(Collective::AllToAll),
                 comm: 249,
                 slot: 93,
                 other: 155,
@@ -751,7 +752,7 @@ fn found_a_foreign_capture_begun_by_the_last_step_excuses_its_leak() {
             alias: false,
         },
         Op::Collective {
-            kind: Coll::Reduce,
+            kind: Coll::Of(Collective::Reduce),
             comm: 206,
             slot: 248,
             other: 237,
@@ -794,7 +795,7 @@ fn memory_dropped_on_other_threads_around_the_teardown_keeps_its_context() {
         Op::Drop { slot: 20 },
         Op::Alloc { dev: 239, len: 5 },
         Op::Collective {
-            kind: Coll::Gather,
+            kind: Coll::Of(Collective::Gather),
             comm: 126,
             slot: 82,
             other: 130,
@@ -808,7 +809,7 @@ fn memory_dropped_on_other_threads_around_the_teardown_keeps_its_context() {
         Op::EndCapture { stream: 184 },
         Op::Drop { slot: 153 },
         Op::Collective {
-            kind: Coll::AllReduce,
+            kind: Coll::Of(Collective::AllReduce),
             comm: 40,
             slot: 236,
             other: 10,
@@ -842,7 +843,7 @@ fn memory_dropped_on_other_threads_around_the_teardown_keeps_its_context() {
         Op::GraphToThread { graph: 65 },
         Op::Alloc { dev: 14, len: 7 },
         Op::Collective {
-            kind: Coll::ReduceScatter,
+            kind: Coll::Of(Collective::ReduceScatter),
             comm: 52,
             slot: 162,
             other: 138,
@@ -867,7 +868,7 @@ fn memory_dropped_on_other_threads_around_the_teardown_keeps_its_context() {
         Op::GroupStart,
         Op::DropRegistration { reg: 166 },
         Op::Collective {
-            kind: Coll::ReduceScatter,
+            kind: Coll::Of(Collective::ReduceScatter),
             comm: 227,
             slot: 115,
             other: 134,

@@ -5,7 +5,7 @@
 use std::ffi::OsStr;
 
 use cuda_hal::Stream;
-use nccl_channel::{Communicator, Error, PoolMemory, PoolPolicy, ReduceOp};
+use nccl_channel::{Collective, Communicator, Error, PoolMemory, PoolPolicy, ReduceOp};
 
 use crate::common::{OneRank, Rig, on_one_rank};
 
@@ -13,7 +13,7 @@ use crate::common::{OneRank, Rig, on_one_rank};
 fn first_registered(table: &PoolPolicy, coll: &str) -> Option<usize> {
     (2..=32)
         .map(|k| 1usize << k)
-        .find(|&b| table.memory(coll, b) == PoolMemory::Registered)
+        .find(|&b| table.memory(coll.parse().unwrap(), b) == PoolMemory::Registered)
 }
 
 /// Whether the pooled buffer of `bytes` bytes that `comm`'s `coll` uses ends up registered.
@@ -152,10 +152,13 @@ fn the_environment_names_the_process_default() {
 fn an_all_gather_follows_the_row_of_its_benchmark_size() {
     let measured = PoolPolicy::measured();
     assert_eq!(
-        measured.memory("all_gather", 8 << 20),
+        measured.memory(Collective::AllGather, 8 << 20),
         PoolMemory::Registered
     );
-    assert_eq!(measured.memory("all_gather", 4 << 20), PoolMemory::Plain);
+    assert_eq!(
+        measured.memory(Collective::AllGather, 4 << 20),
+        PoolMemory::Plain
+    );
     let rig = Rig::new(2);
     let n = (4 << 20) / 4; // 4 MiB of f32 per rank: an 8 MiB all-gather on two ranks
     let out = rig.run(2, |c, s| {

@@ -35,17 +35,6 @@ const CALLS: [&str; 9] = [
     "ncclScatter",
 ];
 
-const KINDS: [Kind; 8] = [
-    Kind::AllReduce,
-    Kind::AllGather,
-    Kind::ReduceScatter,
-    Kind::Broadcast,
-    Kind::Reduce,
-    Kind::AllToAll,
-    Kind::Gather,
-    Kind::Scatter,
-];
-
 /// One message between a rank and its hub.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Msg {
@@ -205,7 +194,7 @@ impl<'a> Reader<'a> {
         let call = *CALLS
             .get(usize::from(self.u8()?))
             .ok_or_else(|| WireError("bad call".into()))?;
-        let kind = *KINDS
+        let kind = *Kind::ALL
             .get(usize::from(self.u8()?))
             .ok_or_else(|| WireError("bad collective kind".into()))?;
         Ok(Contrib {
@@ -270,7 +259,7 @@ impl Writer {
     }
     fn contrib(&mut self, c: &Contrib) {
         let call = CALLS.iter().position(|n| *n == c.call).unwrap_or(0);
-        let kind = KINDS.iter().position(|k| *k == c.kind).unwrap_or(0);
+        let kind = Kind::ALL.iter().position(|k| *k == c.kind).unwrap_or(0);
         self.u8(call as u8);
         self.u8(kind as u8);
         self.u64(c.count as u64);

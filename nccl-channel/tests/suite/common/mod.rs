@@ -571,8 +571,9 @@ pub fn pooled(comm: &Communicator) -> &Communicator {
 
 /// A table that registers every collective's pooled buffers from 0 bytes.
 pub fn pool_registers_everything() -> nccl_channel::PoolPolicy {
-    let text: String = nccl_channel::PoolPolicy::COLLECTIVES
+    let text: String = nccl_channel::Collective::ALL
         .iter()
+        .filter(|c| **c != nccl_channel::Collective::AllToAllV)
         .map(|c| format!("{c} 0 registered\n"))
         .collect();
     nccl_channel::PoolPolicy::parse(&text).unwrap()

@@ -3,6 +3,8 @@
 use cuda_sys::CUresult as C;
 use nccl_sys::{NcclVersion, ncclResult_t as N};
 
+use nccl_channel::Collective;
+
 use super::program::{Coll, Fault, Op, Program, Setup};
 
 /// SplitMix64: small, seedable, good enough to spread programs.
@@ -43,32 +45,13 @@ pub const VERSIONS: [NcclVersion; 4] = [
     NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
 ];
 
-/// The collectives; an all-to-all-v's operands are drawn by [`coll`].
-const COLLS: [Coll; 12] = [
-    Coll::AllReduce,
-    Coll::AllGather,
-    Coll::ReduceScatter,
-    Coll::Broadcast,
-    Coll::Reduce,
-    Coll::AllToAll,
-    Coll::Gather,
-    Coll::Scatter,
-    Coll::SendRecv,
-    Coll::AllToAllV {
-        count: 0,
-        send_at: 0,
-        recv_at: 0,
-        misuse: 0,
-    },
-    Coll::Barrier,
-    Coll::PreMulSum,
-];
-
-/// One of [`COLLS`], with its operands when it has any: an all-to-all-v is misused half
-/// of the time, each way as often.
+/// Every collective of [`Collective::ALL`], then a barrier and a pre-multiplied sum;
+/// an all-to-all-v's operands are drawn: it is misused half of the time, each way as
+/// often.
 fn coll(r: &mut Rng) -> Coll {
-    match r.pick(&COLLS) {
-        Coll::AllToAllV { .. } => Coll::AllToAllV {
+    let kinds = Collective::ALL.len() as u64 + 2;
+    match Collective::ALL.get(r.below(kinds) as usize) {
+        Some(Collective::AllToAllV) => Coll::AllToAllV {
             count: r.byte(),
             send_at: r.byte(),
             recv_at: r.byte(),
@@ -78,7 +61,9 @@ fn coll(r: &mut Rng) -> Coll {
                 1 + r.below(4) as u8
             },
         },
-        other => other,
+        Some(&c) => Coll::Of(c),
+        None if r.below(2) == 0 => Coll::Barrier,
+        None => Coll::PreMulSum,
     }
 }
 

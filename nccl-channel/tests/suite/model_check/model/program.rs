@@ -3,21 +3,17 @@
 //! Every operand is an index taken modulo what exists when the operation runs, so any
 //! sequence of operations is a valid program: the shrinker may drop any of them.
 
+use nccl_channel::Collective;
 use nccl_sys::NcclVersion;
 
 /// A collective on one single-rank communicator, in place or between two buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Coll {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    Broadcast,
-    Reduce,
-    AllToAll,
-    Gather,
-    Scatter,
-    /// A send to itself and the matching receive, in one group.
-    SendRecv,
+    /// One of nccl-channel's collectives ([`Collective::ALL`]; a send to itself and the
+    /// matching receive in one group for [`Collective::SendRecv`]). The variable-size
+    /// all-to-all is generated as [`Coll::AllToAllV`], with its operands; here it
+    /// exchanges nothing.
+    Of(Collective),
     /// A variable-size all-to-all of one buffer into another (one rank: a region of each,
     /// to itself): `count` elements from displacement `send_at` to displacement
     /// `recv_at`, each taken modulo what fits. `misuse` breaks the layout on purpose (0:

@@ -14,8 +14,8 @@ use cuda_hal::{
 use cuda_mock::{MockDriver, MockWorld};
 use cuda_sys::{CUresult, CUstreamCaptureMode};
 use nccl_channel::{
-    AbortHandle, CommConfig, Communicator, Error, Group, PoolPolicy, PooledBuffer, ReduceOp,
-    Registration, Signal, SignalWait, UniqueId, Window, WindowFlags,
+    AbortHandle, Collective, CommConfig, Communicator, Error, Group, PoolPolicy, PooledBuffer,
+    ReduceOp, Registration, Signal, SignalWait, UniqueId, Window, WindowFlags,
 };
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
@@ -1638,35 +1638,40 @@ impl<'c> State<'c> {
         let called = !matches!(
             (kind, &second),
             (
-                Coll::AllToAll | Coll::SendRecv | Coll::AllToAllV { .. },
+                Coll::Of(Collective::AllToAll | Collective::SendRecv | Collective::AllToAllV)
+                    | Coll::AllToAllV { .. },
                 None
             )
         );
         let r = match kind {
-            Coll::AllReduce => c.all_reduce_in_place(x, ReduceOp::Sum, &s),
+            Coll::Of(Collective::AllReduce) => c.all_reduce_in_place(x, ReduceOp::Sum, &s),
             Coll::PreMulSum => c.all_reduce_in_place(x, ReduceOp::PreMulSum(3), &s),
-            Coll::AllGather => c.all_gather_in_place(x, &s),
-            Coll::ReduceScatter => c.reduce_scatter_in_place(x, ReduceOp::Max, &s),
-            Coll::Broadcast => c.broadcast_in_place(x, 0, &s),
-            Coll::Reduce => c.reduce_in_place(x, ReduceOp::Min, 0, &s),
+            Coll::Of(Collective::AllGather) => c.all_gather_in_place(x, &s),
+            Coll::Of(Collective::ReduceScatter) => c.reduce_scatter_in_place(x, ReduceOp::Max, &s),
+            Coll::Of(Collective::Broadcast) => c.broadcast_in_place(x, 0, &s),
+            Coll::Of(Collective::Reduce) => c.reduce_in_place(x, ReduceOp::Min, 0, &s),
             Coll::Barrier => c.barrier(&s),
-            Coll::AllToAll => match second {
+            Coll::Of(Collective::AllToAll) => match second {
                 Some(y) => c.all_to_all(&*y.get_mut(), x, &s),
                 None => Ok(()),
             },
-            Coll::Gather => match second {
+            Coll::Of(Collective::Gather) => match second {
                 Some(y) => c.gather(&*x, Some(y.get_mut().as_view_mut()), 0, &s),
                 None => c.gather(&*x, None, 0, &s),
             },
-            Coll::Scatter => match second {
+            Coll::Of(Collective::Scatter) => match second {
                 Some(y) => c.scatter(Some(y.get_mut().as_view()), x, 0, &s),
                 None => c.scatter(None, x, 0, &s),
             },
-            Coll::SendRecv => match second {
+            Coll::Of(Collective::SendRecv) => match second {
                 Some(y) => nccl_channel::group(&nccl, || {
                     c.send(&*y.get_mut(), 0, &s)?;
                     c.recv(&mut *x, 0, &s)
                 }),
+                None => Ok(()),
+            },
+            Coll::Of(Collective::AllToAllV) => match second {
+                Some(y) => all_to_all_v(c, &*y.get_mut(), x, [0; 4], &s, world),
                 None => Ok(()),
             },
             Coll::AllToAllV {
@@ -1681,6 +1686,7 @@ impl<'c> State<'c> {
                 }
                 None => Ok(()),
             },
+            Coll::Of(other) => panic!("the model runs every collective; {other} is new to it"),
         };
         if called && suspended {
             newer::refused_as_suspended(c, &format!("{kind:?}"), &r);
