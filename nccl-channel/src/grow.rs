@@ -26,8 +26,8 @@ use std::sync::Arc;
 use cuda_hal::Context;
 use nccl_sys::{Nccl, ncclUniqueId};
 
-use crate::comm::init_via;
-use crate::comm::world_args;
+use crate::comm::init::init_via;
+use crate::comm::init::world_args;
 use crate::split::{Plan, check_parents, make_children, refuse_in_group};
 use crate::{CommConfig, Communicator, Error, Result, UniqueId};
 

@@ -105,6 +105,18 @@
 //! [`ChannelBuilder`] takes a [`World`], a simulated [`Cuda`](cuda_hal::Cuda) and NCCL, and an
 //! [`IdSource`] (see [`Channel`]'s example).
 //!
+//! # The source, file by file
+//!
+//! [`Communicator`]'s docs list where each family of its methods lives, and follow one
+//! call down to NCCL. The rest of `src/`: `world.rs`, `unique_id.rs`, `rendezvous/`
+//! (who the ranks are and how they agree on an id), `channel.rs` (the default channel),
+//! `config.rs`, `params.rs`, `encryption.rs` (settings), `types.rs` (element types and
+//! reductions), `collective_kind.rs` ([`Collective`]), `group.rs`, `error.rs`,
+//! `reliability.rs` and `notice.rs` (deadlines, aborts, the notice of a long wait),
+//! `registered/` (NCCL memory, the pool, registrations and windows, and when their
+//! memory may go), `suspend/`, `call_check/` (the checked mode), `agreement.rs` (the
+//! exchanges the crate makes between the ranks itself).
+//!
 //! # Features
 //!
 //! * `half`: [`half::f16`](https://docs.rs/half) and `half::bf16` as [`NcclType`]s.

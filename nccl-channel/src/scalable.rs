@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cuda_hal::Context;
 use nccl_sys::{Nccl, ncclUniqueId};
 
-use crate::comm::{init_via, world_args};
+use crate::comm::init::{init_via, world_args};
 use crate::{CommConfig, Communicator, Error, Result, UniqueId};
 
 impl Communicator {
