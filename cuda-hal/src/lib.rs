@@ -143,9 +143,31 @@
 //!
 //! Views note their work on the memory they were taken of (a buffer's allocation, or
 //! another crate's [`DeviceSlice`], whose implementation promises the same rules), so they
-//! follow the same rules; the compiler keeps a view from outliving its buffer. The simulated driver of `cuda-mock` checks all of this when work executes: a freed,
+//! follow the same rules; the compiler keeps a view from outliving its buffer. The
+//! simulated driver of `cuda-mock` checks all of this when work executes: a freed,
 //! out-of-bounds or foreign address, and a stream-ordered free not ordered after the work
 //! that used the memory, are reported as violations naming the call.
+//!
+//! # Glossary
+//!
+//! The docs use a few words in one sense throughout:
+//!
+//! * **Enqueue**: hand work to a stream; the call returns before the work runs.
+//! * **Use log**: what an allocation records of the streams whose work used it, so that
+//!   its free can wait for that work.
+//! * **Hold** (a [`KeepAlive`]): a shared owner of memory, a stream, a module or a
+//!   communicator, kept by work that is not enqueued yet or may be enqueued again (an
+//!   open group, a capture and its graphs). While any hold is alive, the thing is not
+//!   freed.
+//! * **Capture**: recording a stream's work into a [`Graph`] instead of running it
+//!   ([`Stream::begin_capture`]). A **strict** capture (global or thread-local mode)
+//!   forbids host waits, which this crate refuses first ([`Error::Capturing`]); a
+//!   **relaxed** one forbids nothing.
+//! * **Group**: NCCL's `ncclGroupStart`/`ncclGroupEnd`, which records calls and enqueues
+//!   them at its end; [`DeferScope`] is its counterpart here. A group has **settled**
+//!   when its work is enqueued and its holds may go.
+//! * **Leak**: memory that is never freed because the work that may use it could not be
+//!   waited for; always whole, with its context, so nothing is freed under running work.
 //!
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

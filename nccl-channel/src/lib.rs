@@ -117,6 +117,30 @@
 //! memory may go), `suspend/`, `call_check/` (the checked mode), `agreement.rs` (the
 //! exchanges the crate makes between the ranks itself).
 //!
+//! # Glossary
+//!
+//! Beside cuda-hal's words (enqueue, hold, capture, group; see [its
+//! glossary](cuda_hal#glossary)):
+//!
+//! * **Rank**: one member of a communicator, numbered from 0; the **world** is every rank
+//!   of a job ([`World`]).
+//! * **Unique id**: the 128 bytes every rank of one communicator passes to its init
+//!   ([`UniqueId`]); **rendezvous**: how rank 0 hands it to the others.
+//! * **The owner's thread**: the thread that holds a [`Communicator`] (it is `Send`, not
+//!   `Sync`); NCCL calls on it are made only there, so releases that must call NCCL
+//!   wait in a queue for that thread's next call.
+//! * **Registration**: memory made known to NCCL for one communicator
+//!   (`ncclCommRegister`), which its collectives may then use directly; a **window** is
+//!   a registration every rank makes together (`ncclCommWindowRegister`), which one-sided
+//!   operations and symmetric paths need.
+//! * **Pool**: the communicator's store of NCCL memory ([`Communicator::buffer`]), which
+//!   registers itself where the [`PoolPolicy`] measured a gain.
+//! * **Deadline**: how long a non-blocking communicator's waits may take
+//!   ([`CommConfig`]) before it is aborted; an **abort** stops its work without waiting
+//!   for the other ranks.
+//! * **Checked mode**: the ranks compare each collective's arguments before NCCL gets it
+//!   ([`CommConfig::check_calls`]).
+//!
 //! # Features
 //!
 //! * `half`: [`half::f16`](https://docs.rs/half) and `half::bf16` as [`NcclType`]s.

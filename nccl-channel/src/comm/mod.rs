@@ -92,7 +92,7 @@ use crate::{Error, Result, check};
 /// | What it is | [`rank`](Self::rank), [`size`](Self::size), [`device`](Self::device), [`context`](Self::context), [`nccl`](Self::nccl), [`config`](Self::config), [`as_raw`](Self::as_raw), [`keep_alive`](Self::keep_alive) | `comm/mod.rs` |
 /// | Collectives | [`all_reduce`](Self::all_reduce), [`all_gather`](Self::all_gather), [`reduce_scatter`](Self::reduce_scatter), [`broadcast`](Self::broadcast), [`reduce`](Self::reduce) (each also `_in_place`), [`all_to_all`](Self::all_to_all), [`all_to_all_v`](Self::all_to_all_v), [`gather`](Self::gather), [`scatter`](Self::scatter), [`send`](Self::send), [`recv`](Self::recv), [`barrier`](Self::barrier) | `collective.rs` |
 /// | Collectives on raw addresses | [`raw`](Self::raw) | `raw.rs` |
-/// | Pooled memory | [`buffer`](Self::buffer), [`set_pool_policy`](Self::set_pool_policy), [`pooled_buffers`](Self::pooled_buffers), [`trim_pool`](Self::trim_pool) | `registered/buffer.rs` |
+/// | Pooled memory | [`buffer`](Self::buffer), [`set_pool_policy`](Self::set_pool_policy), [`pooled_buffers`](Self::pooled_buffers), [`trim_pool`](Self::trim_pool) | `registered/pool_methods.rs` |
 /// | NCCL memory | [`alloc_nccl`](Self::alloc_nccl) | `registered/nccl_memory.rs` |
 /// | Registration and windows | [`register`](Self::register), [`register_window`](Self::register_window), [`register_windows`](Self::register_windows) | `registered/register.rs` |
 /// | One-sided | [`signal`](Self::signal), [`wait_signal`](Self::wait_signal) ([`Window::put_signal`](crate::Window::put_signal)) | `onesided.rs` |
@@ -109,7 +109,7 @@ use crate::{Error, Result, check};
 ///    context; it takes the stream's order lock until the work is enqueued.
 /// 2. `check_buf` (collective.rs), per buffer: same context, the length, the buffer told
 ///    of its use on the stream (cuda-hal orders its free after the work), the pool's
-///    registration (registered/buffer.rs, by [`PoolPolicy`](crate::PoolPolicy)) and the
+///    registration (registered/pool_methods.rs, by [`PoolPolicy`](crate::PoolPolicy)) and the
 ///    communicator's record of the memory NCCL may touch (registered/registry.rs).
 /// 3. `check_call` (call_check/): in the checked mode, the ranks compare their calls.
 /// 4. `raw_all_gather` (collective.rs): the one `unsafe` call of `ncclAllGather` from

@@ -30,14 +30,15 @@
 //!
 //! * register.rs: [`Communicator::register`](crate::Communicator::register) and
 //!   [`register_window`](crate::Communicator::register_window).
-//! * buffer.rs: [`Communicator::buffer`](crate::Communicator::buffer).
+//! * pool_methods.rs: the pool's methods on the communicator,
+//!   [`Communicator::buffer`](crate::Communicator::buffer) first.
 //! * nccl_memory.rs: [`alloc_nccl`](crate::alloc_nccl), NCCL's own memory
 //!   (`ncclMemAlloc`).
 
-pub(crate) mod buffer;
 pub(crate) mod nccl_memory;
 pub(crate) mod policy;
 pub(crate) mod pool;
+pub(crate) mod pool_methods;
 pub(crate) mod register;
 pub(crate) mod registry;
 pub(crate) mod release;

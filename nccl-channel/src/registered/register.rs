@@ -4,8 +4,8 @@
 //!
 //! Both are typed so that the memory outlives its registration (the registration holds
 //! a shared owner of it, [`DeviceSlice::keep_alive`]) and the registration does not
-//! outlive its communicator (it borrows it). This is their door on the communicator: how
-//! a registration is kept, noted by collectives and released is in the sibling files.
+//! outlive its communicator (it borrows it). This file has the methods that make them;
+//! how a registration is kept, noted by collectives and released is in the sibling files.
 
 use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;

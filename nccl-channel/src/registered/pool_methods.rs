@@ -1,7 +1,7 @@
 //! [`Communicator::buffer`]: pooled NCCL memory that registers itself for the
 //! collectives that gain from it, the default that needs no thought. The pool and its
 //! policy (which collectives, from what size) are in pool.rs and policy.rs; this is its
-//! door on the communicator.
+//! methods on the communicator.
 
 use std::sync::Arc;
 
