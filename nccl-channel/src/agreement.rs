@@ -1,5 +1,6 @@
-//! Values the ranks agree on by the crate's own exchange (today: the smallest size of a
-//! window), which a user's collective must never be able to answer.
+//! Values the ranks agree on by the crate's own exchange (the smallest size of a window;
+//! a symmetric allocation's size and outcome), which a user's collective must never be
+//! able to answer.
 //!
 //! NCCL pairs a communicator's collectives by their order alone. A rank whose program
 //! issues its own collective where another rank is in the crate's exchange pairs the two:
@@ -26,12 +27,18 @@ const MARK: [u64; 2] = [
 pub(crate) enum Topic {
     /// The smallest size, in bytes, of the window each rank registers.
     WindowSize = 1,
+    /// The bytes each rank allocated for a symmetric buffer (or that it could not).
+    SymmetricSize = 2,
+    /// Whether each rank's NCCL made the symmetric buffer's window.
+    SymmetricWindow = 3,
 }
 
 impl Topic {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Topic::WindowSize => "a window's size",
+            Topic::SymmetricSize => "a symmetric buffer's size",
+            Topic::SymmetricWindow => "a symmetric buffer's window",
         }
     }
 }
@@ -44,9 +51,9 @@ fn record(topic: Topic, seq: u64, value: u64) -> [u64; WORDS] {
     [MARK[0], MARK[1], topic as u64, seq, value]
 }
 
-/// The smallest value of the records every rank sent (`got`, as the all-gather of `sent`
-/// returned them), or what differs from `sent` in one of them.
-fn smallest(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> std::result::Result<u64, String> {
+/// Every rank's value, in rank order, from the records every rank sent (`got`, as the
+/// all-gather of `sent` returned them), or what differs from `sent` in one of them.
+fn values(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> std::result::Result<Vec<u64>, String> {
     if got.len() != WORDS * ranks {
         return Err(format!(
             "{} words came back, not {}",
@@ -54,7 +61,7 @@ fn smallest(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> std::result::Resu
             WORDS * ranks
         ));
     }
-    let mut min = u64::MAX;
+    let mut out = Vec::with_capacity(ranks);
     for (rank, r) in got.chunks_exact(WORDS).enumerate() {
         let differs = if r[..2] != sent[..2] {
             "mark"
@@ -63,23 +70,42 @@ fn smallest(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> std::result::Resu
         } else if r[3] != sent[3] {
             "sequence number"
         } else {
-            min = min.min(r[4]);
+            out.push(r[4]);
             continue;
         };
         return Err(format!("rank {rank}'s record has another {differs}"));
     }
-    Ok(min)
+    Ok(out)
 }
 
-/// The smallest of every rank's `value` on each of `ranks` (one communicator per rank
-/// this thread drives, in one group when several), for `topic`. Every rank of each
-/// communicator calls it at the same point of the crate's exchanges, or every rank gets
-/// [`Error::Disagreement`] (or NCCL's error for a mismatched call), never a value.
+/// The smallest value of the records every rank sent (see [`values`]).
+#[cfg(test)]
+fn smallest(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> std::result::Result<u64, String> {
+    values(sent, got, ranks).map(|v| v.into_iter().min().unwrap_or(u64::MAX))
+}
+
+/// The smallest of every rank's `value` on each of `ranks` (see [`values_of`]).
 pub(crate) fn smallest_of(
     what: &'static str,
     topic: Topic,
     ranks: &[(&Communicator, u64)],
 ) -> Result<Vec<u64>> {
+    Ok(values_of(what, topic, ranks)?
+        .into_iter()
+        .map(|v| v.into_iter().min().unwrap_or(u64::MAX))
+        .collect())
+}
+
+/// Every rank's `value`, in rank order, as each of `ranks` received them (one
+/// communicator per rank this thread drives, in one group when several), for `topic`.
+/// Every rank of each communicator calls it at the same point of the crate's exchanges,
+/// or every rank gets [`Error::Disagreement`] (or NCCL's error for a mismatched call),
+/// never a value.
+pub(crate) fn values_of(
+    what: &'static str,
+    topic: Topic,
+    ranks: &[(&Communicator, u64)],
+) -> Result<Vec<Vec<u64>>> {
     let mut parts = Vec::with_capacity(ranks.len());
     for (c, value) in ranks {
         // Numbered when issued (below): a rank that fails before issuing its exchange
@@ -118,7 +144,7 @@ pub(crate) fn smallest_of(
             c.wait(stream)?;
         }
         stream.synchronize()?;
-        match smallest(sent, &recv.to_vec()?, c.size()) {
+        match values(sent, &recv.to_vec()?, c.size()) {
             Ok(v) => out.push(v),
             Err(problem) => {
                 disagreed.get_or_insert(problem);

@@ -223,6 +223,7 @@ pub use registered::nccl_memory::alloc_nccl;
 pub use registered::policy::{POOL_POLICY_ENV, PoolMemory, PoolPolicy};
 pub use registered::pool::PooledBuffer;
 pub use registered::register::{Registration, Window, WindowFlags};
+pub use registered::symmetric::SymmetricBuffer;
 pub use reliability::AbortHandle;
 pub use rendezvous::{DEFAULT_TIMEOUT, PORT_BASE, PORT_SPAN, Rendezvous, RendezvousKind};
 pub use scalable::scalable_root;

@@ -17,7 +17,7 @@ use cuda_sys::CUresult;
 
 use crate::dtype;
 use crate::macros::mock_fns;
-use crate::parts::{Contrib, Done, Kind, Op};
+use crate::parts::{Contrib, Done, Kind, Op, Placement};
 use crate::redop;
 use crate::state::{State, fail};
 use crate::thread_groups::{Deferred, defer, in_group};
@@ -340,6 +340,7 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         (call.recv as u64, if recv_used { recv_n * esize } else { 0 }),
     ];
     let regs = overlapping(&s, h, &ranges);
+    let placed = ranges.map(|(ptr, len)| placement(&s, h, ptr, len));
     drop(s);
     let mut touches = Vec::with_capacity(2);
     if send_used {
@@ -365,6 +366,7 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         dtype: call.dtype,
         op,
         root: call.root,
+        placed,
     };
     let work = Work {
         call: call.name,
@@ -380,6 +382,31 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
         },
     };
     dispatch(w, work, blocking)
+}
+
+/// Where `len` bytes at `ptr` lie among communicator `h`'s symmetric windows.
+fn placement(s: &State, h: usize, ptr: u64, len: usize) -> Placement {
+    if len == 0 {
+        return Placement::Unused;
+    }
+    let end = ptr.saturating_add(len as u64);
+    let symmetric = s.regs.values().filter_map(|r| {
+        let place = r.win.as_ref()?;
+        (r.comm == h && place.flags & NCCL_WIN_COLL_SYMMETRIC as i32 != 0).then_some((r, place.seq))
+    });
+    for (r, window) in symmetric {
+        let (start, stop) = (r.ptr, r.ptr.saturating_add(r.len as u64));
+        if ptr >= start && end <= stop {
+            return Placement::Inside {
+                window,
+                offset: ptr - start,
+            };
+        }
+        if ptr < stop && end > start {
+            return Placement::Straddles { window };
+        }
+    }
+    Placement::Outside
 }
 
 #[allow(clippy::too_many_arguments)] // the C call's arguments, one for one

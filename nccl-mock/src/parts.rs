@@ -88,6 +88,79 @@ pub(crate) struct Contrib {
     pub(crate) dtype: ncclDataType_t,
     pub(crate) op: Op,
     pub(crate) root: i32,
+    /// Where its send and receive buffers lie among the communicator's symmetric windows
+    /// (not shipped across processes: checked among the ranks of one process).
+    pub(crate) placed: [Placement; 2],
+}
+
+/// Where a buffer of a rank's part lies among its communicator's symmetric windows
+/// (`NCCL_WIN_COLL_SYMMETRIC`): NCCL's symmetric kernels reach a peer's buffer at the
+/// same offset of the peer's window of the same place, so every rank's buffer must lie
+/// there too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Not read or written on this rank (a rooted collective off its root), or unknown.
+    #[default]
+    Unused,
+    /// In no symmetric window.
+    Outside,
+    /// Wholly inside the communicator's `window`-th window, at `offset`.
+    Inside { window: u64, offset: u64 },
+    /// Partly inside the `window`-th window, partly past its end.
+    Straddles { window: u64 },
+}
+
+impl Placement {
+    fn describe(self) -> String {
+        match self {
+            Placement::Unused => "is not used".into(),
+            Placement::Outside => "lies in no symmetric window".into(),
+            Placement::Inside { window, offset } => {
+                format!("is at offset {offset} of window {window}")
+            }
+            Placement::Straddles { window } => format!("runs past the end of window {window}"),
+        }
+    }
+}
+
+/// Why the ranks' buffers of one collective are not symmetric where some of them lie in
+/// a symmetric window (NCCL would reach the wrong memory of a peer): a sanitizer
+/// finding, naming rank 0's buffer and the first that differs. `None`: symmetric, or no
+/// symmetric window involved.
+pub(crate) fn asymmetry(parts: &[Contrib]) -> Option<String> {
+    for (b, name) in ["sendbuff", "recvbuff"].into_iter().enumerate() {
+        let used: Vec<(usize, Placement)> = parts
+            .iter()
+            .enumerate()
+            .map(|(r, c)| (r, c.placed[b]))
+            .filter(|(_, p)| *p != Placement::Unused)
+            .collect();
+        let symmetric = used
+            .iter()
+            .any(|(_, p)| matches!(p, Placement::Inside { .. } | Placement::Straddles { .. }));
+        let Some(&(r0, first)) = used.first() else {
+            continue;
+        };
+        if !symmetric {
+            continue;
+        }
+        let odd = used
+            .iter()
+            .find(|(_, p)| *p != first || !matches!(p, Placement::Inside { .. }));
+        if let Some(&(r, p)) = odd {
+            let call = parts.first().map_or("a collective", |c| c.call);
+            return Some(if r == r0 {
+                format!("{call}: the {name} of rank {r} {}", p.describe())
+            } else {
+                format!(
+                    "{call}: the ranks' {name}s are not symmetric: rank {r0}'s {}, rank {r}'s {}",
+                    first.describe(),
+                    p.describe()
+                )
+            });
+        }
+    }
+    None
 }
 
 /// Completion of one rank's part: `None` while pending.
@@ -373,7 +446,57 @@ mod tests {
             dtype,
             op,
             root,
+            placed: [Placement::Unused; 2],
         }
+    }
+
+    #[test]
+    fn buffers_in_symmetric_windows_must_sit_alike_on_every_rank() {
+        let sum = Op::Builtin(ncclRedOp_t::ncclSum);
+        let at = |send: Placement, recv: Placement| Contrib {
+            placed: [send, recv],
+            ..part(Kind::AllReduce, "ncclAllReduce", 4, D::ncclFloat32, sum, 0)
+        };
+        let inside = |window, offset| Placement::Inside { window, offset };
+        let out = Placement::Outside;
+        // No symmetric window, or the same place everywhere: nothing to say.
+        assert_eq!(asymmetry(&[at(out, out), at(out, out)]), None);
+        let same = at(inside(1, 64), inside(2, 0));
+        assert_eq!(asymmetry(&[same, same, same]), None);
+        // Unused buffers (off the root) are left out.
+        assert_eq!(
+            asymmetry(&[same, at(Placement::Unused, inside(2, 0))]),
+            None
+        );
+        let cases = [
+            (
+                at(inside(1, 128), inside(2, 0)),
+                "ncclAllReduce: the ranks' sendbuffs are not symmetric: rank 0's is at offset 64 \
+                 of window 1, rank 1's is at offset 128 of window 1",
+            ),
+            (
+                at(inside(1, 64), inside(3, 0)),
+                "ncclAllReduce: the ranks' recvbuffs are not symmetric: rank 0's is at offset 0 \
+                 of window 2, rank 1's is at offset 0 of window 3",
+            ),
+            (
+                at(out, inside(2, 0)),
+                "ncclAllReduce: the ranks' sendbuffs are not symmetric: rank 0's is at offset 64 \
+                 of window 1, rank 1's lies in no symmetric window",
+            ),
+            (
+                at(inside(1, 64), Placement::Straddles { window: 2 }),
+                "ncclAllReduce: the ranks' recvbuffs are not symmetric: rank 0's is at offset 0 \
+                 of window 2, rank 1's runs past the end of window 2",
+            ),
+        ];
+        for (other, want) in cases {
+            assert_eq!(asymmetry(&[same, other]).as_deref(), Some(want));
+        }
+        assert_eq!(
+            asymmetry(&[at(Placement::Straddles { window: 1 }, out)]).as_deref(),
+            Some("ncclAllReduce: the sendbuff of rank 0 runs past the end of window 1")
+        );
     }
 
     #[test]

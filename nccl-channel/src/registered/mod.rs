@@ -34,6 +34,8 @@
 //!   [`Communicator::buffer`](crate::Communicator::buffer) first.
 //! * nccl_memory.rs: [`alloc_nccl`](crate::alloc_nccl), NCCL's own memory
 //!   (`ncclMemAlloc`).
+//! * symmetric.rs: [`Communicator::symmetric`](crate::Communicator::symmetric), NCCL
+//!   memory every rank allocates together as a symmetric window.
 
 pub(crate) mod nccl_memory;
 pub(crate) mod policy;
@@ -42,3 +44,4 @@ pub(crate) mod pool_methods;
 pub(crate) mod register;
 pub(crate) mod registry;
 pub(crate) mod release;
+pub(crate) mod symmetric;

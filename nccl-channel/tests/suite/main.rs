@@ -49,6 +49,7 @@ mod simulator_processes;
 mod soundness;
 mod soundness_gpu;
 mod split_on_every_backend;
+mod symmetric;
 mod tensor_parallel;
 mod torch_store_real;
 mod two_gpu;

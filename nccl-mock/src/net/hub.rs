@@ -777,6 +777,7 @@ mod tests {
             dtype: ncclDataType_t::ncclInt32,
             op: Op::Builtin(ncclRedOp_t::ncclSum),
             root: 0,
+            placed: Default::default(),
         }
     }
 

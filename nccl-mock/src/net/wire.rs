@@ -207,6 +207,7 @@ impl<'a> Reader<'a> {
             dtype: self.dtype()?,
             op: self.op()?,
             root: self.i32()?,
+            placed: Default::default(),
         })
     }
 
@@ -539,6 +540,7 @@ mod tests {
                     dtype: ncclDataType_t::ncclUint64,
                     op,
                     root: 0,
+                    placed: Default::default(),
                 },
                 withdrawn: true,
                 input: vec![1, 2, 3],
@@ -600,6 +602,7 @@ mod tests {
                 dtype: ncclDataType_t::ncclFloat32,
                 op: Op::Avg,
                 root: 0,
+                placed: Default::default(),
             },
             withdrawn: false,
             input: vec![0; 4],

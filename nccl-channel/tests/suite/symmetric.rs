@@ -1,0 +1,347 @@
+//! Symmetric memory ([`Communicator::symmetric`]): allocated by every rank together,
+//! registered as a symmetric window, usable as any buffer, released after its work; and
+//! every misuse a typed error on every rank.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use cuda_hal::{CaptureMode, DeviceSlice, Stream};
+use nccl_channel::{Communicator, Error, ReduceOp, group};
+use nccl_mock::MockNccl;
+use nccl_sys::{NcclVersion, ncclResult_t};
+
+use crate::common::Rig;
+
+/// Two ranks, one thread each, each asking `len(rank)` elements: what each got.
+fn each_asks(rig: &Rig, len: impl Fn(usize) -> usize + Sync) -> Vec<Result<usize, Error>> {
+    rig.run(2, |c, _| {
+        c.symmetric::<f32>(len(c.rank())).map(|b| b.window_bytes())
+    })
+}
+
+fn disagreement(r: &Result<usize, Error>) -> String {
+    match r {
+        Err(Error::Disagreement {
+            what,
+            topic,
+            problem,
+        }) => {
+            assert_eq!(*what, "Communicator::symmetric");
+            assert_eq!(*topic, "a symmetric buffer's size");
+            problem.clone()
+        }
+        other => panic!("not a disagreement: {other:?}"),
+    }
+}
+
+#[test]
+fn every_rank_gets_its_part_registered_as_a_symmetric_window() {
+    let rig = Rig::new(2);
+    let out = rig.run(2, |c, s| {
+        let mut b = c.symmetric::<f32>(1024).unwrap();
+        assert_eq!(b.len(), 1024);
+        assert_eq!(b.window_bytes(), 4096);
+        b.fill(c.rank() as f32 + 1.0).unwrap();
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum, s).unwrap();
+        // A bucket: a view at the same offset on every rank.
+        c.all_reduce_in_place(&mut b.slice_mut(256..512).unwrap(), ReduceOp::Sum, s)
+            .unwrap();
+        s.synchronize().unwrap();
+        b.to_vec().unwrap()
+    });
+    for v in out {
+        assert_eq!(v[..256], [3.0; 256]);
+        assert_eq!(v[256..512], [6.0; 256]);
+    }
+    assert_eq!(rig.world.calls("ncclMemAlloc"), 2);
+    assert_eq!(rig.world.calls("ncclCommWindowRegister"), 2);
+    // Released with the communicators (each buffer went first, on its rank's thread),
+    // then the memory.
+    assert_eq!(rig.world.calls("ncclMemFree"), 2);
+    rig.assert_clean();
+}
+
+#[test]
+fn one_thread_driving_both_ranks_allocates_them_at_once() {
+    let rig = Rig::new(2);
+    let ctxs = rig.contexts(2);
+    let comms = Communicator::init_all(&rig.nccl, &ctxs).unwrap();
+    let streams = [
+        Stream::new(&ctxs[0]).unwrap(),
+        Stream::new(&ctxs[1]).unwrap(),
+    ];
+    let mut bufs = Communicator::symmetric_all::<i32>(&[&comms[0], &comms[1]], 8).unwrap();
+    bufs[0].fill(5).unwrap();
+    bufs[1].fill(7).unwrap();
+    group(&rig.nccl, || {
+        for (r, b) in bufs.iter_mut().enumerate() {
+            comms[r].all_reduce_in_place(b, ReduceOp::Max, &streams[r])?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (b, s) in bufs.iter().zip(&streams) {
+        s.synchronize().unwrap();
+        assert_eq!(b.to_vec().unwrap(), [7; 8]);
+    }
+    drop(bufs);
+    drop((streams, comms, ctxs));
+    rig.assert_clean();
+}
+
+#[test]
+fn ranks_asking_different_sizes_are_told_so_on_every_rank() {
+    let rig = Rig::new(2);
+    let out = each_asks(&rig, |r| 1024 * (r + 1));
+    for r in &out {
+        assert_eq!(
+            disagreement(r),
+            "the ranks ask different sizes: rank 0 4096 bytes, rank 1 8192 bytes"
+        );
+    }
+    // Nothing was registered, and what was allocated is freed.
+    assert_eq!(rig.world.calls("ncclCommWindowRegister"), 0);
+    assert_eq!(
+        rig.world.calls("ncclMemAlloc"),
+        rig.world.calls("ncclMemFree")
+    );
+    rig.assert_clean();
+}
+
+#[test]
+fn a_rank_that_cannot_allocate_fails_with_its_error_and_its_peers_are_told() {
+    let rig = Rig::new(2);
+    rig.world
+        .fail_next("ncclMemAlloc", ncclResult_t::ncclSystemError);
+    let out = each_asks(&rig, |_| 1024);
+    let failed: Vec<usize> = (0..2)
+        .filter(|&r| matches!(out[r], Err(Error::Nccl { .. })))
+        .collect();
+    assert_eq!(failed.len(), 1, "{out:?}");
+    let peer = 1 - failed[0];
+    assert_eq!(
+        disagreement(&out[peer]),
+        format!("rank {} could not allocate its part", failed[0])
+    );
+    assert_eq!(rig.world.calls("ncclCommWindowRegister"), 0);
+    rig.assert_clean();
+}
+
+#[test]
+fn an_empty_buffer_is_refused_on_every_rank() {
+    let rig = Rig::new(2);
+    for r in each_asks(&rig, |_| 0) {
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { what: "Communicator::symmetric", problem })
+                if problem.contains("empty")),
+            "{r:?}"
+        );
+    }
+    // A rank asking nothing beside one asking something is a disagreement, on both.
+    for r in &each_asks(&rig, |r| r * 16) {
+        assert_eq!(
+            disagreement(r),
+            "the ranks ask different sizes: rank 0 0 bytes, rank 1 64 bytes"
+        );
+    }
+    rig.assert_clean();
+}
+
+#[test]
+fn a_size_past_the_address_space_is_refused_on_every_rank() {
+    let rig = Rig::new(2);
+    for r in &each_asks(&rig, |r| if r == 0 { usize::MAX } else { 8 }) {
+        match r {
+            Err(Error::InvalidArgument { problem, .. }) => {
+                assert!(problem.contains("overflow"), "{problem}")
+            }
+            Err(Error::Disagreement { problem, .. }) => {
+                assert_eq!(problem, "rank 0 could not allocate its part")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    rig.assert_clean();
+}
+
+#[test]
+fn windows_switched_off_on_a_rank_are_unsupported_on_every_rank() {
+    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2)
+        .build_with(cuda_hal::Cuda::from_driver)
+        .unwrap();
+    let (nccl, world) = MockNccl::new(&gpus).windows(false).build().unwrap();
+    let nccl = std::sync::Arc::new(nccl);
+    let ctxs: Vec<_> = (0..2)
+        .map(|d| cuda.device(d).unwrap().primary_context().unwrap())
+        .collect();
+    let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+    let r = Communicator::symmetric_all::<u8>(&[&comms[0], &comms[1]], 4096);
+    assert!(
+        matches!(&r, Err(Error::Unsupported { feature: "symmetric memory", found, .. })
+            if found.contains("rank 0 made no window")),
+        "{r:?}"
+    );
+    drop((comms, ctxs));
+    assert_eq!(world.calls("ncclMemAlloc"), world.calls("ncclMemFree"));
+    assert!(world.violations().is_empty(), "{:?}", world.violations());
+    drop((nccl, cuda));
+}
+
+#[test]
+fn an_nccl_before_windows_is_unsupported_before_anything_is_allocated() {
+    let rig = Rig::with_version(1, NcclVersion(22605));
+    let (ctx, comm) = rig.one_rank(0);
+    let r = comm.symmetric::<f32>(16);
+    assert!(
+        matches!(
+            &r,
+            Err(Error::Unsupported {
+                feature: "ncclCommWindowRegister",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(rig.world.calls("ncclMemAlloc"), 0);
+    drop((comm, ctx));
+    rig.assert_clean();
+}
+
+#[test]
+fn inside_an_open_group_it_is_refused_before_anything_is_allocated() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let r = group(&rig.nccl, || comm.symmetric::<f32>(16).map(drop));
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument { what: "Communicator::symmetric", problem })
+            if problem.contains("open group")),
+        "{r:?}"
+    );
+    assert_eq!(rig.world.calls("ncclMemAlloc"), 0);
+    drop((comm, ctx));
+    rig.assert_clean();
+}
+
+/// A symmetric buffer dropped on another thread while a collective on it may still run:
+/// its window is released on the communicator's thread at its next call, after that
+/// work, then its memory (the simulator checks both when the work runs).
+#[test]
+fn dropped_on_another_thread_it_is_released_after_its_work_at_the_next_call() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut b = comm.symmetric::<f32>(64).unwrap();
+    b.fill(2.0).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+    std::thread::scope(|t| {
+        t.spawn(move || drop(b));
+    });
+    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 0);
+    comm.barrier(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 1);
+    drop((s, comm, ctx));
+    rig.assert_clean();
+}
+
+/// A graph that recorded a collective on a symmetric buffer keeps the window and the
+/// memory until it goes, wherever the buffer was dropped.
+#[test]
+fn a_graph_keeps_a_dropped_symmetric_buffer_until_it_goes() {
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut b = comm.symmetric::<f32>(64).unwrap();
+    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+    let graph = s.end_capture().unwrap();
+    drop(b);
+    let exec = graph.instantiate().unwrap();
+    drop(graph);
+    for _ in 0..3 {
+        exec.launch(&s).unwrap();
+    }
+    s.synchronize().unwrap();
+    comm.barrier(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        rig.world.calls("ncclCommWindowDeregister"),
+        0,
+        "the graph holds it"
+    );
+    drop(exec);
+    comm.barrier(&s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 1);
+    drop((s, comm, ctx));
+    rig.assert_clean();
+}
+
+/// A peer that never comes: a non-blocking communicator's allocation ends at its
+/// deadline with a typed error, never a hang.
+#[test]
+fn a_peer_that_never_allocates_ends_at_the_deadline() {
+    let rig = Rig::with_timeout(
+        2,
+        NcclVersion(nccl_sys::NCCL_VERSION_CODE as i32),
+        Duration::from_secs(20),
+    );
+    let out = rig.non_blocking_ranks(Duration::from_millis(500), |rank, _, c| {
+        if rank == 0 {
+            c.symmetric::<f32>(16).map(drop)
+        } else {
+            Ok(())
+        }
+    });
+    assert!(out[0].is_err(), "{:?}", out[0]);
+    rig.assert_clean();
+}
+
+#[test]
+fn it_is_a_device_slice_that_may_cross_threads() {
+    fn takes<S: DeviceSlice + Send + Sync>(_: &S) {}
+    let rig = Rig::new(1);
+    let (ctx, comm) = rig.one_rank(0);
+    let b = comm.symmetric::<u8>(16).unwrap();
+    takes(&b);
+    assert_eq!(b.size_bytes(), 16);
+    drop(b);
+    drop((comm, ctx));
+    rig.assert_clean();
+}
+
+/// NCCL's symmetric kernels reach a peer's buffer at this rank's offset: ranks whose
+/// buffers sit at different offsets of their symmetric buffers (or one outside it) are
+/// a sanitizer finding naming both.
+#[test]
+fn buffers_at_different_offsets_are_a_sanitizer_finding() {
+    let rig = Rig::new(2);
+    for (case, want) in [
+        (
+            1,
+            "ncclAllReduce: the ranks' sendbuffs are not symmetric: rank 0's is at offset 0 of \
+             window 1, rank 1's is at offset 64 of window 1",
+        ),
+        (
+            2,
+            "ncclAllReduce: the ranks' sendbuffs are not symmetric: rank 0's is at offset 0 of \
+             window 1, rank 1's lies in no symmetric window",
+        ),
+    ] {
+        rig.run(2, |c, s| {
+            let mut b = c.symmetric::<f32>(64).unwrap();
+            let mut plain = c.alloc_nccl::<f32>(16).unwrap();
+            let _ = match (case, c.rank()) {
+                (_, 0) => c.all_reduce_in_place(&mut b.slice_mut(0..16).unwrap(), ReduceOp::Sum, s),
+                (1, _) => {
+                    c.all_reduce_in_place(&mut b.slice_mut(16..32).unwrap(), ReduceOp::Sum, s)
+                }
+                _ => c.all_reduce_in_place(&mut plain, ReduceOp::Sum, s),
+            };
+            s.synchronize().unwrap();
+        });
+        let found = rig.gpus.take_violations();
+        assert!(found.iter().any(|v| v == want), "{found:?}");
+    }
+    rig.assert_clean();
+}
