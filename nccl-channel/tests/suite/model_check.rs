@@ -126,6 +126,8 @@ fn every_step_kind_runs_clean_on_its_own() {
         Op::Alloc { dev: 0, len: 3 },
         Op::Pooled { comm: 0, len: 3 },
         Op::AllocNccl { comm: 0, len: 8 },
+        Op::Symmetric { comm: 0, len: 5 },
+        Op::Symmetric { comm: 0, len: 0 },
         Op::Fill {
             slot: 0,
             stream: 0,

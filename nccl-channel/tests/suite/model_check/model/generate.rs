@@ -232,6 +232,11 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             slot: b(r),
             stream: b(r),
         },
+        // Empty now and then: refused on every rank.
+        113 => Op::Symmetric {
+            comm: b(r),
+            len: if r.below(8) == 0 { 0 } else { len(r) },
+        },
         // One-sided operations on windows.
         114 => Op::PutSignal {
             win: b(r),

@@ -64,6 +64,12 @@ pub enum Op {
         comm: u8,
         len: u8,
     },
+    /// A symmetric buffer of `len` elements (`Communicator::symmetric`) of communicator
+    /// `comm`: refused when empty, inside a group, or where NCCL has no windows.
+    Symmetric {
+        comm: u8,
+        len: u8,
+    },
     /// A buffer from communicator `comm`'s pool.
     Pooled {
         comm: u8,

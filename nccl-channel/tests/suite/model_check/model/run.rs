@@ -15,7 +15,7 @@ use cuda_mock::{MockDriver, MockWorld};
 use cuda_sys::{CUresult, CUstreamCaptureMode};
 use nccl_channel::{
     AbortHandle, Collective, CommConfig, Communicator, Error, Group, PoolPolicy, PooledBuffer,
-    ReduceOp, Registration, Signal, SignalWait, UniqueId, Window, WindowFlags,
+    ReduceOp, Registration, Signal, SignalWait, SymmetricBuffer, UniqueId, Window, WindowFlags,
 };
 use nccl_mock::{MockNccl, MockNcclWorld};
 use nccl_sys::Nccl;
@@ -136,10 +136,23 @@ fn message(e: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".into())
 }
 
+/// A refused `Communicator::symmetric` of `len` elements on a single-rank communicator:
+/// an argument refused only for the documented misuses (empty, inside a group); other
+/// errors come from an NCCL without windows, injected faults, or a dead or suspended
+/// communicator.
+fn symmetric_refused(len: u8, e: &Error) {
+    if let Error::InvalidArgument { problem, .. } = e {
+        let documented =
+            len == 0 || (cuda_hal::DeferScope::is_open() && problem.contains("open group"));
+        assert!(documented, "Communicator::symmetric({len}): {e:?}");
+    }
+}
+
 /// A buffer of the program, of whichever kind.
 enum Buf<'c> {
     Plain(DeviceBuffer<i32>),
     Pooled(PooledBuffer<'c, i32>),
+    Symmetric(SymmetricBuffer<'c, i32>),
     /// Memory adopted with an [`Owner`]: `owner` indexes the drop counters.
     Adopted {
         buf: DeviceBuffer<i32>,
@@ -152,6 +165,7 @@ impl Buf<'_> {
         match self {
             Buf::Plain(b) | Buf::Adopted { buf: b, .. } => b,
             Buf::Pooled(b) => b,
+            Buf::Symmetric(b) => b,
         }
     }
 
@@ -159,6 +173,7 @@ impl Buf<'_> {
         match self {
             Buf::Plain(b) | Buf::Adopted { buf: b, .. } => b,
             Buf::Pooled(b) => b,
+            Buf::Symmetric(b) => b,
         }
     }
 
@@ -1200,6 +1215,14 @@ impl<'c> State<'c> {
                     && let Ok(b) = c.alloc_nccl::<i32>(len as usize * 1024)
                 {
                     self.bufs.push(Some(Buf::Plain(b)));
+                }
+            }
+            Op::Symmetric { comm, len } => {
+                if let Some(c) = self.comm(comm) {
+                    match c.symmetric::<i32>(len as usize) {
+                        Ok(b) => self.bufs.push(Some(Buf::Symmetric(b))),
+                        Err(e) => symmetric_refused(len, &e),
+                    }
                 }
             }
             Op::Pooled { comm, len } => {
