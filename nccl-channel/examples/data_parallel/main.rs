@@ -9,7 +9,10 @@
 //! its weights. With `--overlap` the gradient is computed a bucket at a time, and each
 //! finished bucket's all-reduce runs on a second stream while the next bucket's gradient
 //! is computed (as torch DDP overlaps its buckets' all-reduces with the backward pass).
-//! Every `--log-every` steps the loss over all shards is printed. At the end
+//! The gradient lives in symmetric memory ([`Communicator::symmetric`]: NCCL memory every
+//! rank registers as a window at the same place, whose all-reduces take NCCL's symmetric
+//! kernels, which use fewer SMs and less latency); `--plain-memory` keeps it in plain
+//! device memory for the side-by-side. Every `--log-every` steps the loss over all shards is printed. At the end
 //! every rank checks that its weights equal every other rank's (an all-reduce of the max
 //! and of the min), rank 0 compares the losses with the same training done on the host in
 //! f64, and reports the step time and the share of it spent in all-reduce.
@@ -23,6 +26,8 @@
 //! NCCL_CHANNEL_NPROCS=2 NCCL_CHANNEL_PROCID=1 NCCL_COMM_ID=127.0.0.1:8000 data_parallel --device cuda://1
 //! # Each bucket's all-reduce overlapped with the next bucket's gradient
 //! data_parallel --nprocs 2 --overlap
+//! # The gradient in plain device memory instead of symmetric memory
+//! data_parallel --nprocs 2 --plain-memory
 //! # Elastic: rank 1 of 3 dies at step 10, the survivors shrink, its replacement is grown
 //! # back in (see elastic.rs)
 //! data_parallel --nprocs 3 --elastic --kill-rank 1 --kill-at 10
@@ -38,7 +43,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use cuda_hal::{DeviceBuffer, Event, LaunchConfig, Module, Stream};
-use nccl_channel::{Channel, Communicator, ReduceOp, World};
+use nccl_channel::{Channel, Communicator, Error, ReduceOp, SymmetricBuffer, World};
 
 mod data;
 mod elastic;
@@ -90,6 +95,10 @@ struct Opts {
     /// second stream while the next one is computed.
     #[arg(long, conflicts_with = "elastic")]
     overlap: bool,
+    /// Keep the gradient in plain device memory, not in symmetric memory (NCCL memory
+    /// registered as a symmetric window on every rank): the side-by-side comparison.
+    #[arg(long)]
+    plain_memory: bool,
     /// Print a few values of this rank's shard (of --samples and --features) and exit: what
     /// the Python port of the data generator (bench/ddp_data.py) is checked against.
     #[arg(long, conflicts_with = "nprocs")]
@@ -141,6 +150,9 @@ impl Opts {
         }
         if self.overlap {
             a.push("--overlap".into());
+        }
+        if self.plain_memory {
+            a.push("--plain-memory".into());
         }
         a.extend(self.elastic.rank_args());
         a
@@ -269,7 +281,11 @@ fn train_inner(
     let x = DeviceBuffer::from_slice(ctx, &hx)?;
     let y = DeviceBuffer::from_slice(ctx, &hy)?;
     let mut w = DeviceBuffer::<f32>::zeroed(ctx, d + 1)?;
-    let mut g = DeviceBuffer::<f32>::zeroed(ctx, d + 1)?;
+    let mut gradient_memory = Gradient::new(comm, d + 1, o.plain_memory)?;
+    if rank == 0 {
+        println!("gradient in {}", gradient_memory.describe());
+    }
+    let g: &mut DeviceBuffer<f32> = &mut gradient_memory;
     let mut r = DeviceBuffer::<f32>::zeroed(ctx, n)?;
     let mut loss = DeviceBuffer::<f32>::zeroed(ctx, 1)?;
 
@@ -342,7 +358,7 @@ fn train_inner(
                         gradient_cols.launch(
                             s,
                             cols_cfg(cols),
-                            (&x, &r, &mut g, ni, di, scale, j0 as i32, cols as i32),
+                            (&x, &r, &mut *g, ni, di, scale, j0 as i32, cols as i32),
                         )?;
                     }
                     let done = if k + 1 == buckets { grad_end } else { ready };
@@ -359,7 +375,7 @@ fn train_inner(
             }
             _ => {
                 // SAFETY: as in `enqueue_loss`; `g` holds d + 1 floats, the grid covers them.
-                unsafe { gradient.launch(s, grad_cfg, (&x, &r, &mut g, ni, di, scale))? };
+                unsafe { gradient.launch(s, grad_cfg, (&x, &r, &mut *g, ni, di, scale))? };
                 m.ar_start.record(s)?;
                 for mut part in g.chunks_mut(bucket)? {
                     comm.all_reduce_in_place(&mut part, ReduceOp::Avg, s)?;
@@ -368,7 +384,7 @@ fn train_inner(
             }
         }
         // SAFETY: `w` and `g` hold d + 1 floats; the grid covers d + 1 threads.
-        unsafe { sgd.launch(s, weights, (&mut w, &g, o.lr, di + 1))? };
+        unsafe { sgd.launch(s, weights, (&mut w, &*g, o.lr, di + 1))? };
         if step % o.log_every as usize == 0 {
             // The residuals of this step were of the weights before the update.
             // SAFETY: as in `enqueue_loss`.
@@ -465,6 +481,62 @@ fn train_inner(
         }
     }
     Ok(())
+}
+
+/// The gradient's memory: symmetric unless `--plain-memory` (or where NCCL has no
+/// windows: every rank learns that alike, and falls back alike).
+enum Gradient<'c> {
+    Symmetric(SymmetricBuffer<'c, f32>),
+    Plain(DeviceBuffer<f32>, Option<String>),
+}
+
+impl<'c> Gradient<'c> {
+    fn new(comm: &'c Communicator, len: usize, plain: bool) -> nccl_channel::Result<Self> {
+        if plain {
+            return Ok(Gradient::Plain(
+                DeviceBuffer::zeroed(comm.context(), len)?,
+                None,
+            ));
+        }
+        match comm.symmetric::<f32>(len) {
+            Ok(mut b) => {
+                b.fill(0.0)?;
+                Ok(Gradient::Symmetric(b))
+            }
+            Err(e @ Error::Unsupported { .. }) => Ok(Gradient::Plain(
+                DeviceBuffer::zeroed(comm.context(), len)?,
+                Some(e.to_string()),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Gradient::Symmetric(_) => "symmetric memory (an NCCL window on every rank)".into(),
+            Gradient::Plain(_, None) => "plain device memory (--plain-memory)".into(),
+            Gradient::Plain(_, Some(why)) => format!("plain device memory ({why})"),
+        }
+    }
+}
+
+impl std::ops::Deref for Gradient<'_> {
+    type Target = DeviceBuffer<f32>;
+    fn deref(&self) -> &DeviceBuffer<f32> {
+        match self {
+            Gradient::Symmetric(b) => b,
+            Gradient::Plain(b, _) => b,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Gradient<'_> {
+    fn deref_mut(&mut self) -> &mut DeviceBuffer<f32> {
+        match self {
+            Gradient::Symmetric(b) => b,
+            Gradient::Plain(b, _) => b,
+        }
+    }
 }
 
 /// One step's timing events.

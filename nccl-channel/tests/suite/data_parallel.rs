@@ -222,3 +222,36 @@ fn sizes_beyond_the_limits_are_errors_naming_them() {
         "{err}"
     );
 }
+
+/// The gradient lives in symmetric memory unless `--plain-memory`: the same training,
+/// the same bits, and each run says where its gradient is.
+#[test]
+fn symmetric_and_plain_gradients_train_to_the_same_bits() {
+    let args = [
+        "--nprocs",
+        "2",
+        "--features",
+        "24",
+        "--samples",
+        "96",
+        "--steps",
+        "12",
+        "--bucket",
+        "7",
+        "--log-every",
+        "4",
+        "--overlap",
+    ];
+    let symmetric = data_parallel(&args);
+    let plain = data_parallel(&[&args[..], &["--plain-memory"]].concat());
+    assert!(
+        symmetric.contains("gradient in symmetric memory (an NCCL window on every rank)"),
+        "{symmetric}"
+    );
+    assert!(
+        plain.contains("gradient in plain device memory (--plain-memory)"),
+        "{plain}"
+    );
+    assert_eq!(outcome(&symmetric), outcome(&plain));
+    assert_eq!(outcome(&plain).len(), 5, "{plain}");
+}
