@@ -2,7 +2,9 @@
 //! size, outside the timing; every size uses leading slices of it.
 
 use cuda_hal::{DeviceBuffer, DeviceViewMut};
-use nccl_channel::{Communicator, PooledBuffer, Registration, Result, Window, WindowFlags};
+use nccl_channel::{
+    Communicator, PooledBuffer, Registration, Result, SymmetricBuffer, Window, WindowFlags,
+};
 
 use crate::element::BenchVal;
 use crate::mode::Mem;
@@ -26,6 +28,7 @@ pub(crate) enum Memory<'c, T: BenchVal> {
         buf: DeviceBuffer<T>,
     },
     Pool(PooledBuffer<'c, T>),
+    Symmetric(SymmetricBuffer<'c, T>),
 }
 
 /// A mode that runs: its name, its send memory and its receive memory.
@@ -63,6 +66,11 @@ impl<'c, T: BenchVal> Memory<'c, T> {
                 b.fill(zero)?;
                 Memory::Pool(b)
             }
+            Mem::Symmetric => {
+                let mut b = comm.symmetric::<T>(len)?;
+                b.fill(zero)?;
+                Memory::Symmetric(b)
+            }
         })
     }
 
@@ -83,6 +91,7 @@ impl<'c, T: BenchVal> Memory<'c, T> {
             | Memory::Registered { buf: b, .. }
             | Memory::Window { buf: b, .. } => b.as_view_mut(),
             Memory::Pool(b) => b.as_view_mut(),
+            Memory::Symmetric(b) => b.as_view_mut(),
         };
         Ok(all.slice_mut(..len)?)
     }
@@ -113,6 +122,15 @@ pub(crate) fn alloc_modes<'c, T: BenchVal>(
             }
             Err(e) => return Err(e),
         }
+    }
+    // The default alone, where NCCL has no windows: plain memory, as NCCL would run.
+    if mems.is_empty() && modes == [Mem::Symmetric] {
+        notes.push("# mode 0 instead: no mode of -R runs here".into());
+        let (s, rv) = (
+            Memory::alloc(comm, Mem::Plain, send_max)?,
+            Memory::alloc(comm, Mem::Plain, recv_max)?,
+        );
+        mems.push((Mem::Plain, s, rv));
     }
     Ok((mems, notes))
 }

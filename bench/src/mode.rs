@@ -14,6 +14,9 @@ pub(crate) enum Mem {
     Window,
     /// `Communicator::buffer`.
     Pool,
+    /// `Communicator::symmetric`: every rank allocates at once, registered as a symmetric
+    /// window (the collective allocation; the default).
+    Symmetric,
 }
 
 impl Mem {
@@ -25,6 +28,7 @@ impl Mem {
             Mem::Registered => "1",
             Mem::Window => "2",
             Mem::Pool => "pool",
+            Mem::Symmetric => "sym",
         }
     }
 
@@ -36,6 +40,9 @@ impl Mem {
             Mem::Registered => "ncclMemAlloc + ncclCommRegister",
             Mem::Window => "ncclMemAlloc + ncclCommWindowRegister(COLL_SYMMETRIC)",
             Mem::Pool => "the communicator's pool, registered by the collectives that gain",
+            Mem::Symmetric => {
+                "Communicator::symmetric: ncclMemAlloc + a symmetric window, every rank at once"
+            }
         }
     }
 }
@@ -48,6 +55,7 @@ pub(crate) fn mem_arg(s: &str) -> Result<Mem, String> {
         "1" => Ok(Mem::Registered),
         "2" => Ok(Mem::Window),
         "pool" => Ok(Mem::Pool),
-        _ => Err("0, nccl, 1, 2 or pool".into()),
+        "sym" => Ok(Mem::Symmetric),
+        _ => Err("0, nccl, 1, 2, pool or sym".into()),
     }
 }

@@ -62,11 +62,13 @@ pub(crate) struct Opts {
     /// most 300 s.
     #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = nccl_launch::seconds)]
     pub(crate) timeout: Duration,
-    /// Memory modes, a comma list or repeated: 0 plain cuMemAlloc buffers, 1 ncclMemAlloc
-    /// registered with the communicator (ncclCommRegister), 2 ncclMemAlloc registered as a
-    /// symmetric window (NCCL >= 2.27), pool the communicator's pool of registered memory.
-    /// Each size runs once per mode.
-    #[arg(short = 'R', default_value = "0", value_delimiter = ',', value_parser = mem_arg)]
+    /// Memory modes, a comma list or repeated: sym (the default) the collective allocation
+    /// Communicator::symmetric (NCCL >= 2.27; plain memory where NCCL has no windows), 0
+    /// plain cuMemAlloc buffers, nccl ncclMemAlloc unregistered, 1 ncclMemAlloc registered
+    /// with the communicator (ncclCommRegister), 2 ncclMemAlloc registered as a symmetric
+    /// window by hand, pool the communicator's pool of registered memory. Each size runs
+    /// once per mode.
+    #[arg(short = 'R', default_value = "sym", value_delimiter = ',', value_parser = mem_arg)]
     pub(crate) mems: Vec<Mem>,
     /// CTA policy of the communicator's config.
     #[arg(long, value_parser = ["default", "efficiency", "zero"])]

@@ -126,8 +126,25 @@ impl Placement {
 /// Why the ranks' buffers of one collective are not symmetric where some of them lie in
 /// a symmetric window (NCCL would reach the wrong memory of a peer): a sanitizer
 /// finding, naming rank 0's buffer and the first that differs. `None`: symmetric, or no
-/// symmetric window involved.
+/// symmetric window involved. As NCCL's own check (`NCCL_CHECK_MODE`'s global debug
+/// mode) has it: a buffer must be in a symmetric window on every rank or on none, and
+/// at the same place of the same window where every rank's part of it is the same (the
+/// send buffer of an all-reduce, reduce-scatter, all-to-all or gather; the receive
+/// buffer of an all-reduce, all-gather, all-to-all or scatter); an in-place all-gather's
+/// send buffer, at each rank's own share, differs by design. A buffer that runs past
+/// its window's end is always a finding.
 pub(crate) fn asymmetry(parts: &[Contrib]) -> Option<String> {
+    let first = parts.first()?;
+    let same_place = [
+        matches!(
+            first.kind,
+            Kind::AllReduce | Kind::ReduceScatter | Kind::AllToAll | Kind::Gather
+        ),
+        matches!(
+            first.kind,
+            Kind::AllGather | Kind::AllReduce | Kind::AllToAll | Kind::Scatter
+        ),
+    ];
     for (b, name) in ["sendbuff", "recvbuff"].into_iter().enumerate() {
         let used: Vec<(usize, Placement)> = parts
             .iter()
@@ -135,26 +152,23 @@ pub(crate) fn asymmetry(parts: &[Contrib]) -> Option<String> {
             .map(|(r, c)| (r, c.placed[b]))
             .filter(|(_, p)| *p != Placement::Unused)
             .collect();
-        let symmetric = used
-            .iter()
-            .any(|(_, p)| matches!(p, Placement::Inside { .. } | Placement::Straddles { .. }));
-        let Some(&(r0, first)) = used.first() else {
+        let Some(&(r0, p0)) = used.first() else {
             continue;
         };
-        if !symmetric {
-            continue;
-        }
-        let odd = used
-            .iter()
-            .find(|(_, p)| *p != first || !matches!(p, Placement::Inside { .. }));
-        if let Some(&(r, p)) = odd {
-            let call = parts.first().map_or("a collective", |c| c.call);
+        let windowed = |p: &Placement| !matches!(p, Placement::Outside);
+        let differs = |p: &Placement| {
+            windowed(p) != windowed(&p0)
+                || matches!(p, Placement::Straddles { .. })
+                || (same_place[b] && *p != p0)
+        };
+        if let Some(&(r, p)) = used.iter().find(|(_, p)| differs(p)) {
+            let call = first.call;
             return Some(if r == r0 {
                 format!("{call}: the {name} of rank {r} {}", p.describe())
             } else {
                 format!(
                     "{call}: the ranks' {name}s are not symmetric: rank {r0}'s {}, rank {r}'s {}",
-                    first.describe(),
+                    p0.describe(),
                     p.describe()
                 )
             });
@@ -496,6 +510,30 @@ mod tests {
         assert_eq!(
             asymmetry(&[at(Placement::Straddles { window: 1 }, out)]).as_deref(),
             Some("ncclAllReduce: the sendbuff of rank 0 runs past the end of window 1")
+        );
+        // An in-place all-gather sends each rank's own share: its send offsets differ, its
+        // receive buffers do not.
+        let gather = |send_at, recv_at| Contrib {
+            placed: [inside(1, send_at), inside(1, recv_at)],
+            ..part(Kind::AllGather, "ncclAllGather", 4, D::ncclFloat32, sum, 0)
+        };
+        assert_eq!(asymmetry(&[gather(0, 0), gather(16, 0)]), None);
+        assert!(asymmetry(&[gather(0, 0), gather(16, 16)]).is_some());
+        // A broadcast's buffers need only be windowed alike.
+        let bcast = |recv| Contrib {
+            placed: [Placement::Unused, recv],
+            ..part(Kind::Broadcast, "ncclBroadcast", 4, D::ncclFloat32, sum, 0)
+        };
+        assert_eq!(
+            asymmetry(&[bcast(inside(1, 0)), bcast(inside(1, 64))]),
+            None
+        );
+        assert_eq!(
+            asymmetry(&[bcast(inside(1, 0)), bcast(out)]).as_deref(),
+            Some(
+                "ncclBroadcast: the ranks' recvbuffs are not symmetric: rank 0's is at offset 0 \
+                 of window 1, rank 1's lies in no symmetric window"
+            )
         );
     }
 

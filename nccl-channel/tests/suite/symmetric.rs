@@ -345,3 +345,70 @@ fn buffers_at_different_offsets_are_a_sanitizer_finding() {
     }
     rig.assert_clean();
 }
+
+/// Every collective, out of place and in place, on symmetric buffers used alike on every
+/// rank: right results and no finding (an in-place all-gather sends each rank's own
+/// share, at another offset on every rank, as NCCL expects).
+#[test]
+fn every_collective_runs_on_symmetric_memory_without_a_finding() {
+    let rig = Rig::new(2);
+    rig.run(2, |c, s| {
+        let n = 2;
+        let me = c.rank() as i32;
+        let mut a = c.symmetric::<i32>(8).unwrap();
+        let mut b = c.symmetric::<i32>(8).unwrap();
+        a.fill(me + 1).unwrap();
+        let run = |what: &str, r: nccl_channel::Result<()>| {
+            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        };
+        run("all_reduce", c.all_reduce(&a, &mut b, ReduceOp::Sum, s));
+        run(
+            "all_reduce_in_place",
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum, s),
+        );
+        run(
+            "all_gather",
+            c.all_gather(&a.slice(0..4).unwrap(), &mut b, s),
+        );
+        run("all_gather_in_place", c.all_gather_in_place(&mut b, s));
+        run(
+            "reduce_scatter",
+            c.reduce_scatter(&a, &mut b.slice_mut(0..4).unwrap(), ReduceOp::Sum, s),
+        );
+        run(
+            "reduce_scatter_in_place",
+            c.reduce_scatter_in_place(&mut b, ReduceOp::Sum, s),
+        );
+        let root_send = (c.rank() == 0).then(|| a.as_view());
+        run("broadcast", c.broadcast(root_send, &mut b, 0, s));
+        run("broadcast_in_place", c.broadcast_in_place(&mut b, 0, s));
+        let root_recv = (c.rank() == 0).then(|| b.as_view_mut());
+        run("reduce", c.reduce(&a, root_recv, ReduceOp::Sum, 0, s));
+        run(
+            "reduce_in_place",
+            c.reduce_in_place(&mut b, ReduceOp::Sum, 0, s),
+        );
+        run("all_to_all", c.all_to_all(&a, &mut b, s));
+        let root_recv = (c.rank() == 0).then(|| b.as_view_mut());
+        run("gather", c.gather(&a.slice(0..4).unwrap(), root_recv, 0, s));
+        let root_send = (c.rank() == 0).then(|| a.as_view());
+        run(
+            "scatter",
+            c.scatter(root_send, &mut b.slice_mut(0..4).unwrap(), 0, s),
+        );
+        let counts = vec![4; n];
+        let displs = [0, 4];
+        run(
+            "all_to_all_v",
+            c.all_to_all_v(&a, &counts, &displs, &mut b, &counts, &displs, s),
+        );
+        s.synchronize().unwrap();
+        assert_eq!(b.to_vec().unwrap(), [1, 1, 1, 1, 2, 2, 2, 2]);
+    });
+    assert!(
+        rig.gpus.violations().is_empty(),
+        "{:?}",
+        rig.gpus.violations()
+    );
+    rig.assert_clean();
+}
