@@ -132,6 +132,14 @@ impl Communicator {
     /// same order among its window registrations (from one thread driving several ranks,
     /// use [`symmetric_all`](Self::symmetric_all)).
     ///
+    /// When it wins, measured on two H200s with NCCL 2.28.9 (BENCHMARKS.md): all-reduces
+    /// of up to a few KiB take 0.60–0.65 × the time (NCCL's symmetric kernels: what
+    /// gradient buckets and decode-time activations are); large all-gathers gain with
+    /// [`CtaPolicy::ZERO`](crate::CtaPolicy::ZERO) (1.39 × at 1 GiB, the SMs left to
+    /// compute) or few CTAs (1.7–1.9 × at `max_ctas(4)`); all-reduces and
+    /// reduce-scatters of hundreds of MiB under NCCL's default CTA counts are slower
+    /// (0.71–0.82 ×): give those plain memory or [`buffer`](Self::buffer).
+    ///
     /// Every rank gets the same answer: an [`Error::Disagreement`] when the ranks asked
     /// different sizes or one of them could not allocate (that rank gets its own error),
     /// [`Error::InvalidArgument`] for an empty buffer, [`Error::Unsupported`] when a

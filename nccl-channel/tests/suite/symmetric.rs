@@ -412,3 +412,49 @@ fn every_collective_runs_on_symmetric_memory_without_a_finding() {
     );
     rig.assert_clean();
 }
+
+crate::on_every_backend! {
+    /// One rank allocates symmetric memory, runs every collective on it out of place and
+    /// in place and drops it while a graph that recorded an all-reduce on it may still be
+    /// launched: on the GPU, real ncclMemAlloc and symmetric windows under NCCL's
+    /// symmetric kernels (and compute-sanitizer where the runner runs it).
+    fn one_rank_runs_every_collective_on_symmetric_memory(m, gpus = 1) {
+        use nccl_channel::UniqueId;
+        let ctx = &m.ctxs[0];
+        let id = UniqueId::generate(&m.nccl).unwrap();
+        let comm = Communicator::init_rank(&m.nccl, ctx, &id, 1, 0).unwrap();
+        let s = Stream::non_blocking(ctx).unwrap();
+        let mut a = match comm.symmetric::<f32>(1 << 20) {
+            Ok(a) => a,
+            Err(e @ Error::Unsupported { .. }) => {
+                println!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut b = comm.symmetric::<f32>(1 << 20).unwrap();
+        a.fill(1.5).unwrap();
+        comm.all_reduce(&a, &mut b, ReduceOp::Sum, &s).unwrap();
+        comm.all_reduce_in_place(&mut b.slice_mut(4096..8192).unwrap(), ReduceOp::Max, &s)
+            .unwrap();
+        comm.all_gather(&a, &mut b, &s).unwrap();
+        comm.all_gather_in_place(&mut b, &s).unwrap();
+        comm.reduce_scatter(&a, &mut b, ReduceOp::Sum, &s).unwrap();
+        comm.broadcast_in_place(&mut b, 0, &s).unwrap();
+        comm.all_to_all(&a, &mut b, &s).unwrap();
+        s.synchronize().unwrap();
+        assert!(b.to_vec().unwrap().iter().all(|&v| v == 1.5));
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        comm.all_reduce_in_place(&mut a, ReduceOp::Sum, &s).unwrap();
+        let graph = s.end_capture().unwrap().instantiate().unwrap();
+        drop(a);
+        for _ in 0..4 {
+            graph.launch(&s).unwrap();
+        }
+        s.synchronize().unwrap();
+        drop(graph);
+        drop(b);
+        comm.close().unwrap();
+        println!("symmetric memory on one rank: every collective, a graph past the buffer's drop: ok");
+    }
+}
