@@ -8,9 +8,13 @@
 //! * **Column-parallel** `Z = Y V`: rank r holds the r-th block of V's columns; its kernel
 //!   computes its block of Z's columns, and an **all-gather** gives every rank all blocks.
 //!
-//! cudarc owns the memory and its stream; cuda-hal launches the kernel on that stream and
-//! nccl-channel runs the collectives on a stream of its own, through
-//! `cuda_hal::cudarc`'s adapters (no copy, and no `unsafe` but the kernel launch's).
+//! cudarc owns the inputs, the weights and its stream; cuda-hal launches the kernel on
+//! that stream and nccl-channel runs the collectives on a stream of its own, through
+//! `cuda_hal::cudarc`'s adapters (no copy, and no `unsafe` but the kernel launch's). The
+//! activations the collectives move (Y, Z and the gathered Z) live in symmetric memory
+//! ([`Communicator::symmetric`](nccl_channel::Communicator::symmetric): NCCL's symmetric
+//! kernels, the latency of small all-reduces); `--cudarc-activations` allocates them with
+//! cudarc too, for the side-by-side.
 //! Every rank checks `Z` against the same product computed on the host in f64.
 //!
 //! ```text
@@ -29,9 +33,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use cuda_hal::cudarc::{Borrowed, BorrowedMut};
-use cuda_hal::{Context, LaunchConfig, Module, Stream};
+use cuda_hal::{Context, DeviceSlice, DeviceSliceMut, LaunchConfig, Module, Stream};
 use cudarc::driver::{CudaContext, CudaSlice};
-use nccl_channel::{Channel, ReduceOp, World};
+use nccl_channel::{Channel, Error, ReduceOp, World};
 
 /// The kernel, compiled from `kernels.cu` (see there).
 const KERNELS: &str = include_str!("kernels.ptx");
@@ -68,6 +72,9 @@ struct Opts {
     /// Seconds the launcher lets the ranks run, and a rank waits for the others.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// Allocate the activations with cudarc, not in symmetric memory.
+    #[arg(long)]
+    cudarc_activations: bool,
 }
 
 impl Opts {
@@ -80,6 +87,12 @@ impl Opts {
             format!("--out={}", self.out),
             format!("--timeout={}", self.timeout),
         ]
+        .into_iter()
+        .chain(
+            self.cudarc_activations
+                .then(|| "--cudarc-activations".to_string()),
+        )
+        .collect()
     }
 }
 
@@ -155,17 +168,21 @@ const X: u64 = 1;
 const W: u64 = 2;
 const V: u64 = 3;
 
-/// `c = a b` (`a`: n×k, `b`: k×m) on `stream`, on cudarc's memory.
-fn matmul(
+/// `c = a b` (`a`: n×k, `b`: k×m) on `stream`.
+fn matmul<A, B, C>(
     module: &Module,
     stream: &Stream,
-    (a, b, c): (
-        &Borrowed<'_, f32>,
-        &Borrowed<'_, f32>,
-        &mut BorrowedMut<'_, f32>,
-    ),
+    (a, b, c): (&A, &B, &mut C),
     (n, k, m): (usize, usize, usize),
-) -> Res<()> {
+) -> Res<()>
+where
+    A: DeviceSlice<Elem = f32> + ?Sized,
+    B: DeviceSlice<Elem = f32> + ?Sized,
+    C: DeviceSliceMut<Elem = f32> + ?Sized,
+{
+    if a.len() != n * k || b.len() != k * m || c.len() != n * m {
+        return Err(format!("matmul of {n}x{k} by {k}x{m}: the buffers' lengths differ").into());
+    }
     let f = module.function("matmul")?;
     let cfg = LaunchConfig {
         grid: [(m as u32).div_ceil(TILE), (n as u32).div_ceil(TILE), 1],
@@ -174,8 +191,34 @@ fn matmul(
     };
     let dims = (n as i32, k as i32, m as i32);
     // SAFETY: `matmul` reads n*k floats at `a` and k*m at `b` and writes n*m at `c`, which
-    // is what each holds (checked by the caller), and only inside its grid's bounds.
+    // is what each holds (checked above), and only inside its grid's bounds.
     unsafe { f.launch(stream, cfg, (a, b, c, dims.0, dims.1, dims.2)) }?;
+    Ok(())
+}
+
+/// The two layers on this rank's blocks (`x`, `w`, `v`), into the activations `y`
+/// (n×h, all-reduced), `z` (this rank's n×ps block) and `gathered` (every rank's).
+#[allow(clippy::too_many_arguments)] // the layers' operands, one for one
+fn forward<Y, Z, G>(
+    ch: &Channel,
+    module: &Module,
+    kernels_on: &Stream,
+    (x, w, v): (&Borrowed<'_, f32>, &Borrowed<'_, f32>, &Borrowed<'_, f32>),
+    (y, z, gathered): (&mut Y, &mut Z, &mut G),
+    (n, ks, h, ps): (usize, usize, usize, usize),
+) -> Res<()>
+where
+    Y: DeviceSliceMut<Elem = f32> + ?Sized,
+    Z: DeviceSliceMut<Elem = f32> + ?Sized,
+    G: DeviceSliceMut<Elem = f32> + ?Sized,
+{
+    let comm = ch.comm();
+    // Row-parallel: partial Y on cudarc's stream, summed over the ranks on ours.
+    matmul(module, kernels_on, (x, w, &mut *y), (n, ks, h))?;
+    comm.all_reduce_in_place(&mut *y, ReduceOp::Sum, ch.stream())?;
+    // Column-parallel: this rank's block of Z's columns, gathered from every rank.
+    matmul(module, kernels_on, (&*y, v, &mut *z), (n, h, ps))?;
+    comm.all_gather(&*z, gathered, ch.stream())?;
     Ok(())
 }
 
@@ -210,44 +253,56 @@ fn layers(ch: &Channel, o: &Opts) -> Res<()> {
     let x = their_stream.clone_htod(&block(X, k, 0..n, r * ks..(r + 1) * ks))?;
     let w = their_stream.clone_htod(&block(W, h, r * ks..(r + 1) * ks, 0..h))?;
     let v = their_stream.clone_htod(&block(V, p, 0..h, r * ps..(r + 1) * ps))?;
-    let mut y: CudaSlice<f32> = their_stream.alloc_zeros(n * h)?;
-    let mut z: CudaSlice<f32> = their_stream.alloc_zeros(n * ps)?;
-    let mut gathered: CudaSlice<f32> = their_stream.alloc_zeros(size * n * ps)?;
-
-    // Row-parallel: partial Y on cudarc's stream, summed over the ranks on ours.
-    matmul(
-        &module,
-        &kernels_on,
-        (
-            &Borrowed::new(&ctx, &x)?,
-            &Borrowed::new(&ctx, &w)?,
-            &mut BorrowedMut::new(&ctx, &mut y)?,
-        ),
-        (n, ks, h),
-    )?;
-    comm.all_reduce_in_place(
-        &mut BorrowedMut::new(&ctx, &mut y)?,
-        ReduceOp::Sum,
-        ch.stream(),
-    )?;
-    // Column-parallel: this rank's block of Z's columns, gathered from every rank.
-    matmul(
-        &module,
-        &kernels_on,
-        (
-            &Borrowed::new(&ctx, &y)?,
-            &Borrowed::new(&ctx, &v)?,
-            &mut BorrowedMut::new(&ctx, &mut z)?,
-        ),
-        (n, h, ps),
-    )?;
-    comm.all_gather(
-        &Borrowed::new(&ctx, &z)?,
-        &mut BorrowedMut::new(&ctx, &mut gathered)?,
-        ch.stream(),
-    )?;
-    // Back in cudarc: its read waits for the all-gather on our stream.
-    let blocks = their_stream.clone_dtoh(&gathered)?;
+    let operands = (
+        &Borrowed::new(&ctx, &x)?,
+        &Borrowed::new(&ctx, &w)?,
+        &Borrowed::new(&ctx, &v)?,
+    );
+    let dims = (n, ks, h, ps);
+    let symmetric = match o.cudarc_activations {
+        true => None,
+        // Every rank asks the same sizes in the same order; where NCCL has no windows every
+        // rank learns it alike and falls back alike.
+        false => match (
+            comm.symmetric::<f32>(n * h),
+            comm.symmetric::<f32>(n * ps),
+            comm.symmetric::<f32>(size * n * ps),
+        ) {
+            (Ok(y), Ok(z), Ok(g)) => Some((y, z, g)),
+            (Err(e @ Error::Unsupported { .. }), ..) => {
+                println!("rank {r}: activations allocated by cudarc ({e})");
+                None
+            }
+            (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => return Err(e.into()),
+        },
+    };
+    let blocks = match symmetric {
+        Some((mut y, mut z, mut gathered)) => {
+            println!("rank {r}: activations in symmetric memory");
+            forward(ch, &module, &kernels_on, operands, (&mut y, &mut z, &mut gathered), dims)?;
+            // Waits for the all-gather, as any host copy of this crate's memory does.
+            gathered.to_vec()?
+        }
+        None => {
+            let mut y: CudaSlice<f32> = their_stream.alloc_zeros(n * h)?;
+            let mut z: CudaSlice<f32> = their_stream.alloc_zeros(n * ps)?;
+            let mut gathered: CudaSlice<f32> = their_stream.alloc_zeros(size * n * ps)?;
+            forward(
+                ch,
+                &module,
+                &kernels_on,
+                operands,
+                (
+                    &mut BorrowedMut::new(&ctx, &mut y)?,
+                    &mut BorrowedMut::new(&ctx, &mut z)?,
+                    &mut BorrowedMut::new(&ctx, &mut gathered)?,
+                ),
+                dims,
+            )?;
+            // Back in cudarc: its read waits for the all-gather on our stream.
+            their_stream.clone_dtoh(&gathered)?
+        }
+    };
 
     let worst = compare(&blocks, o, size)?;
     println!(

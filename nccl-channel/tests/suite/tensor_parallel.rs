@@ -25,25 +25,33 @@ fn tensor_parallel_on_cudarc_memory_matches_the_host_on_the_dropin() {
         "--out",
         "128",
     ];
-    let (ok, out, err) = run_example(
-        exe(),
-        &args,
-        &[("LD_LIBRARY_PATH", dir.display().to_string())],
-    );
-    assert!(ok, "{out}\n{err}");
-    assert!(
-        out.starts_with(
-            "the driver is the drop-in simulator: 2 ranks on simulated GPUs, the kernel run by \
-             its host twin\n"
-        ),
-        "{out}"
-    );
-    for r in 0..2 {
-        let line = format!(
-            "[rank {r}] rank {r}/2: Z = (X W) V, 16x128, matches the host reference (largest \
-             error "
+    for (extra, memory) in [
+        (None, "activations in symmetric memory"),
+        (Some("--cudarc-activations"), ""),
+    ] {
+        let args: Vec<&str> = args.iter().copied().chain(extra).collect();
+        let (ok, out, err) = run_example(
+            exe(),
+            &args,
+            &[("LD_LIBRARY_PATH", dir.display().to_string())],
         );
-        assert!(out.contains(&line), "{out}");
+        assert!(ok, "{out}\n{err}");
+        assert!(
+            out.starts_with(
+                "the driver is the drop-in simulator: 2 ranks on simulated GPUs, the kernel run \
+                 by its host twin\n"
+            ),
+            "{out}"
+        );
+        for r in 0..2 {
+            let line = format!(
+                "[rank {r}] rank {r}/2: Z = (X W) V, 16x128, matches the host reference \
+                 (largest error "
+            );
+            assert!(out.contains(&line), "{out}");
+            let said = out.contains(&format!("[rank {r}] rank {r}: {memory}\n"));
+            assert_eq!(said, !memory.is_empty(), "{out}");
+        }
     }
 }
 
