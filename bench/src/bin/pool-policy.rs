@@ -2,7 +2,7 @@
 //! the benchmark's own output, so what the pool registers is what was measured.
 //!
 //! ```text
-//! bench -c all -b 8 -e 4G -f 4 -n 50 -w 5 -R 0,nccl,1 --check 0 > sweep.txt
+//! bench -c all -b 8 -e 4G -f 4 -n 50 -w 5 -R 0,nccl,1,sym --check 0 > sweep.txt
 //! pool-policy sweep.txt [more runs ...] > policy.tsv
 //! NCCL_CHANNEL_POOL_POLICY=policy.tsv my-training   # or Communicator::set_pool_policy
 //! ```
@@ -13,7 +13,10 @@
 //! a communicator's config). Per collective and size it averages, over the runs, the
 //! ratio of registered busbw to base busbw, out of place and in place, and registers
 //! where the smaller of the two is at least [`GAIN`] and the base took at least
-//! [`MIN_US`]; rules start at the first size whose choice changes.
+//! [`MIN_US`]; rules start at the first size whose choice changes. Rows of symmetric
+//! memory (`-R sym`, `Communicator::symmetric`), which the pool cannot allocate (every
+//! rank must allocate it at once), make no rule: a comment names, per collective, the
+//! sizes where it gains as much over the base, for programs to allocate it there.
 //!
 //! [`PoolPolicy`]: nccl_channel::PoolPolicy
 
@@ -57,6 +60,8 @@ struct Measured {
 struct Samples {
     /// registered busbw / base busbw, out of place and in place.
     ratios: [Vec<f64>; 2],
+    /// symmetric memory's (`-R sym`) busbw / base busbw, out of place and in place.
+    symmetric: [Vec<f64>; 2],
     /// The base's time out of place (µs).
     base_us: Vec<f64>,
 }
@@ -131,18 +136,23 @@ impl Gathered {
             return;
         }
         let find = |n: &str| modes.iter().find(|(m, _)| m == n).map(|(_, m)| *m);
-        let (Some(reg), Some(base)) = (find("1"), find("nccl").or_else(|| find("0"))) else {
+        let Some(base) = find("nccl").or_else(|| find("0")) else {
             return;
         };
         let e = self.samples.entry((coll, bytes)).or_default();
-        for k in 0..2 {
-            if let (Some(r), Some(b)) = (reg.busbw[k], base.busbw[k])
-                && b > 0.0
-            {
-                e.ratios[k].push(r / b);
+        let mut compared = false;
+        for (mode, ratios) in [("1", &mut e.ratios), ("sym", &mut e.symmetric)] {
+            let Some(m) = find(mode) else { continue };
+            compared = true;
+            for k in 0..2 {
+                if let (Some(r), Some(b)) = (m.busbw[k], base.busbw[k])
+                    && b > 0.0
+                {
+                    ratios[k].push(r / b);
+                }
             }
         }
-        if let Some(us) = base.us[0] {
+        if compared && let Some(us) = base.us[0] {
             e.base_us.push(us);
         }
     }
@@ -165,6 +175,9 @@ impl Gathered {
         }
         for c in Collective::ALL {
             let name = c.name();
+            if let Some(line) = self.symmetric_wins(c) {
+                let _ = writeln!(out, "{line}");
+            }
             let mut registered = false;
             for ((_, bytes), s) in self.samples.range((c, 0)..=(c, usize::MAX)) {
                 let (out_r, in_r) = (mean(&s.ratios[0]), mean(&s.ratios[1]));
@@ -198,6 +211,35 @@ impl Gathered {
             }
         }
         out
+    }
+}
+
+impl Gathered {
+    /// A comment for collective `c`: the sizes at which symmetric memory (`-R sym`, the
+    /// collective allocation, which the pool cannot make) had at least GAIN times the base's
+    /// busbw out of place and in place: where a program should allocate it with
+    /// `Communicator::symmetric` instead of taking the pool's.
+    fn symmetric_wins(&self, c: Collective) -> Option<String> {
+        let sizes: Vec<String> = self
+            .samples
+            .range((c, 0)..=(c, usize::MAX))
+            .filter(|(_, s)| mean(&s.base_us).is_some_and(|us| us >= MIN_US))
+            .filter_map(|((_, bytes), s)| {
+                let gain = match (mean(&s.symmetric[0]), mean(&s.symmetric[1])) {
+                    (Some(a), Some(b)) => a.min(b),
+                    (Some(a), None) | (None, Some(a)) => a,
+                    (None, None) => return None,
+                };
+                (gain >= GAIN).then(|| format!("{bytes} ({gain:.3})"))
+            })
+            .collect();
+        (!sizes.is_empty()).then(|| {
+            format!(
+                "# {c}: symmetric memory (-R sym, Communicator::symmetric) had >= {GAIN}x the \
+                 base's busbw at {}",
+                sizes.join(", ")
+            )
+        })
     }
 }
 
@@ -336,6 +378,32 @@ mod tests {
             table(&[run("all_gather", 2, DEFAULT, &rows)]),
             "all_gather 4194304 registered\nall_gather 16777216 plain"
         );
+    }
+
+    /// Rows of symmetric memory (`-R sym`) make no rule (the pool cannot allocate it) but a
+    /// comment naming the sizes where it gains, out of place and in place, on bases slow
+    /// enough to count.
+    #[test]
+    fn symmetric_memory_that_gains_is_named_in_a_comment() {
+        let rows = [
+            line(1 << 10, "0", 10.0, 1.0, 10.0, 1.0), // too fast a base to count
+            line(1 << 10, "sym", 5.0, 2.0, 5.0, 2.0),
+            line(1 << 20, "0", 60.0, 100.0, 60.0, 100.0),
+            line(1 << 20, "sym", 50.0, 130.0, 50.0, 120.0),
+            line(1 << 30, "0", 1000.0, 100.0, 1000.0, 100.0),
+            line(1 << 30, "sym", 1000.0, 110.0, 1000.0, 102.0), // in place gains too little
+        ];
+        let mut g = Gathered::default();
+        g.read("t", &run("all_reduce", 2, DEFAULT, &rows));
+        let out = g.table(&["t".into()]);
+        assert!(
+            out.contains(
+                "# all_reduce: symmetric memory (-R sym, Communicator::symmetric) had >= 1.03x \
+                 the base's busbw at 1048576 (1.200)\n"
+            ),
+            "{out}"
+        );
+        assert_eq!(table(&[run("all_reduce", 2, DEFAULT, &rows)]), "");
     }
 
     #[test]

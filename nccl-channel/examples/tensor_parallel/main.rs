@@ -279,7 +279,14 @@ fn layers(ch: &Channel, o: &Opts) -> Res<()> {
     let blocks = match symmetric {
         Some((mut y, mut z, mut gathered)) => {
             println!("rank {r}: activations in symmetric memory");
-            forward(ch, &module, &kernels_on, operands, (&mut y, &mut z, &mut gathered), dims)?;
+            forward(
+                ch,
+                &module,
+                &kernels_on,
+                operands,
+                (&mut y, &mut z, &mut gathered),
+                dims,
+            )?;
             // Waits for the all-gather, as any host copy of this crate's memory does.
             gathered.to_vec()?
         }
