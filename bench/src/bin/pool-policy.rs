@@ -144,11 +144,11 @@ impl Gathered {
         for (mode, ratios) in [("1", &mut e.ratios), ("sym", &mut e.symmetric)] {
             let Some(m) = find(mode) else { continue };
             compared = true;
-            for k in 0..2 {
+            for (k, ratio) in ratios.iter_mut().enumerate() {
                 if let (Some(r), Some(b)) = (m.busbw[k], base.busbw[k])
                     && b > 0.0
                 {
-                    ratios[k].push(r / b);
+                    ratio.push(r / b);
                 }
             }
         }
