@@ -128,66 +128,22 @@ impl Window<'_> {
         signal: Signal,
         stream: &Stream,
     ) -> Result<()> {
-        const W: &str = "Window::put_signal";
-        let comm = self.comm();
-        let (f, call) = optional!(comm.nccl(), ncclPutSignal)?;
-        let _order = comm.begin::<T>(W, stream)?;
-        let p = comm.check_rank(W, peer)?;
-        let Some(win) = self.raw() else {
-            return Err(Error::InvalidArgument {
-                what: W,
-                problem: "the window is not active (NCCL declined it)".into(),
-            });
+        let target = Target {
+            raw: self.raw(),
+            start: self.device_ptr(),
+            bytes: self.size_bytes(),
+            peer_bytes: self.peer_bytes(),
         };
-        let bytes = src.size_bytes();
-        // The smallest window of this place on any rank: NCCL lets the sizes differ and
-        // does not check that a put fits the peer's.
-        if offset
-            .checked_add(bytes)
-            .is_none_or(|end| end > self.peer_bytes())
-        {
-            return Err(Error::OutOfWindow {
-                what: W,
-                offset,
-                bytes,
-                window: self.peer_bytes(),
-            });
-        }
-        comm.same_context(W, crate::collective::buffer_object("source"), src.context())?;
-        let registry = &comm.shared().registry;
-        if !src.is_empty() && !registry.in_window(src.device_ptr(), bytes) {
-            return Err(Error::InvalidArgument {
-                what: W,
-                problem: "the source must lie in a window of this communicator (registered \
-                          with WindowFlags::COLL_SYMMETRIC)"
-                    .into(),
-            });
-        }
-        let _send_done = comm.check_buf(Method::other(W), "send", src, src.len(), stream)?;
-        // NCCL reaches the peer's memory through this window: its release waits for the
-        // put, and an open capture or group holds it.
-        registry.used(self.device_ptr(), self.size_bytes(), stream);
-        let ptr: *const c_void = std::ptr::with_exposed_provenance(src.device_ptr() as usize);
-        // SAFETY: a live communicator; `src` is `src.len()` elements of T of its device,
-        // kept allocated until the put is done (noted on the stream above); `win` is an
-        // active window of this communicator, kept until the put is done (noted above),
-        // and the write fits it (checked above; one size on every rank).
-        let rc = unsafe {
-            f(
-                ptr,
-                src.len(),
-                T::DTYPE,
-                p,
-                win,
-                offset,
-                signal.index as c_int,
-                signal.context as c_int,
-                0,
-                comm.as_raw(),
-                stream.as_raw(),
-            )
-        };
-        comm.check(rc, call)
+        put_signal(
+            self.comm(),
+            "Window::put_signal",
+            &target,
+            src,
+            peer,
+            offset,
+            signal,
+            stream,
+        )
     }
 
     /// The window's address as NCCL knows it (`ncclWinGetUserPtr`, NCCL ≥ 2.29.2);
@@ -223,6 +179,94 @@ impl Window<'_> {
         comm.check(rc, call)?;
         Ok((!out.is_null()).then(|| out.expose_provenance() as u64))
     }
+}
+
+/// The window a put writes into on the peer: this rank's window of the same place.
+pub(crate) struct Target {
+    /// NCCL's handle, while the window is active.
+    pub(crate) raw: Option<nccl_sys::ncclWindow_t>,
+    /// This rank's window: its address and size.
+    pub(crate) start: u64,
+    pub(crate) bytes: usize,
+    /// The smallest size of the window among the ranks.
+    pub(crate) peer_bytes: usize,
+}
+
+/// `ncclPutSignal` of `src` into rank `peer`'s window of `target`'s place (see
+/// [`Window::put_signal`]), on `comm`, the window's communicator.
+#[allow(clippy::too_many_arguments)] // ncclPutSignal's operands, and the method's name
+pub(crate) fn put_signal<T: NcclType>(
+    comm: &Communicator,
+    what: &'static str,
+    target: &Target,
+    src: &(impl DeviceSlice<Elem = T> + ?Sized),
+    peer: usize,
+    offset: usize,
+    signal: Signal,
+    stream: &Stream,
+) -> Result<()> {
+    let (f, call) = optional!(comm.nccl(), ncclPutSignal)?;
+    let _order = comm.begin::<T>(what, stream)?;
+    let p = comm.check_rank(what, peer)?;
+    let Some(win) = target.raw else {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "the window is not active (NCCL declined it)".into(),
+        });
+    };
+    let bytes = src.size_bytes();
+    // The smallest window of this place on any rank: NCCL lets the sizes differ and
+    // does not check that a put fits the peer's.
+    if offset
+        .checked_add(bytes)
+        .is_none_or(|end| end > target.peer_bytes)
+    {
+        return Err(Error::OutOfWindow {
+            what,
+            offset,
+            bytes,
+            window: target.peer_bytes,
+        });
+    }
+    comm.same_context(
+        what,
+        crate::collective::buffer_object("source"),
+        src.context(),
+    )?;
+    let registry = &comm.shared().registry;
+    if !src.is_empty() && !registry.in_window(src.device_ptr(), bytes) {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "the source must lie in a window of this communicator (registered \
+                      with WindowFlags::COLL_SYMMETRIC)"
+                .into(),
+        });
+    }
+    let _send_done = comm.check_buf(Method::other(what), "send", src, src.len(), stream)?;
+    // NCCL reaches the peer's memory through this window: its release waits for the
+    // put, and an open capture or group holds it.
+    registry.used(target.start, target.bytes, stream);
+    let ptr: *const c_void = std::ptr::with_exposed_provenance(src.device_ptr() as usize);
+    // SAFETY: a live communicator; `src` is `src.len()` elements of T of its device,
+    // kept allocated until the put is done (noted on the stream above); `win` is an
+    // active window of this communicator, kept until the put is done (noted above),
+    // and the write fits it (checked above; one size on every rank).
+    let rc = unsafe {
+        f(
+            ptr,
+            src.len(),
+            T::DTYPE,
+            p,
+            win,
+            offset,
+            signal.index as c_int,
+            signal.context as c_int,
+            0,
+            comm.as_raw(),
+            stream.as_raw(),
+        )
+    };
+    comm.check(rc, call)
 }
 
 impl Communicator {

@@ -75,6 +75,67 @@ impl<T: NcclType> SymmetricBuffer<'_, T> {
     pub fn window_bytes(&self) -> usize {
         self.window.bytes()
     }
+
+    /// Writes `src` into rank `peer`'s symmetric buffer of this allocation at byte
+    /// `offset`, then updates `signal` there (`ncclPutSignal`, NCCL ≥ 2.29.2): one-sided,
+    /// as [`Window::put_signal`](crate::Window::put_signal) for a window registered by
+    /// hand. `comm` is the communicator that allocated it ([`Error::InvalidArgument`]
+    /// otherwise); `src` must lie in symmetric memory of it too.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::{Cuda, Stream};
+    /// use cuda_mock::MockDriver;
+    /// use nccl_channel::{Communicator, Signal, SignalWait};
+    /// use nccl_mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// let comms = Communicator::init_all(&nccl, &ctxs)?;
+    /// let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// let ranks = [&comms[0], &comms[1]];
+    /// let mut src = Communicator::symmetric_all::<u32>(&ranks, 8)?;
+    /// let mut dst = Communicator::symmetric_all::<u32>(&ranks, 8)?;
+    /// src[0].fill(7)?;
+    /// dst[1].fill(0)?;
+    /// // Rank 0 writes 4 elements at byte 16 of rank 1's buffer, and signals it.
+    /// dst[0].put_signal(&comms[0], &src[0].slice(0..4)?, 1, 16, Signal::DEFAULT, &streams[0])?;
+    /// comms[1].wait_signal(&[SignalWait::new(0, 1)], &streams[1])?;
+    /// streams[1].synchronize()?;
+    /// assert_eq!(dst[1].to_vec()?, [0, 0, 0, 0, 7, 7, 7, 7]);
+    /// # streams[0].synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "ncclPutSignal")]
+    pub fn put_signal<U: NcclType>(
+        &self,
+        comm: &Communicator,
+        src: &(impl DeviceSlice<Elem = U> + ?Sized),
+        peer: usize,
+        offset: usize,
+        signal: crate::Signal,
+        stream: &Stream,
+    ) -> Result<()> {
+        const WHAT: &str = "SymmetricBuffer::put_signal";
+        if !std::ptr::addr_eq(Arc::as_ptr(&self.window.comm), Arc::as_ptr(comm.shared())) {
+            return Err(Error::InvalidArgument {
+                what: WHAT,
+                problem: "this communicator did not allocate the symmetric buffer".into(),
+            });
+        }
+        let target = crate::onesided::Target {
+            raw: self
+                .window
+                .handle()
+                .map(std::ptr::with_exposed_provenance_mut::<nccl_sys::ncclWindow_vidmem>),
+            start: self.window.start(),
+            bytes: self.window.bytes(),
+            // The same size on every rank: agreed when it was allocated.
+            peer_bytes: self.window.bytes(),
+        };
+        crate::onesided::put_signal(comm, WHAT, &target, src, peer, offset, signal, stream)
+    }
 }
 
 impl<T: NcclType> std::fmt::Debug for SymmetricBuffer<'_, T> {

@@ -128,6 +128,13 @@ fn every_step_kind_runs_clean_on_its_own() {
         Op::AllocNccl { comm: 0, len: 8 },
         Op::Symmetric { comm: 0, len: 5 },
         Op::Symmetric { comm: 0, len: 0 },
+        Op::SymmetricPut {
+            dst: 3,
+            slot: 3,
+            comm: 0,
+            offset: 0,
+            stream: 0,
+        },
         Op::Fill {
             slot: 0,
             stream: 0,

@@ -458,3 +458,46 @@ crate::on_every_backend! {
         println!("symmetric memory on one rank: every collective, a graph past the buffer's drop: ok");
     }
 }
+
+/// A put into a peer's symmetric buffer: from a communicator that did not allocate it,
+/// or past its end, a typed error before anything is issued.
+#[test]
+fn a_put_from_another_communicator_or_past_the_end_is_refused() {
+    let rig = Rig::new(1);
+    let ctx = rig.contexts(1).remove(0);
+    let comms = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx)).unwrap();
+    let other = Communicator::init_all(&rig.nccl, std::slice::from_ref(&ctx)).unwrap();
+    let s = Stream::new(&ctx).unwrap();
+    let src = comms[0].symmetric::<u32>(8).unwrap();
+    let dst = comms[0].symmetric::<u32>(8).unwrap();
+    let signal = nccl_channel::Signal::DEFAULT;
+    let r = dst.put_signal(&other[0], &src.slice(0..4).unwrap(), 0, 0, signal, &s);
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument { what: "SymmetricBuffer::put_signal", problem })
+            if problem.contains("did not allocate")),
+        "{r:?}"
+    );
+    let r = dst.put_signal(&comms[0], &src.slice(0..4).unwrap(), 0, 20, signal, &s);
+    assert!(
+        matches!(
+            &r,
+            Err(Error::OutOfWindow {
+                offset: 20,
+                bytes: 16,
+                window: 32,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    dst.put_signal(&comms[0], &src.slice(0..4).unwrap(), 0, 16, signal, &s)
+        .unwrap();
+    comms[0]
+        .wait_signal(&[nccl_channel::SignalWait::new(0, 1)], &s)
+        .unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(rig.world.calls("ncclPutSignal"), 1);
+    drop((src, dst));
+    drop((s, comms, other, ctx));
+    rig.assert_clean();
+}

@@ -232,6 +232,13 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             slot: b(r),
             stream: b(r),
         },
+        113 if r.below(3) == 0 => Op::SymmetricPut {
+            dst: b(r),
+            slot: b(r),
+            comm: b(r),
+            offset: r.below(8) as u8,
+            stream: b(r),
+        },
         // Empty now and then: refused on every rank.
         113 => Op::Symmetric {
             comm: b(r),

@@ -145,6 +145,16 @@ pub enum Op {
         offset: u8,
         stream: u8,
     },
+    /// A put of buffer `slot` into this rank's own symmetric buffer `dst` at byte
+    /// `4 * offset`, with its signal, through communicator `comm` (refused unless it is the
+    /// one that allocated `dst`).
+    SymmetricPut {
+        dst: u8,
+        slot: u8,
+        comm: u8,
+        offset: u8,
+        stream: u8,
+    },
     /// A signal of communicator `comm` to its own rank.
     Signal {
         comm: u8,

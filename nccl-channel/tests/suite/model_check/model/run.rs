@@ -152,7 +152,8 @@ fn symmetric_refused(len: u8, e: &Error) {
 enum Buf<'c> {
     Plain(DeviceBuffer<i32>),
     Pooled(PooledBuffer<'c, i32>),
-    Symmetric(SymmetricBuffer<'c, i32>),
+    /// With the communicator that allocated it.
+    Symmetric(SymmetricBuffer<'c, i32>, &'c Communicator),
     /// Memory adopted with an [`Owner`]: `owner` indexes the drop counters.
     Adopted {
         buf: DeviceBuffer<i32>,
@@ -165,7 +166,7 @@ impl Buf<'_> {
         match self {
             Buf::Plain(b) | Buf::Adopted { buf: b, .. } => b,
             Buf::Pooled(b) => b,
-            Buf::Symmetric(b) => b,
+            Buf::Symmetric(b, _) => b,
         }
     }
 
@@ -173,7 +174,7 @@ impl Buf<'_> {
         match self {
             Buf::Plain(b) | Buf::Adopted { buf: b, .. } => b,
             Buf::Pooled(b) => b,
-            Buf::Symmetric(b) => b,
+            Buf::Symmetric(b, _) => b,
         }
     }
 
@@ -1220,7 +1221,7 @@ impl<'c> State<'c> {
             Op::Symmetric { comm, len } => {
                 if let Some(c) = self.comm(comm) {
                     match c.symmetric::<i32>(len as usize) {
-                        Ok(b) => self.bufs.push(Some(Buf::Symmetric(b))),
+                        Ok(b) => self.bufs.push(Some(Buf::Symmetric(b, c))),
                         Err(e) => symmetric_refused(len, &e),
                     }
                 }
@@ -1427,6 +1428,41 @@ impl<'c> State<'c> {
                         .arrived
                         .entry(std::ptr::from_ref(c).addr())
                         .or_default() += 1;
+                }
+            }
+            Op::SymmetricPut {
+                dst,
+                slot,
+                comm,
+                offset,
+                stream,
+            } => {
+                let s = self.stream(stream).clone();
+                let now = self.runs_now(&s);
+                if let (Some(d), Some(k), Some(via)) =
+                    (self.buf(dst), self.buf(slot), self.comm(comm))
+                    && let (Some(Buf::Symmetric(d, owner)), Some(b)) =
+                        (&self.bufs[d], &self.bufs[k])
+                {
+                    let r = d.put_signal(
+                        via,
+                        b.get(),
+                        via.rank(),
+                        4 * offset as usize,
+                        Signal::DEFAULT,
+                        &s,
+                    );
+                    if !std::ptr::eq(via, *owner) {
+                        assert!(
+                            matches!(&r, Err(Error::InvalidArgument { .. })),
+                            "a put through a communicator that did not allocate the buffer: {r:?}"
+                        );
+                    } else if r.is_ok() && now {
+                        *self
+                            .arrived
+                            .entry(std::ptr::from_ref(via).addr())
+                            .or_default() += 1;
+                    }
                 }
             }
             Op::Signal { comm, stream } => {
