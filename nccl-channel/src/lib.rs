@@ -20,7 +20,9 @@
 //!   typed setter checked against the release of the loaded NCCL.
 //! * Registered memory, NCCL's faster paths: [`Communicator::buffer`] (the default: a pool
 //!   of NCCL memory that registers itself for the collectives that gain, measured never
-//!   slower than plain buffers), [`alloc_nccl`] (`ncclMemAlloc`),
+//!   slower than plain buffers), [`Communicator::symmetric`] (memory every rank allocates
+//!   at once as a symmetric window: NCCL's symmetric kernels and zero-SM collectives),
+//!   [`alloc_nccl`] (`ncclMemAlloc`),
 //!   [`Communicator::register`] and [`Communicator::register_window`] (RAII handles that
 //!   borrow their communicator and hold their memory; released only after the work,
 //!   graphs and groups that may use them). Which suits which collective and size, measured
