@@ -227,23 +227,10 @@ fn sizes_beyond_the_limits_are_errors_naming_them() {
 /// the same bits, and each run says where its gradient is.
 #[test]
 fn symmetric_and_plain_gradients_train_to_the_same_bits() {
-    let args = [
-        "--nprocs",
-        "2",
-        "--features",
-        "24",
-        "--samples",
-        "96",
-        "--steps",
-        "12",
-        "--bucket",
-        "7",
-        "--log-every",
-        "4",
-        "--overlap",
-    ];
-    let symmetric = data_parallel(&args);
-    let plain = data_parallel(&[&args[..], &["--plain-memory"]].concat());
+    let args =
+        "--nprocs 2 --features 24 --samples 96 --steps 12 --bucket 7 --log-every 4 --overlap";
+    let symmetric = data_parallel(args);
+    let plain = data_parallel(&format!("{args} --plain-memory"));
     assert!(
         symmetric.contains("gradient in symmetric memory (an NCCL window on every rank)"),
         "{symmetric}"
