@@ -10,7 +10,7 @@ use nccl_channel::{Communicator, Error, ReduceOp, group};
 use nccl_mock::MockNccl;
 use nccl_sys::{NcclVersion, ncclResult_t};
 
-use crate::common::Rig;
+use crate::common::{OneRank, Rig, on_one_rank};
 
 /// Two ranks, one thread each, each asking `len(rank)` elements: what each got.
 fn each_asks(rig: &Rig, len: impl Fn(usize) -> usize + Sync) -> Vec<Result<usize, Error>> {
@@ -189,37 +189,33 @@ fn windows_switched_off_on_a_rank_are_unsupported_on_every_rank() {
 
 #[test]
 fn an_nccl_before_windows_is_unsupported_before_anything_is_allocated() {
-    let rig = Rig::with_version(1, NcclVersion(22605));
-    let (ctx, comm) = rig.one_rank(0);
-    let r = comm.symmetric::<f32>(16);
-    assert!(
-        matches!(
-            &r,
-            Err(Error::Unsupported {
-                feature: "ncclCommWindowRegister",
-                ..
-            })
-        ),
-        "{r:?}"
-    );
-    assert_eq!(rig.world.calls("ncclMemAlloc"), 0);
-    drop((comm, ctx));
-    rig.assert_clean();
+    Rig::with_version(1, NcclVersion(22605)).check_on_one_rank(|rig, OneRank { comm, .. }| {
+        let r = comm.symmetric::<f32>(16);
+        assert!(
+            matches!(
+                &r,
+                Err(Error::Unsupported {
+                    feature: "ncclCommWindowRegister",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(rig.world.calls("ncclMemAlloc"), 0);
+    });
 }
 
 #[test]
 fn inside_an_open_group_it_is_refused_before_anything_is_allocated() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let r = group(&rig.nccl, || comm.symmetric::<f32>(16).map(drop));
-    assert!(
-        matches!(&r, Err(Error::InvalidArgument { what: "Communicator::symmetric", problem })
-            if problem.contains("open group")),
-        "{r:?}"
-    );
-    assert_eq!(rig.world.calls("ncclMemAlloc"), 0);
-    drop((comm, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |rig, OneRank { comm, .. }| {
+        let r = group(&rig.nccl, || comm.symmetric::<f32>(16).map(drop));
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument { what: "Communicator::symmetric", problem })
+                if problem.contains("open group")),
+            "{r:?}"
+        );
+        assert_eq!(rig.world.calls("ncclMemAlloc"), 0);
+    });
 }
 
 /// A symmetric buffer dropped on another thread while a collective on it may still run:
@@ -227,54 +223,44 @@ fn inside_an_open_group_it_is_refused_before_anything_is_allocated() {
 /// work, then its memory (the simulator checks both when the work runs).
 #[test]
 fn dropped_on_another_thread_it_is_released_after_its_work_at_the_next_call() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let s = Stream::non_blocking(&ctx).unwrap();
-    let mut b = comm.symmetric::<f32>(64).unwrap();
-    b.fill(2.0).unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
-    std::thread::scope(|t| {
-        t.spawn(move || drop(b));
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let mut b = comm.symmetric::<f32>(64).unwrap();
+        b.fill(2.0).unwrap();
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+        std::thread::scope(|t| {
+            t.spawn(move || drop(b));
+        });
+        assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 0);
+        comm.barrier(&s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 1);
     });
-    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 0);
-    comm.barrier(&s).unwrap();
-    s.synchronize().unwrap();
-    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 1);
-    drop((s, comm, ctx));
-    rig.assert_clean();
 }
 
 /// A graph that recorded a collective on a symmetric buffer keeps the window and the
 /// memory until it goes, wherever the buffer was dropped.
 #[test]
 fn a_graph_keeps_a_dropped_symmetric_buffer_until_it_goes() {
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let s = Stream::non_blocking(&ctx).unwrap();
-    let mut b = comm.symmetric::<f32>(64).unwrap();
-    s.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
-    let graph = s.end_capture().unwrap();
-    drop(b);
-    let exec = graph.instantiate().unwrap();
-    drop(graph);
-    for _ in 0..3 {
-        exec.launch(&s).unwrap();
-    }
-    s.synchronize().unwrap();
-    comm.barrier(&s).unwrap();
-    s.synchronize().unwrap();
-    assert_eq!(
-        rig.world.calls("ncclCommWindowDeregister"),
-        0,
-        "the graph holds it"
-    );
-    drop(exec);
-    comm.barrier(&s).unwrap();
-    s.synchronize().unwrap();
-    assert_eq!(rig.world.calls("ncclCommWindowDeregister"), 1);
-    drop((s, comm, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        let deregistered = || rig.world.calls("ncclCommWindowDeregister");
+        let mut b = comm.symmetric::<f32>(64).unwrap();
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+        let graph = s.end_capture().unwrap();
+        drop(b);
+        let exec = graph.instantiate().unwrap();
+        drop(graph);
+        for _ in 0..3 {
+            exec.launch(&s).unwrap();
+        }
+        comm.barrier(&s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(deregistered(), 0, "the graph holds it");
+        drop(exec);
+        comm.barrier(&s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(deregistered(), 1);
+    });
 }
 
 /// A peer that never comes: a non-blocking communicator's allocation ends at its
@@ -300,14 +286,11 @@ fn a_peer_that_never_allocates_ends_at_the_deadline() {
 #[test]
 fn it_is_a_device_slice_that_may_cross_threads() {
     fn takes<S: DeviceSlice + Send + Sync>(_: &S) {}
-    let rig = Rig::new(1);
-    let (ctx, comm) = rig.one_rank(0);
-    let b = comm.symmetric::<u8>(16).unwrap();
-    takes(&b);
-    assert_eq!(b.size_bytes(), 16);
-    drop(b);
-    drop((comm, ctx));
-    rig.assert_clean();
+    on_one_rank(1, |_, OneRank { comm, .. }| {
+        let b = comm.symmetric::<u8>(16).unwrap();
+        takes(&b);
+        assert_eq!(b.size_bytes(), 16);
+    });
 }
 
 /// NCCL's symmetric kernels reach a peer's buffer at this rank's offset: ranks whose
