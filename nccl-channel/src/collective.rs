@@ -255,17 +255,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::{ReduceOp, group};
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let send = [
@@ -352,17 +344,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::group;
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let send = [
@@ -427,17 +411,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::group;
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// // Each rank writes its own part, at rank * 2; the rest is filled in.
@@ -493,17 +469,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::{ReduceOp, group};
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let send = [
@@ -593,17 +561,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::group;
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let src = DeviceBuffer::from_slice(&ctxs[0], &[7, 8, 9])?;
@@ -712,17 +672,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::{ReduceOp, group};
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let send = [
@@ -837,17 +789,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::group;
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// // The ranks swap their buffers: sends and receives of one step go in one group.
@@ -940,17 +884,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::group;
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let send = [
@@ -1048,17 +984,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::{Error, group};
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// // Rank 0 keeps its first element and sends two to rank 1; rank 1 sends all three
@@ -1214,17 +1142,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::group;
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let send = [
@@ -1304,17 +1224,9 @@ impl Communicator {
     ///
     /// ```
     /// use nccl_channel::group;
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
+    /// # use cuda_hal::DeviceBuffer;
     /// # use nccl_channel::Communicator;
-    /// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// # let (nccl, _world) = MockNccl::new(&gpus).build()?;
-    /// # let nccl = Arc::new(nccl);
-    /// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-    /// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-    /// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+    /// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
     /// // Two ranks driven from this thread (`comms`, `ctxs`, `streams`, as in
     /// // `Communicator`'s example): one group launches both ranks' parts.
     /// let src = DeviceBuffer::from_slice(&ctxs[0], &[1, 2, 10, 20])?;

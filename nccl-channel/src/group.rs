@@ -241,16 +241,9 @@ impl Drop for Group<'_> {
 /// what they used: their work may be incomplete, and would stay queued in NCCL.
 ///
 /// ```
-/// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-/// # use cuda_mock::MockDriver;
-/// # use nccl_mock::MockNccl;
+/// # use cuda_hal::DeviceBuffer;
 /// use nccl_channel::{Communicator, Error, group};
-/// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-/// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
-/// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-/// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-/// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
 /// // Two ranks on this thread (`comms`, `ctxs`, `streams`, as in `Group`'s example).
 /// let mut bufs = [
 ///     DeviceBuffer::from_slice(&ctxs[0], &[1u8, 0])?,

@@ -10,10 +10,7 @@ use nccl_sys::{NcclVersion, ncclDataType_t};
 /// with one of these layouts can be one too:
 ///
 /// ```
-/// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-/// # use cuda_mock::MockDriver;
-/// # use nccl_mock::MockNccl;
+/// # use cuda_hal::DeviceBuffer;
 /// use nccl_channel::{Communicator, NcclType, ReduceOp};
 /// use nccl_sys::ncclDataType_t;
 ///
@@ -32,11 +29,7 @@ use nccl_sys::{NcclVersion, ncclDataType_t};
 /// }
 ///
 /// assert_eq!(<f32 as NcclType>::NAME, "float32");
-/// # let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
-/// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
-/// # let ctx = cuda.device(0)?.primary_context()?;
-/// # let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))?.remove(0);
-/// # let stream = Stream::new(&ctx)?;
+/// # let doc_support::OneRank { ctx, comm, stream, .. } = doc_support::one_rank()?;
 /// // `comm`: a communicator of one rank (see `Communicator`), `stream` on its device.
 /// let mut counts = DeviceBuffer::from_slice(&ctx, &[Count(4), Count(7)])?;
 /// comm.all_reduce_in_place(&mut counts, ReduceOp::Max, &stream)?;
@@ -107,16 +100,9 @@ nccl_type! {
 ///
 /// ```
 /// use nccl_channel::{Fp8E4M3, ReduceOp};
-/// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-/// # use cuda_mock::MockDriver;
-/// # use nccl_mock::MockNccl;
+/// # use cuda_hal::DeviceBuffer;
 /// # use nccl_channel::{Communicator, group};
-/// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-/// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
-/// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-/// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-/// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
 /// // Two ranks on this thread (`comms`, `ctxs`, `streams`, as in `Communicator`'s example).
 /// let (one, two, x256, max) = (Fp8E4M3(0x38), Fp8E4M3(0x40), Fp8E4M3(0x78), Fp8E4M3(0x7e));
 /// let mut bufs = [
@@ -195,16 +181,9 @@ unsafe impl NcclType for Fp8E5M2 {
 ///
 /// ```
 /// use nccl_channel::ReduceOp;
-/// # use std::sync::Arc;
-/// # use cuda_hal::{Cuda, DeviceBuffer, Stream};
-/// # use cuda_mock::MockDriver;
-/// # use nccl_mock::MockNccl;
+/// # use cuda_hal::DeviceBuffer;
 /// # use nccl_channel::{Communicator, group};
-/// # let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-/// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
-/// # let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
-/// # let comms = Communicator::init_all(&nccl, &ctxs)?;
-/// # let streams = [Stream::new(&ctxs[0])?, Stream::new(&ctxs[1])?];
+/// # let doc_support::Ranks { nccl, ctxs, comms, streams, .. } = doc_support::ranks(2)?;
 /// // Two ranks on this thread (`comms`, `ctxs`, `streams`, as in `Communicator`'s example).
 /// let send = [
 ///     DeviceBuffer::from_slice(&ctxs[0], &[1.0f32, 4.0])?,

@@ -210,16 +210,8 @@ impl Communicator {
     /// collective, within their deadline).
     ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use cuda_hal::{Cuda, Stream};
-    /// # use cuda_mock::MockDriver;
-    /// # use nccl_mock::MockNccl;
     /// use nccl_channel::{Communicator, ReduceOp};
-    /// # let (cuda, gpus) = MockDriver::with_devices(1).build_with(Cuda::from_driver)?;
-    /// # let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
-    /// # let ctx = cuda.device(0)?.primary_context()?;
-    /// # let comm = Communicator::init_all(&nccl, std::slice::from_ref(&ctx))?.remove(0);
-    /// # let stream = Stream::new(&ctx)?;
+    /// # let doc_support::OneRank { ctx, comm, stream, .. } = doc_support::one_rank()?;
     /// let mut grads = comm.symmetric::<f32>(4096)?;
     /// grads.fill(0.5)?;
     /// comm.all_reduce_in_place(&mut grads, ReduceOp::Sum, &stream)?;
