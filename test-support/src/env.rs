@@ -102,6 +102,29 @@ pub fn scrubbed_for_gpu(program: impl AsRef<OsStr>) -> Command {
     cmd
 }
 
+/// Runs the test `name` (its full path in this test binary) of this binary in a child
+/// made by `cmd` (the caller sets its environment; the program is this binary), and
+/// checks that exactly that one test ran and passed: a name that matches no test (renamed,
+/// ignored, filtered) would otherwise pass without checking anything. Returns its
+/// standard output and error.
+pub fn run_test_in_child(mut cmd: Command, name: &str) -> (String, String) {
+    let out = cmd
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "test {name} failed in its child:\n{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the child ran no test named {name}:\n{stdout}"
+    );
+    (stdout, stderr)
+}
+
 /// For a test that needs its own process environment without the scrubbed variables:
 /// `true` in the child that runs the test's body, `false` in the test's process, after it
 /// has run test `name` (its full path in this binary) in that child with `env` added and

@@ -13,16 +13,9 @@ use crate::common::rig;
 
 /// Runs test `name` of this binary in a child and returns its stderr (it must pass).
 fn child_stderr(name: &str) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env("CUDA_HAL_FOREIGN_CHILD", name)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("1 passed"), "no test named {name}");
-    stderr
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("CUDA_HAL_FOREIGN_CHILD", name);
+    test_support::env::run_test_in_child(cmd, name).1
 }
 
 fn is_child(name: &str) -> bool {

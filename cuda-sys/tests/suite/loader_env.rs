@@ -19,29 +19,12 @@ const SCENARIO: &str = "CUDA_SYS_LOADER_ENV_SCENARIO";
 /// returns its stdout, failing the test if the child failed.
 fn run_child(name: &str, env: &[(&str, &Path)]) -> String {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.env_clear().env(SCENARIO, name).args([
-        "--exact",
-        &test_support::test_name(module_path!(), "child"),
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ]);
+    cmd.env_clear().env(SCENARIO, name);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "child {name} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // A child that ran no test (renamed, ignored, filtered) would pass without checking.
-    assert!(
-        stdout.contains("1 passed"),
-        "child {name} ran no test:\n{stdout}"
-    );
-    stdout
+    let child = test_support::test_name(module_path!(), "child");
+    test_support::env::run_test_in_child(cmd, &child).0
 }
 
 /// The child's side: does nothing unless started by `run_child`.
@@ -140,27 +123,12 @@ fn the_override_opens_the_library_it_names() {
 fn an_empty_override_counts_as_unset() {
     // With `$CUDA_SYS_LIBRARY` empty the search runs: its error (or its success on a
     // machine with a driver) never names the empty override.
-    let out = Command::new(std::env::current_exe().unwrap())
-        .env_clear()
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env_clear()
         .env(DRIVER_PATH_ENV, "")
-        .env(SCENARIO, "empty-override")
-        .args([
-            "--exact",
-            &test_support::test_name(module_path!(), "empty_override_child"),
-            "--nocapture",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("1 passed"),
-        "the child ran no test:\n{stdout}"
-    );
+        .env(SCENARIO, "empty-override");
+    let child = test_support::test_name(module_path!(), "empty_override_child");
+    test_support::env::run_test_in_child(cmd, &child);
 }
 
 #[test]

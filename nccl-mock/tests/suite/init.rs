@@ -72,19 +72,10 @@ fn ranks_that_disagree_on_the_world_size_fail_at_once() {
 /// (with `NCCL_CHANNEL_WAIT_NOTICE_SECS=1`); the child must pass.
 fn notices_of_child(name: &str) -> Vec<String> {
     let name = test_support::test_name(module_path!(), name);
-    let out = test_support::env::scrubbed(std::env::current_exe().unwrap())
-        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
-        .env(NOTICE_CHILD, &name)
-        .env("NCCL_CHANNEL_WAIT_NOTICE_SECS", "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("1 passed"),
-        "no test named {name}: {stdout}"
-    );
+    let mut cmd = test_support::env::scrubbed(std::env::current_exe().unwrap());
+    cmd.env(NOTICE_CHILD, &name)
+        .env("NCCL_CHANNEL_WAIT_NOTICE_SECS", "1");
+    let (_, stderr) = test_support::env::run_test_in_child(cmd, &name);
     stderr
         .lines()
         .filter(|l| l.starts_with("simulated NCCL:"))

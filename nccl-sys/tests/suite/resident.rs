@@ -47,29 +47,13 @@ fn on_search_path(lib: &Path) -> PathBuf {
 /// Runs `child` with a cleared environment plus `LD_LIBRARY_PATH=path_dir`, the resident
 /// library (if any) and what it must load.
 fn run_child(path_dir: &Path, resident: Option<&Path>, version: &str, origin: &str) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .env_clear()
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env_clear()
         .env("LD_LIBRARY_PATH", path_dir)
         .env(RESIDENT, resident.unwrap_or(Path::new("")))
-        .env(WANT, format!("{version}|{origin}"))
-        .args([
-            "--exact",
-            &test_support::test_name(module_path!(), "child"),
-            "--nocapture",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // A child that ran no test (renamed, ignored, filtered) would pass without checking.
-    assert!(
-        stdout.contains("1 passed"),
-        "the child ran no test:\n{stdout}"
-    );
+        .env(WANT, format!("{version}|{origin}"));
+    let child = test_support::test_name(module_path!(), "child");
+    test_support::env::run_test_in_child(cmd, &child);
 }
 
 /// The child: loads `$RESIDENT` by its path (as another crate would), then `Nccl::load`.
