@@ -484,3 +484,24 @@ fn a_put_from_another_communicator_or_past_the_end_is_refused() {
     drop((s, comms, other, ctx));
     rig.assert_clean();
 }
+
+/// Four ranks, one thread each: each allocates two symmetric buffers, all-reduces and
+/// all-gathers on them, and the simulator finds every rank's buffers at the same places.
+#[test]
+fn four_ranks_allocate_together_and_run_on_it() {
+    let rig = Rig::new(4);
+    let out = rig.run(4, |c, s| {
+        let mut a = c.symmetric::<i32>(4).unwrap();
+        let mut b = c.symmetric::<i32>(16).unwrap();
+        a.fill(c.rank() as i32).unwrap();
+        c.all_reduce_in_place(&mut a, ReduceOp::Sum, s).unwrap();
+        c.all_gather(&a, &mut b, s).unwrap();
+        s.synchronize().unwrap();
+        b.to_vec().unwrap()
+    });
+    for v in out {
+        assert_eq!(v, [6; 16]);
+    }
+    assert!(rig.gpus.violations().is_empty(), "{:?}", rig.gpus.violations());
+    rig.assert_clean();
+}
