@@ -384,29 +384,35 @@ fn collective(w: &NWorld, mut s: MutexGuard<'_, State>, call: Call) -> ncclResul
     dispatch(w, work, blocking)
 }
 
-/// Where `len` bytes at `ptr` lie among communicator `h`'s symmetric windows.
+/// Where `len` bytes at `ptr` lie among communicator `h`'s symmetric windows, found as
+/// NCCL finds a buffer's window (`ncclDevrFindWindow`): the window with the greatest
+/// start at or below `ptr` that holds `ptr`; a buffer that starts in no window is in none
+/// (NCCL runs it on its plain path), one that starts in a window and runs past its end
+/// straddles it.
 fn placement(s: &State, h: usize, ptr: u64, len: usize) -> Placement {
     if len == 0 {
         return Placement::Unused;
     }
-    let end = ptr.saturating_add(len as u64);
-    let symmetric = s.regs.values().filter_map(|r| {
-        let place = r.win.as_ref()?;
-        (r.comm == h && place.flags & NCCL_WIN_COLL_SYMMETRIC as i32 != 0).then_some((r, place.seq))
-    });
-    for (r, window) in symmetric {
-        let (start, stop) = (r.ptr, r.ptr.saturating_add(r.len as u64));
-        if ptr >= start && end <= stop {
-            return Placement::Inside {
+    let found = s
+        .regs
+        .values()
+        .filter_map(|r| {
+            let place = r.win.as_ref()?;
+            let symmetric = place.flags & NCCL_WIN_COLL_SYMMETRIC as i32 != 0;
+            let holds = r.ptr <= ptr && ptr - r.ptr < r.len as u64;
+            (r.comm == h && symmetric && holds).then_some((r.ptr, r.len, place.seq))
+        })
+        .max_by_key(|(start, ..)| *start);
+    match found {
+        None => Placement::Outside,
+        Some((start, bytes, window)) if ptr - start + len as u64 <= bytes as u64 => {
+            Placement::Inside {
                 window,
                 offset: ptr - start,
-            };
+            }
         }
-        if ptr < stop && end > start {
-            return Placement::Straddles { window };
-        }
+        Some((_, _, window)) => Placement::Straddles { window },
     }
-    Placement::Outside
 }
 
 #[allow(clippy::too_many_arguments)] // the C call's arguments, one for one

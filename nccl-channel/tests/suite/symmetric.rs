@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use cuda_hal::{CaptureMode, DeviceSlice, Stream};
-use nccl_channel::{Communicator, Error, ReduceOp, group};
+use nccl_channel::{Communicator, Error, ReduceOp, WindowFlags, group};
 use nccl_mock::MockNccl;
 use nccl_sys::{NcclVersion, ncclResult_t};
 
@@ -501,6 +501,39 @@ fn four_ranks_allocate_together_and_run_on_it() {
     });
     for v in out {
         assert_eq!(v, [6; 16]);
+    }
+    assert!(rig.gpus.violations().is_empty(), "{:?}", rig.gpus.violations());
+    rig.assert_clean();
+}
+
+/// The simulator finds a buffer's window as NCCL does (the window with the greatest start
+/// at or below the buffer's that holds it): a buffer that starts before a window is in
+/// none, and of two windows holding a buffer the later-starting one is its, every time.
+/// Correct programs, no finding.
+#[test]
+fn buffers_are_placed_in_windows_as_nccl_finds_them() {
+    let rig = Rig::new(2);
+    for _ in 0..5 {
+        rig.run(2, |c, s| {
+            // A window over the upper half only; the whole buffer starts outside it.
+            let mut buf = c.alloc_nccl::<f32>(2048).unwrap();
+            let upper = c
+                .register_window(&buf.slice(1024..).unwrap(), WindowFlags::COLL_SYMMETRIC)
+                .unwrap();
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum, s).unwrap();
+            // A symmetric buffer with a second window over its upper half: a bucket there
+            // is at offset 0 of that window on every rank.
+            let mut sym = c.symmetric::<f32>(2048).unwrap();
+            let inner = c
+                .register_window(&sym.slice(1024..).unwrap(), WindowFlags::COLL_SYMMETRIC)
+                .unwrap();
+            c.all_reduce_in_place(&mut sym.slice_mut(1024..1280).unwrap(), ReduceOp::Sum, s)
+                .unwrap();
+            c.all_reduce_in_place(&mut sym.slice_mut(0..1024).unwrap(), ReduceOp::Sum, s)
+                .unwrap();
+            s.synchronize().unwrap();
+            drop((upper, inner));
+        });
     }
     assert!(rig.gpus.violations().is_empty(), "{:?}", rig.gpus.violations());
     rig.assert_clean();
