@@ -437,6 +437,19 @@ impl Stream {
         Ok(())
     }
 
+    /// `Err` before a synchronous copy or memset of `ctx`'s memory (they run on the legacy
+    /// stream and the host waits for them) while a capture begun through this crate
+    /// forbids this thread host waits: the driver would refuse it and spoil that capture.
+    pub(crate) fn refuse_synchronous_use(ctx: &Context) -> Result<()> {
+        if Stream::strict_capture_here(ctx.cuda()).is_some() {
+            return Err(Error::Capturing {
+                what: "a synchronous copy or memset (inside a capture, use the stream-ordered \
+                       forms)",
+            });
+        }
+        Ok(())
+    }
+
     /// The raw handle (to pass to other CUDA libraries, e.g. NCCL).
     #[inline]
     #[must_use]

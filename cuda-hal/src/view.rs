@@ -267,6 +267,7 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
     }
 
     pub(crate) fn base_used_synchronously(&self) -> Result<()> {
+        crate::Stream::refuse_synchronous_use(self.context())?;
         self.base.used_synchronously()
     }
 }
@@ -371,6 +372,7 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
     }
 
     pub(crate) fn base_used_synchronously(&self) -> Result<()> {
+        crate::Stream::refuse_synchronous_use(self.context())?;
         self.base.used_synchronously()
     }
 }

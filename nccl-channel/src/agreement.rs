@@ -140,10 +140,10 @@ pub(crate) fn values_of(
     let mut out = Vec::with_capacity(parts.len());
     let mut disagreed = None;
     for (c, sent, stream, (_, recv)) in &parts {
-        if !c.config().is_blocking() {
-            c.wait(stream)?;
-        }
-        stream.synchronize()?;
+        // Within the communicator's deadline, blocking or not: a peer that never makes
+        // its exchange (it was refused before, or died) aborts this rank with a typed
+        // error instead of leaving it waiting for good.
+        c.wait_for_exchange(stream)?;
         match values(sent, &recv.to_vec()?, c.size()) {
             Ok(v) => out.push(v),
             Err(problem) => {

@@ -1338,3 +1338,32 @@ fn a_release_racing_a_global_capture_on_another_thread_is_not_leaked() {
     drop((used, captured, ctx, cuda));
     assert_clean(&world);
 }
+
+/// A synchronous copy or memset while a strict capture forbids this thread host waits:
+/// a typed error before the driver sees it, and the capture goes on (the driver would
+/// refuse it and spoil the capture). A relaxed capture forbids nothing.
+#[test]
+fn synchronous_copies_inside_a_strict_capture_are_refused_and_the_capture_survives() {
+    let (cuda, world, ctx) = rig();
+    let s = Stream::non_blocking(&ctx).unwrap();
+    let mut buf = DeviceBuffer::<u32>::zeroed(&ctx, 4).unwrap();
+    for mode in [CaptureMode::ThreadLocal, CaptureMode::Global] {
+        s.begin_capture(mode).unwrap();
+        let refused = |r: cuda_hal::Result<()>| {
+            assert!(matches!(r, Err(Error::Capturing { .. })), "{mode:?}: {r:?}");
+        };
+        refused(DeviceBuffer::from_slice(&ctx, &[1u32, 2]).map(drop));
+        refused(DeviceBuffer::<u32>::zeroed(&ctx, 2).map(drop));
+        refused(buf.copy_from_host(&[5, 6, 7, 8]));
+        refused(buf.fill(3));
+        refused(buf.to_vec().map(drop));
+        buf.fill_async(9, &s).unwrap();
+        drop(s.end_capture().unwrap());
+    }
+    s.begin_capture(CaptureMode::Relaxed).unwrap();
+    buf.copy_from_host(&[5, 6, 7, 8]).unwrap();
+    drop(s.end_capture().unwrap());
+    assert_eq!(buf.to_vec().unwrap(), [5, 6, 7, 8]);
+    drop((buf, s, ctx, cuda));
+    assert_clean(&world);
+}

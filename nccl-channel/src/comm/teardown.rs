@@ -125,6 +125,18 @@ impl Communicator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn wait(&self, stream: &Stream) -> Result<()> {
+        self.wait_within_deadline(stream, false)
+    }
+
+    /// [`wait`](Self::wait) for the crate's own exchanges: on a blocking communicator,
+    /// work found done is done, whatever a peer that finished too and left since did to
+    /// the asynchronous error (a non-blocking one asks NCCL first: its work may not be
+    /// enqueued yet).
+    pub(crate) fn wait_for_exchange(&self, stream: &Stream) -> Result<()> {
+        self.wait_within_deadline(stream, self.config().is_blocking())
+    }
+
+    fn wait_within_deadline(&self, stream: &Stream, done_when_idle: bool) -> Result<()> {
         let raw = self.handle()?;
         self.same_context("Communicator::wait", "stream", stream.context())?;
         let timeout = self.config().get_timeout();
@@ -134,6 +146,9 @@ impl Communicator {
             self.shared.describe("the stream work (Communicator::wait)")
         });
         loop {
+            if done_when_idle && stream.is_idle()? {
+                return Ok(());
+            }
             let mut e = ncclResult_t::ncclSuccess;
             // SAFETY: a live communicator and a valid out-pointer.
             let (rc, call) =

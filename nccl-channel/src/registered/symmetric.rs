@@ -206,8 +206,9 @@ impl Communicator {
     /// [`Error::InvalidArgument`] for an empty buffer, [`Error::Unsupported`] when a
     /// rank's NCCL made no window (windows disabled with `NCCL_WIN_ENABLE=0`, or no
     /// symmetric memory on that machine) or an NCCL before 2.27. Refused inside an open
-    /// group ([`Error::InvalidArgument`] on that rank; the others wait for it as for any
-    /// collective, within their deadline).
+    /// group ([`Error::InvalidArgument`] on that rank) and while a capture forbids this
+    /// thread host waits (`Error::Cuda` of [`cuda_hal::Error::Capturing`]); the others
+    /// wait for such a rank as for any collective, within their communicator's deadline.
     ///
     /// ```
     /// use nccl_channel::{Communicator, ReduceOp};
@@ -251,6 +252,15 @@ impl Communicator {
                           its part at once, which a group would defer to its end"
                     .into(),
             });
+        }
+        // The exchanges wait for their all-gathers on the host, which a strict capture of
+        // this thread forbids (the driver would refuse the wait and spoil the capture).
+        if Stream::non_blocking(first.context())?.host_waits_forbidden() {
+            return Err(cuda_hal::Error::Capturing {
+                what: "Communicator::symmetric (every rank allocates at once, waiting on the \
+                       host; allocate before capturing)",
+            }
+            .into());
         }
         // Allocated first, so that a rank that cannot allocate says so in the exchange
         // instead of leaving the others waiting in the window's registration.

@@ -502,7 +502,11 @@ fn four_ranks_allocate_together_and_run_on_it() {
     for v in out {
         assert_eq!(v, [6; 16]);
     }
-    assert!(rig.gpus.violations().is_empty(), "{:?}", rig.gpus.violations());
+    assert!(
+        rig.gpus.violations().is_empty(),
+        "{:?}",
+        rig.gpus.violations()
+    );
     rig.assert_clean();
 }
 
@@ -535,6 +539,118 @@ fn buffers_are_placed_in_windows_as_nccl_finds_them() {
             drop((upper, inner));
         });
     }
-    assert!(rig.gpus.violations().is_empty(), "{:?}", rig.gpus.violations());
+    assert!(
+        rig.gpus.violations().is_empty(),
+        "{:?}",
+        rig.gpus.violations()
+    );
     rig.assert_clean();
+}
+
+/// A blocking communicator too: a peer refused before its exchange (here inside a group)
+/// leaves this rank waiting only until the communicator's deadline or the peer's end,
+/// then a typed error (the simulated NCCL runs a blocking collective in its call, and
+/// ends it when the peer's communicator goes; real NCCL enqueues it, and the exchange's
+/// wait ends at the deadline).
+#[test]
+fn on_a_blocking_communicator_a_peer_that_never_comes_ends_at_the_deadline() {
+    let rig = Rig::new(2);
+    let config = nccl_channel::CommConfig::new().timeout(Duration::from_millis(500));
+    let start = std::time::Instant::now();
+    let out = rig.run_with(2, &config, |c, _| {
+        let r = if c.rank() == 0 {
+            group(&rig.nccl, || c.symmetric::<f32>(16).map(drop))
+        } else {
+            c.symmetric::<f32>(16).map(drop)
+        };
+        // Rank 0 stays until rank 1 gave up, so its communicator cannot answer for it.
+        std::thread::sleep(Duration::from_secs(1));
+        r
+    });
+    assert!(
+        matches!(&out[0], Err(Error::InvalidArgument { .. })),
+        "{:?}",
+        out[0]
+    );
+    assert!(
+        matches!(&out[1], Err(Error::Timeout { .. } | Error::Nccl { .. })),
+        "{:?}",
+        out[1]
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    rig.assert_clean();
+}
+
+/// Inside a strict capture of this thread, nothing is allocated and the capture goes on.
+#[test]
+fn inside_a_strict_capture_it_is_refused_and_the_capture_survives() {
+    on_one_rank(1, |rig, OneRank { comm, s, .. }| {
+        s.begin_capture(CaptureMode::ThreadLocal).unwrap();
+        let r = comm.symmetric::<f32>(16);
+        assert!(
+            matches!(&r, Err(Error::Cuda(cuda_hal::Error::Capturing { .. }))),
+            "{r:?}"
+        );
+        drop(s.end_capture().unwrap());
+        assert_eq!(rig.world.calls("ncclMemAlloc"), 0);
+    });
+}
+
+/// Windows switched off in one process only (two simulated processes, one rank each):
+/// the rank whose NCCL made its window learns from the exchange that its peer's made none,
+/// so both get `Unsupported`, and nothing is left behind.
+#[test]
+fn windows_off_in_one_process_only_are_unsupported_on_both() {
+    if !test_support::this_test_in_scrubbed_child!(&[]) {
+        return;
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<nccl_channel::UniqueId>();
+    let rx = std::sync::Mutex::new(rx);
+    let out: Vec<String> = std::thread::scope(|sc| {
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let (tx, rx) = (tx.clone(), &rx);
+                sc.spawn(move || {
+                    let (cuda, gpus) = cuda_mock::MockDriver::with_devices(1)
+                        .build_with(cuda_hal::Cuda::from_driver)
+                        .unwrap();
+                    let (nccl, world) = MockNccl::new(&gpus)
+                        .multi_process(true)
+                        .windows(rank == 0)
+                        .timeout(Duration::from_secs(20))
+                        .build()
+                        .unwrap();
+                    let nccl = std::sync::Arc::new(nccl);
+                    let ctx = cuda.device(0).unwrap().primary_context().unwrap();
+                    let id = if rank == 0 {
+                        let id = nccl_channel::UniqueId::generate(&nccl).unwrap();
+                        tx.send(id.clone()).unwrap();
+                        id
+                    } else {
+                        rx.lock().unwrap().recv().unwrap()
+                    };
+                    let comm = Communicator::init_rank(&nccl, &ctx, &id, 2, rank).unwrap();
+                    let r = comm.symmetric::<f32>(1024).map(drop);
+                    comm.close().unwrap();
+                    drop(ctx);
+                    assert!(world.violations().is_empty(), "{:?}", world.violations());
+                    assert!(gpus.violations().is_empty(), "{:?}", gpus.violations());
+                    drop((nccl, cuda));
+                    assert_eq!(gpus.live().device_allocations, 0);
+                    match r {
+                        Err(Error::Unsupported { found, .. }) => found,
+                        other => panic!("rank {rank}: {other:?}"),
+                    }
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for found in out {
+        assert!(found.contains("rank 1 made no window"), "{found}");
+    }
 }
