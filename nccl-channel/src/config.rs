@@ -39,7 +39,8 @@ impl CtaPolicy {
     /// engines and leaves every SM to the computation; takes precedence over
     /// [`EFFICIENCY`](Self::EFFICIENCY). It applies to all-gathers, all-to-alls, gathers and
     /// scatters whose buffers are in symmetric memory
-    /// ([`Communicator::symmetric`](crate::Communicator::symmetric)) within one NVLink
+    /// ([`Communicator::symmetric`](crate::Communicator::symmetric), or a window registered
+    /// with [`WindowFlags::COLL_SYMMETRIC`](crate::WindowFlags::COLL_SYMMETRIC)) within one NVLink
     /// domain (NCCL ≥ 2.28, driver ≥ 12.5; all-gathers and all-to-alls across nodes from
     /// NCCL 2.30.6); other collectives run as without it. When it wins, measured on two
     /// H200s (BENCHMARKS.md): a 1 GiB all-gather in symmetric memory 1.39 × faster than

@@ -250,7 +250,7 @@ pub(crate) fn put_signal<T: NcclType>(
     // SAFETY: a live communicator; `src` is `src.len()` elements of T of its device,
     // kept allocated until the put is done (noted on the stream above); `win` is an
     // active window of this communicator, kept until the put is done (noted above),
-    // and the write fits it (checked above; one size on every rank).
+    // and the write fits the smallest window of this place on any rank (checked above).
     let rc = unsafe {
         f(
             ptr,

@@ -6,8 +6,9 @@
 //! The allocation is collective, and every way it can go wrong is told to every rank:
 //! the ranks first allocate, then exchange what each allocated (the crate's own
 //! exchange, agreement.rs, which no user collective can answer), and register the window
-//! only when every rank has memory of the same size; a second exchange tells every rank
-//! whether every rank's NCCL made the window.
+//! only when every rank has memory of the same size (the registration exchanges the
+//! window's size too); a last exchange tells every rank whether every rank's NCCL made
+//! the window.
 
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -31,7 +32,8 @@ const FAILED: u64 = u64::MAX;
 /// [`Communicator::symmetric`]; use it as a [`DeviceBuffer`] (it derefs to one, and views
 /// of it work), and drop it as any buffer, on any thread: its window is released on the
 /// communicator's thread (at its next call, or with it) after the work that may use it,
-/// then the memory.
+/// then the memory. (Swapping another buffer in through `DerefMut` takes that memory out
+/// of the window; the window keeps its own until it is released.)
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -183,7 +185,9 @@ unsafe impl<T: NcclType> DeviceSlice for SymmetricBuffer<'_, T> {
     }
 }
 
-// SAFETY: NCCL memory is writable, and `&mut` of the symmetric buffer is its only writer.
+// SAFETY: NCCL memory is writable device memory of the buffer's context, as the trait
+// requires; the peers' puts and collectives that also write it do so in stream order, as
+// any collective writes any buffer.
 unsafe impl<T: NcclType> DeviceSliceMut for SymmetricBuffer<'_, T> {}
 
 impl Communicator {
@@ -194,10 +198,10 @@ impl Communicator {
     /// use [`symmetric_all`](Self::symmetric_all)).
     ///
     /// When it wins, measured on two H200s with NCCL 2.28.9 (BENCHMARKS.md): all-reduces
-    /// of up to a few KiB take 0.60–0.65 × the time (NCCL's symmetric kernels: what
-    /// gradient buckets and decode-time activations are); large all-gathers gain with
-    /// [`CtaPolicy::ZERO`](crate::CtaPolicy::ZERO) (1.39 × at 1 GiB, the SMs left to
-    /// compute) or few CTAs (1.7–1.9 × at `max_ctas(4)`); all-reduces and
+    /// of up to 16 KiB replayed in CUDA graphs take 0.60–0.68 × the time (NCCL's symmetric
+    /// kernels: what gradient buckets and decode-time activations are); large all-gathers
+    /// gain with [`CtaPolicy::ZERO`](crate::CtaPolicy::ZERO) (1.39 × the default
+    /// policy's speed at 1 GiB, the SMs left to compute) or few CTAs (1.7–1.9 × at `max_ctas(4)`); all-reduces and
     /// reduce-scatters of hundreds of MiB under NCCL's default CTA counts are slower
     /// (0.71–0.82 ×): give those plain memory or [`buffer`](Self::buffer).
     ///
