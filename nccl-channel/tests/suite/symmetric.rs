@@ -388,11 +388,7 @@ fn every_collective_runs_on_symmetric_memory_without_a_finding() {
         s.synchronize().unwrap();
         assert_eq!(b.to_vec().unwrap(), [1, 1, 1, 1, 2, 2, 2, 2]);
     });
-    assert!(
-        rig.gpus.violations().is_empty(),
-        "{:?}",
-        rig.gpus.violations()
-    );
+    // No finding: assert_clean fails on any.
     rig.assert_clean();
 }
 
@@ -502,11 +498,7 @@ fn four_ranks_allocate_together_and_run_on_it() {
     for v in out {
         assert_eq!(v, [6; 16]);
     }
-    assert!(
-        rig.gpus.violations().is_empty(),
-        "{:?}",
-        rig.gpus.violations()
-    );
+    // No finding: assert_clean fails on any.
     rig.assert_clean();
 }
 
@@ -539,11 +531,7 @@ fn buffers_are_placed_in_windows_as_nccl_finds_them() {
             drop((upper, inner));
         });
     }
-    assert!(
-        rig.gpus.violations().is_empty(),
-        "{:?}",
-        rig.gpus.violations()
-    );
+    // No finding: assert_clean fails on any.
     rig.assert_clean();
 }
 
