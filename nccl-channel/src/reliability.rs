@@ -2,7 +2,7 @@
 //!
 //! What lies below the communicator: the [`AbortHandle`], the poll of a non-blocking
 //! call, the error for a missing optional function. It never names the communicator,
-//! whose own calls on top of it (`wait`, `revoke`, `abort_handle`) are in comm.rs.
+//! whose own calls on top of it (`wait`, `revoke`, `abort_handle`) are in comm/teardown.rs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,5 @@
 //! Inits other than by one unique id: with several ids ([`Communicator::init_rank_scalable`],
-//! NCCL ≥ 2.23); they share comm.rs's `init_via`, the path of every init that takes a
+//! NCCL ≥ 2.23); they share comm/init.rs's `init_via`, the path of every init that takes a
 //! config and may complete in the background.
 
 use std::ffi::c_int;

@@ -15,7 +15,7 @@ pub(crate) struct SuspendState {
     /// Streams the communicator enqueued on, whose work may not be done (kept by the
     /// memory model, which a capture nobody can end any more does not wait for).
     streams: StreamLog,
-    /// One clone per live hold of a capture or group (comm.rs's `held`).
+    /// One clone per live hold of a capture or group (comm/shared.rs's `held`).
     pub(crate) holds: Arc<()>,
 }
 
