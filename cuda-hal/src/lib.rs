@@ -76,7 +76,7 @@
 //!
 //! 1. **Use logs.** Each device allocation records the streams whose work used it
 //!    ([`DeviceBuffer::used_on`], called by every enqueueing API before the work is
-//!    enqueued). When the last owner lets go, the free is ordered after that work: a
+//!    enqueued). When the last owner drops it, the free is ordered after that work: a
 //!    plain allocation waits for those streams, then `cuMemFree`; a stream-ordered one
 //!    (`alloc_on`) makes its free stream wait for an event recorded on each of them, then
 //!    `cuMemFreeAsync`. If ordering fails (a broken context), the memory is leaked rather

@@ -237,7 +237,7 @@ impl Drop for Group<'_> {
 }
 
 /// Runs `f` inside a group. The group always ends; `f`'s error wins over the group's.
-/// A group whose end fails aborts the communicators its calls used before it lets go of
+/// A group whose end fails aborts the communicators its calls used before it drops
 /// what they used: their work may be incomplete, and would stay queued in NCCL.
 ///
 /// ```
