@@ -642,3 +642,25 @@ fn windows_off_in_one_process_only_are_unsupported_on_both() {
         assert!(found.contains("rank 1 made no window"), "{found}");
     }
 }
+
+/// A symmetric buffer passed where any device slice goes keeps the promises of one: its
+/// uses are noted on the buffer (`synchronize_uses` waits for them), it can be held past
+/// its borrow (so registrations and graphs can keep it), and it prints as what it is.
+#[test]
+fn it_notes_its_uses_and_can_be_held_like_any_buffer() {
+    on_one_rank(1, |rig, OneRank { ctx, comm, .. }| {
+        let s = Stream::non_blocking(&ctx).unwrap();
+        let mut b = comm.symmetric::<f32>(64).unwrap();
+        let syncs = || rig.gpus.calls("cuStreamSynchronize");
+        comm.all_reduce_in_place(&mut b, ReduceOp::Sum, &s).unwrap();
+        let before = syncs();
+        b.synchronize_uses().unwrap();
+        assert_eq!(syncs() - before, 1, "the all-reduce's stream is waited for");
+        let reg = comm.register(&b).unwrap();
+        drop(reg);
+        let shown = format!("{b:?}");
+        assert!(shown.starts_with("SymmetricBuffer { buffer: "), "{shown}");
+        assert!(shown.contains("window: 0x"), "{shown}");
+        drop((b, s));
+    });
+}
