@@ -664,3 +664,28 @@ fn it_notes_its_uses_and_can_be_held_like_any_buffer() {
         drop((b, s));
     });
 }
+
+/// Of two windows holding a buffer's start, NCCL takes the later-starting one: a buffer
+/// that runs past that window's end is a finding even where an outer window would hold it.
+#[test]
+fn a_buffer_past_the_end_of_its_inner_window_is_a_finding() {
+    let rig = Rig::new(2);
+    rig.run(2, |c, s| {
+        let mut sym = c.symmetric::<f32>(2048).unwrap();
+        let inner = c
+            .register_window(&sym.slice(1024..1536).unwrap(), WindowFlags::COLL_SYMMETRIC)
+            .unwrap();
+        c.all_reduce_in_place(&mut sym.slice_mut(1280..1792).unwrap(), ReduceOp::Sum, s)
+            .unwrap();
+        s.synchronize().unwrap();
+        drop(inner);
+    });
+    let found = rig.gpus.take_violations();
+    assert!(
+        found
+            .iter()
+            .any(|v| v == "ncclAllReduce: the sendbuff of rank 0 runs past the end of window 2"),
+        "{found:?}"
+    );
+    rig.assert_clean();
+}
