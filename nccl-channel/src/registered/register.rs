@@ -505,11 +505,11 @@ impl std::fmt::Debug for Window<'_> {
 }
 
 impl<'c> Window<'c> {
-    /// The shared registration and the smallest size among the ranks, without releasing
-    /// it: the last holder of the registration releases it (on the communicator's thread,
-    /// at its next call when that holder is elsewhere).
-    pub(crate) fn into_parts(self) -> (Arc<RegShared>, usize) {
-        (self.0.into_shared(), self.1)
+    /// The shared registration, without releasing it: the last holder of the
+    /// registration releases it (on the communicator's thread, at its next call when that
+    /// holder is elsewhere).
+    pub(crate) fn into_shared(self) -> Arc<RegShared> {
+        self.0.into_shared()
     }
 
     /// The smallest size of this window among the communicator's ranks, in bytes: NCCL

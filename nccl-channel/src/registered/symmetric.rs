@@ -326,7 +326,7 @@ impl Communicator {
             .zip(windows)
             .map(|(buf, window)| SymmetricBuffer {
                 buf,
-                window: window.into_parts().0,
+                window: window.into_shared(),
                 _comm: PhantomData,
             })
             .collect())
