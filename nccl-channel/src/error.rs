@@ -239,6 +239,24 @@ pub enum Error {
         #[source]
         source: Option<IoError>,
     },
+    /// The rendezvous's secret refused the exchange ([`Rendezvous::secret`](crate::Rendezvous::secret)):
+    /// rank 0 has a secret and this rank has none, or the other way round, or the two sides
+    /// hold different secrets, or something that answered could not prove it knows the
+    /// secret (an impostor, a replayed exchange). Nothing of the unique id was handed
+    /// over. A rank meets this error at once when the other side tells it so, else at its
+    /// deadline (what answered may have been another job's server, which a later attempt
+    /// gets past).
+    #[error("{service} at {address} (derived from {derived_from}) {problem}")]
+    RendezvousRefused {
+        /// Who serves the id there: `"rank 0's rendezvous"` or `"torchrun's TCPStore"`.
+        service: &'static str,
+        /// `host:port`.
+        address: String,
+        /// The environment variables (or `"code"`) the address came from.
+        derived_from: String,
+        /// What was refused, and why.
+        problem: String,
+    },
     /// The communicator was aborted; it accepts no more work.
     #[error("the communicator was aborted")]
     Aborted,

@@ -227,7 +227,10 @@ pub use registered::pool::PooledBuffer;
 pub use registered::register::{Registration, Window, WindowFlags};
 pub use registered::symmetric::SymmetricBuffer;
 pub use reliability::AbortHandle;
-pub use rendezvous::{DEFAULT_TIMEOUT, PORT_BASE, PORT_SPAN, Rendezvous, RendezvousKind};
+pub use rendezvous::{
+    DEFAULT_TIMEOUT, PORT_BASE, PORT_SPAN, Rendezvous, RendezvousKind, RendezvousSecret,
+    SECRET_FILE_ENV,
+};
 pub use scalable::scalable_root;
 pub use suspend::calls::{MemStats, SuspendFlags};
 pub use types::{Fp8E4M3, Fp8E5M2, NcclType, ReduceOp};

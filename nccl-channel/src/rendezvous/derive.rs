@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::hostlist;
 use super::point::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
+use super::secret::{RendezvousSecret, SECRET_FILE_ENV};
 use crate::decimal::{parse_decimal, parse_port, parse_seconds};
 use crate::host_port::parse_host_port;
 use crate::{Error, Result, World};
@@ -45,15 +46,48 @@ pub(super) fn derive(world: &World, lookup: Lookup<'_>) -> Result<Option<Rendezv
         Some(f) => f,
         None => return Ok(None),
     };
-    Ok(Some(Rendezvous::new(
+    let mut rdv = Rendezvous::new(
         found.kind,
         found.host,
         found.port,
         found.from.join(", "),
         found.key,
         timeout,
-    )))
+    );
+    if let Some(path) = get(SECRET_FILE_ENV) {
+        rdv = rdv.secret(RendezvousSecret::from_file(&path)?);
+    }
+    if let Some(v) = get(ENCRYPT_NCCL_ENV) {
+        let on = match v.as_str() {
+            "1" => true,
+            "0" => false,
+            _ => {
+                return Err(Error::Env {
+                    variable: ENCRYPT_NCCL_ENV.into(),
+                    value: v,
+                    problem: "expected 1 (encrypt NCCL's sockets with a key derived from the \
+                              rendezvous's secret) or 0"
+                        .into(),
+                });
+            }
+        };
+        if on && !rdv.has_secret() {
+            return Err(Error::Env {
+                variable: ENCRYPT_NCCL_ENV.into(),
+                value: v,
+                problem: format!(
+                    "NCCL's key is derived from the rendezvous's secret: set {SECRET_FILE_ENV} \
+                     too"
+                ),
+            });
+        }
+        rdv = rdv.encrypt_nccl(on);
+    }
+    Ok(Some(rdv))
 }
+
+/// The variable that turns on [`Rendezvous::encrypt_nccl`].
+const ENCRYPT_NCCL_ENV: &str = "NCCL_CHANNEL_RENDEZVOUS_ENCRYPT_NCCL";
 
 fn find(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     if let Some(v) = get("NCCL_CHANNEL_RENDEZVOUS") {

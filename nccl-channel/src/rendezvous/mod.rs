@@ -7,6 +7,8 @@ mod hostlist;
 mod net;
 mod ours;
 mod point;
+mod proof;
+mod secret;
 mod tcpstore;
 
 use std::collections::BTreeMap;
@@ -18,6 +20,7 @@ use crate::{Error, Result, UniqueId, World};
 
 pub use derive::{PORT_BASE, PORT_SPAN};
 pub use point::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
+pub use secret::{RendezvousSecret, SECRET_FILE_ENV};
 
 // The doors that need the protocols and the rule of derive.rs; what a rendezvous is, and
 // the rest of its methods, are in point.rs, below them.
@@ -141,6 +144,19 @@ impl Rendezvous {
     /// ```
     #[doc(alias = "ncclGetUniqueId")]
     pub fn exchange(&self, nccl: &Nccl, rank: usize, size: usize) -> Result<UniqueId> {
+        if self.encrypt_nccl {
+            let Some(secret) = &self.secret else {
+                return Err(Error::InvalidArgument {
+                    what: "Rendezvous::encrypt_nccl",
+                    problem: "NCCL's key is derived from the rendezvous's secret, and this \
+                              rendezvous has none (Rendezvous::secret)"
+                        .into(),
+                });
+            };
+            // Before the id: a rank whose NCCL cannot encrypt fails before the others
+            // count on it.
+            crate::set_encryption(nccl, &secret.nccl_encryption())?;
+        }
         self.exchange_with(rank, size, || UniqueId::generate(nccl))
     }
 

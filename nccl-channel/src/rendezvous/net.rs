@@ -183,6 +183,20 @@ pub(crate) fn attempts_backoff() -> Backoff {
     Backoff::new(Duration::from_millis(10), Duration::from_millis(500))
 }
 
+/// `pause` scaled by a random factor from ½ to 1½, cut short at `deadline`: ranks that
+/// failed together (all arriving before rank 0 listened) come back spread out, not in one
+/// wave. Without random bytes, `pause` as it is.
+pub(crate) fn jittered(pause: Duration, deadline: Instant) -> Duration {
+    let mut r = [0u8; 2];
+    let factor = match getrandom::fill(&mut r) {
+        Ok(()) => 0.5 + f64::from(u16::from_le_bytes(r)) / f64::from(u16::MAX),
+        Err(_) => 1.0,
+    };
+    pause
+        .mul_f64(factor)
+        .min(deadline.saturating_duration_since(Instant::now()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +322,22 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(20);
         let line = read_line_in_steps(&mut r, 8, deadline, Duration::from_millis(20)).unwrap();
         assert_eq!(line.as_deref(), Some(&b"aaaaaaaa"[..]));
+    }
+
+    #[test]
+    fn jitter_spreads_pauses_from_half_to_one_and_a_half() {
+        let far = Instant::now() + Duration::from_secs(60);
+        let pause = Duration::from_millis(100);
+        let got: Vec<Duration> = (0..200).map(|_| jittered(pause, far)).collect();
+        assert!(
+            got.iter().all(|d| *d >= pause / 2 && *d <= pause * 3 / 2),
+            "{got:?}"
+        );
+        assert!(got.iter().any(|d| *d < pause * 4 / 5));
+        assert!(got.iter().any(|d| *d > pause * 6 / 5));
+        // Never past the deadline.
+        let near = Instant::now() + Duration::from_millis(10);
+        assert!(jittered(Duration::from_secs(1), near) <= Duration::from_millis(10));
     }
 
     /// Up to 64 bytes are shown whole; beyond, the first 64 and the count.

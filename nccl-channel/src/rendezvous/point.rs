@@ -8,6 +8,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use super::secret::RendezvousSecret;
 use crate::host_port::parse_host_port;
 use crate::{Error, Result};
 
@@ -96,6 +97,8 @@ pub struct Rendezvous {
     pub(super) derived_from: String,
     pub(super) key: String,
     pub(super) timeout: Duration,
+    pub(super) secret: Option<RendezvousSecret>,
+    pub(super) encrypt_nccl: bool,
 }
 
 static_assertions::assert_impl_all!(Rendezvous: Send, Sync, std::fmt::Debug);
@@ -151,7 +154,66 @@ impl Rendezvous {
             derived_from,
             key: sanitize_key(&key),
             timeout,
+            secret: None,
+            encrypt_nccl: false,
         }
+    }
+
+    /// Authenticates the exchange with `secret`, which every rank must hold: each side
+    /// proves it knows it before rank 0 hands the id over, and the id travels encrypted
+    /// (see [`RendezvousSecret`]). A rank without it, or with another, is refused with
+    /// [`Error::RendezvousRefused`] and learns nothing of the id. From the environment:
+    /// `NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE` ([`Rendezvous::from_env`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nccl_channel::{Error, Rendezvous, RendezvousSecret, UniqueId};
+    /// # let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    /// let secret = RendezvousSecret::generate()?;
+    /// let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?.timeout(Duration::from_secs(2));
+    /// let (zero, one, stranger) = std::thread::scope(|s| {
+    ///     let served = rdv.clone().secret(secret.clone());
+    ///     let zero = s.spawn(move || served.exchange_with(0, 2, || Ok(UniqueId([7; 128]))));
+    ///     // A peer without the secret is refused and sees nothing of the id...
+    ///     let stranger = rdv.clone().key("a guess").exchange_with(1, 2, || unreachable!());
+    ///     // ...while a rank with it gets the id.
+    ///     let one = rdv.clone().secret(secret.clone()).exchange_with(1, 2, || unreachable!());
+    ///     (zero.join().unwrap(), one, stranger)
+    /// });
+    /// assert_eq!(zero?, UniqueId([7; 128]));
+    /// assert_eq!(one?, UniqueId([7; 128]));
+    /// assert!(matches!(stranger, Err(Error::RendezvousRefused { .. })), "{stranger:?}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn secret(mut self, secret: RendezvousSecret) -> Self {
+        self.secret = Some(secret);
+        self
+    }
+
+    /// Whether the exchange is authenticated by a secret ([`Rendezvous::secret`]).
+    #[must_use]
+    pub fn has_secret(&self) -> bool {
+        self.secret.is_some()
+    }
+
+    /// With `true`, [`Rendezvous::exchange`] also asks NCCL to encrypt its own sockets
+    /// with a key derived from the rendezvous's secret
+    /// ([`RendezvousSecret::nccl_encryption`], through
+    /// [`set_encryption`](crate::set_encryption), NCCL ≥ 2.32.3) on every rank, before the
+    /// id is exchanged (so a rank whose NCCL cannot fails before the others count on it):
+    /// one secret protects the id's exchange and NCCL's traffic. Without a secret, or on
+    /// an older NCCL, the exchange fails ([`Error::InvalidArgument`],
+    /// [`Error::Unsupported`]). [`Rendezvous::exchange_with`], which has no NCCL, leaves
+    /// NCCL as it is. From the environment: `NCCL_CHANNEL_RENDEZVOUS_ENCRYPT_NCCL=1`.
+    pub fn encrypt_nccl(mut self, on: bool) -> Self {
+        self.encrypt_nccl = on;
+        self
+    }
+
+    /// Whether NCCL's sockets are encrypted with the secret ([`Rendezvous::encrypt_nccl`]).
+    #[must_use]
+    pub fn encrypts_nccl(&self) -> bool {
+        self.encrypt_nccl
     }
 
     /// How long a rank waits for the others, in all (rank 0 for every peer to take the id,
@@ -216,7 +278,7 @@ impl Rendezvous {
         self.timeout
     }
 
-    fn service(&self) -> &'static str {
+    pub(super) fn service(&self) -> &'static str {
         match self.kind {
             RendezvousKind::RankZero => "rank 0's rendezvous",
             RendezvousKind::TorchStore => "torchrun's TCPStore",
@@ -232,6 +294,16 @@ impl Rendezvous {
     /// source (so `problem` does not repeat its text).
     pub(super) fn io_error(&self, problem: impl Into<String>, e: std::io::Error) -> Error {
         self.error_from(problem.into(), Some(e.into()))
+    }
+
+    /// An [`Error::RendezvousRefused`] about this rendezvous.
+    pub(super) fn refused(&self, problem: impl Into<String>) -> Error {
+        Error::RendezvousRefused {
+            service: self.service(),
+            address: self.address(),
+            derived_from: self.derived_from.clone(),
+            problem: problem.into(),
+        }
     }
 
     fn error_from(&self, problem: String, source: Option<crate::IoError>) -> Error {
@@ -266,16 +338,21 @@ impl Rendezvous {
 
 impl fmt::Display for Rendezvous {
     /// `rank 0's rendezvous at node1:27296 (derived from SLURM_JOB_NODELIST, …), key …,
-    /// timeout 300s`.
+    /// timeout 300s`, and `, authenticated by a secret` when it is.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} at {} (derived from {}), key {}, timeout {:?}",
+            "{} at {} (derived from {}), key {}, timeout {:?}{}",
             self.service(),
             self.address(),
             self.derived_from,
             self.key,
-            self.timeout
+            self.timeout,
+            if self.secret.is_some() {
+                ", authenticated by a secret"
+            } else {
+                ""
+            }
         )
     }
 }

@@ -60,6 +60,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::net::{self, STEP, describe, step_until, time_for_attempt};
 use super::point::Rendezvous;
+use super::proof::{self, Keys, NONCE_LEN, Role, SEALED_LEN, hex, unhex};
+use super::secret::SECRET_FILE_ENV;
 use crate::decimal::parse_decimal;
 use crate::{Result, UniqueId};
 
@@ -77,6 +79,9 @@ const STOP_WAITING: u8 = 0;
 const MAX_VALUE: u64 = 4096;
 /// What rank 0 stores: `MAGIC VERSION size nonce hex-id` (version 1 had no nonce).
 const VALUE_MAGIC: &str = "nccl-channel-rendezvous 2";
+/// What rank 0 stores with a secret: `MAGIC size nonce sealed-id`, the nonce 64 hex
+/// digits, the id sealed over the key, the size and the nonce (288 hex digits).
+const SEALED_MAGIC: &str = "nccl-channel-rendezvous sealed";
 /// The most rank 0 spends past its deadline: removing the id and the acks, or asking the
 /// store on a fresh connection which ranks did not acknowledge the id.
 pub(crate) const AFTER: Duration = Duration::from_secs(1);
@@ -370,18 +375,32 @@ pub(super) fn publish(
         let problem = format!("failed removing what an earlier exchange left under key {skey}");
         rdv.io_error(problem, e)
     })?;
-    let nonce = new_nonce();
-    let value = format!("{VALUE_MAGIC} {size} {nonce} {id}");
-    // The ranks (1 ..) whose ack does not carry this exchange's nonce yet.
+    let (value, expected) = match &rdv.secret {
+        None => {
+            let nonce = new_nonce();
+            let value = format!("{VALUE_MAGIC} {size} {nonce} {id}");
+            (value, vec![nonce.into_bytes(); size - 1])
+        }
+        Some(secret) => {
+            let keys = Keys::new(secret);
+            let nonce = proof::nonce()?;
+            let t = sealed_transcript(&skey, size, &nonce);
+            let sealed = keys.seal(&t, &id);
+            let value = format!("{SEALED_MAGIC} {size} {} {}", hex(&nonce), hex(&sealed));
+            let expected = (1..size).map(|r| sealed_ack(&keys, &t, r)).collect();
+            (value, expected)
+        }
+    };
+    // The ranks (1 ..) whose ack is not yet this exchange's.
     let mut unacked: Vec<usize> = (1..size).collect();
     let waited = store
         .set(&skey, value.as_bytes())
         .map_err(|e| Some(format!("failed storing the id: {e}")))
-        .and_then(|()| wait_for_acks(&mut store, &acks, &mut unacked, &nonce, deadline));
+        .and_then(|()| wait_for_acks(&mut store, &acks, &mut unacked, &expected, deadline));
     if let Err(problem) = &waited {
         // The connection is spoilt (a wait pending, or broken); look again on a fresh one.
         let by = Instant::now() + AFTER;
-        let (fresh, looked) = look_again(rdv, &acks, &mut unacked, &nonce, by);
+        let (fresh, looked) = look_again(rdv, &acks, &mut unacked, &expected, by);
         if looked.is_ok() && unacked.is_empty() {
             // Every ack came, the last just as the wait ran out.
             if let Some(mut fresh) = fresh {
@@ -411,13 +430,13 @@ pub(super) fn publish(
     Ok(id)
 }
 
-/// Waits until every rank in `unacked` acknowledged with `nonce`, removing them from it.
-/// `Err(None)`: the deadline passed; `Err(Some(problem))`: the store failed.
+/// Waits until every rank `r` in `unacked` acknowledged with `expected[r - 1]`, removing
+/// them from it. `Err(None)`: the deadline passed; `Err(Some(problem))`: the store failed.
 fn wait_for_acks(
     store: &mut Store,
     acks: &[String],
     unacked: &mut Vec<usize>,
-    nonce: &str,
+    expected: &[Vec<u8>],
     deadline: Instant,
 ) -> Result<(), Option<String>> {
     let mut backoff = net::attempts_backoff();
@@ -433,7 +452,7 @@ fn wait_for_acks(
             .get_many(&pending, deadline)
             .map_err(|e| Some(format!("failed reading the acknowledgements: {e}")))?;
         let mut values = values.iter();
-        unacked.retain(|_| values.next().is_none_or(|v| v != nonce.as_bytes()));
+        unacked.retain(|r| values.next().is_none_or(|v| *v != expected[r - 1]));
         if unacked.is_empty() {
             return Ok(());
         }
@@ -453,7 +472,7 @@ fn look_again(
     rdv: &Rendezvous,
     acks: &[String],
     unacked: &mut Vec<usize>,
-    nonce: &str,
+    expected: &[Vec<u8>],
     by: Instant,
 ) -> (Option<Store>, Result<Vec<usize>, String>) {
     let mut fresh = match connect(rdv, by, AFTER) {
@@ -473,7 +492,7 @@ fn look_again(
             continue;
         }
         match fresh.get(k, by) {
-            Ok(v) if v == nonce.as_bytes() => {}
+            Ok(v) if v == expected[r - 1] => {}
             Ok(_) => {
                 stale.push(r);
                 still.push(r);
@@ -536,16 +555,71 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
     let value = store
         .get(&skey, deadline)
         .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
-    let (id, nonce) =
+    let parsed =
         parse_value(&value, size).map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
+    let refused = |what: &str| rdv.refused(format!("holds under key {skey} {what}"));
+    let (id, ack) = match (parsed, &rdv.secret) {
+        (Value::Plain { id, nonce }, None) => (id, nonce.into_bytes()),
+        (Value::Sealed { nonce, sealed }, Some(secret)) => {
+            let keys = Keys::new(secret);
+            let t = sealed_transcript(&skey, size, &nonce);
+            let id = keys.open(&t, &sealed[..]).ok_or_else(|| {
+                refused(
+                    "an id not sealed with this rank's secret (rank 0 holds another secret, or \
+                     something else stored it)",
+                )
+            })?;
+            (id, sealed_ack(&keys, &t, rank))
+        }
+        (Value::Plain { .. }, Some(_)) => {
+            return Err(refused(
+                "an id stored without a secret, and this rank has one: give every rank the \
+                 same secret, or none",
+            ));
+        }
+        (Value::Sealed { .. }, None) => {
+            return Err(refused(&format!(
+                "an id sealed with a secret, and this rank has none: give every rank the same \
+                 secret ({SECRET_FILE_ENV})"
+            )));
+        }
+    };
     store
-        .set(&ack_keys(key, size)[rank - 1], nonce.as_bytes())
+        .set(&ack_keys(key, size)[rank - 1], &ack)
         .map_err(|e| rdv.io_error("failed acknowledging the id".to_string(), e))?;
     Ok(id)
 }
 
-/// Rank 0's value: checks the format and the world size; the id and the nonce.
-fn parse_value(value: &[u8], size: usize) -> Result<(UniqueId, String), String> {
+/// What a sealed id is sealed over: the store key (hence the job and the exchange), the
+/// world size and rank 0's nonce.
+fn sealed_transcript(skey: &str, size: usize, nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
+    let mut t = format!("{SEALED_MAGIC}\n{skey}\n{size}\n").into_bytes();
+    t.extend_from_slice(nonce);
+    t
+}
+
+/// Rank `rank`'s ack of a sealed id: its proof of having opened it, which nobody without
+/// the secret can write for it.
+fn sealed_ack(keys: &Keys, t: &[u8], rank: usize) -> Vec<u8> {
+    let mut what = t.to_vec();
+    what.extend_from_slice(format!("\nrank {rank}").as_bytes());
+    hex(&keys.prove(Role::Ack, &what)).into_bytes()
+}
+
+/// Rank 0's value, as stored.
+#[derive(Debug, PartialEq, Eq)]
+enum Value {
+    /// Without a secret: the id and the nonce the acks carry.
+    Plain { id: UniqueId, nonce: String },
+    /// With one: rank 0's nonce and the sealed id.
+    Sealed {
+        nonce: [u8; NONCE_LEN],
+        sealed: Box<[u8; SEALED_LEN]>,
+    },
+}
+
+/// Rank 0's value: checks the format and the world size.
+fn parse_value(value: &[u8], size: usize) -> Result<Value, String> {
     let bad = || {
         format!(
             "something that is not a rendezvous value: {}",
@@ -553,6 +627,23 @@ fn parse_value(value: &[u8], size: usize) -> Result<(UniqueId, String), String> 
         )
     };
     let text = std::str::from_utf8(value).map_err(|_| bad())?;
+    if let Some(rest) = text.strip_prefix(SEALED_MAGIC) {
+        let mut words = rest.split_whitespace();
+        let (Some(n), Some(nonce), Some(sealed), None) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return Err(bad());
+        };
+        let n: usize = parse_decimal(n).ok_or_else(bad)?;
+        let (Some(nonce), Some(sealed)) = (unhex(nonce), unhex(sealed)) else {
+            return Err(bad());
+        };
+        check_size(n, size)?;
+        return Ok(Value::Sealed {
+            nonce,
+            sealed: Box::new(sealed),
+        });
+    }
     if text.starts_with("nccl-channel-rendezvous ") && !text.starts_with(VALUE_MAGIC) {
         return Err(format!(
             "a value of another version of nccl-channel's rendezvous ({}); every rank must \
@@ -571,13 +662,21 @@ fn parse_value(value: &[u8], size: usize) -> Result<(UniqueId, String), String> 
     if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad());
     }
+    check_size(n, size)?;
+    Ok(Value::Plain {
+        id: hex.parse().map_err(|_| bad())?,
+        nonce: nonce.to_string(),
+    })
+}
+
+fn check_size(n: usize, size: usize) -> Result<(), String> {
     if n != size {
         return Err(format!(
             "an id for a world of {n} ranks, but this rank's world has {size}; every rank must \
              see the same world size"
         ));
     }
-    Ok((hex.parse().map_err(|_| bad())?, nonce.to_string()))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -616,7 +715,23 @@ mod tests {
         let v = format!("{VALUE_MAGIC} 3 0123456789abcdef {id}");
         assert_eq!(
             parse_value(v.as_bytes(), 3),
-            Ok((id, "0123456789abcdef".to_string()))
+            Ok(Value::Plain {
+                id,
+                nonce: "0123456789abcdef".to_string()
+            })
+        );
+        let sealed = format!("{SEALED_MAGIC} 3 {} {}", "ab".repeat(32), "cd".repeat(144));
+        assert_eq!(
+            parse_value(sealed.as_bytes(), 3),
+            Ok(Value::Sealed {
+                nonce: [0xab; NONCE_LEN],
+                sealed: Box::new([0xcd; SEALED_LEN])
+            })
+        );
+        assert!(
+            parse_value(sealed.as_bytes(), 2)
+                .unwrap_err()
+                .contains("world of 3 ranks")
         );
         assert!(
             parse_value(v.as_bytes(), 4)
@@ -631,6 +746,10 @@ mod tests {
             format!("{VALUE_MAGIC} 3 {id}").as_bytes(),
             format!("{VALUE_MAGIC} 3 0123456789abcdeg {id}").as_bytes(),
             format!("{VALUE_MAGIC} 3 0123456789abcdef0 {id}").as_bytes(),
+            format!("{SEALED_MAGIC} 3 {} {}", "ab".repeat(31), "cd".repeat(144)).as_bytes(),
+            format!("{SEALED_MAGIC} 3 {} {}", "ab".repeat(32), "cd".repeat(143)).as_bytes(),
+            format!("{SEALED_MAGIC} 3 {}", "ab".repeat(32)).as_bytes(),
+            format!("{SEALED_MAGIC} x {} {}", "ab".repeat(32), "cd".repeat(144)).as_bytes(),
         ] {
             assert!(
                 parse_value(bad, 3)

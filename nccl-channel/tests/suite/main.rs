@@ -44,6 +44,7 @@ mod reliability_gpu;
 mod rendezvous;
 mod rendezvous_auto;
 mod rendezvous_real;
+mod rendezvous_secret;
 mod shrink_gpu;
 mod simulator_processes;
 mod soundness;

@@ -1,0 +1,258 @@
+//! The other ranks' side: connect to rank 0 and ask, retrying (with growing, jittered
+//! pauses, so that thousands of ranks do not come back in one wave) until rank 0 answers
+//! or the deadline passes.
+
+use std::io::{BufReader, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+use super::super::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
+use super::super::point::Rendezvous;
+use super::super::proof::{Keys, Role, nonce};
+use super::{After, Hello, MAX_LINE, Reply, after_line, hello_line, parse_reply, transcript};
+use crate::{Result, UniqueId};
+
+/// What one attempt to reach rank 0 came to.
+enum Attempt {
+    Got(Box<UniqueId>),
+    /// Stop: retrying cannot help.
+    Fatal(crate::Error),
+    /// Try again; the text says what happened, for the deadline's error.
+    Retry(String),
+    /// A rendezvous for another key answered: try again.
+    Foreign(String),
+    /// What answered could not prove it knows the secret (another job's rank 0 with
+    /// another secret, or not a rank 0 at all): try again.
+    Unproven(String),
+}
+
+/// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
+pub(in super::super) fn receive(
+    rdv: &Rendezvous,
+    key: &str,
+    rank: usize,
+    size: usize,
+) -> Result<UniqueId> {
+    let deadline = crate::backoff::deadline_after(rdv.timeout);
+    let keys = rdv.secret.as_ref().map(Keys::new);
+    let mut backoff = net::attempts_backoff();
+    // A rendezvous of another key, or one that could not prove the secret, that answered:
+    // said in the deadline's error even when later attempts met something else.
+    let mut foreign: Option<String> = None;
+    let mut unproven: Option<String> = None;
+    loop {
+        let hello = Hello {
+            key: key.to_string(),
+            rank,
+            size,
+            nonce: match &keys {
+                Some(_) => Some(nonce()?),
+                None => None,
+            },
+        };
+        let last = match attempt(rdv, &hello, keys.as_ref(), deadline) {
+            Attempt::Got(id) => return Ok(*id),
+            Attempt::Fatal(e) => return Err(e),
+            Attempt::Foreign(why) => {
+                foreign = Some(why.clone());
+                why
+            }
+            Attempt::Unproven(why) => {
+                unproven = Some(why.clone());
+                why
+            }
+            Attempt::Retry(why) => why,
+        };
+        std::thread::sleep(net::jittered(backoff.pause_until(deadline), deadline));
+        if !time_for_attempt(deadline) {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            let earlier = unproven.as_ref().or(foreign.as_ref());
+            let problem = match earlier {
+                Some(f) if *f != last => format!(
+                    "did not answer within {:?} ({f}; last attempt: {last})",
+                    rdv.timeout
+                ),
+                _ => format!(
+                    "did not answer within {:?} (last attempt: {last})",
+                    rdv.timeout
+                ),
+            };
+            // Only what proved it knows the secret could have handed the id over: when
+            // something answered and could not, the secret is what failed.
+            return Err(match unproven {
+                Some(_) => rdv.refused(problem),
+                None => rdv.error(problem),
+            });
+        }
+    }
+}
+
+fn attempt(rdv: &Rendezvous, hello: &Hello, keys: Option<&Keys>, deadline: Instant) -> Attempt {
+    let stream = match net::connect(&rdv.host, rdv.port, step_until(deadline)) {
+        Ok(s) => s,
+        Err(e) => return Attempt::Retry(e.to_string()),
+    };
+    if let Err(e) = (&stream).write_all(hello_line(hello).as_bytes()) {
+        return Attempt::Retry(format!("sending the greeting: {e}"));
+    }
+    // Rank 0 answers at once; something silent gets one STEP, then the next attempt.
+    let read_by = deadline.min(Instant::now() + STEP);
+    let mut reader = BufReader::new(&stream);
+    let reply = match next_reply(&mut reader, read_by) {
+        Ok(r) => r,
+        Err(a) => return a,
+    };
+    match (reply, keys, &hello.nonce) {
+        (
+            Reply::Challenge {
+                key,
+                size,
+                nonce,
+                tag,
+            },
+            Some(keys),
+            Some(mine),
+        ) => {
+            let t = transcript(hello, mine, &key, size, &nonce);
+            if !keys.verify(Role::Server, &t, &tag) {
+                return Attempt::Unproven(
+                    "what answered could not prove it knows the secret (rank 0 holds \
+                     another secret, or it is not rank 0)"
+                        .into(),
+                );
+            }
+            if let Some(a) = mismatch(rdv, hello, &key, size) {
+                return a;
+            }
+            proved(&stream, &mut reader, hello, keys, &t, read_by)
+        }
+        (Reply::NoSecret, Some(_), _) => Attempt::Fatal(rdv.refused(format!(
+            "has no secret, and rank {} has one: give every rank the same secret, or none",
+            hello.rank
+        ))),
+        (Reply::Secret, None, _) => Attempt::Fatal(rdv.refused(format!(
+            "asks for a secret, and rank {} has none: give every rank the same secret \
+             ({})",
+            hello.rank,
+            super::super::secret::SECRET_FILE_ENV
+        ))),
+        (Reply::Id(id), None, _) => {
+            // Rank 0 counts this rank as served only on the ack; if it is lost, rank 0
+            // reports this rank missing at its deadline, which is the truth as it sees it.
+            let ack = after_line(&After::Ack {
+                rank: hello.rank,
+                tag: None,
+            });
+            let _ = (&stream).write_all(ack.as_bytes());
+            Attempt::Got(Box::new(id))
+        }
+        (Reply::Key(theirs), None, _) => mismatch(rdv, hello, &theirs, hello.size)
+            .unwrap_or_else(|| Attempt::Retry("rank 0 answered its own key".into())),
+        (Reply::Size(theirs), None, _) => mismatch(rdv, hello, &hello.key, theirs)
+            .unwrap_or_else(|| Attempt::Retry("rank 0 answered its own size".into())),
+        (Reply::Rank(theirs), None, _) => Attempt::Fatal(rank_refused(rdv, hello, theirs)),
+        // An answer that does not prove the secret: nothing of it is believed.
+        (_, Some(_), _) => Attempt::Unproven(
+            "what answered did not prove it knows the secret (it answered as a rendezvous \
+             without one)"
+                .into(),
+        ),
+        (other, None, _) => Attempt::Retry(format!(
+            "something answered that is not a rendezvous without a secret: {other:?}"
+        )),
+    }
+}
+
+/// With a secret: rank 0 proved itself; this rank proves itself, opens the id, proves it
+/// got it.
+fn proved(
+    stream: &TcpStream,
+    reader: &mut BufReader<&TcpStream>,
+    hello: &Hello,
+    keys: &Keys,
+    t: &[u8],
+    read_by: Instant,
+) -> Attempt {
+    let proof = after_line(&After::Proof(keys.prove(Role::Client, t)));
+    if let Err(e) = (&*stream).write_all(proof.as_bytes()) {
+        return Attempt::Retry(format!("sending the proof: {e}"));
+    }
+    match next_reply(reader, read_by) {
+        Ok(Reply::Sealed(sealed)) => match keys.open(t, &sealed[..]) {
+            Some(id) => {
+                let ack = after_line(&After::Ack {
+                    rank: hello.rank,
+                    tag: Some(keys.prove(Role::Ack, t)),
+                });
+                let _ = (&*stream).write_all(ack.as_bytes());
+                Attempt::Got(Box::new(id))
+            }
+            None => Attempt::Unproven("the sealed id did not open: it changed on its way".into()),
+        },
+        // Rank 0 proved the secret and still refused this rank's proof of the same
+        // secret: something between them changed the words.
+        Ok(Reply::Denied) => Attempt::Unproven(
+            "rank 0 refused this rank's proof: something between them changed the exchange".into(),
+        ),
+        Ok(other) => Attempt::Retry(format!("rank 0 answered the proof with {other:?}")),
+        Err(a) => a,
+    }
+}
+
+/// A key, size or rank of rank 0's that differs from this rank's, as the attempt it makes.
+fn mismatch(rdv: &Rendezvous, hello: &Hello, key: &str, size: usize) -> Option<Attempt> {
+    if key != hello.key {
+        return Some(Attempt::Foreign(format!(
+            "a rendezvous for key {key} answered, not {} (another job, or an earlier \
+             channel still serving)",
+            hello.key
+        )));
+    }
+    if size != hello.size {
+        return Some(Attempt::Fatal(rdv.error(format!(
+            "serves a world of {size} ranks, but rank {} has a world of {}; every rank must \
+             see the same world size",
+            hello.rank, hello.size
+        ))));
+    }
+    if hello.rank == 0 || hello.rank >= size {
+        return Some(Attempt::Fatal(rank_refused(rdv, hello, size)));
+    }
+    None
+}
+
+fn rank_refused(rdv: &Rendezvous, hello: &Hello, size: usize) -> crate::Error {
+    rdv.error(format!(
+        "refused rank {}: ranks go from 1 to {} there",
+        hello.rank,
+        size.saturating_sub(1)
+    ))
+}
+
+/// The next line of rank 0, parsed; what else came, as the attempt it makes.
+fn next_reply(reader: &mut BufReader<&TcpStream>, read_by: Instant) -> Result<Reply, Attempt> {
+    let line = match read_line(reader, MAX_LINE, read_by) {
+        Ok(Some(line)) => line,
+        Ok(None) => {
+            return Err(Attempt::Retry(
+                "something accepted the connection and closed it without a word".into(),
+            ));
+        }
+        Err(e) if net::timed_out(&e) => {
+            return Err(Attempt::Retry(
+                "something accepted the connection but sent no complete answer in time".into(),
+            ));
+        }
+        Err(e) => {
+            return Err(Attempt::Retry(format!(
+                "something answered that is not a rendezvous: {e}"
+            )));
+        }
+    };
+    parse_reply(&line).ok_or_else(|| {
+        Attempt::Retry(format!(
+            "something answered that is not a rendezvous: {}",
+            describe(&line)
+        ))
+    })
+}

@@ -1,0 +1,521 @@
+//! Rank 0's server: one thread serves every connection through one poll (mio), each
+//! connection a [`Session`] fed line by line, so that neither thousands of ranks at once
+//! nor peers that send nothing, or a byte at a time, hold up the others. What one
+//! connection may take is bounded: [`MAX_LINE`] bytes (and one read) of input, one reply,
+//! [`STEP`] of time; at most [`MAX_CONNECTIONS`] are open at once, and further ranks wait
+//! in the listen backlog ([`BACKLOG`]) until one closes.
+
+use std::collections::BTreeSet;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener as PollListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use super::super::net::{self, STEP, describe};
+use super::super::point::Rendezvous;
+use super::super::proof::Keys;
+use super::MAX_LINE;
+use super::session::{Offer, Outcome, Session};
+use crate::{Result, UniqueId};
+
+/// Connections served at once; more wait in the backlog. Each holds a descriptor, up to
+/// [`MAX_LINE`] bytes and a read of input, and a reply.
+pub(crate) const MAX_CONNECTIONS: usize = 1024;
+/// The listen backlog asked of the kernel (which caps it at `net.core.somaxconn`, 4096 on
+/// Linux since 5.4): a burst of ranks waits there instead of being refused.
+const BACKLOG: i32 = 4096;
+/// The most refusals for the secret rank 0 says on stderr in one exchange; the deadline's
+/// error counts them all.
+const REFUSALS_SAID: usize = 8;
+/// How often rank 0 retries accepting when it stopped (no descriptor to spare, every
+/// connection slot taken): the listener's readiness is signalled once per new connection.
+const ACCEPT_RETRY: Duration = Duration::from_millis(10);
+
+const LISTENER: Token = Token(usize::MAX);
+
+/// Rank 0: listens, makes the id, serves it until every other rank confirmed.
+pub(in super::super) fn serve(
+    rdv: &Rendezvous,
+    key: &str,
+    size: usize,
+    make: impl FnOnce() -> Result<UniqueId>,
+) -> Result<UniqueId> {
+    let deadline = crate::backoff::deadline_after(rdv.timeout);
+    let listener = listen(rdv, deadline)?;
+    let id = make()?;
+    let offer = Offer {
+        key: Arc::from(key),
+        size,
+        id,
+        keys: rdv.secret.as_ref().map(Keys::new),
+    };
+    let io = |what: &str, e| rdv.io_error(format!("could not {what}"), e);
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io("poll its socket", e))?;
+    let mut listener = PollListener::from_std(listener);
+    let poll = Poll::new().map_err(|e| io("make a poll", e))?;
+    poll.registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)
+        .map_err(|e| io("poll its socket", e))?;
+    let mut server = Server {
+        rdv,
+        poll,
+        listener,
+        conns: Vec::new(),
+        free: Vec::new(),
+        live: 0,
+        accept_pending: true,
+        served: BTreeSet::new(),
+        tally: Tally::default(),
+    };
+    server.run(&offer, deadline)?;
+    Ok(id)
+}
+
+/// One open connection.
+struct Conn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    session: Session,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    /// When it is dropped, finished or not.
+    until: Instant,
+    /// Its outcome, once it has one: it closes when its reply is written.
+    outcome: Option<Outcome>,
+}
+
+struct Server<'a> {
+    rdv: &'a Rendezvous,
+    poll: Poll,
+    listener: PollListener,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    live: usize,
+    /// Connections may wait in the backlog unaccepted.
+    accept_pending: bool,
+    served: BTreeSet<usize>,
+    tally: Tally,
+}
+
+impl Server<'_> {
+    fn run(&mut self, offer: &Offer, deadline: Instant) -> Result<()> {
+        let mut events = Events::with_capacity(256);
+        loop {
+            if self.served.len() == offer.size - 1 {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.rdv.error(self.tally.deadline_problem(
+                    offer.size,
+                    &self.served,
+                    self.rdv.timeout,
+                )));
+            }
+            self.expire(now);
+            if self.accept_pending {
+                self.accept();
+            }
+            let mut wait = deadline - now;
+            for c in self.conns.iter().flatten() {
+                wait = wait.min(c.until.saturating_duration_since(now));
+            }
+            if self.accept_pending {
+                wait = wait.min(ACCEPT_RETRY);
+            }
+            match self.poll.poll(&mut events, Some(wait)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.rdv.io_error("could not poll its sockets", e)),
+            }
+            for event in &events {
+                match event.token() {
+                    LISTENER => self.accept_pending = true,
+                    Token(i) => self.on_ready(i, offer),
+                }
+            }
+            if self.accept_pending {
+                self.accept();
+            }
+        }
+    }
+
+    /// Accepts while the backlog has connections and a slot is free.
+    fn accept(&mut self) {
+        while self.live < MAX_CONNECTIONS {
+            match self.listener.accept() {
+                Ok((mut stream, peer)) => {
+                    let i = self.free.pop().unwrap_or_else(|| {
+                        self.conns.push(None);
+                        self.conns.len() - 1
+                    });
+                    let _ = stream.set_nodelay(true);
+                    if let Err(e) =
+                        self.poll
+                            .registry()
+                            .register(&mut stream, Token(i), Interest::READABLE)
+                    {
+                        self.free.push(i);
+                        self.tally.note(format!("{peer}: {e}"));
+                        continue;
+                    }
+                    self.live += 1;
+                    self.conns[i] = Some(Conn {
+                        stream,
+                        peer,
+                        session: Session::new(peer),
+                        input: Vec::new(),
+                        output: Vec::new(),
+                        until: Instant::now() + STEP,
+                        outcome: None,
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.accept_pending = false;
+                    return;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // A peer that gave up before accept (ECONNABORTED), or no descriptor to
+                // spare now (EMFILE): retried after a pause.
+                Err(e) => {
+                    self.tally.note(format!("accept failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads what connection `i` sent, answers, writes what is pending, closes it once it
+    /// has an outcome and nothing left to write.
+    fn on_ready(&mut self, i: usize, offer: &Offer) {
+        let Some(Some(c)) = self.conns.get_mut(i) else {
+            return;
+        };
+        if c.outcome.is_none() {
+            read_lines(c, offer);
+        }
+        if let Err(e) = flush(c) {
+            if c.outcome.is_none() {
+                c.outcome = Some(c.session.on_end(&e.to_string()));
+            }
+            c.output.clear();
+        }
+        if c.outcome.is_some() && c.output.is_empty() {
+            self.close(i);
+        } else if !c.output.is_empty() {
+            let _ = self.poll.registry().reregister(
+                &mut c.stream,
+                Token(i),
+                Interest::READABLE | Interest::WRITABLE,
+            );
+        }
+    }
+
+    /// Drops the connections past their time.
+    fn expire(&mut self, now: Instant) {
+        for i in 0..self.conns.len() {
+            let Some(c) = &mut self.conns[i] else {
+                continue;
+            };
+            if c.until > now {
+                continue;
+            }
+            if c.outcome.is_none() {
+                let why = format!("did not finish its lines within {STEP:?}");
+                c.outcome = Some(c.session.on_end(&why));
+            }
+            self.close(i);
+        }
+    }
+
+    fn close(&mut self, i: usize) {
+        let Some(mut c) = self.conns[i].take() else {
+            return;
+        };
+        let _ = self.poll.registry().deregister(&mut c.stream);
+        self.free.push(i);
+        self.live -= 1;
+        // A slot is free: a connection may wait in the backlog.
+        self.accept_pending = true;
+        match c.outcome.take() {
+            Some(Outcome::Served(r)) => {
+                self.served.insert(r);
+            }
+            Some(Outcome::WrongSize { rank, size }) => self.tally.wrong_size(rank, size),
+            Some(Outcome::Ignored(why)) => self.tally.note(why),
+            Some(Outcome::Refused(why)) => {
+                if self.tally.refused < REFUSALS_SAID {
+                    eprintln!(
+                        "nccl-channel: {} refused {why}{}",
+                        self.rdv.address(),
+                        if self.tally.refused + 1 == REFUSALS_SAID {
+                            " (further refusals are only counted)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                self.tally.refused += 1;
+                self.tally.note(why);
+            }
+            None => self.tally.note(format!("{}: dropped", c.peer)),
+        }
+    }
+}
+
+/// Reads until the socket has no more, feeding complete lines to the session.
+fn read_lines(c: &mut Conn, offer: &Offer) {
+    let mut buf = [0u8; 1024];
+    loop {
+        match c.stream.read(&mut buf) {
+            Ok(0) => {
+                let why = if c.input.is_empty() {
+                    "closed the connection".to_string()
+                } else {
+                    format!("closed the connection after {}", describe(&c.input))
+                };
+                c.outcome = Some(c.session.on_end(&why));
+                return;
+            }
+            Ok(n) => {
+                c.input.extend_from_slice(&buf[..n]);
+                while let Some(end) = c.input.iter().position(|b| *b == b'\n') {
+                    if end > MAX_LINE {
+                        break;
+                    }
+                    let step = c.session.on_line(&c.input[..end], offer);
+                    c.input.drain(..=end);
+                    if let Some(reply) = step.reply {
+                        c.output.extend_from_slice(reply.as_bytes());
+                    }
+                    if step.outcome.is_some() {
+                        c.outcome = step.outcome;
+                        return;
+                    }
+                }
+                if c.input.len() > MAX_LINE {
+                    let why = format!("sent an over-long line: {}", describe(&c.input));
+                    c.outcome = Some(c.session.on_end(&why));
+                    return;
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => {
+                c.outcome = Some(c.session.on_end(&e.to_string()));
+                return;
+            }
+        }
+    }
+}
+
+/// Writes what is pending until the socket takes no more.
+fn flush(c: &mut Conn) -> io::Result<()> {
+    while !c.output.is_empty() {
+        match c.stream.write(&c.output) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                c.output.drain(..n);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Rank 0's tally of connections it did not serve.
+#[derive(Default)]
+struct Tally {
+    count: usize,
+    last: Option<String>,
+    /// Greetings with this rendezvous's key but another world size: (rank, size), the
+    /// first few.
+    sizes: Vec<(usize, usize)>,
+    other_sizes: usize,
+    /// Connections refused for the secret.
+    refused: usize,
+}
+
+impl Tally {
+    fn note(&mut self, why: String) {
+        self.count += 1;
+        self.last = Some(why);
+    }
+
+    fn wrong_size(&mut self, rank: usize, size: usize) {
+        self.other_sizes += 1;
+        if self.sizes.len() < 4 {
+            self.sizes.push((rank, size));
+        }
+    }
+
+    /// What the deadline's error says: who is missing, and what came instead.
+    fn deadline_problem(&self, size: usize, served: &BTreeSet<usize>, timeout: Duration) -> String {
+        let missing: Vec<String> = (1..size)
+            .filter(|r| !served.contains(r))
+            .map(|r| r.to_string())
+            .collect();
+        let mut problem = format!(
+            "did not hear from rank{} {} within {timeout:?}",
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", "),
+        );
+        if !self.sizes.is_empty() {
+            let seen: Vec<String> = self
+                .sizes
+                .iter()
+                .map(|(r, n)| format!("rank {r} of {n}"))
+                .collect();
+            problem.push_str(&format!(
+                "; {} greeting{} with another world size than rank 0's {size} ({}{}): \
+                 every rank must see the same world size",
+                self.other_sizes,
+                if self.other_sizes == 1 { "" } else { "s" },
+                seen.join(", "),
+                if self.other_sizes > seen.len() {
+                    ", …"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if self.refused > 0 {
+            problem.push_str(&format!(
+                "; {} connection{} refused for the rendezvous's secret (a rank without it, \
+                 or with another)",
+                self.refused,
+                if self.refused == 1 { "" } else { "s" }
+            ));
+        }
+        if let Some(last) = &self.last {
+            problem.push_str(&format!(
+                " ({} other connection{} ignored, the last: {last})",
+                self.count,
+                if self.count == 1 { "" } else { "s" }
+            ));
+        }
+        problem
+    }
+}
+
+/// Binds the listening socket, retrying while the port is taken (an earlier channel's
+/// rank 0 may still be releasing it) until the deadline.
+pub(super) fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
+    let candidates = rdv.listen_addrs();
+    let mut backoff = net::attempts_backoff();
+    loop {
+        let mut last = None;
+        for addr in &candidates {
+            match bind(*addr) {
+                Ok(l) => return Ok(l),
+                Err(e) => {
+                    let in_use = e.kind() == ErrorKind::AddrInUse;
+                    last = Some((*addr, e));
+                    if in_use {
+                        break;
+                    }
+                }
+            }
+        }
+        let Some((addr, e)) = last else {
+            return Err(rdv.error("has no address to listen on"));
+        };
+        if e.kind() != ErrorKind::AddrInUse || Instant::now() >= deadline {
+            let problem = format!(
+                "could not listen on {addr}{}",
+                if e.kind() == ErrorKind::AddrInUse {
+                    format!(
+                        " (still taken after {:?}; choose another port {})",
+                        rdv.timeout,
+                        port_advice(rdv)
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            return Err(rdv.io_error(problem, e));
+        }
+        std::thread::sleep(backoff.pause_until(deadline));
+    }
+}
+
+/// A listener as std binds one (address reuse on Unix, both IP versions on `[::]` where
+/// the system allows), with a backlog of [`BACKLOG`] rather than std's 128.
+fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// Where another port is chosen, by where the address came from: `MASTER_PORT` is read
+/// only when the address is derived from the launcher's variables.
+fn port_advice(rdv: &Rendezvous) -> &'static str {
+    match rdv.derived_from.as_str() {
+        "code" => "in the address given to Rendezvous::tcp",
+        "NCCL_CHANNEL_RENDEZVOUS" => "for every rank in NCCL_CHANNEL_RENDEZVOUS",
+        _ => "for every rank with MASTER_PORT, or NCCL_CHANNEL_RENDEZVOUS=host:port",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host that rank 0 serves on every IPv6 address (a name) waits for a port taken
+    /// there (here on `[::1]`) rather than going on to IPv4's every address, which is
+    /// free: ranks that reach the host over IPv6 would find the other listener.
+    /// Linux only: BSDs and macOS let a wildcard bind with SO_REUSEADDR (as std binds)
+    /// share the port with a listener on one address, so `[::]` is not taken there.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_port_taken_on_ipv6_is_waited_for_not_bypassed_on_ipv4() {
+        let Ok(taken) = TcpListener::bind("[::1]:0") else {
+            eprintln!("no IPv6 loopback here: nothing to check");
+            return;
+        };
+        let port = taken.local_addr().unwrap().port();
+        let timeout = Duration::from_millis(300);
+        let rdv = Rendezvous::tcp(&format!("rank0.invalid:{port}"))
+            .unwrap()
+            .timeout(timeout);
+        let start = Instant::now();
+        let e = listen(&rdv, start + timeout).unwrap_err();
+        // Waited for until the deadline, not refused at once.
+        assert!(start.elapsed() >= timeout, "{:?}", start.elapsed());
+        let crate::Error::Rendezvous { problem, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(
+            problem,
+            &format!(
+                "could not listen on [::]:{port} (still taken after {timeout:?}; choose \
+                 another port in the address given to Rendezvous::tcp)"
+            )
+        );
+    }
+
+    /// The backlog asked for is the one the socket gets (up to the kernel's cap): a
+    /// burst of connections beyond std's 128 waits there, none refused.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_burst_beyond_128_connections_waits_in_the_backlog() {
+        let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let streams: Vec<_> = (0..300)
+            .map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)))
+            .collect();
+        let refused = streams.iter().filter(|s| s.is_err()).count();
+        assert_eq!(refused, 0);
+    }
+}
