@@ -66,10 +66,24 @@ pub enum RendezvousKind {
 /// asking the store on a fresh connection which ranks did not take the id (when every
 /// rank did, the last just then, the exchange succeeds).
 ///
-/// The rendezvous is not authenticated, like NCCL's own bootstrap (`NCCL_COMM_ID`) and
-/// torch's TCPStore: anyone who can connect to the address can read the unique id (and so
-/// join or disturb the communicator's setup) or disturb the exchange. The key only tells
-/// jobs apart; it is no secret. Use it on a network you trust.
+/// With a [secret](Rendezvous::secret) (`NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE`), the
+/// exchange is authenticated and the id confidential: rank 0 and each rank prove to each
+/// other that they hold the secret, on fresh random numbers of both, before the id travels,
+/// sealed under a key of that exchange alone; a peer without the secret, with another, or
+/// replaying a recording, learns nothing of the id and is refused
+/// ([`Error::RendezvousRefused`]). What it does not protect: the key and the world size
+/// travel in the clear; anyone who can reach the port can still keep ranks waiting (hold
+/// connections, answer first; each rank's deadline bounds it); NCCL's own traffic after
+/// the id is NCCL's to protect ([`Rendezvous::encrypt_nccl`]). Through a TCPStore the id
+/// is sealed and the acknowledgements proved, but the store is passive: a recording of an
+/// earlier exchange under the same key and secret could be stored again, so use a secret
+/// per job (the examples' launcher makes one per launch).
+///
+/// Without a secret, the rendezvous is not authenticated, like NCCL's own bootstrap
+/// (`NCCL_COMM_ID`) and torch's TCPStore: anyone who can connect to the address can read
+/// the unique id (and so join or disturb the communicator's setup) or disturb the
+/// exchange. The key only tells jobs apart; it is no secret. Use it on a network you
+/// trust.
 ///
 /// ```
 /// use std::time::Duration;

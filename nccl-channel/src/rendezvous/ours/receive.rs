@@ -256,3 +256,80 @@ fn next_reply(reader: &mut BufReader<&TcpStream>, read_by: Instant) -> Result<Re
         ))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::super::secret::RendezvousSecret;
+    use super::*;
+    use crate::Error;
+
+    /// Rank 0 (with `zero`'s secret, waiting `zero_waits`) and rank 1 (with `one`'s,
+    /// waiting `timeout`): what rank 1 gets, and how long it took.
+    fn pair(
+        (zero, zero_waits): (Option<u8>, Duration),
+        one: Option<u8>,
+        timeout: Duration,
+    ) -> (Result<UniqueId>, Duration) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let make = |s: Option<u8>, t: Duration| {
+            let r = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+                .unwrap()
+                .timeout(t);
+            match s {
+                Some(b) => r.secret(RendezvousSecret::new([b; 16]).unwrap()),
+                None => r,
+            }
+        };
+        let (r0, r1) = (make(zero, zero_waits), make(one, timeout));
+        std::thread::scope(|s| {
+            let server = s.spawn(|| r0.exchange_with(0, 2, || Ok(UniqueId([2; 128]))));
+            let start = Instant::now();
+            let got = r1.exchange_with(1, 2, || unreachable!());
+            let took = start.elapsed();
+            let _ = server.join();
+            (got, took)
+        })
+    }
+
+    #[test]
+    fn the_same_secret_gets_the_id() {
+        let long = Duration::from_secs(20);
+        let (got, _) = pair((Some(1), long), Some(1), long);
+        assert_eq!(got.unwrap(), UniqueId([2; 128]));
+    }
+
+    #[test]
+    fn a_missing_secret_on_either_side_is_refused_at_once() {
+        for (zero, one, says) in [
+            (Some(1), None, "asks for a secret"),
+            (None, Some(1), "has no secret"),
+        ] {
+            let (got, took) = pair((zero, Duration::from_secs(1)), one, Duration::from_secs(20));
+            let Err(Error::RendezvousRefused { problem, .. }) = &got else {
+                panic!("{got:?}")
+            };
+            assert!(problem.contains(says), "{problem}");
+            assert!(took < Duration::from_secs(10), "{took:?}");
+        }
+    }
+
+    #[test]
+    fn another_secret_is_refused_at_the_deadline() {
+        let timeout = Duration::from_millis(600);
+        let (got, took) = pair((Some(1), Duration::from_secs(1)), Some(2), timeout);
+        let Err(Error::RendezvousRefused { problem, .. }) = &got else {
+            panic!("{got:?}")
+        };
+        assert!(
+            problem.contains("could not prove it knows the secret"),
+            "{problem}"
+        );
+        assert!(took >= timeout, "{took:?}");
+    }
+}

@@ -505,6 +505,72 @@ mod tests {
         );
     }
 
+    /// Every rank is served, with a secret and without, through one poll.
+    /// refusal is counted for the deadline's error.
+    #[test]
+    fn every_rank_is_served_with_a_secret_and_without() {
+        use super::super::super::secret::RendezvousSecret;
+        for secret in [None, Some(RendezvousSecret::new([3u8; 16]).unwrap())] {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let mut rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+                .unwrap()
+                .timeout(Duration::from_secs(20));
+            if let Some(s) = &secret {
+                rdv = rdv.secret(s.clone());
+            }
+            let id = UniqueId([1; 128]);
+            let got: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..6)
+                    .map(|rank| {
+                        let rdv = &rdv;
+                        s.spawn(move || rdv.exchange_with(rank, 6, || Ok(id)))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(got.iter().all(|r| r.as_ref().ok() == Some(&id)), "{got:?}");
+        }
+    }
+
+    #[test]
+    fn the_deadline_names_the_missing_the_other_sizes_and_the_refused() {
+        let mut t = Tally::default();
+        let served: BTreeSet<usize> = [1, 3].into();
+        assert_eq!(
+            t.deadline_problem(5, &served, Duration::from_secs(2)),
+            "did not hear from ranks 2, 4 within 2s"
+        );
+        let one: BTreeSet<usize> = [1, 2, 3].into();
+        assert_eq!(
+            t.deadline_problem(5, &one, Duration::from_secs(2)),
+            "did not hear from rank 4 within 2s"
+        );
+        for r in 0..5 {
+            t.wrong_size(r, 9);
+        }
+        t.refused = 1;
+        t.note("x".into());
+        assert_eq!(
+            t.deadline_problem(5, &one, Duration::from_secs(2)),
+            "did not hear from rank 4 within 2s; 5 greetings with another world size than \
+             rank 0's 5 (rank 0 of 9, rank 1 of 9, rank 2 of 9, rank 3 of 9, …): every rank \
+             must see the same world size; 1 connection refused for the rendezvous's secret \
+             (a rank without it, or with another) (1 other connection ignored, the last: x)"
+        );
+        t.refused = 2;
+        t.note("y".into());
+        let text = t.deadline_problem(5, &one, Duration::from_secs(2));
+        assert!(text.contains("2 connections refused"), "{text}");
+        assert!(
+            text.contains("(2 other connections ignored, the last: y)"),
+            "{text}"
+        );
+    }
+
     /// The backlog asked for is the one the socket gets (up to the kernel's cap): a
     /// burst of connections beyond std's 128 waits there, none refused.
     #[cfg(target_os = "linux")]
