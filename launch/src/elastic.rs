@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::processes::{Launch, Place, key, kill_all};
 use crate::relay::{Output, Who};
 use crate::report;
+use crate::secret::LaunchSecret;
 
 /// The rank a launch expects to lose, and the process that replaces it.
 #[derive(Clone, Debug)]
@@ -47,10 +48,12 @@ pub fn processes_replacing(
         .map_err(|e| format!("no free port for the rendezvous: {e}"))?
         .port();
     let exe = std::env::current_exe().map_err(|e| report(&e))?;
+    let secret = LaunchSecret::for_launch()?;
     let launch = Launch {
         args,
         port,
         key: key(),
+        secret: secret.as_ref().map(LaunchSecret::path),
         output,
     };
     println!(

@@ -6,7 +6,10 @@
 //!   (ours, IREE's, torchrun, Slurm, Open MPI, PMI): the GPU it was given, or with no CUDA
 //!   driver a simulated device whose NCCL reaches the other processes over loopback.
 //! * [`processes`](fn@processes): `--nprocs N`, the one-machine shortcut: starts this
-//!   executable `N` times, one rank per GPU (or simulated device), as torchrun would.
+//!   executable `N` times, one rank per GPU (or simulated device), as torchrun would. Their
+//!   rendezvous is authenticated by a secret made per launch, in a file only the launching
+//!   user can read (`NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE`, unless the caller sets it), removed
+//!   when the launch ends.
 //! * [`machine`](fn@machine): whether those ranks get GPUs or simulated devices, said
 //!   before they start.
 //! * [`processes_replacing`](fn@processes_replacing) and [`rank_device`](fn@rank_device):
@@ -30,6 +33,7 @@ mod rank;
 mod relay;
 mod rendezvous;
 mod report;
+mod secret;
 mod setup;
 mod simulated;
 mod watch;

@@ -9,6 +9,7 @@ use nccl_channel::World;
 
 use crate::relay::{Output, Who, relay};
 use crate::report;
+use crate::secret::LaunchSecret;
 
 /// The refusal of `--nprocs` in a process its launcher already made a rank of a world
 /// (starting ranks there would nest worlds).
@@ -22,9 +23,12 @@ pub fn nprocs_in_a_world(world: &World) -> String {
 
 /// The one-machine launcher: starts this executable `n` times with `args`, rank `r`
 /// configured by `NCCL_CHANNEL_NPROCS/PROCID/LOCAL_PROCID`, a rendezvous address
-/// (`NCCL_CHANNEL_RENDEZVOUS`, where rank 0 serves the unique id) and a key of this launch
+/// (`NCCL_CHANNEL_RENDEZVOUS`, where rank 0 serves the unique id), a key of this launch
 /// (`NCCL_CHANNEL_RENDEZVOUS_KEY`, so that ranks of another launch that find the same port
-/// are told apart); stops every rank when one fails or `timeout` passes. The ranks take
+/// are told apart) and a secret file (`NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE`: the caller's if
+/// set, else one made for this launch, readable by its user alone and removed when the
+/// launch ends, so that no other user's process can take the unique id from the port);
+/// stops every rank when one fails or `timeout` passes. The ranks take
 /// GPUs, or simulated devices without a driver, as [`rank_channel`](crate::rank_channel)
 /// says.
 pub fn processes(
@@ -39,10 +43,12 @@ pub fn processes(
         .map_err(|e| format!("no free port for the rendezvous: {e}"))?
         .port();
     let exe = std::env::current_exe().map_err(|e| report(&e))?;
+    let secret = LaunchSecret::for_launch()?;
     let launch = Launch {
         args,
         port,
         key: key(),
+        secret: secret.as_ref().map(LaunchSecret::path),
         output,
     };
     if output == Output::Prefixed {
@@ -97,6 +103,8 @@ pub(crate) struct Launch<'a> {
     pub(crate) args: &'a [String],
     pub(crate) port: u16,
     pub(crate) key: String,
+    /// The secret file made for this launch (`None`: the caller's passes through).
+    pub(crate) secret: Option<&'a std::path::Path>,
     pub(crate) output: Output,
 }
 
@@ -147,6 +155,9 @@ impl Launch<'_> {
             .env_remove("NCCL_COMM_ID")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(path) = self.secret {
+            cmd.env(nccl_channel::SECRET_FILE_ENV, path);
+        }
         // NCCL's NVLink SHARP stays off unless the caller's environment turns it on.
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
             cmd.env("NCCL_NVLS_ENABLE", "0");

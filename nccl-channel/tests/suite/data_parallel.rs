@@ -62,6 +62,18 @@ fn two_ranks_train_and_agree() {
     );
 }
 
+/// Both ranks take the unique id from a rendezvous authenticated by the secret file the
+/// launcher made for the launch.
+#[test]
+fn two_ranks_rendezvous_under_a_secret_of_the_launch() {
+    let out = data_parallel("--nprocs 2 --features 24 --samples 96 --steps 40 --log-every 20");
+    let ranks: Vec<&str> = out.lines().filter(|l| l.contains("unique id: ")).collect();
+    assert_eq!(ranks.len(), 2, "{out}");
+    for line in ranks {
+        assert!(line.contains(", authenticated by a secret"), "{line}");
+    }
+}
+
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn two_gpus_train_and_agree() {

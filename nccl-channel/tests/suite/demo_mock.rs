@@ -231,3 +231,31 @@ fn the_command_line_takes_both_option_forms_and_helps() {
         "{err}"
     );
 }
+
+/// The launcher's ranks take the unique id from a rendezvous authenticated by a secret
+/// file it made for the launch (each rank's line says so), and the file's folder, made in
+/// the launcher's temporary folder, is gone when the launch ends.
+#[test]
+fn the_launchers_ranks_rendezvous_under_a_secret_of_the_launch_gone_after_it() {
+    for n in [2, 4] {
+        let tmp = std::env::temp_dir().join(format!("demo-secret-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp).unwrap();
+        let mut env = no_driver();
+        env.push(("TMPDIR", tmp.display().to_string()));
+        let (ok, out, err) = run_demo(&["--nprocs", &n.to_string()], &env);
+        let left: Vec<String> = std::fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("nccl-launch-"))
+            .collect();
+        std::fs::remove_dir_all(&tmp).unwrap();
+        assert!(ok, "{out}\n{err}");
+        let ranks: Vec<&str> = out.lines().filter(|l| l.contains("unique id: ")).collect();
+        assert_eq!(ranks.len(), n, "{out}");
+        for line in ranks {
+            assert!(line.contains(", authenticated by a secret"), "{line}");
+        }
+        assert_eq!(left, Vec::<String>::new(), "left in the temporary folder");
+    }
+}
