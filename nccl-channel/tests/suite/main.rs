@@ -15,6 +15,7 @@ mod demo_mock;
 mod elastic;
 #[cfg(feature = "half")]
 mod gpu;
+mod hostile_input;
 mod inputs;
 mod launchers_mock;
 mod lazy_open;
