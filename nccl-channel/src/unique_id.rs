@@ -180,10 +180,10 @@ impl UniqueId {
             format!("the unique id in {} (rank {rank})", path.display())
         });
         loop {
-            match std::fs::read_to_string(path) {
-                Ok(text) => return text.parse(),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("reading", e)),
+            match read_id_file(path) {
+                Ok(Some(text)) => return text.parse(),
+                Ok(None) => {}
+                Err(e) => return Err(e),
             }
             let now = Instant::now();
             if now >= deadline {
@@ -216,4 +216,54 @@ impl UniqueId {
     pub fn as_bytes(&self) -> &[u8; 128] {
         &self.0
     }
+}
+
+/// The most bytes an id file may hold: the id's 256 hex digits, with room for whitespace.
+const MAX_ID_FILE: u64 = 4096;
+
+/// The text of the id file at `path`, `None` while it does not exist. Only a regular file
+/// of at most [`MAX_ID_FILE`] bytes is read: a FIFO nobody writes to would block the open
+/// (so it is opened without blocking, then refused), and an endless file (`/dev/zero`)
+/// would take memory without end.
+fn read_id_file(path: &Path) -> Result<Option<String>> {
+    use std::io::Read;
+    let io = |what: &'static str, e: std::io::Error| Error::Io {
+        what,
+        path: path.display().to_string(),
+        source: e.into(),
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = match options.open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io("opening", e)),
+    };
+    let meta = file.metadata().map_err(|e| io("reading the kind of", e))?;
+    if !meta.is_file() {
+        return Err(Error::UniqueId(format!(
+            "{} is not a regular file ({:?}); rank 0 writes the id to a file there",
+            path.display(),
+            meta.file_type()
+        )));
+    }
+    let mut text = Vec::new();
+    (&file)
+        .take(MAX_ID_FILE + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| io("reading", e))?;
+    if text.len() as u64 > MAX_ID_FILE {
+        return Err(Error::UniqueId(format!(
+            "{} holds more than {MAX_ID_FILE} bytes; an id file holds the id's 256 hex digits",
+            path.display()
+        )));
+    }
+    String::from_utf8(text).map(Some).map_err(|e| {
+        io(
+            "reading",
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+        )
+    })
 }

@@ -1701,6 +1701,51 @@ fn id_texts(seed: u64, n: usize) -> Tally {
 /// Generated id text, parsed and read from a file by rank 1: the id exactly when the text
 /// is 256 hex digits between whitespace, else a typed error (`Error::UniqueId`, or
 /// `Error::Io` for a file that is not UTF-8), never a panic.
+/// The id file's path names no regular file: a FIFO nobody writes to (whose open would
+/// block forever), a device without end (`/dev/zero`), a file past the size of any id.
+/// Each is a typed error at once, not a hang past the deadline or memory without end.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_id_path_that_is_a_fifo_a_device_or_too_long_is_refused_at_once() {
+    let (_cuda, gpus) = cuda_mock::MockDriver::with_devices(1).build().unwrap();
+    let (nccl, _sim) = nccl_mock::MockNccl::new(&gpus).build().unwrap();
+    let dir = std::env::temp_dir().join(format!("id-path-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a mode.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let long = dir.join("long");
+    std::fs::write(&long, vec![b'0'; 1 << 20]).unwrap();
+    let nccl = Arc::new(nccl);
+    for path in [
+        fifo.as_path(),
+        std::path::Path::new("/dev/zero"),
+        long.as_path(),
+    ] {
+        let (tx, rx) = mpsc::channel();
+        let (nccl, p) = (nccl.clone(), path.to_path_buf());
+        // Not joined: a reader that hangs must fail this test, not hang it.
+        std::thread::spawn(move || {
+            let _ = tx.send(UniqueId::exchange_via_file(
+                &nccl,
+                &p,
+                1,
+                Duration::from_secs(2),
+            ));
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{} held the reader", path.display()));
+        assert!(
+            matches!(got, Err(Error::UniqueId(_))),
+            "{}: {got:?}",
+            path.display()
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn hostile_id_text_and_id_files_give_the_id_or_a_typed_error() {
     let (seed, n) = (seed(), inputs());
