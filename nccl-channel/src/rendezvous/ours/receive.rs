@@ -6,10 +6,10 @@ use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::Instant;
 
-use super::super::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
-use super::super::point::Rendezvous;
-use super::super::proof::{Keys, Role, nonce};
-use super::{After, Hello, MAX_LINE, Reply, after_line, hello_line, parse_reply, transcript};
+use super::wire::{After, Hello, MAX_LINE, Reply, after_line, hello_line, parse_reply, transcript};
+use crate::rendezvous::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
+use crate::rendezvous::point::Rendezvous;
+use crate::rendezvous::proof::{Keys, Role, nonce};
 use crate::{Result, UniqueId};
 
 /// What one attempt to reach rank 0 came to.
@@ -27,7 +27,7 @@ enum Attempt {
 }
 
 /// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
-pub(in super::super) fn receive(
+pub(crate) fn receive(
     rdv: &Rendezvous,
     key: &str,
     rank: usize,
@@ -134,7 +134,7 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, keys: Option<&Keys>, deadline: Insta
             "asks for a secret, and rank {} has none: give every rank the same secret \
              ({})",
             hello.rank,
-            super::super::secret::SECRET_FILE_ENV
+            crate::rendezvous::secret::SECRET_FILE_ENV
         ))),
         (Reply::Id(id), None, _) => {
             // Rank 0 counts this rank as served only on the ack; if it is lost, rank 0
@@ -261,9 +261,9 @@ fn next_reply(reader: &mut BufReader<&TcpStream>, read_by: Instant) -> Result<Re
 mod tests {
     use std::time::Duration;
 
-    use super::super::super::secret::RendezvousSecret;
     use super::*;
     use crate::Error;
+    use crate::rendezvous::secret::RendezvousSecret;
 
     /// Rank 0 (with `zero`'s secret, waiting `zero_waits`) and rank 1 (with `one`'s,
     /// waiting `timeout`): what rank 1 gets, and how long it took.

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener as PollListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::super::net::{self, STEP, describe};
-use super::super::point::Rendezvous;
-use super::super::proof::Keys;
-use super::MAX_LINE;
 use super::session::{Offer, Outcome, Session};
+use super::wire::MAX_LINE;
+use crate::rendezvous::net::{self, STEP, describe};
+use crate::rendezvous::point::Rendezvous;
+use crate::rendezvous::proof::Keys;
 use crate::{Result, UniqueId};
 
 /// Connections served at once; more wait in the backlog. Each holds a descriptor, up to
@@ -37,7 +37,7 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 const LISTENER: Token = Token(usize::MAX);
 
 /// Rank 0: listens, makes the id, serves it until every other rank confirmed.
-pub(in super::super) fn serve(
+pub(crate) fn serve(
     rdv: &Rendezvous,
     key: &str,
     size: usize,
@@ -509,7 +509,7 @@ mod tests {
     /// refusal is counted for the deadline's error.
     #[test]
     fn every_rank_is_served_with_a_secret_and_without() {
-        use super::super::super::secret::RendezvousSecret;
+        use crate::rendezvous::secret::RendezvousSecret;
         for secret in [None, Some(RendezvousSecret::new([3u8; 16]).unwrap())] {
             let port = TcpListener::bind("127.0.0.1:0")
                 .unwrap()

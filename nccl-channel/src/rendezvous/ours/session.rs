@@ -5,10 +5,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::super::net::describe;
-use super::super::proof::{Keys, NONCE_LEN, Role, nonce};
-use super::{After, Hello, Reply, parse_after, parse_hello, reply_line, transcript};
+use super::wire::{After, Hello, Reply, parse_after, parse_hello, reply_line, transcript};
 use crate::UniqueId;
+use crate::rendezvous::net::describe;
+use crate::rendezvous::proof::{Keys, NONCE_LEN, Role, nonce};
 
 /// What rank 0 serves, the same for every connection of one exchange.
 pub(super) struct Offer {
@@ -274,9 +274,9 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::secret::RendezvousSecret;
-    use super::super::{After, after_line, hello_line, parse_reply};
+    use super::super::wire::{After, after_line, hello_line, parse_reply};
     use super::*;
+    use crate::rendezvous::secret::RendezvousSecret;
 
     fn offer(secret: Option<u8>) -> Offer {
         Offer {
