@@ -326,10 +326,33 @@ mod tests {
         let Err(Error::RendezvousRefused { problem, .. }) = &got else {
             panic!("{got:?}")
         };
-        assert!(
-            problem.contains("could not prove it knows the secret"),
-            "{problem}"
+        // What every attempt met, said once.
+        assert_eq!(
+            problem,
+            "did not answer within 600ms (last attempt: what answered could not prove it \
+             knows the secret (rank 0 holds another secret, or it is not rank 0))"
         );
         assert!(took >= timeout, "{took:?}");
+    }
+
+    /// What could not prove the secret is named even when a later attempt met something
+    /// else (here: nothing listening any more), and the error is still a refusal.
+    #[test]
+    fn an_unproven_answer_is_named_beside_the_last_attempt() {
+        let (got, _) = pair(
+            (Some(1), Duration::from_millis(800)),
+            Some(2),
+            Duration::from_millis(2500),
+        );
+        let Err(Error::RendezvousRefused { problem, .. }) = &got else {
+            panic!("{got:?}")
+        };
+        assert!(
+            problem.starts_with(
+                "did not answer within 2.5s (what answered could not prove it knows the \
+                 secret (rank 0 holds another secret, or it is not rank 0); last attempt: "
+            ),
+            "{problem}"
+        );
     }
 }
