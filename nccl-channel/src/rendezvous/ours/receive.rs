@@ -27,12 +27,7 @@ enum Attempt {
 }
 
 /// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
-pub(crate) fn receive(
-    rdv: &Rendezvous,
-    key: &str,
-    rank: usize,
-    size: usize,
-) -> Result<UniqueId> {
+pub(crate) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let keys = rdv.secret.as_ref().map(Keys::new);
     let mut backoff = net::attempts_backoff();

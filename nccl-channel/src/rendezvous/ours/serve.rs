@@ -22,8 +22,37 @@ use crate::rendezvous::proof::Keys;
 use crate::{Result, UniqueId};
 
 /// Connections served at once; more wait in the backlog. Each holds a descriptor, up to
-/// [`MAX_LINE`] bytes and a read of input, and a reply.
+/// [`MAX_LINE`] bytes and a read of input, and a reply. Fewer where the process may open
+/// fewer than twice as many descriptors ([`connection_cap`]).
 pub(crate) const MAX_CONNECTIONS: usize = 1024;
+
+/// The connections rank 0 keeps open at once: [`MAX_CONNECTIONS`], or half the
+/// descriptors the process may open (its soft limit, often 1024) when that is fewer, so
+/// that the rendezvous never takes the descriptors the program and NCCL need (and never
+/// meets "too many open files" itself); at least 16.
+fn connection_cap() -> usize {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one `rlimit`, which `limit` is, and keeps no pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+            // `rlim_t` is `u64` on Linux, another width elsewhere.
+            #[allow(clippy::useless_conversion)]
+            return cap_for(u64::try_from(limit.rlim_cur).unwrap_or(u64::MAX));
+        }
+    }
+    MAX_CONNECTIONS
+}
+
+/// [`connection_cap`] for a soft descriptor limit of `soft`.
+fn cap_for(soft: u64) -> usize {
+    usize::try_from(soft / 2)
+        .unwrap_or(usize::MAX)
+        .clamp(16, MAX_CONNECTIONS)
+}
 /// The listen backlog asked of the kernel (which caps it at `net.core.somaxconn`, 4096 on
 /// Linux since 5.4): a burst of ranks waits there instead of being refused.
 const BACKLOG: i32 = 4096;
@@ -68,6 +97,7 @@ pub(crate) fn serve(
         conns: Vec::new(),
         free: Vec::new(),
         live: 0,
+        cap: connection_cap(),
         accept_pending: true,
         served: BTreeSet::new(),
         tally: Tally::default(),
@@ -96,6 +126,8 @@ struct Server<'a> {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     live: usize,
+    /// The most connections open at once ([`connection_cap`]).
+    cap: usize,
     /// Connections may wait in the backlog unaccepted.
     accept_pending: bool,
     served: BTreeSet<usize>,
@@ -147,7 +179,7 @@ impl Server<'_> {
 
     /// Accepts while the backlog has connections and a slot is free.
     fn accept(&mut self) {
-        while self.live < MAX_CONNECTIONS {
+        while self.live < self.cap {
             match self.listener.accept() {
                 Ok((mut stream, peer)) => {
                     let i = self.free.pop().unwrap_or_else(|| {
@@ -569,6 +601,17 @@ mod tests {
             text.contains("(2 other connections ignored, the last: y)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_connections_open_at_once_leave_half_the_descriptors() {
+        assert_eq!(cap_for(1024), 512);
+        assert_eq!(cap_for(20000), MAX_CONNECTIONS);
+        assert_eq!(cap_for(2048), MAX_CONNECTIONS);
+        assert_eq!(cap_for(2046), 1023);
+        assert_eq!(cap_for(10), 16);
+        assert_eq!(cap_for(u64::MAX), MAX_CONNECTIONS);
+        assert!((16..=MAX_CONNECTIONS).contains(&connection_cap()));
     }
 
     /// The backlog asked for is the one the socket gets (up to the kernel's cap): a
