@@ -210,9 +210,8 @@ fn mismatch(rdv: &Rendezvous, hello: &Hello, key: &str, size: usize) -> Option<A
             hello.rank, hello.size
         ))));
     }
-    if hello.rank == 0 || hello.rank >= size {
-        return Some(Attempt::Fatal(rank_refused(rdv, hello, size)));
-    }
+    // The rank is in range: it is not 0 (rank 0 serves) and below its size, which is
+    // rank 0's.
     None
 }
 
@@ -328,6 +327,53 @@ mod tests {
              knows the secret (rank 0 holds another secret, or it is not rank 0))"
         );
         assert!(took >= timeout, "{took:?}");
+    }
+
+    /// With a secret, rank 0's proved size and key decide as without one: another size
+    /// fails at once, another key is waited out and named.
+    #[test]
+    fn a_proved_rank_0_of_another_size_or_key_is_told_apart() {
+        let secret = RendezvousSecret::new([1u8; 16]).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let at = |key: &str, t: Duration| {
+            Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+                .unwrap()
+                .key(key)
+                .timeout(t)
+                .secret(secret.clone())
+        };
+        let (zero, one) = (
+            at("k", Duration::from_secs(2)),
+            at("k", Duration::from_secs(20)),
+        );
+        let other = at("other", Duration::from_millis(600));
+        let (size, key) = std::thread::scope(|s| {
+            let server = s.spawn(|| zero.exchange_with(0, 3, || Ok(UniqueId([2; 128]))));
+            let start = Instant::now();
+            let size = one.exchange_with(1, 2, || unreachable!());
+            assert!(start.elapsed() < Duration::from_secs(10));
+            let key = other.exchange_with(1, 3, || unreachable!());
+            let _ = server.join();
+            (size, key)
+        });
+        let Err(Error::Rendezvous { problem, .. }) = &size else {
+            panic!("{size:?}")
+        };
+        assert!(
+            problem.starts_with("serves a world of 3 ranks"),
+            "{problem}"
+        );
+        let Err(Error::Rendezvous { problem, .. }) = &key else {
+            panic!("{key:?}")
+        };
+        assert!(
+            problem.contains("a rendezvous for key k#0 answered, not other#0"),
+            "{problem}"
+        );
     }
 
     /// What could not prove the secret is named even when a later attempt met something
