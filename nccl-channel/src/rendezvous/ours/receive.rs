@@ -376,6 +376,36 @@ mod tests {
         );
     }
 
+    /// Something that accepts and says nothing is named so at the deadline; something
+    /// that answers garbage, as not a rendezvous.
+    #[test]
+    fn a_silent_or_foreign_server_is_named_at_the_deadline() {
+        for (answer, says) in [
+            (None, "sent no complete answer in time"),
+            (Some(&b"HTTP/1.1 400\n"[..]), "not a rendezvous"),
+        ] {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for c in l.incoming().flatten() {
+                    if let Some(a) = answer {
+                        let _ = (&c).write_all(a);
+                    }
+                    held.push(c);
+                }
+            });
+            let got = Rendezvous::tcp(&addr.to_string())
+                .unwrap()
+                .timeout(Duration::from_millis(600))
+                .exchange_with(1, 2, || unreachable!());
+            let Err(Error::Rendezvous { problem, .. }) = &got else {
+                panic!("{got:?}")
+            };
+            assert!(problem.contains(says), "{problem}");
+        }
+    }
+
     /// What could not prove the secret is named even when a later attempt met something
     /// else (here: nothing listening any more), and the error is still a refusal.
     #[test]

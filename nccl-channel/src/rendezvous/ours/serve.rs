@@ -603,6 +603,78 @@ mod tests {
         );
     }
 
+    /// A server over a fresh loopback listener, keeping at most `cap` connections.
+    fn server(rdv: &Rendezvous, cap: usize) -> (Server<'_>, SocketAddr) {
+        let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        l.set_nonblocking(true).unwrap();
+        let mut listener = PollListener::from_std(l);
+        let poll = Poll::new().unwrap();
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .unwrap();
+        let server = Server {
+            rdv,
+            poll,
+            listener,
+            conns: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            cap,
+            accept_pending: true,
+            served: BTreeSet::new(),
+            tally: Tally::default(),
+        };
+        (server, addr)
+    }
+
+    /// Accepting takes connections up to the cap and leaves the rest in the backlog; a
+    /// drained backlog stops the accepting until the listener says more came.
+    #[test]
+    fn accepting_stops_at_the_cap_and_at_an_empty_backlog() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
+        let (mut server, addr) = server(&rdv, 2);
+        let clients: Vec<_> = (0..3)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        server.accept();
+        assert_eq!(server.live, 2);
+        assert!(server.accept_pending, "the third waits in the backlog");
+        server.close(0);
+        server.accept();
+        assert_eq!(server.live, 2);
+        let (mut roomy, addr) = self::server(&rdv, 5);
+        let more: Vec<_> = (0..3)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        roomy.accept();
+        assert_eq!(roomy.live, 3);
+        assert!(!roomy.accept_pending, "the backlog is empty");
+        drop((clients, more));
+    }
+
+    /// A connection that says nothing is dropped after STEP, and said so.
+    #[test]
+    fn a_silent_connection_is_dropped_after_its_step() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
+        let (mut server, addr) = server(&rdv, 4);
+        let _silent = std::net::TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        server.accept();
+        assert_eq!(server.live, 1);
+        server.expire(Instant::now() + STEP - Duration::from_millis(500));
+        assert_eq!(server.live, 1);
+        server.expire(Instant::now() + STEP);
+        assert_eq!(server.live, 0);
+        let last = server.tally.last.clone().unwrap_or_default();
+        assert!(
+            last.ends_with("did not finish its lines within 5s"),
+            "{last}"
+        );
+    }
+
     #[test]
     fn the_connections_open_at_once_leave_half_the_descriptors() {
         assert_eq!(cap_for(1024), 512);
