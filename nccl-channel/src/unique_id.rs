@@ -243,10 +243,27 @@ fn read_id_file(path: &Path) -> Result<Option<String>> {
     };
     let meta = file.metadata().map_err(|e| io("reading the kind of", e))?;
     if !meta.is_file() {
+        let kind = meta.file_type();
+        #[cfg(unix)]
+        let kind = {
+            use std::os::unix::fs::FileTypeExt;
+            match () {
+                () if kind.is_dir() => "a directory",
+                () if kind.is_fifo() => "a FIFO",
+                () if kind.is_char_device() || kind.is_block_device() => "a device",
+                () if kind.is_socket() => "a socket",
+                () => "an unusual file",
+            }
+        };
+        #[cfg(not(unix))]
+        let kind = if kind.is_dir() {
+            "a directory"
+        } else {
+            "an unusual file"
+        };
         return Err(Error::UniqueId(format!(
-            "{} is not a regular file ({:?}); rank 0 writes the id to a file there",
-            path.display(),
-            meta.file_type()
+            "{} is {kind}, not the file rank 0 writes the id to",
+            path.display()
         )));
     }
     let mut text = Vec::new();

@@ -24,7 +24,8 @@ pub const SECRET_FILE_ENV: &str = "NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE";
 /// gets a typed refusal ([`Error::RendezvousRefused`]).
 ///
 /// At least [`RendezvousSecret::MIN_LEN`] bytes, from code, from a file only its owner can
-/// read, or fresh from the operating system's random source. Never printed (its `Debug`
+/// read, or fresh from the operating system's random source; random, not a passphrase (see
+/// [`MIN_LEN`](RendezvousSecret::MIN_LEN)). Never printed (its `Debug`
 /// says `RendezvousSecret(..)`), compared in constant time, wiped from memory when the last
 /// clone is dropped.
 ///
@@ -44,7 +45,10 @@ pub struct RendezvousSecret {
 static_assertions::assert_impl_all!(RendezvousSecret: Send, Sync);
 
 impl RendezvousSecret {
-    /// The fewest bytes a secret may have: 128 bits, so that guessing it is out of reach.
+    /// The fewest bytes a secret may have. Length is not strength: whoever sees one
+    /// exchange (or greets rank 0 once) can test guesses of the secret offline, so make it
+    /// random — [`RendezvousSecret::generate`], or `openssl rand -hex 32` for a file (64 hex
+    /// digits, 256 bits) — never a passphrase.
     pub const MIN_LEN: usize = 16;
 
     /// The most bytes a secret may have (a file of more is not a secret file).

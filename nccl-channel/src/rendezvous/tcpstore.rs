@@ -452,7 +452,7 @@ fn wait_for_acks(
             .get_many(&pending, deadline)
             .map_err(|e| Some(format!("failed reading the acknowledgements: {e}")))?;
         let mut values = values.iter();
-        unacked.retain(|r| values.next().is_none_or(|v| *v != expected[r - 1]));
+        unacked.retain(|r| values.next().is_none_or(|v| !same(v, &expected[r - 1])));
         if unacked.is_empty() {
             return Ok(());
         }
@@ -463,6 +463,13 @@ fn wait_for_acks(
             return Err(None);
         }
     }
+}
+
+/// Whether an ack is the one expected, in constant time (with a secret, the expected
+/// one is a proof).
+fn same(ack: &[u8], expected: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    ack.len() == expected.len() && bool::from(ack.ct_eq(expected))
 }
 
 /// On a fresh connection, by `by`: which of `unacked` acknowledged after all (removed from
@@ -492,7 +499,7 @@ fn look_again(
             continue;
         }
         match fresh.get(k, by) {
-            Ok(v) if v == expected[r - 1] => {}
+            Ok(v) if same(&v, &expected[r - 1]) => {}
             Ok(_) => {
                 stale.push(r);
                 still.push(r);

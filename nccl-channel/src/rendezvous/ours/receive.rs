@@ -141,7 +141,9 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, keys: Option<&Keys>, deadline: Insta
             let _ = (&stream).write_all(ack.as_bytes());
             Attempt::Got(Box::new(id))
         }
-        (Reply::Key(theirs), None, _) => mismatch(rdv, hello, &theirs, hello.size)
+        // Told without proof, but only to be waited out: another job's rank 0 answers so
+        // whatever its secret.
+        (Reply::Key(theirs), _, _) => mismatch(rdv, hello, &theirs, hello.size)
             .unwrap_or_else(|| Attempt::Retry("rank 0 answered its own key".into())),
         (Reply::Size(theirs), None, _) => mismatch(rdv, hello, &hello.key, theirs)
             .unwrap_or_else(|| Attempt::Retry("rank 0 answered its own size".into())),

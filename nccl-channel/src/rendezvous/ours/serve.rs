@@ -3,7 +3,10 @@
 //! nor peers that send nothing, or a byte at a time, hold up the others. What one
 //! connection may take is bounded: [`MAX_LINE`] bytes (and one read) of input, one reply,
 //! [`STEP`] of time; at most [`MAX_CONNECTIONS`] are open at once, and further ranks wait
-//! in the listen backlog ([`BACKLOG`]) until one closes.
+//! in the listen backlog ([`BACKLOG`]) until one closes — or, when every slot is taken,
+//! until the oldest connection that has not greeted within [`EVICT_AFTER`] makes room
+//! (honest ranks greet as they connect): peers that connect and say nothing cannot hold
+//! every slot, however many they open.
 
 use std::collections::BTreeSet;
 use std::io::{self, ErrorKind, Read, Write};
@@ -63,6 +66,10 @@ const REFUSALS_SAID: usize = 8;
 /// connection slot taken): the listener's readiness is signalled once per new connection.
 const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 
+/// When every slot is taken, a connection silent this long without a complete greeting
+/// gives its slot to a newer one.
+const EVICT_AFTER: Duration = Duration::from_secs(1);
+
 const LISTENER: Token = Token(usize::MAX);
 
 /// Rank 0: listens, makes the id, serves it until every other rank confirmed.
@@ -113,6 +120,8 @@ struct Conn {
     session: Session,
     input: Vec<u8>,
     output: Vec<u8>,
+    /// When it was accepted.
+    opened: Instant,
     /// When it is dropped, finished or not.
     until: Instant,
     /// Its outcome, once it has one: it closes when its reply is written.
@@ -179,7 +188,7 @@ impl Server<'_> {
 
     /// Accepts while the backlog has connections and a slot is free.
     fn accept(&mut self) {
-        while self.live < self.cap {
+        while self.live < self.cap || self.make_room(Instant::now()) {
             match self.listener.accept() {
                 Ok((mut stream, peer)) => {
                     let i = self.free.pop().unwrap_or_else(|| {
@@ -203,6 +212,7 @@ impl Server<'_> {
                         session: Session::new(peer),
                         input: Vec::new(),
                         output: Vec::new(),
+                        opened: Instant::now(),
                         until: Instant::now() + STEP,
                         outcome: None,
                     });
@@ -246,6 +256,35 @@ impl Server<'_> {
                 Interest::READABLE | Interest::WRITABLE,
             );
         }
+    }
+
+    /// Every slot taken: closes the oldest connection still without a greeting after
+    /// [`EVICT_AFTER`], so that a newer one (an honest rank, whose greeting came with its
+    /// connection) gets its slot. False when none may go.
+    fn make_room(&mut self, now: Instant) -> bool {
+        let oldest = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c.as_ref()?)))
+            .filter(|(_, c)| {
+                c.outcome.is_none() && c.session.greeting() && now >= c.opened + EVICT_AFTER
+            })
+            .min_by_key(|(_, c)| c.opened)
+            .map(|(i, _)| i);
+        let Some(i) = oldest else {
+            return false;
+        };
+        if let Some(c) = &mut self.conns[i] {
+            let why = format!(
+                "gave its slot to a newer connection: no greeting within {EVICT_AFTER:?}, and \
+                 all {} slots taken",
+                self.cap
+            );
+            c.outcome = Some(c.session.on_end(&why));
+        }
+        self.close(i);
+        true
     }
 
     /// Drops the connections past their time.
@@ -655,6 +694,55 @@ mod tests {
         drop((clients, more));
     }
 
+    /// Every slot held by a silent connection: the oldest one silent past EVICT_AFTER makes
+    /// room for a newer one; younger ones do not.
+    #[test]
+    fn silent_connections_make_room_at_the_cap_once_old_enough() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
+        let (mut server, addr) = server(&rdv, 2);
+        let silent: Vec<_> = (0..2)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        server.accept();
+        assert_eq!(server.live, 2);
+        let mut honest = std::net::TcpStream::connect(addr).unwrap();
+        honest
+            .write_all(b"nccl-channel-rendezvous 1 hello k 1 2\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // Young: nobody makes room.
+        server.accept();
+        assert_eq!(server.live, 2);
+        assert!(server.accept_pending);
+        // The first is old enough (as if accepted EVICT_AFTER ago): it makes room.
+        let first = server.conns[0].as_mut().unwrap();
+        first.opened -= EVICT_AFTER;
+        server.accept();
+        assert_eq!(server.live, 2);
+        assert!(
+            server.conns[0]
+                .as_ref()
+                .is_some_and(|c| c.opened > Instant::now() - EVICT_AFTER)
+        );
+        let last = server.tally.last.clone().unwrap_or_default();
+        assert!(
+            last.contains("gave its slot to a newer connection"),
+            "{last}"
+        );
+        // A connection that greeted is never the one to go.
+        let mut greeted = Session::new(addr);
+        let offer = Offer {
+            key: Arc::from("k"),
+            size: 2,
+            id: UniqueId([0; 128]),
+            keys: None,
+        };
+        let _ = greeted.on_line(b"nccl-channel-rendezvous 1 hello k 1 2", &offer);
+        assert!(!greeted.greeting());
+        drop((silent, honest));
+    }
+
     /// A connection that says nothing is dropped after STEP, and said so.
     #[test]
     fn a_silent_connection_is_dropped_after_its_step() {
@@ -691,6 +779,16 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_burst_beyond_128_connections_waits_in_the_backlog() {
+        // The kernel caps every backlog at somaxconn (128 before Linux 5.4): there, ours
+        // is std's, and there is nothing to tell apart.
+        let somaxconn: i32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        if somaxconn < 512 {
+            eprintln!("somaxconn is {somaxconn}: every backlog is capped there; nothing to check");
+            return;
+        }
         let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
         let streams: Vec<_> = (0..300)

@@ -144,6 +144,14 @@ impl Session {
         let Some(hello) = parse_hello(line) else {
             return Step::last(None, self.garbage(line));
         };
+        // Another job's or channel's rank first, whatever its secret: told rank 0's key
+        // (no secret), it goes on trying until its own rank 0 answers.
+        if hello.key != *offer.key {
+            return Step::last(
+                Some(Reply::Key(offer.key.to_string())),
+                Outcome::Ignored(format!("{peer} asked for key {}", hello.key)),
+            );
+        }
         match (&hello.nonce, &offer.keys) {
             (None, None) => self.plain(hello, offer),
             (Some(n), Some(keys)) => self.challenge(&hello, n, keys, offer),
@@ -167,12 +175,6 @@ impl Session {
     /// Version 1: the id, or why not.
     fn plain(&mut self, hello: Hello, offer: &Offer) -> Step {
         let peer = self.peer;
-        if hello.key != *offer.key {
-            return Step::last(
-                Some(Reply::Key(offer.key.to_string())),
-                Outcome::Ignored(format!("{peer} asked for key {}", hello.key)),
-            );
-        }
         if hello.size != offer.size {
             return Step::last(
                 Some(Reply::Size(offer.size)),
@@ -221,12 +223,6 @@ impl Session {
             reply: Some(text.clone()),
             outcome: Some(o),
         };
-        if hello.key != *offer.key {
-            return done(Outcome::Ignored(format!(
-                "{peer} asked for key {}",
-                hello.key
-            )));
-        }
         if hello.size != offer.size {
             return done(Outcome::WrongSize {
                 rank: hello.rank,
@@ -249,6 +245,11 @@ impl Session {
         }
     }
 
+    /// Whether the peer has not completed its greeting yet.
+    pub(super) fn greeting(&self) -> bool {
+        matches!(self.state, State::Greeting)
+    }
+
     /// The connection ended (closed, timed out, cut off) before an outcome: what that
     /// says of the peer.
     pub(super) fn on_end(&self, why: &str) -> Outcome {
@@ -258,7 +259,7 @@ impl Session {
             // A rank with another secret finds rank 0's proof wrong and goes away.
             State::Proof { rank, .. } => Outcome::Refused(format!(
                 "{peer} (rank {rank}) gave no proof of the secret ({why}): it holds \
-                 another secret, or is no rank of this job"
+                 another secret, is no rank of this job, or gave up"
             )),
             State::Ack { rank, .. } => Outcome::Ignored(format!(
                 "{peer} (rank {rank}) did not confirm the id ({why})"
@@ -342,9 +343,15 @@ mod tests {
         };
         let t = transcript(&h, &mine, &key, size, &nonce);
         assert!(keys.verify(Role::Server, &t, &tag));
-        // A proof of the server's role (a reflected tag) is no proof of the rank's.
-        let mut reflected = Session::new(peer());
-        let _ = reflected.on_line(line(&hello(2, 3, Some(mine))), &o);
+        // Rank 0's own proof sent back (in the same exchange, over the same transcript) is
+        // no proof of the rank's.
+        let mut reflected = Session {
+            peer: peer(),
+            state: State::Proof {
+                rank: 2,
+                transcript: t.clone(),
+            },
+        };
         let step = reflected.on_line(line(&after_line(&After::Proof(tag))), &o);
         assert!(
             matches!(step.outcome, Some(Outcome::Refused(_))),

@@ -112,6 +112,13 @@ pub(super) fn words(line: &[u8]) -> Option<(u32, Vec<&str>)> {
     matches!(version, PLAIN | SEALED).then(|| (version, w.collect()))
 }
 
+/// A key as `Rendezvous` writes one (sanitized, then `#` and the exchange's number):
+/// nothing else from the other side reaches an error message.
+fn is_key(key: &str) -> bool {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:/+@#".contains(c);
+    !key.is_empty() && key.chars().all(allowed)
+}
+
 pub(super) fn parse_hello(line: &[u8]) -> Option<Hello> {
     let (version, words) = words(line)?;
     let (key, rank, size, nonce) = match (version, words.as_slice()) {
@@ -119,7 +126,7 @@ pub(super) fn parse_hello(line: &[u8]) -> Option<Hello> {
         (SEALED, ["hello", key, rank, size, nonce]) => (key, rank, size, Some(unhex(nonce)?)),
         _ => return None,
     };
-    (!key.is_empty()).then_some(())?;
+    is_key(key).then_some(())?;
     Some(Hello {
         key: key.to_string(),
         rank: parse_decimal(rank)?,
@@ -151,7 +158,7 @@ pub(super) fn parse_after(line: &[u8]) -> Option<After> {
 pub(super) fn parse_reply(line: &[u8]) -> Option<Reply> {
     match words(line)? {
         (SEALED, w) => match w.as_slice() {
-            ["challenge", key, size, nonce, tag] if !key.is_empty() => Some(Reply::Challenge {
+            ["challenge", key, size, nonce, tag] if is_key(key) => Some(Reply::Challenge {
                 key: key.to_string(),
                 size: parse_decimal(size)?,
                 nonce: unhex(nonce)?,
@@ -164,7 +171,7 @@ pub(super) fn parse_reply(line: &[u8]) -> Option<Reply> {
         },
         (_, w) => match w.as_slice() {
             ["id", hex] => hex.parse().ok().map(Reply::Id),
-            ["key", k] => Some(Reply::Key(k.to_string())),
+            ["key", k] if is_key(k) => Some(Reply::Key(k.to_string())),
             ["size", n] => parse_decimal(n).map(Reply::Size),
             ["rank", n] => parse_decimal(n).map(Reply::Rank),
             ["secret"] => Some(Reply::Secret),
@@ -277,6 +284,9 @@ mod tests {
             b"nccl-channel-rendezvous 1 hello k 1",
             b"nccl-channel-rendezvous 1 hello k -1 3",
             b"nccl-channel-rendezvous 1 hello  1 3",
+            b"nccl-channel-rendezvous 1 hello k\x1b[2J 1 3",
+            b"nccl-channel-rendezvous 1 hello k\r 1 3",
+            b"nccl-channel-rendezvous 1 key k\x07",
             b"nccl-channel-rendezvous 2 hello k 1 3",
             b"nccl-channel-rendezvous 2 hello k 1 3 00",
             b"nccl-channel-rendezvous 1 id 00",
