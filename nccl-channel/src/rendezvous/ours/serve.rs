@@ -743,6 +743,35 @@ mod tests {
         drop((silent, honest));
     }
 
+    /// A line of MAX_LINE bytes is read as a line (here: garbage, so ignored); one byte
+    /// more is an over-long line, cut off unread.
+    #[test]
+    fn a_line_is_read_up_to_its_limit_and_cut_off_past_it() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
+        let offer = Offer {
+            key: Arc::from("k"),
+            size: 2,
+            id: UniqueId([0; 128]),
+            keys: None,
+        };
+        for (len, says) in [
+            (MAX_LINE, "sent \"xxxx"),
+            (MAX_LINE + 1, "sent an over-long line"),
+        ] {
+            let (mut server, addr) = server(&rdv, 4);
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            let mut line = vec![b'x'; len];
+            line.push(b'\n');
+            c.write_all(&line).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            server.accept();
+            server.on_ready(0, &offer);
+            assert_eq!(server.live, 0, "{len}");
+            let last = server.tally.last.clone().unwrap_or_default();
+            assert!(last.contains(says), "{len}: {last}");
+        }
+    }
+
     /// A connection that says nothing is dropped after STEP, and said so.
     #[test]
     fn a_silent_connection_is_dropped_after_its_step() {
