@@ -182,20 +182,30 @@ impl Rendezvous {
     /// ```
     /// use std::time::Duration;
     /// use nccl_channel::{Error, Rendezvous, RendezvousSecret, UniqueId};
-    /// # let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    /// # let free = || std::net::TcpListener::bind("127.0.0.1:0")?.local_addr().map(|a| a.port());
+    /// # let (port, other_port) = (free()?, free()?);
     /// let secret = RendezvousSecret::generate()?;
-    /// let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?.timeout(Duration::from_secs(2));
-    /// let (zero, one, stranger) = std::thread::scope(|s| {
-    ///     let served = rdv.clone().secret(secret.clone());
-    ///     let zero = s.spawn(move || served.exchange_with(0, 2, || Ok(UniqueId([7; 128]))));
-    ///     // A peer without the secret is refused and sees nothing of the id...
-    ///     let stranger = rdv.clone().key("a guess").exchange_with(1, 2, || unreachable!());
-    ///     // ...while a rank with it gets the id.
-    ///     let one = rdv.clone().secret(secret.clone()).exchange_with(1, 2, || unreachable!());
-    ///     (zero.join().unwrap(), one, stranger)
+    /// let at = |port: u16| Rendezvous::tcp(&format!("127.0.0.1:{port}"));
+    /// let id = UniqueId([7; 128]);
+    ///
+    /// // Two ranks holding the secret agree on rank 0's id.
+    /// let rdv = at(port)?.timeout(Duration::from_secs(20)).secret(secret.clone());
+    /// let (zero, one) = std::thread::scope(|s| {
+    ///     let zero = s.spawn(|| rdv.exchange_with(0, 2, || Ok(id)));
+    ///     let one = rdv.exchange_with(1, 2, || unreachable!());
+    ///     (zero.join().unwrap(), one)
     /// });
-    /// assert_eq!(zero?, UniqueId([7; 128]));
-    /// assert_eq!(one?, UniqueId([7; 128]));
+    /// assert_eq!((zero?, one?), (id, id));
+    ///
+    /// // A peer without it is refused at once and sees nothing of the id (rank 0, left
+    /// // without its rank 1, fails at its deadline).
+    /// let guarded = at(other_port)?.timeout(Duration::from_secs(1)).secret(secret);
+    /// let stranger = std::thread::scope(|s| {
+    ///     let zero = s.spawn(|| guarded.exchange_with(0, 2, || Ok(id)));
+    ///     let stranger = at(other_port)?.exchange_with(1, 2, || unreachable!());
+    ///     let _ = zero.join();
+    ///     Ok::<_, Error>(stranger)
+    /// })?;
     /// assert!(matches!(stranger, Err(Error::RendezvousRefused { .. })), "{stranger:?}");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
