@@ -23,6 +23,21 @@ fn free_addr() -> String {
     format!("127.0.0.1:{port}")
 }
 
+/// A connection to `addr` once something listens there (within 10 s), reads limited to 5 s.
+fn connect_when_listening(addr: &str) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(addr) {
+            Ok(c) => {
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                return c;
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 fn secret(b: u8) -> RendezvousSecret {
     RendezvousSecret::new([b; 32]).unwrap()
 }
@@ -70,17 +85,7 @@ fn ranks_holding_the_secret_all_get_rank_0s_id() {
 fn peers_without_the_secret_or_with_another_are_refused_and_rank_0_goes_on() {
     let addr = free_addr();
     let talk = |lines: &[String]| -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let c = loop {
-            match TcpStream::connect(&addr) {
-                Ok(c) => break c,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(e) => panic!("{e}"),
-            }
-        };
-        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let c = connect_when_listening(&addr);
         let mut r = BufReader::new(c.try_clone().unwrap());
         let mut answers = Vec::new();
         for l in lines {
@@ -265,17 +270,7 @@ fn a_recorded_exchange_reveals_no_id_and_replays_to_nothing() {
         let zero = s.spawn(|| {
             rdv(&addr2, Some(secret(1)), Duration::from_millis(1500)).exchange_with(0, 2, || Ok(ID))
         });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let c = loop {
-            match TcpStream::connect(&addr2) {
-                Ok(c) => break c,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(e) => panic!("{e}"),
-            }
-        };
-        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let c = connect_when_listening(&addr2);
         let mut r = BufReader::new(c.try_clone().unwrap());
         let recorded = lines(&up);
         (&c).write_all(&recorded[0]).unwrap();

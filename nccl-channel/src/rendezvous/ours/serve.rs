@@ -667,16 +667,22 @@ mod tests {
         (server, addr)
     }
 
+    /// `n` connections to `addr`, left a moment to reach its backlog.
+    fn connections(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+        let c = (0..n)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        c
+    }
+
     /// Accepting takes connections up to the cap and leaves the rest in the backlog; a
     /// drained backlog stops the accepting until the listener says more came.
     #[test]
     fn accepting_stops_at_the_cap_and_at_an_empty_backlog() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
         let (mut server, addr) = server(&rdv, 2);
-        let clients: Vec<_> = (0..3)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
-        std::thread::sleep(Duration::from_millis(100));
+        let clients = connections(addr, 3);
         server.accept();
         assert_eq!(server.live, 2);
         assert!(server.accept_pending, "the third waits in the backlog");
@@ -684,10 +690,7 @@ mod tests {
         server.accept();
         assert_eq!(server.live, 2);
         let (mut roomy, addr) = self::server(&rdv, 5);
-        let more: Vec<_> = (0..3)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
-        std::thread::sleep(Duration::from_millis(100));
+        let more = connections(addr, 3);
         roomy.accept();
         assert_eq!(roomy.live, 3);
         assert!(!roomy.accept_pending, "the backlog is empty");
@@ -700,10 +703,7 @@ mod tests {
     fn silent_connections_make_room_at_the_cap_once_old_enough() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
         let (mut server, addr) = server(&rdv, 2);
-        let silent: Vec<_> = (0..2)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
-        std::thread::sleep(Duration::from_millis(100));
+        let silent = connections(addr, 2);
         server.accept();
         assert_eq!(server.live, 2);
         let mut honest = std::net::TcpStream::connect(addr).unwrap();
@@ -777,8 +777,7 @@ mod tests {
     fn a_silent_connection_is_dropped_after_its_step() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
         let (mut server, addr) = server(&rdv, 4);
-        let _silent = std::net::TcpStream::connect(addr).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
+        let _silent = connections(addr, 1);
         server.accept();
         assert_eq!(server.live, 1);
         server.expire(Instant::now() + STEP - Duration::from_millis(500));
