@@ -44,9 +44,9 @@
 //! retrying (an earlier channel or another job may still hold the port) until its
 //! deadline, which then says that a foreign key answered.
 
+mod conversation;
 mod receive;
 mod serve;
-mod session;
 mod wire;
 
 pub(super) use receive::receive;

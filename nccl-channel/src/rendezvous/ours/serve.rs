@@ -1,5 +1,5 @@
 //! Rank 0's server: one thread serves every connection through one poll (mio), each
-//! connection a [`Session`] fed line by line, so that neither thousands of ranks at once
+//! connection a [`Conversation`] fed line by line, so that neither thousands of ranks at once
 //! nor peers that send nothing, or a byte at a time, hold up the others. What one
 //! connection may take is bounded: [`MAX_LINE`] bytes (and one read) of input, one reply,
 //! [`STEP`] of time; at most [`MAX_CONNECTIONS`] are open at once, and further ranks wait
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener as PollListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::session::{Offer, Outcome, Session};
+use super::conversation::{Conversation, Offer, Outcome};
 use super::wire::MAX_LINE;
 use crate::rendezvous::net::{self, STEP, describe};
 use crate::rendezvous::point::Rendezvous;
@@ -117,7 +117,7 @@ pub(crate) fn serve(
 struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
-    session: Session,
+    talk: Conversation,
     input: Vec<u8>,
     output: Vec<u8>,
     /// When it was accepted.
@@ -209,7 +209,7 @@ impl Server<'_> {
                     self.conns[i] = Some(Conn {
                         stream,
                         peer,
-                        session: Session::new(peer),
+                        talk: Conversation::new(peer),
                         input: Vec::new(),
                         output: Vec::new(),
                         opened: Instant::now(),
@@ -243,7 +243,7 @@ impl Server<'_> {
         }
         if let Err(e) = flush(c) {
             if c.outcome.is_none() {
-                c.outcome = Some(c.session.on_end(&e.to_string()));
+                c.outcome = Some(c.talk.on_end(&e.to_string()));
             }
             c.output.clear();
         }
@@ -268,7 +268,7 @@ impl Server<'_> {
             .enumerate()
             .filter_map(|(i, c)| Some((i, c.as_ref()?)))
             .filter(|(_, c)| {
-                c.outcome.is_none() && c.session.greeting() && now >= c.opened + EVICT_AFTER
+                c.outcome.is_none() && c.talk.greeting() && now >= c.opened + EVICT_AFTER
             })
             .min_by_key(|(_, c)| c.opened)
             .map(|(i, _)| i);
@@ -281,7 +281,7 @@ impl Server<'_> {
                  all {} slots taken",
                 self.cap
             );
-            c.outcome = Some(c.session.on_end(&why));
+            c.outcome = Some(c.talk.on_end(&why));
         }
         self.close(i);
         true
@@ -298,7 +298,7 @@ impl Server<'_> {
             }
             if c.outcome.is_none() {
                 let why = format!("did not finish its lines within {STEP:?}");
-                c.outcome = Some(c.session.on_end(&why));
+                c.outcome = Some(c.talk.on_end(&why));
             }
             self.close(i);
         }
@@ -339,7 +339,7 @@ impl Server<'_> {
     }
 }
 
-/// Reads until the socket has no more, feeding complete lines to the session.
+/// Reads until the socket has no more, feeding complete lines to its conversation.
 fn read_lines(c: &mut Conn, offer: &Offer) {
     let mut buf = [0u8; 1024];
     loop {
@@ -350,7 +350,7 @@ fn read_lines(c: &mut Conn, offer: &Offer) {
                 } else {
                     format!("closed the connection after {}", describe(&c.input))
                 };
-                c.outcome = Some(c.session.on_end(&why));
+                c.outcome = Some(c.talk.on_end(&why));
                 return;
             }
             Ok(n) => {
@@ -359,7 +359,7 @@ fn read_lines(c: &mut Conn, offer: &Offer) {
                     if end > MAX_LINE {
                         break;
                     }
-                    let step = c.session.on_line(&c.input[..end], offer);
+                    let step = c.talk.on_line(&c.input[..end], offer);
                     c.input.drain(..=end);
                     if let Some(reply) = step.reply {
                         c.output.extend_from_slice(reply.as_bytes());
@@ -371,14 +371,14 @@ fn read_lines(c: &mut Conn, offer: &Offer) {
                 }
                 if c.input.len() > MAX_LINE {
                     let why = format!("sent an over-long line: {}", describe(&c.input));
-                    c.outcome = Some(c.session.on_end(&why));
+                    c.outcome = Some(c.talk.on_end(&why));
                     return;
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => {
-                c.outcome = Some(c.session.on_end(&e.to_string()));
+                c.outcome = Some(c.talk.on_end(&e.to_string()));
                 return;
             }
         }
@@ -731,7 +731,7 @@ mod tests {
             "{last}"
         );
         // A connection that greeted is never the one to go.
-        let mut greeted = Session::new(addr);
+        let mut greeted = Conversation::new(addr);
         let offer = Offer {
             key: Arc::from("k"),
             size: 2,

@@ -48,7 +48,7 @@ enum State {
 }
 
 /// One connection's exchange.
-pub(super) struct Session {
+pub(super) struct Conversation {
     peer: SocketAddr,
     state: State,
 }
@@ -77,9 +77,9 @@ impl Step {
     }
 }
 
-impl Session {
-    pub(super) fn new(peer: SocketAddr) -> Session {
-        Session {
+impl Conversation {
+    pub(super) fn new(peer: SocketAddr) -> Conversation {
+        Conversation {
             peer,
             state: State::Greeting,
         }
@@ -308,7 +308,7 @@ mod tests {
     #[test]
     fn without_a_secret_a_rank_gets_the_id_and_is_served_on_its_ack() {
         let o = offer(None);
-        let mut s = Session::new(peer());
+        let mut s = Conversation::new(peer());
         let step = s.on_line(line(&hello(1, 3, None)), &o);
         assert_eq!(
             parse_reply(line(step.reply.as_deref().unwrap())),
@@ -324,7 +324,7 @@ mod tests {
         let o = offer(Some(1));
         let keys = Keys::new(&RendezvousSecret::new([1u8; 16]).unwrap());
         let mine = [9u8; NONCE_LEN];
-        let mut s = Session::new(peer());
+        let mut s = Conversation::new(peer());
         let step = s.on_line(line(&hello(2, 3, Some(mine))), &o);
         let Some(Reply::Challenge {
             key,
@@ -345,7 +345,7 @@ mod tests {
         assert!(keys.verify(Role::Server, &t, &tag));
         // Rank 0's own proof sent back (in the same exchange, over the same transcript) is
         // no proof of the rank's.
-        let mut reflected = Session {
+        let mut reflected = Conversation {
             peer: peer(),
             state: State::Proof {
                 rank: 2,
@@ -374,7 +374,7 @@ mod tests {
             rank: 2,
             tag: Some(keys.prove(Role::Ack, &other)),
         });
-        let mut copy = Session {
+        let mut copy = Conversation {
             peer: peer(),
             state: State::Ack {
                 rank: 2,
@@ -397,7 +397,7 @@ mod tests {
         let o = offer(Some(1));
         let wrong = Keys::new(&RendezvousSecret::new([2u8; 16]).unwrap());
         let mine = [9u8; NONCE_LEN];
-        let mut s = Session::new(peer());
+        let mut s = Conversation::new(peer());
         let step = s.on_line(line(&hello(1, 3, Some(mine))), &o);
         let Some(Reply::Challenge {
             key, size, nonce, ..
@@ -425,14 +425,14 @@ mod tests {
 
     #[test]
     fn a_greeting_of_the_other_kind_is_refused_and_told_why() {
-        let step = Session::new(peer()).on_line(line(&hello(1, 3, None)), &offer(Some(1)));
+        let step = Conversation::new(peer()).on_line(line(&hello(1, 3, None)), &offer(Some(1)));
         assert_eq!(
             parse_reply(line(step.reply.as_deref().unwrap())),
             Some(Reply::Secret)
         );
         assert!(matches!(step.outcome, Some(Outcome::Refused(_))));
-        let step =
-            Session::new(peer()).on_line(line(&hello(1, 3, Some([1; NONCE_LEN]))), &offer(None));
+        let step = Conversation::new(peer())
+            .on_line(line(&hello(1, 3, Some([1; NONCE_LEN]))), &offer(None));
         assert_eq!(
             parse_reply(line(step.reply.as_deref().unwrap())),
             Some(Reply::NoSecret)
@@ -445,11 +445,11 @@ mod tests {
         for secret in [None, Some(1)] {
             let o = offer(secret);
             let nonce = secret.map(|_| [1; NONCE_LEN]);
-            let step = Session::new(peer()).on_line(line(&hello(1, 4, nonce)), &o);
+            let step = Conversation::new(peer()).on_line(line(&hello(1, 4, nonce)), &o);
             assert_eq!(step.outcome, Some(Outcome::WrongSize { rank: 1, size: 4 }));
             assert!(step.reply.is_some());
             for rank in [0, 3] {
-                let step = Session::new(peer()).on_line(line(&hello(rank, 3, nonce)), &o);
+                let step = Conversation::new(peer()).on_line(line(&hello(rank, 3, nonce)), &o);
                 assert!(
                     matches!(step.outcome, Some(Outcome::Ignored(_))),
                     "{step:?}"
@@ -462,9 +462,9 @@ mod tests {
                 size: 3,
                 nonce,
             });
-            let step = Session::new(peer()).on_line(line(&other_key), &o);
+            let step = Conversation::new(peer()).on_line(line(&other_key), &o);
             assert!(matches!(step.outcome, Some(Outcome::Ignored(_))));
-            let step = Session::new(peer()).on_line(b"GET / HTTP/1.1", &o);
+            let step = Conversation::new(peer()).on_line(b"GET / HTTP/1.1", &o);
             assert_eq!(
                 step,
                 Step::last(
