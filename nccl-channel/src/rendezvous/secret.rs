@@ -255,6 +255,11 @@ mod tests {
         assert!(RendezvousSecret::new(vec![0u8; RendezvousSecret::MIN_LEN]).is_ok());
         assert!(RendezvousSecret::new(vec![0u8; RendezvousSecret::MAX_LEN]).is_ok());
         assert!(RendezvousSecret::new(vec![0u8; RendezvousSecret::MAX_LEN + 1]).is_err());
+        // As documented: 16 to 4096 bytes.
+        assert!(RendezvousSecret::new([0u8; 15]).is_err());
+        assert!(RendezvousSecret::new([0u8; 16]).is_ok());
+        assert!(RendezvousSecret::new(vec![0u8; 4096]).is_ok());
+        assert!(RendezvousSecret::new(vec![0u8; 4097]).is_err());
         assert_ne!(
             RendezvousSecret::new([1u8; 16]).unwrap(),
             RendezvousSecret::new([1u8; 17]).unwrap()
