@@ -777,6 +777,49 @@ mod tests {
         }
     }
 
+    /// A line of exactly the limit waits for its end (it may still be a line); a peer that
+    /// resets its connection is done with at once, not when its step runs out.
+    #[test]
+    fn a_line_at_the_limit_waits_for_its_end_and_a_reset_ends_at_once() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
+        let offer = Offer {
+            key: Arc::from("k"),
+            size: 2,
+            id: UniqueId([0; 128]),
+            keys: None,
+        };
+        let (mut server, addr) = server(&rdv, 4);
+        let mut c = connections(addr, 1).remove(0);
+        c.write_all(&[b'x'; MAX_LINE]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        server.accept();
+        server.on_ready(0, &offer);
+        assert_eq!(server.live, 1, "{:?}", server.tally.last);
+        c.write_all(b"\n").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        server.on_ready(0, &offer);
+        assert_eq!(server.live, 0);
+        assert!(
+            server
+                .tally
+                .last
+                .as_deref()
+                .unwrap_or_default()
+                .contains("sent \"xxxx")
+        );
+
+        let reset = connections(addr, 1).remove(0);
+        server.accept();
+        assert_eq!(server.live, 1);
+        socket2::SockRef::from(&reset)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(reset);
+        std::thread::sleep(Duration::from_millis(100));
+        server.on_ready(0, &offer);
+        assert_eq!(server.live, 0, "{:?}", server.tally.last);
+    }
+
     /// A connection that says nothing is dropped after STEP, and said so.
     #[test]
     fn a_silent_connection_is_dropped_after_its_step() {
