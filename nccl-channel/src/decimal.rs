@@ -1,6 +1,7 @@
-//! Strict parsing of the numbers and hex digits that users and launchers write:
-//! Rust's `FromStr` for integers and `from_str_radix` accept a leading `+`, which no
-//! launcher writes and NCCL reads differently; these accept ASCII digits only.
+//! Strict parsing (and writing) of the numbers and hex digits that users, launchers and
+//! the rendezvous's peers write: Rust's `FromStr` for integers and `from_str_radix`
+//! accept a leading `+`, which no launcher writes and NCCL reads differently; these accept
+//! ASCII digits only.
 
 // `text` as a `T` when it is one or more ASCII decimal digits and nothing else (no sign,
 // no spaces); `None` when it is not, or does not fit: cuda-hal's, so both parse one way.
@@ -28,6 +29,29 @@ pub(crate) fn hex_byte(pair: [u8; 2]) -> Option<u8> {
     Some((digit(pair[0])? * 16 + digit(pair[1])?) as u8)
 }
 
+/// `bytes` as lower-case hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The `N` bytes that exactly `2 × N` hex digits spell (any case).
+pub(crate) fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let t = text.as_bytes();
+    if t.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (o, pair) in out.iter_mut().zip(t.chunks_exact(2)) {
+        *o = hex_byte([pair[0], pair[1]])?;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,5 +73,23 @@ mod tests {
         assert_eq!(hex_byte(*b"+f"), None);
         assert_eq!(hex_byte(*b"-0"), None);
         assert_eq!(hex_byte(*b"g0"), None);
+    }
+
+    #[test]
+    fn hex_round_trips_and_refuses_what_is_not_exactly_hex() {
+        let b = [0u8, 0x7f, 0xff, 0x10];
+        assert_eq!(hex(&b), "007fff10");
+        assert_eq!(unhex::<4>("007fff10"), Some(b));
+        assert_eq!(unhex::<4>("007FFF10"), Some(b));
+        for bad in [
+            "007fff1",
+            "007fff100",
+            "+07fff10",
+            "007fff1g",
+            "",
+            "é7fff10",
+        ] {
+            assert_eq!(unhex::<4>(bad), None, "{bad}");
+        }
     }
 }

@@ -122,30 +122,6 @@ pub(crate) fn nonce() -> Result<[u8; NONCE_LEN]> {
     Ok(n)
 }
 
-/// Lower-case hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-/// The bytes of exactly `N` × 2 hex digits.
-pub(crate) fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    let t = text.as_bytes();
-    if t.len() != 2 * N {
-        return None;
-    }
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = [0u8; N];
-    for (i, pair) in t.chunks_exact(2).enumerate() {
-        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,21 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn hex_round_trips_and_refuses_what_is_not_exactly_hex() {
-        let b = [0u8, 0x7f, 0xff, 0x10];
-        assert_eq!(hex(&b), "007fff10");
-        assert_eq!(unhex::<4>("007fff10"), Some(b));
-        assert_eq!(unhex::<4>("007FFF10"), Some(b));
-        for bad in [
-            "007fff1",
-            "007fff100",
-            "+07fff10",
-            "007fff1g",
-            "",
-            "é7fff10",
-        ] {
-            assert_eq!(unhex::<4>(bad), None, "{bad}");
-        }
+    fn nonces_are_fresh() {
         assert_ne!(nonce().unwrap(), nonce().unwrap());
     }
 }

@@ -153,8 +153,7 @@ impl RendezvousSecret {
     #[must_use]
     pub fn nccl_encryption(&self) -> Encryption {
         let key = self.derive(b"nccl-channel nccl encryption key", b"");
-        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-        Encryption::Psk(hex)
+        Encryption::Psk(crate::decimal::hex(key.as_ref()))
     }
 
     /// 32 bytes derived from the secret for `purpose` (HKDF-SHA256, the salt naming this

@@ -60,9 +60,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::net::{self, STEP, describe, step_until, time_for_attempt};
 use super::point::Rendezvous;
-use super::proof::{self, Keys, NONCE_LEN, Role, SEALED_LEN, hex, unhex};
+use super::proof::{self, Keys, NONCE_LEN, Role, SEALED_LEN};
 use super::secret::SECRET_FILE_ENV;
 use crate::decimal::parse_decimal;
+use crate::decimal::{hex, unhex};
 use crate::{Result, UniqueId};
 
 const VALIDATE: u8 = 0;

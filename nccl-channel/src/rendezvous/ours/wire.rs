@@ -3,7 +3,8 @@
 
 use crate::UniqueId;
 use crate::decimal::parse_decimal;
-use crate::rendezvous::proof::{NONCE_LEN, SEALED_LEN, TAG_LEN, hex, unhex};
+use crate::decimal::{hex, unhex};
+use crate::rendezvous::proof::{NONCE_LEN, SEALED_LEN, TAG_LEN};
 
 pub(super) const MAGIC: &str = "nccl-channel-rendezvous";
 /// The version of the exchange without a secret.
