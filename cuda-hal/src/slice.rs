@@ -197,10 +197,43 @@ pub struct Enqueuing<'a, S: DeviceSlice + ?Sized> {
 }
 
 impl<'a, S: DeviceSlice + ?Sized> Enqueuing<'a, S> {
-    /// For `slice`, whose work on `stream` is about to be enqueued.
+    /// For `slice`, whose work on `stream` is about to be enqueued (its use already
+    /// noted with [`used_on`](DeviceSlice::used_on)).
     #[inline]
     pub fn new(slice: &'a S, stream: &'a Stream) -> Self {
         Enqueuing { slice, stream }
+    }
+
+    /// Notes that work about to be enqueued on `stream` uses `slice`
+    /// ([`used_on`](DeviceSlice::used_on)) and returns the guard that reports the enqueue:
+    /// the one step a raw call takes before [`ptr`](Self::ptr) gives it the address, so
+    /// that the use is noted before the pointer exists (cudarc's `device_ptr(&stream)`).
+    ///
+    /// # Errors
+    /// What [`used_on`](DeviceSlice::used_on) refuses: work on `stream` that could outlive
+    /// the memory (a capture or group it cannot be held for).
+    #[inline]
+    pub fn begin(slice: &'a S, stream: &'a Stream) -> Result<Self> {
+        slice.used_on(stream)?;
+        Ok(Enqueuing { slice, stream })
+    }
+
+    /// The slice's device address, for the one enqueueing call this guard covers.
+    #[inline]
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.slice.device_ptr()
+    }
+
+    /// The slice's length in elements.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// Whether the slice holds no element.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
     }
 }
 
