@@ -168,11 +168,18 @@ fn start_child(
         return crate::net::shrink::shrink(w, s, (call, parent, clique), child, &excluded, newcomm);
     }
     if clique.is_networked() {
-        let msg = format!(
-            "{call}: splits are not simulated across processes (MockNccl::multi_process; \
-             shrinks are)"
+        let child = crate::net::shrink::Child {
+            blocking: child_blocking,
+            config: child_config,
+        };
+        return crate::net::split::split(
+            w,
+            s,
+            (call, parent, clique),
+            child,
+            (color, key),
+            newcomm,
         );
-        return fail_call(w, &mut s, ncclResult_t::ncclInvalidUsage, msg);
     }
     let grouped = in_group(w.id);
     if grouped && !group_mode(w.id, parent_blocking) {

@@ -96,8 +96,9 @@
 //! process goes makes what needs it fail with `ncclRemoteError`; a shrink's survivors
 //! (a dead peer's too) meet at a new hub started by the lowest of them; one-sided puts
 //! and signals travel through the hub to the peer's process, which lands them in its
-//! window; splits are not simulated across processes (`ncclInvalidUsage`). [`network_threads`] counts the
-//! mode's threads, for leak checks.
+//! window; a split's ranks of each color meet at a new hub started by the first of them
+//! (grouped splits and shrinks are refused: one rank per process). [`network_threads`]
+//! counts the mode's threads, for leak checks.
 //!
 //! ```
 //! use cuda_mock::MockDriver;

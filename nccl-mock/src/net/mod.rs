@@ -14,6 +14,7 @@
 //! - [`hub`]: rank 0's coordinator.
 //! - [`link`]: a rank's connection to it.
 //! - [`shrink`]: a shrink's survivors meeting at a new hub.
+//! - [`split`]: the ranks of each color of a split meeting at a new hub.
 //! - [`thread`]: the count of the mode's threads.
 //! - [`exit`]: what a process's end does: its links leave, a hub's process waits for its
 //!   ranks.
@@ -22,6 +23,7 @@ mod exit;
 pub(crate) mod hub;
 pub(crate) mod link;
 pub(crate) mod shrink;
+pub(crate) mod split;
 mod thread;
 mod wire;
 

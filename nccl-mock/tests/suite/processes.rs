@@ -577,36 +577,57 @@ fn aborting_a_rank_still_joining_ends_its_wait_and_leaks_nothing() {
     assert_no_network_threads();
 }
 
+/// A split across processes: three ranks, two colors (rank 1 opts out of one split, keys
+/// reverse the order), each child all-gathers its new ranks; the parent still works.
+/// Before, every split across processes was refused with `ncclInvalidUsage`.
 #[test]
-fn splits_across_processes_are_refused_cleanly() {
+fn splits_across_processes_form_a_child_per_color() {
     let _g = serial();
-    if !in_own_child("splits_across_processes_are_refused_cleanly") {
+    if !in_own_child("splits_across_processes_form_a_child_per_color") {
         return;
     }
     let timeout = Duration::from_secs(30);
     let id = hub_id(timeout);
-    let out = ranks(2, timeout, move |rig, r| {
-        let (rc, comm) = rig.init_rank(0, id, 2, r as i32);
+    let out = ranks(3, timeout, move |rig, r| {
+        let (rc, comm) = rig.init_rank(0, id, 3, r as i32);
         assert_eq!(rc, NCCL_OK);
-        let mut child = std::ptr::null_mut();
-        // SAFETY: a live communicator and a valid out-pointer.
-        let rc = unsafe {
-            (rig.nccl.fns().ncclCommSplit)(comm, 0, r as i32, &mut child, std::ptr::null_mut())
+        let split = |color: i32, key: i32| {
+            let mut child = std::ptr::null_mut();
+            // SAFETY: a live communicator and a valid out-pointer.
+            let rc = unsafe {
+                (rig.nccl.fns().ncclCommSplit)(comm, color, key, &mut child, std::ptr::null_mut())
+            };
+            assert_eq!(rc, NCCL_OK, "{}", rig.last_error());
+            child
         };
-        let msg = rig.last_error();
-        // The communicator itself still works.
-        let (ok, out) = rig.run(0, Coll::AllGather, &[r as i8], 1, 2, 9i8, comm);
+        // Everyone in one color, keys reversing the order.
+        let all = split(0, -(r as i32));
+        let (ok, out) = rig.run(0, Coll::AllGather, &[r as i8], 1, 3, 9i8, all);
+        assert_eq!(ok, NCCL_OK);
+        // Ranks 0 and 2 in color 5, rank 1 opts out.
+        let color = if r == 1 {
+            nccl_sys::NCCL_SPLIT_NOCOLOR
+        } else {
+            5
+        };
+        let pair = split(color, 0);
+        let pair_out = if pair.is_null() {
+            None
+        } else {
+            let (ok, out) = rig.run(0, Coll::AllGather, &[r as i8], 1, 2, 9i8, pair);
+            assert_eq!(ok, NCCL_OK);
+            rig.destroy(pair);
+            Some(out)
+        };
+        let (ok, parent_out) = rig.run(0, Coll::AllGather, &[r as i8], 1, 3, 9i8, comm);
+        rig.destroy(all);
         rig.destroy(comm);
-        (rc, msg, child.is_null(), ok, out)
+        (out, pair_out, ok, parent_out)
     });
-    for (rc, msg, null, ok, out) in out {
-        assert_eq!(rc, ncclResult_t::ncclInvalidUsage);
-        assert!(
-            msg.contains("splits are not simulated across processes"),
-            "{msg}"
-        );
-        assert!(null);
-        assert_eq!((ok, out), (NCCL_OK, vec![0i8, 1]));
+    for (r, (all, pair, ok, parent)) in out.into_iter().enumerate() {
+        assert_eq!(all, vec![2i8, 1, 0], "rank {r}");
+        assert_eq!(pair, (r != 1).then(|| vec![0i8, 2]), "rank {r}");
+        assert_eq!((ok, parent), (NCCL_OK, vec![0i8, 1, 2]), "rank {r}");
     }
     assert_no_network_threads();
 }
