@@ -224,10 +224,27 @@ impl<'a, S: DeviceSlice + ?Sized> Enqueuing<'a, S> {
         self.slice.device_ptr()
     }
 
+    /// Notes the use on the guard's stream again
+    /// ([`used_on`](DeviceSlice::used_on)): for work the caller defers after the first
+    /// noting (an NCCL group it opens since), which must hold the slice too.
+    ///
+    /// # Errors
+    /// As for [`begin`](Self::begin).
+    #[inline]
+    pub fn note_again(&self) -> Result<()> {
+        self.slice.used_on(self.stream)
+    }
+
     /// The slice's length in elements.
     #[inline]
     pub fn len(&self) -> usize {
         self.slice.len()
+    }
+
+    /// The slice's size in bytes.
+    #[inline]
+    pub fn size_bytes(&self) -> usize {
+        self.slice.size_bytes()
     }
 
     /// Whether the slice holds no element.

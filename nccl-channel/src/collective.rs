@@ -3,28 +3,14 @@
 use std::ffi::c_void;
 use std::ops::Range;
 
-use cuda_hal::{
-    DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, EnqueueLock, Enqueuing, Stream,
-};
-use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
+use cuda_hal::{DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Enqueuing, Stream};
+use cuda_sys::CUdeviceptr;
+use nccl_sys::{ncclRedOp_t, ncclResult_t, ncclScalarResidence_t};
 
 use crate::call_check::Call;
 use crate::collective_kind::Method;
-use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result, group};
-
-/// A device address as the pointer NCCL takes.
-fn dptr(addr: u64) -> *mut c_void {
-    std::ptr::with_exposed_provenance_mut(addr as usize)
-}
-
-fn offset<S: DeviceSlice + ?Sized>(buf: &S, elems: usize) -> *mut c_void {
-    dptr(buf.device_ptr() + (elems * size_of::<S::Elem>()) as u64)
-}
-
-/// The device address of `buf` as NCCL takes it.
-fn at<S: DeviceSlice + ?Sized>(buf: &S) -> *mut c_void {
-    dptr(buf.device_ptr())
-}
+use crate::issue::{Issue, Raw, dptr, past};
+use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result};
 
 /// A buffer argument as errors about its device name it: `"send"` is the "send buffer".
 pub(crate) fn buffer_object(buffer: &'static str) -> &'static str {
@@ -100,7 +86,7 @@ impl Drop for Op<'_> {
 }
 
 impl Communicator {
-    fn check_type<T: NcclType>(&self) -> Result<()> {
+    pub(crate) fn check_type<T: NcclType>(&self) -> Result<()> {
         if let Some(since) = T::SINCE
             && self.nccl().version() < since
         {
@@ -110,80 +96,6 @@ impl Communicator {
                 found: self.nccl().version().to_string(),
             });
         }
-        Ok(())
-    }
-
-    /// The checks every operation starts with: live, a type this NCCL has, our stream.
-    /// The returned lock is held until the work is enqueued (no capture begins or ends
-    /// between the noting of what the work uses and its enqueue).
-    pub(crate) fn begin<'s, T: NcclType>(
-        &self,
-        what: &'static str,
-        stream: &'s Stream,
-    ) -> Result<EnqueueLock<'s>> {
-        self.check_type::<T>()?;
-        self.check_stream(what, stream)
-    }
-
-    /// Live, and `stream` is ours; the work about to be enqueued on it needs this
-    /// communicator (held by an open capture or group).
-    pub(crate) fn check_stream<'s>(
-        &self,
-        what: &'static str,
-        stream: &'s Stream,
-    ) -> Result<EnqueueLock<'s>> {
-        self.handle()?;
-        self.shared().suspend.refuse(what)?;
-        let order = stream.enqueue_lock();
-        self.hold_for(stream);
-        self.same_context(what, "stream", stream.context())?;
-        Ok(order)
-    }
-
-    /// `buf` is ours and holds `expected` elements; the work about to be enqueued on
-    /// `stream` uses it (its free waits for that work; an open capture or group holds it).
-    /// The guard tells `buf` when the call is done ([`DeviceSlice::enqueued_on`]): keep it
-    /// until after the NCCL call.
-    pub(crate) fn check_buf<'b, T: NcclType, S: DeviceSlice<Elem = T> + ?Sized>(
-        &self,
-        what: Method,
-        buffer: &'static str,
-        buf: &'b S,
-        expected: usize,
-        stream: &'b Stream,
-    ) -> Result<Enqueuing<'b, S>> {
-        self.check_buf_noted(what, buffer, buf, expected, stream)?;
-        Ok(Enqueuing::new(buf, stream))
-    }
-
-    /// As [`check_buf`](Self::check_buf), without the guard: the caller makes one for a
-    /// value that outlives this call (a root-only view moved back out).
-    fn check_buf_noted<T: NcclType, S: DeviceSlice<Elem = T> + ?Sized>(
-        &self,
-        method: Method,
-        buffer: &'static str,
-        buf: &S,
-        expected: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let what = method.name;
-        self.same_context(what, buffer_object(buffer), buf.context())?;
-        if buf.len() != expected {
-            return Err(Error::LengthMismatch {
-                what,
-                buffer,
-                expected,
-                got: buf.len(),
-            });
-        }
-        buf.used_on(stream)?;
-        // Kept until the use is noted on the registration it may have made.
-        let registered =
-            self.register_pooled(method, buffer, buf.device_ptr(), buf.size_bytes())?;
-        self.shared()
-            .registry
-            .used(buf.device_ptr(), buf.size_bytes(), stream);
-        drop(registered);
         Ok(())
     }
 
@@ -286,11 +198,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllReduce, "all_reduce");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let _send_done = self.check_buf(M, "send", send, send.len(), stream)?;
-        let _recv_done = self.check_buf(M, "recv", recv, send.len(), stream)?;
-        self.raw_all_reduce(W, at(send), at(recv), send.len(), op, stream)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let s = issue.buf("send", send, send.len())?;
+        let r = issue.buf("recv", recv, send.len())?;
+        self.all_reduce_on(&issue, (s.ptr(), r.ptr()), send.len(), op)
     }
 
     /// All-reduce in place.
@@ -301,43 +212,9 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllReduce, "all_reduce_in_place");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
-        let p = at(buf);
-        self.raw_all_reduce(W, p, p, buf.len(), op, stream)
-    }
-
-    /// `what`: the method, as the checked mode's error names it.
-    fn raw_all_reduce<T: NcclType>(
-        &self,
-        what: &'static str,
-        send: *mut c_void,
-        recv: *mut c_void,
-        count: usize,
-        op: ReduceOp<T>,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call::new::<T>(Collective::AllReduce, count).op(&op);
-        self.check_call(what, call, stream)?;
-        let op = self.op(op)?;
-        // SAFETY: both ranges were checked: `count` elements of T in device memory of this
-        // communicator's context; the stream is of the same context.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclAllReduce(
-                    send,
-                    recv,
-                    count,
-                    T::DTYPE,
-                    op.raw,
-                    self.as_raw(),
-                    stream.as_raw(),
-                )
-            )
-        };
-        self.check(rc, call)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let b = issue.buf("buffer", buf, buf.len())?;
+        self.all_reduce_on(&issue, (b.ptr(), b.ptr()), buf.len(), op)
     }
 
     /// `recv = concat(send of rank 0, …, send of rank n-1)`; `recv.len() == n * send.len()`.
@@ -395,16 +272,25 @@ impl Communicator {
         checked: bool,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllGather, "all_gather");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
+        let mut issue = self.issue::<T>(M, stream)?;
         let count = send.len();
-        let _send_done = self.check_buf(M, "send", send, count, stream)?;
-        let _recv_done =
-            self.check_buf(M, "recv", recv, count.saturating_mul(self.size()), stream)?;
+        let s = issue.buf("send", send, count)?;
+        let r = issue.buf("recv", recv, count.saturating_mul(self.size()))?;
+        let raw = |comm, stream| {
+            // SAFETY: `count` elements of T at `s`, `size * count` at `r`, device memory of
+            // this communicator's context noted as used on the stream (issue.rs).
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclAllGather(dptr(s.ptr()), dptr(r.ptr()), count, T::DTYPE, comm, stream)
+                )
+            }
+        };
         if checked {
-            self.check_call(W, Call::new::<T>(Collective::AllGather, count), stream)?;
+            issue.call(Call::new::<T>(Collective::AllGather, count), raw)
+        } else {
+            issue.call_unchecked(raw)
         }
-        self.raw_all_gather::<T>(at(send), at(recv), count, stream)
     }
 
     /// All-gather in place: this rank's part is `buf[rank * n / size ..][.. n / size]`.
@@ -439,29 +325,24 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllGather, "all_gather_in_place");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
-        let count = self.divisible(W, "buffer", buf.len())?;
-        self.check_call(W, Call::new::<T>(Collective::AllGather, count), stream)?;
-        self.raw_all_gather::<T>(offset(buf, self.rank() * count), at(buf), count, stream)
-    }
-
-    fn raw_all_gather<T: NcclType>(
-        &self,
-        send: *mut c_void,
-        recv: *mut c_void,
-        count: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        // SAFETY: ranges checked by the callers (count and size*count elements).
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclAllGather(send, recv, count, T::DTYPE, self.as_raw(), stream.as_raw(),)
-            )
-        };
-        self.check(rc, call)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let b = issue.buf("buffer", buf, buf.len())?;
+        let count = self.divisible(M.name, "buffer", buf.len())?;
+        let base = b.ptr();
+        let mine = past::<T>(base, self.rank() * count);
+        issue.call(
+            Call::new::<T>(Collective::AllGather, count),
+            |comm, stream| {
+                // SAFETY: `size * count` elements of T at `base` (this rank's part at `mine`),
+                // noted as used on the stream (issue.rs).
+                unsafe {
+                    nccl_raw_call!(
+                        self.nccl(),
+                        ncclAllGather(mine, dptr(base), count, T::DTYPE, comm, stream)
+                    )
+                }
+            },
+        )
     }
 
     /// Rank `r` gets `op` over every rank's `send[r * m ..][.. m]`, `m = recv.len()`;
@@ -500,13 +381,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::ReduceScatter, "reduce_scatter");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
+        let mut issue = self.issue::<T>(M, stream)?;
         let count = recv.len();
-        let _send_done =
-            self.check_buf(M, "send", send, count.saturating_mul(self.size()), stream)?;
-        let _recv_done = self.check_buf(M, "recv", recv, count, stream)?;
-        self.raw_reduce_scatter(W, at(send), at(recv), count, op, stream)
+        let s = issue.buf("send", send, count.saturating_mul(self.size()))?;
+        let r = issue.buf("recv", recv, count)?;
+        self.reduce_scatter_on(&issue, (dptr(s.ptr()), dptr(r.ptr())), count, op)
     }
 
     /// Reduce-scatter in place: the result is `buf[rank * n / size ..][.. n / size]`.
@@ -517,43 +396,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::ReduceScatter, "reduce_scatter_in_place");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
-        let count = self.divisible(W, "buffer", buf.len())?;
-        let recv = offset(buf, self.rank() * count);
-        self.raw_reduce_scatter(W, at(buf), recv, count, op, stream)
-    }
-
-    /// `what`: the method, as the checked mode's error names it.
-    fn raw_reduce_scatter<T: NcclType>(
-        &self,
-        what: &'static str,
-        send: *mut c_void,
-        recv: *mut c_void,
-        count: usize,
-        op: ReduceOp<T>,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call::new::<T>(Collective::ReduceScatter, count).op(&op);
-        self.check_call(what, call, stream)?;
-        let op = self.op(op)?;
-        // SAFETY: ranges checked by the callers.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclReduceScatter(
-                    send,
-                    recv,
-                    count,
-                    T::DTYPE,
-                    op.raw,
-                    self.as_raw(),
-                    stream.as_raw(),
-                )
-            )
-        };
-        self.check(rc, call)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let b = issue.buf("buffer", buf, buf.len())?;
+        let count = self.divisible(M.name, "buffer", buf.len())?;
+        let mine = past::<T>(b.ptr(), self.rank() * count);
+        self.reduce_scatter_on(&issue, (dptr(b.ptr()), mine), count, op)
     }
 
     /// Copies `root`'s `send` into every rank's `recv`. Only the root passes `send`
@@ -587,14 +434,14 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Broadcast, "broadcast");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let r = self.check_rank(W, root)?;
-        let _recv_done = self.check_buf(M, "recv", recv, recv.len(), stream)?;
-        let send = self.root_send(M, send, root, recv.len(), stream)?;
-        let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
-        let sendp = send.as_ref().map_or(at(recv), at);
-        self.raw_broadcast::<T>(W, sendp, at(recv), recv.len(), r, stream)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let root_arg = self.check_rank(M.name, root)?;
+        let n = recv.len();
+        let r = issue.buf("recv", recv, n)?;
+        let send = self.at_root(M.name, send, root, "send")?;
+        let s = send.as_ref().map(|v| issue.buf("send", v, n)).transpose()?;
+        let sendp = s.as_ref().map_or(r.ptr(), Enqueuing::ptr);
+        self.broadcast_on::<T>(&issue, (sendp, r.ptr()), n, (root, root_arg))
     }
 
     /// Broadcast in place (`ncclBcast`).
@@ -606,66 +453,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Broadcast, "broadcast_in_place");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let r = self.check_rank(W, root)?;
-        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
-        let p = at(buf);
-        self.raw_broadcast::<T>(W, p, p, buf.len(), r, stream)
-    }
-
-    /// The root's send pointer: required on the root (with `len` elements), ignored
-    /// elsewhere.
-    fn root_send<'v, T: NcclType>(
-        &self,
-        method: Method,
-        send: Option<DeviceView<'v, T>>,
-        root: usize,
-        len: usize,
-        stream: &Stream,
-    ) -> Result<Option<DeviceView<'v, T>>> {
-        let what = method.name;
-        if self.rank() != root {
-            return Ok(None);
-        }
-        let Some(s) = send else {
-            return Err(Error::InvalidArgument {
-                what,
-                problem: format!("rank {root} is the root and must pass the send buffer"),
-            });
-        };
-        self.check_buf_noted(method, "send", &s, len, stream)?;
-        Ok(Some(s))
-    }
-
-    /// `what`: the method, as the checked mode's error names it.
-    fn raw_broadcast<T: NcclType>(
-        &self,
-        what: &'static str,
-        send: *mut c_void,
-        recv: *mut c_void,
-        count: usize,
-        root: i32,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call::new::<T>(Collective::Broadcast, count).root(root as usize);
-        self.check_call(what, call, stream)?;
-        // SAFETY: ranges checked by the callers.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclBroadcast(
-                    send,
-                    recv,
-                    count,
-                    T::DTYPE,
-                    root,
-                    self.as_raw(),
-                    stream.as_raw(),
-                )
-            )
-        };
-        self.check(rc, call)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let root_arg = self.check_rank(M.name, root)?;
+        let b = issue.buf("buffer", buf, buf.len())?;
+        self.broadcast_on::<T>(&issue, (b.ptr(), b.ptr()), buf.len(), (root, root_arg))
     }
 
     /// `root`'s `recv = op(send of every rank)`. Only the root passes `recv`.
@@ -700,14 +491,14 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Reduce, "reduce");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let r = self.check_rank(W, root)?;
-        let _send_done = self.check_buf(M, "send", send, send.len(), stream)?;
-        let recv = self.root_recv(M, recv, root, send.len(), stream)?;
-        let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
-        let recvp = recv.as_ref().map_or(at(send), at);
-        self.raw_reduce(W, at(send), recvp, send.len(), op, r, stream)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let root_arg = self.check_rank(M.name, root)?;
+        let n = send.len();
+        let s = issue.buf("send", send, n)?;
+        let recv = self.at_root(M.name, recv, root, "receive")?;
+        let r = recv.as_ref().map(|v| issue.buf("recv", v, n)).transpose()?;
+        let recvp = r.as_ref().map_or(s.ptr(), Enqueuing::ptr);
+        self.reduce_on(&issue, (s.ptr(), recvp), n, op, (root, root_arg))
     }
 
     /// Reduce in place: the root's `buf` gets the result.
@@ -719,70 +510,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Reduce, "reduce_in_place");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let r = self.check_rank(W, root)?;
-        let _buffer_done = self.check_buf(M, "buffer", buf, buf.len(), stream)?;
-        let p = at(buf);
-        self.raw_reduce(W, p, p, buf.len(), op, r, stream)
-    }
-
-    fn root_recv<'v, T: NcclType>(
-        &self,
-        method: Method,
-        recv: Option<DeviceViewMut<'v, T>>,
-        root: usize,
-        len: usize,
-        stream: &Stream,
-    ) -> Result<Option<DeviceViewMut<'v, T>>> {
-        let what = method.name;
-        if self.rank() != root {
-            return Ok(None);
-        }
-        let Some(r) = recv else {
-            return Err(Error::InvalidArgument {
-                what,
-                problem: format!("rank {root} is the root and must pass the receive buffer"),
-            });
-        };
-        self.check_buf_noted(method, "recv", &r, len, stream)?;
-        Ok(Some(r))
-    }
-
-    /// `what`: the method, as the checked mode's error names it.
-    #[allow(clippy::too_many_arguments)] // ncclReduce's, and the method's name
-    fn raw_reduce<T: NcclType>(
-        &self,
-        what: &'static str,
-        send: *mut c_void,
-        recv: *mut c_void,
-        count: usize,
-        op: ReduceOp<T>,
-        root: i32,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call::new::<T>(Collective::Reduce, count)
-            .op(&op)
-            .root(root as usize);
-        self.check_call(what, call, stream)?;
-        let op = self.op(op)?;
-        // SAFETY: ranges checked by the callers.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclReduce(
-                    send,
-                    recv,
-                    count,
-                    T::DTYPE,
-                    op.raw,
-                    root,
-                    self.as_raw(),
-                    stream.as_raw(),
-                )
-            )
-        };
-        self.check(rc, call)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let root_arg = self.check_rank(M.name, root)?;
+        let b = issue.buf("buffer", buf, buf.len())?;
+        self.reduce_on(&issue, (b.ptr(), b.ptr()), buf.len(), op, (root, root_arg))
     }
 
     /// Sends `buf` to `peer` (which must call [`recv`](Self::recv) with the same length).
@@ -821,11 +552,19 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::SendRecv, "send");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let p = self.check_rank(W, peer)?;
-        let _send_done = self.check_buf(M, "send", buf, buf.len(), stream)?;
-        self.raw_send::<T>(at(buf), buf.len(), p, stream)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let p = self.check_rank(M.name, peer)?;
+        let b = issue.buf("send", buf, buf.len())?;
+        let n = buf.len();
+        issue.call_unchecked(|comm, stream| {
+            // SAFETY: `n` elements of T at `b`, noted as used on the stream (issue.rs).
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclSend(dptr(b.ptr()), n, T::DTYPE, p, comm, stream)
+                )
+            }
+        })
     }
 
     /// Receives into `buf` from `peer` (which must call [`send`](Self::send) with the same
@@ -838,45 +577,19 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::SendRecv, "recv");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let p = self.check_rank(W, peer)?;
-        let _recv_done = self.check_buf(M, "recv", buf, buf.len(), stream)?;
-        self.raw_recv::<T>(at(buf), buf.len(), p, stream)
-    }
-
-    fn raw_send<T: NcclType>(
-        &self,
-        p: *mut c_void,
-        count: usize,
-        peer: i32,
-        stream: &Stream,
-    ) -> Result<()> {
-        // SAFETY: range checked by the callers.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclSend(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
-            )
-        };
-        self.check(rc, call)
-    }
-
-    fn raw_recv<T: NcclType>(
-        &self,
-        p: *mut c_void,
-        count: usize,
-        peer: i32,
-        stream: &Stream,
-    ) -> Result<()> {
-        // SAFETY: range checked by the callers.
-        let (rc, call) = unsafe {
-            nccl_raw_call!(
-                self.nccl(),
-                ncclRecv(p, count, T::DTYPE, peer, self.as_raw(), stream.as_raw())
-            )
-        };
-        self.check(rc, call)
+        let mut issue = self.issue::<T>(M, stream)?;
+        let p = self.check_rank(M.name, peer)?;
+        let b = issue.buf("recv", buf, buf.len())?;
+        let n = buf.len();
+        issue.call_unchecked(|comm, stream| {
+            // SAFETY: `n` elements of T at `b`, noted as used on the stream (issue.rs).
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclRecv(dptr(b.ptr()), n, T::DTYPE, p, comm, stream)
+                )
+            }
+        })
     }
 
     /// Rank `r` gets `send[r * m ..][.. m]` of every rank, in rank order; both buffers hold
@@ -913,51 +626,33 @@ impl Communicator {
         recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
         stream: &Stream,
     ) -> Result<()> {
-        if self.nccl().fns().ncclAlltoAll.is_none() {
-            // The fallback's own group: opened before the checks, so that it holds what
-            // its calls use (and counts as a group for abort decisions) like the user's.
-            return group(self.nccl(), || self.all_to_all_in(send, recv, stream));
-        }
-        self.all_to_all_in(send, recv, stream)
-    }
-
-    fn all_to_all_in<T: NcclType>(
-        &self,
-        send: &(impl DeviceSlice<Elem = T> + ?Sized),
-        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
-        stream: &Stream,
-    ) -> Result<()> {
         const M: Method = Method::of(Collective::AllToAll, "all_to_all");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
+        let mut issue = self.issue::<T>(M, stream)?;
         // The send buffer's split first: a receive buffer sized from a bad split would
         // otherwise be blamed for it.
-        let m = self.divisible(W, "send", send.len())?;
-        let _send_done = self.check_buf(M, "send", send, send.len(), stream)?;
-        let _recv_done = self.check_buf(M, "recv", recv, send.len(), stream)?;
-        // Checked here, after this rank's own checks; inside the group of the fallback
-        // below (NCCL before 2.28.3), the check is skipped, as in any group.
-        self.check_call(W, Call::new::<T>(Collective::AllToAll, m), stream)?;
-        if let Ok((f, call)) = optional!(self.nccl(), ncclAlltoAll) {
-            // SAFETY: both buffers hold n * m elements of T on our device.
-            let rc = unsafe {
-                f(
-                    at(send),
-                    at(recv),
-                    m,
-                    T::DTYPE,
-                    self.as_raw(),
-                    stream.as_raw(),
+        let m = self.divisible(M.name, "send", send.len())?;
+        let s = issue.buf("send", send, send.len())?;
+        let r = issue.buf("recv", recv, send.len())?;
+        let (sp, rp) = (s.ptr(), r.ptr());
+        let call = Call::new::<T>(Collective::AllToAll, m);
+        if let Ok((f, name)) = optional!(self.nccl(), ncclAlltoAll) {
+            return issue.call(call, |comm, stream| {
+                // SAFETY: both buffers hold n * m elements of T on our device, noted as
+                // used on the stream (issue.rs).
+                (
+                    unsafe { f(dptr(sp), dptr(rp), m, T::DTYPE, comm, stream) },
+                    name,
                 )
-            };
-            return self.check(rc, call);
+            });
         }
-        // Inside the group `all_to_all` opened.
-        for p in 0..self.size() {
-            self.raw_send::<T>(offset(send, p * m), m, p as i32, stream)?;
-            self.raw_recv::<T>(offset(recv, p * m), m, p as i32, stream)?;
-        }
-        Ok(())
+        // NCCL before 2.28.3: one send and one receive per peer, in a group.
+        let renote = |i: &Issue<'_>| i.renote(&s).and_then(|()| i.renote(&r));
+        issue.call_grouped(call, renote, |comm, stream| {
+            self.exchange_with_each::<T>(comm, stream, |p| {
+                let (a, b) = (past::<T>(sp, p * m), past::<T>(rp, p * m));
+                (Some((a, m)), Some((b, m)))
+            })
+        })
     }
 
     /// Variable-size all-to-all (MPI's `Alltoallv`, torch's `all_to_all_single` with split
@@ -1042,11 +737,7 @@ impl Communicator {
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllToAllV, "all_to_all_v");
         const W: &str = M.name;
-        // Everything is checked before the group opens: a refused call makes no NCCL call.
-        self.check_type::<T>()?;
-        self.handle()?;
-        self.shared().suspend.refuse(W)?;
-        self.same_context(W, "stream", stream.context())?;
+        let mut issue = self.issue::<T>(M, stream)?;
         self.same_context(W, buffer_object("send"), send.context())?;
         self.same_context(W, buffer_object("recv"), recv.context())?;
         let (send_len, recv_len) = (send.len(), recv.len());
@@ -1066,30 +757,194 @@ impl Communicator {
                 ),
             });
         }
-        self.check_call(W, Call::uncounted::<T>(Collective::AllToAllV), stream)?;
-        // The group is opened before the buffers are noted, so that it holds them (and
-        // counts as a group for abort decisions), as `all_to_all`'s fallback does.
-        group(self.nccl(), || {
-            let _order = self.begin::<T>(W, stream)?;
-            let _send_done = self.check_buf(M, "send", send, send_len, stream)?;
-            let _recv_done = self.check_buf(M, "recv", recv, recv_len, stream)?;
-            for p in 0..self.size() {
-                if send_counts[p] > 0 {
-                    let at = offset(send, send_displs[p]);
-                    self.raw_send::<T>(at, send_counts[p], p as i32, stream)?;
-                }
-                if recv_counts[p] > 0 {
-                    let at = offset(recv, recv_displs[p]);
-                    self.raw_recv::<T>(at, recv_counts[p], p as i32, stream)?;
-                }
-            }
-            Ok(())
-        })
+        let s = issue.buf("send", send, send_len)?;
+        let r = issue.buf("recv", recv, recv_len)?;
+        let (sp, rp) = (s.ptr(), r.ptr());
+        let renote = |i: &Issue<'_>| i.renote(&s).and_then(|()| i.renote(&r));
+        issue.call_grouped(
+            Call::uncounted::<T>(Collective::AllToAllV),
+            renote,
+            |comm, stream| {
+                self.exchange_with_each::<T>(comm, stream, |p| {
+                    let to = (send_counts[p] > 0)
+                        .then(|| (past::<T>(sp, send_displs[p]), send_counts[p]));
+                    let from = (recv_counts[p] > 0)
+                        .then(|| (past::<T>(rp, recv_displs[p]), recv_counts[p]));
+                    (to, from)
+                })
+            },
+        )
     }
 
     /// The non-empty regions `displs[p] .. displs[p] + counts[p]` of a variable all-to-all's
     /// buffer of `len` elements, with their peers; `Err` unless both slices have one entry
     /// per rank and every region (empty ones too) ends within the buffer.
+    /// Every rank's part in the all-reduce of `(send, recv)`'s `count` elements, on
+    /// `issue`. The reduction is made before the comparison: nothing local fails after.
+    fn all_reduce_on<T: NcclType>(
+        &self,
+        issue: &Issue<'_>,
+        (send, recv): (CUdeviceptr, CUdeviceptr),
+        count: usize,
+        op: ReduceOp<T>,
+    ) -> Result<()> {
+        let call = Call::new::<T>(Collective::AllReduce, count).op(&op);
+        let op = self.op(op)?;
+        issue.call(call, |comm, stream| {
+            // SAFETY: `count` elements of T at both addresses, device memory of this
+            // communicator's context noted as used on the stream (issue.rs).
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclAllReduce(
+                        dptr(send),
+                        dptr(recv),
+                        count,
+                        T::DTYPE,
+                        op.raw,
+                        comm,
+                        stream
+                    )
+                )
+            }
+        })
+    }
+
+    /// The reduce-scatter of `size * count` elements at `send` into `count` at `recv`.
+    fn reduce_scatter_on<T: NcclType>(
+        &self,
+        issue: &Issue<'_>,
+        (send, recv): (*mut c_void, *mut c_void),
+        count: usize,
+        op: ReduceOp<T>,
+    ) -> Result<()> {
+        let call = Call::new::<T>(Collective::ReduceScatter, count).op(&op);
+        let op = self.op(op)?;
+        issue.call(call, |comm, stream| {
+            // SAFETY: `size * count` elements at `send`, `count` at `recv`, noted as used
+            // on the stream (issue.rs).
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclReduceScatter(send, recv, count, T::DTYPE, op.raw, comm, stream)
+                )
+            }
+        })
+    }
+
+    /// The broadcast of `count` elements from `root` (`root_arg` as NCCL takes it).
+    fn broadcast_on<T: NcclType>(
+        &self,
+        issue: &Issue<'_>,
+        (send, recv): (CUdeviceptr, CUdeviceptr),
+        count: usize,
+        (root, root_arg): (usize, i32),
+    ) -> Result<()> {
+        let call = Call::new::<T>(Collective::Broadcast, count).root(root);
+        issue.call(call, |comm, stream| {
+            // SAFETY: `count` elements of T at both addresses (the send one read on the
+            // root only), noted as used on the stream (issue.rs).
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclBroadcast(
+                        dptr(send),
+                        dptr(recv),
+                        count,
+                        T::DTYPE,
+                        root_arg,
+                        comm,
+                        stream
+                    )
+                )
+            }
+        })
+    }
+
+    /// The reduce of `count` elements to `root` (`root_arg` as NCCL takes it).
+    fn reduce_on<T: NcclType>(
+        &self,
+        issue: &Issue<'_>,
+        (send, recv): (CUdeviceptr, CUdeviceptr),
+        count: usize,
+        op: ReduceOp<T>,
+        (root, root_arg): (usize, i32),
+    ) -> Result<()> {
+        let call = Call::new::<T>(Collective::Reduce, count).op(&op).root(root);
+        let op = self.op(op)?;
+        issue.call(call, |comm, stream| {
+            // SAFETY: `count` elements of T at both addresses (the receive one written on
+            // the root only), noted as used on the stream (issue.rs).
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclReduce(
+                        dptr(send),
+                        dptr(recv),
+                        count,
+                        T::DTYPE,
+                        op.raw,
+                        root_arg,
+                        comm,
+                        stream
+                    )
+                )
+            }
+        })
+    }
+
+    /// The point-to-point form of a collective, inside the group its caller opened: for
+    /// each peer `p`, `each(p)` gives what to send to it and where to receive from it
+    /// (address and count of `T`s); the first failure's status, or success.
+    fn exchange_with_each<T: NcclType>(
+        &self,
+        comm: nccl_sys::ncclComm_t,
+        stream: cuda_sys::CUstream,
+        mut each: impl FnMut(usize) -> (Option<(*mut c_void, usize)>, Option<(*mut c_void, usize)>),
+    ) -> Raw {
+        let nccl = self.nccl();
+        for p in 0..self.size() {
+            let peer = p as i32;
+            let (to, from) = each(p);
+            if let Some((at, n)) = to {
+                // SAFETY: `n` elements of T at `at`, within a buffer noted as used on the
+                // stream (issue.rs), as the caller computed.
+                let r =
+                    unsafe { nccl_raw_call!(nccl, ncclSend(at, n, T::DTYPE, peer, comm, stream)) };
+                if r.0 != ncclResult_t::ncclSuccess {
+                    return r;
+                }
+            }
+            if let Some((at, n)) = from {
+                // SAFETY: as above, for the receiving buffer.
+                let r =
+                    unsafe { nccl_raw_call!(nccl, ncclRecv(at, n, T::DTYPE, peer, comm, stream)) };
+                if r.0 != ncclResult_t::ncclSuccess {
+                    return r;
+                }
+            }
+        }
+        (ncclResult_t::ncclSuccess, "ncclSend")
+    }
+
+    /// What only the root passes: required there (naming `which` buffer), ignored
+    /// elsewhere.
+    fn at_root<V>(
+        &self,
+        what: &'static str,
+        v: Option<V>,
+        root: usize,
+        which: &str,
+    ) -> Result<Option<V>> {
+        if self.rank() != root {
+            return Ok(None);
+        }
+        v.map(Some).ok_or_else(|| Error::InvalidArgument {
+            what,
+            problem: format!("rank {root} is the root and must pass the {which} buffer"),
+        })
+    }
+
     fn regions(
         &self,
         what: &'static str,
@@ -1168,55 +1023,40 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if self.nccl().fns().ncclGather.is_none() {
-            // The fallback's own group, opened before the checks (see `all_to_all`).
-            return group(self.nccl(), || self.gather_in(send, recv, root, stream));
-        }
-        self.gather_in(send, recv, root, stream)
-    }
-
-    fn gather_in<T: NcclType>(
-        &self,
-        send: &(impl DeviceSlice<Elem = T> + ?Sized),
-        recv: Option<DeviceViewMut<'_, T>>,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
         const M: Method = Method::of(Collective::Gather, "gather");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let r = self.check_rank(W, root)?;
+        let mut issue = self.issue::<T>(M, stream)?;
+        let root_arg = self.check_rank(M.name, root)?;
         let m = send.len();
-        let _send_done = self.check_buf(M, "send", send, m, stream)?;
-        let recv = self.root_recv(M, recv, root, m.saturating_mul(self.size()), stream)?;
-        let _recv_done = recv.as_ref().map(|v| Enqueuing::new(v, stream));
-        let recvp = recv.as_ref().map(at);
-        self.check_call(W, Call::new::<T>(Collective::Gather, m).root(root), stream)?;
-        if let Ok((f, call)) = optional!(self.nccl(), ncclGather) {
-            let recvp = recvp.unwrap_or(std::ptr::null_mut());
-            // SAFETY: ranges checked; non-roots pass no receive buffer, which NCCL ignores.
-            let rc = unsafe {
-                f(
-                    at(send),
-                    recvp,
-                    m,
-                    T::DTYPE,
-                    r,
-                    self.as_raw(),
-                    stream.as_raw(),
+        let s = issue.buf("send", send, m)?;
+        let recv = self.at_root(M.name, recv, root, "receive")?;
+        let r = recv
+            .as_ref()
+            .map(|v| issue.buf("recv", v, m.saturating_mul(self.size())))
+            .transpose()?;
+        let (sp, rp) = (s.ptr(), r.as_ref().map(Enqueuing::ptr));
+        let call = Call::new::<T>(Collective::Gather, m).root(root);
+        if let Ok((f, name)) = optional!(self.nccl(), ncclGather) {
+            return issue.call(call, |comm, stream| {
+                let rp = rp.map_or(std::ptr::null_mut(), dptr);
+                // SAFETY: ranges checked and noted as used (issue.rs); non-roots pass no
+                // receive buffer, which NCCL ignores.
+                (
+                    unsafe { f(dptr(sp), rp, m, T::DTYPE, root_arg, comm, stream) },
+                    name,
                 )
-            };
-            return self.check(rc, call);
+            });
         }
-        // Inside the group `gather` opened.
-        self.raw_send::<T>(at(send), m, r, stream)?;
-        if let Some(base) = recvp {
-            for p in 0..self.size() {
-                let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
-                self.raw_recv::<T>(at, m, p as i32, stream)?;
-            }
-        }
-        Ok(())
+        // NCCL before 2.28.3: sends to the root, which receives from each, in a group.
+        let renote = |i: &Issue<'_>| {
+            i.renote(&s)?;
+            r.as_ref().map_or(Ok(()), |r| i.renote(r))
+        };
+        issue.call_grouped(call, renote, |comm, stream| {
+            self.exchange_with_each::<T>(comm, stream, |p| {
+                let to_root = (p == root).then(|| (dptr(sp), m));
+                (to_root, rp.map(|base| (past::<T>(base, p * m), m)))
+            })
+        })
     }
 
     /// Rank `r` gets the root's `send[r * m ..][.. m]`. Only the root passes `send`
@@ -1249,54 +1089,41 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if self.nccl().fns().ncclScatter.is_none() {
-            // The fallback's own group, opened before the checks (see `all_to_all`).
-            return group(self.nccl(), || self.scatter_in(send, recv, root, stream));
-        }
-        self.scatter_in(send, recv, root, stream)
-    }
-
-    fn scatter_in<T: NcclType>(
-        &self,
-        send: Option<DeviceView<'_, T>>,
-        recv: &mut (impl DeviceSliceMut<Elem = T> + ?Sized),
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
         const M: Method = Method::of(Collective::Scatter, "scatter");
-        const W: &str = M.name;
-        let _order = self.begin::<T>(W, stream)?;
-        let r = self.check_rank(W, root)?;
+        let mut issue = self.issue::<T>(M, stream)?;
+        let root_arg = self.check_rank(M.name, root)?;
         let m = recv.len();
-        let _recv_done = self.check_buf(M, "recv", recv, m, stream)?;
-        let send = self.root_send(M, send, root, m.saturating_mul(self.size()), stream)?;
-        let _send_done = send.as_ref().map(|v| Enqueuing::new(v, stream));
-        let sendp = send.as_ref().map(at);
-        self.check_call(W, Call::new::<T>(Collective::Scatter, m).root(root), stream)?;
-        if let Ok((f, call)) = optional!(self.nccl(), ncclScatter) {
-            let sendp = sendp.unwrap_or(std::ptr::null_mut());
-            // SAFETY: ranges checked; non-roots pass no send buffer, which NCCL ignores.
-            let rc = unsafe {
-                f(
-                    sendp,
-                    at(recv),
-                    m,
-                    T::DTYPE,
-                    r,
-                    self.as_raw(),
-                    stream.as_raw(),
+        let r = issue.buf("recv", recv, m)?;
+        let send = self.at_root(M.name, send, root, "send")?;
+        let s = send
+            .as_ref()
+            .map(|v| issue.buf("send", v, m.saturating_mul(self.size())))
+            .transpose()?;
+        let (sp, rp) = (s.as_ref().map(Enqueuing::ptr), r.ptr());
+        let call = Call::new::<T>(Collective::Scatter, m).root(root);
+        if let Ok((f, name)) = optional!(self.nccl(), ncclScatter) {
+            return issue.call(call, |comm, stream| {
+                let sp = sp.map_or(std::ptr::null_mut(), dptr);
+                // SAFETY: ranges checked and noted as used (issue.rs); non-roots pass no
+                // send buffer, which NCCL ignores.
+                (
+                    unsafe { f(sp, dptr(rp), m, T::DTYPE, root_arg, comm, stream) },
+                    name,
                 )
-            };
-            return self.check(rc, call);
+            });
         }
-        // Inside the group `scatter` opened.
-        if let Some(base) = sendp {
-            for p in 0..self.size() {
-                let at = dptr(base.addr() as u64 + (p * m * size_of::<T>()) as u64);
-                self.raw_send::<T>(at, m, p as i32, stream)?;
-            }
-        }
-        self.raw_recv::<T>(at(recv), m, r, stream)
+        // NCCL before 2.28.3: the root sends to each, every rank receives from it, in a
+        // group.
+        let renote = |i: &Issue<'_>| {
+            s.as_ref().map_or(Ok(()), |s| i.renote(s))?;
+            i.renote(&r)
+        };
+        issue.call_grouped(call, renote, |comm, stream| {
+            self.exchange_with_each::<T>(comm, stream, |p| {
+                let from_root = (p == root).then(|| (dptr(rp), m));
+                (sp.map(|base| (past::<T>(base, p * m), m)), from_root)
+            })
+        })
     }
 
     /// Waits until every rank has reached this point: an all-reduce of one element on
@@ -1334,18 +1161,15 @@ impl Communicator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
-        let order = self.check_stream("barrier", stream)?;
+        const M: Method = Method::other("barrier");
+        let mut issue = self.issue_untyped(M, stream)?;
         let scratch = self.scratch()?;
-        scratch.used_on(stream)?;
         // NCCL matches registrations by page: the scratch element may share one with the
         // user's registered memory, whose release must then wait for (and an open group
-        // or capture hold it for) this all-reduce too.
-        self.shared()
-            .registry
-            .used(scratch.as_raw(), size_of::<i32>(), stream);
-        let p = at(scratch);
-        self.raw_all_reduce::<i32>("barrier", p, p, 1, ReduceOp::Sum, stream)?;
-        drop(order);
+        // or capture hold it for) this all-reduce too (`Issue::buf` notes it there).
+        let b = issue.buf("buffer", scratch, 1)?;
+        self.all_reduce_on::<i32>(&issue, (b.ptr(), b.ptr()), 1, ReduceOp::Sum)?;
+        drop((b, issue));
         stream.synchronize()?;
         Ok(())
     }

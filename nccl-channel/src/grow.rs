@@ -80,6 +80,7 @@ fn grow_each(
         grouped,
         expect: &expect,
         config,
+        channel: true,
     };
     let children = make_children(parents, plan, &mut |i, raw, out| {
         let id = raw_ids

@@ -206,7 +206,7 @@ pub(crate) fn put_signal<T: NcclType>(
     stream: &Stream,
 ) -> Result<()> {
     let (f, call) = optional!(comm.nccl(), ncclPutSignal)?;
-    let _order = comm.begin::<T>(what, stream)?;
+    let mut issue = comm.issue::<T>(Method::other(what), stream)?;
     let p = comm.check_rank(what, peer)?;
     let Some(win) = target.raw else {
         return Err(Error::InvalidArgument {
@@ -233,8 +233,9 @@ pub(crate) fn put_signal<T: NcclType>(
         crate::collective::buffer_object("source"),
         src.context(),
     )?;
+    let s = issue.buf("send", src, src.len())?;
     let registry = &comm.shared().registry;
-    if !src.is_empty() && !registry.in_window(src.device_ptr(), bytes) {
+    if !src.is_empty() && !registry.in_window(s.ptr(), bytes) {
         return Err(Error::InvalidArgument {
             what,
             problem: "the source must lie in a window of this communicator (registered \
@@ -242,31 +243,34 @@ pub(crate) fn put_signal<T: NcclType>(
                 .into(),
         });
     }
-    let _send_done = comm.check_buf(Method::other(what), "send", src, src.len(), stream)?;
     // NCCL reaches the peer's memory through this window: its release waits for the
     // put, and an open capture or group holds it.
     registry.used(target.start, target.bytes, stream);
-    let ptr: *const c_void = std::ptr::with_exposed_provenance(src.device_ptr() as usize);
-    // SAFETY: a live communicator; `src` is `src.len()` elements of T of its device,
-    // kept allocated until the put is done (noted on the stream above); `win` is an
-    // active window of this communicator, kept until the put is done (noted above),
-    // and the write fits the smallest window of this place on any rank (checked above).
-    let rc = unsafe {
-        f(
-            ptr,
-            src.len(),
-            T::DTYPE,
-            p,
-            win,
-            offset,
-            signal.index as c_int,
-            signal.context as c_int,
-            0,
-            comm.as_raw(),
-            stream.as_raw(),
-        )
-    };
-    comm.check(rc, call)
+    let ptr: *const c_void = crate::issue::dptr(s.ptr());
+    let n = src.len();
+    issue.call_unchecked(|raw_comm, raw_stream| {
+        // SAFETY: a live communicator; `src` is `n` elements of T of its device, kept
+        // allocated until the put is done (noted on the stream by `Issue::buf`); `win` is
+        // an active window of this communicator, kept until the put is done (noted
+        // above), and the write fits the smallest window of this place on any rank
+        // (checked above).
+        let rc = unsafe {
+            f(
+                ptr,
+                n,
+                T::DTYPE,
+                p,
+                win,
+                offset,
+                signal.index as c_int,
+                signal.context as c_int,
+                0,
+                raw_comm,
+                raw_stream,
+            )
+        };
+        (rc, call)
+    })
 }
 
 impl Communicator {
@@ -295,20 +299,22 @@ impl Communicator {
     pub fn signal(&self, peer: usize, signal: Signal, stream: &Stream) -> Result<()> {
         const W: &str = "Communicator::signal";
         let (f, call) = optional!(self.nccl(), ncclSignal)?;
-        let _order = self.check_stream(W, stream)?;
+        let issue = self.issue_untyped(Method::other(W), stream)?;
         let p = self.check_rank(W, peer)?;
-        // SAFETY: a live communicator and a stream of its context.
-        let rc = unsafe {
-            f(
-                p,
-                signal.index as c_int,
-                signal.context as c_int,
-                0,
-                self.as_raw(),
-                stream.as_raw(),
-            )
-        };
-        self.check(rc, call)
+        issue.call_unchecked(|comm, stream| {
+            // SAFETY: a live communicator and a stream of its context.
+            let rc = unsafe {
+                f(
+                    p,
+                    signal.index as c_int,
+                    signal.context as c_int,
+                    0,
+                    comm,
+                    stream,
+                )
+            };
+            (rc, call)
+        })
     }
 
     /// Makes `stream` wait until the signals `waits` names have arrived, and consumes
@@ -320,7 +326,7 @@ impl Communicator {
     pub fn wait_signal(&self, waits: &[SignalWait], stream: &Stream) -> Result<()> {
         const W: &str = "Communicator::wait_signal";
         let (f, call) = optional!(self.nccl(), ncclWaitSignal)?;
-        let _order = self.check_stream(W, stream)?;
+        let issue = self.issue_untyped(Method::other(W), stream)?;
         let mut descs = Vec::with_capacity(waits.len());
         for w in waits {
             let peer = self.check_rank(W, w.peer)?;
@@ -339,9 +345,10 @@ impl Communicator {
             what: W,
             problem: "too many descriptors".into(),
         })?;
-        // SAFETY: a live communicator, a stream of its context, `n` descriptors that NCCL
-        // copies at the call (and does not keep).
-        let rc = unsafe { f(n, descs.as_mut_ptr(), self.as_raw(), stream.as_raw()) };
-        self.check(rc, call)
+        issue.call_unchecked(|comm, stream| {
+            // SAFETY: a live communicator, a stream of its context, `n` descriptors that
+            // NCCL copies at the call (and does not keep).
+            (unsafe { f(n, descs.as_mut_ptr(), comm, stream) }, call)
+        })
     }
 }

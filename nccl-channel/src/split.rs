@@ -143,6 +143,9 @@ pub(crate) struct Plan<'a> {
     /// The children's configuration when NCCL was given one (else each has its
     /// parent's, NCCL's NULL config); it has the parents' blocking mode.
     pub(crate) config: Option<&'a CommConfig>,
+    /// Each child gets its private channel (comm/private.rs) before it is handed out:
+    /// every child but a private channel itself.
+    pub(crate) channel: bool,
 }
 
 /// Creates the children of `parents`, one NCCL call each (`issue(i, parent, newcomm)`).
@@ -173,10 +176,22 @@ pub(crate) fn make_children(
         // NCCL may still write them: they must outlive it.
         std::mem::forget(slots);
     }
-    match making.error.take() {
+    let (channel, grouped) = (making.plan.channel, making.plan.grouped);
+    let children = match making.error.take() {
         Some(e) => Err(making.unwind(raws, e)),
         None => making.adopt(raws),
+    }?;
+    if !channel {
+        return Ok(children);
     }
+    // Several children made from one thread in one group get their channels so too.
+    let present: Vec<bool> = children.iter().map(Option::is_some).collect();
+    let with = crate::comm::private::attach(children.into_iter().flatten().collect(), grouped)?;
+    let mut with = with.into_iter();
+    Ok(present
+        .into_iter()
+        .map(|p| if p { with.next() } else { None })
+        .collect())
 }
 
 /// One run of [`make_children`], phase by phase: what the parents' splits have come to.
@@ -555,6 +570,7 @@ impl Communicator {
             grouped: false,
             expect: &[color != NCCL_SPLIT_NOCOLOR],
             config,
+            channel: true,
         };
         let mut children = make_children(&[self], plan, &mut |_, raw, out| {
             // SAFETY: a live communicator; `out` stays valid and unread until the split
@@ -643,6 +659,7 @@ impl Communicator {
             grouped: true,
             expect: &expect,
             config: None,
+            channel: true,
         };
         make_children(&parents, plan, &mut |i, raw, out| {
             let Some(&(color, key)) = args.get(i) else {
@@ -756,6 +773,7 @@ fn shrink_each(
         grouped,
         expect: &expect,
         config: None,
+        channel: true,
     };
     let children = make_children(parents, plan, &mut |_, raw, out| {
         let mut list = list.clone();

@@ -3,23 +3,24 @@
 //! about to call, so that a program whose ranks disagree gets a typed error naming both
 //! calls on every rank instead of a hang or corrupt data.
 //!
-//! Each rank all-gathers a record of its call (a mark, the number of the call among the
-//! checked calls of this communicator, the collective, element type, count, reduction and
-//! root) on a stream of its own, waits for it, and compares every rank's record with its
-//! own. Every rank must check, or none: a rank that is not checking pairs its own
-//! collective with the others' exchange, which on real NCCL hangs or corrupts data (the
-//! record says so only when that collective happens to look like the exchange).
+//! Each rank exchanges a record of its call (the collective, element type, count,
+//! reduction, root, and where its buffers lie in symmetric windows) on the private channel
+//! (exchange.rs), and compares every rank's with its own. The crate's own agreements travel
+//! the same channel in records of the same shape, so a rank that allocates symmetric
+//! memory or registers a window while its peer checks a collective gets a `CallMismatch`
+//! naming both, on both. Every rank must check, or none: a rank that is not checking
+//! issues its collective without a comparison, and the others wait for theirs until their
+//! deadline.
 
-pub(crate) mod kit;
 mod record;
 pub(crate) mod setting;
 
-use cuda_hal::{DeviceBuffer, Stream};
-
-pub(crate) use kit::CheckKit;
 pub(crate) use record::Call;
-use record::{WORDS, describe, exchanged, first_difference};
+pub(crate) use record::{agreement, describe, first_difference, value};
 
+use cuda_hal::Stream;
+
+use crate::exchange::{Payload, exchange};
 use crate::{Communicator, Error, Result};
 
 impl Communicator {
@@ -32,6 +33,10 @@ impl Communicator {
     /// cannot wait: the call fails with [`cuda_hal::Error::Capturing`] before anything is
     /// issued, and its peers wait for their deadline. A global capture on another thread is
     /// a matter of timing, so with the checked mode capture in thread-local mode.
+    ///
+    /// Only [`Issue::call`](crate::issue::Issue::call) calls it, after every local check of
+    /// the call: a rank refused locally never takes part in a comparison its peers then
+    /// act on.
     #[inline]
     pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
         if !self.checks_calls() {
@@ -54,67 +59,30 @@ impl Communicator {
         }
         self.handle()?;
         self.shared().suspend.refuse(what)?;
-        let mut slot = self
-            .checks
-            .try_borrow_mut()
-            .map_err(|_| Error::InvalidArgument {
-                what,
-                problem: "called while this communicator checks another call".into(),
-            })?;
-        let kit = match &mut *slot {
-            Some(kit) => kit,
-            None => slot.insert(self.check_kit()?),
-        };
-        // Numbered once issued: a rank whose exchange fails before NCCL has it keeps the
-        // number, as its peers keep theirs.
-        let sent = call.record(self.checked_calls());
-        // The kit's buffers are this communicator's alone, used on its stream only (their
-        // use is noted there, so their release waits for it).
-        kit.send.copy_from_host_on(&sent, &kit.stream)?;
-        self.all_gather_unchecked(&kit.send, &mut kit.recv, &kit.stream)?;
-        self.checked_call_issued();
-        // Polled, not a bare synchronize: a peer that never comes is said on stderr and
-        // ends at the communicator's deadline (which aborts it), as any wait does.
-        let waited = if kit.stream.is_idle()? {
-            Ok(())
-        } else {
-            self.wait(&kit.stream)
-        };
-        let got = match (
-            kit.stream.synchronize().and_then(|()| kit.recv.to_vec()),
-            waited,
-        ) {
-            (Ok(got), waited) => (got, waited),
-            (Err(e), Ok(())) => return Err(e.into()),
-            (Err(_), Err(w)) => return Err(w),
-        };
-        let (got, waited) = got;
-        let mismatch = |(other_rank, other_call)| Error::CallMismatch {
-            what,
-            rank: self.rank(),
-            call: describe(&sent),
-            other_rank,
-            other_call,
-        };
-        let difference = first_difference(&sent, &got, self.size());
-        // Every rank's record of this very exchange came (its mark and number): a
-        // difference there is the answer, even when the wait failed after (a peer that
-        // got its answer may have left, aborting, before this rank looked).
-        if exchanged(&sent, &got, self.size())
-            && let Some(d) = difference
-        {
-            return Err(mismatch(d));
+        let mine = call.payload();
+        let seq = self.exchanges_issued();
+        let got = exchange(what, &[(self, mine)])?;
+        let got = got.first().map_or(&[][..], Vec::as_slice);
+        match first_difference(&mine, got) {
+            None => Ok(()),
+            Some(d) => Err(self.mismatch(what, &mine, seq, d)),
         }
-        // A failed wait aborted the communicator: the call must not go on to NCCL.
-        waited?;
-        difference.map_or(Ok(()), |d| Err(mismatch(d)))
     }
 
-    fn check_kit(&self) -> Result<CheckKit> {
-        Ok(CheckKit {
-            stream: Stream::non_blocking(self.context())?,
-            send: DeviceBuffer::zeroed(self.context(), WORDS)?,
-            recv: DeviceBuffer::zeroed(self.context(), WORDS * self.size())?,
-        })
+    /// [`Error::CallMismatch`]: this rank's `mine` against `other`'s, in exchange `seq`.
+    pub(crate) fn mismatch(
+        &self,
+        what: &'static str,
+        mine: &Payload,
+        seq: u64,
+        (other_rank, other): (usize, Payload),
+    ) -> Error {
+        Error::CallMismatch {
+            what,
+            rank: self.rank(),
+            call: describe(mine, seq, crate::agreement::topic_name),
+            other_rank,
+            other_call: describe(&other, seq, crate::agreement::topic_name),
+        }
     }
 }

@@ -1,22 +1,27 @@
-//! The record of a call that the ranks compare: what it holds, how it reads in an error,
-//! and which rank's differs.
+//! What a rank is about to do, as the ranks compare it in an exchange (exchange.rs): a
+//! collective of the program's ([`Call`]) or one of the crate's own agreements; how it
+//! reads in an error, and which rank's differs.
 
 use nccl_sys::ncclDataType_t;
 
+use crate::exchange::{PAYLOAD, Payload};
 use crate::{Collective, NcclType, ReduceOp};
 
-/// The record's mark: "nccl-channel call" in ASCII, 16 bytes.
-const MARK: [u64; 2] = [
-    u64::from_be_bytes(*b"nccl-cha"),
-    u64::from_be_bytes(*b"nnel-cal"),
-];
-
-/// A record's words: the mark (two), the call's number, the collective, the element type,
-/// the count, the reduction, the root.
-pub(crate) const WORDS: usize = 8;
-
-/// A word that says "none" (no reduction, no root).
+/// A word that says "none" (no reduction, no root, not in a symmetric window).
 const NONE: u64 = u64::MAX;
+
+/// The kind word of an agreement: this plus its topic's number (collectives are below).
+const AGREEMENT: u64 = 1 << 32;
+
+/// The payload's words.
+const KIND: usize = 0;
+const DTYPE: usize = 1;
+/// The count of a call; the value of an agreement (which may differ between ranks).
+const COUNT: usize = 2;
+const OP: usize = 3;
+const ROOT: usize = 4;
+const SEND_AT: usize = 5;
+const RECV_AT: usize = 6;
 
 /// What a rank is about to call, as the ranks compare it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +33,11 @@ pub(crate) struct Call {
     count: Option<usize>,
     op: u64,
     root: u64,
+    /// Where the send and receive buffers lie in symmetric windows, in bytes from the
+    /// window's start (`NONE`: not in one): NCCL's symmetric kernels need the same
+    /// offsets on every rank.
+    send_at: u64,
+    recv_at: u64,
 }
 
 impl Call {
@@ -39,6 +49,8 @@ impl Call {
             count: Some(count),
             op: NONE,
             root: NONE,
+            send_at: NONE,
+            recv_at: NONE,
         }
     }
 
@@ -71,54 +83,82 @@ impl Call {
         }
     }
 
-    /// The record of this call, number `seq` among the communicator's checked calls.
-    pub(crate) fn record(&self, seq: u64) -> [u64; WORDS] {
-        [
-            MARK[0],
-            MARK[1],
-            seq,
-            self.collective.code(),
-            u64::from(self.dtype.0),
-            self.count.map_or(NONE, |c| c as u64),
-            self.op,
-            self.root,
-        ]
+    /// With the buffers' offsets in symmetric windows (`None`: not in one).
+    pub(crate) fn symmetric_at(self, send: Option<u64>, recv: Option<u64>) -> Call {
+        Call {
+            send_at: send.unwrap_or(NONE),
+            recv_at: recv.unwrap_or(NONE),
+            ..self
+        }
+    }
+
+    /// The words the ranks compare.
+    pub(crate) fn payload(&self) -> Payload {
+        let mut p = [NONE; PAYLOAD];
+        p[KIND] = self.collective.code();
+        p[DTYPE] = u64::from(self.dtype.0);
+        p[COUNT] = self.count.map_or(NONE, |c| c as u64);
+        p[OP] = self.op;
+        p[ROOT] = self.root;
+        p[SEND_AT] = self.send_at;
+        p[RECV_AT] = self.recv_at;
+        p
     }
 }
 
-/// A record in words, as a call: "all_gather of 4 int32 (call 3)". Anything that is not
-/// a record is said to be so.
-pub(crate) fn describe(r: &[u64]) -> String {
-    let [m0, m1, seq, coll, dtype, count, op, root] = r else {
-        return "a record of the wrong size".into();
-    };
-    if [*m0, *m1] != MARK {
-        return "something that is not a checked call: is the checked mode on for every \
-                rank?"
-            .into();
+/// The payload of an agreement on `topic` (its number and its name) with this rank's
+/// `value`.
+pub(crate) fn agreement(topic: u64, value: u64) -> Payload {
+    let mut p = [NONE; PAYLOAD];
+    p[KIND] = AGREEMENT + topic;
+    p[COUNT] = value;
+    p
+}
+
+/// The value of an agreement's payload.
+pub(crate) fn value(p: &Payload) -> u64 {
+    p[COUNT]
+}
+
+/// The names of the agreements' topics, by number (agreement.rs's `Topic`).
+pub(crate) type TopicName = fn(u64) -> Option<&'static str>;
+
+/// A payload in words, as a call: "all_gather of 4 int32 (call 3)", or "an agreement on a
+/// window's size (call 3)"; `seq` is the exchange's number.
+pub(crate) fn describe(p: &Payload, seq: u64, topic: TopicName) -> String {
+    if p[KIND] >= AGREEMENT {
+        let name = topic(p[KIND] - AGREEMENT).unwrap_or("something unknown");
+        return format!("the crate's agreement on {name} (call {seq})");
     }
-    let coll = Collective::from_code(*coll)
-        .map_or_else(|| format!("collective {coll}"), |c| c.name().to_owned());
-    let count = if *count == NONE {
+    let coll = Collective::from_code(p[KIND]).map_or_else(
+        || format!("collective {}", p[KIND]),
+        |c| c.name().to_owned(),
+    );
+    let count = if p[COUNT] == NONE {
         "its counts".to_owned()
     } else {
-        count.to_string()
+        p[COUNT].to_string()
     };
     let mut extra = Vec::new();
-    if *op != NONE {
+    if p[OP] != NONE {
         let name = ["sum", "prod", "max", "min", "avg", "premul_sum"]
-            .get(*op as usize)
+            .get(p[OP] as usize)
             .copied()
             .unwrap_or("an unknown op");
         extra.push(name.to_owned());
     }
-    if *root != NONE {
-        extra.push(format!("root {root}"));
+    if p[ROOT] != NONE {
+        extra.push(format!("root {}", p[ROOT]));
+    }
+    for (word, side) in [(SEND_AT, "send"), (RECV_AT, "recv")] {
+        if p[word] != NONE {
+            extra.push(format!("{side} at byte {} of a symmetric window", p[word]));
+        }
     }
     extra.push(format!("call {seq}"));
     format!(
         "{coll} of {count} {} ({})",
-        type_name(*dtype),
+        type_name(p[DTYPE]),
         extra.join(", ")
     )
 }
@@ -134,27 +174,14 @@ fn type_name(code: u64) -> String {
         .map_or_else(|| format!("type {code}"), |n| (*n).to_owned())
 }
 
-/// Whether `got` holds a record of this exchange from every rank: the mark and the number
-/// of `sent` in each (what the records say may differ; a failed or unfinished exchange
-/// leaves something else there).
-pub(crate) fn exchanged(sent: &[u64; WORDS], got: &[u64], ranks: usize) -> bool {
-    got.len() == WORDS * ranks && got.chunks_exact(WORDS).all(|r| r[..3] == sent[..3])
-}
-
-/// The first rank whose record in `got` (every rank's, in rank order) differs from `sent`,
-/// with what it called; `None` when all agree.
-pub(crate) fn first_difference(
-    sent: &[u64; WORDS],
-    got: &[u64],
-    ranks: usize,
-) -> Option<(usize, String)> {
-    if got.len() != WORDS * ranks {
-        return Some((0, "a reply of the wrong size".into()));
-    }
-    got.chunks_exact(WORDS)
+/// The first rank whose payload in `got` (every rank's, in rank order) differs from
+/// `mine`, with it; `None` when all agree. An agreement's value may differ.
+pub(crate) fn first_difference(mine: &Payload, got: &[Payload]) -> Option<(usize, Payload)> {
+    let agreement = mine[KIND] >= AGREEMENT;
+    got.iter()
         .enumerate()
-        .find(|(_, r)| *r != sent)
-        .map(|(rank, r)| (rank, describe(r)))
+        .find(|(_, p)| (0..PAYLOAD).any(|w| !(agreement && w == COUNT) && p[w] != mine[w]))
+        .map(|(rank, p)| (rank, *p))
 }
 
 #[cfg(test)]
@@ -162,65 +189,81 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn gathered(records: &[[u64; WORDS]]) -> Vec<u64> {
-        records.concat()
+    fn topic(n: u64) -> Option<&'static str> {
+        (n == 1).then_some("a window's size")
     }
 
     #[test]
-    fn a_record_names_the_call_it_describes() {
-        let c = Call::new::<i32>(Collective::AllGather, 4).record(3);
-        assert_eq!(describe(&c), "all_gather of 4 int32 (call 3)");
+    fn a_payload_names_the_call_it_describes() {
+        let c = Call::new::<i32>(Collective::AllGather, 4).payload();
+        assert_eq!(describe(&c, 3, topic), "all_gather of 4 int32 (call 3)");
         let c = Call::new::<f32>(Collective::Reduce, 8)
             .op(&ReduceOp::<f32>::Max)
             .root(1)
-            .record(0);
-        assert_eq!(describe(&c), "reduce of 8 float32 (max, root 1, call 0)");
-        let c = Call::uncounted::<u8>(Collective::AllToAllV).record(9);
-        assert_eq!(describe(&c), "all_to_all_v of its counts uint8 (call 9)");
-        assert!(describe(&[0; WORDS]).starts_with("something that is not a checked call"));
-        assert_eq!(describe(&[0; 3]), "a record of the wrong size");
-    }
-
-    #[test]
-    fn an_exchange_is_complete_when_every_rank_sent_a_record_of_it() {
-        let mine = Call::new::<i32>(Collective::AllGather, 4).record(3);
-        let other = Call::new::<u32>(Collective::AllReduce, 6).record(3);
-        assert!(exchanged(&mine, &gathered(&[mine, other]), 2));
-        // Another exchange's record, something else, or too few words: not this exchange.
-        let earlier = Call::new::<i32>(Collective::AllGather, 4).record(2);
-        assert!(!exchanged(&mine, &gathered(&[mine, earlier]), 2));
-        assert!(!exchanged(&mine, &gathered(&[mine, [0; WORDS]]), 2));
-        assert!(!exchanged(&mine, &gathered(&[mine]), 2));
-        let mut marked = mine;
-        marked[1] ^= 1;
-        assert!(!exchanged(&mine, &gathered(&[marked, mine]), 2));
+            .payload();
+        assert_eq!(
+            describe(&c, 0, topic),
+            "reduce of 8 float32 (max, root 1, call 0)"
+        );
+        let c = Call::uncounted::<u8>(Collective::AllToAllV).payload();
+        assert_eq!(
+            describe(&c, 9, topic),
+            "all_to_all_v of its counts uint8 (call 9)"
+        );
+        let c = Call::new::<f32>(Collective::AllReduce, 2)
+            .symmetric_at(Some(0), Some(256))
+            .payload();
+        assert_eq!(
+            describe(&c, 1, topic),
+            "all_reduce of 2 float32 (send at byte 0 of a symmetric window, recv at byte 256 \
+             of a symmetric window, call 1)"
+        );
+        assert_eq!(
+            describe(&agreement(1, 4096), 5, topic),
+            "the crate's agreement on a window's size (call 5)"
+        );
+        assert_eq!(
+            describe(&agreement(9, 0), 5, topic),
+            "the crate's agreement on something unknown (call 5)"
+        );
     }
 
     #[test]
     fn the_first_rank_whose_call_differs_is_named() {
-        let mine = Call::new::<i32>(Collective::AllGather, 4).record(3);
-        assert_eq!(first_difference(&mine, &gathered(&[mine, mine]), 2), None);
-        // Each field of the call, and its number, tells calls apart.
+        let mine = Call::new::<i32>(Collective::AllGather, 4).payload();
+        assert_eq!(first_difference(&mine, &[mine, mine]), None);
+        // Each field of the call tells calls apart.
         let others = [
-            Call::new::<i32>(Collective::AllGather, 6).record(3),
-            Call::new::<i32>(Collective::AllReduce, 4).record(3),
-            Call::new::<u32>(Collective::AllGather, 4).record(3),
-            Call::new::<i32>(Collective::AllGather, 4).root(0).record(3),
-            Call::new::<i32>(Collective::AllGather, 4)
-                .op(&ReduceOp::<i32>::Sum)
-                .record(3),
-            Call::new::<i32>(Collective::AllGather, 4).record(4),
+            Call::new::<i32>(Collective::AllGather, 6),
+            Call::new::<i32>(Collective::AllReduce, 4),
+            Call::new::<u32>(Collective::AllGather, 4),
+            Call::new::<i32>(Collective::AllGather, 4).root(0),
+            Call::new::<i32>(Collective::AllGather, 4).op(&ReduceOp::<i32>::Sum),
+            Call::new::<i32>(Collective::AllGather, 4).symmetric_at(Some(0), None),
+            Call::new::<i32>(Collective::AllGather, 4).symmetric_at(None, Some(0)),
         ];
         for other in others {
-            let got = gathered(&[mine, mine, other]);
+            let other = other.payload();
             assert_eq!(
-                first_difference(&mine, &got, 3),
-                Some((2, describe(&other)))
+                first_difference(&mine, &[mine, mine, other]),
+                Some((2, other))
             );
         }
         assert_eq!(
-            first_difference(&mine, &gathered(&[mine]), 2),
-            Some((0, "a reply of the wrong size".into()))
+            first_difference(&mine, &[agreement(1, 4)]),
+            Some((0, agreement(1, 4)))
         );
+    }
+
+    #[test]
+    fn agreements_differ_by_topic_not_by_value() {
+        let mine = agreement(1, 4096);
+        assert_eq!(first_difference(&mine, &[mine, agreement(1, 8)]), None);
+        assert_eq!(
+            first_difference(&mine, &[mine, agreement(2, 4096)]),
+            Some((1, agreement(2, 4096)))
+        );
+        let call = Call::new::<u64>(Collective::AllGather, 4096).payload();
+        assert_eq!(first_difference(&mine, &[call]), Some((0, call)));
     }
 }

@@ -85,6 +85,17 @@ impl Communicator {
         size: usize,
         rank: usize,
     ) -> Result<Communicator> {
+        with_channel(Self::join_rank(nccl, ctx, id, size, rank)?)
+    }
+
+    /// [`init_rank`](Self::init_rank) without the private channel.
+    fn join_rank(
+        nccl: &Arc<Nccl>,
+        ctx: &Context,
+        id: &UniqueId,
+        size: usize,
+        rank: usize,
+    ) -> Result<Communicator> {
         let (n, r) = world_args("Communicator::init_rank", size, rank)?;
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
@@ -97,7 +108,7 @@ impl Communicator {
         drop(watch);
         rc?;
         // SAFETY: `raw` was just created by NCCL on `ctx`'s device and is ours.
-        unsafe { Self::from_raw(nccl, ctx, raw) }
+        unsafe { Self::adopt(nccl, ctx, raw, CommConfig::default()) }
     }
 
     /// Joins with a [`CommConfig`]: through `ncclCommInitRankConfig` when it is
@@ -140,8 +151,8 @@ impl Communicator {
     ) -> Result<Communicator> {
         config.check_timeout()?;
         if config.is_blocking() && !config.sets_nccl_fields() {
-            let c = Self::init_rank(nccl, ctx, id, size, rank)?;
-            return Ok(c.with_config(config.clone()));
+            let c = Self::join_rank(nccl, ctx, id, size, rank)?;
+            return with_channel(c.with_config(config.clone()));
         }
         let (n, r) = world_args("Communicator::init_rank_with", size, rank)?;
         let f = nccl.fns().ncclCommInitRankConfig;
@@ -197,8 +208,8 @@ impl Communicator {
         let mut raws = raws.into_iter();
         for ctx in contexts {
             let Some(raw) = raws.next() else { break };
-            // SAFETY: NCCL created this handle for `ctx`'s device (checked in from_raw).
-            match unsafe { Self::from_raw(nccl, ctx, raw) } {
+            // SAFETY: NCCL created this handle for `ctx`'s device (checked in adopt).
+            match unsafe { Self::adopt(nccl, ctx, raw, CommConfig::default()) } {
                 Ok(c) => comms.push(c),
                 Err(e) => {
                     for rest in raws {
@@ -209,11 +220,14 @@ impl Communicator {
                 }
             }
         }
-        Ok(comms)
+        super::private::attach(comms, true)
     }
 
     /// Takes ownership of a raw, blocking communicator of `ctx`'s device. Checks its
-    /// device, reads its rank and size. On error the handle is destroyed.
+    /// device, reads its rank and size, and makes its private channel (the crate's own
+    /// exchanges travel there, out of the program's reach): **collective**, as an init is,
+    /// every rank of the communicator calls it, one rank per thread or process. On error
+    /// the handle is aborted.
     ///
     /// For a handle made through the raw table ([`nccl_sys`]) or handed over by other code:
     ///
@@ -248,7 +262,59 @@ impl Communicator {
         raw: ncclComm_t,
     ) -> Result<Communicator> {
         // SAFETY: the caller's contract.
-        unsafe { Self::adopt(nccl, ctx, raw, CommConfig::default()) }
+        with_channel(unsafe { Self::adopt(nccl, ctx, raw, CommConfig::default()) }?)
+    }
+
+    /// [`from_raw`](Self::from_raw) for several ranks driven from this thread (`parts[i]`
+    /// is rank handle and its device's context), their private channels made in one NCCL
+    /// group, as [`init_all`](Self::init_all) does. On error every handle is aborted.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use cuda_hal::Cuda;
+    /// use cuda_mock::MockDriver;
+    /// use nccl_channel::Communicator;
+    /// use nccl_sys::{ncclComm_t, ncclResult_t};
+    /// use nccl_mock::MockNccl;
+    ///
+    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
+    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
+    /// let ctxs = [cuda.device(0)?.primary_context()?, cuda.device(1)?.primary_context()?];
+    /// let mut raws: [ncclComm_t; 2] = [std::ptr::null_mut(); 2];
+    /// let devices = [0, 1];
+    /// // SAFETY: room for two handles and two device ordinals.
+    /// let rc = unsafe { (nccl.fns().ncclCommInitAll)(raws.as_mut_ptr(), 2, devices.as_ptr()) };
+    /// assert_eq!(rc, ncclResult_t::ncclSuccess);
+    /// // SAFETY: live, initialised communicators of devices 0 and 1, made by `nccl`; nothing
+    /// // else owns them.
+    /// let comms = unsafe { Communicator::from_raw_all(&nccl, &[(&ctxs[0], raws[0]), (&ctxs[1], raws[1])]) }?;
+    /// assert_eq!((comms[1].rank(), comms[1].size()), (1, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Safety
+    /// As for `from_raw`, for every handle.
+    pub unsafe fn from_raw_all(
+        nccl: &Arc<Nccl>,
+        parts: &[(&Context, ncclComm_t)],
+    ) -> Result<Vec<Communicator>> {
+        let mut comms = Vec::with_capacity(parts.len());
+        let mut rest = parts.iter();
+        for (ctx, raw) in rest.by_ref() {
+            // SAFETY: the caller's contract.
+            match unsafe { Self::adopt(nccl, ctx, *raw, CommConfig::default()) } {
+                Ok(c) => comms.push(c),
+                Err(e) => {
+                    for (_, raw) in rest {
+                        // SAFETY: the caller's: live handles owned by nobody else; aborted
+                        // once.
+                        unsafe { (nccl.fns().ncclCommAbort)(*raw) };
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        super::private::attach(comms, true)
     }
 
     /// As [`from_raw`](Self::from_raw), with the configuration the handle was made with.
@@ -275,9 +341,9 @@ impl Communicator {
             group_thread: Mutex::new(None),
             registry: Registry::default(),
             suspend: Default::default(),
-            agreements: std::sync::atomic::AtomicU64::new(0),
+            exchanges: std::sync::atomic::AtomicU64::new(0),
             checks_calls: false,
-            checked_calls: std::sync::atomic::AtomicU64::new(0),
+            private: std::sync::OnceLock::new(),
         };
         let (mut rank, mut size, mut dev) = (0, 0, 0);
         // SAFETY: a live communicator and valid out-pointers. On error `shared` drops and
@@ -309,9 +375,10 @@ impl Communicator {
             });
         }
         Ok(Communicator {
+            private: None,
             shared: Arc::new(shared),
             scratch: OnceCell::new(),
-            checks: Default::default(),
+            kit: Default::default(),
             pool: Pool::default(),
             _not_sync: PhantomData,
         })
@@ -323,17 +390,19 @@ impl Communicator {
                 s.checks_calls = config.get_check_calls().unwrap_or(s.checks_calls);
                 s.config = config;
                 Communicator {
+                    private: self.private,
                     shared: Arc::new(s),
                     scratch: self.scratch,
-                    checks: self.checks,
+                    kit: self.kit,
                     pool: self.pool,
                     _not_sync: PhantomData,
                 }
             }
             Err(shared) => Communicator {
+                private: self.private,
                 shared,
                 scratch: self.scratch,
-                checks: self.checks,
+                kit: self.kit,
                 pool: self.pool,
                 _not_sync: PhantomData,
             },
@@ -392,7 +461,16 @@ pub(crate) fn init_via(
         }
     }
     // SAFETY: initialised by NCCL for `ctx`'s device; owned here.
-    let c = unsafe { Communicator::from_raw(nccl, ctx, raw) }?;
+    let c = unsafe { Communicator::adopt(nccl, ctx, raw, CommConfig::default()) }?;
     drop(cfg);
-    Ok(c.with_config(config.clone()))
+    with_channel(c.with_config(config.clone()))
+}
+
+/// `c`, just made, with its private channel (comm/private.rs); aborted on failure.
+fn with_channel(c: Communicator) -> Result<Communicator> {
+    let mut one = super::private::attach(vec![c], false)?;
+    one.pop().ok_or(Error::InvalidArgument {
+        what: "ncclCommSplit",
+        problem: "NCCL gave no private channel".into(),
+    })
 }

@@ -7,6 +7,7 @@
 //! keeps it alive, and a graph launch can check it was not aborted in the meantime.
 
 pub(crate) mod init;
+pub(crate) mod private;
 mod shared;
 mod teardown;
 
@@ -118,10 +119,14 @@ use crate::{Error, Result, check};
 ///    its status into a [`Result`], polling a non-blocking communicator and aborting on
 ///    the failures NCCL cannot recover from.
 pub struct Communicator {
-    /// Dropped first: its memory is freed after the streams that used it are done.
+    /// The private channel (comm/private.rs), where the crate's own exchanges travel
+    /// (its handle is torn down with this one's: `CommShared::private`). `None` for a
+    /// private channel itself.
+    pub(crate) private: Option<Box<Communicator>>,
+    /// Dropped early: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
-    /// The checked mode's stream and buffers, made at its first check (call_check.rs).
-    pub(crate) checks: std::cell::RefCell<Option<crate::call_check::kit::CheckKit>>,
+    /// The stream and buffers of the crate's exchanges, made at the first (exchange.rs).
+    pub(crate) kit: std::cell::RefCell<Option<crate::exchange::Kit>>,
     /// Registered NCCL memory kept for reuse ([`buffer`](Self::buffer)).
     pub(crate) pool: Pool,
     shared: Arc<CommShared>,
@@ -254,30 +259,20 @@ impl Communicator {
     }
 
     /// How many of the crate's own exchanges between the ranks were issued on this
-    /// communicator: the number of the next one.
-    pub(crate) fn agreements_issued(&self) -> u64 {
-        self.shared.agreements.load(Ordering::Relaxed)
+    /// communicator's private channel: the number of the next one.
+    pub(crate) fn exchanges_issued(&self) -> u64 {
+        self.shared.exchanges.load(Ordering::Relaxed)
+    }
+
+    /// One more of the crate's own exchanges was issued.
+    pub(crate) fn exchange_issued(&self) {
+        self.shared.exchanges.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether its collectives are compared between the ranks before they are issued.
     #[inline]
     pub(crate) fn checks_calls(&self) -> bool {
         self.shared.checks_calls
-    }
-
-    /// How many checked calls were issued on this communicator: the number of the next.
-    pub(crate) fn checked_calls(&self) -> u64 {
-        self.shared.checked_calls.load(Ordering::Relaxed)
-    }
-
-    /// One more checked call's exchange was issued.
-    pub(crate) fn checked_call_issued(&self) {
-        self.shared.checked_calls.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// One more of the crate's own exchanges was issued on this communicator.
-    pub(crate) fn agreement_issued(&self) {
-        self.shared.agreements.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Notes, before enqueueing work on `stream`, that it needs this communicator: kept
@@ -361,6 +356,14 @@ impl Communicator {
 
     pub(crate) fn abort_flag(&self) -> &AbortHandle {
         &self.shared.abort
+    }
+
+    /// Takes `abort` as its abort flag (a private channel shares its parent's), while it
+    /// is not shared yet.
+    pub(crate) fn share_abort(&mut self, abort: AbortHandle) {
+        if let Some(s) = Arc::get_mut(&mut self.shared) {
+            s.abort = abort;
+        }
     }
 
     /// A one-element scratch buffer (for barriers).

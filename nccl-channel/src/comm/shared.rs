@@ -39,12 +39,15 @@ pub(crate) struct CommShared {
     pub(crate) registry: Registry,
     /// Suspended or not, and what may still run on it (suspend/).
     pub(crate) suspend: crate::suspend::state::SuspendState,
-    /// The crate's own exchanges between the ranks made on it so far (agreement.rs
-    /// numbers each, so that one cannot pair with another).
-    pub(super) agreements: std::sync::atomic::AtomicU64,
-    /// The checked mode is on (call_check.rs), and the checked calls made so far.
+    /// The crate's own exchanges between the ranks made on its private channel so far
+    /// (exchange.rs numbers each).
+    pub(super) exchanges: std::sync::atomic::AtomicU64,
+    /// The checked mode is on (call_check/).
     pub(super) checks_calls: bool,
-    pub(super) checked_calls: std::sync::atomic::AtomicU64,
+    /// The private channel's handle (comm/private.rs): torn down with this one, first, and
+    /// kept as long as this one is (an open group or a graph may hold it past the
+    /// communicator's drop).
+    pub(super) private: std::sync::OnceLock<Arc<CommShared>>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time. Calls come from
@@ -98,6 +101,7 @@ impl CommShared {
     /// Frees the handle, once; waits for graph launches in progress, and later launches
     /// see it dead.
     pub(super) fn teardown(&self, how: Teardown) -> Result<()> {
+        let private = self.private.get().map(|p| p.teardown(how));
         let _excl = self.gate.write().unwrap_or_else(|e| e.into_inner());
         if self.is_dead() {
             return Err(Error::Aborted);
@@ -110,7 +114,11 @@ impl CommShared {
             Teardown::Close => self.finalize_and_destroy(),
         };
         self.dead.store(true, Ordering::Release);
-        r
+        match private {
+            // Already gone with a failed exchange: this one's result tells.
+            None | Some(Ok(()) | Err(Error::Aborted)) => r,
+            Some(Err(e)) => r.and(Err(e)),
+        }
     }
 
     /// Finalize (waiting for a non-blocking one within the deadline), then destroy; abort

@@ -69,7 +69,9 @@ impl Communicator {
             });
         }
         drop(self.scratch.into_inner());
-        drop(self.checks.into_inner());
+        drop(self.kit.into_inner());
+        // The private channel's handle goes with this one's (first).
+        drop(self.private);
         self.shared.teardown(how)
     }
 }

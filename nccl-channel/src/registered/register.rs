@@ -40,6 +40,13 @@ impl WindowFlags {
     pub const STRICT_ORDERING: WindowFlags = WindowFlags(nccl_sys::NCCL_WIN_STRICT_ORDERING as i32);
 }
 
+impl WindowFlags {
+    /// Whether it has [`COLL_SYMMETRIC`](Self::COLL_SYMMETRIC).
+    pub(crate) fn is_symmetric(self) -> bool {
+        self.0 & Self::COLL_SYMMETRIC.0 != 0
+    }
+}
+
 impl std::ops::BitOr for WindowFlags {
     type Output = WindowFlags;
     fn bitor(self, rhs: WindowFlags) -> WindowFlags {
@@ -161,7 +168,14 @@ impl Communicator {
             }
             return Err(e);
         }
-        Ok(self.adopt_registration(Kind::Local, handle.expose_provenance(), ptr, bytes, memory))
+        Ok(self.adopt_registration(
+            Kind::Local,
+            handle.expose_provenance(),
+            ptr,
+            bytes,
+            memory,
+            false,
+        ))
     }
 
     /// Registers `mem` as a window of this communicator (`ncclCommWindowRegister`, NCCL ≥
@@ -204,6 +218,7 @@ impl Communicator {
         refuse_window_in_group(what)?;
         let (ptr, bytes, memory) = target(self, what, mem)?;
         let raw = self.handle()?;
+        crate::agreement::before_registration(what, &[self])?;
         let _g = self.context().bind()?;
         // On the heap: kept (leaked) below when NCCL may still write it.
         let mut win: Box<ncclWindow_t> = Box::new(std::ptr::null_mut());
@@ -229,8 +244,14 @@ impl Communicator {
             }
             return Err(e);
         }
-        let reg =
-            self.adopt_registration(Kind::Window, win.expose_provenance(), ptr, bytes, memory);
+        let reg = self.adopt_registration(
+            Kind::Window,
+            win.expose_provenance(),
+            ptr,
+            bytes,
+            memory,
+            flags.is_symmetric(),
+        );
         // Registered (released with `reg` if the agreement fails).
         let smallest = smallest_window(what, &[(self, bytes)])?[0];
         Ok(Window(reg, smallest))
@@ -262,6 +283,8 @@ impl Communicator {
             }
             targets.push((c.handle()?, target(c, what, *m)?));
         }
+        let comms: Vec<&Communicator> = ranks.iter().map(|r| r.0).collect();
+        crate::agreement::before_registration(what, &comms)?;
         // On the heap, and leaked below where NCCL may still write.
         let mut wins: Box<[ncclWindow_t]> = vec![std::ptr::null_mut(); ranks.len()].into();
         let group = crate::group::Group::start(first.nccl())?;
@@ -317,6 +340,7 @@ impl Communicator {
                         ptr,
                         bytes,
                         memory,
+                        flags.is_symmetric(),
                     ));
                 }
             }
@@ -334,7 +358,14 @@ impl Communicator {
             out.push((
                 c,
                 bytes,
-                c.adopt_registration(Kind::Window, win.expose_provenance(), ptr, bytes, memory),
+                c.adopt_registration(
+                    Kind::Window,
+                    win.expose_provenance(),
+                    ptr,
+                    bytes,
+                    memory,
+                    flags.is_symmetric(),
+                ),
             ));
         }
         // On failure the windows made so far are released with `out`.
@@ -357,9 +388,10 @@ impl Communicator {
         start: u64,
         bytes: usize,
         memory: KeepAlive,
+        symmetric: bool,
     ) -> Registration<'_> {
         Registration {
-            shared: ManuallyDrop::new(adopt(self, kind, handle, start, bytes, memory)),
+            shared: ManuallyDrop::new(adopt(self, kind, handle, start, bytes, memory, symmetric)),
             comm: self,
         }
     }

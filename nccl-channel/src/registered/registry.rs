@@ -50,6 +50,8 @@ pub(crate) struct RegShared {
     pub(super) comm: Arc<dyn CommState>,
     pub(super) start: u64,
     pub(super) bytes: usize,
+    /// A window registered with `NCCL_WIN_COLL_SYMMETRIC`.
+    pub(super) symmetric: bool,
     pub(super) pending: Mutex<Option<Pending>>,
 }
 
@@ -287,6 +289,18 @@ impl Registry {
     }
 
     /// Whether an active window of the communicator holds all of `[ptr, ptr + bytes)`.
+    /// Where `[ptr, ptr + bytes)` lies in an active symmetric window of this communicator:
+    /// its offset from the window's start, in bytes; `None` when it lies in none.
+    pub(crate) fn symmetric_offset(&self, ptr: u64, bytes: usize) -> Option<u64> {
+        let live: Vec<Arc<RegShared>> = {
+            let l = self.list.read().unwrap_or_else(|e| e.into_inner());
+            l.iter().filter_map(|(_, _, _, w)| w.upgrade()).collect()
+        };
+        live.iter()
+            .find(|r| r.symmetric && r.is_window_holding(ptr, bytes))
+            .map(|r| ptr - r.start)
+    }
+
     pub(crate) fn in_window(&self, ptr: u64, bytes: usize) -> bool {
         // Upgraded under the lock, looked at (and let go) after it: the last owner's drop
         // takes the list's write lock.

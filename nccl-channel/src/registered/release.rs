@@ -51,11 +51,13 @@ pub(crate) fn adopt<C: CommOwner + ?Sized>(
     start: u64,
     bytes: usize,
     memory: KeepAlive,
+    symmetric: bool,
 ) -> Arc<RegShared> {
     let shared = Arc::new(RegShared {
         comm: comm.state(),
         start,
         bytes,
+        symmetric,
         pending: Mutex::new(Some(Pending {
             kind,
             handle,

