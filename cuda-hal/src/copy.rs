@@ -154,8 +154,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
         if self.is_empty() {
             return Ok(());
         }
-        DeviceSlice::used_on(self, stream)?;
-        let _done = crate::Enqueuing::new(self, stream);
+        let from = crate::Enqueuing::begin(self, stream)?;
         let ctx = self.context();
         let _g = ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `dst` alive.
@@ -164,7 +163,7 @@ impl<T: DeviceRepr> DeviceView<'_, T> {
                 ctx.cuda(),
                 cuMemcpyDtoHAsync(
                     dst.as_mut_ptr().cast(),
-                    self.as_raw(),
+                    from.ptr(),
                     self.size_bytes(),
                     stream.as_raw()
                 )
@@ -224,12 +223,16 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
         src.used_synchronously()?;
         let ctx = self.context();
         let _g = ctx.bind()?;
+        // A synchronous copy (no stream, nothing left enqueued): its memory was made ready by
+        // `used_synchronously` above.
+        #[allow(clippy::disallowed_methods)]
+        let from = src.device_ptr();
         if src.context() == ctx {
             // SAFETY: both ranges are device memory of `size_bytes()` (DeviceSlice).
             unsafe {
                 call!(
                     ctx.cuda(),
-                    cuMemcpyDtoD(self.as_raw(), src.device_ptr(), self.size_bytes())
+                    cuMemcpyDtoD(self.as_raw(), from, self.size_bytes())
                 )
             }?;
         } else {
@@ -240,7 +243,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
                     cuMemcpyPeer(
                         self.as_raw(),
                         ctx.as_raw(),
-                        src.device_ptr(),
+                        from,
                         src.context().as_raw(),
                         self.size_bytes(),
                     )
@@ -286,8 +289,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
         if self.is_empty() {
             return Ok(());
         }
-        DeviceSlice::used_on(self, stream)?;
-        let _done = crate::Enqueuing::new(&*self, stream);
+        let to = crate::Enqueuing::begin(&*self, stream)?;
         let ctx = self.context();
         let _g = ctx.bind()?;
         // SAFETY: ranges as for the synchronous copy; the caller keeps `src` alive.
@@ -295,7 +297,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
             call!(
                 ctx.cuda(),
                 cuMemcpyHtoDAsync(
-                    self.as_raw(),
+                    to.ptr(),
                     src.as_ptr().cast(),
                     self.size_bytes(),
                     stream.as_raw()
@@ -334,10 +336,8 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
             return Ok(());
         }
         let _order = stream.enqueue_lock();
-        DeviceSlice::used_on(self, stream)?;
-        let _dst_done = crate::Enqueuing::new(&*self, stream);
-        src.used_on(stream)?;
-        let _src_done = crate::Enqueuing::new(src, stream);
+        let to = crate::Enqueuing::begin(&*self, stream)?;
+        let from = crate::Enqueuing::begin(src, stream)?;
         let _g = ctx.bind()?;
         if src.context() == ctx {
             // SAFETY: both ranges are live device memory of `size_bytes()`, kept so for
@@ -345,12 +345,7 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
             unsafe {
                 call!(
                     ctx.cuda(),
-                    cuMemcpyDtoDAsync(
-                        self.as_raw(),
-                        src.device_ptr(),
-                        self.size_bytes(),
-                        stream.as_raw()
-                    )
+                    cuMemcpyDtoDAsync(to.ptr(), from.ptr(), self.size_bytes(), stream.as_raw())
                 )
             }
         } else {
@@ -359,9 +354,9 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
                 call!(
                     ctx.cuda(),
                     cuMemcpyPeerAsync(
-                        self.as_raw(),
+                        to.ptr(),
                         ctx.as_raw(),
-                        src.device_ptr(),
+                        from.ptr(),
                         src.context().as_raw(),
                         self.size_bytes(),
                         stream.as_raw(),
@@ -453,10 +448,9 @@ impl<T: DeviceRepr> DeviceViewMut<'_, T> {
         }
         let n = self.size_bytes();
         let _order = stream.enqueue_lock();
-        DeviceSlice::used_on(self, stream)?;
-        let _done = crate::Enqueuing::new(&*self, stream);
+        let to = crate::Enqueuing::begin(&*self, stream)?;
         let _g = ctx.bind()?;
-        let (cuda, p, s) = (ctx.cuda(), self.as_raw(), stream.as_raw());
+        let (cuda, p, s) = (ctx.cuda(), to.ptr(), stream.as_raw());
         match pattern {
             // SAFETY: the range is the view's `n` bytes, noted as used on `stream`, a
             // multiple of the pattern's width; the same in the arms below.

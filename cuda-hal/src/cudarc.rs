@@ -20,6 +20,15 @@
 //!   an NCCL group, in a capture) is refused with [`Error::Deferred`]: move the slice in
 //!   for that.
 //!
+//! cudarc may begin capturing its stream on another thread at any moment, also in the
+//! middle of a call of this crate. So no ordering after cudarc's stream trusts a question
+//! asked before it: it goes through a private stream of this crate, and the driver is asked
+//! *after* the wait whether that stream joined a capture. If it did, the use is refused as
+//! if the capture had begun before the call ([`Error::Deferred`] for a loan,
+//! [`Error::Capturing`] for memory moved in), the private stream is joined back into
+//! cudarc's capture (which ends cleanly) and kept by its graph, and the stream the work was
+//! for has joined nothing, so none of this crate's work lands in cudarc's graph.
+//!
 //! Both crates must drive the same driver: the adapters check that cudarc's context is
 //! known to this crate's [`Cuda`] (the same `libcuda`, or the same drop-in simulator);
 //! an in-process simulated driver is refused with [`Error::ForeignDriver`].
@@ -33,6 +42,7 @@ use std::sync::Arc;
 use ::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use cuda_sys::{CUdeviceptr, CUevent};
 
+use crate::relay::Relay;
 use crate::{Context, Cuda, DeviceBuffer, DeviceRepr, DeviceSlice, Error, Event, Result, Stream};
 
 impl Context {
@@ -104,9 +114,13 @@ impl Stream {
     /// `end_capture`) on another thread while work is being enqueued on the returned
     /// value: work enqueued just as a capture begins or ends is recorded into cudarc's
     /// graph without what it uses being held, and that graph may run it after the memory
-    /// is freed. Nothing in cudarc's types prevents it, so the promise is the caller's, as
-    /// for any two libraries sharing a stream. Moving cudarc's memory in
-    /// ([`DeviceBuffer::from_cudarc`]) or lending it ([`Borrowed`]) needs no such promise.
+    /// is freed. Nothing in cudarc's types prevents it, and no question asked of the
+    /// driver after the work is enqueued can tell (the capture may begin and end between
+    /// the two), so the promise is the caller's, as for any two libraries sharing a stream.
+    /// Orderings are not part of it: when the returned stream is ordered after cudarc's
+    /// memory (moved in with [`DeviceBuffer::from_cudarc`] or lent with [`Borrowed`]),
+    /// a capture cudarc begins of *that memory's* stream at that moment is found after the
+    /// fact and the use refused, never joined.
     ///
     /// ```no_run
     /// # #[cfg(feature = "cudarc")]
@@ -208,6 +222,8 @@ struct Lent {
     /// read, its write event for a write (`None` when cudarc tracks no events).
     event: Option<CUevent>,
     what: &'static str,
+    /// What other streams wait for the home stream through (see `used_on`).
+    relay: Relay,
 }
 
 // SAFETY: the raw event is cudarc's, valid while the borrow lasts, and events may be
@@ -243,6 +259,7 @@ impl<'a, T: DeviceRepr> Borrowed<'a, T> {
                 len: slice.len(),
                 event,
                 what: "borrowed cudarc memory",
+                relay: Relay::new(),
             },
             _borrow: PhantomData,
         })
@@ -268,6 +285,7 @@ impl<'a, T: DeviceRepr> BorrowedMut<'a, T> {
                 len,
                 event,
                 what: "borrowed cudarc memory",
+                relay: Relay::new(),
             },
             _borrow: PhantomData,
         })
@@ -278,11 +296,23 @@ impl Lent {
     /// Before work on `stream`: refused if it could outlive the borrow (a group, a capture
     /// of `stream` or of the home stream, which an event recorded there would drag
     /// `stream` into); then `stream` waits for the home stream.
+    ///
+    /// cudarc may begin capturing the home stream on another thread at any moment, so the
+    /// question asked of it first only refuses early what is already visible: the
+    /// ordering itself goes through a private relay that is asked *after* it waited
+    /// whether it joined a capture ([`Relay::order`]). If it did, the call is refused with
+    /// the same [`Error::Deferred`] as a capture seen before, and `stream` has joined
+    /// nothing. Refused rather than held: borrowed memory cannot be kept alive for a
+    /// graph, and the call's other memory was noted already.
     fn used_on(&self, stream: &Stream) -> Result<()> {
+        let captured = Error::Deferred {
+            what: self.what,
+            why: "the stream is being captured",
+        };
         stream.expect_immediate(self.what)?;
         self.home.expect_immediate(self.what)?;
         if stream.as_raw() != self.home.as_raw() {
-            order(&self.home, stream)?;
+            self.relay.order(&self.home, stream, captured)?;
         }
         Ok(())
     }

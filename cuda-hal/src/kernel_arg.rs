@@ -164,8 +164,7 @@ fn memory<S: DeviceSlice + ?Sized>(s: &S, stream: &Stream) -> Result<CUdeviceptr
     stream
         .context()
         .expect_same(s.context(), "Function::launch", "kernel argument")?;
-    s.used_on(stream)?;
-    Ok(s.device_ptr())
+    Ok(crate::Enqueuing::begin(s, stream)?.reported_by_caller())
 }
 
 // SAFETY: `memory` notes the memory used on the stream (DeviceSlice::used_on).

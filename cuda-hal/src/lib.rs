@@ -230,6 +230,7 @@ mod library;
 mod memory;
 mod module;
 mod pinned;
+mod relay;
 mod repr;
 mod selector;
 mod slice;

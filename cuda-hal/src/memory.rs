@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::hold::core::{CaptureLog, Dependency, KeepAlive};
 use crate::hold::queued;
 use crate::hold::use_log::UseLog;
+use crate::relay::Relay;
 use crate::view::{Chunks, ChunksMut};
 use crate::{
     Context, Device, DeviceRepr, DeviceSlice, DeviceSliceMut, DeviceView, DeviceViewMut, Error,
@@ -90,6 +91,12 @@ impl Allocation {
     /// there; failing that, or while `later` is captured, a host wait. The caller holds
     /// `later`'s order lock; `earlier`'s is taken here without blocking, and `earlier` must
     /// not be captured (the event would land in its graph): that is refused.
+    ///
+    /// Another library's stream (cudarc's, for memory moved in) may be captured by that
+    /// library on another thread at any moment, between any question and the ordering:
+    /// its ordering goes through a private relay asked *after* it waited whether it joined
+    /// a capture ([`Relay::order`]), and is refused ([`Error::Capturing`], as for a capture
+    /// seen before) if it did; `later` then joined nothing.
     fn order_after(later: &Stream, earlier: &Stream) -> Result<()> {
         let what = "ordering stream-ordered memory";
         let _order = earlier
@@ -98,9 +105,13 @@ impl Allocation {
         earlier.refuse_capture(what)?;
         // Captured behind this crate's back (another library's capture of a foreign stream,
         // or of another wrapper of it): an event recorded there lands in that graph, and
-        // `later` waiting for it would join that capture.
+        // `later` waiting for it would join that capture. Asked first only to refuse early
+        // what is visible already: for a foreign stream, the relay decides.
         if earlier.is_capturing().unwrap_or(false) {
             return Err(Error::Capturing { what });
+        }
+        if earlier.inner.foreign && later.capture_log().is_none() {
+            return Relay::new().order(earlier, later, Error::Capturing { what });
         }
         if later.capture_log().is_some() {
             // An outside event cannot join the capture: wait on the host instead (the

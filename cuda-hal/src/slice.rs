@@ -221,6 +221,8 @@ impl<'a, S: DeviceSlice + ?Sized> Enqueuing<'a, S> {
     /// The slice's device address, for the one enqueueing call this guard covers.
     #[inline]
     pub fn ptr(&self) -> CUdeviceptr {
+        // The one place an address for enqueued work is read: its use is noted already.
+        #[allow(clippy::disallowed_methods)]
         self.slice.device_ptr()
     }
 
@@ -233,6 +235,14 @@ impl<'a, S: DeviceSlice + ?Sized> Enqueuing<'a, S> {
     #[inline]
     pub fn note_again(&self) -> Result<()> {
         self.slice.used_on(self.stream)
+    }
+
+    /// The address, with the report of the enqueue left to the caller, who makes it
+    /// itself once the work is enqueued (a kernel argument's `enqueued`, after the launch).
+    #[inline]
+    pub(crate) fn reported_by_caller(self) -> CUdeviceptr {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.ptr()
     }
 
     /// The slice's length in elements.

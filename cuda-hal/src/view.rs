@@ -196,6 +196,9 @@ impl<'a, T: DeviceRepr> DeviceView<'a, T> {
     pub fn new<S: DeviceSlice<Elem = T>>(memory: &'a S) -> Self {
         DeviceView {
             base: Base::Slice(memory),
+            // The base of a range, checked and kept; enqueued work takes its address
+            // through `Enqueuing`.
+            #[allow(clippy::disallowed_methods)]
             ptr: memory.device_ptr(),
             len: memory.len(),
         }
@@ -278,6 +281,9 @@ impl<'a, T: DeviceRepr> DeviceViewMut<'a, T> {
         let memory: &'a S = memory;
         DeviceViewMut {
             base: Base::Slice(memory),
+            // The base of a range, checked and kept; enqueued work takes its address
+            // through `Enqueuing`.
+            #[allow(clippy::disallowed_methods)]
             ptr: memory.device_ptr(),
             len: memory.len(),
             _exclusive: PhantomData,

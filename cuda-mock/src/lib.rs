@@ -266,6 +266,7 @@ impl MockDriver {
             version: self.version,
             devices: self.devices,
             state: Mutex::new(state),
+            before: Default::default(),
         });
         let slot = world::claim_slot(world.clone()).ok_or_else(|| LoadError::Unusable {
             library: "CUDA driver",
@@ -346,6 +347,37 @@ impl MockWorld {
             skip,
             error,
         });
+    }
+
+    /// Runs `run` just before the call of `function` after `skip` others does anything
+    /// (it is not yet counted, nor faulted), on the calling thread and without the
+    /// simulator's lock: it may call the driver itself, or start a thread that does and
+    /// wait for it. That makes a race with another thread deterministic, e.g. another
+    /// library beginning a capture of a stream at the very moment an event is recorded
+    /// there.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    /// use cuda_mock::MockDriver;
+    ///
+    /// let (driver, world) = MockDriver::with_devices(1).build()?;
+    /// let seen = Arc::new(AtomicU32::new(0));
+    /// let s = seen.clone();
+    /// world.before_call("cuDriverGetVersion", 1, move || {
+    ///     s.store(1, Ordering::SeqCst);
+    /// });
+    /// let mut v = 0;
+    /// // SAFETY: a valid out-pointer.
+    /// unsafe { (driver.fns().cuDriverGetVersion)(&mut v) };
+    /// assert_eq!(seen.load(Ordering::SeqCst), 0, "one call skipped");
+    /// // SAFETY: as above.
+    /// unsafe { (driver.fns().cuDriverGetVersion)(&mut v) };
+    /// assert_eq!(seen.load(Ordering::SeqCst), 1, "then it ran, once");
+    /// # Ok::<(), cuda_sys::LoadError>(())
+    /// ```
+    pub fn before_call(&self, function: &str, skip: u64, run: impl FnOnce() + Send + 'static) {
+        self.world.before.add(function, skip, Box::new(run));
     }
 
     /// Removes every pending fault.

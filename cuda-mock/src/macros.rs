@@ -1,8 +1,9 @@
 //! `mock_fns!`: declares simulated driver functions, one instance per world slot.
 //!
 //! A C function pointer carries no state, so every function is generic over the slot `W`
-//! of its world. The macro adds what every entry point does first (find the world, take
-//! its lock, count the call, apply a queued fault, require `cuInit`) and a `lookup` that
+//! of its world. The macro adds what every entry point does first (find the world, run a
+//! test's code due before the call, take its lock, count the call, apply a queued fault,
+//! require `cuInit`) and a `lookup` that
 //! maps the functions' table names to their instance for slot `W`, typed with the table's
 //! exact signature so a mismatch fails to compile. Each domain module invokes it once;
 //! `resolver::lookup` asks each module's `lookup` in turn.
@@ -25,6 +26,8 @@ macro_rules! mock_fns {
                 if !matches!(stringify!($cname), "cuGetErrorString" | "cuGetErrorName") {
                     crate::detail::clear();
                 }
+                // A test's code for this call, outside the lock (`MockWorld::before_call`).
+                $w.before.run(stringify!($cname));
                 #[allow(unused_mut)]
                 let mut $s = $w.lock();
                 if let Some(e) = $s.enter(stringify!($cname)) {

@@ -1,6 +1,6 @@
 //! The simulated machine (World), its slot table and its test-side handles (MockWorld): below every module that reaches a world, above the state it locks.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::kernel::Machine;
@@ -25,6 +25,56 @@ pub(crate) struct World {
     pub(crate) version: i32,
     pub(crate) devices: Vec<MockDevice>,
     pub(crate) state: Mutex<State>,
+    /// Code a test runs just before a chosen call ([`MockWorld::before_call`]).
+    pub(crate) before: BeforeCalls,
+}
+
+/// Code to run just before the `skip + 1`-th next call of a function, outside the world's
+/// lock (so it may call the driver itself, from this thread or another).
+#[derive(Default)]
+pub(crate) struct BeforeCalls {
+    /// Whether any is pending: every call reads this one flag, and only then the list.
+    any: AtomicBool,
+    due: Mutex<Vec<BeforeCall>>,
+}
+
+struct BeforeCall {
+    function: String,
+    skip: u64,
+    run: Box<dyn FnOnce() + Send>,
+}
+
+impl BeforeCalls {
+    pub(crate) fn add(&self, function: &str, skip: u64, run: Box<dyn FnOnce() + Send>) {
+        let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
+        due.push(BeforeCall {
+            function: function.to_string(),
+            skip,
+            run,
+        });
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Runs what is due before this call of `function` (with no lock held).
+    pub(crate) fn run(&self, function: &str) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let run = {
+            let mut due = self.due.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(i) = due.iter().position(|b| b.function == function) else {
+                return;
+            };
+            if due[i].skip > 0 {
+                due[i].skip -= 1;
+                return;
+            }
+            let b = due.remove(i);
+            self.any.store(!due.is_empty(), Ordering::Release);
+            b.run
+        };
+        run();
+    }
 }
 
 impl World {

@@ -184,6 +184,44 @@ extern "C" fn at_exit() {
     }
 }
 
+/// The `user` pointer of [`simgpu_before_call`], moved to the call it runs before.
+struct BeforeUser(*mut c_void);
+// SAFETY: `simgpu_before_call`'s contract: `user` may be used from any thread.
+unsafe impl Send for BeforeUser {}
+
+/// Runs `run(user)` once, just before the call of the driver function `function` (its API
+/// name, `"cuEventRecord"`) after `skip` others does anything, on the calling thread and
+/// outside the simulator's lock: `run` may call the driver, or start a thread that does and
+/// wait for it (another library's thread, in a test that needs a race to happen at one
+/// exact moment). Returns 0, or -1 when an argument is null or not UTF-8, or when the
+/// environment describes no machine.
+///
+/// # Safety
+/// `function` is NUL-terminated; `run` may be called with `user` from any thread, once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn simgpu_before_call(
+    function: *const c_char,
+    skip: u64,
+    run: Option<unsafe extern "C" fn(user: *mut c_void)>,
+    user: *mut c_void,
+) -> c_int {
+    let (Some(run), false) = (run, function.is_null()) else {
+        return -1;
+    };
+    // SAFETY: a NUL-terminated string (the caller's contract).
+    let Ok(function) = unsafe { CStr::from_ptr(function) }.to_str() else {
+        return -1;
+    };
+    let Some(m) = machine() else { return -1 };
+    let user = BeforeUser(user);
+    m.gpus.before_call(function, skip, move || {
+        let user = user;
+        // SAFETY: the caller's contract: `run` takes `user`, once, on any thread.
+        unsafe { run(user.0) }
+    });
+    0
+}
+
 /// `cuGetProcAddress_v2`: the entries of the simulated driver's table by API name, at the
 /// CUDA 12.0 ABI or newer (CUDA 12's loaders resolve every function so): an entry newer
 /// than the simulated driver, or than `cuda_version`, is not found

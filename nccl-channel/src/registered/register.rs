@@ -98,7 +98,11 @@ fn target<S: DeviceSlice + ?Sized>(
             .into(),
     })?;
     mem.used_synchronously()?;
-    Ok((mem.device_ptr(), mem.size_bytes(), memory))
+    // No stream work: the registration is a host call, the memory held by `memory` (and
+    // its synchronous use noted above) for as long as the registration lives.
+    #[allow(clippy::disallowed_methods)]
+    let ptr = mem.device_ptr();
+    Ok((ptr, mem.size_bytes(), memory))
 }
 
 impl Communicator {
