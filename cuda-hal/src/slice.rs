@@ -226,17 +226,6 @@ impl<'a, S: DeviceSlice + ?Sized> Enqueuing<'a, S> {
         self.slice.device_ptr()
     }
 
-    /// Notes the use on the guard's stream again
-    /// ([`used_on`](DeviceSlice::used_on)): for work the caller defers after the first
-    /// noting (an NCCL group it opens since), which must hold the slice too.
-    ///
-    /// # Errors
-    /// As for [`begin`](Self::begin).
-    #[inline]
-    pub fn note_again(&self) -> Result<()> {
-        self.slice.used_on(self.stream)
-    }
-
     /// The address, with the report of the enqueue left to the caller, who makes it
     /// itself once the work is enqueued (a kernel argument's `enqueued`, after the launch).
     #[inline]

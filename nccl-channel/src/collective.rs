@@ -646,8 +646,7 @@ impl Communicator {
             });
         }
         // NCCL before 2.28.3: one send and one receive per peer, in a group.
-        let renote = |i: &Issue<'_>| i.renote(&s).and_then(|()| i.renote(&r));
-        issue.call_grouped(call, renote, |comm, stream| {
+        issue.call_grouped(call, |comm, stream| {
             self.exchange_with_each::<T>(comm, stream, |p| {
                 let (a, b) = (past::<T>(sp, p * m), past::<T>(rp, p * m));
                 (Some((a, m)), Some((b, m)))
@@ -760,10 +759,8 @@ impl Communicator {
         let s = issue.buf("send", send, send_len)?;
         let r = issue.buf("recv", recv, recv_len)?;
         let (sp, rp) = (s.ptr(), r.ptr());
-        let renote = |i: &Issue<'_>| i.renote(&s).and_then(|()| i.renote(&r));
         issue.call_grouped(
             Call::uncounted::<T>(Collective::AllToAllV),
-            renote,
             |comm, stream| {
                 self.exchange_with_each::<T>(comm, stream, |p| {
                     let to = (send_counts[p] > 0)
@@ -1047,11 +1044,7 @@ impl Communicator {
             });
         }
         // NCCL before 2.28.3: sends to the root, which receives from each, in a group.
-        let renote = |i: &Issue<'_>| {
-            i.renote(&s)?;
-            r.as_ref().map_or(Ok(()), |r| i.renote(r))
-        };
-        issue.call_grouped(call, renote, |comm, stream| {
+        issue.call_grouped(call, |comm, stream| {
             self.exchange_with_each::<T>(comm, stream, |p| {
                 let to_root = (p == root).then(|| (dptr(sp), m));
                 (to_root, rp.map(|base| (past::<T>(base, p * m), m)))
@@ -1114,11 +1107,7 @@ impl Communicator {
         }
         // NCCL before 2.28.3: the root sends to each, every rank receives from it, in a
         // group.
-        let renote = |i: &Issue<'_>| {
-            s.as_ref().map_or(Ok(()), |s| i.renote(s))?;
-            i.renote(&r)
-        };
-        issue.call_grouped(call, renote, |comm, stream| {
+        issue.call_grouped(call, |comm, stream| {
             self.exchange_with_each::<T>(comm, stream, |p| {
                 let from_root = (p == root).then(|| (dptr(rp), m));
                 (sp.map(|base| (past::<T>(base, p * m), m)), from_root)

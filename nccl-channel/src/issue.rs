@@ -142,29 +142,22 @@ impl<'a> Issue<'a> {
 
     /// [`call`](Self::call) whose raw calls go in an NCCL group of their own (the
     /// point-to-point form of a collective): compared first, outside the group (which
-    /// could not wait for it); inside, the communicator and every buffer (`renote`, with
-    /// [`renote`](Self::renote)) are noted again, so that the group holds them.
+    /// could not wait for it). The group ends before this returns, so what the buffers'
+    /// notes promised (their uses on the stream, noted by [`buf`](Self::buf) before the
+    /// comparison, and reported when their guards drop after it) holds for the work it
+    /// enqueues: they are not noted again inside, where a slice that cannot outlive an open
+    /// group would be refused only after its peers compared. The communicator is held by
+    /// the group (an abort waits for its end; a failed group aborts it).
     pub(crate) fn call_grouped(
         &self,
         call: Call,
-        renote: impl FnOnce(&Self) -> Result<()>,
         raw: impl FnOnce(ncclComm_t, CUstream) -> Raw,
     ) -> Result<()> {
         self.compare(call)?;
         crate::group::group(self.comm.nccl(), || {
             self.comm.hold_for(self.stream);
-            renote(self)?;
             self.call_unchecked(raw)
         })
-    }
-
-    /// Notes `buf`'s use again, and the registry's record of it (see
-    /// [`call_grouped`](Self::call_grouped)).
-    pub(crate) fn renote<S: DeviceSlice + ?Sized>(&self, buf: &Enqueuing<'_, S>) -> Result<()> {
-        buf.note_again()?;
-        let registry = &self.comm.shared().registry;
-        registry.used(buf.ptr(), buf.size_bytes(), self.stream);
-        Ok(())
     }
 
     /// The checked mode's comparison of `call`, with where the buffers lie in symmetric

@@ -464,3 +464,157 @@ fn a_peer_that_never_compares_is_the_deadlines_error_not_a_mismatch() {
     let e = results[0].as_ref().unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
 }
+
+/// Device memory whose owner refuses every use on a stream (as borrowed memory refuses a
+/// use it cannot outlive): a refusal that only noting the use finds.
+struct Refusing(DeviceBuffer<i32>);
+
+// SAFETY: forwards to the `DeviceBuffer`, except that every use is refused (nothing is
+// enqueued with it then).
+unsafe impl cuda_hal::DeviceSlice for Refusing {
+    type Elem = i32;
+    fn device_ptr(&self) -> cuda_hal::cuda_sys::CUdeviceptr {
+        self.0.as_raw()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn context(&self) -> &cuda_hal::Context {
+        self.0.context()
+    }
+    fn used_on(&self, _stream: &Stream) -> cuda_hal::Result<()> {
+        Err(cuda_hal::Error::Deferred {
+            what: "refusing memory",
+            why: "its owner refuses every use",
+        })
+    }
+    fn used_synchronously(&self) -> cuda_hal::Result<()> {
+        cuda_hal::DeviceSlice::used_synchronously(&self.0)
+    }
+}
+
+/// Rank 1's variable all-to-all is refused while its send buffer's use is noted, a check
+/// that comes after the counts' and the regions'. It compares only after every local
+/// check, so it never took part in a comparison: its next call's comparison meets rank 0's
+/// all-to-all, and both ranks get the mismatch. Before, the comparison came first: rank 0
+/// passed it and waited in NCCL for sends that never came.
+#[test]
+fn a_variable_all_to_all_refused_locally_compares_nothing() {
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        let ctx = comm.context();
+        let counts = [1usize, 1];
+        let displs = [0usize, 1];
+        let mut recv = DeviceBuffer::<i32>::zeroed(ctx, 2)?;
+        let send = DeviceBuffer::from_slice(ctx, &[r as i32, r as i32])?;
+        if r == 0 {
+            return comm.all_to_all_v(&send, &counts, &displs, &mut recv, &counts, &displs, s);
+        }
+        let refused = Refusing(send);
+        match comm.all_to_all_v(&refused, &counts, &displs, &mut recv, &counts, &displs, s) {
+            Err(Error::Cuda(cuda_hal::Error::Deferred { .. })) => all_gather(comm, s, 2),
+            other => panic!("{other:?}"),
+        }
+    });
+    let m = messages(results);
+    assert_eq!(
+        m[0],
+        "all_to_all_v: the ranks' calls differ: this rank (0) calls all_to_all_v of its counts \
+         int32 (call 0), rank 1 calls all_gather of 2 int32 (call 0)"
+    );
+    assert_starts_with(
+        &m[1],
+        "all_gather: the ranks' calls differ: this rank (1) calls all_gather",
+    );
+}
+
+/// A rank that allocates symmetric memory (the crate's own collective: an allocation,
+/// agreements and a window's registration) while its peer all-reduces: in the checked
+/// mode both get `CallMismatch` naming both, before anything reaches NCCL. Before, the
+/// crate's exchanges were never compared: the allocation's agreement met the all-reduce
+/// inside NCCL.
+#[test]
+fn a_peer_allocating_symmetric_memory_while_the_other_collects_is_a_mismatch() {
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        if r == 0 {
+            comm.symmetric::<f32>(64).map(drop)
+        } else {
+            let mut b = DeviceBuffer::from_slice(comm.context(), &[1i32; 4])?;
+            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, s)
+        }
+    });
+    let m = messages(results);
+    assert_eq!(
+        m[0],
+        "Communicator::symmetric: the ranks' calls differ: this rank (0) calls the crate's \
+         agreement on a symmetric buffer's size (call 0), rank 1 calls all_reduce of 4 int32 \
+         (sum, call 0)"
+    );
+    assert_eq!(
+        m[1],
+        "all_reduce_in_place: the ranks' calls differ: this rank (1) calls all_reduce of 4 \
+         int32 (sum, call 0), rank 0 calls the crate's agreement on a symmetric buffer's size \
+         (call 0)"
+    );
+}
+
+/// A window's registration is an NCCL collective of the program's communicator: in the
+/// checked mode it is compared first, so a peer that all-gathers meanwhile gets the
+/// mismatch on both ranks instead of meeting the registration inside NCCL.
+#[test]
+fn a_window_registration_is_compared_in_the_checked_mode() {
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        if r == 0 {
+            let buf = comm.alloc_nccl::<u32>(1024)?;
+            comm.register_window(&buf, nccl_channel::WindowFlags::COLL_SYMMETRIC)
+                .map(drop)
+        } else {
+            all_gather(comm, s, 2)
+        }
+    });
+    let m = messages(results);
+    assert_eq!(
+        m[0],
+        "Communicator::register_window: the ranks' calls differ: this rank (0) calls the \
+         crate's agreement on registering a window (call 0), rank 1 calls all_gather of 2 \
+         int32 (call 0)"
+    );
+    assert_starts_with(
+        &m[1],
+        "all_gather: the ranks' calls differ: this rank (1) calls all_gather of 2 int32",
+    );
+}
+
+/// NCCL's symmetric kernels reach a peer's buffer at this rank's offset: in the checked
+/// mode, views of symmetric buffers at different offsets on different ranks (or one in
+/// a symmetric window and one not) are a `CallMismatch` on every rank, before NCCL gets
+/// them. Before, only the simulator's sanitizer saw it; on a GPU the data was wrong.
+#[test]
+fn symmetric_views_at_different_offsets_are_a_mismatch() {
+    for case in ["offset", "plain"] {
+        let results = two_ranks(&checked(), &move |r, comm, s| {
+            let mut b = comm.symmetric::<i32>(64)?;
+            let mut plain = comm.alloc_nccl::<i32>(16)?;
+            match (case, r) {
+                (_, 0) => comm.all_reduce_in_place(&mut b.slice_mut(0..16)?, ReduceOp::Sum, s),
+                ("offset", _) => {
+                    comm.all_reduce_in_place(&mut b.slice_mut(16..32)?, ReduceOp::Sum, s)
+                }
+                _ => comm.all_reduce_in_place(&mut plain, ReduceOp::Sum, s),
+            }
+        });
+        let m = messages(results);
+        let theirs = if case == "offset" {
+            "all_reduce of 16 int32 (sum, send at byte 64 of a symmetric window, recv at byte \
+             64 of a symmetric window"
+        } else {
+            "all_reduce of 16 int32 (sum, call"
+        };
+        assert_starts_with(
+            &m[0],
+            "all_reduce_in_place: the ranks' calls differ: this rank (0) calls all_reduce of 16 \
+             int32 (sum, send at byte 0 of a symmetric window, recv at byte 0 of a symmetric \
+             window",
+        );
+        assert_contains(&m[0], &format!("rank 1 calls {theirs}"));
+    }
+}
