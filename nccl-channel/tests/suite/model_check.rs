@@ -328,6 +328,13 @@ fn every_step_kind_runs_clean_on_its_own() {
             dev: 0,
             misordered: false,
         },
+        Op::CheckedPeers { dev: 0, what: 0 },
+        Op::CheckedPeers { dev: 1, what: 1 },
+        Op::CheckedPeers { dev: 0, what: 2 },
+        Op::CopiedRecord { dev: 0 },
+        Op::ForeignCaptureDuringOrdering { dev: 0, skip: 0 },
+        Op::ForeignCaptureDuringOrdering { dev: 1, skip: 1 },
+        Op::ForeignCaptureDuringOrdering { dev: 0, skip: 2 },
         Op::RawCaptureBegin { stream: 0 },
         Op::Fill {
             slot: 0,

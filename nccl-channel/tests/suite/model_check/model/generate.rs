@@ -116,7 +116,7 @@ pub fn program(seed: u64, len: usize) -> Program {
 fn step(r: &mut Rng, depth: &mut u32) -> Op {
     let b = |r: &mut Rng| r.byte();
     let len = |r: &mut Rng| 1 + (r.below(4) as u8) * 2; // 1, 3, 5, 7: odd and even ranks' needs
-    match r.below(132) {
+    match r.below(135) {
         0..=9 => Op::Alloc {
             dev: b(r),
             len: len(r),
@@ -314,6 +314,18 @@ fn step(r: &mut Rng, depth: &mut u32) -> Op {
             mode: r.below(3) as u8,
             elsewhere: r.below(2) == 0,
             forget: r.below(2) == 0,
+        },
+        // The crate's own collectives against a peer's, in the checked mode.
+        132 => Op::CheckedPeers {
+            dev: b(r),
+            what: r.below(3) as u8,
+        },
+        // A copy of the crate's record on the program's communicator.
+        133 => Op::CopiedRecord { dev: b(r) },
+        // Another library begins capturing its stream during an ordering after it.
+        134 => Op::ForeignCaptureDuringOrdering {
+            dev: b(r),
+            skip: r.below(3) as u8,
         },
         _ => Op::AdoptContext { dev: b(r) },
     }

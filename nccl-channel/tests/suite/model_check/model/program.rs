@@ -379,6 +379,33 @@ pub enum Op {
         elsewhere: bool,
         forget: bool,
     },
+    /// A fresh world of two ranks on threads (devices `dev` and the next) in the checked
+    /// mode: rank 0 makes one of the crate's own collectives (`what`: 0 a symmetric
+    /// allocation, 1 a window's registration; 2 a program's all-gather of a copy of an
+    /// agreement's record, while rank 1 registers a window) and rank 1 all-reduces (for
+    /// 0 and 1). Both ranks get `CallMismatch`, never a hang or a value.
+    CheckedPeers {
+        dev: u8,
+        what: u8,
+    },
+    /// A fresh world of two ranks on threads: rank 1 all-gathers, on the program's
+    /// communicator, a copy of the window-size agreement's record claiming a 1 TiB window,
+    /// then registers its 1024-byte window; rank 0 registers its 4096-byte window, then
+    /// all-gathers and puts 4096 bytes into rank 1's. The put is never accepted: no
+    /// program's collective reaches the agreement.
+    CopiedRecord {
+        dev: u8,
+    },
+    /// Memory of device `dev` whose home is another library's stream (a foreign stream
+    /// wrapping a stream the step owns), filled there, then used on a stream of the
+    /// crate's while that library begins a relaxed capture of its stream on another thread,
+    /// just before the `skip`-th event record of the ordering: the use is either refused
+    /// (`Capturing`) or ordered without joining the capture; the capture then ends and its
+    /// graph is destroyed unlaunched.
+    ForeignCaptureDuringOrdering {
+        dev: u8,
+        skip: u8,
+    },
     /// Never generated: what the checker's own tests break on purpose.
     Sabotage(Sabotage),
 }

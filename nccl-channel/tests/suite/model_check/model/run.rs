@@ -1153,6 +1153,209 @@ impl<'c> State<'c> {
         }
     }
 
+    /// Runs `body(rank, communicator, stream)` on a fresh world of two ranks on threads
+    /// (devices `dev` and the next), made with `config`; each rank's result. `None` where
+    /// the world cannot be made (one device, or a failure injected there).
+    fn two_ranks<R: Send>(
+        &self,
+        dev: u8,
+        config: &CommConfig,
+        body: impl Fn(usize, &Communicator, &Stream) -> nccl_channel::Result<R> + Sync,
+    ) -> Option<Vec<nccl_channel::Result<R>>> {
+        let first = self.ctx(dev).device().ordinal() as u8;
+        let ctxs = [self.ctx(first), self.ctx(first + 1)];
+        if ctxs[0] == ctxs[1] {
+            return None;
+        }
+        let id = UniqueId::generate(self.nccl).ok()?;
+        let nccl = &self.nccl;
+        let body = &body;
+        Some(std::thread::scope(|sc| {
+            let ranks: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (ctx, id) = (&ctxs[rank], &id);
+                    sc.spawn(move || {
+                        let c = Communicator::init_rank_with(nccl, ctx, id, 2, rank, config)?;
+                        let s = Stream::non_blocking(ctx)?;
+                        body(rank, &c, &s)
+                    })
+                })
+                .collect();
+            ranks
+                .into_iter()
+                .map(|h| h.join().expect("a rank of a two-rank step"))
+                .collect()
+        }))
+    }
+
+    /// Whether exact outcomes may be asked for: no injected failure, and no capture
+    /// running (a global one forbids the exchanges' host waits on every thread).
+    fn is_clean(&self) -> bool {
+        self.faults.is_empty()
+            && self
+                .streams
+                .iter()
+                .all(|s| !s.is_capturing().unwrap_or(true))
+    }
+
+    /// [`Op::CheckedPeers`].
+    fn checked_peers(&mut self, dev: u8, what: u8) {
+        let config = CommConfig::new().check_calls(true);
+        let Some(out) = self.two_ranks(dev, &config, |rank, c, s| {
+            let forged: [u64; 5] = [
+                u64::from_be_bytes(*b"nccl-cha"),
+                u64::from_be_bytes(*b"nnel-agr"),
+                1,
+                0,
+                1 << 40,
+            ];
+            match (rank, what) {
+                (0, 0) => c.symmetric::<f32>(64).map(drop),
+                (0, 1) | (1, 2) => {
+                    let buf = c.alloc_nccl::<u32>(1024)?;
+                    c.register_window(&buf, WindowFlags::COLL_SYMMETRIC)
+                        .map(drop)
+                }
+                (0, _) => {
+                    let v = DeviceBuffer::from_slice(c.context(), &forged)?;
+                    let mut all = DeviceBuffer::<u64>::zeroed(c.context(), 10)?;
+                    c.all_gather(&v, &mut all, s)?;
+                    Ok(s.synchronize()?)
+                }
+                _ => {
+                    let mut v = DeviceBuffer::from_slice(c.context(), &[1i32; 4])?;
+                    c.all_reduce_in_place(&mut v, ReduceOp::Sum, s)?;
+                    Ok(s.synchronize()?)
+                }
+            }
+        }) else {
+            return;
+        };
+        // A release without windows refuses the crate's collective before it compares:
+        // the peer then meets the refused rank's exit, not a comparison.
+        let refused = out
+            .iter()
+            .any(|r| matches!(r, Err(Error::Unsupported { .. })));
+        if !self.is_clean() || refused {
+            return;
+        }
+        for (rank, r) in out.iter().enumerate() {
+            match r {
+                Err(Error::CallMismatch { .. }) => {}
+                other => panic!("checked peers ({what}), rank {rank}: {other:?}"),
+            }
+        }
+    }
+
+    /// [`Op::CopiedRecord`].
+    fn copied_record(&mut self, dev: u8) {
+        let Some(out) = self.two_ranks(dev, &CommConfig::new(), |rank, c, s| {
+            let forged: [u64; 5] = [
+                u64::from_be_bytes(*b"nccl-cha"),
+                u64::from_be_bytes(*b"nnel-agr"),
+                1,
+                0,
+                1 << 40,
+            ];
+            let mine = if rank == 1 { forged } else { [7; 5] };
+            let v = DeviceBuffer::from_slice(c.context(), &mine)?;
+            let mut all = DeviceBuffer::<u64>::zeroed(c.context(), 10)?;
+            let buf = c.alloc_nccl::<u32>(1024 >> (2 * rank))?;
+            if rank == 1 {
+                c.all_gather(&v, &mut all, s)?;
+            }
+            let window = c.register_window(&buf, WindowFlags::COLL_SYMMETRIC)?;
+            if rank == 0 {
+                c.all_gather(&v, &mut all, s)?;
+                let put = window.put_signal(&buf, 1, 0, Signal::DEFAULT, s);
+                s.synchronize()?;
+                return Ok(Some(put));
+            }
+            s.synchronize()?;
+            Ok(None)
+        }) else {
+            return;
+        };
+        assert!(
+            !matches!(&out[0], Ok(Some(Ok(())))),
+            "a copied record: rank 0 put 4096 bytes into rank 1's 1024-byte window"
+        );
+    }
+
+    /// [`Op::ForeignCaptureDuringOrdering`].
+    fn foreign_capture_during_ordering(&mut self, dev: u8, skip: u8) {
+        let ctx = self.ctx(dev);
+        let Ok(theirs) = Stream::non_blocking(&ctx) else {
+            return;
+        };
+        let theirs = Arc::new(theirs);
+        let raw = theirs.as_raw() as usize;
+        // SAFETY: `theirs` keeps its stream, of `ctx`, alive as long as the wrapper.
+        let home = unsafe { Stream::from_owner(&ctx, theirs.as_raw(), theirs.clone()) };
+        let Ok(mut mem) = DeviceBuffer::<u32>::alloc_on(&home, 4) else {
+            return;
+        };
+        if mem.fill_async(5, &home).is_err() {
+            return;
+        }
+        let ptr = mem.as_raw();
+        // SAFETY: 4 `u32`s of `ctx`, allocated while `mem` lives, which frees in order on
+        // `home`; its pending work is on `home` only.
+        let mut buf = unsafe { DeviceBuffer::<u32>::from_owner_on(&home, ptr, 4, mem) };
+        let Ok(ours) = Stream::non_blocking(&ctx) else {
+            return;
+        };
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (a, begin) = (armed.clone(), self.cuda.fns().cuStreamBeginCapture);
+        self.gpus
+            .before_call("cuEventRecord", u64::from(skip), move || {
+                if a.swap(false, Ordering::SeqCst) {
+                    std::thread::scope(|sc| {
+                        sc.spawn(move || {
+                            let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+                            // SAFETY: a live stream (the step's `theirs`).
+                            let _ = unsafe { begin(raw as cuda_sys::CUstream, mode) };
+                        });
+                    });
+                }
+            });
+        let r = buf.slice_mut(..2).and_then(|mut v| v.fill_async(6, &ours));
+        let began = !armed.swap(false, Ordering::SeqCst);
+        let captured_ours = ours.is_capturing().unwrap_or(false);
+        let mut graph = std::ptr::null_mut();
+        // The other library ends its capture (again, should an injected failure stop the
+        // first end: a capture that never ends keeps what the crate holds for good).
+        for _ in 0..2 {
+            if !began || !theirs.is_capturing().unwrap_or(true) {
+                break;
+            }
+            // SAFETY: a live stream, a valid out-pointer.
+            let _ = unsafe { (self.cuda.fns().cuStreamEndCapture)(theirs.as_raw(), &mut graph) };
+            if !graph.is_null() {
+                // SAFETY: the graph just made, destroyed once, never launched.
+                let _ = unsafe { (self.cuda.fns().cuGraphDestroy)(graph) };
+                graph = std::ptr::null_mut();
+            }
+        }
+        assert!(
+            !captured_ours,
+            "the crate's stream joined another library's capture"
+        );
+        if self.faults.is_empty() {
+            match &r {
+                Ok(()) => {
+                    let _ = ours.synchronize();
+                    let _ = home.synchronize();
+                    if let Ok(v) = buf.to_vec() {
+                        assert_eq!(v, [6, 6, 5, 5], "an accepted use ran in order");
+                    }
+                }
+                Err(cuda_hal::Error::Capturing { .. }) => {}
+                Err(e) => panic!("a use during another library's capture: {e:?}"),
+            }
+        }
+    }
+
     /// Ends another library's capture of foreign stream `k`, if one runs, and keeps its
     /// graph instantiated.
     fn raw_end(&mut self, k: usize) {
@@ -1200,6 +1403,11 @@ impl<'c> State<'c> {
                 self.contention_step(op);
             }
             Op::WindowAgreement { dev, misordered } => self.window_agreement(dev, misordered),
+            Op::CheckedPeers { dev, what } => self.checked_peers(dev, what),
+            Op::CopiedRecord { dev } => self.copied_record(dev),
+            Op::ForeignCaptureDuringOrdering { dev, skip } => {
+                self.foreign_capture_during_ordering(dev, skip);
+            }
             Op::PollBehindCapture { slot, stream } => self.poll_behind_capture(slot, stream),
             Op::AbandonCapture {
                 dev,
