@@ -1021,7 +1021,7 @@ fn shown(bytes: &[u8]) -> String {
 
 /// Whether `hay` holds `id`'s 256 hex digits, in any case.
 fn holds_id(hay: &[u8], id: &UniqueId) -> bool {
-    let hex = id.to_string();
+    let hex = id.to_hex();
     hay.windows(hex.len())
         .any(|w| w.eq_ignore_ascii_case(hex.as_bytes()))
 }
@@ -1637,7 +1637,7 @@ fn expected_id(text: &str) -> Option<UniqueId> {
 
 /// `n` id files read by rank 1, and 8 × `n` texts parsed.
 fn id_texts(seed: u64, n: usize) -> Tally {
-    let hex = served_id().to_string();
+    let hex = served_id().to_hex();
     let pool = Pool::of(vec![
         format!("{hex}\n").into_bytes(),
         hex.to_uppercase().into_bytes(),

@@ -9,12 +9,15 @@ mod compile_fail;
 mod config;
 mod control_flow;
 mod control_flow_gpu;
+#[cfg(feature = "rendezvous")]
 mod data_parallel;
 mod demo_gpu;
 mod demo_mock;
+#[cfg(feature = "rendezvous")]
 mod elastic;
 #[cfg(feature = "half")]
 mod gpu;
+#[cfg(feature = "rendezvous")]
 mod hostile_input;
 mod inputs;
 mod launchers_mock;
@@ -37,14 +40,18 @@ mod onesided_processes;
 mod params_real;
 mod pool_attacks;
 mod pool_policy;
+mod printing;
 mod quick_start;
 mod registration;
 mod registration_attacks;
 mod registration_gpu;
 mod reliability_gpu;
+#[cfg(feature = "rendezvous")]
 mod rendezvous;
 mod rendezvous_auto;
+#[cfg(feature = "rendezvous")]
 mod rendezvous_real;
+#[cfg(feature = "rendezvous")]
 mod rendezvous_secret;
 mod shrink_gpu;
 mod simulator_processes;
@@ -53,6 +60,7 @@ mod soundness_gpu;
 mod split_on_every_backend;
 mod symmetric;
 mod tensor_parallel;
+#[cfg(feature = "rendezvous")]
 mod torch_store_real;
 mod two_gpu;
 mod views;

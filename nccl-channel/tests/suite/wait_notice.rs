@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{assert_nccl_error, loopback_port};
+use crate::common::assert_nccl_error;
+#[cfg(feature = "rendezvous")]
+use crate::common::loopback_port;
 use cuda_hal::Cuda;
 use cuda_mock::MockDriver;
 use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
@@ -144,6 +146,7 @@ fn a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog() {
 
 /// Rank 1 of 2 waits at a rendezvous nobody serves: one notice naming the address, then
 /// the rendezvous's error at its deadline.
+#[cfg(feature = "rendezvous")]
 #[test]
 fn a_rendezvous_nobody_serves_says_so_once_then_fails() {
     let name = this_test!();

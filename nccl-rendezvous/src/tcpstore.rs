@@ -28,7 +28,7 @@
 //! start with `/nccl-channel/`, apart from those of torch and torchrun.
 //!
 //! Every answer is read before a deadline (the socket's read timeout is set to the time
-//! left, at most [`STEP`](super::net::STEP), before every read), so a store that trickles
+//! left, at most [`STEP`](crate::net::STEP), before every read), so a store that trickles
 //! its answers cannot keep a rank past its deadline.
 //!
 //! The exchange: rank 0 removes whatever an earlier exchange under the same key left (its
@@ -58,13 +58,13 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::net::{self, STEP, describe, step_until, time_for_attempt};
-use super::point::Rendezvous;
-use super::proof::{self, Keys, NONCE_LEN, Role, SEALED_LEN};
-use super::secret::SECRET_FILE_ENV;
 use crate::decimal::parse_decimal;
 use crate::decimal::{hex, unhex};
-use crate::{Result, UniqueId};
+use crate::net::{self, STEP, describe, step_until, time_for_attempt};
+use crate::point::Rendezvous;
+use crate::proof::{self, Keys, NONCE_LEN, Role, SEALED_LEN};
+use crate::secret::SECRET_FILE_ENV;
+use crate::{Id, Result};
 
 const VALIDATE: u8 = 0;
 const SET: u8 = 1;
@@ -357,12 +357,12 @@ fn ranks(list: &[usize]) -> String {
 
 /// Rank 0: removes what an earlier exchange under the key left, stores the id with a
 /// fresh nonce, then waits until every other rank acknowledged it with that nonce.
-pub(super) fn publish(
+pub(crate) fn publish<E: From<crate::Error>>(
     rdv: &Rendezvous,
     key: &str,
     size: usize,
-    make: impl FnOnce() -> Result<UniqueId>,
-) -> Result<UniqueId> {
+    make: impl FnOnce() -> Result<Id, E>,
+) -> Result<Id, E> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let id = make()?;
@@ -379,7 +379,7 @@ pub(super) fn publish(
     let (value, expected) = match &rdv.secret {
         None => {
             let nonce = new_nonce();
-            let value = format!("{VALUE_MAGIC} {size} {nonce} {id}");
+            let value = format!("{VALUE_MAGIC} {size} {nonce} {}", hex(&id));
             (value, vec![nonce.into_bytes(); size - 1])
         }
         Some(secret) => {
@@ -425,7 +425,7 @@ pub(super) fn publish(
                 format!("{p} (then the store could not be asked which ranks took the id: {e})")
             }
         };
-        return Err(rdv.error(problem));
+        return Err(rdv.error(problem).into());
     }
     clean_up(rdv, &mut store, &every_key, Instant::now() + AFTER);
     Ok(id)
@@ -547,7 +547,13 @@ fn clean_up(rdv: &Rendezvous, store: &mut Store, keys: &[String], by: Instant) {
 }
 
 /// Ranks other than 0: wait for the id, read it, acknowledge it with its nonce.
-pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
+pub(crate) fn fetch(
+    rdv: &Rendezvous,
+    key: &str,
+    rank: usize,
+    size: usize,
+    found: &crate::notice::Found,
+) -> Result<Id> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let skey = store_key(key);
@@ -618,7 +624,7 @@ fn sealed_ack(keys: &Keys, t: &[u8], rank: usize) -> Vec<u8> {
 #[derive(Debug, PartialEq, Eq)]
 enum Value {
     /// Without a secret: the id and the nonce the acks carry.
-    Plain { id: UniqueId, nonce: String },
+    Plain { id: Id, nonce: String },
     /// With one: rank 0's nonce and the sealed id.
     Sealed {
         nonce: [u8; NONCE_LEN],
@@ -672,7 +678,7 @@ fn parse_value(value: &[u8], size: usize) -> Result<Value, String> {
     }
     check_size(n, size)?;
     Ok(Value::Plain {
-        id: hex.parse().map_err(|_| bad())?,
+        id: unhex(hex).ok_or_else(bad)?,
         nonce: nonce.to_string(),
     })
 }
@@ -719,8 +725,8 @@ mod tests {
 
     #[test]
     fn values_are_checked() {
-        let id = UniqueId([0x42; 128]);
-        let v = format!("{VALUE_MAGIC} 3 0123456789abcdef {id}");
+        let id = [0x42; 128];
+        let v = format!("{VALUE_MAGIC} 3 0123456789abcdef {}", hex(&id));
         assert_eq!(
             parse_value(v.as_bytes(), 3),
             Ok(Value::Plain {
@@ -751,9 +757,9 @@ mod tests {
             b"nccl-channel-rendezvous 2 3",
             b"\xff",
             b"nccl-channel-rendezvous 2 x 0123456789abcdef 00",
-            format!("{VALUE_MAGIC} 3 {id}").as_bytes(),
-            format!("{VALUE_MAGIC} 3 0123456789abcdeg {id}").as_bytes(),
-            format!("{VALUE_MAGIC} 3 0123456789abcdef0 {id}").as_bytes(),
+            format!("{VALUE_MAGIC} 3 {}", hex(&id)).as_bytes(),
+            format!("{VALUE_MAGIC} 3 0123456789abcdeg {}", hex(&id)).as_bytes(),
+            format!("{VALUE_MAGIC} 3 0123456789abcdef0 {}", hex(&id)).as_bytes(),
             format!("{SEALED_MAGIC} 3 {} {}", "ab".repeat(31), "cd".repeat(144)).as_bytes(),
             format!("{SEALED_MAGIC} 3 {} {}", "ab".repeat(32), "cd".repeat(143)).as_bytes(),
             format!("{SEALED_MAGIC} 3 {}", "ab".repeat(32)).as_bytes(),
@@ -766,7 +772,7 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let old = format!("nccl-channel-rendezvous 1 3 {id}");
+        let old = format!("nccl-channel-rendezvous 1 3 {}", hex(&id));
         assert!(
             parse_value(old.as_bytes(), 3)
                 .unwrap_err()

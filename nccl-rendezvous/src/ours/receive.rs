@@ -7,14 +7,14 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use super::wire::{After, Hello, MAX_LINE, Reply, after_line, hello_line, parse_reply, transcript};
-use crate::rendezvous::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
-use crate::rendezvous::point::Rendezvous;
-use crate::rendezvous::proof::{Keys, Role, nonce};
-use crate::{Result, UniqueId};
+use crate::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
+use crate::point::Rendezvous;
+use crate::proof::{Keys, Role, nonce};
+use crate::{Id, Result};
 
 /// What one attempt to reach rank 0 came to.
 enum Attempt {
-    Got(Box<UniqueId>),
+    Got(Box<Id>),
     /// Stop: retrying cannot help.
     Fatal(crate::Error),
     /// Try again; the text says what happened, for the deadline's error.
@@ -27,7 +27,13 @@ enum Attempt {
 }
 
 /// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
-pub(crate) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
+pub(crate) fn receive(
+    rdv: &Rendezvous,
+    key: &str,
+    rank: usize,
+    size: usize,
+    found: &crate::notice::Found,
+) -> Result<Id> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let keys = rdv.secret.as_ref().map(Keys::new);
     let mut backoff = net::attempts_backoff();
@@ -129,7 +135,7 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, keys: Option<&Keys>, deadline: Insta
             "asks for a secret, and rank {} has none: give every rank the same secret \
              ({})",
             hello.rank,
-            crate::rendezvous::secret::SECRET_FILE_ENV
+            crate::secret::SECRET_FILE_ENV
         ))),
         (Reply::Id(id), None, _) => {
             // Rank 0 counts this rank as served only on the ack; if it is lost, rank 0
@@ -259,7 +265,7 @@ mod tests {
 
     use super::*;
     use crate::Error;
-    use crate::rendezvous::secret::RendezvousSecret;
+    use crate::secret::RendezvousSecret;
 
     /// Rank 0 (with `zero`'s secret, waiting `zero_waits`) and rank 1 (with `one`'s,
     /// waiting `timeout`): what rank 1 gets, and how long it took.
@@ -267,7 +273,7 @@ mod tests {
         (zero, zero_waits): (Option<u8>, Duration),
         one: Option<u8>,
         timeout: Duration,
-    ) -> (Result<UniqueId>, Duration) {
+    ) -> (Result<Id>, Duration) {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -284,7 +290,7 @@ mod tests {
         };
         let (r0, r1) = (make(zero, zero_waits), make(one, timeout));
         std::thread::scope(|s| {
-            let server = s.spawn(|| r0.exchange_with(0, 2, || Ok(UniqueId([2; 128]))));
+            let server = s.spawn(|| r0.exchange_with(0, 2, || Ok([2; 128])));
             let start = Instant::now();
             let got = r1.exchange_with(1, 2, || unreachable!());
             let took = start.elapsed();
@@ -297,7 +303,7 @@ mod tests {
     fn the_same_secret_gets_the_id() {
         let long = Duration::from_secs(20);
         let (got, _) = pair((Some(1), long), Some(1), long);
-        assert_eq!(got.unwrap(), UniqueId([2; 128]));
+        assert_eq!(got.unwrap(), [2; 128]);
     }
 
     #[test]
@@ -354,7 +360,7 @@ mod tests {
         );
         let other = at("other", Duration::from_millis(600));
         let (size, key) = std::thread::scope(|s| {
-            let server = s.spawn(|| zero.exchange_with(0, 3, || Ok(UniqueId([2; 128]))));
+            let server = s.spawn(|| zero.exchange_with(0, 3, || Ok([2; 128])));
             let start = Instant::now();
             let size = one.exchange_with(1, 2, || unreachable!());
             assert!(start.elapsed() < Duration::from_secs(10));

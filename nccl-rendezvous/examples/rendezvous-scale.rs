@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{CommandFactory, Parser};
-use nccl_channel::{Rendezvous, RendezvousSecret, UniqueId};
+use nccl_rendezvous::{Id, Rendezvous, RendezvousSecret};
 
 /// Runs many ranks through one rendezvous and reports what it cost.
 #[derive(Parser, Debug)]
@@ -804,14 +804,17 @@ fn random_bytes<const N: usize>() -> Result<[u8; N], String> {
     Ok(b)
 }
 
+/// An id as hex digits: how the ranks' ids are compared, and the processes report theirs.
+fn hex(id: &Id) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Rank 0's id, fresh per run.
-fn fresh_id() -> nccl_channel::Result<UniqueId> {
-    random_bytes::<128>()
-        .map(UniqueId)
-        .map_err(|problem| nccl_channel::Error::InvalidArgument {
-            what: "rendezvous-scale",
-            problem,
-        })
+fn fresh_id() -> nccl_rendezvous::Result<Id> {
+    random_bytes::<128>().map_err(|problem| nccl_rendezvous::Error::InvalidArgument {
+        what: "rendezvous-scale",
+        problem,
+    })
 }
 
 /// Waits until rank 0 listens on `port` or `limit` passes: the others' go.
@@ -893,7 +896,7 @@ fn run_threads(o: &Opts, plan: &Plan, port: u16) -> Result<Run, String> {
                     rank,
                     start_ns,
                     end_ns,
-                    result: r.map(|id| id.to_string()).map_err(|e| e.to_string()),
+                    result: r.map(|id| hex(&id)).map_err(|e| e.to_string()),
                 });
                 drop(tx);
                 done.wait();
@@ -1181,7 +1184,7 @@ fn run_rank(o: &Opts, rank: usize) -> ExitCode {
         rank,
         start_ns,
         end_ns,
-        result: r.map(|id| id.to_string()).map_err(|e| e.to_string()),
+        result: r.map(|id| hex(&id)).map_err(|e| e.to_string()),
     };
     println!("{}", rank_line(&t));
     if let Some(m) = monitor {

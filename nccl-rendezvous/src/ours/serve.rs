@@ -19,10 +19,10 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conversation::{Conversation, Offer, Outcome};
 use super::wire::MAX_LINE;
-use crate::rendezvous::net::{self, STEP, describe};
-use crate::rendezvous::point::Rendezvous;
-use crate::rendezvous::proof::Keys;
-use crate::{Result, UniqueId};
+use crate::net::{self, STEP, describe};
+use crate::point::Rendezvous;
+use crate::proof::Keys;
+use crate::{Id, Result};
 
 /// Connections served at once; more wait in the backlog. Each holds a descriptor, up to
 /// [`MAX_LINE`] bytes and a read of input, and a reply. Fewer where the process may open
@@ -73,12 +73,12 @@ const EVICT_AFTER: Duration = Duration::from_secs(1);
 const LISTENER: Token = Token(usize::MAX);
 
 /// Rank 0: listens, makes the id, serves it until every other rank confirmed.
-pub(crate) fn serve(
+pub(crate) fn serve<E: From<crate::Error>>(
     rdv: &Rendezvous,
     key: &str,
     size: usize,
-    make: impl FnOnce() -> Result<UniqueId>,
-) -> Result<UniqueId> {
+    make: impl FnOnce() -> Result<Id, E>,
+) -> Result<Id, E> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let listener = listen(rdv, deadline)?;
     let id = make()?;
@@ -478,7 +478,7 @@ impl Tally {
 
 /// Binds the listening socket, retrying while the port is taken (an earlier channel's
 /// rank 0 may still be releasing it) until the deadline.
-pub(super) fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
+pub(crate) fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
     let candidates = rdv.listen_addrs();
     let mut backoff = net::attempts_backoff();
     loop {
@@ -580,7 +580,7 @@ mod tests {
     /// refusal is counted for the deadline's error.
     #[test]
     fn every_rank_is_served_with_a_secret_and_without() {
-        use crate::rendezvous::secret::RendezvousSecret;
+        use crate::secret::RendezvousSecret;
         for secret in [None, Some(RendezvousSecret::new([3u8; 16]).unwrap())] {
             let port = TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -593,7 +593,7 @@ mod tests {
             if let Some(s) = &secret {
                 rdv = rdv.secret(s.clone());
             }
-            let id = UniqueId([1; 128]);
+            let id = [1; 128];
             let got: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..6)
                     .map(|rank| {
@@ -740,7 +740,7 @@ mod tests {
         let offer = Offer {
             key: Arc::from("k"),
             size: 2,
-            id: UniqueId([0; 128]),
+            id: [0; 128],
             keys: None,
         };
         let _ = greeted.on_line(b"nccl-channel-rendezvous 1 hello k 1 2", &offer);
@@ -756,7 +756,7 @@ mod tests {
         let offer = Offer {
             key: Arc::from("k"),
             size: 2,
-            id: UniqueId([0; 128]),
+            id: [0; 128],
             keys: None,
         };
         for (len, says) in [
@@ -785,7 +785,7 @@ mod tests {
         let offer = Offer {
             key: Arc::from("k"),
             size: 2,
-            id: UniqueId([0; 128]),
+            id: [0; 128],
             keys: None,
         };
         let (mut server, addr) = server(&rdv, 4);
