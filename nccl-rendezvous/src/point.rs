@@ -113,6 +113,7 @@ pub struct Rendezvous {
     pub(crate) timeout: Duration,
     pub(crate) secret: Option<RendezvousSecret>,
     pub(crate) encrypt_nccl: bool,
+    pub(crate) reached_as: Option<String>,
 }
 
 static_assertions::assert_impl_all!(Rendezvous: Send, Sync, std::fmt::Debug);
@@ -170,6 +171,7 @@ impl Rendezvous {
             timeout,
             secret: None,
             encrypt_nccl: false,
+            reached_as: None,
         }
     }
 
@@ -262,11 +264,7 @@ impl Rendezvous {
     /// `host:port` (an IPv6 host in brackets).
     #[must_use]
     pub fn address(&self) -> String {
-        if self.host.parse::<std::net::Ipv6Addr>().is_ok() {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        join_host_port(&self.host, self.port)
     }
 
     /// The host part of the address.
@@ -297,6 +295,40 @@ impl Rendezvous {
     #[must_use]
     pub fn get_timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The address the other ranks name, where it is not the one rank 0 listens at (a
+    /// port forwarded to rank 0, a relay of the job's own): with a secret, each side's
+    /// proof binds the address it names, so that ranks of one address cannot be spliced
+    /// to the rank 0 of another (two jobs sharing a key and a secret). Set it on rank 0
+    /// alone, to the ranks' address; without it every side binds
+    /// [`address`](Rendezvous::address).
+    ///
+    /// ```
+    /// use nccl_rendezvous::Rendezvous;
+    /// let rank_0 = Rendezvous::tcp("127.0.0.1:29500")?.reached_as("gateway:29500")?;
+    /// assert_eq!(rank_0.address(), "127.0.0.1:29500");
+    /// assert_eq!(rank_0.get_reached_as(), Some("gateway:29500"));
+    /// # Ok::<(), nccl_rendezvous::Error>(())
+    /// ```
+    pub fn reached_as(mut self, address: &str) -> Result<Self> {
+        let (host, port) = parse_host_port(address).map_err(|detail| Error::InvalidArgument {
+            what: "Rendezvous::reached_as",
+            problem: format!("{address:?} is not host:port: {detail}"),
+        })?;
+        self.reached_as = Some(join_host_port(&host, port));
+        Ok(self)
+    }
+
+    /// The address the other ranks name ([`Rendezvous::reached_as`]), when set.
+    #[must_use]
+    pub fn get_reached_as(&self) -> Option<&str> {
+        self.reached_as.as_deref()
+    }
+
+    /// The address the proofs bind: [`Rendezvous::reached_as`], else the address.
+    pub(crate) fn bound_address(&self) -> String {
+        self.reached_as.clone().unwrap_or_else(|| self.address())
     }
 
     /// The secret, when the exchange is authenticated ([`Rendezvous::secret`]).
@@ -381,6 +413,15 @@ impl fmt::Display for Rendezvous {
                 ""
             }
         )
+    }
+}
+
+/// `host:port`, an IPv6 host in brackets.
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 

@@ -385,7 +385,7 @@ pub(crate) fn publish<E: From<crate::Error>>(
         Some(secret) => {
             let keys = Keys::new(secret);
             let nonce = proof::nonce()?;
-            let t = sealed_transcript(&skey, size, &nonce);
+            let t = sealed_transcript(&rdv.bound_address(), &skey, size, &nonce);
             let sealed = keys.seal(&t, &id);
             let value = format!("{SEALED_MAGIC} {size} {} {}", hex(&nonce), hex(&sealed));
             let expected = (1..size).map(|r| sealed_ack(&keys, &t, r)).collect();
@@ -566,37 +566,24 @@ pub(crate) fn fetch(
             rdv.timeout
         )));
     }
-    let value = store
-        .get(&skey, deadline)
-        .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
-    let parsed =
-        parse_value(&value, size).map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
-    let refused = |what: &str| rdv.refused(format!("holds under key {skey} {what}"));
-    let (id, ack) = match (parsed, &rdv.secret) {
-        (Value::Plain { id, nonce }, None) => (id, nonce.into_bytes()),
-        (Value::Sealed { nonce, sealed }, Some(secret)) => {
-            let keys = Keys::new(secret);
-            let t = sealed_transcript(&skey, size, &nonce);
-            let id = keys.open(&t, &sealed[..]).ok_or_else(|| {
-                refused(
-                    "an id not sealed with this rank's secret (rank 0 holds another secret, or \
-                     something else stored it)",
-                )
-            })?;
-            (id, sealed_ack(&keys, &t, rank))
+    let (id, ack) = match &rdv.secret {
+        None => {
+            let value = store
+                .get(&skey, deadline)
+                .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
+            let parsed = parse_value(&value, size)
+                .map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
+            match parsed {
+                Value::Plain { id, nonce } => (id, nonce.into_bytes()),
+                Value::Sealed { .. } => {
+                    return Err(rdv.refused(format!(
+                        "holds under key {skey} an id sealed with a secret, and this rank has \
+                         none: give every rank the same secret ({SECRET_FILE_ENV})"
+                    )));
+                }
+            }
         }
-        (Value::Plain { .. }, Some(_)) => {
-            return Err(refused(
-                "an id stored without a secret, and this rank has one: give every rank the \
-                 same secret, or none",
-            ));
-        }
-        (Value::Sealed { .. }, None) => {
-            return Err(refused(&format!(
-                "an id sealed with a secret, and this rank has none: give every rank the same \
-                 secret ({SECRET_FILE_ENV})"
-            )));
-        }
+        Some(secret) => fetch_sealed(rdv, &mut store, &skey, rank, size, secret, deadline, found)?,
     };
     store
         .set(&ack_keys(key, size)[rank - 1], &ack)
@@ -604,10 +591,67 @@ pub(crate) fn fetch(
     Ok(id)
 }
 
-/// What a sealed id is sealed over: the store key (hence the job and the exchange), the
-/// world size and rank 0's nonce.
-fn sealed_transcript(skey: &str, size: usize, nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
-    let mut t = format!("{SEALED_MAGIC}\n{skey}\n{size}\n").into_bytes();
+/// With a secret: reads the value under `skey` until it opens with the secret, or the
+/// deadline passes. Anything else there (a stranger's `SET` before rank 0's, a value of
+/// another secret, garbage) proves nothing and decides nothing: rank 0 removes what is
+/// there before it stores its own, so the value is read again, with growing pauses.
+#[allow(clippy::too_many_arguments)]
+fn fetch_sealed(
+    rdv: &Rendezvous,
+    store: &mut Store,
+    skey: &str,
+    rank: usize,
+    size: usize,
+    secret: &crate::RendezvousSecret,
+    deadline: Instant,
+    found: &crate::notice::Found,
+) -> Result<(Id, Vec<u8>)> {
+    let keys = Keys::new(secret);
+    let mut backoff = net::attempts_backoff();
+    loop {
+        let value = store
+            .get(skey, deadline)
+            .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
+        let unproven = match parse_value(&value, size) {
+            Ok(Value::Sealed { nonce, sealed }) => {
+                let t = sealed_transcript(&rdv.bound_address(), skey, size, &nonce);
+                match keys.open(&t, &sealed[..]) {
+                    Some(id) => return Ok((id, sealed_ack(&keys, &t, rank))),
+                    None => "an id not sealed with this rank's secret (rank 0 holds another \
+                             secret, or something else stored it)"
+                        .to_string(),
+                }
+            }
+            Ok(Value::Plain { .. }) => "an id stored without a secret, and this rank has one \
+                                        (give every rank the same secret, or none)"
+                .to_string(),
+            Err(p) => p,
+        };
+        crate::notice::found(found, crate::notice::Cause::UnprovenValue);
+        let refused = || {
+            rdv.refused(format!(
+                "holds under key {skey} {unproven}, and nothing sealed with this rank's secret \
+                 came in its place within {:?}",
+                rdv.timeout
+            ))
+        };
+        std::thread::sleep(backoff.pause_until(deadline));
+        if !time_for_attempt(deadline) {
+            return Err(refused());
+        }
+        // Rank 0 removes the value before it stores its own: wait until one is there.
+        match store.wait(std::slice::from_ref(&skey.to_string()), deadline) {
+            Ok(true) => {}
+            Ok(false) => return Err(refused()),
+            Err(e) => return Err(rdv.io_error(format!("failed waiting for key {skey}"), e)),
+        }
+    }
+}
+
+/// What a sealed id is sealed over: the store's address as the ranks name it, the store
+/// key (hence the job and the exchange), the world size and rank 0's nonce.
+fn sealed_transcript(address: &str, skey: &str, size: usize, nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
+    let mut t = format!("{SEALED_MAGIC}\n{address}\n{skey}\n{size}\n").into_bytes();
     t.extend_from_slice(nonce);
     t
 }

@@ -19,6 +19,7 @@ mod elastic;
 mod gpu;
 #[cfg(feature = "rendezvous")]
 mod hostile_input;
+mod id_at_rest;
 mod inputs;
 mod launchers_mock;
 mod lazy_open;

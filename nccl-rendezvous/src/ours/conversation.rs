@@ -12,6 +12,8 @@ use crate::proof::{Keys, NONCE_LEN, Role, nonce};
 
 /// What rank 0 serves, the same for every connection of one exchange.
 pub(crate) struct Offer {
+    /// The rendezvous's address as the ranks name it, bound into every transcript.
+    pub(crate) address: Arc<str>,
     pub(crate) key: Arc<str>,
     pub(crate) size: usize,
     pub(crate) id: Id,
@@ -211,7 +213,14 @@ impl Conversation {
             Ok(n) => n,
             Err(e) => return Step::last(None, Outcome::Ignored(format!("{peer}: {e}"))),
         };
-        let transcript = transcript(hello, their_nonce, &offer.key, offer.size, &ours);
+        let transcript = transcript(
+            &offer.address,
+            hello,
+            their_nonce,
+            &offer.key,
+            offer.size,
+            &ours,
+        );
         let reply = Reply::Challenge {
             key: offer.key.to_string(),
             size: offer.size,
@@ -281,6 +290,7 @@ mod tests {
 
     fn offer(secret: Option<u8>) -> Offer {
         Offer {
+            address: Arc::from("127.0.0.1:1"),
             key: Arc::from("k#0"),
             size: 3,
             id: [7; 128],
@@ -341,7 +351,7 @@ mod tests {
             size: 3,
             nonce: Some(mine),
         };
-        let t = transcript(&h, &mine, &key, size, &nonce);
+        let t = transcript("127.0.0.1:1", &h, &mine, &key, size, &nonce);
         assert!(keys.verify(Role::Server, &t, &tag));
         // Rank 0's own proof sent back (in the same exchange, over the same transcript) is
         // no proof of the rank's.
@@ -411,7 +421,7 @@ mod tests {
             size: 3,
             nonce: Some(mine),
         };
-        let t = transcript(&h, &mine, &key, size, &nonce);
+        let t = transcript("127.0.0.1:1", &h, &mine, &key, size, &nonce);
         let step = s.on_line(
             line(&after_line(&After::Proof(wrong.prove(Role::Client, &t)))),
             &o,

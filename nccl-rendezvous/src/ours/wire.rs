@@ -184,6 +184,7 @@ pub(crate) fn parse_reply(line: &[u8]) -> Option<Reply> {
 /// What both sides prove over: the greeting, rank 0's key and size, both nonces. Keys hold
 /// no newline (a line ends there), so the fields cannot be shifted into one another.
 pub(crate) fn transcript(
+    address: &str,
     hello: &Hello,
     nonce: &[u8; NONCE_LEN],
     server_key: &str,
@@ -191,7 +192,7 @@ pub(crate) fn transcript(
     server_nonce: &[u8; NONCE_LEN],
 ) -> Vec<u8> {
     let mut t = format!(
-        "{MAGIC} {SEALED}\n{}\n{}\n{}\n{server_key}\n{server_size}\n",
+        "{MAGIC} {SEALED}\n{address}\n{}\n{}\n{}\n{server_key}\n{server_size}\n",
         hello.key, hello.rank, hello.size
     )
     .into_bytes();
@@ -319,7 +320,7 @@ mod tests {
             nonce: None,
         };
         let t = |h: &Hello, n: u8, k: &str, s: usize, m: u8| {
-            transcript(h, &[n; NONCE_LEN], k, s, &[m; NONCE_LEN])
+            transcript("127.0.0.1:1", h, &[n; NONCE_LEN], k, s, &[m; NONCE_LEN])
         };
         let base = t(&h, 1, "k", 2, 2);
         let other_key = Hello {
