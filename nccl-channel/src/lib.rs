@@ -110,8 +110,9 @@
 //! # The source, file by file
 //!
 //! [`Communicator`]'s docs list where each family of its methods lives, and follow one
-//! call down to NCCL. The rest of `src/`: `world.rs`, `unique_id.rs`, `rendezvous/`
-//! (who the ranks are and how they agree on an id), `channel.rs` (the default channel),
+//! call down to NCCL. The rest of `src/`: `world.rs`, `unique_id.rs`, `rendezvous.rs`
+//! (who the ranks are and how they agree on an id; the network side of the rendezvous
+//! is the crate nccl-rendezvous), `channel.rs` (the default channel),
 //! `config.rs`, `params.rs`, `encryption.rs` (settings), `types.rs` (element types and
 //! reductions), `collective_kind.rs` ([`Collective`]), `group.rs`, `error.rs`,
 //! `reliability.rs` and `notice.rs` (deadlines, aborts, the notice of a long wait),

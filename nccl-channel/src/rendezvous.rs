@@ -113,6 +113,13 @@ impl Rendezvous {
         Self(self.0.secret(secret))
     }
 
+    /// The address the job's ranks name for this rendezvous, where this rank listens at
+    /// or connects to another one (a port forwarded, a relay of the job's own): the proofs
+    /// bind it ([`nccl_rendezvous::Rendezvous::reached_as`]).
+    pub fn reached_as(self, address: &str) -> Result<Self> {
+        Ok(Self(self.0.reached_as(address)?))
+    }
+
     /// Whether the exchange is authenticated by a secret ([`Rendezvous::secret`]).
     #[must_use]
     pub fn has_secret(&self) -> bool {

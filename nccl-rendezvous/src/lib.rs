@@ -2,8 +2,8 @@
 //! that ranks started by torchrun, Slurm, Open MPI or MPICH agree on an id without an
 //! extra variable; authenticated and confidential with a shared [`RendezvousSecret`].
 //!
-//! This crate is the part of nccl-rendezvous's users that faces the network, kept apart
-//! from CUDA and NCCL: it neither loads nor calls them, and the id it hands over is
+//! This crate is the part of a program that faces the network while ranks agree on an
+//! id, kept apart from CUDA and NCCL: it neither loads nor calls them, and the id it hands over is
 //! whatever 128 bytes rank 0's `make` gives ([`Rendezvous::exchange_with`]). nccl-channel
 //! uses it behind its default feature `rendezvous`; a program that gets its ids elsewhere
 //! (torch, MPI, its own launcher) builds nccl-channel without it and so without the
@@ -269,3 +269,8 @@ mod tests {
         }
     }
 }
+
+// The README (the crate's registry page) runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -297,12 +297,12 @@ impl Rendezvous {
         self.timeout
     }
 
-    /// The address the other ranks name, where it is not the one rank 0 listens at (a
-    /// port forwarded to rank 0, a relay of the job's own): with a secret, each side's
-    /// proof binds the address it names, so that ranks of one address cannot be spliced
-    /// to the rank 0 of another (two jobs sharing a key and a secret). Set it on rank 0
-    /// alone, to the ranks' address; without it every side binds
-    /// [`address`](Rendezvous::address).
+    /// The address the job's ranks name for this rendezvous, where this rank listens at
+    /// (rank 0) or connects to (a rank, or rank 0 of a TCPStore exchange) another one: a
+    /// port forwarded, a relay of the job's own. With a secret, every proof and the sealed
+    /// id bind the address the job names, so that ranks of one address cannot be spliced to
+    /// the rank 0 of another (two jobs sharing a key and a secret). Without it, the address
+    /// is the one named ([`address`](Rendezvous::address)).
     ///
     /// ```
     /// use nccl_rendezvous::Rendezvous;
