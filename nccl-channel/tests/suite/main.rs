@@ -12,6 +12,8 @@ mod control_flow_gpu;
 #[cfg(feature = "rendezvous")]
 mod data_parallel;
 mod demo_gpu;
+// One process per rank through the launcher, whose ranks meet at its rendezvous.
+#[cfg(feature = "rendezvous")]
 mod demo_mock;
 #[cfg(feature = "rendezvous")]
 mod elastic;
@@ -21,6 +23,8 @@ mod gpu;
 mod hostile_input;
 mod id_at_rest;
 mod inputs;
+// One process per rank through the launcher, whose ranks meet at its rendezvous.
+#[cfg(feature = "rendezvous")]
 mod launchers_mock;
 mod lazy_open;
 #[cfg(feature = "half")]
@@ -31,6 +35,8 @@ mod mock_grow;
 mod mock_reliability;
 mod mock_split;
 mod model_check;
+// One process per rank through the launcher, whose ranks meet at its rendezvous.
+#[cfg(feature = "rendezvous")]
 mod moe_dispatch;
 mod newer_api;
 mod newer_api_attacks;
@@ -49,6 +55,8 @@ mod registration_gpu;
 mod reliability_gpu;
 #[cfg(feature = "rendezvous")]
 mod rendezvous;
+// One process per rank through the launcher, whose ranks meet at its rendezvous.
+#[cfg(feature = "rendezvous")]
 mod rendezvous_auto;
 #[cfg(feature = "rendezvous")]
 mod rendezvous_real;
