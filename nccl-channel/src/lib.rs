@@ -155,6 +155,9 @@
 //! * `half`: [`half::f16`](https://docs.rs/half) and `half::bf16` as [`NcclType`]s.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The docs speak of the rendezvous (feature `rendezvous`, on by default, and on docs.rs):
+// built without it, their links to it have nothing to point at.
+#![cfg_attr(not(feature = "rendezvous"), allow(rustdoc::broken_intra_doc_links))]
 #![warn(missing_debug_implementations)]
 
 /// Calls an NCCL table entry and checks its status; the error names the entry, so no call

@@ -106,7 +106,7 @@ impl Keys {
                 )
                 .ok()?,
         );
-        Some(<[u8; 128]>::try_from(plain.as_slice()).ok()?)
+        <[u8; 128]>::try_from(plain.as_slice()).ok()
     }
 
     fn cipher(&self, transcript: &[u8]) -> ChaCha20Poly1305 {

@@ -50,7 +50,11 @@ fn raise_descriptor_limit(want: u64) -> u64 {
         return cur;
     }
     let new = want.min(max);
-    l.rlim_cur = new.try_into().unwrap_or(l.rlim_cur);
+    // `rlim_t` is `u64` on Linux, another width elsewhere.
+    #[allow(clippy::useless_conversion)]
+    {
+        l.rlim_cur = new.try_into().unwrap_or(l.rlim_cur);
+    }
     // SAFETY: setrlimit reads one `rlimit`, which `l` is, and keeps no pointer.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } == 0 {
         new

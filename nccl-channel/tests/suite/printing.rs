@@ -44,7 +44,7 @@ fn no_debug_of_an_id_or_of_what_holds_one_shows_its_bytes() {
 
 #[test]
 fn no_debug_of_a_key_shows_it() {
-    let key = Encryption::Psk(format!("{}", "a7".repeat(16)));
+    let key = Encryption::Psk("a7".repeat(16));
     assert_eq!(format!("{key:?}"), "Psk(..)");
     assert_hidden("Encryption", &format!("{key:#?}"));
 }
