@@ -156,7 +156,7 @@ impl Launch<'_> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(path) = self.secret {
-            cmd.env(nccl_channel::SECRET_FILE_ENV, path);
+            cmd.env(crate::secret::SECRET_FILE_ENV, path);
         }
         // NCCL's NVLink SHARP stays off unless the caller's environment turns it on.
         if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {

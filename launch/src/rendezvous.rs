@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use nccl_channel::{ChannelBuilder, IdSource, Rendezvous, World};
+use nccl_channel::{ChannelBuilder, World};
+
+nccl_channel::if_rendezvous!({
+use nccl_channel::{IdSource, Rendezvous};
 
 use crate::report;
 
@@ -42,3 +45,19 @@ pub(crate) fn id_source(
     };
     Ok((b, waiting_for))
 }
+} else {
+/// Without nccl-channel's rendezvous the id comes from `NCCL_COMM_ID` (or the builder's
+/// own source): what the rank waits for.
+pub(crate) fn id_source(
+    b: ChannelBuilder,
+    _world: &World,
+    _timeout: Option<Duration>,
+) -> Result<(ChannelBuilder, String), String> {
+    let comm_id_set = std::env::var("NCCL_COMM_ID").is_ok_and(|v| !v.trim().is_empty());
+    let waiting_for = match comm_id_set {
+        true => "the other ranks to join NCCL (NCCL_COMM_ID)",
+        false => "the other ranks to join NCCL",
+    };
+    Ok((b, waiting_for.to_string()))
+}
+});

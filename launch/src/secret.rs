@@ -6,7 +6,8 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use nccl_channel::SECRET_FILE_ENV;
+/// The variable naming the rendezvous's secret file (nccl-channel's `SECRET_FILE_ENV`).
+pub(crate) const SECRET_FILE_ENV: &str = "NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE";
 
 /// Random bytes in a secret (64 hex digits in its file).
 const SECRET_BYTES: usize = 32;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use cuda_hal::{Cuda, Stream};
 use nccl_sys::Nccl;
 
-use crate::{CommConfig, Communicator, Error, Rendezvous, Result, UniqueId, World};
+#[cfg(feature = "rendezvous")]
+use crate::Rendezvous;
+use crate::{CommConfig, Communicator, Error, Result, UniqueId, World};
 
 static NCCL: OnceLock<Result<Arc<Nccl>, nccl_sys::LoadError>> = OnceLock::new();
 
@@ -27,9 +29,11 @@ pub fn nccl_opened() -> bool {
 /// Non-exhaustive: more exchanges may come.
 ///
 /// Here rank 0 serves the id on loopback and rank 1 fetches it
-/// ([`IdSource::Rendezvous`]); each rank is a thread with a simulated GPU.
+/// (`IdSource::Rendezvous`, feature `rendezvous`); each rank is a thread with a simulated
+/// GPU.
 ///
-/// ```
+#[cfg_attr(feature = "rendezvous", doc = "```")]
+#[cfg_attr(not(feature = "rendezvous"), doc = "```ignore")]
 /// # use std::sync::Arc;
 /// use std::time::Duration;
 /// use cuda_hal::Cuda;
@@ -89,7 +93,8 @@ pub enum IdSource {
         timeout: Duration,
     },
     /// Handed from rank 0 to the others over TCP ([`Rendezvous::exchange`]), at an address
-    /// given in code or derived from the environment.
+    /// given in code or derived from the environment (feature `rendezvous`).
+    #[cfg(feature = "rendezvous")]
     Rendezvous(Rendezvous),
 }
 
@@ -221,7 +226,8 @@ impl ChannelBuilder {
         let (id, id_origin) = match self.id {
             IdSource::Given(id) => (id, "given in code".to_string()),
             IdSource::CommIdEnv => (
-                UniqueId::from_comm_id(&nccl)?,
+                refuse_secret_with_comm_id(&comm_id())
+                    .and_then(|()| UniqueId::from_comm_id(&nccl))?,
                 format!("derived from NCCL_COMM_ID={}", comm_id()),
             ),
             IdSource::File { path, timeout } => (
@@ -231,21 +237,20 @@ impl ChannelBuilder {
             IdSource::Auto if world.size == 1 => {
                 (UniqueId::generate(&nccl)?, "generated (one rank)".into())
             }
+            #[cfg(feature = "rendezvous")]
             IdSource::Rendezvous(rdv) => (
                 rdv.exchange(&nccl, world.rank, world.size)?,
                 rdv.to_string(),
             ),
             IdSource::Auto => {
                 if !comm_id().trim().is_empty() {
+                    refuse_secret_with_comm_id(&comm_id())?;
                     (
                         UniqueId::from_comm_id(&nccl)?,
                         format!("derived from NCCL_COMM_ID={}", comm_id()),
                     )
-                } else if let Some(rdv) = Rendezvous::from_env(&world)? {
-                    (
-                        rdv.exchange(&nccl, world.rank, world.size)?,
-                        rdv.to_string(),
-                    )
+                } else if let Some((id, origin)) = launchers_rendezvous(&nccl, &world)? {
+                    (id, origin)
                 } else {
                     return Err(Error::InvalidArgument {
                         what: "ChannelBuilder::build",
@@ -272,6 +277,45 @@ impl ChannelBuilder {
             id_origin,
         }))
     }
+}
+
+/// The variable naming the rendezvous's secret file (`SECRET_FILE_ENV`), known here with
+/// or without the rendezvous: a secret set beside `NCCL_COMM_ID` is refused either way.
+const SECRET_FILE_VARIABLE: &str = "NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE";
+
+/// `NCCL_COMM_ID` gives every rank the id without any exchange, so no secret protects it:
+/// a secret file set beside it would be ignored, and the program would believe itself
+/// protected. Refused instead, naming both variables.
+fn refuse_secret_with_comm_id(comm_id: &str) -> Result<()> {
+    match std::env::var_os(SECRET_FILE_VARIABLE) {
+        Some(path) if !path.is_empty() => Err(Error::Env {
+            variable: SECRET_FILE_VARIABLE.into(),
+            value: path.to_string_lossy().into_owned(),
+            problem: format!(
+                "set together with NCCL_COMM_ID={comm_id}, which gives every rank the id                  without an exchange, so the secret would protect nothing: unset                  NCCL_COMM_ID to exchange the id through the launcher's rendezvous with the                  secret, or unset {SECRET_FILE_VARIABLE}"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The launcher's rendezvous, when the environment names one: the id and where it came
+/// from.
+#[cfg(feature = "rendezvous")]
+fn launchers_rendezvous(nccl: &Nccl, world: &World) -> Result<Option<(UniqueId, String)>> {
+    match Rendezvous::from_env(world)? {
+        Some(rdv) => Ok(Some((
+            rdv.exchange(nccl, world.rank, world.size)?,
+            rdv.to_string(),
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// Without the rendezvous (feature `rendezvous` off) the environment names none.
+#[cfg(not(feature = "rendezvous"))]
+fn launchers_rendezvous(_nccl: &Nccl, _world: &World) -> Result<Option<(UniqueId, String)>> {
+    Ok(None)
 }
 
 /// A process's communicator with a stream of its own: what IREE calls the default channel.

@@ -39,19 +39,6 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// The `N` bytes that exactly `2 × N` hex digits spell (any case).
-pub(crate) fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    let t = text.as_bytes();
-    if t.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (o, pair) in out.iter_mut().zip(t.chunks_exact(2)) {
-        *o = hex_byte([pair[0], pair[1]])?;
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,20 +63,8 @@ mod tests {
     }
 
     #[test]
-    fn hex_round_trips_and_refuses_what_is_not_exactly_hex() {
+    fn hex_is_lower_case_two_digits_a_byte() {
         let b = [0u8, 0x7f, 0xff, 0x10];
         assert_eq!(hex(&b), "007fff10");
-        assert_eq!(unhex::<4>("007fff10"), Some(b));
-        assert_eq!(unhex::<4>("007FFF10"), Some(b));
-        for bad in [
-            "007fff1",
-            "007fff100",
-            "+07fff10",
-            "007fff1g",
-            "",
-            "é7fff10",
-        ] {
-            assert_eq!(unhex::<4>(bad), None, "{bad}");
-        }
     }
 }

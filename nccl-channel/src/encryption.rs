@@ -30,6 +30,27 @@ impl std::fmt::Debug for Encryption {
     }
 }
 
+impl Encryption {
+    /// A pre-shared key derived from the rendezvous's secret
+    /// ([`RendezvousSecret::nccl_psk`](nccl_rendezvous::RendezvousSecret::nccl_psk)): every rank
+    /// holding the secret derives the same key, which reveals nothing of the secret
+    /// ([`Rendezvous::encrypt_nccl`](crate::Rendezvous::encrypt_nccl) hands it to NCCL).
+    ///
+    /// ```
+    /// use nccl_channel::{Encryption, RendezvousSecret};
+    /// let s = RendezvousSecret::new(*b"0123456789abcdef")?;
+    /// let Encryption::Psk(psk) = Encryption::derived_from(&s) else { unreachable!() };
+    /// assert_eq!(psk.len(), 64);
+    /// assert_eq!(Encryption::derived_from(&s), Encryption::derived_from(&s.clone()));
+    /// # Ok::<(), nccl_channel::Error>(())
+    /// ```
+    #[cfg(feature = "rendezvous")]
+    #[must_use]
+    pub fn derived_from(secret: &nccl_rendezvous::RendezvousSecret) -> Encryption {
+        Encryption::Psk(secret.nccl_psk().as_str().to_owned())
+    }
+}
+
 /// Asks NCCL to encrypt its TCP sockets (`ncclSetEncryption`, NCCL ≥ 2.32.3); call it
 /// before the communicators are made. A key shorter than [`PSK_MIN_LEN`] bytes, or with a
 /// NUL byte, is refused with [`Error::InvalidArgument`] before NCCL sees it.

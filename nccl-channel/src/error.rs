@@ -453,6 +453,14 @@ impl IoError {
     }
 }
 
+#[cfg(feature = "rendezvous")]
+impl IoError {
+    /// An error another crate's error already shares.
+    pub(crate) fn shared(e: Arc<io::Error>) -> IoError {
+        IoError(e)
+    }
+}
+
 impl From<io::Error> for IoError {
     fn from(e: io::Error) -> IoError {
         IoError(Arc::new(e))

@@ -110,8 +110,9 @@
 //! # The source, file by file
 //!
 //! [`Communicator`]'s docs list where each family of its methods lives, and follow one
-//! call down to NCCL. The rest of `src/`: `world.rs`, `unique_id.rs`, `rendezvous/`
-//! (who the ranks are and how they agree on an id), `channel.rs` (the default channel),
+//! call down to NCCL. The rest of `src/`: `world.rs`, `unique_id.rs`, `rendezvous.rs`
+//! (who the ranks are and how they agree on an id; the network side of the rendezvous
+//! is the crate nccl-rendezvous), `channel.rs` (the default channel),
 //! `config.rs`, `params.rs`, `encryption.rs` (settings), `types.rs` (element types and
 //! reductions), `collective_kind.rs` ([`Collective`]), `group.rs`, `error.rs`,
 //! `reliability.rs` and `notice.rs` (deadlines, aborts, the notice of a long wait),
@@ -145,9 +146,18 @@
 //!
 //! # Features
 //!
+//! * `rendezvous` (on by default): [`Rendezvous`], [`RendezvousSecret`] and the launcher's
+//!   rendezvous of [`IdSource::Auto`], through the crate `nccl-rendezvous`. Off
+//!   (`default-features = false`), nccl-channel builds without that crate's cryptography
+//!   and event loop (hkdf, hmac, sha2, chacha20poly1305, subtle, zeroize, getrandom, mio,
+//!   socket2), and ranks agree on an id through `NCCL_COMM_ID`, a file or bytes of their
+//!   own.
 //! * `half`: [`half::f16`](https://docs.rs/half) and `half::bf16` as [`NcclType`]s.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The docs speak of the rendezvous (feature `rendezvous`, on by default, and on docs.rs):
+// built without it, their links to it have nothing to point at.
+#![cfg_attr(not(feature = "rendezvous"), allow(rustdoc::broken_intra_doc_links))]
 #![warn(missing_debug_implementations)]
 
 /// Calls an NCCL table entry and checks its status; the error names the entry, so no call
@@ -180,6 +190,26 @@ macro_rules! optional {
     }};
 }
 
+/// `if_rendezvous!({ items… } else { items… })`: the first items where nccl-channel was
+/// built with its feature `rendezvous`, else the second. For the repository's launcher and
+/// tests, which follow this crate's features without features of their own to set (a
+/// dev-dependency cannot be given features by the crate it tests).
+#[cfg(feature = "rendezvous")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! if_rendezvous {
+    ({ $($on:tt)* } else { $($off:tt)* }) => { $($on)* };
+}
+
+/// `if_rendezvous!({ items… } else { items… })`: the first items where nccl-channel was
+/// built with its feature `rendezvous`, else the second.
+#[cfg(not(feature = "rendezvous"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! if_rendezvous {
+    ({ $($on:tt)* } else { $($off:tt)* }) => { $($off)* };
+}
+
 mod agreement;
 mod backoff;
 mod call_check;
@@ -202,6 +232,7 @@ mod params;
 mod raw;
 mod registered;
 mod reliability;
+#[cfg(feature = "rendezvous")]
 mod rendezvous;
 mod scalable;
 mod split;
@@ -219,6 +250,10 @@ pub use config::{CommConfig, CtaPolicy, HostCftMode, NvlsHostMode};
 pub use encryption::{Encryption, PSK_MIN_LEN, set_encryption};
 pub use error::{Error, IoError, ParentsProblem, Result, report};
 pub use group::{Group, group};
+/// The crate that hands the id over TCP (feature `rendezvous`): its own types, for
+/// programs that use it without NCCL's side.
+#[cfg(feature = "rendezvous")]
+pub use nccl_rendezvous;
 pub use notice::WAIT_NOTICE_AFTER;
 pub use onesided::{Signal, SignalWait};
 pub use params::{Param, ParamValue};
@@ -229,6 +264,7 @@ pub use registered::pool::PooledBuffer;
 pub use registered::register::{Registration, Window, WindowFlags};
 pub use registered::symmetric::SymmetricBuffer;
 pub use reliability::AbortHandle;
+#[cfg(feature = "rendezvous")]
 pub use rendezvous::{
     DEFAULT_TIMEOUT, PORT_BASE, PORT_SPAN, Rendezvous, RendezvousKind, RendezvousSecret,
     SECRET_FILE_ENV,

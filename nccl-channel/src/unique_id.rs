@@ -16,7 +16,8 @@ use crate::{Error, Result};
 /// Rank 0 makes one ([`generate`](Self::generate)) and every rank passes it to
 /// [`Communicator::init_rank`](crate::Communicator::init_rank); how it travels is the
 /// program's choice: as bytes ([`as_bytes`](Self::as_bytes), `UniqueId(bytes)`), as 256
-/// hex digits (`Display`, `FromStr`: fits an environment variable or a command line),
+/// hex digits ([`to_hex`](Self::to_hex), `FromStr`: fits an environment variable or a
+/// command line),
 /// through a file ([`exchange_via_file`](Self::exchange_via_file)), or over TCP
 /// ([`Rendezvous`](crate::Rendezvous)).
 ///
@@ -26,32 +27,31 @@ use crate::{Error, Result};
 /// # let (nccl, _world) = nccl_mock::MockNccl::new(&gpus).build()?;
 /// let id = UniqueId::generate(&nccl)?; // on rank 0 (`nccl`: a simulated NCCL here)
 ///
-/// let hex = id.to_string();
+/// let hex = id.to_hex();
 /// assert_eq!(hex.len(), 256);
 /// assert_eq!(hex.parse::<UniqueId>()?, id);
 /// let bytes: [u8; 128] = *id.as_bytes();
 /// assert_eq!(UniqueId(bytes), id);
 ///
-/// assert_eq!(UniqueId([0xab; 128]).to_string(), "ab".repeat(128));
+/// assert_eq!(UniqueId([0xab; 128]).to_hex(), "ab".repeat(128));
+/// // Its first bytes are NCCL's bootstrap magic, which lets whoever holds it join or
+/// // disturb the communicator: a log line never shows them.
+/// assert_eq!(format!("{id:?}"), "UniqueId(..)");
 /// assert_eq!(
 ///     "not hex".parse::<UniqueId>(),
 ///     Err(Error::UniqueId("expected 256 hex digits, got 7 characters".into()))
 /// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// It has no `Display`, and its `Debug` shows none of its bytes: an id in a log line or an
+/// error message would let whoever reads it join the communicator.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UniqueId(pub [u8; 128]);
 
 impl fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "UniqueId({}…)", &self.to_string()[..16])
-    }
-}
-
-impl fmt::Display for UniqueId {
-    /// 256 lower-case hex digits.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+        f.write_str("UniqueId(..)")
     }
 }
 
@@ -135,6 +135,11 @@ impl UniqueId {
     /// writes it atomically (write + rename); the other ranks wait for the file, up to
     /// `timeout`. Remove the file before a new run, or use a fresh path per run.
     ///
+    /// Rank 0 writes a new file of a random name beside `path` (never one that exists,
+    /// never through a symbolic link, readable and writable by its owner alone whatever
+    /// the umask), then renames it to `path`: the id is never readable by other users on
+    /// its way, and a link planted at a name rank 0 might use catches nothing.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use nccl_channel::UniqueId;
@@ -170,9 +175,12 @@ impl UniqueId {
         };
         if rank == 0 {
             let id = Self::generate(nccl)?;
-            let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-            std::fs::write(&tmp, format!("{id}\n")).map_err(|e| io("writing", e))?;
-            std::fs::rename(&tmp, path).map_err(|e| io("renaming into", e))?;
+            let tmp = write_private(path, format!("{}\n", id.to_hex()).as_bytes())
+                .map_err(|e| io("writing", e))?;
+            if let Err(e) = std::fs::rename(&tmp, path) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(io("renaming into", e));
+            }
             return Ok(id);
         }
         let deadline = crate::backoff::deadline_after(timeout);
@@ -216,6 +224,61 @@ impl UniqueId {
     pub fn as_bytes(&self) -> &[u8; 128] {
         &self.0
     }
+
+    /// The id as 256 lower-case hex digits, which [`FromStr`] reads back: to hand it to
+    /// the other ranks as text. As secret as the id itself.
+    #[must_use]
+    pub fn to_hex(&self) -> String {
+        crate::decimal::hex(&self.0)
+    }
+}
+
+/// How many fresh names rank 0 tries for the id file's temporary file before it gives up
+/// (each is random: a second one is needed only when something made that very name).
+const TEMP_NAMES: usize = 16;
+
+/// Writes `bytes` to a new file beside `path`, of a random name, created exclusively (an
+/// existing file or a symbolic link there is an error, never followed: `O_EXCL` with
+/// `O_CREAT`) with mode 0600; its path.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<std::path::PathBuf> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::io::Write;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut last = None;
+    for attempt in 0..TEMP_NAMES {
+        // Keys seeded from the operating system's random source (once per thread, then
+        // changed for each hasher), and the time: a name no other user can predict.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_usize(attempt);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        let tmp = path.with_file_name(format!(".{name}.{:016x}.tmp", h.finish()));
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        match options.open(&tmp) {
+            Ok(mut f) => {
+                // The mode given at creation is masked by the umask; set it outright.
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                }
+                if let Err(e) = f.write_all(bytes).and_then(|()| f.sync_all()) {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+                return Ok(tmp);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::ErrorKind::AlreadyExists.into()))
 }
 
 /// The most bytes an id file may hold: the id's 256 hex digits, with room for whitespace.

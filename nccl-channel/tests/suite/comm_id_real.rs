@@ -69,6 +69,6 @@ fn comm_id_gives_identical_ids() {
     println!(
         "NCCL {}: NCCL_COMM_ID ids identical; id starts {}",
         nccl.version(),
-        &a.to_string()[..32]
+        &a.to_hex()[..32]
     );
 }

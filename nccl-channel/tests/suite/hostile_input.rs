@@ -603,12 +603,15 @@ fn record(
         None => rdv,
     };
     let addr = format!("127.0.0.1:{}", free_port());
+    let relay = Relay::start(addr.clone(), Arc::new(|_, _, b| Back::Pass(b)));
+    // Rank 0 is told the address rank 1 names (the relay's): the proofs bind it.
     let zero = Rendezvous::tcp(&addr)
+        .unwrap()
+        .reached_as(&relay.addr)
         .unwrap()
         .key(RECORDED_KEY)
         .timeout(Duration::from_secs(20));
     let zero = with(zero, secrets[0]);
-    let relay = Relay::start(addr.clone(), Arc::new(|_, _, b| Back::Pass(b)));
     let one = Rendezvous::tcp(&relay.addr)
         .unwrap()
         .key(key)
@@ -1021,7 +1024,7 @@ fn shown(bytes: &[u8]) -> String {
 
 /// Whether `hay` holds `id`'s 256 hex digits, in any case.
 fn holds_id(hay: &[u8], id: &UniqueId) -> bool {
-    let hex = id.to_string();
+    let hex = id.to_hex();
     hay.windows(hex.len())
         .any(|w| w.eq_ignore_ascii_case(hex.as_bytes()))
 }
@@ -1569,8 +1572,12 @@ fn fake_stores(seed: u64, n: usize) -> Tally {
                 },
             ),
         );
+        // Both name the store as the job does (the proofs bind it); one reaches it
+        // through the relay.
         let via = |addr: &str| {
             mode.on(Rendezvous::torch_store(addr)
+                .unwrap()
+                .reached_as(&upstream)
                 .unwrap()
                 .key(&key)
                 .timeout(CLIENT_TIMEOUT))
@@ -1637,7 +1644,7 @@ fn expected_id(text: &str) -> Option<UniqueId> {
 
 /// `n` id files read by rank 1, and 8 × `n` texts parsed.
 fn id_texts(seed: u64, n: usize) -> Tally {
-    let hex = served_id().to_string();
+    let hex = served_id().to_hex();
     let pool = Pool::of(vec![
         format!("{hex}\n").into_bytes(),
         hex.to_uppercase().into_bytes(),

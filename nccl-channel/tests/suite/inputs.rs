@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use crate::common::{OneRank, Rig, on_one_rank};
 use cuda_hal::{DeviceBuffer, Stream};
-use nccl_channel::{
-    CommConfig, Communicator, Error, Group, PORT_BASE, ReduceOp, Rendezvous, UniqueId, World,
-};
+use nccl_channel::{CommConfig, Communicator, Error, Group, ReduceOp, UniqueId, World};
+#[cfg(feature = "rendezvous")]
+use nccl_channel::{PORT_BASE, Rendezvous};
 
-use crate::common::lookup::{derive, env, lookup};
+#[cfg(feature = "rendezvous")]
+use crate::common::lookup::derive;
+use crate::common::lookup::{env, lookup};
 
 fn env_error(variable: &str, value: &str, problem: &str) -> Error {
     Error::Env {
@@ -49,6 +51,7 @@ fn a_unique_id_takes_hex_digits_only_not_a_sign() {
 
 // ---- 2. host:port ----
 
+#[cfg(feature = "rendezvous")]
 #[test]
 fn an_unbracketed_ipv6_host_or_a_signed_port_is_refused_with_its_reason() {
     let cases = [
@@ -124,6 +127,7 @@ fn an_unbracketed_ipv6_host_or_a_signed_port_is_refused_with_its_reason() {
     }
 }
 
+#[cfg(feature = "rendezvous")]
 #[test]
 fn master_port_takes_decimal_digits_only() {
     // (Surrounding spaces are trimmed from every launcher variable before it is read.)
@@ -174,6 +178,7 @@ fn counts_with_a_sign_are_refused() {
     }
 }
 
+#[cfg(feature = "rendezvous")]
 #[test]
 fn the_rendezvous_timeout_is_plain_decimal_seconds() {
     let base = [("NCCL_CHANNEL_NPROCS", "2"), ("NCCL_CHANNEL_PROCID", "0")];
@@ -205,6 +210,7 @@ fn the_rendezvous_timeout_is_plain_decimal_seconds() {
 }
 
 /// A job id is a number only when it is digits: `+5` is hashed, not read as job 5.
+#[cfg(feature = "rendezvous")]
 #[test]
 fn a_signed_slurm_job_id_is_not_read_as_a_number() {
     let port = |job: &str| {

@@ -484,15 +484,15 @@ fn unique_ids_round_trip_as_hex_and_reject_bad_text() {
     }
     Rig::new(1).check(|rig| {
         let id = UniqueId::generate(&rig.nccl).unwrap();
-        let text = id.to_string();
+        let text = id.to_hex();
         assert_eq!(text.len(), 256);
         assert_eq!(text.parse::<UniqueId>().unwrap(), id);
         assert_eq!(text.to_uppercase().parse::<UniqueId>().unwrap(), id);
         assert_eq!(format!(" {text}\n").parse::<UniqueId>().unwrap(), id);
         assert_eq!(UniqueId(*id.as_bytes()), id);
         assert_eq!(UniqueId::from_raw(&id.to_raw()), id);
-        // Debug shows the first 8 bytes, enough to tell ids apart in a log.
-        assert_eq!(format!("{id:?}"), format!("UniqueId({}…)", &text[..16]));
+        // Debug shows none of its bytes (the first 8 are NCCL's bootstrap magic).
+        assert_eq!(format!("{id:?}"), "UniqueId(..)");
         for bad in [
             "",
             "00",

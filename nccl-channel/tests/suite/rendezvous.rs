@@ -690,7 +690,7 @@ fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
         "/nccl-channel/k#1",
         format!(
             "nccl-channel-rendezvous 2 3 0123456789abcdef {}",
-            UniqueId([1; 128])
+            UniqueId([1; 128]).to_hex()
         )
         .as_bytes(),
     );
@@ -704,7 +704,10 @@ fn torch_store_refuses_a_foreign_value_and_a_size_mismatch() {
         )
     );
     // A value of the version before nonces (a rank 0 of an older nccl-channel).
-    let old = format!("nccl-channel-rendezvous 1 2 {}", UniqueId([1; 128]));
+    let old = format!(
+        "nccl-channel-rendezvous 1 2 {}",
+        UniqueId([1; 128]).to_hex()
+    );
     store.set("/nccl-channel/k#2", old.as_bytes());
     let err = rdv.exchange_with(1, 2, || unreachable!()).unwrap_err();
     assert_eq!(
@@ -1586,7 +1589,10 @@ fn a_wrong_acknowledgement_is_not_counted() {
             std::io::BufRead::read_line(&mut std::io::BufReader::new(&c), &mut answer).unwrap();
             assert_eq!(
                 answer,
-                format!("nccl-channel-rendezvous 1 id {}\n", UniqueId([6; 128]))
+                format!(
+                    "nccl-channel-rendezvous 1 id {}\n",
+                    UniqueId([6; 128]).to_hex()
+                )
             );
             (&c).write_all(format!("{ack}\n").as_bytes()).unwrap();
             (r0.join().unwrap(), c.local_addr().unwrap())

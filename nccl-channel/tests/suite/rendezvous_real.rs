@@ -78,7 +78,7 @@ fn three_ranks_agree_on_a_real_nccl_2_18_id() {
     println!(
         "NCCL {}: 3 ranks share id {}…",
         nccl.version(),
-        &made[0].to_string()[..32]
+        &made[0].to_hex()[..32]
     );
 }
 

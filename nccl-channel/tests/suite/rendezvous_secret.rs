@@ -242,8 +242,15 @@ fn a_recorded_exchange_reveals_no_id_and_replays_to_nothing() {
     let addr = free_addr();
     let rec = recorder(addr.clone());
     std::thread::scope(|s| {
+        // Rank 0 is told the address the rank names (the recorder's): the proofs bind it.
         let zero = s.spawn(|| {
-            rdv(&addr, Some(secret(1)), Duration::from_secs(20)).exchange_with(0, 2, || Ok(ID))
+            let at = nccl_channel::nccl_rendezvous::Rendezvous::tcp(&addr)
+                .unwrap()
+                .reached_as(&rec.addr)
+                .unwrap()
+                .timeout(Duration::from_secs(20))
+                .secret(secret(1));
+            Rendezvous::from(at).exchange_with(0, 2, || Ok(ID))
         });
         let one = Rendezvous::tcp(&rec.addr)
             .unwrap()
@@ -345,7 +352,9 @@ fn through_a_tcpstore_the_id_is_sealed_and_only_the_secret_opens_it() {
     for id in ids {
         assert_eq!(id.unwrap(), ID);
     }
-    // A rank 0 stores; strangers read what it stored and are refused.
+    // A rank 0 stores; strangers read what it stored and are refused: one without a
+    // secret at once, one with another secret at its deadline (what it read proves
+    // nothing, so it waits for a value sealed with its own).
     for (theirs, want) in [
         (None, "has none"),
         (Some(secret(2)), "not sealed with this rank's secret"),
@@ -354,7 +363,7 @@ fn through_a_tcpstore_the_id_is_sealed_and_only_the_secret_opens_it() {
         let (zero, one) = std::thread::scope(|s| {
             let zero =
                 s.spawn(|| rdv(Some(secret(1)), "strangers", short).exchange_with(0, 2, || Ok(ID)));
-            let one = rdv(theirs, "strangers", long).exchange_with(1, 2, || unreachable!());
+            let one = rdv(theirs, "strangers", short).exchange_with(1, 2, || unreachable!());
             (zero.join().unwrap(), one)
         });
         assert!(refused(&one), "{one:?}");
@@ -362,11 +371,11 @@ fn through_a_tcpstore_the_id_is_sealed_and_only_the_secret_opens_it() {
         // Nobody with the secret acknowledged: rank 0 fails at its deadline.
         assert!(zero.is_err());
     }
-    // A rank with a secret refuses an id stored without one.
+    // A rank with a secret refuses an id stored without one (at its deadline).
     let short = Duration::from_millis(1500);
     let (zero, one) = std::thread::scope(|s| {
         let zero = s.spawn(|| rdv(None, "plain", short).exchange_with(0, 2, || Ok(ID)));
-        let one = rdv(Some(secret(1)), "plain", long).exchange_with(1, 2, || unreachable!());
+        let one = rdv(Some(secret(1)), "plain", short).exchange_with(1, 2, || unreachable!());
         (zero.join().unwrap(), one)
     });
     assert!(refused(&one), "{one:?}");
@@ -494,4 +503,34 @@ fn a_forged_acknowledgement_in_the_store_does_not_count() {
     let e = got.unwrap_err().to_string();
     assert!(e.contains("did not see rank 1 take the id"), "{e}");
     assert_eq!(forged.len(), 64);
+}
+
+/// Through a TCPStore whose key anyone can guess: a stranger stores a value there before
+/// rank 0 does. A rank holding the secret reads it first, is not ended by it (nothing in
+/// it is proven), and takes rank 0's sealed id once rank 0 stores it.
+#[test]
+fn through_a_tcpstore_a_strangers_value_read_first_does_not_decide() {
+    let store = TestStore::start();
+    let addr = format!("127.0.0.1:{}", store.port);
+    let rdv = |t: Duration| {
+        Rendezvous::torch_store(&addr)
+            .unwrap()
+            .key("guessed")
+            .timeout(t)
+            .secret(secret(1))
+    };
+    let strangers = format!(
+        "nccl-channel-rendezvous 2 2 0123456789abcdef {}",
+        "ab".repeat(128)
+    );
+    store.set("/nccl-channel/guessed#0", strangers.as_bytes());
+    let (zero, one) = std::thread::scope(|s| {
+        let one = s.spawn(|| rdv(Duration::from_secs(20)).exchange_with(1, 2, || unreachable!()));
+        // Rank 0 comes late: rank 1 has read the stranger's value by then.
+        std::thread::sleep(Duration::from_millis(700));
+        let zero = rdv(Duration::from_secs(20)).exchange_with(0, 2, || Ok(ID));
+        (zero, one.join().unwrap())
+    });
+    assert_eq!(one, Ok(ID));
+    assert_eq!(zero, Ok(ID));
 }

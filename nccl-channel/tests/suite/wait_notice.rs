@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{assert_nccl_error, loopback_port};
+use crate::common::assert_nccl_error;
+#[cfg(feature = "rendezvous")]
+use crate::common::loopback_port;
 use cuda_hal::Cuda;
 use cuda_mock::MockDriver;
 use nccl_channel::{CommConfig, Communicator, Error, UniqueId};
@@ -144,6 +146,7 @@ fn a_blocking_init_waiting_for_a_peer_is_noticed_by_the_watchdog() {
 
 /// Rank 1 of 2 waits at a rendezvous nobody serves: one notice naming the address, then
 /// the rendezvous's error at its deadline.
+#[cfg(feature = "rendezvous")]
 #[test]
 fn a_rendezvous_nobody_serves_says_so_once_then_fails() {
     let name = this_test!();
@@ -172,4 +175,46 @@ fn a_rendezvous_nobody_serves_says_so_once_then_fails() {
         took >= Duration::from_millis(2500) && took < Duration::from_secs(4),
         "{took:?}"
     );
+}
+
+/// Ranks holding different secrets: rank 1's notice says that rank 0 answered but could
+/// not prove the secret, not the generic causes, and rank 1 still ends at its deadline.
+#[cfg(feature = "rendezvous")]
+#[test]
+fn a_rank_whose_rank_0_cannot_prove_the_secret_is_told_so() {
+    let name = this_test!();
+    const PORT: &str = "NCCL_CHANNEL_WAIT_NOTICE_PORT";
+    if !is_child(&name) {
+        let port = loopback_port().to_string();
+        let lines = child_lines_with(&name, "nccl-channel:", &[(PORT, &port)]);
+        let ours: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains("(rank 1 of 2)"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{lines:?}");
+        assert!(
+            ours[0].contains("answered, but what answered could not prove it knows the secret"),
+            "{}",
+            ours[0]
+        );
+        assert!(!ours[0].contains(CAUSES), "{}", ours[0]);
+        return;
+    }
+    let port = std::env::var(PORT).unwrap();
+    let rdv = |b: u8| {
+        nccl_channel::Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+            .unwrap()
+            .timeout(Duration::from_millis(2500))
+            .secret(nccl_channel::RendezvousSecret::new([b; 16]).unwrap())
+    };
+    let (zero, one) = std::thread::scope(|s| {
+        let zero = s.spawn(|| rdv(1).exchange_with(0, 2, || Ok(UniqueId([1; 128]))));
+        let one = rdv(2).exchange_with(1, 2, || unreachable!());
+        (zero.join().unwrap(), one)
+    });
+    assert!(
+        matches!(one, Err(Error::RendezvousRefused { .. })),
+        "{one:?}"
+    );
+    assert!(zero.is_err());
 }

@@ -2,6 +2,7 @@
 //! tests of the launcher rules never read or change the process's own environment.
 #![allow(dead_code, unreachable_pub, clippy::expect_used)]
 
+#[cfg(feature = "rendezvous")]
 use nccl_channel::{Error, Rendezvous, World};
 
 /// Variables as owned pairs.
@@ -21,6 +22,7 @@ pub fn lookup(env: &Env) -> impl Fn(&str) -> Option<String> + '_ {
 }
 
 /// The rendezvous the launcher variables `vars` derive (they must name a world).
+#[cfg(feature = "rendezvous")]
 pub fn derive(vars: &[(&str, &str)]) -> Result<Option<Rendezvous>, Error> {
     let e = env(vars);
     let world = World::from_lookup(lookup(&e))?.expect("a world");

@@ -9,8 +9,8 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
-use super::secret::RendezvousSecret;
-use crate::{Result, UniqueId};
+use crate::secret::RendezvousSecret;
+use crate::{Id, Result};
 
 /// The bytes of a nonce, a proof's tag and a sealed id's tag.
 pub(crate) const NONCE_LEN: usize = 32;
@@ -74,13 +74,13 @@ impl Keys {
 
     /// `id` sealed under a key of `transcript` alone (each exchange has fresh nonces,
     /// hence its own key, so a fixed AEAD nonce is never reused under one key).
-    pub(crate) fn seal(&self, transcript: &[u8], id: &UniqueId) -> [u8; SEALED_LEN] {
+    pub(crate) fn seal(&self, transcript: &[u8], id: &Id) -> [u8; SEALED_LEN] {
         let sealed = self
             .cipher(transcript)
             .encrypt(
                 &[0u8; 12].into(),
                 Payload {
-                    msg: id.as_bytes(),
+                    msg: id.as_slice(),
                     aad: transcript,
                 },
             )
@@ -94,7 +94,7 @@ impl Keys {
 
     /// The id sealed by [`Keys::seal`] over the same transcript, `None` when the bytes
     /// were not (another key, a changed byte).
-    pub(crate) fn open(&self, transcript: &[u8], sealed: &[u8]) -> Option<UniqueId> {
+    pub(crate) fn open(&self, transcript: &[u8], sealed: &[u8]) -> Option<Id> {
         let plain = Zeroizing::new(
             self.cipher(transcript)
                 .decrypt(
@@ -106,7 +106,7 @@ impl Keys {
                 )
                 .ok()?,
         );
-        Some(UniqueId(<[u8; 128]>::try_from(plain.as_slice()).ok()?))
+        <[u8; 128]>::try_from(plain.as_slice()).ok()
     }
 
     fn cipher(&self, transcript: &[u8]) -> ChaCha20Poly1305 {
@@ -118,7 +118,7 @@ impl Keys {
 /// A fresh random nonce.
 pub(crate) fn nonce() -> Result<[u8; NONCE_LEN]> {
     let mut n = [0u8; NONCE_LEN];
-    super::secret::fill_random(&mut n)?;
+    crate::secret::fill_random(&mut n)?;
     Ok(n)
 }
 
@@ -145,9 +145,9 @@ mod tests {
     #[test]
     fn a_sealed_id_opens_only_with_its_transcript_and_secret() {
         let k = keys(1);
-        let id = UniqueId([9; 128]);
+        let id = [9; 128];
         let sealed = k.seal(b"t", &id);
-        assert_ne!(&sealed[..128], id.as_bytes());
+        assert_ne!(&sealed[..128], id.as_slice());
         assert_eq!(k.open(b"t", &sealed), Some(id));
         assert_eq!(k.open(b"u", &sealed), None);
         assert_eq!(keys(2).open(b"t", &sealed), None);

@@ -6,21 +6,23 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::wire::{After, Hello, Reply, parse_after, parse_hello, reply_line, transcript};
-use crate::UniqueId;
-use crate::rendezvous::net::describe;
-use crate::rendezvous::proof::{Keys, NONCE_LEN, Role, nonce};
+use crate::Id;
+use crate::net::describe;
+use crate::proof::{Keys, NONCE_LEN, Role, nonce};
 
 /// What rank 0 serves, the same for every connection of one exchange.
-pub(super) struct Offer {
-    pub(super) key: Arc<str>,
-    pub(super) size: usize,
-    pub(super) id: UniqueId,
-    pub(super) keys: Option<Keys>,
+pub(crate) struct Offer {
+    /// The rendezvous's address as the ranks name it, bound into every transcript.
+    pub(crate) address: Arc<str>,
+    pub(crate) key: Arc<str>,
+    pub(crate) size: usize,
+    pub(crate) id: Id,
+    pub(crate) keys: Option<Keys>,
 }
 
 /// What one connection came to.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Outcome {
+pub(crate) enum Outcome {
     /// That rank has the id and confirmed it.
     Served(usize),
     /// A greeting with this key and another world size (told rank 0's).
@@ -48,7 +50,7 @@ enum State {
 }
 
 /// One connection's exchange.
-pub(super) struct Conversation {
+pub(crate) struct Conversation {
     peer: SocketAddr,
     state: State,
 }
@@ -56,9 +58,9 @@ pub(super) struct Conversation {
 /// What a line made rank 0 do: a reply to send (before closing, when the outcome is
 /// there too) and the connection's outcome once it has one.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Step {
-    pub(super) reply: Option<String>,
-    pub(super) outcome: Option<Outcome>,
+pub(crate) struct Step {
+    pub(crate) reply: Option<String>,
+    pub(crate) outcome: Option<Outcome>,
 }
 
 impl Step {
@@ -78,7 +80,7 @@ impl Step {
 }
 
 impl Conversation {
-    pub(super) fn new(peer: SocketAddr) -> Conversation {
+    pub(crate) fn new(peer: SocketAddr) -> Conversation {
         Conversation {
             peer,
             state: State::Greeting,
@@ -86,7 +88,7 @@ impl Conversation {
     }
 
     /// Takes one line the peer sent (without its `\n`).
-    pub(super) fn on_line(&mut self, line: &[u8], offer: &Offer) -> Step {
+    pub(crate) fn on_line(&mut self, line: &[u8], offer: &Offer) -> Step {
         let peer = self.peer;
         match std::mem::replace(&mut self.state, State::Done) {
             State::Greeting => self.on_hello(line, offer),
@@ -211,7 +213,14 @@ impl Conversation {
             Ok(n) => n,
             Err(e) => return Step::last(None, Outcome::Ignored(format!("{peer}: {e}"))),
         };
-        let transcript = transcript(hello, their_nonce, &offer.key, offer.size, &ours);
+        let transcript = transcript(
+            &offer.address,
+            hello,
+            their_nonce,
+            &offer.key,
+            offer.size,
+            &ours,
+        );
         let reply = Reply::Challenge {
             key: offer.key.to_string(),
             size: offer.size,
@@ -246,13 +255,13 @@ impl Conversation {
     }
 
     /// Whether the peer has not completed its greeting yet.
-    pub(super) fn greeting(&self) -> bool {
+    pub(crate) fn greeting(&self) -> bool {
         matches!(self.state, State::Greeting)
     }
 
     /// The connection ended (closed, timed out, cut off) before an outcome: what that
     /// says of the peer.
-    pub(super) fn on_end(&self, why: &str) -> Outcome {
+    pub(crate) fn on_end(&self, why: &str) -> Outcome {
         let peer = self.peer;
         match &self.state {
             State::Greeting => Outcome::Ignored(format!("{peer}: {why}")),
@@ -277,13 +286,14 @@ impl Conversation {
 mod tests {
     use super::super::wire::{After, after_line, hello_line, parse_reply};
     use super::*;
-    use crate::rendezvous::secret::RendezvousSecret;
+    use crate::secret::RendezvousSecret;
 
     fn offer(secret: Option<u8>) -> Offer {
         Offer {
+            address: Arc::from("127.0.0.1:1"),
             key: Arc::from("k#0"),
             size: 3,
-            id: UniqueId([7; 128]),
+            id: [7; 128],
             keys: secret.map(|b| Keys::new(&RendezvousSecret::new([b; 16]).unwrap())),
         }
     }
@@ -341,7 +351,7 @@ mod tests {
             size: 3,
             nonce: Some(mine),
         };
-        let t = transcript(&h, &mine, &key, size, &nonce);
+        let t = transcript("127.0.0.1:1", &h, &mine, &key, size, &nonce);
         assert!(keys.verify(Role::Server, &t, &tag));
         // Rank 0's own proof sent back (in the same exchange, over the same transcript) is
         // no proof of the rank's.
@@ -411,7 +421,7 @@ mod tests {
             size: 3,
             nonce: Some(mine),
         };
-        let t = transcript(&h, &mine, &key, size, &nonce);
+        let t = transcript("127.0.0.1:1", &h, &mine, &key, size, &nonce);
         let step = s.on_line(
             line(&after_line(&After::Proof(wrong.prove(Role::Client, &t)))),
             &o,

@@ -10,7 +10,7 @@ use hkdf::Hkdf;
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
-use crate::{Encryption, Error, Result};
+use crate::{Error, Result};
 
 /// The variable naming the file that holds the secret ([`Rendezvous::from_env`](crate::Rendezvous::from_env)).
 pub const SECRET_FILE_ENV: &str = "NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE";
@@ -30,12 +30,12 @@ pub const SECRET_FILE_ENV: &str = "NCCL_CHANNEL_RENDEZVOUS_SECRET_FILE";
 /// clone is dropped.
 ///
 /// ```
-/// use nccl_channel::{Error, RendezvousSecret};
+/// use nccl_rendezvous::{Error, RendezvousSecret};
 /// let secret = RendezvousSecret::new(*b"a secret of at least sixteen bytes")?;
 /// assert_eq!(format!("{secret:?}"), "RendezvousSecret(..)");
 /// assert!(matches!(RendezvousSecret::new(*b"short"), Err(Error::InvalidArgument { .. })));
 /// assert_ne!(RendezvousSecret::generate()?, RendezvousSecret::generate()?);
-/// # Ok::<(), nccl_channel::Error>(())
+/// # Ok::<(), nccl_rendezvous::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct RendezvousSecret {
@@ -92,7 +92,7 @@ impl RendezvousSecret {
     /// # use std::io::Write;
     /// # #[cfg(unix)] {
     /// use std::os::unix::fs::OpenOptionsExt;
-    /// use nccl_channel::RendezvousSecret;
+    /// use nccl_rendezvous::RendezvousSecret;
     /// let path = std::env::temp_dir().join(format!("doc-secret-{}", std::process::id()));
     /// let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true)
     ///     .mode(0o600).open(&path)?;
@@ -147,13 +147,23 @@ impl RendezvousSecret {
         })
     }
 
-    /// NCCL's own encryption of its sockets ([`set_encryption`](crate::set_encryption),
-    /// NCCL ≥ 2.32.3) with a pre-shared key derived from this secret: every rank holding
-    /// the secret derives the same key, and the key reveals nothing of the secret.
+    /// A pre-shared key for NCCL's own encryption of its sockets (64 hex digits, 32
+    /// bytes), derived from this secret: every rank holding the secret derives the same
+    /// key, and the key reveals nothing of the secret. nccl-channel hands it to
+    /// `ncclSetEncryption` ([`Rendezvous::encrypt_nccl`](crate::Rendezvous::encrypt_nccl)).
+    ///
+    /// ```
+    /// use nccl_rendezvous::RendezvousSecret;
+    /// let s = RendezvousSecret::new(*b"0123456789abcdef")?;
+    /// let psk = s.nccl_psk();
+    /// assert_eq!(psk.len(), 64);
+    /// assert_eq!(psk, s.clone().nccl_psk());
+    /// # Ok::<(), nccl_rendezvous::Error>(())
+    /// ```
     #[must_use]
-    pub fn nccl_encryption(&self) -> Encryption {
+    pub fn nccl_psk(&self) -> Zeroizing<String> {
         let key = self.derive(b"nccl-channel nccl encryption key", b"");
-        Encryption::Psk(crate::decimal::hex(key.as_ref()))
+        Zeroizing::new(crate::decimal::hex(key.as_ref()))
     }
 
     /// 32 bytes derived from the secret for `purpose` (HKDF-SHA256, the salt naming this
@@ -239,13 +249,16 @@ mod tests {
     #[test]
     fn the_nccl_key_is_derived_long_enough_and_secret_free() {
         let s = RendezvousSecret::new(*b"0123456789abcdef").unwrap();
-        let Encryption::Psk(psk) = s.nccl_encryption() else {
-            panic!("a key")
-        };
+        let psk = s.nccl_psk();
         assert_eq!(psk.len(), 64);
-        assert!(psk.len() >= crate::PSK_MIN_LEN);
         assert!(!psk.contains("0123456789abcdef"));
-        assert_eq!(s.nccl_encryption(), s.clone().nccl_encryption());
+        assert_eq!(s.nccl_psk(), s.clone().nccl_psk());
+        // The key of the release before this crate split off: NCCL's traffic of ranks of
+        // both stays readable to each other.
+        assert_eq!(
+            psk.as_str(),
+            crate::decimal::hex(s.derive(b"nccl-channel nccl encryption key", b"").as_ref())
+        );
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! connection may take is bounded: [`MAX_LINE`] bytes (and one read) of input, one reply,
 //! [`STEP`] of time; at most [`MAX_CONNECTIONS`] are open at once, and further ranks wait
 //! in the listen backlog ([`BACKLOG`]) until one closes — or, when every slot is taken,
-//! until the oldest connection that has not greeted within [`EVICT_AFTER`] makes room
-//! (honest ranks greet as they connect): peers that connect and say nothing cannot hold
-//! every slot, however many they open.
+//! until the connection silent longest, past [`EVICT_AFTER`], makes room, whether it has
+//! greeted or not (honest ranks greet as they connect and answer each line at once):
+//! peers that connect and say nothing, or greet and then say nothing, cannot hold every
+//! slot, however many they open.
 
 use std::collections::BTreeSet;
 use std::io::{self, ErrorKind, Read, Write};
@@ -19,10 +20,10 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conversation::{Conversation, Offer, Outcome};
 use super::wire::MAX_LINE;
-use crate::rendezvous::net::{self, STEP, describe};
-use crate::rendezvous::point::Rendezvous;
-use crate::rendezvous::proof::Keys;
-use crate::{Result, UniqueId};
+use crate::net::{self, STEP, describe};
+use crate::point::Rendezvous;
+use crate::proof::Keys;
+use crate::{Id, Result};
 
 /// Connections served at once; more wait in the backlog. Each holds a descriptor, up to
 /// [`MAX_LINE`] bytes and a read of input, and a reply. Fewer where the process may open
@@ -66,23 +67,25 @@ const REFUSALS_SAID: usize = 8;
 /// connection slot taken): the listener's readiness is signalled once per new connection.
 const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 
-/// When every slot is taken, a connection silent this long without a complete greeting
-/// gives its slot to a newer one.
+/// When every slot is taken, a connection that kept rank 0 waiting this long without a
+/// complete line (a round trip's allowance, far above an honest rank's) gives its slot to
+/// a newer one.
 const EVICT_AFTER: Duration = Duration::from_secs(1);
 
 const LISTENER: Token = Token(usize::MAX);
 
 /// Rank 0: listens, makes the id, serves it until every other rank confirmed.
-pub(crate) fn serve(
+pub(crate) fn serve<E: From<crate::Error>>(
     rdv: &Rendezvous,
     key: &str,
     size: usize,
-    make: impl FnOnce() -> Result<UniqueId>,
-) -> Result<UniqueId> {
+    make: impl FnOnce() -> Result<Id, E>,
+) -> Result<Id, E> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let listener = listen(rdv, deadline)?;
     let id = make()?;
     let offer = Offer {
+        address: Arc::from(rdv.bound_address()),
         key: Arc::from(key),
         size,
         id,
@@ -120,8 +123,8 @@ struct Conn {
     talk: Conversation,
     input: Vec<u8>,
     output: Vec<u8>,
-    /// When it was accepted.
-    opened: Instant,
+    /// When it last completed a line (or was accepted): since then rank 0 waits on it.
+    heard: Instant,
     /// When it is dropped, finished or not.
     until: Instant,
     /// Its outcome, once it has one: it closes when its reply is written.
@@ -212,7 +215,7 @@ impl Server<'_> {
                         talk: Conversation::new(peer),
                         input: Vec::new(),
                         output: Vec::new(),
-                        opened: Instant::now(),
+                        heard: Instant::now(),
                         until: Instant::now() + STEP,
                         outcome: None,
                     });
@@ -258,27 +261,34 @@ impl Server<'_> {
         }
     }
 
-    /// Every slot taken: closes the oldest connection still without a greeting after
-    /// [`EVICT_AFTER`], so that a newer one (an honest rank, whose greeting came with its
-    /// connection) gets its slot. False when none may go.
+    /// Every slot taken: closes the connection that has kept rank 0 waiting longest, once
+    /// it has been silent (no complete line) for [`EVICT_AFTER`], whatever its state: not
+    /// greeted yet, or greeted and challenged but with no proof since. An honest rank
+    /// answers each line of rank 0's within a round trip, so a newer connection (an honest
+    /// rank, whose greeting came with its connection) gets its slot, and a flood of
+    /// connections that greet, then go silent, holds no slot past that. False when none
+    /// may go.
     fn make_room(&mut self, now: Instant) -> bool {
         let oldest = self
             .conns
             .iter()
             .enumerate()
             .filter_map(|(i, c)| Some((i, c.as_ref()?)))
-            .filter(|(_, c)| {
-                c.outcome.is_none() && c.talk.greeting() && now >= c.opened + EVICT_AFTER
-            })
-            .min_by_key(|(_, c)| c.opened)
+            .filter(|(_, c)| c.outcome.is_none() && now >= c.heard + EVICT_AFTER)
+            .min_by_key(|(_, c)| c.heard)
             .map(|(i, _)| i);
         let Some(i) = oldest else {
             return false;
         };
         if let Some(c) = &mut self.conns[i] {
             let why = format!(
-                "gave its slot to a newer connection: no greeting within {EVICT_AFTER:?}, and \
-                 all {} slots taken",
+                "gave its slot to a newer connection: {} within {EVICT_AFTER:?}, and all {} \
+                 slots taken",
+                if c.talk.greeting() {
+                    "no greeting"
+                } else {
+                    "no answer to rank 0"
+                },
                 self.cap
             );
             c.outcome = Some(c.talk.on_end(&why));
@@ -361,6 +371,7 @@ fn read_lines(c: &mut Conn, offer: &Offer) {
                     }
                     let step = c.talk.on_line(&c.input[..end], offer);
                     c.input.drain(..=end);
+                    c.heard = Instant::now();
                     if let Some(reply) = step.reply {
                         c.output.extend_from_slice(reply.as_bytes());
                     }
@@ -478,7 +489,7 @@ impl Tally {
 
 /// Binds the listening socket, retrying while the port is taken (an earlier channel's
 /// rank 0 may still be releasing it) until the deadline.
-pub(super) fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
+pub(crate) fn listen(rdv: &Rendezvous, deadline: Instant) -> Result<TcpListener> {
     let candidates = rdv.listen_addrs();
     let mut backoff = net::attempts_backoff();
     loop {
@@ -580,7 +591,7 @@ mod tests {
     /// refusal is counted for the deadline's error.
     #[test]
     fn every_rank_is_served_with_a_secret_and_without() {
-        use crate::rendezvous::secret::RendezvousSecret;
+        use crate::secret::RendezvousSecret;
         for secret in [None, Some(RendezvousSecret::new([3u8; 16]).unwrap())] {
             let port = TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -593,7 +604,7 @@ mod tests {
             if let Some(s) = &secret {
                 rdv = rdv.secret(s.clone());
             }
-            let id = UniqueId([1; 128]);
+            let id = [1; 128];
             let got: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..6)
                     .map(|rank| {
@@ -717,35 +728,64 @@ mod tests {
         assert!(server.accept_pending);
         // Silent for 0.9 s: not yet.
         let not_yet = Instant::now() - Duration::from_millis(900);
-        server.conns[0].as_mut().unwrap().opened = not_yet;
+        server.conns[0].as_mut().unwrap().heard = not_yet;
         server.accept();
-        assert_eq!(server.conns[0].as_ref().map(|c| c.opened), Some(not_yet));
+        assert_eq!(server.conns[0].as_ref().map(|c| c.heard), Some(not_yet));
         assert_eq!(server.tally.last, None);
         // Silent for 1 s: it makes room.
-        server.conns[0].as_mut().unwrap().opened = Instant::now() - Duration::from_secs(1);
+        server.conns[0].as_mut().unwrap().heard = Instant::now() - Duration::from_secs(1);
         server.accept();
         assert_eq!(server.live, 2);
         assert!(
             server.conns[0]
                 .as_ref()
-                .is_some_and(|c| c.opened > Instant::now() - EVICT_AFTER)
+                .is_some_and(|c| c.heard > Instant::now() - EVICT_AFTER)
         );
         let last = server.tally.last.clone().unwrap_or_default();
         assert!(
             last.contains("gave its slot to a newer connection"),
             "{last}"
         );
-        // A connection that greeted is never the one to go.
-        let mut greeted = Conversation::new(addr);
+        drop((silent, honest));
+    }
+
+    /// A connection that greeted and was answered, then went silent, makes room like one
+    /// that never greeted: with every slot taken, it goes once silent past EVICT_AFTER.
+    #[test]
+    fn a_greeted_then_silent_connection_makes_room_at_the_cap() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
         let offer = Offer {
+            address: Arc::from("127.0.0.1:1"),
             key: Arc::from("k"),
-            size: 2,
-            id: UniqueId([0; 128]),
+            size: 3,
+            id: [0; 128],
             keys: None,
         };
-        let _ = greeted.on_line(b"nccl-channel-rendezvous 1 hello k 1 2", &offer);
-        assert!(!greeted.greeting());
-        drop((silent, honest));
+        let (mut server, addr) = server(&rdv, 2);
+        let mut squatters = connections(addr, 2);
+        for c in &mut squatters {
+            c.write_all(b"nccl-channel-rendezvous 1 hello k 1 3\n")
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        server.accept();
+        server.on_ready(0, &offer);
+        server.on_ready(1, &offer);
+        assert_eq!(server.live, 2);
+        for c in server.conns.iter().flatten() {
+            assert!(!c.talk.greeting(), "both greeted (and were sent the id)");
+        }
+        let honest = std::net::TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        server.conns[1].as_mut().unwrap().heard = Instant::now() - EVICT_AFTER;
+        server.accept();
+        assert_eq!(server.live, 2);
+        let last = server.tally.last.clone().unwrap_or_default();
+        assert!(
+            last.contains("gave its slot to a newer connection: no answer to rank 0"),
+            "{last}"
+        );
+        drop((squatters, honest));
     }
 
     /// A line of MAX_LINE bytes is read as a line (here: garbage, so ignored); one byte
@@ -754,9 +794,10 @@ mod tests {
     fn a_line_is_read_up_to_its_limit_and_cut_off_past_it() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
         let offer = Offer {
+            address: Arc::from("127.0.0.1:1"),
             key: Arc::from("k"),
             size: 2,
-            id: UniqueId([0; 128]),
+            id: [0; 128],
             keys: None,
         };
         for (len, says) in [
@@ -783,9 +824,10 @@ mod tests {
     fn a_line_at_the_limit_waits_for_its_end_and_a_reset_ends_at_once() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
         let offer = Offer {
+            address: Arc::from("127.0.0.1:1"),
             key: Arc::from("k"),
             size: 2,
-            id: UniqueId([0; 128]),
+            id: [0; 128],
             keys: None,
         };
         let (mut server, addr) = server(&rdv, 4);

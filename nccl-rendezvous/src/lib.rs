@@ -1,10 +1,47 @@
-//! [`Rendezvous`]: where and how rank 0 hands its unique id to the other ranks over TCP,
-//! so that ranks started by torchrun, Slurm, Open MPI or MPICH agree on an id without an
-//! extra variable.
+//! How rank 0 hands the 128 bytes of an NCCL unique id to the other ranks over TCP, so
+//! that ranks started by torchrun, Slurm, Open MPI or MPICH agree on an id without an
+//! extra variable; authenticated and confidential with a shared [`RendezvousSecret`].
+//!
+//! This crate is the part of a program that faces the network while ranks agree on an
+//! id, kept apart from CUDA and NCCL: it neither loads nor calls them, and the id it hands over is
+//! whatever 128 bytes rank 0's `make` gives ([`Rendezvous::exchange_with`]). nccl-channel
+//! uses it behind its default feature `rendezvous`; a program that gets its ids elsewhere
+//! (torch, MPI, its own launcher) builds nccl-channel without it and so without the
+//! cryptography and the event loop this crate brings.
+//!
+//! * [`Rendezvous`]: where and how (an address given in code, or derived from the
+//!   launcher's environment with [`Rendezvous::from_lookup`]), then
+//!   [`Rendezvous::exchange_with`].
+//! * [`RendezvousSecret`]: the shared secret; with it each side proves it knows the
+//!   secret before the id travels, sealed, and only proven answers are believed.
+//! * [`Error`]: what went wrong, naming the address and where it came from.
+//!
+//! Two ranks, one thread each, agree on rank 0's id over loopback:
+//!
+//! ```
+//! use std::time::Duration;
+//! use nccl_rendezvous::{Rendezvous, RendezvousSecret};
+//! # let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+//! let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?
+//!     .timeout(Duration::from_secs(30))
+//!     .secret(RendezvousSecret::generate()?);
+//! let (zero, one) = std::thread::scope(|s| {
+//!     let zero = s.spawn(|| rdv.exchange_with(0, 2, || Ok([7; 128])));
+//!     let one = rdv.exchange_with(1, 2, || unreachable!());
+//!     (zero.join().expect("rank 0"), one)
+//! });
+//! assert_eq!((zero?, one?), ([7; 128], [7; 128]));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+mod backoff;
+mod decimal;
 mod derive;
+mod error;
+mod host_port;
 mod hostlist;
 mod net;
+mod notice;
 mod ours;
 mod point;
 mod proof;
@@ -14,28 +51,35 @@ mod tcpstore;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use nccl_sys::Nccl;
-
-use crate::{Error, Result, UniqueId, World};
-
-pub use derive::{PORT_BASE, PORT_SPAN};
+pub use derive::{ENCRYPT_NCCL_ENV, PORT_BASE, PORT_SPAN};
+pub use error::{Error, IoError, Result};
 pub use point::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
 pub use secret::{RendezvousSecret, SECRET_FILE_ENV};
+
+/// The bytes of the id a rendezvous hands over (`ncclUniqueId` holds 128).
+pub const ID_LEN: usize = 128;
+
+/// The id a rendezvous hands over: [`ID_LEN`] bytes, made by rank 0.
+pub type Id = [u8; ID_LEN];
 
 // The doors that need the protocols and the rule of derive.rs; what a rendezvous is, and
 // the rest of its methods, are in point.rs, below them.
 
 impl Rendezvous {
-    /// The world's rendezvous as the launcher's environment describes it, `Ok(None)` when
-    /// it describes none. See [`Rendezvous::from_lookup`] for the rule.
-    pub fn from_env(world: &World) -> Result<Option<Rendezvous>> {
-        Self::from_lookup(world, |name| std::env::var(name).ok())
+    /// The rendezvous of a world of `size` ranks started by `launcher` as the process's
+    /// environment describes it, `Ok(None)` when it describes none. See
+    /// [`Rendezvous::from_lookup`] for the rule.
+    pub fn from_env(launcher: &str, size: usize) -> Result<Option<Rendezvous>> {
+        Self::from_lookup(launcher, size, |name| std::env::var(name).ok())
     }
 
     /// As [`Rendezvous::from_env`], reading variables through `lookup` (tests, programs
-    /// that keep their configuration elsewhere). The first row that applies decides:
+    /// that keep their configuration elsewhere). `launcher` is the family whose variables
+    /// gave the world (nccl-channel's `World::source`: `"torchrun"`, `"Slurm"`,
+    /// `"Open MPI"`, `"PMI"`, anything else for none of those), `size` its number of
+    /// ranks. The first row that applies decides:
     ///
-    /// | Launcher ([`World::source`]) | Condition | Address | Kind |
+    /// | Launcher (`launcher`) | Condition | Address | Kind |
     /// |---|---|---|---|
     /// | any | `NCCL_CHANNEL_RENDEZVOUS=host:port` (and `NCCL_CHANNEL_RENDEZVOUS_KEY`, the key) | that | rank 0 serves |
     /// | torchrun | `TORCHELASTIC_USE_AGENT_STORE=True` | `MASTER_ADDR:MASTER_PORT` | torchrun's TCPStore |
@@ -84,114 +128,99 @@ impl Rendezvous {
     /// [`Error::Env`] naming the variable.
     ///
     /// ```
-    /// use nccl_channel::{Rendezvous, RendezvousKind, World};
+    /// use nccl_rendezvous::{Rendezvous, RendezvousKind};
     /// let env = [
     ///     ("SLURM_NTASKS", "8"), ("SLURM_PROCID", "3"),
     ///     ("SLURM_JOB_NODELIST", "gpu[07-10],login1"),
     ///     ("SLURM_JOB_ID", "123456"), ("SLURM_STEP_ID", "0"),
     /// ];
     /// let lookup = |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
-    /// let world = World::from_lookup(lookup)?.expect("a Slurm world");
-    /// let rdv = Rendezvous::from_lookup(&world, lookup)?.expect("Slurm gives one");
+    /// let rdv = Rendezvous::from_lookup("Slurm", 8, lookup)?.expect("Slurm gives one");
     /// assert_eq!(rdv.kind(), RendezvousKind::RankZero);
     /// assert_eq!(rdv.address(), "gpu07:27296");
     /// assert_eq!(rdv.derived_from(), "SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_STEP_ID");
-    /// # Ok::<(), nccl_channel::Error>(())
+    /// # Ok::<(), nccl_rendezvous::Error>(())
     /// ```
     #[doc(alias = "MASTER_ADDR")]
     #[doc(alias = "MASTER_PORT")]
     pub fn from_lookup(
-        world: &World,
+        launcher: &str,
+        size: usize,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Rendezvous>> {
-        derive::derive(world, &lookup)
+        derive::derive(launcher, size, &lookup)
     }
 
-    /// Agrees on a unique id with the other ranks: rank 0 generates one with
-    /// `ncclGetUniqueId` and hands it over; the others receive it. One rank: a fresh id,
-    /// no network.
+    /// Agrees on an id with the other ranks: rank 0 (`rank == 0`) calls `make` once,
+    /// after it is ready to serve, and hands what it made to the others, which receive
+    /// it. One rank (`size == 1`): `make`'s id, no network. `E` is the caller's error type,
+    /// which `make` returns and this crate's [`Error`] converts into (nccl-channel passes
+    /// its own; `nccl_rendezvous::Error` itself will do).
     ///
-    /// Two ranks, one thread each, agree on an id over loopback and join with it:
+    /// Every wait below (connecting, serving, reading) is bounded by the rendezvous's
+    /// [timeout](Rendezvous::timeout); one that lasts says so once on stderr after 10 s
+    /// (the variable `NCCL_CHANNEL_WAIT_NOTICE_SECS` gives another delay; `0`, none),
+    /// naming what it learnt (rank 0 answered and could not prove the secret).
     ///
     /// ```
-    /// # use std::sync::Arc;
     /// use std::time::Duration;
-    /// use cuda_hal::Cuda;
-    /// use cuda_mock::MockDriver;
-    /// use nccl_channel::{Communicator, Rendezvous};
-    /// use nccl_mock::MockNccl;
-    ///
-    /// let (cuda, gpus) = MockDriver::with_devices(2).build_with(Cuda::from_driver)?;
-    /// let nccl = Arc::new(MockNccl::new(&gpus).build()?.0);
-    /// let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    /// use nccl_rendezvous::Rendezvous;
+    /// # let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     /// let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?.timeout(Duration::from_secs(30));
-    /// let joined = std::thread::scope(|s| {
-    ///     let ranks: Vec<_> = (0..2)
+    /// let ids = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = (0..3)
     ///         .map(|rank| {
-    ///             let (cuda, nccl, rdv) = (&cuda, &nccl, &rdv);
-    ///             s.spawn(move || -> nccl_channel::Result<(usize, usize)> {
-    ///                 let id = rdv.exchange(nccl, rank, 2)?; // rank 0 serves, rank 1 fetches
-    ///                 let ctx = cuda.device(rank)?.primary_context()?;
-    ///                 let comm = Communicator::init_rank(nccl, &ctx, &id, 2, rank)?;
-    ///                 Ok((comm.rank(), comm.size()))
-    ///             })
+    ///             let rdv = &rdv;
+    ///             s.spawn(move || rdv.exchange_with(rank, 3, || Ok([7; 128])))
     ///         })
     ///         .collect();
-    ///     ranks.into_iter().map(|r| r.join().expect("a rank panicked")).collect::<Result<Vec<_>, _>>()
+    ///     ranks.into_iter().map(|h| h.join().expect("a rank")).collect::<Result<Vec<_>, _>>()
     /// })?;
-    /// assert_eq!(joined, [(0, 2), (1, 2)]);
+    /// assert_eq!(ids, vec![[7; 128]; 3]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[doc(alias = "ncclGetUniqueId")]
-    pub fn exchange(&self, nccl: &Nccl, rank: usize, size: usize) -> Result<UniqueId> {
-        if self.encrypt_nccl {
-            let Some(secret) = &self.secret else {
-                return Err(Error::InvalidArgument {
-                    what: "Rendezvous::encrypt_nccl",
-                    problem: "NCCL's key is derived from the rendezvous's secret, and this \
-                              rendezvous has none (Rendezvous::secret)"
-                        .into(),
-                });
-            };
-            // Before the id: a rank whose NCCL cannot encrypt fails before the others
-            // count on it.
-            crate::set_encryption(nccl, &secret.nccl_encryption())?;
-        }
-        self.exchange_with(rank, size, || UniqueId::generate(nccl))
-    }
-
-    /// As [`Rendezvous::exchange`], with rank 0's id made by `make` (called once, on rank
-    /// 0 only, after it is ready to serve): for tests and for ids made elsewhere.
     pub fn exchange_with(
         &self,
         rank: usize,
         size: usize,
-        make: impl FnOnce() -> Result<UniqueId>,
-    ) -> Result<UniqueId> {
+        make: impl FnOnce() -> Result<Id>,
+    ) -> Result<Id> {
+        self.exchange_with_error(rank, size, make)
+    }
+
+    /// As [`Rendezvous::exchange_with`], with `make`'s error of the caller's type `E`,
+    /// which this crate's [`Error`] converts into: the error `make` returned comes back as
+    /// it was (nccl-channel's rank 0 passes NCCL's failure to make an id through).
+    pub fn exchange_with_error<E: From<Error>>(
+        &self,
+        rank: usize,
+        size: usize,
+        make: impl FnOnce() -> Result<Id, E>,
+    ) -> Result<Id, E> {
         if size == 0 || rank >= size {
             return Err(Error::InvalidRank {
                 what: "Rendezvous::exchange",
                 rank,
                 size,
-            });
+            }
+            .into());
         }
         if size == 1 {
             return make();
         }
         let key = format!("{}#{}", self.key, next_sequence(self, rank));
-        // Every wait below (connecting, serving, reading) is watched as one.
-        let _watch =
-            crate::notice::watch(crate::notice::Deadline::Rendezvous(self.timeout), || {
-                format!(
-                    "the rendezvous at {} (rank {rank} of {size})",
-                    self.address()
-                )
-            });
+        let watch = notice::watch(self.timeout, || {
+            format!(
+                "the rendezvous at {} (rank {rank} of {size})",
+                self.address()
+            )
+        });
+        let found = watch.found();
         match (self.kind, rank) {
             (RendezvousKind::RankZero, 0) => ours::serve(self, &key, size, make),
-            (RendezvousKind::RankZero, _) => ours::receive(self, &key, rank, size),
+            (RendezvousKind::RankZero, _) => Ok(ours::receive(self, &key, rank, size, found)?),
             (RendezvousKind::TorchStore, 0) => tcpstore::publish(self, &key, size, make),
-            (RendezvousKind::TorchStore, _) => tcpstore::fetch(self, &key, rank, size),
+            (RendezvousKind::TorchStore, _) => Ok(tcpstore::fetch(self, &key, rank, size, found)?),
         }
     }
 }
@@ -240,3 +269,8 @@ mod tests {
         }
     }
 }
+
+// The README (the crate's registry page) runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -28,7 +28,7 @@
 //! start with `/nccl-channel/`, apart from those of torch and torchrun.
 //!
 //! Every answer is read before a deadline (the socket's read timeout is set to the time
-//! left, at most [`STEP`](super::net::STEP), before every read), so a store that trickles
+//! left, at most [`STEP`](crate::net::STEP), before every read), so a store that trickles
 //! its answers cannot keep a rank past its deadline.
 //!
 //! The exchange: rank 0 removes whatever an earlier exchange under the same key left (its
@@ -58,13 +58,13 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::net::{self, STEP, describe, step_until, time_for_attempt};
-use super::point::Rendezvous;
-use super::proof::{self, Keys, NONCE_LEN, Role, SEALED_LEN};
-use super::secret::SECRET_FILE_ENV;
 use crate::decimal::parse_decimal;
 use crate::decimal::{hex, unhex};
-use crate::{Result, UniqueId};
+use crate::net::{self, STEP, describe, step_until, time_for_attempt};
+use crate::point::Rendezvous;
+use crate::proof::{self, Keys, NONCE_LEN, Role, SEALED_LEN};
+use crate::secret::SECRET_FILE_ENV;
+use crate::{Id, Result};
 
 const VALIDATE: u8 = 0;
 const SET: u8 = 1;
@@ -357,12 +357,12 @@ fn ranks(list: &[usize]) -> String {
 
 /// Rank 0: removes what an earlier exchange under the key left, stores the id with a
 /// fresh nonce, then waits until every other rank acknowledged it with that nonce.
-pub(super) fn publish(
+pub(crate) fn publish<E: From<crate::Error>>(
     rdv: &Rendezvous,
     key: &str,
     size: usize,
-    make: impl FnOnce() -> Result<UniqueId>,
-) -> Result<UniqueId> {
+    make: impl FnOnce() -> Result<Id, E>,
+) -> Result<Id, E> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let id = make()?;
@@ -379,13 +379,13 @@ pub(super) fn publish(
     let (value, expected) = match &rdv.secret {
         None => {
             let nonce = new_nonce();
-            let value = format!("{VALUE_MAGIC} {size} {nonce} {id}");
+            let value = format!("{VALUE_MAGIC} {size} {nonce} {}", hex(&id));
             (value, vec![nonce.into_bytes(); size - 1])
         }
         Some(secret) => {
             let keys = Keys::new(secret);
             let nonce = proof::nonce()?;
-            let t = sealed_transcript(&skey, size, &nonce);
+            let t = sealed_transcript(&rdv.bound_address(), &skey, size, &nonce);
             let sealed = keys.seal(&t, &id);
             let value = format!("{SEALED_MAGIC} {size} {} {}", hex(&nonce), hex(&sealed));
             let expected = (1..size).map(|r| sealed_ack(&keys, &t, r)).collect();
@@ -425,7 +425,7 @@ pub(super) fn publish(
                 format!("{p} (then the store could not be asked which ranks took the id: {e})")
             }
         };
-        return Err(rdv.error(problem));
+        return Err(rdv.error(problem).into());
     }
     clean_up(rdv, &mut store, &every_key, Instant::now() + AFTER);
     Ok(id)
@@ -547,7 +547,13 @@ fn clean_up(rdv: &Rendezvous, store: &mut Store, keys: &[String], by: Instant) {
 }
 
 /// Ranks other than 0: wait for the id, read it, acknowledge it with its nonce.
-pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
+pub(crate) fn fetch(
+    rdv: &Rendezvous,
+    key: &str,
+    rank: usize,
+    size: usize,
+    found: &crate::notice::Found,
+) -> Result<Id> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let mut store = connect(rdv, deadline, rdv.timeout).map_err(|p| rdv.error(p))?;
     let skey = store_key(key);
@@ -560,37 +566,24 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
             rdv.timeout
         )));
     }
-    let value = store
-        .get(&skey, deadline)
-        .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
-    let parsed =
-        parse_value(&value, size).map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
-    let refused = |what: &str| rdv.refused(format!("holds under key {skey} {what}"));
-    let (id, ack) = match (parsed, &rdv.secret) {
-        (Value::Plain { id, nonce }, None) => (id, nonce.into_bytes()),
-        (Value::Sealed { nonce, sealed }, Some(secret)) => {
-            let keys = Keys::new(secret);
-            let t = sealed_transcript(&skey, size, &nonce);
-            let id = keys.open(&t, &sealed[..]).ok_or_else(|| {
-                refused(
-                    "an id not sealed with this rank's secret (rank 0 holds another secret, or \
-                     something else stored it)",
-                )
-            })?;
-            (id, sealed_ack(&keys, &t, rank))
+    let (id, ack) = match &rdv.secret {
+        None => {
+            let value = store
+                .get(&skey, deadline)
+                .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
+            let parsed = parse_value(&value, size)
+                .map_err(|p| rdv.error(format!("holds under key {skey} {p}")))?;
+            match parsed {
+                Value::Plain { id, nonce } => (id, nonce.into_bytes()),
+                Value::Sealed { .. } => {
+                    return Err(rdv.refused(format!(
+                        "holds under key {skey} an id sealed with a secret, and this rank has \
+                         none: give every rank the same secret ({SECRET_FILE_ENV})"
+                    )));
+                }
+            }
         }
-        (Value::Plain { .. }, Some(_)) => {
-            return Err(refused(
-                "an id stored without a secret, and this rank has one: give every rank the \
-                 same secret, or none",
-            ));
-        }
-        (Value::Sealed { .. }, None) => {
-            return Err(refused(&format!(
-                "an id sealed with a secret, and this rank has none: give every rank the same \
-                 secret ({SECRET_FILE_ENV})"
-            )));
-        }
+        Some(secret) => fetch_sealed(rdv, &mut store, &skey, rank, size, secret, deadline, found)?,
     };
     store
         .set(&ack_keys(key, size)[rank - 1], &ack)
@@ -598,10 +591,67 @@ pub(super) fn fetch(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Re
     Ok(id)
 }
 
-/// What a sealed id is sealed over: the store key (hence the job and the exchange), the
-/// world size and rank 0's nonce.
-fn sealed_transcript(skey: &str, size: usize, nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
-    let mut t = format!("{SEALED_MAGIC}\n{skey}\n{size}\n").into_bytes();
+/// With a secret: reads the value under `skey` until it opens with the secret, or the
+/// deadline passes. Anything else there (a stranger's `SET` before rank 0's, a value of
+/// another secret, garbage) proves nothing and decides nothing: rank 0 removes what is
+/// there before it stores its own, so the value is read again, with growing pauses.
+#[allow(clippy::too_many_arguments)]
+fn fetch_sealed(
+    rdv: &Rendezvous,
+    store: &mut Store,
+    skey: &str,
+    rank: usize,
+    size: usize,
+    secret: &crate::RendezvousSecret,
+    deadline: Instant,
+    found: &crate::notice::Found,
+) -> Result<(Id, Vec<u8>)> {
+    let keys = Keys::new(secret);
+    let mut backoff = net::attempts_backoff();
+    loop {
+        let value = store
+            .get(skey, deadline)
+            .map_err(|e| rdv.io_error(format!("failed reading key {skey}"), e))?;
+        let unproven = match parse_value(&value, size) {
+            Ok(Value::Sealed { nonce, sealed }) => {
+                let t = sealed_transcript(&rdv.bound_address(), skey, size, &nonce);
+                match keys.open(&t, &sealed[..]) {
+                    Some(id) => return Ok((id, sealed_ack(&keys, &t, rank))),
+                    None => "an id not sealed with this rank's secret (rank 0 holds another \
+                             secret, or something else stored it)"
+                        .to_string(),
+                }
+            }
+            Ok(Value::Plain { .. }) => "an id stored without a secret, and this rank has one \
+                                        (give every rank the same secret, or none)"
+                .to_string(),
+            Err(p) => p,
+        };
+        crate::notice::found(found, crate::notice::Cause::UnprovenValue);
+        let refused = || {
+            rdv.refused(format!(
+                "holds under key {skey} {unproven}, and nothing sealed with this rank's secret \
+                 came in its place within {:?}",
+                rdv.timeout
+            ))
+        };
+        std::thread::sleep(backoff.pause_until(deadline));
+        if !time_for_attempt(deadline) {
+            return Err(refused());
+        }
+        // Rank 0 removes the value before it stores its own: wait until one is there.
+        match store.wait(std::slice::from_ref(&skey.to_string()), deadline) {
+            Ok(true) => {}
+            Ok(false) => return Err(refused()),
+            Err(e) => return Err(rdv.io_error(format!("failed waiting for key {skey}"), e)),
+        }
+    }
+}
+
+/// What a sealed id is sealed over: the store's address as the ranks name it, the store
+/// key (hence the job and the exchange), the world size and rank 0's nonce.
+fn sealed_transcript(address: &str, skey: &str, size: usize, nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
+    let mut t = format!("{SEALED_MAGIC}\n{address}\n{skey}\n{size}\n").into_bytes();
     t.extend_from_slice(nonce);
     t
 }
@@ -618,7 +668,7 @@ fn sealed_ack(keys: &Keys, t: &[u8], rank: usize) -> Vec<u8> {
 #[derive(Debug, PartialEq, Eq)]
 enum Value {
     /// Without a secret: the id and the nonce the acks carry.
-    Plain { id: UniqueId, nonce: String },
+    Plain { id: Id, nonce: String },
     /// With one: rank 0's nonce and the sealed id.
     Sealed {
         nonce: [u8; NONCE_LEN],
@@ -672,7 +722,7 @@ fn parse_value(value: &[u8], size: usize) -> Result<Value, String> {
     }
     check_size(n, size)?;
     Ok(Value::Plain {
-        id: hex.parse().map_err(|_| bad())?,
+        id: unhex(hex).ok_or_else(bad)?,
         nonce: nonce.to_string(),
     })
 }
@@ -719,8 +769,8 @@ mod tests {
 
     #[test]
     fn values_are_checked() {
-        let id = UniqueId([0x42; 128]);
-        let v = format!("{VALUE_MAGIC} 3 0123456789abcdef {id}");
+        let id = [0x42; 128];
+        let v = format!("{VALUE_MAGIC} 3 0123456789abcdef {}", hex(&id));
         assert_eq!(
             parse_value(v.as_bytes(), 3),
             Ok(Value::Plain {
@@ -751,9 +801,9 @@ mod tests {
             b"nccl-channel-rendezvous 2 3",
             b"\xff",
             b"nccl-channel-rendezvous 2 x 0123456789abcdef 00",
-            format!("{VALUE_MAGIC} 3 {id}").as_bytes(),
-            format!("{VALUE_MAGIC} 3 0123456789abcdeg {id}").as_bytes(),
-            format!("{VALUE_MAGIC} 3 0123456789abcdef0 {id}").as_bytes(),
+            format!("{VALUE_MAGIC} 3 {}", hex(&id)).as_bytes(),
+            format!("{VALUE_MAGIC} 3 0123456789abcdeg {}", hex(&id)).as_bytes(),
+            format!("{VALUE_MAGIC} 3 0123456789abcdef0 {}", hex(&id)).as_bytes(),
             format!("{SEALED_MAGIC} 3 {} {}", "ab".repeat(31), "cd".repeat(144)).as_bytes(),
             format!("{SEALED_MAGIC} 3 {} {}", "ab".repeat(32), "cd".repeat(143)).as_bytes(),
             format!("{SEALED_MAGIC} 3 {}", "ab".repeat(32)).as_bytes(),
@@ -766,7 +816,7 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let old = format!("nccl-channel-rendezvous 1 3 {id}");
+        let old = format!("nccl-channel-rendezvous 1 3 {}", hex(&id));
         assert!(
             parse_value(old.as_bytes(), 3)
                 .unwrap_err()

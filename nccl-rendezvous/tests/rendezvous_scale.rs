@@ -2,11 +2,26 @@
 //! secret, each run succeeding with one id for all; the secret's directory is gone after.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::PathBuf;
 use std::process::Command;
+
+/// The example, which `cargo test` builds beside this test's binary (`…/deps/..` holds
+/// `examples/`).
+fn program() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let path = dir.join("examples").join("rendezvous-scale");
+    assert!(
+        path.exists(),
+        "{} is missing: run this test with `cargo test`, which builds the examples",
+        path.display()
+    );
+    path
+}
 
 /// Runs the program; its standard output, after checking that every rank got the id.
 fn run(args: &[&str], ranks: usize) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_rendezvous-scale"))
+    let out = Command::new(program())
         .args(args)
         .args(["--timeout-s", "60"])
         .output()

@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{CommandFactory, Parser};
-use nccl_channel::{Rendezvous, RendezvousSecret, UniqueId};
+use nccl_rendezvous::{Id, Rendezvous, RendezvousSecret};
 
 /// Runs many ranks through one rendezvous and reports what it cost.
 #[derive(Parser, Debug)]
@@ -97,6 +97,80 @@ struct Opts {
     /// A rank started by `--processes`: the secret's file.
     #[arg(long, hide = true)]
     secret_file: Option<PathBuf>,
+    /// Threads only: an attacker on loopback keeps this many connections to rank 0 open
+    /// while the ranks come, each greeting as rank 1 of this exchange (rank 0 answers with
+    /// a challenge when it holds a secret) and then saying nothing; one that rank 0 drops is
+    /// opened again at once. 1024 take rank 0's slots, up to 4096 more its backlog.
+    #[arg(long)]
+    flood: Option<usize>,
+}
+
+/// The attacker of `--flood`: its connections, opened again as rank 0 drops them, until
+/// `stop` or `until`. Only ever connects to 127.0.0.1.
+struct Flood {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<(usize, usize)>,
+}
+
+impl Flood {
+    /// Opens `count` greeted connections to 127.0.0.1:`port` (each connect bounded by
+    /// 200 ms), then keeps them open; returns once the first `count` were tried.
+    fn start(port: u16, count: usize, size: usize, until: Instant) -> Flood {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ready = Arc::new(Gate::default());
+        let (stop2, ready2) = (stop.clone(), ready.clone());
+        let handle = std::thread::spawn(move || {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let hello = format!(
+                "nccl-channel-rendezvous 2 hello nccl-channel#0 1 {size} {}\n",
+                "00".repeat(32)
+            );
+            let open = || -> Option<std::net::TcpStream> {
+                let c =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+                (&c).write_all(hello.as_bytes()).ok()?;
+                c.set_nonblocking(true).ok()?;
+                Some(c)
+            };
+            let mut conns: Vec<Option<std::net::TcpStream>> = Vec::with_capacity(count);
+            for _ in 0..count {
+                if stop2.load(Ordering::Relaxed) || Instant::now() >= until {
+                    break;
+                }
+                conns.push(open());
+            }
+            let opened = conns.iter().flatten().count();
+            ready2.open(0);
+            let mut reopened = 0;
+            let mut buf = [0u8; 512];
+            while !stop2.load(Ordering::Relaxed) && Instant::now() < until {
+                for slot in &mut conns {
+                    let gone = match slot {
+                        Some(c) => match c.read(&mut buf) {
+                            Ok(0) => true,
+                            Ok(_) => false,
+                            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                        },
+                        None => true,
+                    };
+                    if gone && !stop2.load(Ordering::Relaxed) {
+                        *slot = open();
+                        reopened += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (opened, reopened)
+        });
+        ready.wait();
+        Flood { stop, handle }
+    }
+
+    /// Stops it: how many connections it first held, and how many it opened again.
+    fn finish(self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or((0, 0))
+    }
 }
 
 /// How many ranks start late: a count, or a share of ranks 1...
@@ -804,14 +878,17 @@ fn random_bytes<const N: usize>() -> Result<[u8; N], String> {
     Ok(b)
 }
 
+/// An id as hex digits: how the ranks' ids are compared, and the processes report theirs.
+fn hex(id: &Id) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Rank 0's id, fresh per run.
-fn fresh_id() -> nccl_channel::Result<UniqueId> {
-    random_bytes::<128>()
-        .map(UniqueId)
-        .map_err(|problem| nccl_channel::Error::InvalidArgument {
-            what: "rendezvous-scale",
-            problem,
-        })
+fn fresh_id() -> nccl_rendezvous::Result<Id> {
+    random_bytes::<128>().map_err(|problem| nccl_rendezvous::Error::InvalidArgument {
+        what: "rendezvous-scale",
+        problem,
+    })
 }
 
 /// Waits until rank 0 listens on `port` or `limit` passes: the others' go.
@@ -893,7 +970,7 @@ fn run_threads(o: &Opts, plan: &Plan, port: u16) -> Result<Run, String> {
                     rank,
                     start_ns,
                     end_ns,
-                    result: r.map(|id| id.to_string()).map_err(|e| e.to_string()),
+                    result: r.map(|id| hex(&id)).map_err(|e| e.to_string()),
                 });
                 drop(tx);
                 done.wait();
@@ -912,11 +989,16 @@ fn run_threads(o: &Opts, plan: &Plan, port: u16) -> Result<Run, String> {
         rss_empty / 1024,
         rss_spawned / 1024
     )];
+    let mut flood = None;
     if plan.rank0_first {
         gate0.open(go);
         let limit = Duration::from_secs(o.timeout_s);
         if !wait_listening(port, limit) {
             notes.push("rank 0 never listened; the others started anyway".into());
+        }
+        if let Some(count) = o.flood {
+            let until = Instant::now() + limit;
+            flood = Some(Flood::start(port, count, n, until));
         }
         gate.open(unix_ns());
     } else {
@@ -927,6 +1009,13 @@ fn run_threads(o: &Opts, plan: &Plan, port: u16) -> Result<Run, String> {
     let mut ranks: Vec<RankTime> = rx.iter().collect();
     ranks.sort_by_key(|t| t.rank);
     let rank0 = monitor.finish();
+    if let Some(f) = flood {
+        let (held, reopened) = f.finish();
+        notes.push(format!(
+            "flood: {held} greeted-then-silent connections held from before the ranks \
+             started, {reopened} opened again as rank 0 dropped them"
+        ));
+    }
     done.open(0);
     for h in handles {
         let _ = h.join();
@@ -1181,7 +1270,7 @@ fn run_rank(o: &Opts, rank: usize) -> ExitCode {
         rank,
         start_ns,
         end_ns,
-        result: r.map(|id| id.to_string()).map_err(|e| e.to_string()),
+        result: r.map(|id| hex(&id)).map_err(|e| e.to_string()),
     };
     println!("{}", rank_line(&t));
     if let Some(m) = monitor {
@@ -1236,6 +1325,9 @@ fn timeline(ranks: &[RankTime], first: u64, bin: Duration) -> String {
 fn report(o: &Opts, plan: &Plan, run: &Run) -> bool {
     let n = plan.ranks;
     let mode = match (o.threads, o.nofile) {
+        (true, None) if o.flood.is_some() => {
+            format!("threads, flood of {}", o.flood.unwrap_or(0))
+        }
         (true, None) => "threads".to_string(),
         (false, None) => "processes".to_string(),
         (true, Some(n)) => format!("threads, {n} descriptors"),

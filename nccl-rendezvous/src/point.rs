@@ -8,8 +8,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use super::secret::RendezvousSecret;
 use crate::host_port::parse_host_port;
+use crate::secret::RendezvousSecret;
 use crate::{Error, Result};
 
 /// The deadline when neither code nor `NCCL_CHANNEL_RENDEZVOUS_TIMEOUT` gives one: long
@@ -20,12 +20,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Who serves the id at a [`Rendezvous`]'s address.
 ///
 /// ```
-/// use nccl_channel::{Rendezvous, RendezvousKind};
+/// use nccl_rendezvous::{Rendezvous, RendezvousKind};
 /// // Naming an address connects to nothing yet.
 /// let store = Rendezvous::torch_store("127.0.0.1:29500")?;
 /// assert_eq!(store.kind(), RendezvousKind::TorchStore);
 /// assert_eq!(Rendezvous::tcp("node1:29500")?.kind(), RendezvousKind::RankZero);
-/// # Ok::<(), nccl_channel::Error>(())
+/// # Ok::<(), nccl_rendezvous::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -45,9 +45,9 @@ pub enum RendezvousKind {
     TorchStore,
 }
 
-/// Where and how rank 0 hands its [`UniqueId`](crate::UniqueId) to the other ranks.
+/// Where and how rank 0 hands its [`Id`](crate::Id) to the other ranks.
 ///
-/// Ranks must agree on one id before [`Communicator::init_rank`](crate::Communicator::init_rank);
+/// Ranks must agree on one id before they join a communicator (`ncclCommInitRank`);
 /// NCCL leaves the sharing to the program. A `Rendezvous` does it over TCP: rank 0
 /// generates the id and serves it (or stores it in torchrun's TCPStore), the others
 /// fetch it, retrying while the server is not up yet, until a deadline. Get one from the
@@ -87,32 +87,33 @@ pub enum RendezvousKind {
 ///
 /// ```
 /// use std::time::Duration;
-/// use nccl_channel::{Rendezvous, UniqueId};
+/// use nccl_rendezvous::{Rendezvous, Id};
 /// # let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
 /// let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))?.timeout(Duration::from_secs(30));
-/// let ids: Vec<UniqueId> = std::thread::scope(|s| {
+/// let ids: Vec<Id> = std::thread::scope(|s| {
 ///     let ranks: Vec<_> = (0..3)
 ///         .map(|rank| {
 ///             let rdv = &rdv;
-///             s.spawn(move || rdv.exchange_with(rank, 3, || Ok(UniqueId([7; 128]))))
+///             s.spawn(move || rdv.exchange_with(rank, 3, || Ok([7; 128])))
 ///         })
 ///         .collect();
 ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, _>>()
 /// })?;
-/// assert_eq!(ids, vec![UniqueId([7; 128]); 3]);
+/// assert_eq!(ids, vec![[7; 128]; 3]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a rendezvous does nothing until it is used for an exchange"]
 pub struct Rendezvous {
-    pub(super) kind: RendezvousKind,
-    pub(super) host: String,
-    pub(super) port: u16,
-    pub(super) derived_from: String,
-    pub(super) key: String,
-    pub(super) timeout: Duration,
-    pub(super) secret: Option<RendezvousSecret>,
-    pub(super) encrypt_nccl: bool,
+    pub(crate) kind: RendezvousKind,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) derived_from: String,
+    pub(crate) key: String,
+    pub(crate) timeout: Duration,
+    pub(crate) secret: Option<RendezvousSecret>,
+    pub(crate) encrypt_nccl: bool,
+    pub(crate) reached_as: Option<String>,
 }
 
 static_assertions::assert_impl_all!(Rendezvous: Send, Sync, std::fmt::Debug);
@@ -170,6 +171,7 @@ impl Rendezvous {
             timeout,
             secret: None,
             encrypt_nccl: false,
+            reached_as: None,
         }
     }
 
@@ -181,12 +183,12 @@ impl Rendezvous {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use nccl_channel::{Error, Rendezvous, RendezvousSecret, UniqueId};
+    /// use nccl_rendezvous::{Error, Rendezvous, RendezvousSecret, Id};
     /// # let free = || std::net::TcpListener::bind("127.0.0.1:0")?.local_addr().map(|a| a.port());
     /// # let (port, other_port) = (free()?, free()?);
     /// let secret = RendezvousSecret::generate()?;
     /// let at = |port: u16| Rendezvous::tcp(&format!("127.0.0.1:{port}"));
-    /// let id = UniqueId([7; 128]);
+    /// let id = [7; 128];
     ///
     /// // Two ranks holding the secret agree on rank 0's id.
     /// let rdv = at(port)?.timeout(Duration::from_secs(20)).secret(secret.clone());
@@ -220,15 +222,12 @@ impl Rendezvous {
         self.secret.is_some()
     }
 
-    /// With `true`, [`Rendezvous::exchange`] also asks NCCL to encrypt its own sockets
-    /// with a key derived from the rendezvous's secret
-    /// ([`RendezvousSecret::nccl_encryption`], through
-    /// [`set_encryption`](crate::set_encryption), NCCL ≥ 2.32.3) on every rank, before the
-    /// id is exchanged (so a rank whose NCCL cannot fails before the others count on it):
-    /// one secret protects the id's exchange and NCCL's traffic. Without a secret, or on
-    /// an older NCCL, the exchange fails ([`Error::InvalidArgument`],
-    /// [`Error::Unsupported`]). [`Rendezvous::exchange_with`], which has no NCCL, leaves
-    /// NCCL as it is. From the environment: `NCCL_CHANNEL_RENDEZVOUS_ENCRYPT_NCCL=1`.
+    /// With `true`, the program that uses the id is asked to encrypt NCCL's own sockets
+    /// with a key derived from the rendezvous's secret ([`RendezvousSecret::nccl_psk`]):
+    /// one secret protects the id's exchange and NCCL's traffic. This crate only carries
+    /// the wish; nccl-channel's `Rendezvous::exchange` fulfils it on every rank before the
+    /// id is exchanged, and fails without a secret or on an NCCL older than 2.32.3. From
+    /// the environment: `NCCL_CHANNEL_RENDEZVOUS_ENCRYPT_NCCL=1`.
     pub fn encrypt_nccl(mut self, on: bool) -> Self {
         self.encrypt_nccl = on;
         self
@@ -265,11 +264,7 @@ impl Rendezvous {
     /// `host:port` (an IPv6 host in brackets).
     #[must_use]
     pub fn address(&self) -> String {
-        if self.host.parse::<std::net::Ipv6Addr>().is_ok() {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        join_host_port(&self.host, self.port)
     }
 
     /// The host part of the address.
@@ -302,7 +297,47 @@ impl Rendezvous {
         self.timeout
     }
 
-    pub(super) fn service(&self) -> &'static str {
+    /// The address the job's ranks name for this rendezvous, where this rank listens at
+    /// (rank 0) or connects to (a rank, or rank 0 of a TCPStore exchange) another one: a
+    /// port forwarded, a relay of the job's own. With a secret, every proof and the sealed
+    /// id bind the address the job names, so that ranks of one address cannot be spliced to
+    /// the rank 0 of another (two jobs sharing a key and a secret). Without it, the address
+    /// is the one named ([`address`](Rendezvous::address)).
+    ///
+    /// ```
+    /// use nccl_rendezvous::Rendezvous;
+    /// let rank_0 = Rendezvous::tcp("127.0.0.1:29500")?.reached_as("gateway:29500")?;
+    /// assert_eq!(rank_0.address(), "127.0.0.1:29500");
+    /// assert_eq!(rank_0.get_reached_as(), Some("gateway:29500"));
+    /// # Ok::<(), nccl_rendezvous::Error>(())
+    /// ```
+    pub fn reached_as(mut self, address: &str) -> Result<Self> {
+        let (host, port) = parse_host_port(address).map_err(|detail| Error::InvalidArgument {
+            what: "Rendezvous::reached_as",
+            problem: format!("{address:?} is not host:port: {detail}"),
+        })?;
+        self.reached_as = Some(join_host_port(&host, port));
+        Ok(self)
+    }
+
+    /// The address the other ranks name ([`Rendezvous::reached_as`]), when set.
+    #[must_use]
+    pub fn get_reached_as(&self) -> Option<&str> {
+        self.reached_as.as_deref()
+    }
+
+    /// The address the proofs bind: [`Rendezvous::reached_as`], else the address.
+    pub(crate) fn bound_address(&self) -> String {
+        self.reached_as.clone().unwrap_or_else(|| self.address())
+    }
+
+    /// The secret, when the exchange is authenticated ([`Rendezvous::secret`]).
+    #[must_use]
+    pub fn get_secret(&self) -> Option<&RendezvousSecret> {
+        self.secret.as_ref()
+    }
+
+    pub(crate) fn service(&self) -> &'static str {
         match self.kind {
             RendezvousKind::RankZero => "rank 0's rendezvous",
             RendezvousKind::TorchStore => "torchrun's TCPStore",
@@ -310,18 +345,18 @@ impl Rendezvous {
     }
 
     /// An [`Error::Rendezvous`] about this rendezvous.
-    pub(super) fn error(&self, problem: impl Into<String>) -> Error {
+    pub(crate) fn error(&self, problem: impl Into<String>) -> Error {
         self.error_from(problem.into(), None)
     }
 
     /// An [`Error::Rendezvous`] caused by the operating system's error `e`, kept as its
     /// source (so `problem` does not repeat its text).
-    pub(super) fn io_error(&self, problem: impl Into<String>, e: std::io::Error) -> Error {
+    pub(crate) fn io_error(&self, problem: impl Into<String>, e: std::io::Error) -> Error {
         self.error_from(problem.into(), Some(e.into()))
     }
 
     /// An [`Error::RendezvousRefused`] about this rendezvous.
-    pub(super) fn refused(&self, problem: impl Into<String>) -> Error {
+    pub(crate) fn refused(&self, problem: impl Into<String>) -> Error {
         Error::RendezvousRefused {
             service: self.service(),
             address: self.address(),
@@ -344,7 +379,7 @@ impl Rendezvous {
     /// other machine can reach it), an IPv4 host on every IPv4 address, any other host
     /// (a name, an IPv6 address) on every IPv6 address (which takes IPv4 too where the
     /// system maps it), else every IPv4 address (IPv6 disabled).
-    pub(super) fn listen_addrs(&self) -> Vec<SocketAddr> {
+    pub(crate) fn listen_addrs(&self) -> Vec<SocketAddr> {
         let at = |ip: IpAddr| SocketAddr::new(ip, self.port);
         if self.host.eq_ignore_ascii_case("localhost") {
             return vec![at(Ipv4Addr::LOCALHOST.into())];
@@ -378,6 +413,15 @@ impl fmt::Display for Rendezvous {
                 ""
             }
         )
+    }
+}
+
+/// `host:port`, an IPv6 host in brackets.
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 

@@ -7,14 +7,14 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use super::wire::{After, Hello, MAX_LINE, Reply, after_line, hello_line, parse_reply, transcript};
-use crate::rendezvous::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
-use crate::rendezvous::point::Rendezvous;
-use crate::rendezvous::proof::{Keys, Role, nonce};
-use crate::{Result, UniqueId};
+use crate::net::{self, STEP, describe, read_line, step_until, time_for_attempt};
+use crate::point::Rendezvous;
+use crate::proof::{Keys, Role, nonce};
+use crate::{Id, Result};
 
 /// What one attempt to reach rank 0 came to.
 enum Attempt {
-    Got(Box<UniqueId>),
+    Got(Box<Id>),
     /// Stop: retrying cannot help.
     Fatal(crate::Error),
     /// Try again; the text says what happened, for the deadline's error.
@@ -27,7 +27,13 @@ enum Attempt {
 }
 
 /// Ranks other than 0: connect and ask until rank 0 answers or the deadline passes.
-pub(crate) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> Result<UniqueId> {
+pub(crate) fn receive(
+    rdv: &Rendezvous,
+    key: &str,
+    rank: usize,
+    size: usize,
+    found: &crate::notice::Found,
+) -> Result<Id> {
     let deadline = crate::backoff::deadline_after(rdv.timeout);
     let keys = rdv.secret.as_ref().map(Keys::new);
     let mut backoff = net::attempts_backoff();
@@ -53,6 +59,7 @@ pub(crate) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> 
                 why
             }
             Attempt::Unproven(why) => {
+                crate::notice::found(found, crate::notice::Cause::Unproven);
                 unproven = Some(why.clone());
                 why
             }
@@ -83,7 +90,7 @@ pub(crate) fn receive(rdv: &Rendezvous, key: &str, rank: usize, size: usize) -> 
 }
 
 fn attempt(rdv: &Rendezvous, hello: &Hello, keys: Option<&Keys>, deadline: Instant) -> Attempt {
-    let stream = match net::connect(&rdv.host, rdv.port, step_until(deadline)) {
+    let stream = match net::connect(connect_host(rdv), rdv.port, step_until(deadline)) {
         Ok(s) => s,
         Err(e) => return Attempt::Retry(e.to_string()),
     };
@@ -108,7 +115,7 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, keys: Option<&Keys>, deadline: Insta
             Some(keys),
             Some(mine),
         ) => {
-            let t = transcript(hello, mine, &key, size, &nonce);
+            let t = transcript(&rdv.bound_address(), hello, mine, &key, size, &nonce);
             if !keys.verify(Role::Server, &t, &tag) {
                 return Attempt::Unproven(
                     "what answered could not prove it knows the secret (rank 0 holds \
@@ -121,15 +128,20 @@ fn attempt(rdv: &Rendezvous, hello: &Hello, keys: Option<&Keys>, deadline: Insta
             }
             proved(&stream, &mut reader, hello, keys, &t, read_by)
         }
-        (Reply::NoSecret, Some(_), _) => Attempt::Fatal(rdv.refused(format!(
-            "has no secret, and rank {} has one: give every rank the same secret, or none",
+        // Said without proof, so not believed: whatever answered first at the address (a
+        // squatter on the port before rank 0 binds it, anything in the path) could say it.
+        // Waited out like every other unproven answer; at the deadline the refusal says it.
+        (Reply::NoSecret, Some(_), _) => Attempt::Unproven(format!(
+            "what answered said it has no secret, and rank {} has one (give every rank the \
+             same secret, or none); said without proof, so this rank waited for a proven \
+             answer",
             hello.rank
-        ))),
+        )),
         (Reply::Secret, None, _) => Attempt::Fatal(rdv.refused(format!(
             "asks for a secret, and rank {} has none: give every rank the same secret \
              ({})",
             hello.rank,
-            crate::rendezvous::secret::SECRET_FILE_ENV
+            crate::secret::SECRET_FILE_ENV
         ))),
         (Reply::Id(id), None, _) => {
             // Rank 0 counts this rank as served only on the ack; if it is lost, rank 0
@@ -196,6 +208,17 @@ fn proved(
     }
 }
 
+/// The host to connect to: `localhost` is 127.0.0.1, where rank 0 listens for it
+/// ([`Rendezvous::listen_addrs`]), not whatever the resolver gives first (often `::1`,
+/// where any local user could listen on the same port and answer first).
+fn connect_host(rdv: &Rendezvous) -> &str {
+    if rdv.host.eq_ignore_ascii_case("localhost") {
+        "127.0.0.1"
+    } else {
+        &rdv.host
+    }
+}
+
 /// A key, size or rank of rank 0's that differs from this rank's, as the attempt it makes.
 fn mismatch(rdv: &Rendezvous, hello: &Hello, key: &str, size: usize) -> Option<Attempt> {
     if key != hello.key {
@@ -259,7 +282,7 @@ mod tests {
 
     use super::*;
     use crate::Error;
-    use crate::rendezvous::secret::RendezvousSecret;
+    use crate::secret::RendezvousSecret;
 
     /// Rank 0 (with `zero`'s secret, waiting `zero_waits`) and rank 1 (with `one`'s,
     /// waiting `timeout`): what rank 1 gets, and how long it took.
@@ -267,7 +290,7 @@ mod tests {
         (zero, zero_waits): (Option<u8>, Duration),
         one: Option<u8>,
         timeout: Duration,
-    ) -> (Result<UniqueId>, Duration) {
+    ) -> (Result<Id>, Duration) {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -284,7 +307,7 @@ mod tests {
         };
         let (r0, r1) = (make(zero, zero_waits), make(one, timeout));
         std::thread::scope(|s| {
-            let server = s.spawn(|| r0.exchange_with(0, 2, || Ok(UniqueId([2; 128]))));
+            let server = s.spawn(|| r0.exchange_with(0, 2, || Ok([2; 128])));
             let start = Instant::now();
             let got = r1.exchange_with(1, 2, || unreachable!());
             let took = start.elapsed();
@@ -297,22 +320,33 @@ mod tests {
     fn the_same_secret_gets_the_id() {
         let long = Duration::from_secs(20);
         let (got, _) = pair((Some(1), long), Some(1), long);
-        assert_eq!(got.unwrap(), UniqueId([2; 128]));
+        assert_eq!(got.unwrap(), [2; 128]);
     }
 
+    /// A rank without a secret is told at once that rank 0 wants one (nothing to protect
+    /// on its side). A rank holding one does not believe an unproven `nosecret`: whatever
+    /// answers first at the address could say it; it waits for a proven answer until its
+    /// deadline, whose refusal says what was answered.
     #[test]
-    fn a_missing_secret_on_either_side_is_refused_at_once() {
-        for (zero, one, says) in [
-            (Some(1), None, "asks for a secret"),
-            (None, Some(1), "has no secret"),
-        ] {
-            let (got, took) = pair((zero, Duration::from_secs(1)), one, Duration::from_secs(20));
-            let Err(Error::RendezvousRefused { problem, .. }) = &got else {
-                panic!("{got:?}")
-            };
-            assert!(problem.contains(says), "{problem}");
-            assert!(took < Duration::from_secs(10), "{took:?}");
-        }
+    fn a_rank_with_a_secret_waits_out_an_unproven_nosecret() {
+        let (got, took) = pair(
+            (Some(1), Duration::from_secs(1)),
+            None,
+            Duration::from_secs(20),
+        );
+        let Err(Error::RendezvousRefused { problem, .. }) = &got else {
+            panic!("{got:?}")
+        };
+        assert!(problem.contains("asks for a secret"), "{problem}");
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        let timeout = Duration::from_millis(1500);
+        let (got, took) = pair((None, Duration::from_secs(3)), Some(1), timeout);
+        let Err(Error::RendezvousRefused { problem, .. }) = &got else {
+            panic!("{got:?}")
+        };
+        assert!(problem.contains("said it has no secret"), "{problem}");
+        assert!(problem.contains("without proof"), "{problem}");
+        assert!(took >= timeout, "ended before its deadline: {took:?}");
     }
 
     #[test]
@@ -354,7 +388,7 @@ mod tests {
         );
         let other = at("other", Duration::from_millis(600));
         let (size, key) = std::thread::scope(|s| {
-            let server = s.spawn(|| zero.exchange_with(0, 3, || Ok(UniqueId([2; 128]))));
+            let server = s.spawn(|| zero.exchange_with(0, 3, || Ok([2; 128])));
             let start = Instant::now();
             let size = one.exchange_with(1, 2, || unreachable!());
             assert!(start.elapsed() < Duration::from_secs(10));

@@ -3,12 +3,18 @@
 
 use std::time::Duration;
 
-use super::hostlist;
-use super::point::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
-use super::secret::{RendezvousSecret, SECRET_FILE_ENV};
 use crate::decimal::{parse_decimal, parse_port, parse_seconds};
 use crate::host_port::parse_host_port;
-use crate::{Error, Result, World};
+use crate::hostlist;
+use crate::point::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
+use crate::secret::{RendezvousSecret, SECRET_FILE_ENV};
+use crate::{Error, Result};
+
+/// The world as the rule reads it: the launcher family that gave it, and its size.
+struct World<'a> {
+    source: &'a str,
+    size: usize,
+}
 
 /// The lowest port derived from a job's id ([`Rendezvous::from_env`](crate::Rendezvous::from_env)).
 pub const PORT_BASE: u16 = 20000;
@@ -35,7 +41,15 @@ struct Found {
     key: String,
 }
 
-pub(super) fn derive(world: &World, lookup: Lookup<'_>) -> Result<Option<Rendezvous>> {
+pub(crate) fn derive(
+    launcher: &str,
+    size: usize,
+    lookup: Lookup<'_>,
+) -> Result<Option<Rendezvous>> {
+    let world = &World {
+        source: launcher,
+        size,
+    };
     let get = |name: &str| {
         lookup(name)
             .map(|v| v.trim().to_string())
@@ -86,10 +100,10 @@ pub(super) fn derive(world: &World, lookup: Lookup<'_>) -> Result<Option<Rendezv
     Ok(Some(rdv))
 }
 
-/// The variable that turns on [`Rendezvous::encrypt_nccl`].
-const ENCRYPT_NCCL_ENV: &str = "NCCL_CHANNEL_RENDEZVOUS_ENCRYPT_NCCL";
+/// The variable that turns on [`Rendezvous::encrypt_nccl`] (`1`; `0` leaves it off).
+pub const ENCRYPT_NCCL_ENV: &str = "NCCL_CHANNEL_RENDEZVOUS_ENCRYPT_NCCL";
 
-fn find(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+fn find(world: &World<'_>, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     if let Some(v) = get("NCCL_CHANNEL_RENDEZVOUS") {
         let (host, port) = host_port("NCCL_CHANNEL_RENDEZVOUS", &v)?;
         return Ok(Some(Found {
@@ -156,7 +170,7 @@ fn find(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Fo
 }
 
 /// Slurm: the first host of the step's (or job's) node list, the Slurm port.
-fn slurm(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+fn slurm(world: &World<'_>, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     let Some((host, list_var)) = slurm_first_host(get)? else {
         return Err(ask_for_master_addr(
             "SLURM_NTASKS",
@@ -188,7 +202,7 @@ fn slurm(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<F
 }
 
 /// Open MPI: loopback on one node, else MASTER_ADDR or Slurm's first host; the job's port.
-fn open_mpi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+fn open_mpi(world: &World<'_>, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     let (port, port_var) = if let Some(p) = master_port(get)? {
         (p, "MASTER_PORT")
     } else if let Some(id) = get("OMPI_MCA_ess_base_jobid") {
@@ -244,7 +258,7 @@ fn open_mpi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Optio
 }
 
 /// MPICH Hydra's PMI: loopback and the shared proxy's pid on one node; else Slurm's rule.
-fn pmi(world: &World, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
+fn pmi(world: &World<'_>, get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Found>> {
     let one_node = get("MPI_LOCALNRANKS").is_some_and(|l| l == world.size.to_string());
     if one_node && let Some(port) = master_port(get)? {
         return Ok(Some(Found {
@@ -412,7 +426,7 @@ fn timeout(get: &dyn Fn(&str) -> Option<String>) -> Result<Duration> {
 }
 
 /// The identity every rank of the job shares, for the key.
-fn job_key(world: &World, get: &dyn Fn(&str) -> Option<String>) -> String {
+fn job_key(world: &World<'_>, get: &dyn Fn(&str) -> Option<String>) -> String {
     if let Some(run) = get("TORCHELASTIC_RUN_ID") {
         let attempt = get("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into());
         return format!("torchrun-{run}-attempt_{attempt}");

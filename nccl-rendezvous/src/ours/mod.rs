@@ -49,5 +49,5 @@ mod receive;
 mod serve;
 mod wire;
 
-pub(super) use receive::receive;
-pub(super) use serve::serve;
+pub(crate) use receive::receive;
+pub(crate) use serve::serve;

@@ -1,31 +1,31 @@
 //! The lines of the protocol (see the parent module): what each side says, written and
 //! parsed, and the transcript both sides prove over.
 
-use crate::UniqueId;
+use crate::Id;
 use crate::decimal::parse_decimal;
 use crate::decimal::{hex, unhex};
-use crate::rendezvous::proof::{NONCE_LEN, SEALED_LEN, TAG_LEN};
+use crate::proof::{NONCE_LEN, SEALED_LEN, TAG_LEN};
 
-pub(super) const MAGIC: &str = "nccl-channel-rendezvous";
+pub(crate) const MAGIC: &str = "nccl-channel-rendezvous";
 /// The version of the exchange without a secret.
 const PLAIN: u32 = 1;
 /// The version of the exchange with a secret.
 const SEALED: u32 = 2;
 /// The longest line either side reads.
-pub(super) const MAX_LINE: usize = 512;
+pub(crate) const MAX_LINE: usize = 512;
 
 /// What a connecting rank says first. `nonce` is its nonce with a secret (version 2).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Hello {
-    pub(super) key: String,
-    pub(super) rank: usize,
-    pub(super) size: usize,
-    pub(super) nonce: Option<[u8; NONCE_LEN]>,
+pub(crate) struct Hello {
+    pub(crate) key: String,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) nonce: Option<[u8; NONCE_LEN]>,
 }
 
 /// What a rank says after its greeting.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum After {
+pub(crate) enum After {
     Proof([u8; TAG_LEN]),
     Ack {
         rank: usize,
@@ -35,8 +35,8 @@ pub(super) enum After {
 
 /// What rank 0 answers.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Reply {
-    Id(UniqueId),
+pub(crate) enum Reply {
+    Id(Id),
     Key(String),
     Size(usize),
     Rank(usize),
@@ -54,7 +54,7 @@ pub(super) enum Reply {
     Denied,
 }
 
-pub(super) fn hello_line(h: &Hello) -> String {
+pub(crate) fn hello_line(h: &Hello) -> String {
     match &h.nonce {
         None => format!("{MAGIC} {PLAIN} hello {} {} {}\n", h.key, h.rank, h.size),
         Some(n) => format!(
@@ -67,7 +67,7 @@ pub(super) fn hello_line(h: &Hello) -> String {
     }
 }
 
-pub(super) fn after_line(a: &After) -> String {
+pub(crate) fn after_line(a: &After) -> String {
     match a {
         After::Proof(tag) => format!("{MAGIC} {SEALED} proof {}\n", hex(tag)),
         After::Ack { rank, tag: None } => format!("{MAGIC} {PLAIN} ack {rank}\n"),
@@ -78,9 +78,9 @@ pub(super) fn after_line(a: &After) -> String {
     }
 }
 
-pub(super) fn reply_line(r: &Reply) -> String {
+pub(crate) fn reply_line(r: &Reply) -> String {
     match r {
-        Reply::Id(id) => format!("{MAGIC} {PLAIN} id {id}\n"),
+        Reply::Id(id) => format!("{MAGIC} {PLAIN} id {}\n", hex(id)),
         Reply::Key(k) => format!("{MAGIC} {PLAIN} key {k}\n"),
         Reply::Size(n) => format!("{MAGIC} {PLAIN} size {n}\n"),
         Reply::Rank(n) => format!("{MAGIC} {PLAIN} rank {n}\n"),
@@ -103,7 +103,7 @@ pub(super) fn reply_line(r: &Reply) -> String {
 
 /// The version and the words after `MAGIC VERSION`, if the line starts so with a version
 /// this side speaks.
-pub(super) fn words(line: &[u8]) -> Option<(u32, Vec<&str>)> {
+pub(crate) fn words(line: &[u8]) -> Option<(u32, Vec<&str>)> {
     let text = std::str::from_utf8(line).ok()?;
     let mut w = text.split(' ');
     if w.next()? != MAGIC {
@@ -120,7 +120,7 @@ fn is_key(key: &str) -> bool {
     !key.is_empty() && key.chars().all(allowed)
 }
 
-pub(super) fn parse_hello(line: &[u8]) -> Option<Hello> {
+pub(crate) fn parse_hello(line: &[u8]) -> Option<Hello> {
     let (version, words) = words(line)?;
     let (key, rank, size, nonce) = match (version, words.as_slice()) {
         (PLAIN, ["hello", key, rank, size]) => (key, rank, size, None),
@@ -136,7 +136,7 @@ pub(super) fn parse_hello(line: &[u8]) -> Option<Hello> {
     })
 }
 
-pub(super) fn parse_after(line: &[u8]) -> Option<After> {
+pub(crate) fn parse_after(line: &[u8]) -> Option<After> {
     match words(line)? {
         (SEALED, w) => match w.as_slice() {
             ["proof", tag] => Some(After::Proof(unhex(tag)?)),
@@ -156,7 +156,7 @@ pub(super) fn parse_after(line: &[u8]) -> Option<After> {
     }
 }
 
-pub(super) fn parse_reply(line: &[u8]) -> Option<Reply> {
+pub(crate) fn parse_reply(line: &[u8]) -> Option<Reply> {
     match words(line)? {
         (SEALED, w) => match w.as_slice() {
             ["challenge", key, size, nonce, tag] if is_key(key) => Some(Reply::Challenge {
@@ -171,7 +171,7 @@ pub(super) fn parse_reply(line: &[u8]) -> Option<Reply> {
             _ => None,
         },
         (_, w) => match w.as_slice() {
-            ["id", hex] => hex.parse().ok().map(Reply::Id),
+            ["id", digits] => unhex(digits).map(Reply::Id),
             ["key", k] if is_key(k) => Some(Reply::Key(k.to_string())),
             ["size", n] => parse_decimal(n).map(Reply::Size),
             ["rank", n] => parse_decimal(n).map(Reply::Rank),
@@ -183,7 +183,8 @@ pub(super) fn parse_reply(line: &[u8]) -> Option<Reply> {
 
 /// What both sides prove over: the greeting, rank 0's key and size, both nonces. Keys hold
 /// no newline (a line ends there), so the fields cannot be shifted into one another.
-pub(super) fn transcript(
+pub(crate) fn transcript(
+    address: &str,
     hello: &Hello,
     nonce: &[u8; NONCE_LEN],
     server_key: &str,
@@ -191,7 +192,7 @@ pub(super) fn transcript(
     server_nonce: &[u8; NONCE_LEN],
 ) -> Vec<u8> {
     let mut t = format!(
-        "{MAGIC} {SEALED}\n{}\n{}\n{}\n{server_key}\n{server_size}\n",
+        "{MAGIC} {SEALED}\n{address}\n{}\n{}\n{}\n{server_key}\n{server_size}\n",
         hello.key, hello.rank, hello.size
     )
     .into_bytes();
@@ -231,7 +232,7 @@ mod tests {
             parse_hello(line.trim_end().as_bytes()),
             Some(sealed_hello.clone())
         );
-        let id = UniqueId([0xab; 128]);
+        let id = [0xab; 128];
         for r in [
             Reply::Id(id),
             Reply::Key("k".into()),
@@ -305,7 +306,7 @@ mod tests {
         assert_eq!(parse_reply(b"nccl-channel-rendezvous 2 secret"), None);
         assert_eq!(parse_reply(b"nccl-channel-rendezvous 1 nosecret"), None);
         assert_eq!(
-            parse_reply(format!("nccl-channel-rendezvous 2 id {id}").as_bytes()),
+            parse_reply(format!("nccl-channel-rendezvous 2 id {}", hex(&id)).as_bytes()),
             None
         );
     }
@@ -319,7 +320,7 @@ mod tests {
             nonce: None,
         };
         let t = |h: &Hello, n: u8, k: &str, s: usize, m: u8| {
-            transcript(h, &[n; NONCE_LEN], k, s, &[m; NONCE_LEN])
+            transcript("127.0.0.1:1", h, &[n; NONCE_LEN], k, s, &[m; NONCE_LEN])
         };
         let base = t(&h, 1, "k", 2, 2);
         let other_key = Hello {
