@@ -53,7 +53,7 @@ pub(crate) struct Issue<'a> {
 
 impl Communicator {
     /// Begins a call of `method` on elements of `T` on `stream` (step 1 of issue.rs).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn issue<'a, T: NcclType>(
         &'a self,
         method: Method,
@@ -64,7 +64,7 @@ impl Communicator {
     }
 
     /// [`issue`](Self::issue) of a call that moves no typed data (a signal, a wait).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn issue_untyped<'a>(
         &'a self,
         method: Method,
@@ -91,7 +91,7 @@ impl<'a> Issue<'a> {
     /// about to be enqueued uses it. Returns the guard whose [`ptr`](Enqueuing::ptr) is its
     /// address for this call; keep it until after [`call`](Self::call). `buffer` names it
     /// in errors: `"send"`, `"recv"`, or `"buffer"` for one that is both.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn buf<'b, T: NcclType, S: DeviceSlice<Elem = T> + ?Sized>(
         &mut self,
         buffer: &'static str,
@@ -130,7 +130,7 @@ impl<'a> Issue<'a> {
 
     /// In the checked mode, compares `call` between the ranks; then makes the raw call
     /// `raw(communicator, stream)` and checks its status (step 3 of issue.rs).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn call(
         &self,
         call: Call,
@@ -162,7 +162,7 @@ impl<'a> Issue<'a> {
 
     /// The checked mode's comparison of `call`, with where the buffers lie in symmetric
     /// windows; nothing without the checked mode.
-    #[inline]
+    #[inline(always)]
     fn compare(&self, call: Call) -> Result<()> {
         if self.comm.checks_calls() {
             let call = call.symmetric_at(self.at[0], self.at[1]);
@@ -173,7 +173,7 @@ impl<'a> Issue<'a> {
 
     /// The raw call without the comparison: the crate's own exchanges, which are no call
     /// of the program's.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn call_unchecked(
         &self,
         raw: impl FnOnce(ncclComm_t, CUstream) -> Raw,

@@ -86,7 +86,7 @@ use crate::{Error, Result, check};
 ///
 /// | Family | Methods | File |
 /// |---|---|---|
-/// | Making one | [`init_rank`](Self::init_rank), [`init_rank_with`](Self::init_rank_with), [`init_all`](Self::init_all), [`from_raw`](Self::from_raw) | `comm/init.rs` |
+/// | Making one | [`init_rank`](Self::init_rank), [`init_rank_with`](Self::init_rank_with), [`init_all`](Self::init_all), [`from_raw`](Self::from_raw), [`from_raw_all`](Self::from_raw_all) | `comm/init.rs` |
 /// | Making one at scale | [`init_rank_scalable`](Self::init_rank_scalable) | `scalable.rs` |
 /// | Splitting and shrinking | [`split`](Self::split), [`split_with`](Self::split_with), [`split_all`](Self::split_all), [`shrink`](Self::shrink), [`shrink_all`](Self::shrink_all) | `split.rs` |
 /// | Growing | [`grow_id`](Self::grow_id), [`grow`](Self::grow), [`grow_with`](Self::grow_with), [`grow_all`](Self::grow_all), [`join_grown`](Self::join_grown), [`join_grown_with`](Self::join_grown_with) | `grow.rs` |
@@ -102,22 +102,33 @@ use crate::{Error, Result, check};
 ///
 /// # Following a call
 ///
-/// [`all_gather`](Self::all_gather) (collective.rs) runs the steps every collective
-/// does, each a method of this type:
+/// [`all_gather`](Self::all_gather) (collective.rs) takes the one order every call takes
+/// (issue.rs), in three steps:
 ///
-/// 1. `begin` (collective.rs): the element type exists in the loaded NCCL, the handle is
-///    live (`handle`, comm/mod.rs) and not suspended (suspend/), the stream is of this
+/// 1. `issue` (issue.rs): the element type exists in the loaded NCCL, the handle is live
+///    (`handle`, comm/mod.rs) and not suspended (suspend/), the stream is of this
 ///    context; it takes the stream's order lock until the work is enqueued.
-/// 2. `check_buf` (collective.rs), per buffer: same context, the length, the buffer told
-///    of its use on the stream (cuda-hal orders its free after the work), the pool's
-///    registration (registered/pool_methods.rs, by [`PoolPolicy`](crate::PoolPolicy)) and the
-///    communicator's record of the memory NCCL may touch (registered/registry.rs).
-/// 3. `check_call` (call_check/): in the checked mode, the ranks compare their calls.
-/// 4. `raw_all_gather` (collective.rs): the one `unsafe` call of `ncclAllGather` from
+/// 2. `Issue::buf` (issue.rs), per buffer: same context, the length, the buffer told of
+///    its use on the stream (`cuda_hal::Enqueuing::begin`: cuda-hal orders its free after
+///    the work), the pool's registration (registered/pool_methods.rs, by
+///    [`PoolPolicy`](crate::PoolPolicy)) and the communicator's record of the memory NCCL
+///    may touch (registered/registry.rs); only then the guard gives the buffer's address.
+/// 3. `Issue::call` (issue.rs): in the checked mode the ranks compare their calls on the
+///    private channel (call_check/, exchange.rs, comm/private.rs), after every local check;
+///    then the one `unsafe` call of `ncclAllGather` from
 ///    [`nccl_sys::NcclFns`](nccl_sys::NcclFns), the table nccl-sys resolved when NCCL was
-///    loaded, through the `nccl_raw_call!` macro (lib.rs); `check` (comm/mod.rs) turns
-///    its status into a [`Result`], polling a non-blocking communicator and aborting on
-///    the failures NCCL cannot recover from.
+///    loaded, through the `nccl_raw_call!` macro (lib.rs); `check` (comm/mod.rs) turns its
+///    status into a [`Result`], polling a non-blocking communicator and aborting on the
+///    failures NCCL cannot recover from.
+///
+/// # Its private channel
+///
+/// Every communicator this crate makes (or adopts) gets a second communicator of the same
+/// ranks, split from it before the program holds it: the crate's own exchanges between
+/// the ranks (a window's size, a symmetric allocation's outcome, the checked mode's
+/// comparisons) travel there, where no collective of the program can pair with them. It
+/// shares the communicator's NCCL resources (`splitShare`), uses one CTA, and goes with
+/// it; BENCHMARKS.md gives what it costs.
 pub struct Communicator {
     /// The private channel (comm/private.rs), where the crate's own exchanges travel
     /// (its handle is torn down with this one's: `CommShared::private`). `None` for a
