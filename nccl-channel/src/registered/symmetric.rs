@@ -35,6 +35,13 @@ const FAILED: u64 = u64::MAX;
 /// then the memory. (Swapping another buffer in through `DerefMut` takes that memory out
 /// of the window; the window keeps its own until it is released.)
 ///
+/// **Every rank passes the same offsets.** NCCL's symmetric kernels reach a peer's buffer
+/// at this rank's offset in the window: a collective whose ranks pass views at different
+/// offsets (or one a view of symmetric memory, another plain memory) reads and writes the
+/// wrong places, and neither NCCL nor this crate says so. The checked mode
+/// ([`CommConfig::check_calls`](crate::CommConfig::check_calls)) compares the offsets too:
+/// [`Error::CallMismatch`] on every rank, before NCCL gets the call.
+///
 /// ```
 /// # use std::sync::Arc;
 /// use cuda_hal::{Cuda, Stream};
