@@ -49,6 +49,18 @@ pub(crate) fn attach(mut comms: Vec<Communicator>, grouped: bool) -> Result<Vec<
     if comms.is_empty() {
         return Ok(comms);
     }
+    if cuda_hal::DeferScope::is_open() {
+        // NCCL would complete the split only at the open group's end, after this returns.
+        for c in &comms {
+            c.abort_now();
+        }
+        return Err(Error::InvalidArgument {
+            what: "the private channel's split",
+            problem: "a communicator cannot be made inside an open group: each gets its \
+                      private channel by a split, which an open group defers to its end"
+                .into(),
+        });
+    }
     let children = {
         let parents: Vec<&Communicator> = comms.iter().collect();
         split_channels(&parents, grouped)
