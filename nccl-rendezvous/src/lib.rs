@@ -53,7 +53,7 @@ use std::sync::Mutex;
 
 pub use derive::{ENCRYPT_NCCL_ENV, PORT_BASE, PORT_SPAN};
 pub use error::{Error, IoError, Result};
-pub use point::{DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
+pub use point::{DEFAULT_ROUND_TRIP, DEFAULT_TIMEOUT, Rendezvous, RendezvousKind};
 pub use secret::{RendezvousSecret, SECRET_FILE_ENV};
 
 /// The bytes of the id a rendezvous hands over (`ncclUniqueId` holds 128).

@@ -16,6 +16,9 @@ use crate::{Error, Result};
 /// enough for the slowest rank of a large job to start, short enough that a missing rank
 /// is reported rather than waited for forever.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Rank 0's default allowance for a round trip to a rank under pressure
+/// ([`Rendezvous::round_trip`]): a loopback or LAN round trip, with room for a busy host.
+pub const DEFAULT_ROUND_TRIP: Duration = Duration::from_millis(5);
 
 /// Who serves the id at a [`Rendezvous`]'s address.
 ///
@@ -114,6 +117,7 @@ pub struct Rendezvous {
     pub(crate) secret: Option<RendezvousSecret>,
     pub(crate) encrypt_nccl: bool,
     pub(crate) reached_as: Option<String>,
+    pub(crate) round_trip: Duration,
 }
 
 static_assertions::assert_impl_all!(Rendezvous: Send, Sync, std::fmt::Debug);
@@ -172,6 +176,7 @@ impl Rendezvous {
             secret: None,
             encrypt_nccl: false,
             reached_as: None,
+            round_trip: DEFAULT_ROUND_TRIP,
         }
     }
 
@@ -244,6 +249,27 @@ impl Rendezvous {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Rank 0's allowance for a round trip to a rank, [`DEFAULT_ROUND_TRIP`] unless set:
+    /// when every connection slot rank 0 serves at once is taken and another connection
+    /// waits in the listen backlog, the connection silent longest gives its slot to it as
+    /// soon as it has been silent this long (a rank sent the id after proving the secret
+    /// keeps its slot). Honest ranks answer each line at once, so they are seldom the
+    /// longest silent, and one that loses its slot connects again before its deadline;
+    /// connections that greet and then say nothing hold a slot for little more than this.
+    /// Without a connection waiting, a silent connection keeps its slot for 5 s. Raise it
+    /// above the ranks' round trip to rank 0 on a slow network where more ranks than
+    /// slots (1024) arrive at once; ranks other than 0 do not use it.
+    pub fn round_trip(mut self, allowance: Duration) -> Self {
+        self.round_trip = allowance;
+        self
+    }
+
+    /// Rank 0's allowance for a round trip ([`Rendezvous::round_trip`]).
+    #[must_use]
+    pub fn get_round_trip(&self) -> Duration {
+        self.round_trip
     }
 
     /// The key that tells this job's (and this channel's) rendezvous from another one on

@@ -111,6 +111,52 @@ fn an_honest_rank_gets_through_a_flood_of_greeted_then_silent_connections() {
     });
 }
 
+/// The same flood, timed: with every slot taken by connections silent for a few hundred
+/// milliseconds and more of them waiting in the backlog, the honest rank is not held until
+/// they have been silent for a second: each gives its slot to a waiting connection once
+/// silent past a round trip's allowance, the longest silent first.
+#[test]
+fn an_honest_rank_gets_through_a_flood_well_within_a_second() {
+    let limit = raise_descriptor_limit(8192);
+    let slots = (limit / 2).clamp(16, 1024) as usize;
+    let attackers = (slots + slots / 4).min(limit as usize - slots - 64);
+    let port = free_port();
+    let secret = RendezvousSecret::generate().unwrap();
+    let rdv = Rendezvous::tcp(&format!("127.0.0.1:{port}"))
+        .unwrap()
+        .timeout(Duration::from_secs(4))
+        .secret(secret);
+    let id: Id = [6; 128];
+    thread::scope(|s| {
+        let zero = s.spawn(|| rdv.exchange_with(0, 2, || Ok(id)));
+        wait_listening(port);
+        let hello = format!(
+            "nccl-channel-rendezvous 2 hello nccl-channel#0 1 2 {}\n",
+            "00".repeat(32)
+        );
+        let mut flood = Vec::with_capacity(attackers);
+        for _ in 0..attackers {
+            let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else {
+                break;
+            };
+            let _ = c.write_all(hello.as_bytes());
+            flood.push(c);
+        }
+        thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let one = rdv.exchange_with(1, 2, || unreachable!());
+        let took = started.elapsed();
+        let zero = zero.join().unwrap();
+        drop(flood);
+        assert_eq!(one, Ok(id));
+        assert_eq!(zero, Ok(id));
+        assert!(
+            took < Duration::from_millis(500),
+            "{took:?} behind {attackers} connections"
+        );
+    });
+}
+
 /// Something squats rank 0's port before rank 0 binds it and answers every greeting with
 /// `nosecret`, a line anyone may write. A rank holding the secret does not believe it:
 /// it keeps asking, and gets the id from rank 0 once rank 0 has the port.

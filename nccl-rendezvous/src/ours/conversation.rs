@@ -259,6 +259,15 @@ impl Conversation {
         matches!(self.state, State::Greeting)
     }
 
+    /// Whether rank 0 sent the id and waits for its ack: `Some(true)` when the peer proved
+    /// it holds the secret, `Some(false)` without a secret, `None` before the id.
+    pub(crate) fn awaits_ack(&self) -> Option<bool> {
+        match &self.state {
+            State::Ack { transcript, .. } => Some(transcript.is_some()),
+            _ => None,
+        }
+    }
+
     /// The connection ended (closed, timed out, cut off) before an outcome: what that
     /// says of the peer.
     pub(crate) fn on_end(&self, why: &str) -> Outcome {

@@ -3,11 +3,14 @@
 //! nor peers that send nothing, or a byte at a time, hold up the others. What one
 //! connection may take is bounded: [`MAX_LINE`] bytes (and one read) of input, one reply,
 //! [`STEP`] of time; at most [`MAX_CONNECTIONS`] are open at once, and further ranks wait
-//! in the listen backlog ([`BACKLOG`]) until one closes — or, when every slot is taken,
-//! until the connection silent longest, past [`EVICT_AFTER`], makes room, whether it has
-//! greeted or not (honest ranks greet as they connect and answer each line at once):
-//! peers that connect and say nothing, or greet and then say nothing, cannot hold every
-//! slot, however many they open.
+//! in the listen backlog ([`BACKLOG`]) until one closes — or, when every slot is taken
+//! and another connection waits, until the connection silent longest makes room as soon
+//! as it has been silent for a round trip's allowance ([`Rendezvous::round_trip`], a few
+//! milliseconds), whether it has greeted or not (honest ranks greet as they connect and
+//! answer each line at once, so they are not the longest silent): peers that connect and
+//! say nothing, or greet and then say nothing, cannot hold every slot, however many they
+//! open, and the backlog drains as fast as rank 0 can accept. Without a connection
+//! waiting, nothing is evicted: a connection has its whole [`STEP`].
 
 use std::collections::BTreeSet;
 use std::io::{self, ErrorKind, Read, Write};
@@ -67,10 +70,13 @@ const REFUSALS_SAID: usize = 8;
 /// connection slot taken): the listener's readiness is signalled once per new connection.
 const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 
-/// When every slot is taken, a connection that kept rank 0 waiting this long without a
-/// complete line (a round trip's allowance, far above an honest rank's) gives its slot to
-/// a newer one.
+/// The allowance of a connection that was sent the id without a secret and has not
+/// acked it yet, when a newer connection needs its slot: the rank has its id and does not
+/// come back, so rank 0 waits longer than a round trip for the ack it counts. (A rank that
+/// proved the secret and was sent the id keeps its slot for its whole [`STEP`].)
 const EVICT_AFTER: Duration = Duration::from_secs(1);
+/// The most connections one wakeup accepts before it reads what the open ones sent.
+const ACCEPTS_PER_WAKEUP: usize = MAX_CONNECTIONS;
 
 const LISTENER: Token = Token(usize::MAX);
 
@@ -102,17 +108,20 @@ pub(crate) fn serve<E: From<crate::Error>>(
         .map_err(|e| io("poll its socket", e))?;
     let mut server = Server {
         rdv,
+        offer: &offer,
         poll,
         listener,
         conns: Vec::new(),
         free: Vec::new(),
         live: 0,
         cap: connection_cap(),
+        round_trip: rdv.round_trip,
+        silence: BTreeSet::new(),
         accept_pending: true,
         served: BTreeSet::new(),
         tally: Tally::default(),
     };
-    server.run(&offer, deadline)?;
+    server.run(deadline)?;
     Ok(id)
 }
 
@@ -124,6 +133,7 @@ struct Conn {
     input: Vec<u8>,
     output: Vec<u8>,
     /// When it last completed a line (or was accepted): since then rank 0 waits on it.
+    /// Kept in [`Server::silence`] too.
     heard: Instant,
     /// When it is dropped, finished or not.
     until: Instant,
@@ -133,6 +143,7 @@ struct Conn {
 
 struct Server<'a> {
     rdv: &'a Rendezvous,
+    offer: &'a Offer,
     poll: Poll,
     listener: PollListener,
     conns: Vec<Option<Conn>>,
@@ -140,6 +151,10 @@ struct Server<'a> {
     live: usize,
     /// The most connections open at once ([`connection_cap`]).
     cap: usize,
+    /// How long a connection may be silent before it gives its slot to a waiting one.
+    round_trip: Duration,
+    /// Every open connection as (`heard`, slot): the longest silent first.
+    silence: BTreeSet<(Instant, usize)>,
     /// Connections may wait in the backlog unaccepted.
     accept_pending: bool,
     served: BTreeSet<usize>,
@@ -147,7 +162,8 @@ struct Server<'a> {
 }
 
 impl Server<'_> {
-    fn run(&mut self, offer: &Offer, deadline: Instant) -> Result<()> {
+    fn run(&mut self, deadline: Instant) -> Result<()> {
+        let offer = self.offer;
         let mut events = Events::with_capacity(256);
         loop {
             if self.served.len() == offer.size - 1 {
@@ -170,7 +186,8 @@ impl Server<'_> {
                 wait = wait.min(c.until.saturating_duration_since(now));
             }
             if self.accept_pending {
-                wait = wait.min(ACCEPT_RETRY);
+                // Every slot taken: the longest silent may make room within a round trip.
+                wait = wait.min(ACCEPT_RETRY.min(self.round_trip));
             }
             match self.poll.poll(&mut events, Some(wait)) {
                 Ok(()) => {}
@@ -180,7 +197,7 @@ impl Server<'_> {
             for event in &events {
                 match event.token() {
                     LISTENER => self.accept_pending = true,
-                    Token(i) => self.on_ready(i, offer),
+                    Token(i) => self.on_ready(i),
                 }
             }
             if self.accept_pending {
@@ -189,9 +206,18 @@ impl Server<'_> {
         }
     }
 
-    /// Accepts while the backlog has connections and a slot is free.
+    /// Accepts while the backlog has connections and a slot is free, or one can be freed
+    /// ([`Server::make_room`]); at most [`ACCEPTS_PER_WAKEUP`] at once.
     fn accept(&mut self) {
-        while self.live < self.cap || self.make_room(Instant::now()) {
+        for _ in 0..ACCEPTS_PER_WAKEUP {
+            let now = Instant::now();
+            if self.live > self.cap && !self.make_room(now) {
+                return;
+            }
+            if self.live >= self.cap && self.longest_silent(now).is_none() {
+                // Retried after a pause: someone may have been silent long enough then.
+                return;
+            }
             match self.listener.accept() {
                 Ok((mut stream, peer)) => {
                     let i = self.free.pop().unwrap_or_else(|| {
@@ -209,16 +235,24 @@ impl Server<'_> {
                         continue;
                     }
                     self.live += 1;
+                    let now = Instant::now();
                     self.conns[i] = Some(Conn {
                         stream,
                         peer,
                         talk: Conversation::new(peer),
                         input: Vec::new(),
                         output: Vec::new(),
-                        heard: Instant::now(),
-                        until: Instant::now() + STEP,
+                        heard: now,
+                        until: now + STEP,
                         outcome: None,
                     });
+                    self.silence.insert((now, i));
+                    if self.live > self.cap {
+                        // A connection waited, and got a slot: the longest silent gives
+                        // up its own (or, when it has just spoken, this one is over the
+                        // cap until one closes: no more are accepted until then).
+                        self.make_room(now);
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     self.accept_pending = false;
@@ -237,12 +271,18 @@ impl Server<'_> {
 
     /// Reads what connection `i` sent, answers, writes what is pending, closes it once it
     /// has an outcome and nothing left to write.
-    fn on_ready(&mut self, i: usize, offer: &Offer) {
+    fn on_ready(&mut self, i: usize) {
+        let offer = self.offer;
         let Some(Some(c)) = self.conns.get_mut(i) else {
             return;
         };
+        let before = c.heard;
         if c.outcome.is_none() {
             read_lines(c, offer);
+        }
+        if c.heard != before {
+            self.silence.remove(&(before, i));
+            self.silence.insert((c.heard, i));
         }
         if let Err(e) = flush(c) {
             if c.outcome.is_none() {
@@ -261,40 +301,76 @@ impl Server<'_> {
         }
     }
 
-    /// Every slot taken: closes the connection that has kept rank 0 waiting longest, once
-    /// it has been silent (no complete line) for [`EVICT_AFTER`], whatever its state: not
-    /// greeted yet, or greeted and challenged but with no proof since. An honest rank
-    /// answers each line of rank 0's within a round trip, so a newer connection (an honest
-    /// rank, whose greeting came with its connection) gets its slot, and a flood of
-    /// connections that greet, then go silent, holds no slot past that. False when none
+    /// The connection that may give its slot to a waiting one at `now`: the one silent
+    /// longest (no complete line since it was accepted or last spoke), once silent for a
+    /// round trip's allowance, whatever its state (not greeted yet, or challenged and with
+    /// no proof since), except one that was sent the id: a rank that proved the secret
+    /// keeps its slot, one without a secret gets [`EVICT_AFTER`] to ack.
+    fn longest_silent(&self, now: Instant) -> Option<usize> {
+        for &(heard, i) in &self.silence {
+            let silent = now.saturating_duration_since(heard);
+            if silent < self.round_trip {
+                return None;
+            }
+            let Some(c) = self.conns.get(i).and_then(Option::as_ref) else {
+                continue;
+            };
+            if c.outcome.is_some() {
+                continue;
+            }
+            match c.talk.awaits_ack() {
+                None => return Some(i),
+                Some(false) if silent >= EVICT_AFTER => return Some(i),
+                Some(_) => {}
+            }
+        }
+        None
+    }
+
+    /// Every slot taken and a newer connection waiting: closes the connection that has
+    /// kept rank 0 waiting longest ([`Server::longest_silent`]), once it has been silent
+    /// for a round trip's allowance. An honest rank answers each line of rank 0's at once,
+    /// so the newer connection (an honest rank, whose greeting came with its connection)
+    /// gets a slot, and a flood of connections that greet, then go silent, holds a slot
+    /// for little more than a round trip each while others wait. What a connection sent
+    /// is read before it is closed: one that has spoken is not silent. False when none
     /// may go.
     fn make_room(&mut self, now: Instant) -> bool {
-        let oldest = self
-            .conns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| Some((i, c.as_ref()?)))
-            .filter(|(_, c)| c.outcome.is_none() && now >= c.heard + EVICT_AFTER)
-            .min_by_key(|(_, c)| c.heard)
-            .map(|(i, _)| i);
-        let Some(i) = oldest else {
-            return false;
-        };
-        if let Some(c) = &mut self.conns[i] {
+        // Each pass closes a connection, or finds the one it looked at speaking (it is
+        // then the newest heard): at most one pass per connection.
+        for _ in 0..=self.conns.len() {
+            let Some(i) = self.longest_silent(now) else {
+                return false;
+            };
+            let live = self.live;
+            let heard = self.conns[i].as_ref().map(|c| c.heard);
+            self.on_ready(i);
+            if self.live < live {
+                return true;
+            }
+            let Some(c) = &mut self.conns[i] else {
+                return true;
+            };
+            if Some(c.heard) != heard || c.outcome.is_some() {
+                continue;
+            }
+            let silent = now.saturating_duration_since(c.heard);
             let why = format!(
-                "gave its slot to a newer connection: {} within {EVICT_AFTER:?}, and all {} \
-                 slots taken",
+                "gave its slot to a newer connection: {} for {silent:?} (over the round \
+                 trip's {:?}), the longest silent of all {} slots",
                 if c.talk.greeting() {
                     "no greeting"
                 } else {
                     "no answer to rank 0"
                 },
+                self.round_trip,
                 self.cap
             );
             c.outcome = Some(c.talk.on_end(&why));
+            self.close(i);
+            return true;
         }
-        self.close(i);
-        true
+        false
     }
 
     /// Drops the connections past their time.
@@ -318,6 +394,7 @@ impl Server<'_> {
         let Some(mut c) = self.conns[i].take() else {
             return;
         };
+        self.silence.remove(&(c.heard, i));
         let _ = self.poll.registry().deregister(&mut c.stream);
         self.free.push(i);
         self.live -= 1;
@@ -653,8 +730,16 @@ mod tests {
         );
     }
 
-    /// A server over a fresh loopback listener, keeping at most `cap` connections.
+    /// A server over a fresh loopback listener, keeping at most `cap` connections, for
+    /// ranks of 3 of the key `k`, without a secret.
     fn server(rdv: &Rendezvous, cap: usize) -> (Server<'_>, SocketAddr) {
+        let offer = Box::leak(Box::new(Offer {
+            address: Arc::from("127.0.0.1:1"),
+            key: Arc::from("k"),
+            size: 3,
+            id: [0; 128],
+            keys: None,
+        }));
         let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
         l.set_nonblocking(true).unwrap();
@@ -665,12 +750,15 @@ mod tests {
             .unwrap();
         let server = Server {
             rdv,
+            offer,
             poll,
             listener,
             conns: Vec::new(),
             free: Vec::new(),
             live: 0,
             cap,
+            round_trip: rdv.round_trip,
+            silence: BTreeSet::new(),
             accept_pending: true,
             served: BTreeSet::new(),
             tally: Tally::default(),
@@ -708,11 +796,22 @@ mod tests {
         drop((clients, more));
     }
 
-    /// Every slot held by a silent connection: the oldest one silent past EVICT_AFTER makes
-    /// room for a newer one; younger ones do not.
+    /// Rank 0 last heard connection `i` at `at`.
+    fn heard_at(server: &mut Server<'_>, i: usize, at: Instant) {
+        let c = server.conns[i].as_mut().unwrap();
+        server.silence.remove(&(c.heard, i));
+        c.heard = at;
+        server.silence.insert((at, i));
+    }
+
+    /// Every slot held by a silent connection and a newer one waiting: the one silent
+    /// longest makes room once silent past the round trip's allowance; younger ones do
+    /// not.
     #[test]
-    fn silent_connections_make_room_at_the_cap_once_old_enough() {
-        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
+    fn silent_connections_make_room_at_the_cap_once_past_a_round_trip() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1")
+            .unwrap()
+            .round_trip(Duration::from_secs(3));
         let (mut server, addr) = server(&rdv, 2);
         let silent = connections(addr, 2);
         server.accept();
@@ -726,20 +825,21 @@ mod tests {
         server.accept();
         assert_eq!(server.live, 2);
         assert!(server.accept_pending);
-        // Silent for 0.9 s: not yet.
-        let not_yet = Instant::now() - Duration::from_millis(900);
-        server.conns[0].as_mut().unwrap().heard = not_yet;
+        // Silent for 2.9 s of 3: not yet.
+        let not_yet = Instant::now() - Duration::from_millis(2900);
+        heard_at(&mut server, 0, not_yet);
         server.accept();
         assert_eq!(server.conns[0].as_ref().map(|c| c.heard), Some(not_yet));
         assert_eq!(server.tally.last, None);
-        // Silent for 1 s: it makes room.
-        server.conns[0].as_mut().unwrap().heard = Instant::now() - Duration::from_secs(1);
+        // Silent for 3 s: it makes room, the one silent longest.
+        heard_at(&mut server, 1, Instant::now() - Duration::from_millis(3100));
+        heard_at(&mut server, 0, Instant::now() - Duration::from_secs(3));
         server.accept();
         assert_eq!(server.live, 2);
-        assert!(
-            server.conns[0]
-                .as_ref()
-                .is_some_and(|c| c.heard > Instant::now() - EVICT_AFTER)
+        assert!(server.conns[1].is_none() || server.conns[1].as_ref().unwrap().heard > not_yet);
+        assert_eq!(
+            server.conns[0].as_ref().map(|c| c.heard < not_yet),
+            Some(true)
         );
         let last = server.tally.last.clone().unwrap_or_default();
         assert!(
@@ -749,18 +849,42 @@ mod tests {
         drop((silent, honest));
     }
 
+    /// Every slot held by connections silent for 100 ms, far past a loopback round trip
+    /// and far short of a second: the newer connections waiting in the backlog get their
+    /// slots at once, the longest silent going first. Without one waiting, nobody goes.
+    #[test]
+    fn under_pressure_the_longest_silent_goes_once_past_a_round_trip() {
+        let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
+        let (mut server, addr) = server(&rdv, 4);
+        let silent = connections(addr, 4);
+        server.accept();
+        assert_eq!(server.live, 4);
+        // Nobody waits: silent ones keep their slots.
+        std::thread::sleep(Duration::from_millis(100));
+        server.accept();
+        assert_eq!(server.live, 4);
+        assert_eq!(server.tally.count, 0);
+        // Two newer ones wait: the two silent longest make room for them, at once.
+        let newer = connections(addr, 2);
+        server.accept();
+        assert_eq!(server.live, 4);
+        assert_eq!(server.tally.count, 2, "{:?}", server.tally.last);
+        assert!(!server.accept_pending, "the backlog is drained");
+        let last = server.tally.last.clone().unwrap_or_default();
+        assert!(
+            last.contains("gave its slot to a newer connection: no greeting"),
+            "{last}"
+        );
+        drop((silent, newer));
+    }
+
     /// A connection that greeted and was answered, then went silent, makes room like one
-    /// that never greeted: with every slot taken, it goes once silent past EVICT_AFTER.
+    /// that never greeted; one that spoke since it was last read is read first, and is
+    /// no longer the longest silent; a rank sent the id without a secret is left
+    /// EVICT_AFTER to ack it.
     #[test]
     fn a_greeted_then_silent_connection_makes_room_at_the_cap() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
-        let offer = Offer {
-            address: Arc::from("127.0.0.1:1"),
-            key: Arc::from("k"),
-            size: 3,
-            id: [0; 128],
-            keys: None,
-        };
         let (mut server, addr) = server(&rdv, 2);
         let mut squatters = connections(addr, 2);
         for c in &mut squatters {
@@ -769,15 +893,20 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(100));
         server.accept();
-        server.on_ready(0, &offer);
-        server.on_ready(1, &offer);
+        server.on_ready(0);
+        server.on_ready(1);
         assert_eq!(server.live, 2);
         for c in server.conns.iter().flatten() {
             assert!(!c.talk.greeting(), "both greeted (and were sent the id)");
+            assert_eq!(c.talk.awaits_ack(), Some(false));
         }
         let honest = std::net::TcpStream::connect(addr).unwrap();
         std::thread::sleep(Duration::from_millis(100));
-        server.conns[1].as_mut().unwrap().heard = Instant::now() - EVICT_AFTER;
+        // Sent the id 100 ms ago: their acks may still be on the way.
+        server.accept();
+        assert_eq!(server.live, 2);
+        assert_eq!(server.tally.count, 0);
+        heard_at(&mut server, 1, Instant::now() - EVICT_AFTER);
         server.accept();
         assert_eq!(server.live, 2);
         let last = server.tally.last.clone().unwrap_or_default();
@@ -785,7 +914,16 @@ mod tests {
             last.contains("gave its slot to a newer connection: no answer to rank 0"),
             "{last}"
         );
-        drop((squatters, honest));
+        // The one left acks now, unread: read before it could go, it is served.
+        squatters[0]
+            .write_all(b"nccl-channel-rendezvous 1 ack 1\n")
+            .unwrap();
+        let another = std::net::TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        heard_at(&mut server, 0, Instant::now() - EVICT_AFTER);
+        server.accept();
+        assert!(server.served.contains(&1), "{:?}", server.tally.last);
+        drop((squatters, honest, another));
     }
 
     /// A line of MAX_LINE bytes is read as a line (here: garbage, so ignored); one byte
@@ -793,13 +931,6 @@ mod tests {
     #[test]
     fn a_line_is_read_up_to_its_limit_and_cut_off_past_it() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
-        let offer = Offer {
-            address: Arc::from("127.0.0.1:1"),
-            key: Arc::from("k"),
-            size: 2,
-            id: [0; 128],
-            keys: None,
-        };
         for (len, says) in [
             (MAX_LINE, "sent \"xxxx"),
             (MAX_LINE + 1, "sent an over-long line"),
@@ -811,7 +942,7 @@ mod tests {
             c.write_all(&line).unwrap();
             std::thread::sleep(Duration::from_millis(100));
             server.accept();
-            server.on_ready(0, &offer);
+            server.on_ready(0);
             assert_eq!(server.live, 0, "{len}");
             let last = server.tally.last.clone().unwrap_or_default();
             assert!(last.contains(says), "{len}: {last}");
@@ -823,23 +954,16 @@ mod tests {
     #[test]
     fn a_line_at_the_limit_waits_for_its_end_and_a_reset_ends_at_once() {
         let rdv = Rendezvous::tcp("127.0.0.1:1").unwrap();
-        let offer = Offer {
-            address: Arc::from("127.0.0.1:1"),
-            key: Arc::from("k"),
-            size: 2,
-            id: [0; 128],
-            keys: None,
-        };
         let (mut server, addr) = server(&rdv, 4);
         let mut c = connections(addr, 1).remove(0);
         c.write_all(&[b'x'; MAX_LINE]).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         server.accept();
-        server.on_ready(0, &offer);
+        server.on_ready(0);
         assert_eq!(server.live, 1, "{:?}", server.tally.last);
         c.write_all(b"\n").unwrap();
         std::thread::sleep(Duration::from_millis(100));
-        server.on_ready(0, &offer);
+        server.on_ready(0);
         assert_eq!(server.live, 0);
         assert!(
             server
@@ -858,7 +982,7 @@ mod tests {
             .unwrap();
         drop(reset);
         std::thread::sleep(Duration::from_millis(100));
-        server.on_ready(0, &offer);
+        server.on_ready(0);
         assert_eq!(server.live, 0, "{:?}", server.tally.last);
     }
 
