@@ -1,6 +1,6 @@
 //! Values the ranks agree on by the crate's own exchange (the smallest size of a window;
 //! a symmetric allocation's size and outcome), which a program's collective can never
-//! answer: it travels on the private channel (comm/private.rs, exchange.rs), which no
+//! answer: it travels on the private channel (comm/private.rs, exchange/), which no
 //! program can reach.
 //!
 //! Each rank sends its value with the topic; a rank whose peer's record is of another
@@ -9,46 +9,8 @@
 
 use crate::call_check::{agreement, describe, first_difference, value};
 use crate::exchange::exchange;
+pub(crate) use crate::topic::{Topic, topic_name};
 use crate::{Communicator, Error, Result};
-
-/// What an exchange agrees on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Topic {
-    /// The smallest size, in bytes, of the window each rank registers.
-    WindowSize = 1,
-    /// The bytes each rank allocated for a symmetric buffer (or that it could not).
-    SymmetricSize = 2,
-    /// Whether each rank's NCCL made the symmetric buffer's window.
-    SymmetricWindow = 3,
-    /// The checked mode's comparison before a window's registration (no value).
-    Registration = 4,
-}
-
-impl Topic {
-    const ALL: [Topic; 4] = [
-        Topic::WindowSize,
-        Topic::SymmetricSize,
-        Topic::SymmetricWindow,
-        Topic::Registration,
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Topic::WindowSize => "a window's size",
-            Topic::SymmetricSize => "a symmetric buffer's size",
-            Topic::SymmetricWindow => "a symmetric buffer's window",
-            Topic::Registration => "registering a window",
-        }
-    }
-}
-
-/// The name of topic number `n`.
-pub(crate) fn topic_name(n: u64) -> Option<&'static str> {
-    Topic::ALL
-        .iter()
-        .find(|t| **t as u64 == n)
-        .map(|t| t.name())
-}
 
 /// In the checked mode, the ranks of each of `ranks` compare before a window's
 /// registration (an NCCL collective of the program's communicator): a peer that issues

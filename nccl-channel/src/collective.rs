@@ -9,18 +9,8 @@ use nccl_sys::{ncclRedOp_t, ncclResult_t, ncclScalarResidence_t};
 
 use crate::call_check::Call;
 use crate::collective_kind::Method;
-use crate::issue::{Issue, Raw, dptr, past};
+use crate::issue::{Issue, Raw, buffer_object, dptr, past};
 use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result};
-
-/// A buffer argument as errors about its device name it: `"send"` is the "send buffer".
-pub(crate) fn buffer_object(buffer: &'static str) -> &'static str {
-    match buffer {
-        "send" => "send buffer",
-        "recv" => "recv buffer",
-        "source" => "source buffer",
-        other => other,
-    }
-}
 
 /// Which side of a variable all-to-all a layout describes.
 #[derive(Clone, Copy)]
@@ -86,19 +76,6 @@ impl Drop for Op<'_> {
 }
 
 impl Communicator {
-    pub(crate) fn check_type<T: NcclType>(&self) -> Result<()> {
-        if let Some(since) = T::SINCE
-            && self.nccl().version() < since
-        {
-            return Err(Error::Unsupported {
-                feature: T::NAME,
-                needed: since.to_string(),
-                found: self.nccl().version().to_string(),
-            });
-        }
-        Ok(())
-    }
-
     pub(crate) fn check_rank(&self, what: &'static str, rank: usize) -> Result<i32> {
         if rank >= self.size() {
             return Err(Error::InvalidRank {

@@ -26,9 +26,11 @@ use std::sync::Arc;
 use cuda_hal::Context;
 use nccl_sys::{Nccl, ncclUniqueId};
 
+use crate::children::Plan;
 use crate::comm::init::init_via;
 use crate::comm::init::world_args;
-use crate::split::{Plan, check_parents, make_children, refuse_in_group};
+use crate::comm::private::with_channels;
+use crate::split::{check_parents, refuse_in_group};
 use crate::{CommConfig, Communicator, Error, Result, UniqueId};
 
 const GROW_ALL: &str = "Communicator::grow_all";
@@ -80,9 +82,8 @@ fn grow_each(
         grouped,
         expect: &expect,
         config,
-        channel: true,
     };
-    let children = make_children(parents, plan, &mut |i, raw, out| {
+    let children = with_channels(parents, plan, &mut |i, raw, out| {
         let id = raw_ids
             .get(i)
             .and_then(Option::as_ref)

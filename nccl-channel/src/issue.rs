@@ -23,7 +23,6 @@ use cuda_sys::{CUdeviceptr, CUstream};
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
 use crate::call_check::Call;
-use crate::collective::buffer_object;
 use crate::collective_kind::Method;
 use crate::{Communicator, Error, NcclType, Result};
 
@@ -40,6 +39,16 @@ pub(crate) fn past<T>(base: CUdeviceptr, elems: usize) -> *mut c_void {
     dptr(base + (elems * size_of::<T>()) as u64)
 }
 
+/// A buffer argument as errors about its device name it: `"send"` is the "send buffer".
+pub(crate) fn buffer_object(buffer: &'static str) -> &'static str {
+    match buffer {
+        "send" => "send buffer",
+        "recv" => "recv buffer",
+        "source" => "source buffer",
+        other => other,
+    }
+}
+
 /// One call being issued: see the module's docs.
 pub(crate) struct Issue<'a> {
     comm: &'a Communicator,
@@ -52,6 +61,21 @@ pub(crate) struct Issue<'a> {
 }
 
 impl Communicator {
+    /// `Ok` when the loaded NCCL has `T` ([`Error::Unsupported`] naming the release that
+    /// added it otherwise).
+    pub(crate) fn check_type<T: NcclType>(&self) -> Result<()> {
+        if let Some(since) = T::SINCE
+            && self.nccl().version() < since
+        {
+            return Err(Error::Unsupported {
+                feature: T::NAME,
+                needed: since.to_string(),
+                found: self.nccl().version().to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Begins a call of `method` on elements of `T` on `stream` (step 1 of issue.rs).
     #[inline(always)]
     pub(crate) fn issue<'a, T: NcclType>(

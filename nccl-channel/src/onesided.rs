@@ -228,11 +228,7 @@ pub(crate) fn put_signal<T: NcclType>(
             window: target.peer_bytes,
         });
     }
-    comm.same_context(
-        what,
-        crate::collective::buffer_object("source"),
-        src.context(),
-    )?;
+    comm.same_context(what, crate::issue::buffer_object("source"), src.context())?;
     let s = issue.buf("send", src, src.len())?;
     let registry = &comm.shared().registry;
     if !src.is_empty() && !registry.in_window(s.ptr(), bytes) {

@@ -5,7 +5,7 @@
 //!
 //! Each rank exchanges a record of its call (the collective, element type, count,
 //! reduction, root, and where its buffers lie in symmetric windows) on the private channel
-//! (exchange.rs), and compares every rank's with its own. The crate's own agreements travel
+//! (exchange/), and compares every rank's with its own. The crate's own agreements travel
 //! the same channel in records of the same shape, so a rank that allocates symmetric
 //! memory or registers a window while its peer checks a collective gets a `CallMismatch`
 //! naming both, on both. Every rank must check, or none: a rank that is not checking
@@ -80,9 +80,9 @@ impl Communicator {
         Error::CallMismatch {
             what,
             rank: self.rank(),
-            call: describe(mine, seq, crate::agreement::topic_name),
+            call: describe(mine, seq, crate::topic::topic_name),
             other_rank,
-            other_call: describe(&other, seq, crate::agreement::topic_name),
+            other_call: describe(&other, seq, crate::topic::topic_name),
         }
     }
 }

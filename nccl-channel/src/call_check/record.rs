@@ -1,4 +1,4 @@
-//! What a rank is about to do, as the ranks compare it in an exchange (exchange.rs): a
+//! What a rank is about to do, as the ranks compare it in an exchange (exchange/): a
 //! collective of the program's ([`Call`]) or one of the crate's own agreements; how it
 //! reads in an error, and which rank's differs.
 

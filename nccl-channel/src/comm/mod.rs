@@ -114,7 +114,7 @@ use crate::{Error, Result, check};
 ///    [`PoolPolicy`](crate::PoolPolicy)) and the communicator's record of the memory NCCL
 ///    may touch (registered/registry.rs); only then the guard gives the buffer's address.
 /// 3. `Issue::call` (issue.rs): in the checked mode the ranks compare their calls on the
-///    private channel (call_check/, exchange.rs, comm/private.rs), after every local check;
+///    private channel (call_check/, exchange/, comm/private.rs), after every local check;
 ///    then the one `unsafe` call of `ncclAllGather` from
 ///    [`nccl_sys::NcclFns`](nccl_sys::NcclFns), the table nccl-sys resolved when NCCL was
 ///    loaded, through the `nccl_raw_call!` macro (lib.rs); `check` (comm/mod.rs) turns its
@@ -136,8 +136,8 @@ pub struct Communicator {
     pub(crate) private: Option<Box<Communicator>>,
     /// Dropped early: its memory is freed after the streams that used it are done.
     scratch: OnceCell<DeviceBuffer<i32>>,
-    /// The stream and buffers of the crate's exchanges, made at the first (exchange.rs).
-    pub(crate) kit: std::cell::RefCell<Option<crate::exchange::Kit>>,
+    /// The stream and buffers of the crate's exchanges, made at the first (exchange/kit.rs).
+    pub(crate) kit: std::cell::RefCell<Option<crate::exchange::kit::Kit>>,
     /// Registered NCCL memory kept for reuse ([`buffer`](Self::buffer)).
     pub(crate) pool: Pool,
     shared: Arc<CommShared>,

@@ -16,7 +16,7 @@
 use nccl_sys::ncclResult_t;
 
 use super::Communicator;
-use crate::split::{Plan, make_children};
+use crate::children::{Plan, make_children};
 use crate::{CommConfig, Error, Result};
 
 /// The private channel's configuration: the parent's blocking mode and deadline, sharing
@@ -39,6 +39,25 @@ impl Communicator {
             problem: "this communicator has no private channel".into(),
         })
     }
+}
+
+/// [`make_children`] of the program's communicators: each child made gets its private
+/// channel before it is handed out (several made from one thread in one group get theirs
+/// so too).
+pub(crate) fn with_channels(
+    parents: &[&Communicator],
+    plan: Plan<'_>,
+    issue: &mut dyn FnMut(usize, nccl_sys::ncclComm_t, *mut nccl_sys::ncclComm_t) -> ncclResult_t,
+) -> Result<Vec<Option<Communicator>>> {
+    let grouped = plan.grouped;
+    let children = make_children(parents, plan, issue)?;
+    let present: Vec<bool> = children.iter().map(Option::is_some).collect();
+    let with = attach(children.into_iter().flatten().collect(), grouped)?;
+    let mut with = with.into_iter();
+    Ok(present
+        .into_iter()
+        .map(|p| if p { with.next() } else { None })
+        .collect())
 }
 
 /// Gives each of `comms`, just made and not yet handed out, its private channel: one split
@@ -104,7 +123,6 @@ fn split_channels(parents: &[&Communicator], grouped: bool) -> Result<Vec<Option
         grouped,
         expect: &expect,
         config: Some(&config),
-        channel: false,
     };
     let keys: Vec<i32> = parents
         .iter()

@@ -40,7 +40,7 @@ pub(crate) struct CommShared {
     /// Suspended or not, and what may still run on it (suspend/).
     pub(crate) suspend: crate::suspend::state::SuspendState,
     /// The crate's own exchanges between the ranks made on its private channel so far
-    /// (exchange.rs numbers each).
+    /// (exchange/ numbers each).
     pub(super) exchanges: std::sync::atomic::AtomicU64,
     /// The checked mode is on (call_check/).
     pub(super) checks_calls: bool,
