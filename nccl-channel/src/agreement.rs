@@ -85,11 +85,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// Consecutive exchanges on a communicator carry consecutive numbers on every rank (an
-    /// exchange paired with another point of the sequence is then refused), and give the
-    /// smallest value.
-    #[test]
-    fn each_exchange_issued_takes_the_next_number_on_every_rank() {
+    /// Two simulated ranks driven from this thread.
+    fn two_ranks() -> Vec<Communicator> {
         use cuda_hal::Cuda;
         let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2)
             .build_with(Cuda::from_driver)
@@ -98,7 +95,15 @@ mod tests {
         let ctxs: Vec<_> = (0..2)
             .map(|d| cuda.device(d).unwrap().primary_context().unwrap())
             .collect();
-        let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+        Communicator::init_all(&nccl, &ctxs).unwrap()
+    }
+
+    /// Consecutive exchanges on a communicator carry consecutive numbers on every rank (an
+    /// exchange paired with another point of the sequence is then refused), and give the
+    /// smallest value.
+    #[test]
+    fn each_exchange_issued_takes_the_next_number_on_every_rank() {
+        let comms = two_ranks();
         for n in 1..=3 {
             let ranks = [(&comms[0], 8), (&comms[1], 4)];
             assert_eq!(
@@ -112,15 +117,7 @@ mod tests {
     /// Two ranks in agreements on different topics: each is told what the other makes.
     #[test]
     fn agreements_on_different_topics_are_refused_on_every_rank() {
-        use cuda_hal::Cuda;
-        let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2)
-            .build_with(Cuda::from_driver)
-            .unwrap();
-        let nccl = std::sync::Arc::new(nccl_mock::MockNccl::new(&gpus).build().unwrap().0);
-        let ctxs: Vec<_> = (0..2)
-            .map(|d| cuda.device(d).unwrap().primary_context().unwrap())
-            .collect();
-        let comms = Communicator::init_all(&nccl, &ctxs).unwrap();
+        let comms = two_ranks();
         let payloads = [
             (&comms[0], agreement(Topic::WindowSize as u64, 8)),
             (&comms[1], agreement(Topic::SymmetricSize as u64, 8)),

@@ -89,20 +89,34 @@ pub(crate) fn shrink(
             }
         }
     };
-    let n = survivors.len();
-    match join_init(w, &key, n, new_rank, device, None) {
-        Ok(clique) => {
-            let mut s = w.lock();
-            let h = s.new_comm(w, Some(clique), new_rank, n, device);
-            if let Some(c) = s.comms.get_mut(&h) {
-                c.blocking = child.blocking;
-                c.config = child.config;
+    child.join(w, &key, (survivors.len(), new_rank), device, newcomm)
+}
+
+impl Child {
+    /// Joins the child's hub named by `id` as `rank` of `n` on `device`, and writes the new
+    /// communicator to `newcomm`: the last step of a shrink or split across processes.
+    pub(crate) fn join(
+        self,
+        w: &NWorld,
+        id: &[u8],
+        (n, rank): (usize, usize),
+        device: i32,
+        newcomm: *mut ncclComm_t,
+    ) -> ncclResult_t {
+        match join_init(w, id, n, rank, device, None) {
+            Ok(clique) => {
+                let mut s = w.lock();
+                let h = s.new_comm(w, Some(clique), rank, n, device);
+                if let Some(c) = s.comms.get_mut(&h) {
+                    c.blocking = self.blocking;
+                    c.config = self.config;
+                }
+                // SAFETY: the caller's checked non-null out-pointer (NCCL's contract: valid
+                // until the shrink or split completes, which is now).
+                unsafe { *newcomm = h2p(h) };
+                ncclResult_t::ncclSuccess
             }
-            // SAFETY: the caller's checked non-null out-pointer (NCCL's contract: valid
-            // until the shrink completes, which is now).
-            unsafe { *newcomm = h2p(h) };
-            ncclResult_t::ncclSuccess
+            Err(rc) => rc,
         }
-        Err(rc) => rc,
     }
 }

@@ -19,9 +19,8 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
 use crate::clique::Clique;
-use crate::handle::h2p;
 use crate::net::shrink::Child;
-use crate::rendezvous::{join_init, new_hub_id};
+use crate::rendezvous::new_hub_id;
 use crate::state::{State, fail};
 use crate::thread_groups::{in_group, note_error};
 use crate::world::NWorld;
@@ -134,22 +133,7 @@ pub(crate) fn split(
             }
         }
     };
-    let n = ranks.len();
-    match join_init(w, &id, n, new_rank, device, None) {
-        Ok(clique) => {
-            let mut s = w.lock();
-            let h = s.new_comm(w, Some(clique), new_rank, n, device);
-            if let Some(c) = s.comms.get_mut(&h) {
-                c.blocking = child.blocking;
-                c.config = child.config;
-            }
-            // SAFETY: the caller's checked non-null out-pointer (NCCL's contract: valid
-            // until the split completes, which is now).
-            unsafe { *newcomm = h2p(h) };
-            ncclResult_t::ncclSuccess
-        }
-        Err(rc) => rc,
-    }
+    child.join(w, &id, (ranks.len(), new_rank), device, newcomm)
 }
 
 #[cfg(test)]
