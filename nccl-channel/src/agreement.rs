@@ -114,6 +114,73 @@ mod tests {
         }
     }
 
+    /// A program's all-gather of a record of the exchange's current shape (its mark, the
+    /// first exchange's number, a window-size agreement claiming 1 TiB), made from the
+    /// exchange's own constants, so that it stays the shape the exchange sends: rank 1
+    /// gathers it on the program's communicator, then registers its 1024-byte window;
+    /// rank 0 registers its 4096-byte window, then gathers on its own and puts 4096 bytes
+    /// into rank 1's window. The agreement travels on the private channel, so the copy
+    /// never answers it: rank 0 never believes rank 1's window larger, and the simulated
+    /// GPU sees nothing written past a window. (Carried by the program's communicator, the
+    /// agreement took the copy for rank 1's record and rank 0's put overran the window.)
+    #[test]
+    fn a_programs_gather_of_the_exchanges_own_record_never_answers_an_agreement() {
+        use crate::{Signal, UniqueId, WindowFlags};
+        use cuda_hal::{Cuda, DeviceBuffer, Stream};
+        let (cuda, gpus) = cuda_mock::MockDriver::with_devices(2)
+            .build_with(Cuda::from_driver)
+            .unwrap();
+        let nccl = std::sync::Arc::new(
+            nccl_mock::MockNccl::new(&gpus)
+                .timeout(std::time::Duration::from_secs(2))
+                .build()
+                .unwrap()
+                .0,
+        );
+        let id = UniqueId::generate(&nccl).unwrap();
+        let forged =
+            crate::exchange::forged_record(0, &agreement(Topic::WindowSize as u64, 1 << 40));
+        let out: Vec<Result<Option<Result<()>>>> = std::thread::scope(|sc| {
+            let ranks: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (cuda, nccl, id) = (&cuda, &nccl, &id);
+                    sc.spawn(move || -> Result<Option<Result<()>>> {
+                        let ctx = cuda.device(rank)?.primary_context()?;
+                        let c = Communicator::init_rank(nccl, &ctx, id, 2, rank)?;
+                        let s = Stream::non_blocking(&ctx)?;
+                        let mine = if rank == 1 {
+                            forged.to_vec()
+                        } else {
+                            vec![7; forged.len()]
+                        };
+                        let v = DeviceBuffer::from_slice(&ctx, &mine)?;
+                        let mut all = DeviceBuffer::<u64>::zeroed(&ctx, 2 * mine.len())?;
+                        let buf = c.alloc_nccl::<u32>(1024 >> (2 * rank))?;
+                        if rank == 1 {
+                            c.all_gather(&v, &mut all, &s)?;
+                        }
+                        let window = c.register_window(&buf, WindowFlags::COLL_SYMMETRIC)?;
+                        if rank == 0 {
+                            c.all_gather(&v, &mut all, &s)?;
+                            let put = window.put_signal(&buf, 1, 0, Signal::DEFAULT, &s);
+                            s.synchronize()?;
+                            return Ok(Some(put));
+                        }
+                        s.synchronize()?;
+                        Ok(None)
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            !matches!(&out[0], Ok(Some(Ok(())))),
+            "rank 0 put 4096 bytes into rank 1's 1024-byte window: {out:?}"
+        );
+        assert!(out.iter().all(Result::is_err), "{out:?}");
+        assert_eq!(gpus.violations(), Vec::<String>::new());
+    }
+
     /// Two ranks in agreements on different topics: each is told what the other makes.
     #[test]
     fn agreements_on_different_topics_are_refused_on_every_rank() {

@@ -1134,7 +1134,25 @@ impl Communicator {
         // user's registered memory, whose release must then wait for (and an open group
         // or capture hold it for) this all-reduce too (`Issue::buf` notes it there).
         let b = issue.buf("buffer", scratch, 1)?;
-        self.all_reduce_on::<i32>(&issue, (b.ptr(), b.ptr()), 1, ReduceOp::Sum)?;
+        let p = b.ptr();
+        issue.call(Call::barrier(), |comm, stream| {
+            // SAFETY: one i32 at `p`, the scratch element, noted as used on the stream
+            // (issue.rs); the sum is NCCL's own operation.
+            unsafe {
+                nccl_raw_call!(
+                    self.nccl(),
+                    ncclAllReduce(
+                        dptr(p),
+                        dptr(p),
+                        1,
+                        i32::DTYPE,
+                        nccl_sys::ncclRedOp_t::ncclSum,
+                        comm,
+                        stream
+                    )
+                )
+            }
+        })?;
         drop((b, issue));
         stream.synchronize()?;
         Ok(())

@@ -370,17 +370,22 @@ impl CommConfig {
     /// The checked mode, for finding a program whose ranks call different collectives
     /// (like torch's `TORCH_DISTRIBUTED_DEBUG=DETAIL`): before each collective the ranks
     /// compare what they are about to call (the collective, count, element type,
-    /// reduction, root, and its number among the checked calls), and a difference is
-    /// [`Error::CallMismatch`] on every rank, naming both calls, instead of the hang or the
-    /// corrupt data that real NCCL gives. Every rank must check, or none: turn it on for a
-    /// whole job with [`NCCL_CHANNEL_CHECK_CALLS=1`](crate::CHECK_CALLS_ENV), which
-    /// communicators made without this setting follow (unset: off). Each checked
-    /// collective costs an all-gather of 64 bytes per rank and a wait for it (BENCHMARKS.md
-    /// has the figures); off, it costs one test per call. Not checked: sends and receives
-    /// (pairwise), and collectives inside an open group (the send/receive fallbacks of
-    /// `all_to_all`, `gather` and `scatter` before NCCL 2.28.3 are groups too) or on a
-    /// capturing stream, which cannot wait for the comparison. While another capture
-    /// forbids this thread host waits, a checked collective fails with
+    /// reduction, root, which symmetric window its buffers lie in and at what offset, and
+    /// the number of the comparison among the communicator's exchanges), and a difference
+    /// is [`Error::CallMismatch`] on every rank, naming both calls, instead of the hang or
+    /// the corrupt data that real NCCL gives. The crate's own collectives are compared too
+    /// (a symmetric allocation, a window's registration, a barrier). Every rank must check,
+    /// or none: turn it on for a whole job with
+    /// [`NCCL_CHANNEL_CHECK_CALLS=1`](crate::CHECK_CALLS_ENV), which communicators made
+    /// without this setting follow (unset: off). Each checked collective costs an
+    /// all-gather of 80 bytes per rank on the communicator's private channel and a wait
+    /// for it (BENCHMARKS.md has the figures); off, it costs one test per call. Not
+    /// checked: sends and receives (pairwise), the counts of
+    /// [`all_to_all_v`](crate::Communicator::all_to_all_v) (they differ by rank),
+    /// collectives inside an open group or on a capturing stream, which cannot wait for the
+    /// comparison (the send/receive forms of `all_to_all`, `gather`, `scatter` and
+    /// `all_to_all_v` compare before the group they open). While another capture forbids
+    /// this thread host waits, a checked collective fails with
     /// [`cuda_hal::Error::Capturing`] before anything is issued.
     ///
     /// ```
@@ -528,7 +533,9 @@ nccl_fields! {
     max_ctas / get_max_ctas: u32 => "maxCTAs";
     /// Whether communicators split from this one share its internal resources: cheaper
     /// splits, but aborting one of the family can make the others unusable. Default
-    /// off.
+    /// off. Its private channel (split from it at its init) then shares them too, and NCCL
+    /// 2.29.7 and later refuse [`Communicator::suspend`](crate::Communicator::suspend) of
+    /// its memory (`ncclInvalidUsage`).
     split_share / get_split_share: bool => "splitShare";
     /// The network traffic class of this communicator, in the network plugin's terms (IB
     /// service level, RoCE type of service), to separate overlapping communicators.

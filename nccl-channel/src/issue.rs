@@ -56,7 +56,7 @@ pub(crate) struct Issue<'a> {
     stream: &'a Stream,
     /// Where the send and the receive buffer lie in symmetric windows (looked up in the
     /// checked mode only, which compares them).
-    at: [Option<u64>; 2],
+    at: [Option<(u64, u64)>; 2],
     _order: EnqueueLock<'a>,
 }
 

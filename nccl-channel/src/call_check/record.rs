@@ -13,6 +13,14 @@ const NONE: u64 = u64::MAX;
 /// The kind word of an agreement: this plus its topic's number (collectives are below).
 const AGREEMENT: u64 = 1 << 32;
 
+/// The kind word of a barrier (an all-reduce of one element of the crate's, which must not
+/// be taken for a program's).
+const BARRIER: u64 = AGREEMENT - 1;
+
+/// Where a buffer lies in a symmetric window, as a word: the window's number above this
+/// many bits, the offset below.
+const PLACE_SHIFT: u32 = 40;
+
 /// The payload's words.
 const KIND: usize = 0;
 const DTYPE: usize = 1;
@@ -33,11 +41,13 @@ pub(crate) struct Call {
     count: Option<usize>,
     op: u64,
     root: u64,
-    /// Where the send and receive buffers lie in symmetric windows, in bytes from the
-    /// window's start (`NONE`: not in one): NCCL's symmetric kernels need the same
-    /// offsets on every rank.
+    /// Where the send and receive buffers lie in symmetric windows: the window's number
+    /// among the communicator's and the offset in bytes from its start (`NONE`: not in
+    /// one). NCCL's symmetric kernels need the same window and offset on every rank.
     send_at: u64,
     recv_at: u64,
+    /// A barrier's all-reduce, told apart from a program's.
+    barrier: bool,
 }
 
 impl Call {
@@ -51,6 +61,15 @@ impl Call {
             root: NONE,
             send_at: NONE,
             recv_at: NONE,
+            barrier: false,
+        }
+    }
+
+    /// A barrier: its all-reduce of one `i32`, named as the barrier it is.
+    pub(crate) fn barrier() -> Call {
+        Call {
+            barrier: true,
+            ..Call::new::<i32>(Collective::AllReduce, 1).op(&ReduceOp::<i32>::Sum)
         }
     }
 
@@ -83,11 +102,15 @@ impl Call {
         }
     }
 
-    /// With the buffers' offsets in symmetric windows (`None`: not in one).
-    pub(crate) fn symmetric_at(self, send: Option<u64>, recv: Option<u64>) -> Call {
+    /// With where the buffers lie in symmetric windows (a window's number and an offset;
+    /// `None`: not in one).
+    pub(crate) fn symmetric_at(self, send: Option<(u64, u64)>, recv: Option<(u64, u64)>) -> Call {
+        let word = |at: Option<(u64, u64)>| {
+            at.map_or(NONE, |(place, offset)| place << PLACE_SHIFT | offset)
+        };
         Call {
-            send_at: send.unwrap_or(NONE),
-            recv_at: recv.unwrap_or(NONE),
+            send_at: word(send),
+            recv_at: word(recv),
             ..self
         }
     }
@@ -95,7 +118,11 @@ impl Call {
     /// The words the ranks compare.
     pub(crate) fn payload(&self) -> Payload {
         let mut p = [NONE; PAYLOAD];
-        p[KIND] = self.collective.code();
+        p[KIND] = if self.barrier {
+            BARRIER
+        } else {
+            self.collective.code()
+        };
         p[DTYPE] = u64::from(self.dtype.0);
         p[COUNT] = self.count.map_or(NONE, |c| c as u64);
         p[OP] = self.op;
@@ -130,6 +157,9 @@ pub(crate) fn describe(p: &Payload, seq: u64, topic: TopicName) -> String {
         let name = topic(p[KIND] - AGREEMENT).unwrap_or("something unknown");
         return format!("the crate's agreement on {name} (call {seq})");
     }
+    if p[KIND] == BARRIER {
+        return format!("barrier (call {seq})");
+    }
     let coll = Collective::from_code(p[KIND]).map_or_else(
         || format!("collective {}", p[KIND]),
         |c| c.name().to_owned(),
@@ -152,7 +182,10 @@ pub(crate) fn describe(p: &Payload, seq: u64, topic: TopicName) -> String {
     }
     for (word, side) in [(SEND_AT, "send"), (RECV_AT, "recv")] {
         if p[word] != NONE {
-            extra.push(format!("{side} at byte {} of a symmetric window", p[word]));
+            let (place, offset) = (p[word] >> PLACE_SHIFT, p[word] & ((1 << PLACE_SHIFT) - 1));
+            extra.push(format!(
+                "{side} at byte {offset} of symmetric window {place}"
+            ));
         }
     }
     extra.push(format!("call {seq}"));
@@ -211,12 +244,16 @@ mod tests {
             "all_to_all_v of its counts uint8 (call 9)"
         );
         let c = Call::new::<f32>(Collective::AllReduce, 2)
-            .symmetric_at(Some(0), Some(256))
+            .symmetric_at(Some((1, 0)), Some((2, 256)))
             .payload();
         assert_eq!(
             describe(&c, 1, topic),
-            "all_reduce of 2 float32 (send at byte 0 of a symmetric window, recv at byte 256 \
-             of a symmetric window, call 1)"
+            "all_reduce of 2 float32 (send at byte 0 of symmetric window 1, recv at byte 256 \
+             of symmetric window 2, call 1)"
+        );
+        assert_eq!(
+            describe(&Call::barrier().payload(), 4, topic),
+            "barrier (call 4)"
         );
         assert_eq!(
             describe(&agreement(1, 4096), 5, topic),
@@ -239,8 +276,8 @@ mod tests {
             Call::new::<u32>(Collective::AllGather, 4),
             Call::new::<i32>(Collective::AllGather, 4).root(0),
             Call::new::<i32>(Collective::AllGather, 4).op(&ReduceOp::<i32>::Sum),
-            Call::new::<i32>(Collective::AllGather, 4).symmetric_at(Some(0), None),
-            Call::new::<i32>(Collective::AllGather, 4).symmetric_at(None, Some(0)),
+            Call::new::<i32>(Collective::AllGather, 4).symmetric_at(Some((1, 0)), None),
+            Call::new::<i32>(Collective::AllGather, 4).symmetric_at(None, Some((1, 0))),
         ];
         for other in others {
             let other = other.payload();
@@ -249,6 +286,13 @@ mod tests {
                 Some((2, other))
             );
         }
+        // The same offset of another window, and a barrier against a program's all-reduce
+        // of one element.
+        let here = Call::new::<i32>(Collective::AllGather, 4).symmetric_at(Some((1, 64)), None);
+        let there = Call::new::<i32>(Collective::AllGather, 4).symmetric_at(Some((2, 64)), None);
+        assert!(first_difference(&here.payload(), &[there.payload()]).is_some());
+        let one = Call::new::<i32>(Collective::AllReduce, 1).op(&ReduceOp::<i32>::Sum);
+        assert!(first_difference(&Call::barrier().payload(), &[one.payload()]).is_some());
         assert_eq!(
             first_difference(&mine, &[agreement(1, 4)]),
             Some((0, agreement(1, 4)))

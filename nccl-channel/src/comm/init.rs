@@ -35,6 +35,20 @@ fn init_of(rank: usize, size: usize, ctx: &Context, call: &str) -> String {
     format!("init of rank {rank} of {size} on device {device} ({call})")
 }
 
+/// A communicator is not made inside an open group: its private channel is split from it
+/// before it is handed out, and an open group would defer that split to its end.
+pub(crate) fn refuse_in_group(what: &'static str) -> Result<()> {
+    if cuda_hal::DeferScope::is_open() {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "called inside an open group: a communicator is made with its private \
+                      channel, split from it at once, which a group would defer to its end"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks a size and rank for init and converts them to NCCL's ints.
 pub(crate) fn world_args(what: &'static str, size: usize, rank: usize) -> Result<(c_int, c_int)> {
     if size == 0 || rank >= size {
@@ -97,6 +111,7 @@ impl Communicator {
         rank: usize,
     ) -> Result<Communicator> {
         let (n, r) = world_args("Communicator::init_rank", size, rank)?;
+        refuse_in_group("Communicator::init_rank")?;
         let _g = ctx.bind()?;
         let mut raw: ncclComm_t = std::ptr::null_mut();
         // NCCL blocks in the call until every rank came: the watchdog says so if it lasts.
@@ -150,6 +165,7 @@ impl Communicator {
         config: &CommConfig,
     ) -> Result<Communicator> {
         config.check_timeout()?;
+        refuse_in_group("Communicator::init_rank_with")?;
         if config.is_blocking() && !config.sets_nccl_fields() {
             let c = Self::join_rank(nccl, ctx, id, size, rank)?;
             return with_channel(c.with_config(config.clone()));
@@ -200,6 +216,7 @@ impl Communicator {
             });
         }
         let n = to_c_int("devices", contexts.len())?;
+        refuse_in_group("Communicator::init_all")?;
         let devs: Vec<c_int> = contexts.iter().map(|c| c.device().ordinal()).collect();
         let mut raws: Vec<ncclComm_t> = vec![std::ptr::null_mut(); contexts.len()];
         // SAFETY: room for `n` handles and `n` device ordinals.
@@ -424,6 +441,7 @@ pub(crate) fn init_via(
 ) -> Result<Communicator> {
     // Checked and lowered before anything is created; it (and the names it points to)
     // lives until the communicator is ready, past NCCL's reading of it.
+    refuse_in_group(call)?;
     let mut cfg = config.to_raw(nccl.version())?;
     let _g = ctx.bind()?;
     let mut raw: ncclComm_t = std::ptr::null_mut();

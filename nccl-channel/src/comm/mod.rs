@@ -127,7 +127,8 @@ use crate::{Error, Result, check};
 /// ranks, split from it before the program holds it: the crate's own exchanges between
 /// the ranks (a window's size, a symmetric allocation's outcome, the checked mode's
 /// comparisons) travel there, where no collective of the program can pair with them. It
-/// shares the communicator's NCCL resources (`splitShare`), uses one CTA, and goes with
+/// uses one CTA (and the communicator's NCCL resources where it was made with
+/// [`split_share`](crate::CommConfig::split_share)), and goes with
 /// it; BENCHMARKS.md gives what it costs.
 pub struct Communicator {
     /// The private channel (comm/private.rs), where the crate's own exchanges travel

@@ -8,8 +8,10 @@
 //! at that point, by accident or with a copied record. No program can issue an operation
 //! on the private channel: its handle never leaves the crate, and every collective of the
 //! program (a `split`, `grow` or `shrink` included) is one of the program's communicator,
-//! never of this one. It is made with `splitShare` (it shares the parent's NCCL resources)
-//! and one CTA, and shares the parent's [`AbortHandle`](crate::AbortHandle): an abort of
+//! never of this one. It is split with one CTA; NCCL shares the parent's resources with it
+//! only when the parent itself was made with `splitShare` (NCCL reads the parent's
+//! setting, not the child's), and then, from NCCL 2.29.7, refuses to suspend the parent's
+//! memory (`ncclInvalidUsage`). It shares the parent's [`AbortHandle`](crate::AbortHandle): an abort of
 //! either is an abort of both. Its handle is torn down with the parent's, first, whenever
 //! that happens (after an open group that holds the parent has ended).
 
@@ -19,15 +21,13 @@ use super::Communicator;
 use crate::children::{Plan, make_children};
 use crate::{CommConfig, Error, Result};
 
-/// The private channel's configuration: the parent's blocking mode and deadline, sharing
-/// the parent's resources, one CTA, where the loaded NCCL knows those fields.
+/// The private channel's configuration: the parent's blocking mode and deadline, one CTA.
 fn channel_config(parent: &Communicator) -> CommConfig {
     let p = parent.config();
     CommConfig::new()
         .blocking(p.is_blocking())
         .timeout(p.get_timeout())
         .check_calls(false)
-        .split_share(true)
         .max_ctas(1)
 }
 

@@ -23,6 +23,13 @@ use cuda_hal::Stream;
 
 pub(crate) use kit::Kit;
 pub(crate) use record::{PAYLOAD, Payload};
+
+/// The record an exchange numbered `seq` sends for `payload`, as a program could copy it
+/// (for the tests that show it never reaches an exchange).
+#[cfg(test)]
+pub(crate) fn forged_record(seq: u64, payload: &Payload) -> [u64; record::WORDS] {
+    record(seq, payload)
+}
 use record::{payloads, record};
 
 use crate::{Communicator, Error, Result};
@@ -41,6 +48,10 @@ pub(crate) fn exchange(
 ) -> Result<Vec<Vec<Payload>>> {
     let mut slots = Vec::with_capacity(ranks.len());
     for (c, _) in ranks {
+        // The program's communicator: live, and not suspended (the exchange is for a call
+        // of it, which a suspended communicator refuses).
+        c.handle()?;
+        c.shared().suspend.refuse(what)?;
         c.private_channel()?;
         let slot = c.kit.try_borrow_mut().map_err(|_| Error::InvalidArgument {
             what,

@@ -222,6 +222,7 @@ impl Communicator {
         refuse_window_in_group(what)?;
         let (ptr, bytes, memory) = target(self, what, mem)?;
         let raw = self.handle()?;
+        self.shared().suspend.refuse(what)?;
         crate::agreement::before_registration(what, &[self])?;
         let _g = self.context().bind()?;
         // On the heap: kept (leaked) below when NCCL may still write it.
@@ -285,7 +286,9 @@ impl Communicator {
                     problem: "the communicators come from different NCCL libraries".into(),
                 });
             }
-            targets.push((c.handle()?, target(c, what, *m)?));
+            let raw = c.handle()?;
+            c.shared().suspend.refuse(what)?;
+            targets.push((raw, target(c, what, *m)?));
         }
         let comms: Vec<&Communicator> = ranks.iter().map(|r| r.0).collect();
         crate::agreement::before_registration(what, &comms)?;

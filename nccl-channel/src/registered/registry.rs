@@ -52,6 +52,8 @@ pub(crate) struct RegShared {
     pub(super) bytes: usize,
     /// A window registered with `NCCL_WIN_COLL_SYMMETRIC`.
     pub(super) symmetric: bool,
+    /// Its number among the communicator's windows (0: a buffer registration).
+    pub(super) place: u64,
     pub(super) pending: Mutex<Option<Pending>>,
 }
 
@@ -193,9 +195,17 @@ pub(crate) struct Registry {
     /// Pooled buffers that a collective may register.
     slots: Slots,
     has_deferred: AtomicBool,
+    /// How many windows NCCL made on this communicator: a window's number among them is
+    /// the same on every rank (windows are registered by every rank, in one order).
+    windows: std::sync::atomic::AtomicU64,
 }
 
 impl Registry {
+    /// The number of the window NCCL just made on this communicator (from 1).
+    pub(super) fn next_window(&self) -> u64 {
+        self.windows.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     /// Adds `r`; `shared` is NCCL's handle of a local registration. When NCCL handed out
     /// a live registration again, it keeps that one's range (which covers `r`'s) even
     /// after the first holder releases it: so does the registry.
@@ -290,15 +300,16 @@ impl Registry {
 
     /// Whether an active window of the communicator holds all of `[ptr, ptr + bytes)`.
     /// Where `[ptr, ptr + bytes)` lies in an active symmetric window of this communicator:
-    /// its offset from the window's start, in bytes; `None` when it lies in none.
-    pub(crate) fn symmetric_offset(&self, ptr: u64, bytes: usize) -> Option<u64> {
+    /// the window's number among the communicator's windows and the offset from its start,
+    /// in bytes; `None` when it lies in none.
+    pub(crate) fn symmetric_offset(&self, ptr: u64, bytes: usize) -> Option<(u64, u64)> {
         let live: Vec<Arc<RegShared>> = {
             let l = self.list.read().unwrap_or_else(|e| e.into_inner());
             l.iter().filter_map(|(_, _, _, w)| w.upgrade()).collect()
         };
         live.iter()
             .find(|r| r.symmetric && r.is_window_holding(ptr, bytes))
-            .map(|r| ptr - r.start)
+            .map(|r| (r.place, ptr - r.start))
     }
 
     pub(crate) fn in_window(&self, ptr: u64, bytes: usize) -> bool {

@@ -53,11 +53,17 @@ pub(crate) fn adopt<C: CommOwner + ?Sized>(
     memory: KeepAlive,
     symmetric: bool,
 ) -> Arc<RegShared> {
+    let place = if kind == Kind::Window && handle != 0 {
+        comm.registry().next_window()
+    } else {
+        0
+    };
     let shared = Arc::new(RegShared {
         comm: comm.state(),
         start,
         bytes,
         symmetric,
+        place,
         pending: Mutex::new(Some(Pending {
             kind,
             handle,

@@ -253,6 +253,10 @@ impl Communicator {
             return Ok(Vec::new());
         };
         // Local checks every rank makes alike (the same NCCL, the same thread's group).
+        for c in ranks {
+            c.handle()?;
+            c.shared().suspend.refuse(WHAT)?;
+        }
         optional!(first.nccl(), ncclCommWindowRegister)?;
         optional!(first.nccl(), ncclCommWindowDeregister)?;
         optional!(first.nccl(), ncclMemAlloc)?;

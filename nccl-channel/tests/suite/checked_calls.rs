@@ -402,11 +402,11 @@ fn a_call_refused_on_one_rank_is_not_taken_for_its_next() {
     assert_eq!(
         m[0],
         "all_gather: the ranks' calls differ: this rank (0) calls all_gather of 2 int32 (call 0), \
-         rank 1 calls all_reduce of 1 int32 (sum, call 0)"
+         rank 1 calls barrier (call 0)"
     );
     assert_starts_with(
         &m[1],
-        "barrier: the ranks' calls differ: this rank (1) calls all_reduce",
+        "barrier: the ranks' calls differ: this rank (1) calls barrier (call 0)",
     );
 }
 
@@ -604,17 +604,61 @@ fn symmetric_views_at_different_offsets_are_a_mismatch() {
         });
         let m = messages(results);
         let theirs = if case == "offset" {
-            "all_reduce of 16 int32 (sum, send at byte 64 of a symmetric window, recv at byte \
-             64 of a symmetric window"
+            "all_reduce of 16 int32 (sum, send at byte 64 of symmetric window 1, recv at byte \
+             64 of symmetric window 1"
         } else {
             "all_reduce of 16 int32 (sum, call"
         };
         assert_starts_with(
             &m[0],
             "all_reduce_in_place: the ranks' calls differ: this rank (0) calls all_reduce of 16 \
-             int32 (sum, send at byte 0 of a symmetric window, recv at byte 0 of a symmetric \
-             window",
+             int32 (sum, send at byte 0 of symmetric window 1, recv at byte 0 of symmetric \
+             window 1",
         );
         assert_contains(&m[0], &format!("rank 1 calls {theirs}"));
     }
+}
+
+/// The same offset of two different symmetric buffers (rank 0 reduces the first, rank 1 the
+/// second) is no more symmetric than two offsets: a `CallMismatch` naming each window.
+#[test]
+fn the_same_offset_of_another_symmetric_buffer_is_a_mismatch() {
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        let mut a = comm.symmetric::<i32>(16)?;
+        let mut b = comm.symmetric::<i32>(16)?;
+        let mine = if r == 0 { &mut a } else { &mut b };
+        comm.all_reduce_in_place(&mut **mine, ReduceOp::Sum, s)
+    });
+    let m = messages(results);
+    assert_contains(
+        &m[0],
+        "this rank (0) calls all_reduce of 16 int32 (sum, send at byte 0 of \
+                            symmetric window 1",
+    );
+    assert_contains(
+        &m[0],
+        "rank 1 calls all_reduce of 16 int32 (sum, send at byte 0 of \
+                            symmetric window 2",
+    );
+}
+
+/// A barrier is the crate's all-reduce of one `i32`: a program's all-reduce of one `i32`
+/// on its peer is a mismatch, not a barrier.
+#[test]
+fn a_barrier_against_a_programs_all_reduce_of_one_element_is_a_mismatch() {
+    let results = two_ranks(&checked(), &|r, comm, s| {
+        if r == 0 {
+            comm.barrier(s)
+        } else {
+            let mut b = DeviceBuffer::from_slice(comm.context(), &[1i32])?;
+            comm.all_reduce_in_place(&mut b, ReduceOp::Sum, s)
+        }
+    });
+    let m = messages(results);
+    assert_eq!(
+        m[0],
+        "barrier: the ranks' calls differ: this rank (0) calls barrier (call 0), rank 1 calls \
+         all_reduce of 1 int32 (sum, call 0)"
+    );
+    assert_starts_with(&m[1], "all_reduce_in_place: the ranks' calls differ");
 }

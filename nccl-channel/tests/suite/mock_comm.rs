@@ -731,3 +731,44 @@ fn a_one_rank_channel_generates_its_id() {
         assert_eq!((ch.comm().rank(), ch.comm().size()), (0, 1));
     });
 }
+
+/// Inside an open group a communicator cannot get its private channel (the group would
+/// defer the split to its end): init and adoption are refused before NCCL makes anything,
+/// and nothing is left alive. Before, `init_all` inside a group aborted its communicators
+/// while their private channels' splits were still queued in the group.
+#[test]
+fn a_communicator_is_not_made_inside_an_open_group() {
+    Rig::new(2).check(|rig| {
+        let ctxs = rig.contexts(2);
+        let id = UniqueId::generate(&rig.nccl).unwrap();
+        let r = group(&rig.nccl, || {
+            let all = Communicator::init_all(&rig.nccl, &ctxs).map(drop);
+            let one = Communicator::init_rank(&rig.nccl, &ctxs[0], &id, 1, 0).map(drop);
+            let with = Communicator::init_rank_with(
+                &rig.nccl,
+                &ctxs[0],
+                &id,
+                1,
+                0,
+                &nccl_channel::CommConfig::non_blocking(std::time::Duration::from_secs(5)),
+            )
+            .map(drop);
+            for (what, r) in [
+                ("Communicator::init_all", all),
+                ("Communicator::init_rank", one),
+                ("Communicator::init_rank_with", with),
+            ] {
+                assert!(
+                    matches!(&r, Err(Error::InvalidArgument { what: w, problem }) if *w == what && problem.contains("open group")),
+                    "{what}: {r:?}"
+                );
+            }
+            Ok(())
+        });
+        r.unwrap();
+        assert_eq!(rig.world.calls("ncclCommInitAll"), 0);
+        assert_eq!(rig.world.calls("ncclCommInitRank"), 0);
+        assert_eq!(rig.world.calls("ncclCommSplit"), 0);
+        assert_eq!(rig.world.live().comms, 0);
+    });
+}

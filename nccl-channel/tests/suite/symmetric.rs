@@ -683,3 +683,27 @@ fn a_buffer_past_the_end_of_its_inner_window_is_a_finding() {
     );
     rig.assert_clean();
 }
+
+/// A suspended communicator refuses the crate's collectives as it refuses the program's:
+/// a symmetric allocation and a window's registration are `Error::Suspended` before
+/// anything reaches NCCL, and work again after the resume.
+#[test]
+fn a_suspended_communicator_refuses_symmetric_memory_and_windows() {
+    on_one_rank(1, |_rig, OneRank { comm, .. }| {
+        let buf = comm.alloc_nccl::<u32>(1024).unwrap();
+        comm.suspend(nccl_channel::SuspendFlags::MEM).unwrap();
+        assert!(
+            matches!(comm.symmetric::<f32>(16), Err(Error::Suspended { .. })),
+            "a symmetric allocation on a suspended communicator"
+        );
+        assert!(
+            matches!(
+                comm.register_window(&buf, WindowFlags::COLL_SYMMETRIC),
+                Err(Error::Suspended { .. })
+            ),
+            "a window on a suspended communicator"
+        );
+        comm.resume().unwrap();
+        assert!(comm.symmetric::<f32>(16).is_ok());
+    });
+}
