@@ -9,7 +9,7 @@ use nccl_sys::{ncclRedOp_t, ncclResult_t, ncclScalarResidence_t};
 
 use crate::call_check::Call;
 use crate::collective_kind::Method;
-use crate::issue::{Issue, Raw, buffer_object, dptr, past};
+use crate::enqueue::{Enqueue, Raw, buffer_object, dptr, past};
 use crate::{Collective, Communicator, Error, NcclType, ReduceOp, Result};
 
 /// Which side of a variable all-to-all a layout describes.
@@ -175,10 +175,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllReduce, "all_reduce");
-        let mut issue = self.issue::<T>(M, stream)?;
-        let s = issue.buf("send", send, send.len())?;
-        let r = issue.buf("recv", recv, send.len())?;
-        self.all_reduce_on(&issue, (s.ptr(), r.ptr()), send.len(), op)
+        let mut enq = self.enqueue::<T>(M, stream)?;
+        let s = enq.buf("send", send, send.len())?;
+        let r = enq.buf("recv", recv, send.len())?;
+        self.all_reduce_on(&enq, (s.ptr(), r.ptr()), send.len(), op)
     }
 
     /// All-reduce in place.
@@ -189,9 +189,9 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllReduce, "all_reduce_in_place");
-        let mut issue = self.issue::<T>(M, stream)?;
-        let b = issue.buf("buffer", buf, buf.len())?;
-        self.all_reduce_on(&issue, (b.ptr(), b.ptr()), buf.len(), op)
+        let mut enq = self.enqueue::<T>(M, stream)?;
+        let b = enq.buf("buffer", buf, buf.len())?;
+        self.all_reduce_on(&enq, (b.ptr(), b.ptr()), buf.len(), op)
     }
 
     /// `recv = concat(send of rank 0, …, send of rank n-1)`; `recv.len() == n * send.len()`.
@@ -249,13 +249,13 @@ impl Communicator {
         checked: bool,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllGather, "all_gather");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let count = send.len();
-        let s = issue.buf("send", send, count)?;
-        let r = issue.buf("recv", recv, count.saturating_mul(self.size()))?;
+        let s = enq.buf("send", send, count)?;
+        let r = enq.buf("recv", recv, count.saturating_mul(self.size()))?;
         let raw = |comm, stream| {
             // SAFETY: `count` elements of T at `s`, `size * count` at `r`, device memory of
-            // this communicator's context noted as used on the stream (issue.rs).
+            // this communicator's context noted as used on the stream (enqueue.rs).
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -264,9 +264,9 @@ impl Communicator {
             }
         };
         if checked {
-            issue.call(Call::new::<T>(Collective::AllGather, count), raw)
+            enq.call(Call::new::<T>(Collective::AllGather, count), raw)
         } else {
-            issue.call_unchecked(raw)
+            enq.call_unchecked(raw)
         }
     }
 
@@ -302,16 +302,16 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllGather, "all_gather_in_place");
-        let mut issue = self.issue::<T>(M, stream)?;
-        let b = issue.buf("buffer", buf, buf.len())?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
+        let b = enq.buf("buffer", buf, buf.len())?;
         let count = self.divisible(M.name, "buffer", buf.len())?;
         let base = b.ptr();
         let mine = past::<T>(base, self.rank() * count);
-        issue.call(
+        enq.call(
             Call::new::<T>(Collective::AllGather, count),
             |comm, stream| {
                 // SAFETY: `size * count` elements of T at `base` (this rank's part at `mine`),
-                // noted as used on the stream (issue.rs).
+                // noted as used on the stream (enqueue.rs).
                 unsafe {
                     nccl_raw_call!(
                         self.nccl(),
@@ -358,11 +358,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::ReduceScatter, "reduce_scatter");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let count = recv.len();
-        let s = issue.buf("send", send, count.saturating_mul(self.size()))?;
-        let r = issue.buf("recv", recv, count)?;
-        self.reduce_scatter_on(&issue, (dptr(s.ptr()), dptr(r.ptr())), count, op)
+        let s = enq.buf("send", send, count.saturating_mul(self.size()))?;
+        let r = enq.buf("recv", recv, count)?;
+        self.reduce_scatter_on(&enq, (dptr(s.ptr()), dptr(r.ptr())), count, op)
     }
 
     /// Reduce-scatter in place: the result is `buf[rank * n / size ..][.. n / size]`.
@@ -373,11 +373,11 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::ReduceScatter, "reduce_scatter_in_place");
-        let mut issue = self.issue::<T>(M, stream)?;
-        let b = issue.buf("buffer", buf, buf.len())?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
+        let b = enq.buf("buffer", buf, buf.len())?;
         let count = self.divisible(M.name, "buffer", buf.len())?;
         let mine = past::<T>(b.ptr(), self.rank() * count);
-        self.reduce_scatter_on(&issue, (dptr(b.ptr()), mine), count, op)
+        self.reduce_scatter_on(&enq, (dptr(b.ptr()), mine), count, op)
     }
 
     /// Copies `root`'s `send` into every rank's `recv`. Only the root passes `send`
@@ -411,14 +411,14 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Broadcast, "broadcast");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let root_arg = self.check_rank(M.name, root)?;
         let n = recv.len();
-        let r = issue.buf("recv", recv, n)?;
+        let r = enq.buf("recv", recv, n)?;
         let send = self.at_root(M.name, send, root, "send")?;
-        let s = send.as_ref().map(|v| issue.buf("send", v, n)).transpose()?;
+        let s = send.as_ref().map(|v| enq.buf("send", v, n)).transpose()?;
         let sendp = s.as_ref().map_or(r.ptr(), Enqueuing::ptr);
-        self.broadcast_on::<T>(&issue, (sendp, r.ptr()), n, (root, root_arg))
+        self.broadcast_on::<T>(&enq, (sendp, r.ptr()), n, (root, root_arg))
     }
 
     /// Broadcast in place (`ncclBcast`).
@@ -430,10 +430,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Broadcast, "broadcast_in_place");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let root_arg = self.check_rank(M.name, root)?;
-        let b = issue.buf("buffer", buf, buf.len())?;
-        self.broadcast_on::<T>(&issue, (b.ptr(), b.ptr()), buf.len(), (root, root_arg))
+        let b = enq.buf("buffer", buf, buf.len())?;
+        self.broadcast_on::<T>(&enq, (b.ptr(), b.ptr()), buf.len(), (root, root_arg))
     }
 
     /// `root`'s `recv = op(send of every rank)`. Only the root passes `recv`.
@@ -468,14 +468,14 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Reduce, "reduce");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let root_arg = self.check_rank(M.name, root)?;
         let n = send.len();
-        let s = issue.buf("send", send, n)?;
+        let s = enq.buf("send", send, n)?;
         let recv = self.at_root(M.name, recv, root, "receive")?;
-        let r = recv.as_ref().map(|v| issue.buf("recv", v, n)).transpose()?;
+        let r = recv.as_ref().map(|v| enq.buf("recv", v, n)).transpose()?;
         let recvp = r.as_ref().map_or(s.ptr(), Enqueuing::ptr);
-        self.reduce_on(&issue, (s.ptr(), recvp), n, op, (root, root_arg))
+        self.reduce_on(&enq, (s.ptr(), recvp), n, op, (root, root_arg))
     }
 
     /// Reduce in place: the root's `buf` gets the result.
@@ -487,10 +487,10 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Reduce, "reduce_in_place");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let root_arg = self.check_rank(M.name, root)?;
-        let b = issue.buf("buffer", buf, buf.len())?;
-        self.reduce_on(&issue, (b.ptr(), b.ptr()), buf.len(), op, (root, root_arg))
+        let b = enq.buf("buffer", buf, buf.len())?;
+        self.reduce_on(&enq, (b.ptr(), b.ptr()), buf.len(), op, (root, root_arg))
     }
 
     /// Sends `buf` to `peer` (which must call [`recv`](Self::recv) with the same length).
@@ -529,12 +529,12 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::SendRecv, "send");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let p = self.check_rank(M.name, peer)?;
-        let b = issue.buf("send", buf, buf.len())?;
+        let b = enq.buf("send", buf, buf.len())?;
         let n = buf.len();
-        issue.call_unchecked(|comm, stream| {
-            // SAFETY: `n` elements of T at `b`, noted as used on the stream (issue.rs).
+        enq.call_unchecked(|comm, stream| {
+            // SAFETY: `n` elements of T at `b`, noted as used on the stream (enqueue.rs).
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -554,12 +554,12 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::SendRecv, "recv");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let p = self.check_rank(M.name, peer)?;
-        let b = issue.buf("recv", buf, buf.len())?;
+        let b = enq.buf("recv", buf, buf.len())?;
         let n = buf.len();
-        issue.call_unchecked(|comm, stream| {
-            // SAFETY: `n` elements of T at `b`, noted as used on the stream (issue.rs).
+        enq.call_unchecked(|comm, stream| {
+            // SAFETY: `n` elements of T at `b`, noted as used on the stream (enqueue.rs).
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -604,18 +604,18 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllToAll, "all_to_all");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         // The send buffer's split first: a receive buffer sized from a bad split would
         // otherwise be blamed for it.
         let m = self.divisible(M.name, "send", send.len())?;
-        let s = issue.buf("send", send, send.len())?;
-        let r = issue.buf("recv", recv, send.len())?;
+        let s = enq.buf("send", send, send.len())?;
+        let r = enq.buf("recv", recv, send.len())?;
         let (sp, rp) = (s.ptr(), r.ptr());
         let call = Call::new::<T>(Collective::AllToAll, m);
         if let Ok((f, name)) = optional!(self.nccl(), ncclAlltoAll) {
-            return issue.call(call, |comm, stream| {
+            return enq.call(call, |comm, stream| {
                 // SAFETY: both buffers hold n * m elements of T on our device, noted as
-                // used on the stream (issue.rs).
+                // used on the stream (enqueue.rs).
                 (
                     unsafe { f(dptr(sp), dptr(rp), m, T::DTYPE, comm, stream) },
                     name,
@@ -623,7 +623,7 @@ impl Communicator {
             });
         }
         // NCCL before 2.28.3: one send and one receive per peer, in a group.
-        issue.call_grouped(call, |comm, stream| {
+        enq.call_grouped(call, |comm, stream| {
             self.exchange_with_each::<T>(comm, stream, |p| {
                 let (a, b) = (past::<T>(sp, p * m), past::<T>(rp, p * m));
                 (Some((a, m)), Some((b, m)))
@@ -713,7 +713,7 @@ impl Communicator {
     ) -> Result<()> {
         const M: Method = Method::of(Collective::AllToAllV, "all_to_all_v");
         const W: &str = M.name;
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         self.same_context(W, buffer_object("send"), send.context())?;
         self.same_context(W, buffer_object("recv"), recv.context())?;
         let (send_len, recv_len) = (send.len(), recv.len());
@@ -733,10 +733,10 @@ impl Communicator {
                 ),
             });
         }
-        let s = issue.buf("send", send, send_len)?;
-        let r = issue.buf("recv", recv, recv_len)?;
+        let s = enq.buf("send", send, send_len)?;
+        let r = enq.buf("recv", recv, recv_len)?;
         let (sp, rp) = (s.ptr(), r.ptr());
-        issue.call_grouped(
+        enq.call_grouped(
             Call::uncounted::<T>(Collective::AllToAllV),
             |comm, stream| {
                 self.exchange_with_each::<T>(comm, stream, |p| {
@@ -757,16 +757,16 @@ impl Communicator {
     /// `issue`. The reduction is made before the comparison: nothing local fails after.
     fn all_reduce_on<T: NcclType>(
         &self,
-        issue: &Issue<'_>,
+        enq: &Enqueue<'_>,
         (send, recv): (CUdeviceptr, CUdeviceptr),
         count: usize,
         op: ReduceOp<T>,
     ) -> Result<()> {
         let call = Call::new::<T>(Collective::AllReduce, count).op(&op);
         let op = self.op(op)?;
-        issue.call(call, |comm, stream| {
+        enq.call(call, |comm, stream| {
             // SAFETY: `count` elements of T at both addresses, device memory of this
-            // communicator's context noted as used on the stream (issue.rs).
+            // communicator's context noted as used on the stream (enqueue.rs).
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -787,16 +787,16 @@ impl Communicator {
     /// The reduce-scatter of `size * count` elements at `send` into `count` at `recv`.
     fn reduce_scatter_on<T: NcclType>(
         &self,
-        issue: &Issue<'_>,
+        enq: &Enqueue<'_>,
         (send, recv): (*mut c_void, *mut c_void),
         count: usize,
         op: ReduceOp<T>,
     ) -> Result<()> {
         let call = Call::new::<T>(Collective::ReduceScatter, count).op(&op);
         let op = self.op(op)?;
-        issue.call(call, |comm, stream| {
+        enq.call(call, |comm, stream| {
             // SAFETY: `size * count` elements at `send`, `count` at `recv`, noted as used
-            // on the stream (issue.rs).
+            // on the stream (enqueue.rs).
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -809,15 +809,15 @@ impl Communicator {
     /// The broadcast of `count` elements from `root` (`root_arg` as NCCL takes it).
     fn broadcast_on<T: NcclType>(
         &self,
-        issue: &Issue<'_>,
+        enq: &Enqueue<'_>,
         (send, recv): (CUdeviceptr, CUdeviceptr),
         count: usize,
         (root, root_arg): (usize, i32),
     ) -> Result<()> {
         let call = Call::new::<T>(Collective::Broadcast, count).root(root);
-        issue.call(call, |comm, stream| {
+        enq.call(call, |comm, stream| {
             // SAFETY: `count` elements of T at both addresses (the send one read on the
-            // root only), noted as used on the stream (issue.rs).
+            // root only), noted as used on the stream (enqueue.rs).
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -838,7 +838,7 @@ impl Communicator {
     /// The reduce of `count` elements to `root` (`root_arg` as NCCL takes it).
     fn reduce_on<T: NcclType>(
         &self,
-        issue: &Issue<'_>,
+        enq: &Enqueue<'_>,
         (send, recv): (CUdeviceptr, CUdeviceptr),
         count: usize,
         op: ReduceOp<T>,
@@ -846,9 +846,9 @@ impl Communicator {
     ) -> Result<()> {
         let call = Call::new::<T>(Collective::Reduce, count).op(&op).root(root);
         let op = self.op(op)?;
-        issue.call(call, |comm, stream| {
+        enq.call(call, |comm, stream| {
             // SAFETY: `count` elements of T at both addresses (the receive one written on
-            // the root only), noted as used on the stream (issue.rs).
+            // the root only), noted as used on the stream (enqueue.rs).
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -882,7 +882,7 @@ impl Communicator {
             let (to, from) = each(p);
             if let Some((at, n)) = to {
                 // SAFETY: `n` elements of T at `at`, within a buffer noted as used on the
-                // stream (issue.rs), as the caller computed.
+                // stream (enqueue.rs), as the caller computed.
                 let r =
                     unsafe { nccl_raw_call!(nccl, ncclSend(at, n, T::DTYPE, peer, comm, stream)) };
                 if r.0 != ncclResult_t::ncclSuccess {
@@ -998,21 +998,21 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Gather, "gather");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let root_arg = self.check_rank(M.name, root)?;
         let m = send.len();
-        let s = issue.buf("send", send, m)?;
+        let s = enq.buf("send", send, m)?;
         let recv = self.at_root(M.name, recv, root, "receive")?;
         let r = recv
             .as_ref()
-            .map(|v| issue.buf("recv", v, m.saturating_mul(self.size())))
+            .map(|v| enq.buf("recv", v, m.saturating_mul(self.size())))
             .transpose()?;
         let (sp, rp) = (s.ptr(), r.as_ref().map(Enqueuing::ptr));
         let call = Call::new::<T>(Collective::Gather, m).root(root);
         if let Ok((f, name)) = optional!(self.nccl(), ncclGather) {
-            return issue.call(call, |comm, stream| {
+            return enq.call(call, |comm, stream| {
                 let rp = rp.map_or(std::ptr::null_mut(), dptr);
-                // SAFETY: ranges checked and noted as used (issue.rs); non-roots pass no
+                // SAFETY: ranges checked and noted as used (enqueue.rs); non-roots pass no
                 // receive buffer, which NCCL ignores.
                 (
                     unsafe { f(dptr(sp), rp, m, T::DTYPE, root_arg, comm, stream) },
@@ -1021,7 +1021,7 @@ impl Communicator {
             });
         }
         // NCCL before 2.28.3: sends to the root, which receives from each, in a group.
-        issue.call_grouped(call, |comm, stream| {
+        enq.call_grouped(call, |comm, stream| {
             self.exchange_with_each::<T>(comm, stream, |p| {
                 let to_root = (p == root).then(|| (dptr(sp), m));
                 (to_root, rp.map(|base| (past::<T>(base, p * m), m)))
@@ -1060,21 +1060,21 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         const M: Method = Method::of(Collective::Scatter, "scatter");
-        let mut issue = self.issue::<T>(M, stream)?;
+        let mut enq = self.enqueue::<T>(M, stream)?;
         let root_arg = self.check_rank(M.name, root)?;
         let m = recv.len();
-        let r = issue.buf("recv", recv, m)?;
+        let r = enq.buf("recv", recv, m)?;
         let send = self.at_root(M.name, send, root, "send")?;
         let s = send
             .as_ref()
-            .map(|v| issue.buf("send", v, m.saturating_mul(self.size())))
+            .map(|v| enq.buf("send", v, m.saturating_mul(self.size())))
             .transpose()?;
         let (sp, rp) = (s.as_ref().map(Enqueuing::ptr), r.ptr());
         let call = Call::new::<T>(Collective::Scatter, m).root(root);
         if let Ok((f, name)) = optional!(self.nccl(), ncclScatter) {
-            return issue.call(call, |comm, stream| {
+            return enq.call(call, |comm, stream| {
                 let sp = sp.map_or(std::ptr::null_mut(), dptr);
-                // SAFETY: ranges checked and noted as used (issue.rs); non-roots pass no
+                // SAFETY: ranges checked and noted as used (enqueue.rs); non-roots pass no
                 // send buffer, which NCCL ignores.
                 (
                     unsafe { f(sp, dptr(rp), m, T::DTYPE, root_arg, comm, stream) },
@@ -1084,7 +1084,7 @@ impl Communicator {
         }
         // NCCL before 2.28.3: the root sends to each, every rank receives from it, in a
         // group.
-        issue.call_grouped(call, |comm, stream| {
+        enq.call_grouped(call, |comm, stream| {
             self.exchange_with_each::<T>(comm, stream, |p| {
                 let from_root = (p == root).then(|| (dptr(rp), m));
                 (sp.map(|base| (past::<T>(base, p * m), m)), from_root)
@@ -1128,16 +1128,16 @@ impl Communicator {
     /// ```
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         const M: Method = Method::other("barrier");
-        let mut issue = self.issue_untyped(M, stream)?;
+        let mut enq = self.enqueue_untyped(M, stream)?;
         let scratch = self.scratch()?;
         // NCCL matches registrations by page: the scratch element may share one with the
         // user's registered memory, whose release must then wait for (and an open group
-        // or capture hold it for) this all-reduce too (`Issue::buf` notes it there).
-        let b = issue.buf("buffer", scratch, 1)?;
+        // or capture hold it for) this all-reduce too (`Enqueue::buf` notes it there).
+        let b = enq.buf("buffer", scratch, 1)?;
         let p = b.ptr();
-        issue.call(Call::barrier(), |comm, stream| {
+        enq.call(Call::barrier(), |comm, stream| {
             // SAFETY: one i32 at `p`, the scratch element, noted as used on the stream
-            // (issue.rs); the sum is NCCL's own operation.
+            // (enqueue.rs); the sum is NCCL's own operation.
             unsafe {
                 nccl_raw_call!(
                     self.nccl(),
@@ -1153,7 +1153,7 @@ impl Communicator {
                 )
             }
         })?;
-        drop((b, issue));
+        drop((b, enq));
         stream.synchronize()?;
         Ok(())
     }

@@ -206,7 +206,7 @@ pub(crate) fn put_signal<T: NcclType>(
     stream: &Stream,
 ) -> Result<()> {
     let (f, call) = optional!(comm.nccl(), ncclPutSignal)?;
-    let mut issue = comm.issue::<T>(Method::other(what), stream)?;
+    let mut enq = comm.enqueue::<T>(Method::other(what), stream)?;
     let p = comm.check_rank(what, peer)?;
     let Some(win) = target.raw else {
         return Err(Error::InvalidArgument {
@@ -228,8 +228,8 @@ pub(crate) fn put_signal<T: NcclType>(
             window: target.peer_bytes,
         });
     }
-    comm.same_context(what, crate::issue::buffer_object("source"), src.context())?;
-    let s = issue.buf("send", src, src.len())?;
+    comm.same_context(what, crate::enqueue::buffer_object("source"), src.context())?;
+    let s = enq.buf("send", src, src.len())?;
     let registry = &comm.shared().registry;
     if !src.is_empty() && !registry.in_window(s.ptr(), bytes) {
         return Err(Error::InvalidArgument {
@@ -242,11 +242,11 @@ pub(crate) fn put_signal<T: NcclType>(
     // NCCL reaches the peer's memory through this window: its release waits for the
     // put, and an open capture or group holds it.
     registry.used(target.start, target.bytes, stream);
-    let ptr: *const c_void = crate::issue::dptr(s.ptr());
+    let ptr: *const c_void = crate::enqueue::dptr(s.ptr());
     let n = src.len();
-    issue.call_unchecked(|raw_comm, raw_stream| {
+    enq.call_unchecked(|raw_comm, raw_stream| {
         // SAFETY: a live communicator; `src` is `n` elements of T of its device, kept
-        // allocated until the put is done (noted on the stream by `Issue::buf`); `win` is
+        // allocated until the put is done (noted on the stream by `Enqueue::buf`); `win` is
         // an active window of this communicator, kept until the put is done (noted
         // above), and the write fits the smallest window of this place on any rank
         // (checked above).
@@ -295,9 +295,9 @@ impl Communicator {
     pub fn signal(&self, peer: usize, signal: Signal, stream: &Stream) -> Result<()> {
         const W: &str = "Communicator::signal";
         let (f, call) = optional!(self.nccl(), ncclSignal)?;
-        let issue = self.issue_untyped(Method::other(W), stream)?;
+        let enq = self.enqueue_untyped(Method::other(W), stream)?;
         let p = self.check_rank(W, peer)?;
-        issue.call_unchecked(|comm, stream| {
+        enq.call_unchecked(|comm, stream| {
             // SAFETY: a live communicator and a stream of its context.
             let rc = unsafe {
                 f(
@@ -322,7 +322,7 @@ impl Communicator {
     pub fn wait_signal(&self, waits: &[SignalWait], stream: &Stream) -> Result<()> {
         const W: &str = "Communicator::wait_signal";
         let (f, call) = optional!(self.nccl(), ncclWaitSignal)?;
-        let issue = self.issue_untyped(Method::other(W), stream)?;
+        let enq = self.enqueue_untyped(Method::other(W), stream)?;
         let mut descs = Vec::with_capacity(waits.len());
         for w in waits {
             let peer = self.check_rank(W, w.peer)?;
@@ -341,7 +341,7 @@ impl Communicator {
             what: W,
             problem: "too many descriptors".into(),
         })?;
-        issue.call_unchecked(|comm, stream| {
+        enq.call_unchecked(|comm, stream| {
             // SAFETY: a live communicator, a stream of its context, `n` descriptors that
             // NCCL copies at the call (and does not keep).
             (unsafe { f(n, descs.as_mut_ptr(), comm, stream) }, call)

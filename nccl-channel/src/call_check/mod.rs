@@ -34,7 +34,7 @@ impl Communicator {
     /// issued, and its peers wait for their deadline. A global capture on another thread is
     /// a matter of timing, so with the checked mode capture in thread-local mode.
     ///
-    /// Only [`Issue::call`](crate::issue::Issue::call) calls it, after every local check of
+    /// Only [`Enqueue::call`](crate::enqueue::Enqueue::call) calls it, after every local check of
     /// the call: a rank refused locally never takes part in a comparison its peers then
     /// act on.
     #[inline]

@@ -103,17 +103,17 @@ use crate::{Error, Result, check};
 /// # Following a call
 ///
 /// [`all_gather`](Self::all_gather) (collective.rs) takes the one order every call takes
-/// (issue.rs), in three steps:
+/// (enqueue.rs), in three steps:
 ///
-/// 1. `issue` (issue.rs): the element type exists in the loaded NCCL, the handle is live
+/// 1. `enqueue` (enqueue.rs): the element type exists in the loaded NCCL, the handle is live
 ///    (`handle`, comm/mod.rs) and not suspended (suspend/), the stream is of this
 ///    context; it takes the stream's order lock until the work is enqueued.
-/// 2. `Issue::buf` (issue.rs), per buffer: same context, the length, the buffer told of
+/// 2. `Enqueue::buf` (enqueue.rs), per buffer: same context, the length, the buffer told of
 ///    its use on the stream (`cuda_hal::Enqueuing::begin`: cuda-hal orders its free after
 ///    the work), the pool's registration (registered/pool_methods.rs, by
 ///    [`PoolPolicy`](crate::PoolPolicy)) and the communicator's record of the memory NCCL
 ///    may touch (registered/registry.rs); only then the guard gives the buffer's address.
-/// 3. `Issue::call` (issue.rs): in the checked mode the ranks compare their calls on the
+/// 3. `Enqueue::call` (enqueue.rs): in the checked mode the ranks compare their calls on the
 ///    private channel (call_check/, exchange/, comm/private.rs), after every local check;
 ///    then the one `unsafe` call of `ncclAllGather` from
 ///    [`nccl_sys::NcclFns`](nccl_sys::NcclFns), the table nccl-sys resolved when NCCL was

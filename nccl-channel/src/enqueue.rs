@@ -1,20 +1,20 @@
-//! One call issued to NCCL for the program ([`Issue`]), in the one order every call takes.
+//! One call issued to NCCL for the program ([`Enqueue`]), in the one order every call takes.
 //!
-//! 1. [`Communicator::issue`]: the element type exists in the loaded NCCL, the
+//! 1. [`Communicator::enqueue`]: the element type exists in the loaded NCCL, the
 //!    communicator is live and not suspended, the stream is of its context; the stream's
 //!    order lock is taken (no capture begins or ends until the call is over) and the
 //!    communicator is held for an open capture or group.
-//! 2. [`Issue::buf`], per buffer: its context and length; its use noted on the stream
+//! 2. [`Enqueue::buf`], per buffer: its context and length; its use noted on the stream
 //!    ([`Enqueuing::begin`]: its free waits for this work, an open capture or group holds
 //!    it); the pool's registration and the registry's record; and only then its address,
 //!    from the guard it returns. No address exists before its use is noted.
-//! 3. [`Issue::call`]: the checked mode's comparison, then the raw call, then its status.
+//! 3. [`Enqueue::call`]: the checked mode's comparison, then the raw call, then its status.
 //!    Every local check of the call came before (the raw call needs the addresses, and
 //!    the closure that makes it cannot fail on its own), so a rank refused locally never
 //!    takes part in a comparison that its peers then act on.
 //!
 //! The guards report the enqueue when dropped, after the raw call; the order lock goes
-//! last, with the `Issue`, which callers declare first.
+//! last, with the `Enqueue`, which callers declare first.
 
 use std::ffi::c_void;
 
@@ -50,7 +50,7 @@ pub(crate) fn buffer_object(buffer: &'static str) -> &'static str {
 }
 
 /// One call being issued: see the module's docs.
-pub(crate) struct Issue<'a> {
+pub(crate) struct Enqueue<'a> {
     comm: &'a Communicator,
     method: Method,
     stream: &'a Stream,
@@ -76,31 +76,31 @@ impl Communicator {
         Ok(())
     }
 
-    /// Begins a call of `method` on elements of `T` on `stream` (step 1 of issue.rs).
+    /// Begins a call of `method` on elements of `T` on `stream` (step 1 of enqueue.rs).
     #[inline(always)]
-    pub(crate) fn issue<'a, T: NcclType>(
+    pub(crate) fn enqueue<'a, T: NcclType>(
         &'a self,
         method: Method,
         stream: &'a Stream,
-    ) -> Result<Issue<'a>> {
+    ) -> Result<Enqueue<'a>> {
         self.check_type::<T>()?;
-        self.issue_untyped(method, stream)
+        self.enqueue_untyped(method, stream)
     }
 
-    /// [`issue`](Self::issue) of a call that moves no typed data (a signal, a wait).
+    /// [`enqueue`](Self::enqueue) of a call that moves no typed data (a signal, a wait).
     #[inline(always)]
-    pub(crate) fn issue_untyped<'a>(
+    pub(crate) fn enqueue_untyped<'a>(
         &'a self,
         method: Method,
         stream: &'a Stream,
-    ) -> Result<Issue<'a>> {
+    ) -> Result<Enqueue<'a>> {
         let what = method.name;
         self.handle()?;
         self.shared().suspend.refuse(what)?;
         let order = stream.enqueue_lock();
         self.hold_for(stream);
         self.same_context(what, "stream", stream.context())?;
-        Ok(Issue {
+        Ok(Enqueue {
             comm: self,
             method,
             stream,
@@ -110,7 +110,7 @@ impl Communicator {
     }
 }
 
-impl<'a> Issue<'a> {
+impl<'a> Enqueue<'a> {
     /// `buf` is of the communicator's context and holds `expected` elements; the work
     /// about to be enqueued uses it. Returns the guard whose [`ptr`](Enqueuing::ptr) is its
     /// address for this call; keep it until after [`call`](Self::call). `buffer` names it
@@ -153,7 +153,7 @@ impl<'a> Issue<'a> {
     }
 
     /// In the checked mode, compares `call` between the ranks; then makes the raw call
-    /// `raw(communicator, stream)` and checks its status (step 3 of issue.rs).
+    /// `raw(communicator, stream)` and checks its status (step 3 of enqueue.rs).
     #[inline(always)]
     pub(crate) fn call(
         &self,
