@@ -1,5 +1,5 @@
 //! What the crate's own agreements between the ranks are about ([`Topic`]), by number and
-//! in words: below the agreements (agreement.rs) and the checked mode (call_check/), which
+//! in words: below the agreements (agreement/) and the checked mode (call_check/), which
 //! both name them.
 
 /// What an exchange agrees on.

@@ -1,7 +1,7 @@
 //! The crate's own exchanges between the ranks, all on the private channel
 //! (comm/private.rs): each rank all-gathers one record and reads every rank's.
 //!
-//! Both users send records of one shape: the agreements (agreement.rs) and the checked
+//! Both users send records of one shape: the agreements (agreement/) and the checked
 //! mode's comparisons (call_check/). Any two exchanges that meet on the channel (a rank
 //! allocating symmetric memory while its peer checks an all-reduce) are then the same NCCL
 //! call, and what they say tells them apart, never NCCL mismatching their sizes. A

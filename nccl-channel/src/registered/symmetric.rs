@@ -5,7 +5,7 @@
 //!
 //! The allocation is collective, and every way it can go wrong is told to every rank:
 //! the ranks first allocate, then exchange what each allocated (the crate's own
-//! exchange, agreement.rs, which no user collective can answer), and register the window
+//! exchange, agreement/, which no user collective can answer), and register the window
 //! only when every rank has memory of the same size (the registration exchanges the
 //! window's size too); a last exchange tells every rank whether every rank's NCCL made
 //! the window.
