@@ -117,8 +117,12 @@
 //! reductions), `collective_kind.rs` ([`Collective`]), `group.rs`, `error.rs`,
 //! `reliability.rs` and `notice.rs` (deadlines, aborts, the notice of a long wait),
 //! `registered/` (NCCL memory, the pool, registrations and windows, and when their
-//! memory may go), `suspend/`, `call_check/` (the checked mode), `agreement.rs` (the
-//! exchanges the crate makes between the ranks itself).
+//! memory may go), `suspend/`, `enqueue.rs` (the one order every call takes: checks, each
+//! buffer's use noted with its address, the comparison, the raw call), `children.rs` (the
+//! children of splits, shrinks and grows), `comm/private.rs` (the private channel every
+//! communicator gets), `exchange/` (the crate's own exchanges on it), `agreement/` (the
+//! values the ranks agree on there), `call_check/` (the checked mode) and `topic.rs`.
+
 //!
 //! # Glossary
 //!
@@ -143,6 +147,10 @@
 //!   for the other ranks.
 //! * **Checked mode**: the ranks compare each collective's arguments before NCCL gets it
 //!   ([`CommConfig::check_calls`]).
+//! * **Private channel**: a communicator of the same ranks, split from each communicator
+//!   inside its init, that carries only the crate's own exchanges between the ranks (the
+//!   checked mode's comparisons, a window's size), so that no collective of the program
+//!   can pair with them.
 //!
 //! # Features
 //!

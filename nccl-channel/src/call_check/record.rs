@@ -147,7 +147,7 @@ pub(crate) fn value(p: &Payload) -> u64 {
     p[COUNT]
 }
 
-/// The names of the agreements' topics, by number (agreement.rs's `Topic`).
+/// The names of the agreements' topics, by number (topic.rs's `Topic`).
 pub(crate) type TopicName = fn(u64) -> Option<&'static str>;
 
 /// A payload in words, as a call: "all_gather of 4 int32 (call 3)", or "an agreement on a

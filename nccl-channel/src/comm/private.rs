@@ -1,6 +1,6 @@
 //! The private channel: a communicator of the same ranks, split from each communicator
 //! inside the call that makes it, before the program holds the handle, that carries the
-//! crate's own exchanges and nothing else (the agreements of agreement.rs, the checked
+//! crate's own exchanges and nothing else (the agreements of agreement/, the checked
 //! mode's comparisons; exchange/).
 //!
 //! NCCL pairs a communicator's operations by their order alone, so an exchange made on the
