@@ -25,7 +25,7 @@ use crate::{Communicator, Error, Result};
 
 impl Communicator {
     /// In the checked mode, compares `call` with every rank's before the caller issues it:
-    /// [`Error::CallMismatch`] when they differ. Off (the default), it costs one test.
+    /// [`Error::CallMismatch`] when they differ. Off (the default), it is never called.
     /// Calls inside an open group or on a capturing stream are not checked: they cannot
     /// wait for the comparison. (Whether to check depends on this thread's program only, so
     /// that every rank decides alike.) While a capture forbids this thread host waits (one
@@ -37,16 +37,9 @@ impl Communicator {
     /// Only [`Enqueue::call`](crate::enqueue::Enqueue::call) calls it, after every local check of
     /// the call: a rank refused locally never takes part in a comparison its peers then
     /// act on.
-    #[inline]
-    pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
-        if !self.checks_calls() {
-            return Ok(());
-        }
-        self.compare_call(what, call, stream)
-    }
-
+    /// (The caller tests [`checks_calls`](Self::checks_calls) first.)
     #[cold]
-    fn compare_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
+    pub(crate) fn check_call(&self, what: &'static str, call: Call, stream: &Stream) -> Result<()> {
         if crate::group::depth() > 0 || stream.is_capturing()? {
             return Ok(());
         }
@@ -57,8 +50,6 @@ impl Communicator {
             }
             .into());
         }
-        self.handle()?;
-        self.shared().suspend.refuse(what)?;
         let mine = call.payload();
         let seq = self.exchanges_issued();
         let got = exchange(what, &[(self, mine)])?;

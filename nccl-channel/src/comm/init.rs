@@ -221,22 +221,10 @@ impl Communicator {
         let mut raws: Vec<ncclComm_t> = vec![std::ptr::null_mut(); contexts.len()];
         // SAFETY: room for `n` handles and `n` device ordinals.
         unsafe { nccl_call!(nccl, ncclCommInitAll(raws.as_mut_ptr(), n, devs.as_ptr())) }?;
-        let mut comms = Vec::with_capacity(raws.len());
-        let mut raws = raws.into_iter();
-        for ctx in contexts {
-            let Some(raw) = raws.next() else { break };
-            // SAFETY: NCCL created this handle for `ctx`'s device (checked in adopt).
-            match unsafe { Self::adopt(nccl, ctx, raw, CommConfig::default()) } {
-                Ok(c) => comms.push(c),
-                Err(e) => {
-                    for rest in raws {
-                        // SAFETY: the remaining handles are ours and destroyed once.
-                        unsafe { (nccl.fns().ncclCommDestroy)(rest) };
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        let parts: Vec<(&Context, ncclComm_t)> = contexts.iter().zip(raws).collect();
+        // SAFETY: NCCL created these handles for their contexts' devices (checked in
+        // adopt), and nobody else owns them.
+        let comms = unsafe { adopt_all(nccl, &parts) }?;
         super::private::attach(comms, true)
     }
 
@@ -315,22 +303,8 @@ impl Communicator {
         nccl: &Arc<Nccl>,
         parts: &[(&Context, ncclComm_t)],
     ) -> Result<Vec<Communicator>> {
-        let mut comms = Vec::with_capacity(parts.len());
-        let mut rest = parts.iter();
-        for (ctx, raw) in rest.by_ref() {
-            // SAFETY: the caller's contract.
-            match unsafe { Self::adopt(nccl, ctx, *raw, CommConfig::default()) } {
-                Ok(c) => comms.push(c),
-                Err(e) => {
-                    for (_, raw) in rest {
-                        // SAFETY: the caller's: live handles owned by nobody else; aborted
-                        // once.
-                        unsafe { (nccl.fns().ncclCommAbort)(*raw) };
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        // SAFETY: the caller's contract.
+        let comms = unsafe { adopt_all(nccl, parts) }?;
         super::private::attach(comms, true)
     }
 
@@ -482,6 +456,33 @@ pub(crate) fn init_via(
     let c = unsafe { Communicator::adopt(nccl, ctx, raw, CommConfig::default()) }?;
     drop(cfg);
     with_channel(c.with_config(config.clone()))
+}
+
+/// Adopts every `(context, handle)` of `parts` (without private channels); on error the
+/// handles not adopted yet are aborted (those adopted go with their communicators).
+///
+/// # Safety
+/// As for [`Communicator::from_raw`], for every handle.
+unsafe fn adopt_all(
+    nccl: &Arc<Nccl>,
+    parts: &[(&Context, ncclComm_t)],
+) -> Result<Vec<Communicator>> {
+    let mut comms = Vec::with_capacity(parts.len());
+    let mut rest = parts.iter();
+    for (ctx, raw) in rest.by_ref() {
+        // SAFETY: the caller's contract.
+        match unsafe { Communicator::adopt(nccl, ctx, *raw, CommConfig::default()) } {
+            Ok(c) => comms.push(c),
+            Err(e) => {
+                for (_, raw) in rest {
+                    // SAFETY: the caller's: live handles owned by nobody else; aborted once.
+                    unsafe { (nccl.fns().ncclCommAbort)(*raw) };
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(comms)
 }
 
 /// `c`, just made, with its private channel (comm/private.rs); aborted on failure.

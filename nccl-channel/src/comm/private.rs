@@ -68,17 +68,9 @@ pub(crate) fn attach(mut comms: Vec<Communicator>, grouped: bool) -> Result<Vec<
     if comms.is_empty() {
         return Ok(comms);
     }
-    if cuda_hal::DeferScope::is_open() {
-        // NCCL would complete the split only at the open group's end, after this returns.
-        for c in &comms {
-            c.abort_now();
-        }
-        return Err(Error::InvalidArgument {
-            what: "the private channel's split",
-            problem: "a communicator cannot be made inside an open group: each gets its \
-                      private channel by a split, which an open group defers to its end"
-                .into(),
-        });
+    if let Err(e) = super::init::refuse_in_group("the private channel's split") {
+        comms.iter().for_each(Communicator::abort_now);
+        return Err(e);
     }
     let children = {
         let parents: Vec<&Communicator> = comms.iter().collect();
@@ -93,17 +85,14 @@ pub(crate) fn attach(mut comms: Vec<Communicator>, grouped: bool) -> Result<Vec<
             return Err(e);
         }
     };
+    // Every parent got a child, or make_children failed (NCCL gave none: no channel, and
+    // the crate's exchanges on this communicator are refused).
     for (comm, child) in comms.iter_mut().zip(children) {
-        let Some(mut child) = child else {
-            comm.abort_now();
-            return Err(Error::InvalidArgument {
-                what: "ncclCommSplit",
-                problem: "NCCL gave no private channel".into(),
-            });
-        };
-        child.share_abort(comm.abort_flag().clone());
-        let _ = comm.shared().private.set(child.shared().clone());
-        comm.private = Some(Box::new(child));
+        if let Some(mut child) = child {
+            child.share_abort(comm.abort_flag().clone());
+            let _ = comm.shared().private.set(child.shared().clone());
+            comm.private = Some(Box::new(child));
+        }
     }
     Ok(comms)
 }

@@ -47,31 +47,27 @@ pub(crate) fn exchange(
     ranks: &[(&Communicator, Payload)],
 ) -> Result<Vec<Vec<Payload>>> {
     let mut slots = Vec::with_capacity(ranks.len());
-    for (c, _) in ranks {
+    let mut seqs = Vec::with_capacity(ranks.len());
+    for (c, payload) in ranks {
         // The program's communicator: live, and not suspended (the exchange is for a call
         // of it, which a suspended communicator refuses).
         c.handle()?;
         c.shared().suspend.refuse(what)?;
         c.private_channel()?;
-        let slot = c.kit.try_borrow_mut().map_err(|_| Error::InvalidArgument {
+        let mut slot = c.kit.try_borrow_mut().map_err(|_| Error::InvalidArgument {
             what,
             problem: "called while this communicator makes another exchange".into(),
         })?;
-        slots.push(slot);
-    }
-    for ((c, _), slot) in ranks.iter().zip(&mut slots) {
-        if slot.is_none() {
-            **slot = Some(Kit::new(c.context(), c.size())?);
-        }
-    }
-    // Numbered when issued: a rank that fails before issuing keeps its number, as its
-    // peers keep theirs.
-    let mut seqs = Vec::with_capacity(ranks.len());
-    for ((c, payload), slot) in ranks.iter().zip(&mut slots) {
-        let kit = slot.as_mut().ok_or(Error::Aborted)?;
+        let kit = match &mut *slot {
+            Some(kit) => kit,
+            none => none.insert(Kit::new(c.context(), c.size())?),
+        };
+        // Numbered when issued: a rank that fails before issuing keeps its number, as its
+        // peers keep theirs.
         let seq = c.exchanges_issued();
         kit.upload(&record(seq, payload))?;
         seqs.push(seq);
+        slots.push(slot);
     }
     let gather = |slots: &mut Vec<std::cell::RefMut<'_, Option<Kit>>>| -> Result<()> {
         for ((c, _), slot) in ranks.iter().zip(slots.iter_mut()) {
