@@ -14,6 +14,7 @@ use cuda_hal::Context;
 use nccl_sys::{Nccl, ncclComm_t, ncclResult_t};
 
 use super::Communicator;
+use super::private::refuse_in_group;
 use super::shared::CommShared;
 use crate::config::CommConfig;
 use crate::notice::{self, Deadline};
@@ -33,20 +34,6 @@ fn to_c_int(what: &'static str, v: usize) -> Result<c_int> {
 fn init_of(rank: usize, size: usize, ctx: &Context, call: &str) -> String {
     let device = ctx.device().ordinal();
     format!("init of rank {rank} of {size} on device {device} ({call})")
-}
-
-/// A communicator is not made inside an open group: its private channel is split from it
-/// before it is handed out, and an open group would defer that split to its end.
-pub(crate) fn refuse_in_group(what: &'static str) -> Result<()> {
-    if cuda_hal::DeferScope::is_open() {
-        return Err(Error::InvalidArgument {
-            what,
-            problem: "called inside an open group: a communicator is made with its private \
-                      channel, split from it at once, which a group would defer to its end"
-                .into(),
-        });
-    }
-    Ok(())
 }
 
 /// Checks a size and rank for init and converts them to NCCL's ints.

@@ -41,6 +41,20 @@ impl Communicator {
     }
 }
 
+/// A communicator is not made inside an open group: its private channel is split from it
+/// before it is handed out, and an open group would defer that split to its end.
+pub(crate) fn refuse_in_group(what: &'static str) -> Result<()> {
+    if cuda_hal::DeferScope::is_open() {
+        return Err(Error::InvalidArgument {
+            what,
+            problem: "called inside an open group: a communicator is made with its private \
+                      channel, split from it at once, which a group would defer to its end"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// [`make_children`] of the program's communicators: each child made gets its private
 /// channel before it is handed out (several made from one thread in one group get theirs
 /// so too).
@@ -68,7 +82,7 @@ pub(crate) fn attach(mut comms: Vec<Communicator>, grouped: bool) -> Result<Vec<
     if comms.is_empty() {
         return Ok(comms);
     }
-    if let Err(e) = super::init::refuse_in_group("the private channel's split") {
+    if let Err(e) = refuse_in_group("the private channel's split") {
         comms.iter().for_each(Communicator::abort_now);
         return Err(e);
     }
